@@ -1,0 +1,146 @@
+"""`make demo`: a real gpupool server with 8 simulated H100s running a handful of real jobs.
+
+Starts a server on a free port (its own home in .demo/), creates two queues, submits jobs, shows
+`gpupool ps` while they run, cancels a checkpointing job and resumes it from its checkpoint, then stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / ".demo"
+JOBS = DEMO / "jobs"
+GPUPOOL = [sys.executable, "-m", "gpupool.main"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def say(text: str) -> None:
+    print(f"\n\033[1;34m== {text}\033[0m", flush=True)
+
+
+def gpupool(*args: str, show: bool = True, check: bool = True) -> str:
+    if show:
+        print(f"\033[1m$ gpupool {' '.join(args)}\033[0m", flush=True)
+    result = subprocess.run([*GPUPOOL, *args], env=ENV, cwd=JOBS, capture_output=True, text=True)
+    if show:
+        sys.stdout.write(result.stdout)
+        sys.stdout.write(result.stderr)
+        sys.stdout.flush()
+    if check and result.returncode != 0:
+        raise SystemExit(f"demo: `gpupool {' '.join(args)}` failed:\n{result.stderr}")
+    return result.stdout
+
+
+def workload(workload_id: int) -> dict:
+    return json.loads(gpupool("show", str(workload_id), "--json", show=False))
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise SystemExit(f"demo: timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def submit(*args: str) -> int:
+    out = gpupool(*args, "--json", show=False)
+    created = json.loads(out)
+    shown = " ".join(a for a in args)
+    print(f"\033[1m$ gpupool {shown}\033[0m\nsubmitted {created['id']} ({created['name']}) "
+          f"to queue {created['queue']}: {created['state']}", flush=True)
+    return int(created["id"])
+
+
+def main() -> None:
+    shutil.rmtree(DEMO, ignore_errors=True)
+    shutil.copytree(ROOT / "examples" / "jobs", JOBS)
+    port = free_port()
+    ENV.update({"GPUPOOL_HOME": str(DEMO / "home"), "GPUPOOL_SERVER": f"http://127.0.0.1:{port}"})
+
+    say(f"Starting a gpupool server on 127.0.0.1:{port} with 8 simulated H100 GPUs (SQLite store)")
+    log = open(DEMO / "server.log", "wb")
+    server = subprocess.Popen([*GPUPOOL, "server", "--port", str(port), "--gpus", "sim:8xH100",
+                               "--node-name", "demo-node"], env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: (DEMO / "home" / "credentials").exists() and _healthy(port), 30, "the server")
+        print(f"server up; admin token saved to {DEMO / 'home' / 'credentials'} (mode 0600)")
+        run_tour()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)
+        say("Server stopped")
+        print(f"Logs: {DEMO / 'home' / 'logs'}/<workload id>/attempt-<n>.log   server log: {DEMO / 'server.log'}")
+
+
+def _healthy(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def run_tour() -> None:
+    gpupool("nodes")
+
+    say("Two teams' queues")
+    gpupool("queue", "create", "research", "--gpu-quota", "6", "--description", "model research")
+    gpupool("queue", "create", "prod", "--gpu-quota", "2", "--gpu-limit", "4", "--priority", "100")
+    gpupool("queues")
+
+    say("Submitting work: a checkpointing fine-tune, an eval, a flaky job with retries, a notebook on half "
+        "a GPU, and a full-node job that must wait")
+    train = submit("submit", "train.yaml")
+    evaluation = submit("submit", "eval.yaml")
+    flaky = submit("submit", "flaky.yaml")
+    notebook = submit("run", "--gpus", "0.5", "--queue", "prod", "--name", "notebook", "--",
+                      "python3", "-c", "import time; [print('cell', i, flush=True) or time.sleep(0.5) for i in range(6)]")
+    big = submit("submit", "big.yaml")
+    wait_until(lambda: workload(train)["state"] == "running", 20, "the fine-tune to start")
+    time.sleep(1.5)
+    say("While they run")
+    gpupool("ps")
+    gpupool("show", str(big))
+    gpupool("nodes")
+
+    say("Cancelling the fine-tune once it has checkpointed (SIGTERM, then SIGKILL after its 10s grace)")
+    wait_until(lambda: "step 4/" in gpupool("logs", str(train), show=False), 30, "step 4 of the fine-tune")
+    gpupool("cancel", str(train))
+    wait_until(lambda: workload(train)["state"] == "cancelled", 30, "the cancel")
+    gpupool("logs", str(train))
+
+    say("Resubmitting it: it resumes from its checkpoint")
+    resumed = submit("submit", "train.yaml")
+    wait_until(lambda: "resuming from checkpoint" in gpupool("logs", str(resumed), show=False), 30, "the resume")
+    gpupool("ps")
+
+    say("Waiting for everything to finish")
+    ids = (evaluation, flaky, notebook, big, resumed)
+    wait_until(lambda: all(workload(i)["state"] in ("succeeded", "failed", "cancelled") for i in ids), 90,
+               "all jobs")
+    gpupool("ps", "--all")
+    say("The resumed fine-tune's log, and the flaky job's retry")
+    gpupool("logs", str(resumed))
+    gpupool("show", str(flaky))
+
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+
+if __name__ == "__main__":
+    main()

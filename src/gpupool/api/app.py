@@ -1,0 +1,46 @@
+"""The FastAPI application: /healthz open, everything under /api/v1 behind a bearer token."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI
+
+from gpupool import __version__
+from gpupool.api import errors
+from gpupool.api.auth import TokenCache, require_token
+from gpupool.api.routes import nodes, queues, workloads
+from gpupool.api.runtime import Runtime
+
+
+def create_app(runtime: Runtime) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime.start()
+        try:
+            yield
+        finally:
+            runtime.stop()
+
+    app = FastAPI(
+        title="gpupool",
+        version=__version__,
+        description="One shared, fairly scheduled GPU pool for AI work.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.state.tokens = TokenCache()
+    errors.install(app)
+
+    @app.get("/healthz", tags=["health"], summary="Liveness: answers without a token")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__}
+
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+    api.include_router(workloads.router)
+    api.include_router(nodes.router)
+    api.include_router(queues.router)
+    app.include_router(api)
+    return app

@@ -1,0 +1,61 @@
+"""/api/v1/workloads: submit, list, get, cancel, logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Query, Request
+from fastapi.concurrency import run_in_threadpool
+
+from gpupool.control import service
+from gpupool.spec import parse_workload_spec
+
+router = APIRouter(prefix="/workloads", tags=["workloads"])
+
+
+@router.post("", status_code=201, summary="Submit a job or service (the YAML spec as JSON)")
+def submit(request: Request, body: Any = Body(..., description="A workload spec: see docs/specs.md")) -> dict[str, Any]:
+    spec = parse_workload_spec(body)
+    runtime = request.app.state.runtime
+    created = service.submit(runtime.store, spec)
+    runtime.wake()
+    return created
+
+
+@router.get("", summary="List workloads (active ones unless `all` or `state` is given)")
+def list_workloads(
+    request: Request,
+    all: bool = Query(False, description="include finished workloads"),
+    state: str | None = Query(None, description="only this state"),
+    queue: str | None = Query(None, description="only this queue"),
+    limit: int = Query(1000, ge=1, le=100_000, description="at most this many, newest first"),
+) -> list[dict[str, Any]]:
+    return service.list_workloads(
+        request.app.state.runtime.store, include_finished=all, state=state, queue=queue, limit=limit
+    )
+
+
+@router.get("/{workload_id}", summary="One workload with its attempts and history")
+def get_workload(request: Request, workload_id: int) -> dict[str, Any]:
+    return service.get_workload(request.app.state.runtime.store, workload_id)
+
+
+@router.post("/{workload_id}/cancel", status_code=202, summary="Cancel: SIGTERM, then SIGKILL after the grace period")
+def cancel(request: Request, workload_id: int) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    result = service.cancel(runtime.store, workload_id)
+    runtime.wake()
+    return result
+
+
+@router.get("/{workload_id}/logs", summary="A chunk of an attempt's output from `offset`")
+async def logs(
+    request: Request,
+    workload_id: int,
+    attempt: int | None = Query(None, ge=0, description="attempt number; default the latest"),
+    offset: int = Query(0, ge=0, description="byte offset to read from"),
+    limit: int = Query(service.LOG_CHUNK_MAX, ge=1, le=service.LOG_CHUNK_MAX),
+) -> dict[str, Any]:
+    return await run_in_threadpool(
+        service.read_log, request.app.state.runtime.store, workload_id, attempt=attempt, offset=offset, limit=limit
+    )

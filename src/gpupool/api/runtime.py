@@ -1,0 +1,76 @@
+"""The running server's parts, wired once at start: store, GPUs, backend, reconcile loop."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpupool.backends.local import LocalBackend
+from gpupool.control import service
+from gpupool.control.loop import ControlSettings, Reconciler
+from gpupool.control.telemetry import TelemetryCache
+from gpupool.gpu import GpuProvider, open_provider
+from gpupool.store.db import Store
+
+log = logging.getLogger("gpupool.server")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    db_url: str
+    home: Path
+    gpus: str = "auto"
+    node_name: str = field(default_factory=socket.gethostname)
+    tick: float = 0.5
+    telemetry_interval: float = 1.0
+
+
+class Runtime:
+    def __init__(self, settings: ServerSettings, store: Store | None = None) -> None:
+        self.settings = settings
+        self.store = store or Store(settings.db_url)
+        service.ensure_default_queue(self.store)
+        self.telemetry = TelemetryCache()
+        self.gpus: GpuProvider | None = open_provider(settings.gpus)
+        self.backend = LocalBackend(on_exit=self._wake)
+        self.reconciler = Reconciler(
+            self.store,
+            self.backend,
+            self.gpus,
+            ControlSettings(
+                home=settings.home,
+                node_name=settings.node_name,
+                tick=settings.tick,
+                telemetry_interval=settings.telemetry_interval,
+            ),
+            self.telemetry,
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _wake(self) -> None:
+        self.reconciler.wake()
+
+    def start(self) -> None:
+        self.reconciler.register_node()
+        self.reconciler.recover()
+        self._thread = threading.Thread(target=self.reconciler.run, args=(self._stop,), name="reconcile",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+        log.info("event=control_started node=%s gpus=%s", self.settings.node_name, self.settings.gpus)
+
+    def wake(self) -> None:
+        self.reconciler.wake()
+
+    def stop(self) -> None:
+        """Stop the loop; running jobs keep running and are re-adopted by the next start."""
+        self._stop.set()
+        self.reconciler.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.gpus is not None:
+            self.gpus.close()
+        self.store.close()

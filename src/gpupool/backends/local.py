@@ -1,0 +1,132 @@
+"""Run attempts as real processes on this machine, each in its own process group and directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from gpupool.backends.base import Handle, Launch, LaunchError, Phase, Status
+
+# bash runs the commands in order and stops at the first failure; on SIGTERM it lets the running command
+# finish its own shutdown (checkpointing) before exiting, instead of dying under it.
+SCRIPT_PRELUDE = "trap 'exit 143' TERM INT\nset -e\n"
+START_TIME_TOLERANCE = 0.05  # seconds; psutil start times are float-rounded differently across calls
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, on_exit: Callable[[], None] | None = None) -> None:
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+        self._on_exit = on_exit
+
+    def start(self, launch: Launch) -> Handle:
+        if not launch.workdir.is_dir():
+            raise LaunchError(f"workdir {launch.workdir} does not exist on this node")
+        launch.run_dir.mkdir(parents=True, exist_ok=True)
+        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            sys.executable, "-m", "gpupool.backends.shim", str(launch.run_dir), "--",
+            "bash", "-c", SCRIPT_PRELUDE + launch.script,
+        ]  # fmt: skip
+        with open(launch.log_path, "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=launch.workdir,
+                    env=launch.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise LaunchError(f"cannot start the attempt: {exc}") from exc
+        handle = Handle(proc.pid, _start_time(proc.pid) or 0.0)
+        (launch.run_dir / "pid").write_text(f"{handle.pid} {handle.start_time!r}\n")
+        with self._lock:
+            self._children[proc.pid] = proc
+        threading.Thread(target=self._wait, args=(proc,), name=f"wait-{proc.pid}", daemon=True).start()
+        return handle
+
+    def _wait(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        if self._on_exit is not None:
+            self._on_exit()
+
+    def status(self, handle: Handle, run_dir: Path) -> Status:
+        with self._lock:
+            child = self._children.get(handle.pid)
+        if child is not None:
+            code = child.poll()
+            if code is None:
+                return Status(Phase.RUNNING)
+            with self._lock:
+                self._children.pop(handle.pid, None)
+            recorded = _read_exit_code(run_dir)
+            return Status(Phase.EXITED, recorded if recorded is not None else _shell_code(code))
+        if _alive(handle):
+            return Status(Phase.RUNNING, detail="adopted")
+        recorded = _read_exit_code(run_dir)
+        if recorded is not None:
+            return Status(Phase.EXITED, recorded)
+        return Status(Phase.VANISHED, detail="the process ended without recording an exit status")
+
+    def signal(self, handle: Handle, signum: int) -> None:
+        if not _alive(handle):
+            return
+        try:
+            os.killpg(handle.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def find(self, run_dir: Path) -> Handle | None:
+        try:
+            pid, start = (run_dir / "pid").read_text().split()
+            return Handle(int(pid), float(start))
+        except (OSError, ValueError):
+            return None
+
+    def cleanup(self, handle: Handle) -> None:
+        try:
+            os.killpg(handle.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(handle: Handle) -> bool:
+    """True if the pid still runs the process we started (not a reused pid)."""
+    started = _start_time(handle.pid)
+    if started is None or abs(started - handle.start_time) > START_TIME_TOLERANCE:
+        return False
+    try:
+        return psutil.Process(handle.pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _read_exit_code(run_dir: Path) -> int | None:
+    try:
+        return int((run_dir / "exit_code").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _shell_code(code: int) -> int:
+    return code if code >= 0 else 128 - code

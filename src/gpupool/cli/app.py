@@ -1,0 +1,332 @@
+"""The `gpupool` command line: every command talks to the server through the SDK in gpupool.client."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+
+from gpupool.cli.render import console, human_bytes, print_json, ps_rows, ps_table, styled
+from gpupool.client import Client
+from gpupool.spec import parse_queue_spec, parse_workload_spec
+
+app = typer.Typer(
+    name="gpupool",
+    help="gpupool: one shared, fairly scheduled GPU pool for AI work.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+node_app = typer.Typer(help="Take nodes in and out of service.", no_args_is_help=True)
+queue_app = typer.Typer(help="Create and change queues (teams, projects).", no_args_is_help=True)
+app.add_typer(node_app, name="node")
+app.add_typer(queue_app, name="queue")
+
+
+class Options:
+    server: str | None = None
+    token: str | None = None
+
+
+_options = Options()
+
+
+@app.callback()
+def _global(
+    server: str | None = typer.Option(None, "--server", help="server URL (default $GPUPOOL_SERVER, then the "
+                                      "credentials file, then http://127.0.0.1:8470)"),  # fmt: skip
+    token: str | None = typer.Option(None, "--token", help="API token (default $GPUPOOL_TOKEN, then the "
+                                     "credentials file)"),  # fmt: skip
+) -> None:
+    _options.server, _options.token = server, token
+
+
+def client() -> Client:
+    return Client(_options.server, _options.token)
+
+
+# -- workloads ---------------------------------------------------------------------------------------------
+
+
+@app.command()
+def submit(
+    file: Path = typer.Argument(..., help="a workload spec (YAML), see docs/specs.md"),
+    queue: str | None = typer.Option(None, "--queue", "-q", help="override the spec's queue"),
+    name: str | None = typer.Option(None, "--name", "-n", help="override the spec's name"),
+    as_json: bool = typer.Option(False, "--json", help="print the created workload as JSON"),
+) -> None:
+    """Submit a job or service from a YAML spec. Commands run in the spec file's folder unless it sets workdir."""
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {file}: {exc.strerror}") from exc
+    data = yaml.safe_load(text) if text.strip() else None
+    if not isinstance(data, dict):
+        parse_workload_spec(text)  # raises the precise error (YAML syntax, not a mapping)
+        raise CliError(f"{file}: a spec must be a YAML mapping")
+    if queue:
+        data["queue"] = queue
+    if name:
+        data["name"] = name
+    data.setdefault("workdir", str(file.resolve().parent))
+    parse_workload_spec(data)  # a bad spec fails here, before any request, naming the field
+    _created(client().submit(data), as_json)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    command: list[str] = typer.Argument(..., help="the command, after --"),
+    gpus: str = typer.Option("1", "--gpus", "-g", help="GPUs: 2, H100:8, 'A100|H100:2', 80GB:1, 0.5"),
+    queue: str = typer.Option("default", "--queue", "-q"),
+    name: str | None = typer.Option(None, "--name", "-n"),
+    priority: str | None = typer.Option(None, "--priority", help="inference|build|interactive|train or 0..1000"),
+    max_duration: str | None = typer.Option(None, "--max-duration", help="e.g. 90s, 30m, 12h"),
+    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
+    data: dict[str, Any] = {
+        "queue": queue,
+        "resources": {"gpu": gpus},
+        "commands": [shlex.join(command)],
+        "workdir": os.getcwd(),
+    }
+    if name:
+        data["name"] = name
+    if priority:
+        data["priority"] = int(priority) if priority.isdigit() else priority
+    if max_duration:
+        data["max_duration"] = max_duration
+    if checkpoint_dir:
+        data["checkpoint"] = {"dir": checkpoint_dir}
+    parse_workload_spec(data)
+    _created(client().submit(data), as_json)
+
+
+def _created(workload: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(workload)
+        return
+    console.print(f"submitted [bold]{workload['id']}[/bold] ({workload['name']}) to queue {workload['queue']}: "
+                  f"{styled(workload['state'])}")  # fmt: skip
+
+
+@app.command()
+def ps(
+    all: bool = typer.Option(False, "--all", "-a", help="include finished workloads"),
+    queue: str | None = typer.Option(None, "--queue", "-q"),
+    state: str | None = typer.Option(None, "--state"),
+    wide: bool = typer.Option(False, "--wide", "-w", help="show every reason"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List workloads: pending and running ones, or all with --all."""
+    workloads = client().workloads(all=all, state=state, queue=queue)
+    if as_json:
+        print_json([{k: v for k, v in row.items() if not k.startswith("_")} for row in ps_rows(workloads)])
+        return
+    if not workloads:
+        console.print("no workloads" + ("" if all else " pending or running (see --all)"))
+        return
+    console.print(ps_table(workloads, wide=wide))
+
+
+@app.command()
+def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Everything about one workload: spec, attempts, history, and why it is pending."""
+    w = client().workload(workload_id)
+    if as_json:
+        print_json(w)
+        return
+    console.print(f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  queue={w['queue']} "
+                  f"priority={w['priority']} preemptible={str(w['preemptible']).lower()} gpus={w['gpus']}")  # fmt: skip
+    if w["reason"]:
+        label = "why pending" if w["state"] == "pending" else "reason"
+        console.print(f"  {label}: {w['reason']}")
+    console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
+    console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
+    for a in w["attempt_list"]:
+        gpus = ",".join(map(str, a["gpu_indices"])) or "-"
+        console.print(f"  attempt {a['number']}: {styled(a['state'])} on {a['node']} gpus={gpus} pid={a['pid']} "
+                      f"exit={a['exit_code']} {a['reason']}\n    log: {a['log_path']}")  # fmt: skip
+    console.print("  history:")
+    for e in w["events"]:
+        console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {e['reason']} ({e['actor']})")
+
+
+@app.command()
+def logs(
+    workload_id: int = typer.Argument(...),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the workload ends"),
+    attempt: int | None = typer.Option(None, "--attempt", help="attempt number (default: latest)"),
+) -> None:
+    """Print a workload's output (stdout and stderr of its latest attempt)."""
+    c = client()
+    offset = 0
+    chosen = attempt
+    while True:
+        chunk = c.logs(workload_id, attempt=chosen, offset=offset)
+        if chunk["data"]:
+            sys.stdout.write(chunk["data"])
+            sys.stdout.flush()
+        if chosen is None and chunk["attempt"] is not None:
+            chosen = chunk["attempt"]
+        offset = chunk["offset"]
+        if not follow or chunk["eof"]:
+            if follow and chunk["state"] == "pending":
+                chosen, offset = None, 0  # a retry is on its way: follow the next attempt
+            else:
+                break
+        if not chunk["data"]:
+            time.sleep(0.5)
+
+
+@app.command()
+def cancel(workload_ids: list[int] = typer.Argument(..., help="one or more workload ids")) -> None:
+    """Cancel workloads: pending ones at once, running ones by SIGTERM then SIGKILL after the grace period."""
+    c = client()
+    for workload_id in workload_ids:
+        w = c.cancel(workload_id)
+        what = "cancelled" if w["state"] == "cancelled" else "stopping (SIGTERM sent; SIGKILL after the grace period)"
+        console.print(f"{workload_id} ({w['name']}): {what}")
+
+
+# -- nodes ------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Nodes, their GPUs and what runs on them."""
+    rows = client().nodes()
+    if as_json:
+        print_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "STATE", "GPUS", "MODEL", "ALLOCATED", "CPUS", "MEMORY", "UTIL"):
+        table.add_column(column)
+    for n in rows:
+        utils = [g["sample"]["utilization_pct"] for g in n["gpus"] if g.get("sample")]
+        util = f"{sum(utils) / len(utils):.0f}%" if utils else "-"
+        table.add_row(
+            n["name"], styled(n["state"]), str(n["gpus_total"]), ",".join(n["gpu_models"]) or "-",
+            f"{n['gpus_allocated']}/{n['gpus_total']}", f"{n['cpus']:g}", human_bytes(n["memory_bytes"]), util,
+        )  # fmt: skip
+    console.print(table)
+
+
+@node_app.command("cordon")
+def node_cordon(name: str, reason: str | None = typer.Option(None, "--reason")) -> None:
+    """Stop placing new work on NAME; running work continues."""
+    n = client().cordon(name, reason)
+    console.print(f"node {n['name']}: {styled(n['state'])}")
+
+
+@node_app.command("uncordon")
+def node_uncordon(name: str) -> None:
+    """Return NAME to service."""
+    n = client().uncordon(name)
+    console.print(f"node {n['name']}: {styled(n['state'])}")
+
+
+# -- queues -----------------------------------------------------------------------------------------------
+
+
+@app.command()
+def queues(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Queues with their GPU quota, limit, weight and current use."""
+    rows = client().queues()
+    if as_json:
+        print_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "PARENT", "PRIORITY", "GPU QUOTA", "GPU LIMIT", "WEIGHT", "ALLOCATED", "RUNNING",
+                   "PENDING"):  # fmt: skip
+        table.add_column(column)
+    for q in rows:
+        gpu = q["resources"].get("gpu", {})
+        limit = gpu.get("limit")
+        table.add_row(
+            q["name"], q["parent"] or "-", str(q["priority"]), f"{gpu.get('quota', 0):g}",
+            "-" if limit is None else f"{limit:g}", f"{gpu.get('over_quota_weight', 1):g}",
+            f"{q['gpus_allocated']:g}", str(q["running"]), str(q["pending"]),
+        )  # fmt: skip
+    console.print(table)
+
+
+def _queue_body(
+    file: Path | None, gpu_quota: float | None, gpu_limit: float | None, gpu_weight: float | None,
+    priority: int | None, parent: str | None, description: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    body: dict[str, Any] = {}
+    if file is not None:
+        loaded = yaml.safe_load(file.read_text())
+        if not isinstance(loaded, dict):
+            raise CliError(f"{file}: a queue spec must be a YAML mapping")
+        body.update(loaded)
+    gpu: dict[str, Any] = {}
+    if gpu_quota is not None:
+        gpu["quota"] = gpu_quota
+    if gpu_limit is not None:
+        gpu["limit"] = gpu_limit
+    if gpu_weight is not None:
+        gpu["over_quota_weight"] = gpu_weight
+    if gpu:
+        body.setdefault("resources", {}).setdefault("gpu", {}).update(gpu)
+    if priority is not None:
+        body["priority"] = priority
+    if parent is not None:
+        body["parent"] = parent
+    if description is not None:
+        body["description"] = description
+    return body
+
+
+_QUOTA = typer.Option(None, "--gpu-quota", help="GPUs guaranteed to this queue")
+_LIMIT = typer.Option(None, "--gpu-limit", help="hard cap on GPUs in use")
+_WEIGHT = typer.Option(None, "--gpu-weight", help="share of idle GPUs beyond quota (over-quota weight)")
+_PRIORITY = typer.Option(None, "--priority", help="queue priority 0..1000")
+_PARENT = typer.Option(None, "--parent", help="parent queue (department)")
+_DESCRIPTION = typer.Option(None, "--description")
+_FILE = typer.Option(None, "--file", "-f", help="a queue spec (YAML)")
+
+
+@queue_app.command("create")
+def queue_create(
+    name: str, gpu_quota: float | None = _QUOTA, gpu_limit: float | None = _LIMIT,
+    gpu_weight: float | None = _WEIGHT, priority: int | None = _PRIORITY, parent: str | None = _PARENT,
+    description: str | None = _DESCRIPTION, file: Path | None = _FILE,
+) -> None:  # fmt: skip
+    """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16"""
+    body = _queue_body(file, gpu_quota, gpu_limit, gpu_weight, priority, parent, description)
+    body["name"] = name
+    parse_queue_spec(body)
+    q = client().create_queue(body)
+    console.print(f"queue {q['name']} created")
+
+
+@queue_app.command("update")
+def queue_update(
+    name: str, gpu_quota: float | None = _QUOTA, gpu_limit: float | None = _LIMIT,
+    gpu_weight: float | None = _WEIGHT, priority: int | None = _PRIORITY, parent: str | None = _PARENT,
+    description: str | None = _DESCRIPTION, file: Path | None = _FILE,
+) -> None:  # fmt: skip
+    """Change some fields of a queue; the others keep their values."""
+    body = _queue_body(file, gpu_quota, gpu_limit, gpu_weight, priority, parent, description)
+    if not body:
+        raise CliError("nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, "
+                       "--priority, --parent, --description, --file")  # fmt: skip
+    q = client().update_queue(name, body)
+    console.print(f"queue {q['name']} updated")
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code 1."""

@@ -1,0 +1,96 @@
+"""How the CLI shows things: Rich tables for people, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+STATE_STYLE = {
+    "pending": "yellow",
+    "running": "cyan",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+    "ready": "green",
+    "cordoned": "yellow",
+    "draining": "yellow",
+    "unhealthy": "red",
+    "lost": "red",
+}
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def human_age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f}h{(seconds % 3600) // 60:02.0f}m"
+    return f"{seconds // 86400:.0f}d{(seconds % 86400) // 3600:.0f}h"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}TiB"
+
+
+def styled(state: str) -> str:
+    style = STATE_STYLE.get(state)
+    return f"[{style}]{state}[/{style}]" if style else state
+
+
+PS_COLUMNS = ("id", "name", "queue", "state", "gpus", "node", "age")
+
+
+def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for w in workloads:
+        gpus = w["gpus"]
+        if w.get("gpu_indices"):
+            gpus = f"{gpus} [{','.join(str(i) for i in w['gpu_indices'])}]"
+        rows.append(
+            {
+                "id": w["id"],
+                "name": w["name"],
+                "queue": w["queue"],
+                "state": w["state"],
+                "gpus": w["gpus"],
+                "gpu_indices": w.get("gpu_indices", []),
+                "node": w.get("node"),
+                "age": human_age(w.get("age_seconds", 0.0)),
+                "age_seconds": w.get("age_seconds", 0.0),
+                "reason": w.get("reason", ""),
+                "exit_code": w.get("exit_code"),
+                "_gpus_text": gpus,
+            }
+        )
+    return rows
+
+
+def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in (*PS_COLUMNS, "reason"):
+        table.add_column(column.upper(), overflow="fold", max_width=70 if column == "reason" else None)
+    for row in ps_rows(workloads):
+        reason = row["reason"] if (wide or row["state"] in ("pending", "failed")) else ""
+        if row["state"] in ("succeeded", "failed", "cancelled") and row["exit_code"] is not None and not reason:
+            reason = f"exit {row['exit_code']}"
+        table.add_row(
+            str(row["id"]), row["name"], row["queue"], styled(row["state"]), row["_gpus_text"],
+            row["node"] or "-", row["age"], reason,
+        )  # fmt: skip
+    return table

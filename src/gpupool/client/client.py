@@ -1,0 +1,160 @@
+"""A small, typed httpx client for the gpupool REST API (/api/v1)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpupool.home import DEFAULT_SERVER, credentials_path
+
+
+class GpupoolError(Exception):
+    """Base of every error the SDK raises."""
+
+
+class ConnectionFailed(GpupoolError):
+    pass
+
+
+class ApiError(GpupoolError):
+    """The server refused the request; `message` says why and `field` names the bad input."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+@dataclass(frozen=True)
+class Credentials:
+    server: str | None
+    token: str | None
+
+
+def load_credentials(path: Path | None = None) -> Credentials:
+    path = path or credentials_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return Credentials(None, None)
+    return Credentials(data.get("server"), data.get("token"))
+
+
+def save_credentials(server: str, token: str, path: Path | None = None) -> Path:
+    """Write the credentials file readable by its owner only (0600)."""
+    path = path or credentials_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"server": server, "token": token}, fh)
+        fh.write("\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def resolve(server: str | None = None, token: str | None = None) -> tuple[str, str | None]:
+    """Server: flag, $GPUPOOL_SERVER, credentials file, default. Token: flag, $GPUPOOL_TOKEN, credentials file."""
+    saved = load_credentials()
+    url = server or os.environ.get("GPUPOOL_SERVER") or saved.server or DEFAULT_SERVER
+    tok = token or os.environ.get("GPUPOOL_TOKEN") or saved.token
+    return url.rstrip("/"), tok
+
+
+class Client:
+    def __init__(self, server: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
+        self.server, self.token = resolve(server, token)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(
+                f"cannot reach the gpupool server at {self.server} ({exc.__class__.__name__}); "
+                "start one with `gpupool server` or point --server / GPUPOOL_SERVER at it"
+            ) from exc
+        if response.status_code >= 400:
+            try:
+                error = response.json().get("error", {})
+            except ValueError:
+                error = {}
+            message = error.get("message") or f"HTTP {response.status_code}: {response.text[:200]}"
+            raise ApiError(response.status_code, error.get("code", "error"), message, error.get("field"))
+        return response.json()
+
+    # -- health ---------------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/healthz")
+        return result
+
+    # -- workloads ------------------------------------------------------------------------------------
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/workloads", json=spec)
+        return result
+
+    def workloads(
+        self, *, all: bool = False, state: str | None = None, queue: str | None = None
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"all": all}
+        if state:
+            params["state"] = state
+        if queue:
+            params["queue"] = queue
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/workloads", params=params)
+        return result
+
+    def workload(self, workload_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/workloads/{workload_id}")
+        return result
+
+    def cancel(self, workload_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/cancel")
+        return result
+
+    def logs(self, workload_id: int, *, attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
+        params: dict[str, Any] = {"offset": offset}
+        if attempt is not None:
+            params["attempt"] = attempt
+        result: dict[str, Any] = self._call("GET", f"/api/v1/workloads/{workload_id}/logs", params=params)
+        return result
+
+    # -- nodes ----------------------------------------------------------------------------------------
+    def nodes(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/nodes")
+        return result
+
+    def cordon(self, name: str, reason: str | None = None) -> dict[str, Any]:
+        body = {"reason": reason} if reason else None
+        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/cordon", json=body)
+        return result
+
+    def uncordon(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/uncordon")
+        return result
+
+    # -- queues ---------------------------------------------------------------------------------------
+    def queues(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/queues")
+        return result
+
+    def create_queue(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/queues", json=spec)
+        return result
+
+    def update_queue(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("PATCH", f"/api/v1/queues/{name}", json=patch)
+        return result

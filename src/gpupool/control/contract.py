@@ -1,0 +1,80 @@
+"""The job contract (DESIGN.md): what a user's program finds in its environment and on disk."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+# Server-side settings that must never leak into a job's environment.
+_PRIVATE_PREFIXES = ("GPUPOOL_",)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def workdir_for(spec: dict[str, Any], home: Path, workload_id: int) -> Path:
+    """The spec's workdir, else a directory of its own under the server's home."""
+    given = spec.get("workdir")
+    return Path(given).expanduser() if given else home / "work" / str(workload_id)
+
+
+def checkpoint_dir_for(spec: dict[str, Any], workdir: Path, home: Path, workload_id: int) -> Path:
+    """Relative checkpoint dirs live under the workdir; without one, each workload gets its own."""
+    checkpoint = spec.get("checkpoint") or {}
+    given = checkpoint.get("dir")
+    if not given:
+        return home / "checkpoints" / str(workload_id)
+    path = Path(given).expanduser()
+    return path if path.is_absolute() else workdir / path
+
+
+def job_environment(
+    *,
+    base: dict[str, str],
+    spec: dict[str, Any],
+    workload_id: int,
+    workload_name: str,
+    queue: str,
+    attempt_number: int,
+    gpu_indices: list[int],
+    checkpoint_dir: Path,
+    node_address: str,
+    master_port: int,
+    num_nodes: int = 1,
+    node_rank: int = 0,
+    node_ips: list[str] | None = None,
+) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if not k.startswith(_PRIVATE_PREFIXES)}
+    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+    ips = node_ips or [node_address]
+    env.update(
+        {
+            "GPUPOOL_JOB_ID": str(workload_id),
+            "GPUPOOL_JOB_NAME": workload_name,
+            "GPUPOOL_QUEUE": queue,
+            "GPUPOOL_ATTEMPT": str(attempt_number),
+            "GPUPOOL_CHECKPOINT_DIR": str(checkpoint_dir),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices),
+            "GPUPOOL_NUM_NODES": str(num_nodes),
+            "GPUPOOL_NODE_RANK": str(node_rank),
+            "GPUPOOL_GPUS_PER_NODE": str(len(gpu_indices)),
+            "GPUPOOL_MASTER_ADDR": ips[0],
+            "GPUPOOL_MASTER_PORT": str(master_port),
+            "GPUPOOL_NODE_IPS": ",".join(ips),
+            "MASTER_ADDR": ips[0],
+            "MASTER_PORT": str(master_port),
+            "NNODES": str(num_nodes),
+            "NODE_RANK": str(node_rank),
+            "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
+        }
+    )
+    return env
+
+
+def server_environment() -> dict[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,29 @@
+"""Errors the service layer raises; the API maps each to an HTTP status with a JSON body."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, field: str | None = None, example: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.example = example
+
+
+class NotFound(ServiceError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class Invalid(ServiceError):
+    status = 422
+    code = "invalid"

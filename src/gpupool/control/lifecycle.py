@@ -1,0 +1,141 @@
+"""The one door through which a workload changes state.
+
+Every change is checked by a short, ordered policy of rules (in the manner of Prefect's orchestration
+rules): each rule that governs the transition may refuse it with a reason; the first refusal wins.
+Accepted changes update the row and append an audit event in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from gpupool.store.models import Event, Workload
+from gpupool.timeutil import utcnow
+
+PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeeded", "failed", "cancelled"
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+ACTIVE = frozenset({PENDING, RUNNING})
+STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+
+# The lifecycle graph. running -> pending is a retry (a new attempt follows).
+ALLOWED: dict[str, frozenset[str]] = {
+    PENDING: frozenset({RUNNING, CANCELLED, FAILED}),
+    RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, PENDING}),
+    SUCCEEDED: frozenset(),
+    FAILED: frozenset(),
+    CANCELLED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A proposed change and the facts the rules may consult."""
+
+    workload_id: int
+    from_state: str
+    to_state: str
+    cancel_requested: bool
+    restarts: int
+    max_restarts: int
+    is_retry: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    accepted: bool
+    reason: str = ""
+
+
+Rule = Callable[[Transition], str | None]  # returns a refusal reason, or None to let it pass
+
+
+def terminal_states_are_final(t: Transition) -> str | None:
+    if t.from_state in TERMINAL:
+        return f"workload {t.workload_id} already {t.from_state}"
+    return None
+
+
+def only_known_transitions(t: Transition) -> str | None:
+    if t.to_state not in ALLOWED.get(t.from_state, frozenset()):
+        return f"workload {t.workload_id} cannot go from {t.from_state} to {t.to_state}"
+    return None
+
+
+def cancelled_work_does_not_start(t: Transition) -> str | None:
+    if t.cancel_requested and t.to_state in (RUNNING, PENDING):
+        return f"workload {t.workload_id} has a pending cancel request"
+    return None
+
+
+def retries_stay_within_budget(t: Transition) -> str | None:
+    if t.from_state == RUNNING and t.to_state == PENDING and t.is_retry and t.restarts >= t.max_restarts:
+        return f"workload {t.workload_id} used all {t.max_restarts} restarts"
+    return None
+
+
+POLICY: tuple[Rule, ...] = (
+    terminal_states_are_final,
+    only_known_transitions,
+    cancelled_work_does_not_start,
+    retries_stay_within_budget,
+)
+
+
+def check(t: Transition, policy: tuple[Rule, ...] = POLICY) -> Verdict:
+    """Apply the rules in order; the first refusal wins."""
+    for rule in policy:
+        refusal = rule(t)
+        if refusal is not None:
+            return Verdict(False, refusal)
+    return Verdict(True)
+
+
+def transition(
+    session: Session,
+    workload: Workload,
+    to_state: str,
+    reason: str,
+    *,
+    actor: str = "system",
+    is_retry: bool = False,
+) -> Verdict:
+    """Move `workload` to `to_state` if the policy accepts; record the event. Never raises on refusal."""
+    max_restarts = int(workload.spec.get("retry", {}).get("max_restarts", 0))
+    verdict = check(
+        Transition(
+            workload.id,
+            workload.state,
+            to_state,
+            workload.cancel_requested,
+            workload.restarts,
+            max_restarts,
+            is_retry,
+        )
+    )
+    if not verdict.accepted:
+        return verdict
+    now = utcnow()
+    session.add(
+        Event(
+            object_kind="workload",
+            object_id=str(workload.id),
+            from_state=workload.state,
+            to_state=to_state,
+            reason=reason,
+            actor=actor,
+            at=now,
+        )
+    )
+    workload.state = to_state
+    workload.reason = reason
+    workload.updated_at = now
+    if to_state == RUNNING and workload.started_at is None:
+        workload.started_at = now
+    if to_state == PENDING and is_retry:
+        workload.restarts += 1
+    if to_state in TERMINAL:
+        workload.finished_at = now
+    return verdict

@@ -1,0 +1,424 @@
+"""The reconcile loop: compares desired state in the store with what runs, and acts idempotently.
+
+Each pass: (1) observe every running attempt and carry out stops (cancel, max_duration, grace expiry),
+(2) schedule pending workloads through the pure scheduler, (3) sample GPUs. Killing the server at any
+instant loses nothing: `recover()` re-reads the store at start and re-adopts or settles every attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
+
+from gpupool import scheduler
+from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Phase, Status
+from gpupool.control import contract
+from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
+from gpupool.control.telemetry import TelemetryCache
+from gpupool.gpu import GpuProvider
+from gpupool.spec import parse_gpu_request
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Gpu, Node, Queue, Workload
+from gpupool.timeutil import age_seconds, as_utc, utcnow
+
+log = logging.getLogger("gpupool.control")
+
+STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
+PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    home: Path
+    node_name: str = socket.gethostname()
+    node_address: str = "127.0.0.1"
+    tick: float = 0.5
+    telemetry_interval: float = 1.0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: Store,
+        backend: Backend,
+        gpus: GpuProvider | None,
+        settings: ControlSettings,
+        telemetry: TelemetryCache | None = None,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.gpus = gpus
+        self.settings = settings
+        self.telemetry = telemetry or TelemetryCache()
+        self._wake = threading.Event()
+        self._last_sample = 0.0
+        self._reasons: dict[int, str] = {}
+        self._attached: dict[int, tuple[int, ...]] = {}
+
+    # -- lifecycle of the loop ------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad pass must not stop the pool; the next pass retries
+                log.exception("event=reconcile_failed")
+            self._wake.wait(self.settings.tick)
+            self._wake.clear()
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.observe(now)
+        self.schedule(now)
+        if self.gpus is not None and now - self._last_sample >= self.settings.telemetry_interval:
+            self._last_sample = now
+            self.sample_gpus(now)
+
+    # -- node registration ----------------------------------------------------------------------------
+
+    def register_node(self) -> None:
+        """Create or refresh this machine's node row from what the GPU provider discovers."""
+        if self.gpus is None:
+            return
+        devices = self.gpus.devices()
+        with self.store.session() as s:
+            node = s.scalar(select(Node).where(Node.name == self.settings.node_name))
+            if node is None:
+                node = Node(name=self.settings.node_name, state="ready", labels={})
+                s.add(node)
+            node.address = self.settings.node_address
+            node.backend = self.backend.name
+            node.cpus = float(psutil.cpu_count() or 1)
+            node.memory_bytes = int(psutil.virtual_memory().total)
+            node.last_heartbeat = utcnow()
+            by_index = {g.index: g for g in node.gpus}
+            for device in devices:
+                gpu = by_index.pop(device.index, None) or Gpu(index=device.index)
+                gpu.uuid, gpu.model, gpu.product_name = device.uuid, device.model, device.name
+                gpu.memory_bytes, gpu.nvlink_island = device.memory_bytes, device.nvlink_island
+                gpu.simulated = device.simulated
+                if gpu.id is None:
+                    node.gpus.append(gpu)
+            for gone in by_index.values():
+                node.gpus.remove(gone)
+        log.info("event=node_registered node=%s gpus=%d", self.settings.node_name, len(devices))
+
+    # -- restart safety -------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """At start: every attempt the store says is running is re-adopted or settled with a reason."""
+        with self.store.session() as s:
+            attempts = s.scalars(select(Attempt).where(Attempt.state == RUNNING)).all()
+            for attempt in attempts:
+                handle = self._handle(attempt)
+                if handle is None:
+                    continue
+                state = self.backend.status(handle, Path(attempt.run_dir))
+                if state.phase is Phase.RUNNING:
+                    log.info("event=attempt_adopted workload=%d attempt=%d pid=%d",
+                             attempt.workload_id, attempt.number, handle.pid)  # fmt: skip
+                else:
+                    self._finish(s, attempt, state, time.time())
+
+    # -- observe --------------------------------------------------------------------------------------
+
+    def observe(self, now: float) -> None:
+        with self.store.session() as s:
+            attempts = s.scalars(
+                select(Attempt).where(Attempt.state == RUNNING, Attempt.node_name == self.settings.node_name)
+            ).all()
+            for attempt in attempts:
+                try:
+                    with s.begin_nested():
+                        self._observe_one(s, attempt, now)
+                except StaleDataError:
+                    log.info("event=observe_conflict workload=%d", attempt.workload_id)
+
+    def _observe_one(self, s: Session, attempt: Attempt, now: float) -> None:
+        handle = self._handle(attempt)
+        if handle is None:
+            if age_seconds(attempt.started_at) > PID_GRACE:
+                self._finish(s, attempt, Status(Phase.VANISHED, detail="the attempt never started"), now)
+            return
+        state = self.backend.status(handle, Path(attempt.run_dir))
+        if state.phase is not Phase.RUNNING:
+            self._finish(s, attempt, state, now)
+            return
+        workload = attempt.workload
+        spec = workload.spec
+        if attempt.stop_requested_at is None:
+            max_duration = spec.get("max_duration")
+            if workload.cancel_requested:
+                self._request_stop(s, attempt, handle, STOP_CANCEL)
+            elif max_duration and age_seconds(attempt.started_at) > float(max_duration):
+                self._request_stop(s, attempt, handle, STOP_TIMEOUT)
+        elif attempt.killed_at is None:
+            grace = float(spec.get("grace_period", 30.0))
+            if age_seconds(attempt.stop_requested_at) >= grace:
+                self.backend.signal(handle, signal.SIGKILL)
+                attempt.killed_at = utcnow()
+                log.info("event=attempt_killed workload=%d attempt=%d grace=%s",
+                         attempt.workload_id, attempt.number, grace)  # fmt: skip
+
+    def _request_stop(self, s: Session, attempt: Attempt, handle: Handle, why: str) -> None:
+        self.backend.signal(handle, signal.SIGTERM)
+        attempt.stop_requested_at = utcnow()
+        attempt.stop_reason = why
+        log.info("event=attempt_stopping workload=%d attempt=%d why=%s", attempt.workload_id, attempt.number, why)
+
+    def _handle(self, attempt: Attempt) -> Handle | None:
+        if attempt.pid is not None:
+            return Handle(attempt.pid, attempt.pid_start_time or 0.0)
+        found = self.backend.find(Path(attempt.run_dir))
+        if found is not None:
+            attempt.pid, attempt.pid_start_time = found.pid, found.start_time
+        return found
+
+    def _finish(self, s: Session, attempt: Attempt, state: Status, now: float) -> None:
+        """Settle an attempt that ended, and move its workload on (done, retry, or failed)."""
+        del now
+        handle = self._handle(attempt)
+        if handle is not None:
+            self.backend.cleanup(handle)
+        workload = attempt.workload
+        code = state.exit_code
+        attempt.exit_code = code
+        attempt.finished_at = utcnow()
+        workload.exit_code = code
+        killed = " (killed after the grace period)" if attempt.killed_at else ""
+        if attempt.stop_reason == STOP_CANCEL or (workload.cancel_requested and code != 0):
+            attempt.state = CANCELLED
+            attempt.reason = f"cancelled; exit code {code}{killed}"
+            transition(s, workload, CANCELLED, attempt.reason, actor="control")
+            return
+        if attempt.stop_reason == STOP_TIMEOUT:
+            attempt.state = FAILED
+            limit = workload.spec.get("max_duration")
+            attempt.reason = f"exceeded max_duration ({limit:g}s); exit code {code}{killed}"
+            transition(s, workload, FAILED, attempt.reason, actor="control")
+            return
+        if state.phase is Phase.EXITED and code == 0:
+            attempt.state = SUCCEEDED
+            attempt.reason = "exit code 0"
+            transition(s, workload, SUCCEEDED, "exit code 0", actor="control")
+            return
+        attempt.state = FAILED
+        attempt.reason = f"exit code {code}" if state.phase is Phase.EXITED else f"lost: {state.detail}"
+        self._retry_or_fail(s, workload, attempt.reason, "failure")
+
+    def _retry_or_fail(self, s: Session, workload: Workload, why: str, cause: str) -> None:
+        retry = workload.spec.get("retry") or {}
+        max_restarts = int(retry.get("max_restarts", 0))
+        if cause in (retry.get("on") or []) and workload.restarts < max_restarts:
+            verdict = transition(
+                s, workload, PENDING,
+                f"{why}; restarting ({workload.restarts + 1}/{max_restarts})", actor="control", is_retry=True,
+            )  # fmt: skip
+            if verdict.accepted:
+                return
+        transition(s, workload, FAILED, why, actor="control")
+
+    # -- schedule -------------------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> None:
+        with self.store.session() as s:
+            pending = s.scalars(
+                select(Workload).where(Workload.state == PENDING).order_by(Workload.id)
+            ).all()
+            if not pending:
+                return
+            snapshot = self._snapshot(s, pending)
+        decisions = scheduler.decide(snapshot, now)
+        for bind in decisions.binds:
+            self._start(bind)
+        self._explain(decisions.pending_reasons)
+
+    def _snapshot(self, s: Session, pending: list[Workload] | Any) -> scheduler.Snapshot:
+        running = s.scalars(select(Attempt).where(Attempt.state == RUNNING)).all()
+        used: dict[tuple[str, int], float] = {}
+        cpus_used: dict[str, float] = {}
+        mem_used: dict[str, int] = {}
+        queue_used: dict[str, float] = {}
+        for attempt in running:
+            for index in attempt.gpu_indices:
+                key = (attempt.node_name, int(index))
+                used[key] = used.get(key, 0.0) + (attempt.gpu_fraction or 1.0)
+            cpus_used[attempt.node_name] = cpus_used.get(attempt.node_name, 0.0) + attempt.cpus
+            mem_used[attempt.node_name] = mem_used.get(attempt.node_name, 0) + attempt.memory_bytes
+            share = len(attempt.gpu_indices) * (attempt.gpu_fraction or 1.0)
+            queue_used[attempt.workload.queue] = queue_used.get(attempt.workload.queue, 0.0) + share
+        nodes = tuple(
+            scheduler.NodeView(
+                name=node.name,
+                schedulable=node.state == "ready",
+                state=node.state,
+                gpus=tuple(
+                    scheduler.GpuView(g.index, g.model.upper(), g.memory_bytes, g.nvlink_island,
+                                      used.get((node.name, g.index), 0.0))  # fmt: skip
+                    for g in node.gpus
+                ),
+                cpus=node.cpus,
+                memory_bytes=node.memory_bytes,
+                cpus_allocated=cpus_used.get(node.name, 0.0),
+                memory_allocated=mem_used.get(node.name, 0),
+            )
+            for node in s.scalars(select(Node).order_by(Node.name)).all()
+        )
+        queues = tuple(
+            scheduler.QueueView(q.name, _gpu_limit(q.spec), queue_used.get(q.name, 0.0))
+            for q in s.scalars(select(Queue)).all()
+        )
+        return scheduler.Snapshot(nodes, tuple(_workload_view(w) for w in pending), queues)
+
+    def _start(self, bind: scheduler.Bind) -> None:
+        home = self.settings.home
+        with self.store.session() as s:
+            workload = s.get(Workload, bind.workload_id)
+            if workload is None or workload.state != PENDING:
+                return
+            number = len(workload.attempts)
+            run_dir = home / "runs" / str(workload.id) / str(number)
+            resources = workload.spec.get("resources") or {}
+            attempt = Attempt(
+                workload_id=workload.id,
+                number=number,
+                state=RUNNING,
+                node_name=bind.node,
+                gpu_indices=list(bind.gpu_indices),
+                gpu_fraction=bind.gpu_fraction,
+                cpus=float(resources.get("cpu") or 0.0),
+                memory_bytes=int(resources.get("memory") or 0),
+                run_dir=str(run_dir),
+                log_path=str(home / "logs" / str(workload.id) / f"attempt-{number}.log"),
+            )
+            gpus = ",".join(map(str, bind.gpu_indices)) or "none"
+            verdict = transition(s, workload, RUNNING, f"started on {bind.node} gpus={gpus}", actor="scheduler")
+            if not verdict.accepted:
+                return
+            s.add(attempt)
+            s.flush()
+            launch = self._launch(workload, attempt)
+        # The attempt is durable before its process exists; a crash here leaves a pid-less attempt that
+        # observe() settles after PID_GRACE.
+        try:
+            handle = self.backend.start(launch)
+        except LaunchError as exc:
+            with self.store.session() as s:
+                attempt = s.get(Attempt, launch.attempt_id)
+                assert attempt is not None
+                attempt.state, attempt.reason, attempt.finished_at = FAILED, str(exc), utcnow()
+                transition(s, attempt.workload, FAILED, f"cannot start: {exc}", actor="control")
+            return
+        with self.store.session() as s:
+            attempt = s.get(Attempt, launch.attempt_id)
+            assert attempt is not None
+            attempt.pid, attempt.pid_start_time = handle.pid, handle.start_time
+        log.info("event=attempt_started workload=%d attempt=%d node=%s gpus=%s pid=%d",
+                 bind.workload_id, launch.attempt_number, bind.node, gpus, handle.pid)  # fmt: skip
+
+    def _launch(self, workload: Workload, attempt: Attempt) -> Launch:
+        home = self.settings.home
+        spec = workload.spec
+        workdir = contract.workdir_for(spec, home, workload.id)
+        if not spec.get("workdir"):
+            workdir.mkdir(parents=True, exist_ok=True)
+        checkpoint_dir = contract.checkpoint_dir_for(spec, workdir, home, workload.id)
+        env = contract.job_environment(
+            base=contract.server_environment(),
+            spec=spec,
+            workload_id=workload.id,
+            workload_name=workload.name,
+            queue=workload.queue,
+            attempt_number=attempt.number,
+            gpu_indices=[int(i) for i in attempt.gpu_indices],
+            checkpoint_dir=checkpoint_dir,
+            node_address=self.settings.node_address,
+            master_port=contract.free_port(),
+        )
+        try:
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("event=checkpoint_dir_unavailable workload=%d error=%s", workload.id, exc)
+        return Launch(
+            attempt_id=attempt.id,
+            workload_id=workload.id,
+            attempt_number=attempt.number,
+            script="\n".join(spec.get("commands") or []) + "\n",
+            env=env,
+            workdir=workdir,
+            run_dir=Path(attempt.run_dir),
+            log_path=Path(attempt.log_path),
+        )
+
+    def _explain(self, reasons: dict[int, str]) -> None:
+        changed = {wid: why for wid, why in reasons.items() if self._reasons.get(wid) != why}
+        if not changed:
+            return
+        with self.store.session() as s:
+            for wid, why in changed.items():
+                workload = s.get(Workload, wid)
+                if workload is not None and workload.state == PENDING and workload.reason != why:
+                    workload.reason = why
+        self._reasons.update(changed)
+        if len(self._reasons) > 100_000:
+            self._reasons = dict(changed)
+
+    # -- telemetry ------------------------------------------------------------------------------------
+
+    def sample_gpus(self, now: float) -> None:
+        assert self.gpus is not None
+        with self.store.session() as s:
+            running = s.scalars(
+                select(Attempt).where(Attempt.state == RUNNING, Attempt.node_name == self.settings.node_name)
+            ).all()
+            holders: dict[int, list[tuple[int, str]]] = {}
+            for attempt in running:
+                for index in attempt.gpu_indices:
+                    holders.setdefault(int(index), []).append((attempt.pid or 0, str(attempt.workload_id)))
+        for device in self.gpus.devices():
+            pids = tuple(pid for pid, _ in holders.get(device.index, []) if pid)
+            if self._attached.get(device.index) != pids:
+                self.gpus.attach(device.index, pids)
+                self._attached[device.index] = pids
+        samples = []
+        for sample in self.gpus.sample(now):
+            row = sample.to_dict()
+            row["workloads"] = [wid for _, wid in holders.get(sample.index, [])]
+            samples.append(row)
+        self.telemetry.put(self.settings.node_name, samples)
+
+
+def _gpu_limit(spec: dict[str, Any]) -> float | None:
+    limit = ((spec.get("resources") or {}).get("gpu") or {}).get("limit")
+    return None if limit is None else float(limit)
+
+
+def _workload_view(workload: Workload) -> scheduler.WorkloadView:
+    resources = workload.spec.get("resources") or {}
+    request = parse_gpu_request(resources.get("gpu", 0))
+    created: datetime = as_utc(workload.created_at) or utcnow()
+    return scheduler.WorkloadView(
+        id=workload.id,
+        queue=workload.queue,
+        priority=workload.priority,
+        submit_time=created.timestamp(),
+        nodes=workload.nodes,
+        gpus=scheduler.GpuDemand(request.count, request.models, request.min_memory_bytes),
+        cpus=float(resources.get("cpu") or 0.0),
+        memory_bytes=int(resources.get("memory") or 0),
+    )

@@ -1,0 +1,399 @@
+"""What the API can ask of the pool: submit, cancel, list, logs, nodes, queues. No HTTP here."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
+
+from gpupool.control.errors import Conflict, Invalid, NotFound
+from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATES, TERMINAL, transition
+from gpupool.control.telemetry import TelemetryCache
+from gpupool.spec import QueueSpec, WorkloadSpec
+from gpupool.store.db import Store
+from gpupool.store.models import ApiToken, Attempt, Event, Node, Queue, Workload
+from gpupool.timeutil import age_seconds, as_utc
+
+DEFAULT_QUEUE = "default"
+LOG_CHUNK_MAX = 1 << 20
+
+
+def _iso(value: Any) -> str | None:
+    value = as_utc(value)
+    return value.isoformat() if value is not None else None
+
+
+# -- tokens ----------------------------------------------------------------------------------------------
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def ensure_admin_token(store: Store) -> str | None:
+    """Create the admin token on first start and return it (once); None if one exists already."""
+    with store.session() as s:
+        if s.scalar(select(ApiToken).where(ApiToken.name == "admin")) is not None:
+            return None
+        token = "gpp_" + secrets.token_urlsafe(32)
+        s.add(ApiToken(name="admin", token_hash=hash_token(token), role="admin"))
+        return token
+
+
+def reset_admin_token(store: Store) -> str:
+    token = "gpp_" + secrets.token_urlsafe(32)
+    with store.session() as s:
+        existing = s.scalar(select(ApiToken).where(ApiToken.name == "admin"))
+        if existing is None:
+            s.add(ApiToken(name="admin", token_hash=hash_token(token), role="admin"))
+        else:
+            existing.token_hash = hash_token(token)
+    return token
+
+
+def token_role(store: Store, token: str) -> str | None:
+    with store.session() as s:
+        row = s.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+        return row.role if row is not None else None
+
+
+# -- queues ----------------------------------------------------------------------------------------------
+
+
+def ensure_default_queue(store: Store) -> None:
+    with store.session() as s:
+        if s.scalar(select(Queue).where(Queue.name == DEFAULT_QUEUE)) is None:
+            spec = QueueSpec(name=DEFAULT_QUEUE, description="Where workloads go when they name no queue.")
+            s.add(Queue(name=DEFAULT_QUEUE, parent=None, priority=0, spec=spec.model_dump(mode="json")))
+
+
+def queue_view(queue: Queue, usage: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    used = (usage or {}).get(queue.name, {})
+    return {
+        "name": queue.name,
+        "parent": queue.parent,
+        "priority": queue.priority,
+        "description": queue.spec.get("description", ""),
+        "resources": queue.spec.get("resources", {}),
+        "gpus_allocated": used.get("gpus", 0.0),
+        "running": int(used.get("running", 0)),
+        "pending": int(used.get("pending", 0)),
+        "created_at": _iso(queue.created_at),
+        "updated_at": _iso(queue.updated_at),
+    }
+
+
+def _queue_usage(s: Session) -> dict[str, dict[str, float]]:
+    usage: dict[str, dict[str, float]] = {}
+    for queue, state, count in s.execute(
+        select(Workload.queue, Workload.state, func.count()).where(Workload.state.in_(ACTIVE))
+        .group_by(Workload.queue, Workload.state)
+    ):  # fmt: skip
+        usage.setdefault(queue, {})[state] = float(count)
+    for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
+        row = usage.setdefault(attempt.workload.queue, {})
+        row["gpus"] = row.get("gpus", 0.0) + len(attempt.gpu_indices) * (attempt.gpu_fraction or 1.0)
+    return usage
+
+
+def _check_parent(s: Session, spec: QueueSpec) -> None:
+    if spec.parent is None:
+        return
+    if spec.parent == spec.name:
+        raise Invalid(f"queue {spec.name} cannot be its own parent", field="parent")
+    if s.scalar(select(Queue).where(Queue.name == spec.parent)) is None:
+        raise Invalid(f"parent queue {spec.parent!r} does not exist; create it first", field="parent")
+
+
+def create_queue(store: Store, spec: QueueSpec) -> dict[str, Any]:
+    with store.session() as s:
+        if s.scalar(select(Queue).where(Queue.name == spec.name)) is not None:
+            raise Conflict(
+                f"queue {spec.name!r} already exists; change it with `gpupool queue update {spec.name}`",
+                field="name",
+            )
+        _check_parent(s, spec)
+        queue = Queue(name=spec.name, parent=spec.parent, priority=spec.priority,
+                      spec=spec.model_dump(mode="json"))  # fmt: skip
+        s.add(queue)
+        s.flush()
+        return queue_view(queue)
+
+
+def update_queue(store: Store, name: str, build: Callable[[dict[str, Any]], QueueSpec]) -> dict[str, Any]:
+    """`build` turns the current spec (as JSON) into the new, validated spec."""
+    with store.session() as s:
+        queue = s.scalar(select(Queue).where(Queue.name == name))
+        if queue is None:
+            raise NotFound(f"no queue named {name!r}; list them with `gpupool queues`")
+        spec = build(dict(queue.spec))
+        if spec.name != name:
+            raise Invalid("a queue cannot be renamed", field="name")
+        _check_parent(s, spec)
+        queue.parent, queue.priority, queue.spec = spec.parent, spec.priority, spec.model_dump(mode="json")
+        s.flush()
+        return queue_view(queue, _queue_usage(s))
+
+
+def list_queues(store: Store) -> list[dict[str, Any]]:
+    with store.session() as s:
+        usage = _queue_usage(s)
+        return [queue_view(q, usage) for q in s.scalars(select(Queue).order_by(Queue.name))]
+
+
+def get_queue(store: Store, name: str) -> dict[str, Any]:
+    with store.session() as s:
+        queue = s.scalar(select(Queue).where(Queue.name == name))
+        if queue is None:
+            raise NotFound(f"no queue named {name!r}; list them with `gpupool queues`")
+        return queue_view(queue, _queue_usage(s))
+
+
+# -- workloads -------------------------------------------------------------------------------------------
+
+
+def attempt_view(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "number": attempt.number,
+        "state": attempt.state,
+        "node": attempt.node_name,
+        "gpu_indices": list(attempt.gpu_indices),
+        "gpu_fraction": attempt.gpu_fraction,
+        "pid": attempt.pid,
+        "exit_code": attempt.exit_code,
+        "reason": attempt.reason,
+        "log_path": attempt.log_path,
+        "started_at": _iso(attempt.started_at),
+        "finished_at": _iso(attempt.finished_at),
+    }
+
+
+def workload_view(workload: Workload, *, detail: bool = False) -> dict[str, Any]:
+    last = workload.attempts[-1] if workload.attempts else None
+    running = last is not None and last.state == RUNNING
+    view: dict[str, Any] = {
+        "id": workload.id,
+        "name": workload.name,
+        "kind": workload.kind,
+        "queue": workload.queue,
+        "user": workload.user,
+        "state": workload.state,
+        "reason": workload.reason,
+        "priority": workload.priority,
+        "preemptible": workload.preemptible,
+        "gpus": workload.gpus,
+        "nodes": workload.nodes,
+        "node": last.node_name if running and last else None,
+        "gpu_indices": list(last.gpu_indices) if running and last else [],
+        "attempts": len(workload.attempts),
+        "restarts": workload.restarts,
+        "exit_code": workload.exit_code,
+        "cancel_requested": workload.cancel_requested,
+        "created_at": _iso(workload.created_at),
+        "started_at": _iso(workload.started_at),
+        "finished_at": _iso(workload.finished_at),
+        "age_seconds": round(age_seconds(workload.created_at), 3),
+    }
+    if detail:
+        view["spec"] = workload.spec
+        view["attempt_list"] = [attempt_view(a) for a in workload.attempts]
+    return view
+
+
+def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str, Any]:
+    """Validate against the pool, then commit the workload; it is durable when this returns."""
+    with store.session() as s:
+        queue = s.scalar(select(Queue).where(Queue.name == spec.queue))
+        if queue is None:
+            names = ", ".join(s.scalars(select(Queue.name).order_by(Queue.name))) or "none"
+            raise Invalid(
+                f"queue {spec.queue!r} does not exist (queues: {names}); "
+                f"create it with `gpupool queue create {spec.queue}`",
+                field="queue", example=DEFAULT_QUEUE,
+            )  # fmt: skip
+        if spec.workdir is not None and not Path(spec.workdir).is_absolute():
+            raise Invalid(f"workdir must be an absolute path, got {spec.workdir!r}", field="workdir",
+                          example="/home/me/project")  # fmt: skip
+        workload = Workload(
+            name=spec.name or "",
+            kind=spec.kind,
+            queue=spec.queue,
+            user=user,
+            priority=spec.priority,
+            preemptible=spec.preemptible,
+            gpus=str(spec.resources.gpu),
+            nodes=spec.nodes,
+            spec=spec.model_dump(mode="json"),
+            state=PENDING,
+            reason="waiting for the scheduler",
+        )
+        s.add(workload)
+        s.flush()
+        if not workload.name:
+            workload.name = f"{spec.kind}-{workload.id}"
+        s.add(Event(object_kind="workload", object_id=str(workload.id), from_state="", to_state=PENDING,
+                    reason="submitted", actor=user))  # fmt: skip
+        s.flush()
+        return workload_view(workload)
+
+
+def _load(s: Session, workload_id: int) -> Workload:
+    workload = s.get(Workload, workload_id)
+    if workload is None:
+        raise NotFound(f"no workload with id {workload_id}; list them with `gpupool ps --all`")
+    return workload
+
+
+def get_workload(store: Store, workload_id: int) -> dict[str, Any]:
+    with store.session() as s:
+        workload = _load(s, workload_id)
+        view = workload_view(workload, detail=True)
+        view["events"] = [
+            {"at": _iso(e.at), "from": e.from_state, "to": e.to_state, "reason": e.reason, "actor": e.actor}
+            for e in s.scalars(
+                select(Event).where(Event.object_kind == "workload", Event.object_id == str(workload_id))
+                .order_by(Event.id)
+            )
+        ]  # fmt: skip
+        return view
+
+
+def list_workloads(
+    store: Store, *, include_finished: bool = False, state: str | None = None, queue: str | None = None,
+    limit: int = 1000,
+) -> list[dict[str, Any]]:  # fmt: skip
+    if state is not None and state not in STATES:
+        raise Invalid(f"unknown state {state!r}; one of {', '.join(STATES)}", field="state")
+    with store.session() as s:
+        query = select(Workload).order_by(Workload.id.desc()).limit(limit)
+        if state is not None:
+            query = query.where(Workload.state == state)
+        elif not include_finished:
+            query = query.where(Workload.state.in_(ACTIVE))
+        if queue is not None:
+            query = query.where(Workload.queue == queue)
+        return [workload_view(w) for w in reversed(s.scalars(query).all())]
+
+
+def cancel(store: Store, workload_id: int, *, actor: str = "admin") -> dict[str, Any]:
+    """A pending workload is cancelled at once; a running one is stopped by the control loop."""
+    for _ in range(5):
+        try:
+            with store.session() as s:
+                workload = _load(s, workload_id)
+                if workload.state in TERMINAL:
+                    raise Conflict(f"workload {workload_id} already {workload.state}; nothing to cancel")
+                workload.cancel_requested = True
+                if workload.state == PENDING:
+                    transition(s, workload, CANCELLED, f"cancelled by {actor} before it started", actor=actor)
+                s.flush()
+                return workload_view(workload)
+        except StaleDataError:
+            continue  # the control loop changed it at the same moment: read again and decide again
+    raise Conflict(f"workload {workload_id} is changing state; try again")
+
+
+def read_log(
+    store: Store, workload_id: int, *, attempt: int | None = None, offset: int = 0, limit: int = LOG_CHUNK_MAX
+) -> dict[str, Any]:
+    with store.session() as s:
+        workload = _load(s, workload_id)
+        if not workload.attempts:
+            return {"attempt": None, "offset": 0, "data": "", "eof": workload.state in TERMINAL,
+                    "state": workload.state, "path": None}  # fmt: skip
+        if attempt is None:
+            chosen = workload.attempts[-1]
+        else:
+            matches = [a for a in workload.attempts if a.number == attempt]
+            if not matches:
+                raise NotFound(
+                    f"workload {workload_id} has no attempt {attempt} (attempts 0..{len(workload.attempts) - 1})"
+                )
+            chosen = matches[0]
+        finished = chosen.state != RUNNING
+        path = Path(chosen.log_path)
+        data = b""
+        size = 0
+        if path.exists():
+            size = path.stat().st_size
+            with open(path, "rb") as fh:
+                fh.seek(max(0, offset))
+                data = fh.read(max(0, min(limit, LOG_CHUNK_MAX)))
+        next_offset = max(0, offset) + len(data)
+        return {
+            "attempt": chosen.number,
+            "offset": next_offset,
+            "data": data.decode("utf-8", errors="replace"),
+            "eof": finished and next_offset >= size and workload.state != RUNNING,
+            "state": workload.state,
+            "path": str(path),
+        }
+
+
+# -- nodes -----------------------------------------------------------------------------------------------
+
+
+def node_view(node: Node, allocated: dict[tuple[str, int], list[int]], telemetry: TelemetryCache) -> dict[str, Any]:
+    gpus = []
+    for gpu in node.gpus:
+        holders = allocated.get((node.name, gpu.index), [])
+        gpus.append(
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "model": gpu.model,
+                "name": gpu.product_name,
+                "memory_bytes": gpu.memory_bytes,
+                "nvlink_island": gpu.nvlink_island,
+                "simulated": gpu.simulated,
+                "workloads": holders,
+                "sample": telemetry.get(node.name, gpu.index),
+            }
+        )
+    models = sorted({g.model for g in node.gpus})
+    return {
+        "name": node.name,
+        "state": node.state,
+        "state_reason": node.state_reason,
+        "address": node.address,
+        "backend": node.backend,
+        "cpus": node.cpus,
+        "memory_bytes": node.memory_bytes,
+        "labels": node.labels,
+        "gpu_models": models,
+        "gpus_total": len(node.gpus),
+        "gpus_allocated": sum(1 for g in gpus if g["workloads"]),
+        "last_heartbeat": _iso(node.last_heartbeat),
+        "gpus": gpus,
+    }
+
+
+def list_nodes(store: Store, telemetry: TelemetryCache) -> list[dict[str, Any]]:
+    with store.session() as s:
+        allocated: dict[tuple[str, int], list[int]] = {}
+        for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
+            for index in attempt.gpu_indices:
+                allocated.setdefault((attempt.node_name, int(index)), []).append(attempt.workload_id)
+        return [node_view(n, allocated, telemetry) for n in s.scalars(select(Node).order_by(Node.name))]
+
+
+def set_node_state(store: Store, name: str, state: str, reason: str, *, actor: str = "admin") -> dict[str, Any]:
+    with store.session() as s:
+        node = s.scalar(select(Node).where(Node.name == name))
+        if node is None:
+            names = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
+            raise NotFound(f"no node named {name!r} (nodes: {names})")
+        if node.state in ("lost", "unhealthy") and state == "ready":
+            raise Conflict(f"node {name} is {node.state}; it returns to service when it is healthy again")
+        if node.state != state:
+            s.add(Event(object_kind="node", object_id=name, from_state=node.state, to_state=state,
+                        reason=reason, actor=actor))  # fmt: skip
+            node.state, node.state_reason = state, reason
+    return next(n for n in list_nodes(store, TelemetryCache()) if n["name"] == name)
+

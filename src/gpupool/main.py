@@ -1,0 +1,87 @@
+"""The `gpupool` entry point: the client commands of gpupool.cli plus `gpupool server`.
+
+This module is the composition root: it alone joins the CLI (which never imports the server) with the
+server's parts.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from gpupool.cli.app import CliError, app
+from gpupool.cli.render import err_console
+from gpupool.client import GpupoolError
+from gpupool.home import DEFAULT_PORT, default_db_url, home_dir
+from gpupool.spec import SpecError
+
+
+@app.command()
+def server(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="port to listen on"),
+    gpus: str = typer.Option("auto", "--gpus", help="auto (NVML, else simulated 8xH100), nvml, sim:8xH100, "
+                             "sim:4xA100-80GB, sim:2xL4, or none"),  # fmt: skip
+    db: str | None = typer.Option(None, "--db", help="store URL: sqlite:///path.db or postgresql://... "
+                                  "(default $GPUPOOL_DB, else ~/.gpupool/gpupool.db)"),  # fmt: skip
+    node_name: str | None = typer.Option(None, "--node-name", help="name of this machine's node"),
+    new_admin_token: bool = typer.Option(False, "--new-admin-token", help="replace the admin token and print it"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Run the gpupool head: API server, scheduler loop and the local executor."""
+    import uvicorn
+
+    from gpupool.api.app import create_app
+    from gpupool.api.runtime import Runtime, ServerSettings
+    from gpupool.client.client import save_credentials
+    from gpupool.control import service
+    from gpupool.gpu import GpuUnavailable
+    from gpupool.store.db import Store, StoreError
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    url = db or default_db_url()
+    home = home_dir()
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        store = Store(url)
+    except StoreError as exc:
+        raise CliError(str(exc)) from exc
+    public = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    server_url = f"http://{public}:{port}"
+    token = service.reset_admin_token(store) if new_admin_token else service.ensure_admin_token(store)
+    if token is not None:
+        path = save_credentials(server_url, token)
+        err_console.print(
+            f"[bold]admin token[/bold] (shown once; saved to {path}, mode 0600):\n  {token}", highlight=False
+        )
+    settings = ServerSettings(db_url=url, home=home, gpus=gpus, node_name=node_name or _hostname())
+    try:
+        runtime = Runtime(settings, store=store)
+    except (GpuUnavailable, ValueError) as exc:
+        raise CliError(str(exc)) from exc
+    err_console.print(f"gpupool server on {server_url} (store {store.url.split('@')[-1]}, gpus {gpus}, "
+                      f"home {home})", highlight=False)  # fmt: skip
+    uvicorn.run(create_app(runtime), host=host, port=port, log_level=log_level.lower(), access_log=False)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def main() -> None:
+    try:
+        app()
+    except (CliError, GpupoolError, SpecError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,148 @@
+"""The queue spec: a team or project, in a hierarchy, with a guaranteed quota and a cap per resource."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gpupool.spec.document import validate_spec
+from gpupool.spec.errors import SpecError
+from gpupool.spec.fields import Name, Number, Whole, check_name, field_name, refuse_bool
+from gpupool.spec.quantities import parse_size
+
+MAX_QUEUE_PRIORITY: Final = 1000
+
+QUEUE_FIELD_EXAMPLES: Final[dict[str, str]] = {
+    "": "{name: nlp, resources: {gpu: {quota: 16, limit: 32}}}",
+    "name": "nlp",
+    "parent": "research",
+    "priority": "10",
+    "description": "NLP team",
+    "resources": "{gpu: {quota: 16, limit: 32, over_quota_weight: 2}}",
+    "resources.gpu": "{quota: 16, limit: 32, over_quota_weight: 1}",
+    "resources.gpu.quota": "16",
+    "resources.gpu.limit": "32",
+    "resources.gpu.over_quota_weight": "1",
+    "resources.cpu": "{quota: 256, limit: 512}",
+    "resources.cpu.quota": "256",
+    "resources.cpu.limit": "512",
+    "resources.cpu.over_quota_weight": "1",
+    "resources.memory": "{quota: 2TB, limit: 4TB}",
+    "resources.memory.quota": "2TB",
+    "resources.memory.limit": "4TB",
+    "resources.memory.over_quota_weight": "1",
+}
+"""A valid example for each field path, shown in every error about that field."""
+
+
+class ResourceShare(BaseModel):
+    """A queue's share of one resource (GPUs, CPU cores, or bytes of memory)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    quota: Number = Field(
+        default=0.0,
+        ge=0,
+        description="Guaranteed ('deserved') amount, never reclaimed from the queue; default 0.",
+    )
+    limit: Annotated[float, Field(ge=0, allow_inf_nan=False), BeforeValidator(refuse_bool)] | None = Field(
+        default=None,
+        description="Hard cap, including borrowed capacity; must be >= quota; default null: no cap.",
+    )
+    over_quota_weight: Number = Field(
+        default=1.0,
+        ge=0,
+        description="Share of idle capacity beyond quota, relative to other queues; default 1.",
+    )
+
+    @model_validator(mode="after")
+    def _limit_covers_quota(self) -> ResourceShare:
+        if self.limit is not None and self.limit < self.quota:
+            raise SpecError(
+                "limit", self.limit, f"is below the quota ({self.quota:g}); a limit must be >= quota", ""
+            )
+        return self
+
+
+class QueueResources(BaseModel):
+    """A queue's share of each resource kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: ResourceShare = Field(
+        default_factory=ResourceShare, description="GPUs; default: quota 0, no cap, weight 1."
+    )
+    cpu: ResourceShare = Field(
+        default_factory=ResourceShare, description="CPU cores; default: quota 0, no cap, weight 1."
+    )
+    memory: ResourceShare = Field(
+        default_factory=ResourceShare,
+        description='Memory in bytes; quota and limit accept "256GB"; default: quota 0, no cap, weight 1.',
+    )
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory_sizes(cls, value: Any, info: ValidationInfo) -> Any:
+        """Size text in memory's quota and limit ("256GB") becomes bytes."""
+        field = field_name(info, "memory")
+        if isinstance(value, dict):
+            value = dict(value)
+            for key in ("quota", "limit"):
+                if isinstance(value.get(key), str):
+                    value[key] = float(parse_size(value[key], f"{field}.{key}"))
+        return value
+
+
+class QueueSpec(BaseModel):
+    """A queue (team or project): where workloads wait, and what share of the pool it deserves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name = Field(description="DNS-label-like name, e.g. nlp (required).")
+    parent: Name | None = Field(
+        default=None,
+        description="Name of the parent queue (e.g. a department); default null: a top-level queue.",
+    )
+    priority: Whole = Field(
+        default=0,
+        ge=0,
+        le=MAX_QUEUE_PRIORITY,
+        description="Queues of higher priority get their fair share first, 0..1000; default 0.",
+    )
+    resources: QueueResources = Field(
+        default_factory=QueueResources,
+        description="Quota, limit and weight per resource; default: none guaranteed.",
+    )
+    description: str = Field(default="", description="Free text for people; default empty.")
+
+    @model_validator(mode="after")
+    def _not_its_own_parent(self) -> QueueSpec:
+        if self.parent is not None and self.parent == self.name:
+            raise SpecError(
+                "parent", self.parent, "is the queue itself; a queue cannot be its own parent", ""
+            )
+        return self
+
+
+def parse_queue_spec(data: object) -> QueueSpec:
+    """A QueueSpec from a mapping or YAML text; SpecError (the first problem, with its path) if invalid."""
+    return validate_spec(QueueSpec, data, QUEUE_FIELD_EXAMPLES, "queue spec")
+
+
+__all__ = [
+    "QUEUE_FIELD_EXAMPLES",
+    "QueueResources",
+    "QueueSpec",
+    "ResourceShare",
+    "check_name",
+    "parse_queue_spec",
+]

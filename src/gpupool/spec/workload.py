@@ -1,0 +1,411 @@
+"""The workload spec: what a user submits to run a job or a service on the pool.
+
+Priority (Run:ai semantics): a named class or a number 0..1000, higher runs first and may preempt lower.
+The classes are inference (125) > build (100) > interactive (75) > train (50, the default). A workload is
+preemptible by default when its priority is at most train's (50): "train" and any number <= 50 are
+preemptible; "inference", "build", "interactive" and any number above 50 are not. `preemptible:` overrides.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from gpupool.spec.document import validate_spec
+from gpupool.spec.errors import SpecError
+from gpupool.spec.fields import GpuRequestField, Name, Seconds, SizeBytes, Whole, field_name, refuse_bool
+from gpupool.spec.quantities import GpuRequest, format_duration
+
+PRIORITY_CLASSES: Final[dict[str, int]] = {"inference": 125, "build": 100, "interactive": 75, "train": 50}
+"""Named priority classes and their numbers; higher runs first."""
+
+DEFAULT_PRIORITY_CLASS: Final = "train"
+MAX_PRIORITY: Final = 1000
+PREEMPTIBLE_AT_OR_BELOW: Final = PRIORITY_CLASSES["train"]
+"""A workload whose priority is at most this is preemptible unless its spec says otherwise."""
+NON_PREEMPTIBLE_BY_DEFAULT: Final = frozenset(
+    name for name, value in PRIORITY_CLASSES.items() if value > PREEMPTIBLE_AT_OR_BELOW
+)
+"""The classes that are not preemptible unless the spec says so: inference, build, interactive."""
+
+RESERVED_ENV_PREFIX: Final = "GPUPOOL_"
+RESERVED_ENV_NAMES: Final = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK"}
+)
+"""Set by gpupool for every attempt (the job contract, DESIGN.md); a spec may not set them."""
+
+MAX_NODES: Final = 1024
+MAX_GRACE_PERIOD: Final = 3600.0
+_ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+FIELD_EXAMPLES: Final[dict[str, str]] = {
+    "": "{kind: job, commands: [python train.py]}",
+    "kind": "job",
+    "name": "llama-finetune",
+    "queue": "nlp",
+    "priority": "train (or inference, build, interactive, or a number 0..1000)",
+    "priority_class": "train",
+    "preemptible": "true",
+    "nodes": "2",
+    "resources": "{gpu: 'H100:8', cpu: 32, memory: 256GB}",
+    "resources.gpu": "'H100:8'",
+    "resources.cpu": "32",
+    "resources.memory": "256GB",
+    "commands": "['python train.py']",
+    "env": "{HF_HOME: /data/hf, NCCL_DEBUG: INFO}",
+    "workdir": "/home/me/project",
+    "checkpoint": "{dir: ./ckpt}",
+    "checkpoint.dir": "./ckpt",
+    "retry": "{max_restarts: 3, on: [preemption, node-failure]}",
+    "retry.max_restarts": "3",
+    "retry.on": "[preemption, node-failure]",
+    "max_duration": "12h",
+    "grace_period": "30s",
+}
+"""A valid example for each field path, shown in every error about that field."""
+
+RetryReason = Literal["failure", "preemption", "node-failure"]
+DEFAULT_RETRY_ON: Final[tuple[RetryReason, ...]] = ("preemption", "node-failure")
+
+
+def priority_class_of(priority: str) -> str | None:
+    """The canonical class name for a name given in any case (" Train " -> "train"), or None."""
+    name = priority.strip().lower()
+    return name if name in PRIORITY_CLASSES else None
+
+
+def default_preemptible(priority: int) -> bool:
+    """Whether a workload of this priority is preemptible when its spec does not say."""
+    return priority <= PREEMPTIBLE_AT_OR_BELOW
+
+
+class Resources(BaseModel):
+    """What each node of the workload needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: GpuRequestField = Field(
+        default=GpuRequest(0),
+        json_schema_extra={"default": "0"},
+        description='GPUs per node: 8, "H100:8", "A100|H100:2", "80GB:1", 0.5 (of one GPU); default 0.',
+    )
+    cpu: Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(refuse_bool)] | None = Field(
+        default=None,
+        description="CPU cores per node (fractions allowed); default null: no reservation.",
+    )
+    memory: SizeBytes | None = Field(
+        default=None,
+        description='Memory per node in bytes; input "256GB" or bytes; default null: no reservation.',
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_above_zero(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value <= 0:
+            raise SpecError(field_name(info, "memory"), value, "must be above 0 bytes", "")
+        return value
+
+
+class CheckpointSpec(BaseModel):
+    """Where the workload's program saves checkpoints, so a new attempt resumes from the newest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: str = Field(
+        min_length=1,
+        description="Checkpoint directory (required), given to the program as $GPUPOOL_CHECKPOINT_DIR; "
+        "a relative path is relative to workdir.",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _not_blank(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():
+            raise SpecError(field_name(info, "dir"), value, "must not be blank", "")
+        return value
+
+
+class RetrySpec(BaseModel):
+    """When a workload that stopped early gets a new attempt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_restarts: Whole = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="New attempts allowed after the first one ends early, 0..100; default 0.",
+    )
+    on: list[RetryReason] = Field(
+        default_factory=lambda: list(DEFAULT_RETRY_ON),
+        description="What ends an attempt early enough to retry: failure (non-zero exit), preemption, "
+        "node-failure; default [preemption, node-failure].",
+    )
+
+    @field_validator("on")
+    @classmethod
+    def _once_each(cls, value: list[RetryReason]) -> list[RetryReason]:
+        return list(dict.fromkeys(value))
+
+
+class WorkloadSpec(BaseModel):
+    """A job (runs to completion) or a service (runs until stopped), as a user submits it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["job", "service"] = Field(
+        default="job", description="job: runs to completion; service: long-running; default job."
+    )
+    name: Name | None = Field(
+        default=None,
+        description="DNS-label-like name, e.g. llama-finetune; default null: the server names it.",
+    )
+    queue: Name = Field(
+        default="default", description="The queue (team or project) it runs in; default 'default'."
+    )
+    priority: Annotated[
+        Whole,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY},
+                    {"type": "string", "enum": list(PRIORITY_CLASSES)},
+                ]
+            },
+            mode="validation",
+        ),
+    ] = Field(
+        default=PRIORITY_CLASSES[DEFAULT_PRIORITY_CLASS],
+        ge=0,
+        le=MAX_PRIORITY,
+        description="Priority 0..1000, given as a number or a class name "
+        "(inference 125, build 100, interactive 75, train 50); default train.",
+    )
+    priority_class: str | None = Field(
+        default=None,
+        description="The class name when priority was given by name (or by default); null when given as a "
+        "number. Derived; if given, must agree with priority.",
+    )
+    preemptible: bool = Field(
+        default=True,
+        description="Whether the scheduler may stop it for higher-priority work or to restore fair share; "
+        "default: true when priority <= 50 (train), else false.",
+    )
+    nodes: Whole = Field(
+        default=1,
+        ge=1,
+        le=MAX_NODES,
+        description="Nodes in the gang, placed all or nothing, 1..1024; default 1.",
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="What each node needs; default: no GPUs, no CPU/memory reservation.",
+    )
+    commands: list[str] = Field(
+        min_length=1,
+        description="Shell commands run in order (required, at least one); a single string is one command.",
+    )
+    env: Annotated[
+        dict[str, str],
+        WithJsonSchema(
+            {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}},
+            mode="validation",
+        ),
+    ] = Field(
+        default_factory=dict,
+        description="Extra environment variables; numbers and booleans become text; GPUPOOL_* and the "
+        "job-contract names are reserved; default none.",
+    )
+    workdir: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Directory the commands run in; default null: chosen by server/CLI.",
+    )
+    checkpoint: CheckpointSpec | None = Field(
+        default=None,
+        description="Checkpoint directory for resume after preemption or node loss; default null: none.",
+    )
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy; default: no restarts.")
+    max_duration: Seconds | None = Field(
+        default=None,
+        description='Longest an attempt may run, e.g. "12h", "1h30m", or seconds; default null: no limit.',
+    )
+    grace_period: Seconds = Field(
+        default=30.0,
+        description="Seconds between SIGTERM and SIGKILL when stopping, 0..3600 (input like max_duration); "
+        "default 30s.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_priority(cls, data: Any) -> Any:
+        """Turn a priority class name into its number, record the class, and derive preemptible."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        given_class = data.get("priority_class")
+        if given_class is not None:
+            if not isinstance(given_class, str) or priority_class_of(given_class) is None:
+                raise _unknown_class("priority_class", given_class)
+            given_class = priority_class_of(given_class)
+            data["priority_class"] = given_class
+        priority = data.get("priority")
+        if priority is None:
+            priority = given_class or DEFAULT_PRIORITY_CLASS
+        if isinstance(priority, str) and not re.fullmatch(r"\s*[-+]?[0-9]+\s*", priority):
+            name = priority_class_of(priority)
+            if name is None:
+                raise _unknown_class("priority", priority)
+            if given_class is not None and given_class != name:
+                raise _class_mismatch(given_class, priority)
+            data["priority"] = PRIORITY_CLASSES[name]
+            data["priority_class"] = name
+        else:
+            data["priority"] = priority
+            if given_class is not None and PRIORITY_CLASSES[given_class] != _as_number(priority):
+                raise _class_mismatch(given_class, priority)
+        if data.get("preemptible") is None:
+            data.pop("preemptible", None)
+        return data
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> WorkloadSpec:
+        if "preemptible" not in self.model_fields_set:
+            self.preemptible = default_preemptible(self.priority)
+        gpu = self.resources.gpu
+        if gpu.is_fractional and self.nodes > 1:
+            raise SpecError(
+                "resources.gpu",
+                str(gpu),
+                f"is a fraction of one GPU, which only works on a single node (nodes is {self.nodes})",
+                "'1' with nodes: 2, or nodes: 1",
+            )
+        if self.max_duration is not None and self.max_duration <= 0:
+            raise SpecError("max_duration", self.max_duration, "must be longer than 0 seconds", "")
+        if self.grace_period > MAX_GRACE_PERIOD:
+            raise SpecError(
+                "grace_period",
+                format_duration(self.grace_period),
+                f"is too long: at most {format_duration(MAX_GRACE_PERIOD)}",
+                "",
+            )
+        return self
+
+    @field_validator("commands", mode="before", json_schema_input_type=str | list[str])
+    @classmethod
+    def _commands(cls, value: Any, info: ValidationInfo) -> Any:
+        field = field_name(info, "commands")
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            for index, command in enumerate(value):
+                if isinstance(command, str) and not command.strip():
+                    raise SpecError(f"{field}[{index}]", command, "is an empty command", "")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any, info: ValidationInfo) -> Any:
+        field = field_name(info, "env")
+        if not isinstance(value, dict):
+            return value  # pydantic reports "is not a mapping"
+        env: dict[str, str] = {}
+        for key, raw in value.items():
+            if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
+                raise SpecError(
+                    field,
+                    key,
+                    "is not an environment variable name (letters, digits, '_'; not a digit first)",
+                    "",
+                )
+            if key.startswith(RESERVED_ENV_PREFIX) or key in RESERVED_ENV_NAMES:
+                raise SpecError(
+                    f"{field}.{key}",
+                    key,
+                    "is reserved: gpupool sets it for every attempt (the job contract)",
+                    "",
+                )
+            env[key] = _env_text(raw, f"{field}.{key}")
+        return env
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_not_blank(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not value.strip():
+            raise SpecError(field_name(info, "workdir"), value, "must not be blank", "")
+        return value
+
+    @field_validator("checkpoint", mode="before", json_schema_input_type=str | CheckpointSpec | None)
+    @classmethod
+    def _checkpoint_shorthand(cls, value: Any) -> Any:
+        return {"dir": value} if isinstance(value, str) else value  # `checkpoint: ./ckpt`
+
+
+def _as_number(priority: object) -> object:
+    if isinstance(priority, str):
+        return int(priority)
+    return priority
+
+
+def _env_text(value: object, field: str) -> str:
+    """An env value as text: booleans as true/false, numbers as written by Python."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    raise SpecError(
+        field, value, "is not a text, number or boolean value", "'1' (quote it to keep it as written)"
+    )
+
+
+def _unknown_class(field: str, value: object) -> SpecError:
+    close = difflib.get_close_matches(str(value).strip().lower(), list(PRIORITY_CLASSES), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    names = ", ".join(PRIORITY_CLASSES)
+    return SpecError(field, value, f"is not a priority class ({names}) or a number 0..1000{hint}", "train")
+
+
+def _class_mismatch(given_class: str, priority: object) -> SpecError:
+    return SpecError(
+        "priority_class",
+        given_class,
+        f"does not match priority {priority!r} (it is derived from priority; leave it out)",
+        "priority: train with no priority_class",
+    )
+
+
+def parse_workload_spec(data: object) -> WorkloadSpec:
+    """A WorkloadSpec from a mapping or YAML text; SpecError (the first problem, with its path) if invalid."""
+    return validate_spec(WorkloadSpec, data, FIELD_EXAMPLES, "workload spec")
+
+
+__all__ = [
+    "FIELD_EXAMPLES",
+    "NON_PREEMPTIBLE_BY_DEFAULT",
+    "PREEMPTIBLE_AT_OR_BELOW",
+    "PRIORITY_CLASSES",
+    "CheckpointSpec",
+    "Resources",
+    "RetrySpec",
+    "WorkloadSpec",
+    "default_preemptible",
+    "parse_workload_spec",
+    "priority_class_of",
+]

@@ -1,0 +1,104 @@
+"""Engines and sessions: SQLite (WAL) by default, PostgreSQL through its URL; schema via Alembic."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+class StoreError(RuntimeError):
+    """The state store cannot be opened or migrated; the message says which URL and why."""
+
+
+def normalise_url(url: str) -> str:
+    """Accept a bare file path for SQLite and the plain `postgresql://` scheme (driven by psycopg 3)."""
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        path = url.split("sqlite:///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20, max_overflow=20
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin_immediate)
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Autocommit at the driver level; transactions are begun explicitly (see _sqlite_begin_immediate).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    # WAL + synchronous=NORMAL survives process crashes (kill -9) without an fsync per commit.
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _sqlite_begin_immediate(conn: Any) -> None:
+    # Take the write lock at BEGIN so two writers queue on busy_timeout instead of failing on upgrade.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["engine"] = engine
+    return config
+
+
+_migrate_lock = threading.Lock()
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest migration (idempotent)."""
+    with _migrate_lock:
+        try:
+            command.upgrade(alembic_config(engine), "head")
+        except Exception as exc:  # the driver's error says why (auth, unreachable, locked)
+            raise StoreError(f"cannot migrate the store at {engine.url!r}: {exc}") from exc
+
+
+class Store:
+    """The engine plus a session factory; one per process."""
+
+    def __init__(self, url: str, *, run_migrations: bool = True) -> None:
+        self.url = normalise_url(url)
+        self.engine = make_engine(self.url)
+        if run_migrations:
+            migrate(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.startswith("sqlite")
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction: committed when the block ends, rolled back if it raises."""
+        with self._sessions() as session, session.begin():
+            yield session
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,170 @@
+"""The state store's tables: typed SQLAlchemy 2 models.
+
+Desired state (workloads, queues, node cordons) and observed state (attempts, GPU samples) live here;
+every state change is also appended to `events`, so the history of a workload is auditable.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from gpupool.timeutil import utcnow
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Node(Base):
+    """A machine with GPUs. `state`: ready | cordoned | draining | unhealthy | lost."""
+
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default="ready")
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    address: Mapped[str] = mapped_column(String(255), default="127.0.0.1")
+    backend: Mapped[str] = mapped_column(String(32), default="local")
+    cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    last_heartbeat: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    gpus: Mapped[list[Gpu]] = relationship(
+        back_populates="node", order_by="Gpu.index", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+
+class Gpu(Base):
+    """One GPU of a node, as discovered (NVML or simulated), with its latest telemetry sample."""
+
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_id", "index", name="uq_gpus_node_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(64))
+    product_name: Mapped[str] = mapped_column(String(128), default="")
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    nvlink_island: Mapped[int] = mapped_column(Integer, default=0)
+    simulated: Mapped[bool] = mapped_column(default=False)
+    last_sample: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    node: Mapped[Node] = relationship(back_populates="gpus")
+
+
+class Queue(Base):
+    """A team or project: guaranteed quota, hard limit and over-quota weight per resource."""
+
+    __tablename__ = "queues"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    parent: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class Workload(Base):
+    """A job or service as submitted (its spec) and where it stands (`state`, `reason`)."""
+
+    __tablename__ = "workloads"
+    __table_args__ = (Index("ix_workloads_state", "state"), Index("ix_workloads_queue", "queue"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    kind: Mapped[str] = mapped_column(String(16), default="job")
+    queue: Mapped[str] = mapped_column(String(63))
+    user: Mapped[str] = mapped_column(String(63), default="admin")
+    priority: Mapped[int] = mapped_column(Integer, default=50)
+    preemptible: Mapped[bool] = mapped_column(default=True)
+    gpus: Mapped[str] = mapped_column(String(64), default="0")
+    nodes: Mapped[int] = mapped_column(Integer, default=1)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Optimistic concurrency: two writers (API cancel, control loop) never overwrite each other silently.
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
+
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="workload", order_by="Attempt.number", lazy="selectin"
+    )
+
+
+class Attempt(Base):
+    """One run of a workload on a node's GPUs; a retry is a new attempt with the next number."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (
+        UniqueConstraint("workload_id", "number", name="uq_attempts_workload_number"),
+        Index("ix_attempts_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="starting")
+    node_name: Mapped[str] = mapped_column(String(253))
+    gpu_indices: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    gpu_fraction: Mapped[float] = mapped_column(Float, default=0.0)
+    cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pid_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    run_dir: Mapped[str] = mapped_column(Text, default="")
+    log_path: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    stop_reason: Mapped[str] = mapped_column(String(32), default="")
+    stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    killed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    workload: Mapped[Workload] = relationship(back_populates="attempts")
+
+
+class Event(Base):
+    """An append-only audit record of one state change (or refused change) of a workload, attempt or node."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_object", "object_kind", "object_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    object_kind: Mapped[str] = mapped_column(String(16))
+    object_id: Mapped[str] = mapped_column(String(253))
+    from_state: Mapped[str] = mapped_column(String(16), default="")
+    to_state: Mapped[str] = mapped_column(String(16), default="")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    actor: Mapped[str] = mapped_column(String(63), default="system")
+
+
+class ApiToken(Base):
+    """A bearer token, kept only as its SHA-256 hash."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16), default="admin")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

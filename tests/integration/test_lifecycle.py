@@ -1,0 +1,188 @@
+"""A real server process running real job processes: the lifecycle a user sees."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.support.server import ServerProcess
+
+
+def test_job_runs_to_success_with_the_job_contract_environment(server: ServerProcess, job_dir: Path) -> None:
+    created = server.submit(
+        {
+            "name": "contract",
+            "resources": {"gpu": 2},
+            "commands": ["env | grep -E '^(GPUPOOL_|CUDA_VISIBLE|MASTER_|NNODES|NODE_RANK)' | sort", "pwd"],
+            "workdir": str(job_dir),
+            "checkpoint": {"dir": "ckpt"},
+        }
+    )
+    assert created["state"] == "pending"
+    done = server.wait_for(created["id"])
+    assert done["state"] == "succeeded", done
+    with server.http() as client:
+        log = client.get(f"/api/v1/workloads/{created['id']}/logs").json()["data"]
+    env = dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+    assert env["GPUPOOL_JOB_ID"] == str(created["id"])
+    assert env["GPUPOOL_ATTEMPT"] == "0"
+    assert env["GPUPOOL_CHECKPOINT_DIR"] == str(job_dir / "ckpt")
+    assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 2
+    assert env["GPUPOOL_NUM_NODES"] == env["NNODES"] == "1"
+    assert env["GPUPOOL_NODE_RANK"] == env["NODE_RANK"] == "0"
+    assert env["GPUPOOL_GPUS_PER_NODE"] == "2"
+    assert env["MASTER_ADDR"] == env["GPUPOOL_MASTER_ADDR"] == "127.0.0.1"
+    assert int(env["MASTER_PORT"]) > 0
+    assert "GPUPOOL_TOKEN" not in env
+    assert str(job_dir) in log.splitlines()[-1]
+    assert (job_dir / "ckpt").is_dir()
+
+
+def test_nonzero_exit_fails_the_job_and_records_the_code(server: ServerProcess) -> None:
+    created = server.submit({"commands": ["echo about to fail", "exit 7", "echo never printed"]})
+    done = server.wait_for(created["id"])
+    assert done["state"] == "failed"
+    assert done["exit_code"] == 7
+    assert "exit code 7" in done["reason"]
+    with server.http() as client:
+        log = client.get(f"/api/v1/workloads/{created['id']}/logs").json()["data"]
+    assert "about to fail" in log and "never printed" not in log
+
+
+def test_failure_is_retried_per_the_retry_policy(server: ServerProcess) -> None:
+    created = server.submit(
+        {
+            "commands": ['test "$GPUPOOL_ATTEMPT" -ge 2 || exit 1', "echo made it"],
+            "retry": {"max_restarts": 3, "on": ["failure"]},
+        }
+    )
+    done = server.wait_for(created["id"])
+    assert done["state"] == "succeeded"
+    assert done["attempts"] == 3 and done["restarts"] == 2
+    assert [a["exit_code"] for a in done["attempt_list"]] == [1, 1, 0]
+
+
+def test_retries_stop_when_the_budget_is_spent(server: ServerProcess) -> None:
+    created = server.submit({"commands": ["exit 2"], "retry": {"max_restarts": 1, "on": ["failure"]}})
+    done = server.wait_for(created["id"])
+    assert done["state"] == "failed" and done["attempts"] == 2
+
+
+def test_cancel_sends_sigterm_and_waits_for_a_graceful_exit(server: ServerProcess, job_dir: Path) -> None:
+    script = job_dir / "graceful.py"
+    script.write_text(
+        "import signal, sys, time, pathlib\n"
+        "def stop(*_):\n"
+        "    time.sleep(1)\n"
+        "    pathlib.Path('saved').write_text('checkpoint')\n"
+        "    print('saved on SIGTERM', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "while True: time.sleep(0.1)\n"
+    )
+    created = server.submit({"commands": ["python3 graceful.py"], "workdir": str(job_dir), "grace_period": "20s"})
+    _wait_for_log(server, created["id"], "ready")
+    with server.http() as client:
+        response = client.post(f"/api/v1/workloads/{created['id']}/cancel")
+    assert response.status_code == 202
+    done = server.wait_for(created["id"])
+    assert done["state"] == "cancelled"
+    assert (job_dir / "saved").read_text() == "checkpoint"
+    assert done["attempt_list"][0]["finished_at"] is not None
+    assert "killed" not in done["reason"]
+
+
+def test_cancel_kills_a_job_that_ignores_sigterm_after_the_grace_period(server: ServerProcess) -> None:
+    created = server.submit(
+        {"commands": ["trap '' TERM; echo ready; while true; do sleep 0.1; done"], "grace_period": "2s"}
+    )
+    _wait_for_log(server, created["id"], "ready")
+    started = time.monotonic()
+    with server.http() as client:
+        client.post(f"/api/v1/workloads/{created['id']}/cancel")
+    done = server.wait_for(created["id"], timeout=20)
+    elapsed = time.monotonic() - started
+    assert done["state"] == "cancelled"
+    assert "killed after the grace period" in done["reason"]
+    assert 1.5 <= elapsed < 10, elapsed
+
+
+def test_cancel_of_a_pending_job_is_immediate(server: ServerProcess) -> None:
+    blocker = server.submit({"resources": {"gpu": 8}, "commands": ["sleep 30"]})
+    server.wait_for(blocker["id"], states=("running",))
+    waiting = server.submit({"resources": {"gpu": 1}, "commands": ["echo never"]})
+    time.sleep(0.5)
+    assert server.workload(waiting["id"])["state"] == "pending"
+    with server.http() as client:
+        assert client.post(f"/api/v1/workloads/{waiting['id']}/cancel").json()["state"] == "cancelled"
+        assert client.post(f"/api/v1/workloads/{waiting['id']}/cancel").status_code == 409
+        client.post(f"/api/v1/workloads/{blocker['id']}/cancel")
+    assert server.workload(waiting["id"])["attempts"] == 0
+
+
+def test_max_duration_stops_the_job_and_fails_it(server: ServerProcess) -> None:
+    created = server.submit({"commands": ["sleep 60"], "max_duration": "1s", "grace_period": "1s"})
+    done = server.wait_for(created["id"], timeout=20)
+    assert done["state"] == "failed"
+    assert "max_duration" in done["reason"]
+
+
+def test_a_pending_job_says_why_and_starts_when_gpus_free_up(server: ServerProcess) -> None:
+    first = server.submit({"resources": {"gpu": 6}, "commands": ["sleep 2"]})
+    server.wait_for(first["id"], states=("running",))
+    second = server.submit({"resources": {"gpu": "H100:4"}, "commands": ["true"]})
+    time.sleep(1.0)
+    pending = server.workload(second["id"])
+    assert pending["state"] == "pending"
+    assert "waiting for 4 GPUs" in pending["reason"] and "2 of 8" in pending["reason"]
+    assert server.wait_for(second["id"])["state"] == "succeeded"
+
+
+def test_gpus_are_never_given_to_two_jobs(server: ServerProcess) -> None:
+    ids = [server.submit({"resources": {"gpu": 3}, "commands": ["sleep 1.5"]})["id"] for _ in range(4)]
+    time.sleep(0.8)
+    with server.http() as client:
+        running = client.get("/api/v1/workloads", params={"state": "running"}).json()
+    taken = [i for w in running for i in w["gpu_indices"]]
+    assert len(running) == 2 and len(taken) == len(set(taken)) == 6
+    for workload_id in ids:
+        assert server.wait_for(workload_id)["state"] == "succeeded"
+
+
+def test_fractional_jobs_share_one_gpu(server: ServerProcess) -> None:
+    ids = [server.submit({"resources": {"gpu": 0.5}, "commands": ["sleep 1.5"]})["id"] for _ in range(2)]
+    for workload_id in ids:
+        server.wait_for(workload_id, states=("running",))
+    gpus = {tuple(server.workload(i)["gpu_indices"]) for i in ids}
+    assert len(gpus) == 1
+
+
+def test_a_missing_workdir_fails_the_job_with_the_reason(server: ServerProcess, tmp_path: Path) -> None:
+    created = server.submit({"commands": ["true"], "workdir": str(tmp_path / "nope")})
+    done = server.wait_for(created["id"])
+    assert done["state"] == "failed"
+    assert "does not exist" in done["reason"]
+
+
+def test_cordoned_node_takes_no_new_work(server: ServerProcess) -> None:
+    with server.http() as client:
+        assert client.post("/api/v1/nodes/node-1/cordon").json()["state"] == "cordoned"
+        created = server.submit({"commands": ["true"]})
+        time.sleep(1.0)
+        waiting = server.workload(created["id"])
+        assert waiting["state"] == "pending" and "cordoned" in waiting["reason"]
+        assert client.post("/api/v1/nodes/node-1/uncordon").json()["state"] == "ready"
+        assert client.post("/api/v1/nodes/nope/cordon").status_code == 404
+    assert server.wait_for(created["id"])["state"] == "succeeded"
+
+
+def _wait_for_log(server: ServerProcess, workload_id: int, text: str, timeout: float = 20) -> str:
+    deadline = time.time() + timeout
+    with server.http() as client:
+        while time.time() < deadline:
+            log = client.get(f"/api/v1/workloads/{workload_id}/logs").json()["data"]
+            if text in log:
+                return str(log)
+            time.sleep(0.1)
+    raise AssertionError(f"{text!r} never appeared in the log of {workload_id}")

@@ -1,0 +1,127 @@
+"""Run a real `gpupool server` process for integration tests, and the real CLI against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    home: Path
+    db_url: str | None = None
+    gpus: str = "sim:8xH100"
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env.update({"GPUPOOL_HOME": str(self.home), "GPUPOOL_SERVER": self.url, **self.extra_env})
+        return env
+
+    @property
+    def token(self) -> str:
+        return str(json.loads((self.home / "credentials").read_text())["token"])
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        self.home.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "gpupool.main", "server", "--port", str(self.port), "--gpus", self.gpus,
+                "--node-name", "node-1"]  # fmt: skip
+        if self.db_url:
+            argv += ["--db", self.db_url]
+        log = open(self.home / "server.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not become healthy in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        path = self.home / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    # -- talking to it ------------------------------------------------------------------------------------
+
+    def http(self, token: str | None = "__default__") -> httpx.Client:
+        headers = {}
+        if token == "__default__":
+            headers["Authorization"] = f"Bearer {self.token}"
+        elif token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def cli(self, *args: str, cwd: Path | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "gpupool.main", *args],
+            env=self.env, cwd=cwd, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"gpupool {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+        return result
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        with self.http() as client:
+            response = client.post("/api/v1/workloads", json=spec)
+            assert response.status_code == 201, response.text
+            return dict(response.json())
+
+    def workload(self, workload_id: int) -> dict[str, Any]:
+        with self.http() as client:
+            response = client.get(f"/api/v1/workloads/{workload_id}")
+            assert response.status_code == 200, response.text
+            return dict(response.json())
+
+    def wait_for(self, workload_id: int, states: tuple[str, ...] = TERMINAL, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.time() + timeout
+        while True:
+            w = self.workload(workload_id)
+            if w["state"] in states:
+                return w
+            if time.time() > deadline:
+                raise AssertionError(f"workload {workload_id} still {w['state']} after {timeout}s: {w}\n{self.log()}")
+            time.sleep(0.1)
