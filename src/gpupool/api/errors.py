@@ -30,7 +30,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(SpecError)
     async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
-        return JSONResponse(_body("invalid_spec", str(exc), **exc.to_dict()), status_code=422)
+        detail = {k: v for k, v in exc.to_dict().items() if k != "message"}
+        return JSONResponse(_body("invalid_spec", str(exc), **detail), status_code=422)
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:

@@ -66,7 +66,10 @@ def submit(
         text = file.read_text()
     except OSError as exc:
         raise CliError(f"cannot read {file}: {exc.strerror}") from exc
-    data = yaml.safe_load(text) if text.strip() else None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
     if not isinstance(data, dict):
         parse_workload_spec(text)  # raises the precise error (YAML syntax, not a mapping)
         raise CliError(f"{file}: a spec must be a YAML mapping")
@@ -268,7 +271,13 @@ def _queue_body(
 ) -> dict[str, Any]:  # fmt: skip
     body: dict[str, Any] = {}
     if file is not None:
-        loaded = yaml.safe_load(file.read_text())
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except OSError as exc:
+            raise CliError(f"cannot read {file}: {exc.strerror}") from exc
+        except yaml.YAMLError:
+            parse_queue_spec(file.read_text())  # raises the precise error with its line
+            raise
         if not isinstance(loaded, dict):
             raise CliError(f"{file}: a queue spec must be a YAML mapping")
         body.update(loaded)

@@ -31,15 +31,17 @@ MISSING: Final = _Missing()
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = 80
 _SHORT.maxother = 80
-_SHORT.maxlevel = 3
-_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 6
+_SHORT.maxlevel = 2
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 4
+_MAX_SHOWN = 120
 
 _MAX_JSON_STRING = 200
 
 
 def show_value(value: object) -> str:
     """The value as a short one-line Python literal, as an error message shows it."""
-    return _SHORT.repr(value)
+    shown = _SHORT.repr(value)
+    return shown if len(shown) <= _MAX_SHOWN else shown[: _MAX_SHOWN - 3] + "..."
 
 
 class SpecError(ValueError):
@@ -71,7 +73,7 @@ class SpecError(ValueError):
         return " ".join(line.split())  # one line whatever the parts contain
 
     def __repr__(self) -> str:
-        return f"SpecError({self.field!r}, {self.value!r}, {self.message!r}, {self.example!r})"
+        return f"SpecError({self.field!r}, {show_value(self.value)}, {self.message!r}, {self.example!r})"
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-able description, for API error bodies: field, value, message, example."""

@@ -312,6 +312,15 @@ class WorkloadSpec(BaseModel):
             value = [value]
         if isinstance(value, list):
             for index, command in enumerate(value):
+                if isinstance(command, bool | int | float):
+                    # `commands: [true]` means the shell's `true`, but YAML reads it as a boolean.
+                    kind = "a boolean" if isinstance(command, bool) else "a number"
+                    raise SpecError(
+                        f"{field}[{index}]",
+                        command,
+                        f"is {kind}, not a command: quote it in YAML",
+                        "['true']",
+                    )
                 if isinstance(command, str) and not command.strip():
                     raise SpecError(f"{field}[{index}]", command, "is an empty command", "")
         return value

@@ -143,8 +143,8 @@ def test_temperature_lags_towards_the_load_and_stays_realistic(busy_process: sub
         gpu0, gpu1 = provider.sample(now=virtual)
         temperatures.append(gpu0.temperature_c)
         assert 25.0 <= gpu1.temperature_c <= 35.0
-    assert temperatures[1] < 60.0  # 30 s into the load the heatsink is still warming up
-    assert temperatures[-1] > 65.0
+    assert temperatures[1] < 70.0  # 30 s into the load the heatsink is still warming up
+    assert temperatures[-1] > gpu1.temperature_c + 15.0  # the loaded GPU runs well above the idle one
     assert all(25.0 <= t <= 80.0 for t in temperatures)  # no overshoot past the full-load temperature
 
 

@@ -1,0 +1,129 @@
+"""The HTTP API as a client sees it: auth, errors, queues, OpenAPI."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from tests.support.server import ServerProcess
+
+
+def test_healthz_needs_no_token(server: ServerProcess) -> None:
+    with server.http(token=None) as client:
+        assert client.get("/healthz").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "path,method",
+    [("/api/v1/workloads", "GET"), ("/api/v1/workloads", "POST"), ("/api/v1/nodes", "GET"),
+     ("/api/v1/queues", "GET"), ("/api/v1/workloads/1/cancel", "POST")],  # fmt: skip
+)
+def test_every_api_call_without_a_token_is_401(server: ServerProcess, path: str, method: str) -> None:
+    with server.http(token=None) as client:
+        response = client.request(method, path, json={"commands": ["true"]})
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert "missing bearer token" in response.json()["error"]["message"]
+
+
+def test_a_wrong_token_is_401_and_changes_nothing(server: ServerProcess) -> None:
+    with server.http(token="gpp_not-the-token") as client:
+        response = client.post("/api/v1/workloads", json={"commands": ["true"]})
+    assert response.status_code == 401
+    assert "invalid token" in response.json()["error"]["message"]
+    with server.http() as client:
+        assert client.get("/api/v1/workloads", params={"all": True}).json() == []
+
+
+def test_the_admin_token_is_saved_0600_and_never_stored_in_clear(server: ServerProcess) -> None:
+    path = server.home / "credentials"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    token = server.token
+    assert token.startswith("gpp_")
+    assert token.encode() not in (server.home / "gpupool.db").read_bytes()
+    assert server.log().count(token) == 1, "the token is printed once, at first start"
+
+
+@pytest.mark.parametrize(
+    "spec,field",
+    [
+        ({"commands": ["true"], "resources": {"gpu": "H100:x"}}, "resources.gpu"),
+        ({"commands": []}, "commands"),
+        ({"comands": ["true"]}, "comands"),
+        ({"commands": ["true"], "max_duration": "soon"}, "max_duration"),
+        ({"commands": ["true"], "queue": "nope"}, "queue"),
+        ({"commands": ["true"], "workdir": "relative/dir"}, "workdir"),
+        ("just a string", "<spec>"),
+    ],
+)
+def test_a_bad_spec_is_422_naming_the_field_and_changes_nothing(
+    server: ServerProcess, spec: object, field: str
+) -> None:
+    with server.http() as client:
+        response = client.post("/api/v1/workloads", json=spec)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["field"] == field, error
+        assert error["message"]
+        assert client.get("/api/v1/workloads", params={"all": True}).json() == []
+
+
+def test_malformed_json_is_a_clear_422(server: ServerProcess) -> None:
+    with server.http() as client:
+        response = client.post("/api/v1/workloads", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert "JSON" in response.json()["error"]["message"]
+
+
+def test_unknown_workload_is_404_with_a_hint(server: ServerProcess) -> None:
+    with server.http() as client:
+        response = client.get("/api/v1/workloads/999")
+    assert response.status_code == 404
+    assert "gpupool ps --all" in response.json()["error"]["message"]
+
+
+def test_queues_can_be_created_listed_and_updated(server: ServerProcess) -> None:
+    with server.http() as client:
+        created = client.post("/api/v1/queues", json={"name": "nlp", "resources": {"gpu": {"quota": 4, "limit": 8}}})
+        assert created.status_code == 201, created.text
+        assert client.post("/api/v1/queues", json={"name": "nlp"}).status_code == 409
+        bad = client.post("/api/v1/queues", json={"name": "vision", "resources": {"gpu": {"quota": 8, "limit": 4}}})
+        assert bad.status_code == 422 and "limit" in bad.json()["error"]["field"]
+        updated = client.patch("/api/v1/queues/nlp", json={"resources": {"gpu": {"limit": 16}}})
+        assert updated.status_code == 200, updated.text
+        gpu = updated.json()["resources"]["gpu"]
+        assert gpu["quota"] == 4 and gpu["limit"] == 16
+        assert client.patch("/api/v1/queues/missing", json={"priority": 1}).status_code == 404
+        names = [q["name"] for q in client.get("/api/v1/queues").json()]
+        assert names == ["default", "nlp"]
+
+
+def test_a_queue_gpu_limit_is_never_exceeded(server: ServerProcess) -> None:
+    with server.http() as client:
+        client.post("/api/v1/queues", json={"name": "capped", "resources": {"gpu": {"limit": 2}}})
+    ids = [server.submit({"queue": "capped", "resources": {"gpu": 2}, "commands": ["sleep 1"]})["id"]
+           for _ in range(2)]  # fmt: skip
+    server.wait_for(ids[0], states=("running",))
+    second = server.workload(ids[1])
+    assert second["state"] == "pending" and "GPU limit" in second["reason"]
+    assert server.wait_for(ids[1])["state"] == "succeeded"
+
+
+def test_openapi_is_served(server: ServerProcess) -> None:
+    with server.http(token=None) as client:
+        paths = client.get("/openapi.json").json()["paths"]
+    assert "/api/v1/workloads" in paths and "/api/v1/queues/{name}" in paths
+
+
+def test_nodes_show_simulated_gpus_and_telemetry(server: ServerProcess) -> None:
+    import time
+
+    time.sleep(1.5)
+    with server.http() as client:
+        nodes = client.get("/api/v1/nodes").json()
+    assert [n["name"] for n in nodes] == ["node-1"]
+    gpus = nodes[0]["gpus"]
+    assert len(gpus) == 8 and {g["model"] for g in gpus} == {"H100"}
+    assert all(g["simulated"] for g in gpus)
+    assert gpus[0]["sample"] is not None and gpus[0]["sample"]["memory_total_bytes"] > 80e9

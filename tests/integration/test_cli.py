@@ -1,0 +1,100 @@
+"""The real `gpupool` CLI against a real server: what a person types and reads."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import ServerProcess
+
+
+def test_run_ps_logs_show_cancel_through_the_cli(server: ServerProcess, job_dir: Path) -> None:
+    out = server.cli("run", "--gpus", "2", "--name", "hello", "--", "bash", "-c", "echo hi from $CUDA_VISIBLE_DEVICES",
+                     cwd=job_dir, check=True).stdout  # fmt: skip
+    assert "submitted 1 (hello)" in out
+    server.wait_for(1)
+    rows = json.loads(server.cli("ps", "--all", "--json", check=True).stdout)
+    assert rows[0]["id"] == 1 and rows[0]["state"] == "succeeded"
+    assert {"id", "name", "queue", "state", "gpus", "node", "age"} <= set(rows[0])
+    assert "hi from 0,1" in server.cli("logs", "1", check=True).stdout
+    table = server.cli("ps", "--all", check=True).stdout
+    assert "hello" in table and "succeeded" in table
+    assert "exit code 0" in server.cli("show", "1", check=True).stdout
+
+    server.cli("run", "--gpus", "1", "--", "sleep", "30", cwd=job_dir, check=True)
+    server.wait_for(2, states=("running",))
+    assert "stopping" in server.cli("cancel", "2", check=True).stdout
+    assert server.wait_for(2)["state"] == "cancelled"
+
+
+def test_submit_a_yaml_spec_runs_in_the_spec_folder(server: ServerProcess, job_dir: Path) -> None:
+    (job_dir / "job.yaml").write_text("name: from-yaml\nresources: {gpu: 'H100:1'}\ncommands:\n  - cat data.txt\n")
+    (job_dir / "data.txt").write_text("local data\n")
+    out = server.cli("submit", str(job_dir / "job.yaml"), check=True).stdout
+    assert "from-yaml" in out
+    assert server.wait_for(1)["state"] == "succeeded"
+    assert server.cli("logs", "1", check=True).stdout == "local data\n"
+
+
+def test_logs_follow_streams_until_the_job_ends(server: ServerProcess, job_dir: Path) -> None:
+    server.cli("run", "--gpus", "0", "--", "bash", "-c", "for i in 1 2 3; do echo line $i; sleep 0.4; done",
+               cwd=job_dir, check=True)  # fmt: skip
+    started = time.monotonic()
+    out = server.cli("logs", "1", "-f", check=True).stdout
+    assert out.splitlines() == ["line 1", "line 2", "line 3"]
+    assert time.monotonic() - started >= 0.5
+
+
+def test_queue_commands(server: ServerProcess) -> None:
+    server.cli("queue", "create", "nlp", "--gpu-quota", "4", "--gpu-limit", "8", check=True)
+    server.cli("queue", "update", "nlp", "--gpu-weight", "2", check=True)
+    queues = {q["name"]: q for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
+    assert queues["nlp"]["resources"]["gpu"] == {"quota": 4, "limit": 8, "over_quota_weight": 2}
+    assert "nlp" in server.cli("queues", check=True).stdout
+
+
+def test_nodes_and_cordon_commands(server: ServerProcess) -> None:
+    assert "H100" in server.cli("nodes", check=True).stdout
+    assert "cordoned" in server.cli("node", "cordon", "node-1", check=True).stdout
+    assert json.loads(server.cli("nodes", "--json", check=True).stdout)[0]["state"] == "cordoned"
+    assert "ready" in server.cli("node", "uncordon", "node-1", check=True).stdout
+
+
+BAD_SPECS = [
+    ("resources: {gpu: 'H100:x'}\ncommands: [echo]\n", "resources.gpu"),
+    ("commands: [echo]\nmax_duration: forever\n", "max_duration"),
+    ("comands: [true]\n", "comands"),
+    ("commands: [echo]\n  bad indent: [\n", "line"),
+    ("commands: [echo]\nqueue: ghost\n", "queue 'ghost' does not exist"),
+]
+
+
+@pytest.mark.parametrize("text,expected", BAD_SPECS)
+def test_a_bad_spec_is_one_clear_line_and_a_nonzero_exit(
+    server: ServerProcess, job_dir: Path, text: str, expected: str
+) -> None:
+    path = job_dir / "bad.yaml"
+    path.write_text(text)
+    result = server.cli("submit", str(path))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr
+    assert json.loads(server.cli("ps", "--all", "--json", check=True).stdout) == []
+
+
+def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
+    for args, expected in [
+        (("show", "42"), "no workload with id 42"),
+        (("run", "--gpus", "lots", "--", "true"), "resources.gpu"),
+        (("submit", str(tmp_path / "missing.yaml")), "cannot read"),
+        (("--token", "wrong", "ps"), "invalid token"),
+        (("--server", "http://127.0.0.1:1", "ps"), "cannot reach the gpupool server"),
+    ]:
+        result = server.cli(*args)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)

@@ -1,0 +1,83 @@
+"""kill -9 the server while jobs run: nothing accepted is lost, running jobs are re-adopted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.support.server import ServerProcess
+
+
+def test_kill9_server_readopts_running_jobs_and_keeps_pending_ones(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        running = server.submit({"name": "long", "resources": {"gpu": 8},
+                                 "commands": ["echo started", "sleep 4", "echo finished"]})  # fmt: skip
+        server.wait_for(running["id"], states=("running",))
+        queued = server.submit({"name": "queued", "resources": {"gpu": 4}, "commands": ["echo queued ran"]})
+        time.sleep(0.5)
+        pid = server.workload(running["id"])["attempt_list"][0]["pid"]
+        server.kill9()
+
+        os.kill(pid, 0)  # the job outlives the server: it is in its own session
+        server.start()
+        after = server.workload(running["id"])
+        assert after["state"] == "running" and after["attempts"] == 1
+        assert server.workload(queued["id"])["state"] == "pending"
+
+        done = server.wait_for(running["id"], timeout=30)
+        assert done["state"] == "succeeded" and done["exit_code"] == 0
+        assert done["attempts"] == 1, "a re-adopted job must not be started twice"
+        assert server.wait_for(queued["id"], timeout=30)["state"] == "succeeded"
+        with server.http() as client:
+            log = client.get(f"/api/v1/workloads/{running['id']}/logs").json()["data"]
+        assert log.count("started") == 1 and "finished" in log
+    finally:
+        server.stop()
+
+
+def test_a_job_that_ends_while_the_server_is_down_keeps_its_exit_code(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        created = server.submit({"commands": ["sleep 1", "exit 5"]})
+        server.wait_for(created["id"], states=("running",))
+        server.kill9()
+        time.sleep(2.0)  # the job ends while nobody watches
+        server.start()
+        done = server.wait_for(created["id"])
+        assert done["state"] == "failed" and done["exit_code"] == 5
+    finally:
+        server.stop()
+
+
+def test_a_job_killed_while_the_server_is_down_is_failed_with_the_reason(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        created = server.submit({"commands": ["sleep 30"]})
+        server.wait_for(created["id"], states=("running",))
+        pid = server.workload(created["id"])["attempt_list"][0]["pid"]
+        server.kill9()
+        os.killpg(pid, signal.SIGKILL)  # the whole attempt dies without a word (shim included)
+        time.sleep(0.5)
+        server.start()
+        done = server.wait_for(created["id"])
+        assert done["state"] == "failed"
+        assert "without recording an exit status" in done["reason"]
+    finally:
+        server.stop()
+
+
+def test_accepted_workloads_survive_kill9_immediately_after_201(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        blocker = server.submit({"resources": {"gpu": 8}, "commands": ["sleep 3"]})
+        ids = [server.submit({"resources": {"gpu": 8}, "commands": ["true"]})["id"] for _ in range(20)]
+        server.kill9()
+        server.start()
+        with server.http() as client:
+            known = {w["id"] for w in client.get("/api/v1/workloads", params={"all": True}).json()}
+        assert set(ids) | {blocker["id"]} <= known
+    finally:
+        server.stop()

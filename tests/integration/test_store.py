@@ -1,0 +1,139 @@
+"""The store on real SQLite and real PostgreSQL: the same code through the URL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, select, text
+from sqlalchemy.orm.exc import StaleDataError
+
+from gpupool.control import service
+from gpupool.control.errors import Conflict, Invalid
+from gpupool.control.lifecycle import transition
+from gpupool.spec import parse_queue_spec, parse_workload_spec
+from gpupool.store.db import Store
+from gpupool.store.models import Event, Workload
+from tests.support.postgres import PostgresServer
+from tests.support.server import ServerProcess
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        pg: PostgresServer = request.getfixturevalue("postgres")
+        url = pg.new_database(f"t_{uuid.uuid4().hex[:12]}")
+    s = Store(url)
+    service.ensure_default_queue(s)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
+    again = Store(store.url)  # a second start migrates nothing and breaks nothing
+    tables = set(inspect(again.engine).get_table_names())
+    assert {"nodes", "gpus", "queues", "workloads", "attempts", "events", "api_tokens", "alembic_version"} <= tables
+    with again.engine.connect() as conn:
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0001"
+    again.close()
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
+    s = Store(f"sqlite:///{tmp_path / 'wal.db'}")
+    with s.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    s.close()
+
+
+def test_submitted_workload_is_durable_with_its_spec_and_an_event(store: Store) -> None:
+    spec = parse_workload_spec({"name": "train", "resources": {"gpu": "H100:8"}, "commands": ["python t.py"],
+                                "max_duration": "12h"})  # fmt: skip
+    created = service.submit(store, spec)
+    reopened = Store(store.url)
+    got = service.get_workload(reopened, created["id"])
+    assert got["state"] == "pending" and got["gpus"] == "H100:8"
+    assert parse_workload_spec(got["spec"]) == spec
+    assert [e["to"] for e in got["events"]] == ["pending"]
+    reopened.close()
+
+
+def test_submit_to_a_missing_queue_is_refused_and_stores_nothing(store: Store) -> None:
+    with pytest.raises(Invalid) as err:
+        service.submit(store, parse_workload_spec({"queue": "ghost", "commands": ["true"]}))
+    assert err.value.field == "queue" and "gpupool queue create ghost" in err.value.message
+    assert service.list_workloads(store, include_finished=True) == []
+
+
+def test_transitions_follow_the_lifecycle_rules_and_are_audited(store: Store) -> None:
+    created = service.submit(store, parse_workload_spec({"commands": ["true"]}))
+    with store.session() as s:
+        w = s.get(Workload, created["id"])
+        assert w is not None
+        assert transition(s, w, "running", "started").accepted
+        assert transition(s, w, "succeeded", "exit code 0").accepted
+        refused = transition(s, w, "running", "again")
+        assert not refused.accepted and "already succeeded" in refused.reason
+    with store.session() as s:
+        events = s.scalars(select(Event).where(Event.object_id == str(created["id"])).order_by(Event.id)).all()
+        assert [(e.from_state, e.to_state) for e in events] == [
+            ("", "pending"), ("pending", "running"), ("running", "succeeded")
+        ]
+
+
+def test_concurrent_writers_never_overwrite_each_other(store: Store) -> None:
+    created = service.submit(store, parse_workload_spec({"commands": ["true"]}))
+    with store.session() as s:  # writer A reads the row ...
+        stale = s.get(Workload, created["id"])
+        assert stale is not None
+    with store.session() as s:  # ... writer B changes it in between ...
+        fresh = s.get(Workload, created["id"])
+        assert fresh is not None
+        fresh.reason = "the loop moved first"
+    with pytest.raises(StaleDataError), store.session() as s:  # ... and A's write is refused, not lost
+        stale = s.merge(stale, load=False)
+        stale.cancel_requested = True
+    assert service.get_workload(store, created["id"])["reason"] == "the loop moved first"
+
+
+def test_cancel_of_pending_is_final_and_twice_is_a_conflict(store: Store) -> None:
+    created = service.submit(store, parse_workload_spec({"commands": ["true"]}))
+    assert service.cancel(store, created["id"])["state"] == "cancelled"
+    with pytest.raises(Conflict):
+        service.cancel(store, created["id"])
+
+
+def test_queue_crud_round_trips(store: Store) -> None:
+    service.create_queue(store, parse_queue_spec({"name": "nlp", "resources": {"gpu": {"quota": 8}}}))
+    with pytest.raises(Conflict):
+        service.create_queue(store, parse_queue_spec({"name": "nlp"}))
+    updated = service.update_queue(store, "nlp", lambda cur: parse_queue_spec({**cur, "priority": 10}))
+    assert updated["priority"] == 10 and updated["resources"]["gpu"]["quota"] == 8
+    assert [q["name"] for q in service.list_queues(store)] == ["default", "nlp"]
+
+
+def test_tokens_are_hashed_and_the_admin_token_is_made_once(store: Store) -> None:
+    token = service.ensure_admin_token(store)
+    assert token is not None and service.ensure_admin_token(store) is None
+    assert service.token_role(store, token) == "admin"
+    assert service.token_role(store, token + "x") is None
+
+
+def test_the_server_runs_jobs_on_postgresql(postgres: PostgresServer, tmp_path: Path) -> None:
+    url = postgres.new_database(f"srv_{uuid.uuid4().hex[:12]}")
+    server = ServerProcess(home=tmp_path / "home", db_url=url).start()
+    try:
+        created = server.submit({"commands": ["echo on postgres"], "resources": {"gpu": 1}})
+        assert server.wait_for(created["id"])["state"] == "succeeded"
+        running = server.submit({"commands": ["sleep 2"]})
+        server.wait_for(running["id"], states=("running",))
+        server.kill9()
+        server.start()
+        assert server.wait_for(running["id"])["attempts"] == 1
+    finally:
+        server.stop()

@@ -1,0 +1,394 @@
+"""The workload spec: the documented example, defaults, priority semantics, cross-field rules, round-trips."""
+
+from __future__ import annotations
+
+import json
+import types
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from gpupool.spec import (
+    PRIORITY_CLASSES,
+    CheckpointSpec,
+    GpuRequest,
+    Resources,
+    RetrySpec,
+    SpecError,
+    WorkloadSpec,
+    parse_workload_spec,
+)
+from gpupool.spec.document import example_for
+from gpupool.spec.workload import FIELD_EXAMPLES, NON_PREEMPTIBLE_BY_DEFAULT, RESERVED_ENV_NAMES
+
+# The example spec of DESIGN.md, verbatim.
+DESIGN_EXAMPLE = """\
+kind: job
+name: llama-finetune
+queue: nlp
+priority: train            # named classes (inference > build > interactive > train) or a number
+preemptible: true
+nodes: 2
+resources: {gpu: "H100:8", cpu: 32, memory: 256GB}   # gpu also: 4, "A100|H100:2", "80GB:1", 0.5
+commands:
+  - torchrun --nnodes=$NNODES --node-rank=$NODE_RANK --nproc-per-node=$GPUPOOL_GPUS_PER_NODE
+      --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py
+checkpoint: {dir: ./ckpt}
+retry: {max_restarts: 3, on: [preemption, node-failure]}
+max_duration: 12h
+"""
+
+
+def test_design_example_parses_with_the_expected_values() -> None:
+    spec = parse_workload_spec(DESIGN_EXAMPLE)
+    assert spec.kind == "job"
+    assert spec.name == "llama-finetune"
+    assert spec.queue == "nlp"
+    assert spec.priority == 50
+    assert spec.priority_class == "train"
+    assert spec.preemptible is True
+    assert spec.nodes == 2
+    assert spec.resources.gpu == GpuRequest(8, ("H100",))
+    assert spec.resources.cpu == 32.0
+    assert spec.resources.memory == 256 * 10**9
+    assert spec.commands == [
+        "torchrun --nnodes=$NNODES --node-rank=$NODE_RANK --nproc-per-node=$GPUPOOL_GPUS_PER_NODE "
+        "--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py"
+    ]
+    assert spec.checkpoint == CheckpointSpec(dir="./ckpt")
+    assert spec.retry == RetrySpec(max_restarts=3, on=["preemption", "node-failure"])
+    assert spec.max_duration == 12 * 3600.0
+    assert spec.grace_period == 30.0
+
+
+def test_defaults_of_a_minimal_spec() -> None:
+    spec = parse_workload_spec("commands: python train.py")
+    assert spec.kind == "job"
+    assert spec.name is None
+    assert spec.queue == "default"
+    assert (spec.priority, spec.priority_class, spec.preemptible) == (50, "train", True)
+    assert spec.nodes == 1
+    assert spec.resources == Resources()
+    assert spec.resources.gpu == GpuRequest(0)
+    assert (spec.resources.cpu, spec.resources.memory) == (None, None)
+    assert spec.commands == ["python train.py"]
+    assert spec.env == {}
+    assert spec.workdir is None
+    assert spec.checkpoint is None
+    assert spec.retry.max_restarts == 0
+    assert spec.retry.on == ["preemption", "node-failure"]
+    assert spec.max_duration is None
+    assert spec.grace_period == 30.0
+
+
+def test_a_spec_built_in_code_gets_the_same_defaults() -> None:
+    spec = WorkloadSpec(commands=["python train.py"])
+    assert spec == parse_workload_spec({"commands": ["python train.py"]})
+    assert (spec.priority, spec.priority_class, spec.preemptible) == (50, "train", True)
+
+
+def test_priority_classes_are_ordered_inference_build_interactive_train() -> None:
+    ordered = sorted(PRIORITY_CLASSES, key=PRIORITY_CLASSES.__getitem__, reverse=True)
+    assert ordered == ["inference", "build", "interactive", "train"]
+    assert all(0 <= value <= 1000 for value in PRIORITY_CLASSES.values())
+    assert frozenset({"inference", "build", "interactive"}) == NON_PREEMPTIBLE_BY_DEFAULT
+
+
+@pytest.mark.parametrize(
+    ("priority", "number", "cls", "preemptible"),
+    [
+        ("inference", 125, "inference", False),
+        ("build", 100, "build", False),
+        ("interactive", 75, "interactive", False),
+        ("train", 50, "train", True),
+        ("Inference", 125, "inference", False),
+        (" TRAIN ", 50, "train", True),
+        (50, 50, None, True),
+        (51, 51, None, False),
+        (0, 0, None, True),
+        (1000, 1000, None, False),
+        (125, 125, None, False),
+        ("100", 100, None, False),
+    ],
+)
+def test_priority_class_sets_the_preemptible_default(
+    priority: str | int, number: int, cls: str | None, preemptible: bool
+) -> None:
+    spec = parse_workload_spec({"commands": ["x"], "priority": priority})
+    assert (spec.priority, spec.priority_class, spec.preemptible) == (number, cls, preemptible)
+
+
+def test_preemptible_given_in_the_spec_overrides_the_default() -> None:
+    assert parse_workload_spec({"commands": ["x"], "priority": "inference", "preemptible": True}).preemptible
+    assert not parse_workload_spec({"commands": ["x"], "priority": "train", "preemptible": False}).preemptible
+    assert (
+        parse_workload_spec({"commands": ["x"], "priority": "build", "preemptible": None}).preemptible
+        is False
+    )
+
+
+def test_priority_class_alone_sets_the_priority() -> None:
+    spec = parse_workload_spec({"commands": ["x"], "priority_class": "Build"})
+    assert (spec.priority, spec.priority_class, spec.preemptible) == (100, "build", False)
+
+
+def test_priority_class_that_agrees_with_priority_is_accepted() -> None:
+    spec = parse_workload_spec({"commands": ["x"], "priority": 125, "priority_class": "inference"})
+    assert (spec.priority, spec.priority_class) == (125, "inference")
+
+
+def test_fractional_gpu_needs_a_single_node() -> None:
+    assert parse_workload_spec({"commands": ["x"], "resources": {"gpu": 0.5}}).resources.gpu.is_fractional
+    with pytest.raises(SpecError) as caught:
+        parse_workload_spec({"commands": ["x"], "nodes": 2, "resources": {"gpu": "H100:0.5"}})
+    assert caught.value.field == "resources.gpu"
+    assert "single node" in caught.value.message
+
+
+def test_whole_gpus_per_node_may_span_many_nodes() -> None:
+    spec = parse_workload_spec({"commands": ["x"], "nodes": 4, "resources": {"gpu": "A100|H100:8"}})
+    assert spec.resources.gpu == GpuRequest(8, ("A100", "H100"))
+    assert spec.nodes == 4
+
+
+def test_cpu_only_jobs_may_span_many_nodes() -> None:
+    assert parse_workload_spec({"commands": ["x"], "nodes": 3}).resources.gpu.count == 0
+
+
+@pytest.mark.parametrize("gpu", [4, "4", "A100|H100:2", "80GB:1", 0.5, "0.5", "H100", "h100:8", 0])
+def test_every_gpu_form_is_accepted_in_a_spec(gpu: object) -> None:
+    spec = parse_workload_spec({"commands": ["x"], "resources": {"gpu": gpu}})
+    assert isinstance(spec.resources.gpu, GpuRequest)
+
+
+def test_resources_accept_size_text_and_numbers() -> None:
+    resources = parse_workload_spec(
+        {"commands": ["x"], "resources": {"cpu": "0.5", "memory": "64GiB"}}
+    ).resources
+    assert (resources.cpu, resources.memory) == (0.5, 64 * 2**30)
+    assert parse_workload_spec({"commands": ["x"], "resources": {"memory": 4096}}).resources.memory == 4096
+
+
+def test_env_values_become_text() -> None:
+    spec = parse_workload_spec(
+        {"commands": ["x"], "env": {"A": "text", "B": 3, "C": 0.5, "D": True, "E": False, "_F": ""}}
+    )
+    assert spec.env == {"A": "text", "B": "3", "C": "0.5", "D": "true", "E": "false", "_F": ""}
+
+
+@pytest.mark.parametrize("name", ["GPUPOOL_ATTEMPT", "GPUPOOL_", *sorted(RESERVED_ENV_NAMES)])
+def test_env_may_not_set_the_job_contract_names(name: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_workload_spec({"commands": ["x"], "env": {name: "1"}})
+    assert caught.value.field == f"env.{name}"
+
+
+def test_yaml_is_read_with_yaml_1_2_scalars() -> None:
+    spec = parse_workload_spec(
+        "commands: [x]\n"
+        "retry: {on: [failure]}\n"  # `on` is a key, not the boolean true of YAML 1.1
+        "env: {A: no, B: off, C: yes, D: 1:30, E: 2024-01-01, F: true, G: 1e3}\n"
+        "preemptible: false\n"
+    )
+    assert spec.retry.on == ["failure"]
+    assert spec.env == {
+        "A": "no",
+        "B": "off",
+        "C": "yes",
+        "D": "1:30",
+        "E": "2024-01-01",
+        "F": "true",
+        "G": "1000.0",
+    }
+    assert spec.preemptible is False
+
+
+def test_a_spec_may_come_as_bytes_or_any_mapping() -> None:
+    assert parse_workload_spec(b"commands: [x]\n").commands == ["x"]
+    assert parse_workload_spec(types.MappingProxyType({"commands": ["x"]})).commands == ["x"]
+
+
+def test_parsing_does_not_change_the_input() -> None:
+    data: dict[str, Any] = {"commands": "x", "priority": "build", "env": {"A": 1}}
+    before = json.dumps(data, sort_keys=True)
+    parse_workload_spec(data)
+    assert json.dumps(data, sort_keys=True) == before
+
+
+def test_checkpoint_may_be_given_as_just_the_directory() -> None:
+    spec = parse_workload_spec({"commands": ["x"], "checkpoint": "./ckpt"})
+    assert spec.checkpoint == CheckpointSpec(dir="./ckpt")
+
+
+def test_retry_reasons_are_kept_once_each() -> None:
+    spec = parse_workload_spec({"commands": ["x"], "retry": {"on": ["failure", "failure", "preemption"]}})
+    assert spec.retry.on == ["failure", "preemption"]
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [("12h", 43200.0), ("1h30m", 5400.0), (90, 90.0), ("90s", 90.0), (0.5, 0.5)]
+)
+def test_durations_are_seconds(value: object, seconds: float) -> None:
+    spec = parse_workload_spec({"commands": ["x"], "max_duration": value, "grace_period": "0s"})
+    assert spec.max_duration == seconds
+    assert spec.grace_period == 0.0
+
+
+def test_services_are_workloads_too() -> None:
+    spec = parse_workload_spec({"kind": "service", "commands": ["serve"], "priority": "inference"})
+    assert (spec.kind, spec.preemptible) == ("service", False)
+
+
+# --- round-trip through the JSON the server stores -----------------------------------------------
+
+
+def _reload(spec: WorkloadSpec) -> WorkloadSpec:
+    return parse_workload_spec(json.loads(json.dumps(spec.model_dump(mode="json"))))
+
+
+def test_design_example_round_trips_through_json() -> None:
+    spec = parse_workload_spec(DESIGN_EXAMPLE)
+    dumped = spec.model_dump(mode="json")
+    assert dumped["resources"] == {"gpu": "H100:8", "cpu": 32.0, "memory": 256 * 10**9}
+    assert dumped["max_duration"] == 43200.0
+    assert (dumped["priority"], dumped["priority_class"]) == (50, "train")
+    assert _reload(spec) == spec
+    assert parse_workload_spec(spec.model_dump()) == spec
+
+
+def test_priority_given_as_a_number_reloads_without_a_class() -> None:
+    spec = parse_workload_spec({"commands": ["x"], "priority": 100})
+    reloaded = _reload(spec)
+    assert (reloaded.priority, reloaded.priority_class, reloaded.preemptible) == (100, None, False)
+
+
+_NAME = st.builds(
+    lambda a, b: a + b,
+    st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789"),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", max_size=10),
+)
+_TEXT = st.text(min_size=1, max_size=20).filter(lambda s: s.strip() != "")
+_ENV_NAME = st.builds(
+    lambda a, b: a + b,
+    st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZ_abc"),
+    st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", max_size=8),
+).filter(lambda k: not k.startswith("GPUPOOL_") and k not in RESERVED_ENV_NAMES)
+_GPU = st.one_of(
+    st.integers(min_value=0, max_value=16),
+    st.floats(min_value=0.01, max_value=0.99),
+    st.sampled_from(["H100:8", "a100|h100:2", "80GB:1", "0.25", "A100-80GB:4", "H100", "l4:0.5"]),
+)
+_DURATION = st.one_of(
+    st.floats(min_value=1e-3, max_value=86400 * 365),
+    st.sampled_from(["12h", "1h30m", "90s", "2d", "1.5h", "0.5s"]),
+)
+
+
+@st.composite
+def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
+    spec: dict[str, Any] = {"commands": draw(st.one_of(_TEXT, st.lists(_TEXT, min_size=1, max_size=3)))}
+    optional: dict[str, st.SearchStrategy[Any]] = {
+        "kind": st.sampled_from(["job", "service"]),
+        "name": _NAME,
+        "queue": _NAME,
+        "priority": st.one_of(
+            st.sampled_from([*PRIORITY_CLASSES, "Train", "INFERENCE"]),
+            st.integers(min_value=0, max_value=1000),
+        ),
+        "preemptible": st.booleans(),
+        "nodes": st.integers(min_value=1, max_value=1024),
+        "resources": st.fixed_dictionaries(
+            {},
+            optional={
+                "gpu": _GPU,
+                "cpu": st.floats(min_value=0.001, max_value=1e4),
+                "memory": st.one_of(
+                    st.integers(min_value=1, max_value=2**50), st.sampled_from(["256GB", "1.5TiB"])
+                ),
+            },
+        ),
+        "env": st.dictionaries(
+            _ENV_NAME,
+            st.one_of(
+                st.text(max_size=10),
+                st.integers(),
+                st.booleans(),
+                st.floats(allow_nan=False, allow_infinity=False),
+            ),
+            max_size=4,
+        ),
+        "workdir": _TEXT,
+        "checkpoint": st.one_of(_TEXT, st.fixed_dictionaries({"dir": _TEXT})),
+        "retry": st.fixed_dictionaries(
+            {},
+            optional={
+                "max_restarts": st.integers(min_value=0, max_value=100),
+                "on": st.lists(st.sampled_from(["failure", "preemption", "node-failure"]), max_size=3),
+            },
+        ),
+        "max_duration": _DURATION,
+        "grace_period": st.one_of(
+            st.floats(min_value=0, max_value=3600), st.sampled_from(["0s", "1m", "1h"])
+        ),
+    }
+    for key, strategy in optional.items():
+        if draw(st.booleans()):
+            spec[key] = draw(strategy)
+    gpu = spec.get("resources", {}).get("gpu")
+    if (
+        gpu is not None
+        and 0 < parse_workload_spec({"commands": ["x"], "resources": {"gpu": gpu}}).resources.gpu.count < 1
+    ):
+        spec["nodes"] = 1
+    return spec
+
+
+@settings(max_examples=200)
+@given(workload_dicts())
+def test_every_valid_spec_round_trips_through_its_json_dump(data: dict[str, Any]) -> None:
+    spec = parse_workload_spec(data)
+    assert _reload(spec) == spec
+    assert parse_workload_spec(spec.model_dump()) == spec
+    assert _reload(spec).model_dump(mode="json") == spec.model_dump(mode="json")
+
+
+# --- the types explain themselves -------------------------------------------------------------------
+
+
+def _models() -> list[type[BaseModel]]:
+    return [WorkloadSpec, Resources, CheckpointSpec, RetrySpec]
+
+
+@pytest.mark.parametrize("model", _models())
+def test_every_field_says_what_it_means_and_its_default(model: type[BaseModel]) -> None:
+    for name, info in model.model_fields.items():
+        assert info.description, f"{model.__name__}.{name} has no description"
+        assert "\n" not in info.description
+        assert "default" in info.description or "required" in info.description, f"{model.__name__}.{name}"
+
+
+def test_every_field_path_has_its_own_example() -> None:
+    paths = list(WorkloadSpec.model_fields)
+    paths += [f"resources.{n}" for n in Resources.model_fields]
+    paths += [f"checkpoint.{n}" for n in CheckpointSpec.model_fields]
+    paths += [f"retry.{n}" for n in RetrySpec.model_fields]
+    missing = [p for p in paths if p not in FIELD_EXAMPLES]
+    assert not missing
+    assert example_for("retry.on[3]", FIELD_EXAMPLES) == FIELD_EXAMPLES["retry.on"]
+    assert example_for("env.HF_HOME", FIELD_EXAMPLES) == FIELD_EXAMPLES["env"]
+
+
+@pytest.mark.parametrize("mode", ["validation", "serialization"])
+def test_json_schema_describes_inputs_and_outputs(mode: Any) -> None:
+    schema = WorkloadSpec.model_json_schema(mode=mode)
+    gpu = schema["$defs"]["Resources"]["properties"]["gpu"]
+    assert gpu["default"] == "0"
+    if mode == "serialization":
+        assert gpu["type"] == "string"
+        assert schema["properties"]["priority"]["type"] == "integer"
+    else:
+        assert {"type": "string"} in gpu["anyOf"]
+        assert any("enum" in choice for choice in schema["properties"]["priority"]["anyOf"])
