@@ -17,7 +17,8 @@ from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.spec import QueueSpec, WorkloadSpec
 from gpupool.store.db import Store
-from gpupool.store.models import ApiToken, Attempt, Event, Node, Queue, Workload
+from gpupool.gpu.catalog import families
+from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc
 
 DEFAULT_QUEUE = "default"
@@ -217,6 +218,7 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
                 f"create it with `gpupool queue create {spec.queue}`",
                 field="queue", example=DEFAULT_QUEUE,
             )  # fmt: skip
+        _check_gpu_models(s, spec)
         if spec.workdir is not None and not Path(spec.workdir).is_absolute():
             raise Invalid(f"workdir must be an absolute path, got {spec.workdir!r}", field="workdir",
                           example="/home/me/project")  # fmt: skip
@@ -241,6 +243,22 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
                     reason="submitted", actor=user))  # fmt: skip
         s.flush()
         return workload_view(workload)
+
+
+def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
+    """Refuse a GPU model that no node has and no catalog knows (a typo would otherwise wait forever)."""
+    wanted = spec.resources.gpu.models
+    if not wanted:
+        return
+    in_pool = {m.upper() for m in s.scalars(select(Gpu.model).distinct())}
+    known = {m.upper() for m in families()} | in_pool
+    unknown = [m for m in wanted if m.upper() not in known]
+    if unknown:
+        raise Invalid(
+            f"resources.gpu: unknown GPU model {unknown[0]!r}; models in this pool: "
+            f"{', '.join(sorted(in_pool)) or 'none'}; known models: {', '.join(sorted(known))}",
+            field="resources.gpu", example="H100:8",
+        )  # fmt: skip
 
 
 def _load(s: Session, workload_id: int) -> Workload:

@@ -102,6 +102,11 @@ def known_models() -> list[str]:
     return [m.key for m in CATALOG]
 
 
+def families() -> list[str]:
+    """Every GPU family the catalog knows ("H100", "A100", ...): what a request's model names match."""
+    return sorted({info.family for info in CATALOG})
+
+
 def lookup_model(text: str) -> GpuModelInfo:
     """The catalog entry for a model name, ignoring case and separators ("h100", "a100-80gb", "A100_40GB")."""
     found = _BY_SQUASHED.get(_squash(text))
