@@ -58,7 +58,7 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 
 
 def submit(*args: str) -> int:
-    out = gpupool(*args, "--json", show=False)
+    out = gpupool(args[0], "--json", *args[1:], show=False)
     created = json.loads(out)
     shown = " ".join(a for a in args)
     print(f"\033[1m$ gpupool {shown}\033[0m\nsubmitted {created['id']} ({created['name']}) "
@@ -141,6 +141,7 @@ def run_tour() -> None:
 
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+ENV["COLUMNS"] = ENV.get("COLUMNS", "150")  # wide tables even when the output is not a terminal
 
 if __name__ == "__main__":
     main()

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 
 from gpupool.cli.render import console, human_bytes, print_json, ps_rows, ps_table, styled
 from gpupool.client import Client
 from gpupool.spec import parse_queue_spec, parse_workload_spec
+from gpupool.spec.document import load_yaml
 
 app = typer.Typer(
     name="gpupool",
@@ -66,19 +66,15 @@ def submit(
         text = file.read_text()
     except OSError as exc:
         raise CliError(f"cannot read {file}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        data = None
-    if not isinstance(data, dict):
-        parse_workload_spec(text)  # raises the precise error (YAML syntax, not a mapping)
-        raise CliError(f"{file}: a spec must be a YAML mapping")
+    # Parsed here with the spec's own YAML rules (`on:` stays a key), so a bad spec fails before any request.
+    data = parse_workload_spec(text).model_dump(mode="json")
     if queue:
         data["queue"] = queue
     if name:
         data["name"] = name
-    data.setdefault("workdir", str(file.resolve().parent))
-    parse_workload_spec(data)  # a bad spec fails here, before any request, naming the field
+    folder = file.resolve().parent
+    data["workdir"] = str(folder / data["workdir"]) if data.get("workdir") else str(folder)
+    parse_workload_spec(data)
     _created(client().submit(data), as_json)
 
 
@@ -272,12 +268,9 @@ def _queue_body(
     body: dict[str, Any] = {}
     if file is not None:
         try:
-            loaded = yaml.safe_load(file.read_text())
+            loaded = load_yaml(file.read_text(), "name: nlp")
         except OSError as exc:
             raise CliError(f"cannot read {file}: {exc.strerror}") from exc
-        except yaml.YAMLError:
-            parse_queue_spec(file.read_text())  # raises the precise error with its line
-            raise
         if not isinstance(loaded, dict):
             raise CliError(f"{file}: a queue spec must be a YAML mapping")
         body.update(loaded)

@@ -18,6 +18,7 @@ from gpupool.control.telemetry import TelemetryCache
 from gpupool.spec import QueueSpec, WorkloadSpec
 from gpupool.store.db import Store
 from gpupool.gpu.catalog import families
+from gpupool.scheduler.placement import split_model
 from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc
 
@@ -252,7 +253,7 @@ def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
         return
     in_pool = {m.upper() for m in s.scalars(select(Gpu.model).distinct())}
     known = {m.upper() for m in families()} | in_pool
-    unknown = [m for m in wanted if m.upper() not in known]
+    unknown = [m for m in wanted if split_model(m)[0] not in known]
     if unknown:
         raise Invalid(
             f"resources.gpu: unknown GPU model {unknown[0]!r}; models in this pool: "

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
+
 from gpupool.scheduler.snapshot import GpuDemand, GpuView, NodeView
 
 EPSILON = 1e-9
+_MEMORY_SUFFIX = re.compile(r"^(?P<family>.+?)-(?P<gb>\d+)GB$")
+
+
+@lru_cache(maxsize=256)
+def split_model(name: str) -> tuple[str, int | None]:
+    """"A100-80GB" -> ("A100", 80e9 bytes): a family plus an optional minimum memory size."""
+    match = _MEMORY_SUFFIX.match(name.upper())
+    if match is None:
+        return name.upper(), None
+    return match["family"], int(match["gb"]) * 1_000_000_000
 
 
 def gpu_fits(gpu: GpuView, demand: GpuDemand) -> bool:
-    if demand.models and gpu.model.upper() not in demand.models:
+    if demand.min_memory_bytes is not None and gpu.memory_bytes < demand.min_memory_bytes:
         return False
-    return demand.min_memory_bytes is None or gpu.memory_bytes >= demand.min_memory_bytes
+    if not demand.models:
+        return True
+    model = gpu.model.upper()
+    for wanted in demand.models:
+        family, memory = split_model(wanted)
+        if family == model and (memory is None or gpu.memory_bytes >= memory):
+            return True
+    return False
 
 
 def choose_gpus(node: NodeView, demand: GpuDemand) -> tuple[tuple[int, ...], float] | None:

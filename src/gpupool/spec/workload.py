@@ -252,7 +252,7 @@ class WorkloadSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _resolve_priority(cls, data: Any) -> Any:
-        """Turn a priority class name into its number, record the class, and derive preemptible."""
+        """Turn a priority class name into its number and record the class; null preemptible: derive it."""
         if not isinstance(data, dict):
             return data
         data = dict(data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ def job(**fields: object) -> dict[str, object]:
 
 
 # (input, expected field path, fragment of the message)
-BAD_WORKLOADS: list[tuple[object, str, str]] = [
+BAD_WORKLOADS: list[tuple[Any, str, str]] = [
     ({"comands": ["python train.py"]}, "comands", "did you mean 'commands'"),
     (job(resources={"gpuu": 1}), "resources.gpuu", "did you mean 'gpu'"),
     (job(retry={"max_restart": 3}), "retry.max_restart", "did you mean 'max_restarts'"),
@@ -93,7 +94,7 @@ BAD_WORKLOADS: list[tuple[object, str, str]] = [
     ("", "<spec>", "is empty"),
     ("just text", "<spec>", "top level must be a mapping"),
     (42, "<spec>", "top level must be a mapping"),
-    ({1: "x", **OK}, "<spec>", "must be text"),
+    ({1: "x", "commands": ["x"]}, "<spec>", "must be text"),
     (b"\xff\xfe", "<yaml>", "not UTF-8"),
     ("commands: [x]\nresources:\n  gpu: H100:x\n", "resources.gpu", "must be a number"),
     ("commands: [x]\nretry: {on: [preemption, nodefailure]}\n", "retry.on[1]", "did you mean 'node-failure'"),

@@ -137,15 +137,16 @@ def test_fractional_means_a_share_of_one_gpu() -> None:
 def test_gpu_request_built_in_code_is_normalised_and_checked() -> None:
     assert GpuRequest(2, ("h100", "a100")).models == ("A100", "H100")
     assert isinstance(GpuRequest(2).count, float)
-    for bad in (
-        lambda: GpuRequest(1.5),
-        lambda: GpuRequest(-1),
-        lambda: GpuRequest(1, ("H100",), 80 * 10**9),
-        lambda: GpuRequest(1, "H100"),  # type: ignore[arg-type]
-        lambda: GpuRequest(1, min_memory_bytes=0),
-    ):
+    bad: list[tuple[float, object, object]] = [
+        (1.5, (), None),
+        (-1, (), None),
+        (1, ("H100",), 80 * 10**9),
+        (1, "H100", None),
+        (1, (), 0),
+    ]
+    for count, models, memory in bad:
         with pytest.raises(SpecError):
-            bad()
+            GpuRequest(count, models, memory)  # type: ignore[arg-type]
 
 
 def test_gpu_request_is_hashable_and_immutable() -> None:

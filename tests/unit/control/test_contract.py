@@ -1,0 +1,33 @@
+"""The job contract's environment and paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpupool.control.contract import checkpoint_dir_for, job_environment, workdir_for
+
+
+def test_environment_has_every_contract_variable_and_hides_server_secrets() -> None:
+    env = job_environment(
+        base={"PATH": "/bin", "GPUPOOL_TOKEN": "secret", "GPUPOOL_DB": "x"},
+        spec={"env": {"LR": "0.1"}},
+        workload_id=3, workload_name="train", queue="nlp", attempt_number=2, gpu_indices=[4, 5],
+        checkpoint_dir=Path("/ck"), node_address="10.0.0.1", master_port=29500,
+    )  # fmt: skip
+    assert env["PATH"] == "/bin" and env["LR"] == "0.1"
+    assert "GPUPOOL_TOKEN" not in env and "GPUPOOL_DB" not in env
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5" and env["GPUPOOL_GPUS_PER_NODE"] == "2"
+    assert env["GPUPOOL_ATTEMPT"] == "2" and env["GPUPOOL_JOB_ID"] == "3"
+    assert env["MASTER_ADDR"] == env["GPUPOOL_MASTER_ADDR"] == "10.0.0.1"
+    assert env["MASTER_PORT"] == env["GPUPOOL_MASTER_PORT"] == "29500"
+    assert env["GPUPOOL_NODE_IPS"] == "10.0.0.1" and env["NNODES"] == "1" and env["NODE_RANK"] == "0"
+
+
+def test_paths_resolve_relative_to_the_workdir_or_the_server_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert workdir_for({}, home, 9) == home / "work" / "9"
+    workdir = workdir_for({"workdir": "/proj"}, home, 9)
+    assert workdir == Path("/proj")
+    assert checkpoint_dir_for({"checkpoint": {"dir": "ckpt"}}, workdir, home, 9) == Path("/proj/ckpt")
+    assert checkpoint_dir_for({"checkpoint": {"dir": "/abs"}}, workdir, home, 9) == Path("/abs")
+    assert checkpoint_dir_for({}, workdir, home, 9) == home / "checkpoints" / "9"
