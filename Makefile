@@ -23,6 +23,7 @@ test-unit: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -35,7 +35,8 @@ GPUS = "sim:8xH100"
 NODE = "bench-node"
 HOST = "127.0.0.1"
 
-console = Console()
+# Wide enough for the tables when the output is a pipe or a file (make bench | tee).
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def free_port() -> int:

@@ -61,8 +61,11 @@ def submit(*args: str) -> int:
     out = gpupool(args[0], "--json", *args[1:], show=False)
     created = json.loads(out)
     shown = " ".join(a for a in args)
-    print(f"\033[1m$ gpupool {shown}\033[0m\nsubmitted {created['id']} ({created['name']}) "
-          f"to queue {created['queue']}: {created['state']}", flush=True)
+    print(
+        f"\033[1m$ gpupool {shown}\033[0m\nsubmitted {created['id']} ({created['name']}) "
+        f"to queue {created['queue']}: {created['state']}",
+        flush=True,
+    )
     return int(created["id"])
 
 
@@ -73,9 +76,13 @@ def main() -> None:
     ENV.update({"GPUPOOL_HOME": str(DEMO / "home"), "GPUPOOL_SERVER": f"http://127.0.0.1:{port}"})
 
     say(f"Starting a gpupool server on 127.0.0.1:{port} with 8 simulated H100 GPUs (SQLite store)")
-    log = open(DEMO / "server.log", "wb")
-    server = subprocess.Popen([*GPUPOOL, "server", "--port", str(port), "--gpus", "sim:8xH100",
-                               "--node-name", "demo-node"], env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    log = open(DEMO / "server.log", "wb")  # noqa: SIM115 - held for the life of the server
+    server = subprocess.Popen(
+        [*GPUPOOL, "server", "--port", str(port), "--gpus", "sim:8xH100", "--node-name", "demo-node"],
+        env=ENV,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_until(lambda: (DEMO / "home" / "credentials").exists() and _healthy(port), 30, "the server")
         print(f"server up; admin token saved to {DEMO / 'home' / 'credentials'} (mode 0600)")
@@ -84,7 +91,10 @@ def main() -> None:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=20)
         say("Server stopped")
-        print(f"Logs: {DEMO / 'home' / 'logs'}/<workload id>/attempt-<n>.log   server log: {DEMO / 'server.log'}")
+        print(
+            f"Logs: {DEMO / 'home' / 'logs'}/<workload id>/attempt-<n>.log   "
+            f"server log: {DEMO / 'server.log'}"
+        )
 
 
 def _healthy(port: int) -> bool:
@@ -104,13 +114,26 @@ def run_tour() -> None:
     gpupool("queue", "create", "prod", "--gpu-quota", "2", "--gpu-limit", "4", "--priority", "100")
     gpupool("queues")
 
-    say("Submitting work: a checkpointing fine-tune, an eval, a flaky job with retries, a notebook on half "
-        "a GPU, and a full-node job that must wait")
+    say(
+        "Submitting work: a checkpointing fine-tune, an eval, a flaky job with retries, a notebook on half "
+        "a GPU, and a full-node job that must wait"
+    )
     train = submit("submit", "train.yaml")
     evaluation = submit("submit", "eval.yaml")
     flaky = submit("submit", "flaky.yaml")
-    notebook = submit("run", "--gpus", "0.5", "--queue", "prod", "--name", "notebook", "--",
-                      "python3", "-c", "import time; [print('cell', i, flush=True) or time.sleep(0.5) for i in range(6)]")
+    notebook = submit(
+        "run",
+        "--gpus",
+        "0.5",
+        "--queue",
+        "prod",
+        "--name",
+        "notebook",
+        "--",
+        "python3",
+        "-c",
+        "import time; [print('cell', i, flush=True) or time.sleep(0.5) for i in range(6)]",
+    )
     big = submit("submit", "big.yaml")
     wait_until(lambda: workload(train)["state"] == "running", 20, "the fine-tune to start")
     time.sleep(1.5)
@@ -127,13 +150,16 @@ def run_tour() -> None:
 
     say("Resubmitting it: it resumes from its checkpoint")
     resumed = submit("submit", "train.yaml")
-    wait_until(lambda: "resuming from checkpoint" in gpupool("logs", str(resumed), show=False), 30, "the resume")
+    wait_until(
+        lambda: "resuming from checkpoint" in gpupool("logs", str(resumed), show=False), 30, "the resume"
+    )
     gpupool("ps")
 
     say("Waiting for everything to finish")
     ids = (evaluation, flaky, notebook, big, resumed)
-    wait_until(lambda: all(workload(i)["state"] in ("succeeded", "failed", "cancelled") for i in ids), 90,
-               "all jobs")
+    wait_until(
+        lambda: all(workload(i)["state"] in ("succeeded", "failed", "cancelled") for i in ids), 90, "all jobs"
+    )
     gpupool("ps", "--all")
     say("The resumed fine-tune's log, and the flaky job's retry")
     gpupool("logs", str(resumed))

@@ -27,8 +27,11 @@ if checkpoint.exists():
     print(f"resuming from checkpoint {checkpoint} at step {state['step']}", flush=True)
 else:
     print(f"no checkpoint in {checkpoint.parent}; starting from step 0", flush=True)
-print(f"job {os.environ['GPUPOOL_JOB_ID']} attempt {os.environ['GPUPOOL_ATTEMPT']} "
-      f"on GPUs {os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+print(
+    f"job {os.environ['GPUPOOL_JOB_ID']} attempt {os.environ['GPUPOOL_ATTEMPT']} "
+    f"on GPUs {os.environ.get('CUDA_VISIBLE_DEVICES')}",
+    flush=True,
+)
 
 while state["step"] < steps:
     busy_until = time.time() + step_seconds * 0.6  # "compute" (keeps the simulated GPU busy)

@@ -22,12 +22,21 @@ from gpupool.spec import SpecError
 def server(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="port to listen on"),
-    gpus: str = typer.Option("auto", "--gpus", help="auto (NVML, else simulated 8xH100), nvml, sim:8xH100, "
-                             "sim:4xA100-80GB, sim:2xL4, or none"),  # fmt: skip
-    db: str | None = typer.Option(None, "--db", help="store URL: sqlite:///path.db or postgresql://... "
-                                  "(default $GPUPOOL_DB, else ~/.gpupool/gpupool.db)"),  # fmt: skip
+    gpus: str = typer.Option(
+        "auto",
+        "--gpus",
+        help="auto (NVML, else simulated 8xH100), nvml, sim:8xH100, sim:4xA100-80GB, sim:2xL4, or none",
+    ),
+    db: str | None = typer.Option(
+        None,
+        "--db",
+        help="store URL: sqlite:///path.db or postgresql://... "
+        "(default $GPUPOOL_DB, else ~/.gpupool/gpupool.db)",
+    ),
     node_name: str | None = typer.Option(None, "--node-name", help="name of this machine's node"),
-    new_admin_token: bool = typer.Option(False, "--new-admin-token", help="replace the admin token and print it"),
+    new_admin_token: bool = typer.Option(
+        False, "--new-admin-token", help="replace the admin token and print it"
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the gpupool head: API server, scheduler loop and the local executor."""
@@ -61,8 +70,10 @@ def server(
         runtime = Runtime(settings, store=store)
     except (GpuUnavailable, ValueError) as exc:
         raise CliError(str(exc)) from exc
-    err_console.print(f"gpupool server on {server_url} (store {store.url.split('@')[-1]}, gpus {gpus}, "
-                      f"home {home})", highlight=False)  # fmt: skip
+    err_console.print(
+        f"gpupool server on {server_url} (store {store.url.split('@')[-1]}, gpus {gpus}, home {home})",
+        highlight=False,
+    )
     uvicorn.run(create_app(runtime), host=host, port=port, log_level=log_level.lower(), access_log=False)
 
 
@@ -84,4 +95,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

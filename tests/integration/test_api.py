@@ -16,8 +16,13 @@ def test_healthz_needs_no_token(server: ServerProcess) -> None:
 
 @pytest.mark.parametrize(
     "path,method",
-    [("/api/v1/workloads", "GET"), ("/api/v1/workloads", "POST"), ("/api/v1/nodes", "GET"),
-     ("/api/v1/queues", "GET"), ("/api/v1/workloads/1/cancel", "POST")],  # fmt: skip
+    [
+        ("/api/v1/workloads", "GET"),
+        ("/api/v1/workloads", "POST"),
+        ("/api/v1/nodes", "GET"),
+        ("/api/v1/queues", "GET"),
+        ("/api/v1/workloads/1/cancel", "POST"),
+    ],
 )
 def test_every_api_call_without_a_token_is_401(server: ServerProcess, path: str, method: str) -> None:
     with server.http(token=None) as client:
@@ -71,7 +76,9 @@ def test_a_bad_spec_is_422_naming_the_field_and_changes_nothing(
 
 def test_malformed_json_is_a_clear_422(server: ServerProcess) -> None:
     with server.http() as client:
-        response = client.post("/api/v1/workloads", content=b"{not json", headers={"content-type": "application/json"})
+        response = client.post(
+            "/api/v1/workloads", content=b"{not json", headers={"content-type": "application/json"}
+        )
     assert response.status_code == 422
     assert "JSON" in response.json()["error"]["message"]
 
@@ -85,10 +92,14 @@ def test_unknown_workload_is_404_with_a_hint(server: ServerProcess) -> None:
 
 def test_queues_can_be_created_listed_and_updated(server: ServerProcess) -> None:
     with server.http() as client:
-        created = client.post("/api/v1/queues", json={"name": "nlp", "resources": {"gpu": {"quota": 4, "limit": 8}}})
+        created = client.post(
+            "/api/v1/queues", json={"name": "nlp", "resources": {"gpu": {"quota": 4, "limit": 8}}}
+        )
         assert created.status_code == 201, created.text
         assert client.post("/api/v1/queues", json={"name": "nlp"}).status_code == 409
-        bad = client.post("/api/v1/queues", json={"name": "vision", "resources": {"gpu": {"quota": 8, "limit": 4}}})
+        bad = client.post(
+            "/api/v1/queues", json={"name": "vision", "resources": {"gpu": {"quota": 8, "limit": 4}}}
+        )
         assert bad.status_code == 422 and "limit" in bad.json()["error"]["field"]
         updated = client.patch("/api/v1/queues/nlp", json={"resources": {"gpu": {"limit": 16}}})
         assert updated.status_code == 200, updated.text
@@ -102,8 +113,10 @@ def test_queues_can_be_created_listed_and_updated(server: ServerProcess) -> None
 def test_a_queue_gpu_limit_is_never_exceeded(server: ServerProcess) -> None:
     with server.http() as client:
         client.post("/api/v1/queues", json={"name": "capped", "resources": {"gpu": {"limit": 2}}})
-    ids = [server.submit({"queue": "capped", "resources": {"gpu": 2}, "commands": ["sleep 1"]})["id"]
-           for _ in range(2)]  # fmt: skip
+    ids = [
+        server.submit({"queue": "capped", "resources": {"gpu": 2}, "commands": ["sleep 1"]})["id"]
+        for _ in range(2)
+    ]
     server.wait_for(ids[0], states=("running",))
     second = server.workload(ids[1])
     assert second["state"] == "pending" and "GPU limit" in second["reason"]

@@ -12,8 +12,19 @@ from tests.support.server import ServerProcess
 
 
 def test_run_ps_logs_show_cancel_through_the_cli(server: ServerProcess, job_dir: Path) -> None:
-    out = server.cli("run", "--gpus", "2", "--name", "hello", "--", "bash", "-c", "echo hi from $CUDA_VISIBLE_DEVICES",
-                     cwd=job_dir, check=True).stdout  # fmt: skip
+    out = server.cli(
+        "run",
+        "--gpus",
+        "2",
+        "--name",
+        "hello",
+        "--",
+        "bash",
+        "-c",
+        "echo hi from $CUDA_VISIBLE_DEVICES",
+        cwd=job_dir,
+        check=True,
+    ).stdout
     assert "submitted 1 (hello)" in out
     server.wait_for(1)
     rows = json.loads(server.cli("ps", "--all", "--json", check=True).stdout)
@@ -31,7 +42,9 @@ def test_run_ps_logs_show_cancel_through_the_cli(server: ServerProcess, job_dir:
 
 
 def test_submit_a_yaml_spec_runs_in_the_spec_folder(server: ServerProcess, job_dir: Path) -> None:
-    (job_dir / "job.yaml").write_text("name: from-yaml\nresources: {gpu: 'H100:1'}\ncommands:\n  - cat data.txt\n")
+    (job_dir / "job.yaml").write_text(
+        "name: from-yaml\nresources: {gpu: 'H100:1'}\ncommands:\n  - cat data.txt\n"
+    )
     (job_dir / "data.txt").write_text("local data\n")
     out = server.cli("submit", str(job_dir / "job.yaml"), check=True).stdout
     assert "from-yaml" in out
@@ -40,8 +53,17 @@ def test_submit_a_yaml_spec_runs_in_the_spec_folder(server: ServerProcess, job_d
 
 
 def test_logs_follow_streams_until_the_job_ends(server: ServerProcess, job_dir: Path) -> None:
-    server.cli("run", "--gpus", "0", "--", "bash", "-c", "for i in 1 2 3; do echo line $i; sleep 0.4; done",
-               cwd=job_dir, check=True)  # fmt: skip
+    server.cli(
+        "run",
+        "--gpus",
+        "0",
+        "--",
+        "bash",
+        "-c",
+        "for i in 1 2 3; do echo line $i; sleep 0.4; done",
+        cwd=job_dir,
+        check=True,
+    )
     started = time.monotonic()
     out = server.cli("logs", "1", "-f", check=True).stdout
     assert out.splitlines() == ["line 1", "line 2", "line 3"]
@@ -97,4 +119,7 @@ def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
     ]:
         result = server.cli(*args)
         assert result.returncode == 1, (args, result.stdout, result.stderr)
-        assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+        assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, (
+            args,
+            result.stderr,
+        )

@@ -81,7 +81,9 @@ def test_cancel_sends_sigterm_and_waits_for_a_graceful_exit(server: ServerProces
         "print('ready', flush=True)\n"
         "while True: time.sleep(0.1)\n"
     )
-    created = server.submit({"commands": ["python3 graceful.py"], "workdir": str(job_dir), "grace_period": "20s"})
+    created = server.submit(
+        {"commands": ["python3 graceful.py"], "workdir": str(job_dir), "grace_period": "20s"}
+    )
     _wait_for_log(server, created["id"], "ready")
     with server.http() as client:
         response = client.post(f"/api/v1/workloads/{created['id']}/cancel")

@@ -13,8 +13,13 @@ from tests.support.server import ServerProcess
 def test_kill9_server_readopts_running_jobs_and_keeps_pending_ones(tmp_path: Path) -> None:
     server = ServerProcess(home=tmp_path / "home").start()
     try:
-        running = server.submit({"name": "long", "resources": {"gpu": 8},
-                                 "commands": ["echo started", "sleep 4", "echo finished"]})  # fmt: skip
+        running = server.submit(
+            {
+                "name": "long",
+                "resources": {"gpu": 8},
+                "commands": ["echo started", "sleep 4", "echo finished"],
+            }
+        )
         server.wait_for(running["id"], states=("running",))
         queued = server.submit({"name": "queued", "resources": {"gpu": 4}, "commands": ["echo queued ran"]})
         time.sleep(0.5)

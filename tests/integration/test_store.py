@@ -38,7 +38,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
     again = Store(store.url)  # a second start migrates nothing and breaks nothing
     tables = set(inspect(again.engine).get_table_names())
-    assert {"nodes", "gpus", "queues", "workloads", "attempts", "events", "api_tokens", "alembic_version"} <= tables
+    assert {
+        "nodes",
+        "gpus",
+        "queues",
+        "workloads",
+        "attempts",
+        "events",
+        "api_tokens",
+        "alembic_version",
+    } <= tables
     with again.engine.connect() as conn:
         assert conn.execute(text("select version_num from alembic_version")).scalar() == "0001"
     again.close()
@@ -52,8 +61,9 @@ def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
 
 
 def test_submitted_workload_is_durable_with_its_spec_and_an_event(store: Store) -> None:
-    spec = parse_workload_spec({"name": "train", "resources": {"gpu": "H100:8"}, "commands": ["python t.py"],
-                                "max_duration": "12h"})  # fmt: skip
+    spec = parse_workload_spec(
+        {"name": "train", "resources": {"gpu": "H100:8"}, "commands": ["python t.py"], "max_duration": "12h"}
+    )
     created = service.submit(store, spec)
     reopened = Store(store.url)
     got = service.get_workload(reopened, created["id"])
@@ -80,9 +90,13 @@ def test_transitions_follow_the_lifecycle_rules_and_are_audited(store: Store) ->
         refused = transition(s, w, "running", "again")
         assert not refused.accepted and "already succeeded" in refused.reason
     with store.session() as s:
-        events = s.scalars(select(Event).where(Event.object_id == str(created["id"])).order_by(Event.id)).all()
+        events = s.scalars(
+            select(Event).where(Event.object_id == str(created["id"])).order_by(Event.id)
+        ).all()
         assert [(e.from_state, e.to_state) for e in events] == [
-            ("", "pending"), ("pending", "running"), ("running", "succeeded")
+            ("", "pending"),
+            ("pending", "running"),
+            ("running", "succeeded"),
         ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -46,9 +47,13 @@ class PostgresServer:
 
     def start(self) -> str:
         self._run(self.initdb, "-D", str(self.data), "-U", "gpupool", "--auth=trust", "-E", "UTF8")
-        options = f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.base} " \
-                  "-c fsync=off -c max_connections=200"  # fmt: skip
-        self._run(self.pg_ctl, "-D", str(self.data), "-o", options, "-l", str(self.base / "log"), "-w", "start")
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.base} "
+            "-c fsync=off -c max_connections=200"
+        )
+        self._run(
+            self.pg_ctl, "-D", str(self.data), "-o", options, "-l", str(self.base / "log"), "-w", "start"
+        )
         url = f"postgresql://gpupool@127.0.0.1:{self.port}/postgres"
         deadline = time.time() + 30
         import psycopg
@@ -71,7 +76,5 @@ class PostgresServer:
         return f"postgresql://gpupool@127.0.0.1:{self.port}/{name}"
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self._run(self.pg_ctl, "-D", str(self.data), "-m", "immediate", "stop")
-        except subprocess.CalledProcessError:
-            pass

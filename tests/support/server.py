@@ -49,8 +49,18 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         self.home.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "gpupool.main", "server", "--port", str(self.port), "--gpus", self.gpus,
-                "--node-name", "node-1"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "gpupool.main",
+            "server",
+            "--port",
+            str(self.port),
+            "--gpus",
+            self.gpus,
+            "--node-name",
+            "node-1",
+        ]
         if self.db_url:
             argv += ["--db", self.db_url]
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - lives as long as the process
@@ -95,11 +105,17 @@ class ServerProcess:
             headers["Authorization"] = f"Bearer {token}"
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
-    def cli(self, *args: str, cwd: Path | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, cwd: Path | None = None, check: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "gpupool.main", *args],
-            env=self.env, cwd=cwd, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            env=self.env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"gpupool {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
         return result
@@ -116,12 +132,16 @@ class ServerProcess:
             assert response.status_code == 200, response.text
             return dict(response.json())
 
-    def wait_for(self, workload_id: int, states: tuple[str, ...] = TERMINAL, timeout: float = 30.0) -> dict[str, Any]:
+    def wait_for(
+        self, workload_id: int, states: tuple[str, ...] = TERMINAL, timeout: float = 30.0
+    ) -> dict[str, Any]:
         deadline = time.time() + timeout
         while True:
             w = self.workload(workload_id)
             if w["state"] in states:
                 return w
             if time.time() > deadline:
-                raise AssertionError(f"workload {workload_id} still {w['state']} after {timeout}s: {w}\n{self.log()}")
+                raise AssertionError(
+                    f"workload {workload_id} still {w['state']} after {timeout}s: {w}\n{self.log()}"
+                )
             time.sleep(0.1)

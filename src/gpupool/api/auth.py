@@ -11,7 +11,10 @@ from gpupool.control import service
 
 CACHE_SECONDS = 5.0
 
-_HINT = "pass the token in 'Authorization: Bearer <token>' (the CLI reads ~/.gpupool/credentials or $GPUPOOL_TOKEN)"
+_HINT = (
+    "pass the token in 'Authorization: Bearer <token>' "
+    "(the CLI reads ~/.gpupool/credentials or $GPUPOOL_TOKEN)"
+)
 
 
 class TokenCache:

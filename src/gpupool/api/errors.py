@@ -26,7 +26,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(_body(exc.code, exc.message, **exc.extra), status_code=exc.status, headers=headers)
+        return JSONResponse(
+            _body(exc.code, exc.message, **exc.extra), status_code=exc.status, headers=headers
+        )
 
     @app.exception_handler(SpecError)
     async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:

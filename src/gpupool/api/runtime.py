@@ -57,8 +57,9 @@ class Runtime:
     def start(self) -> None:
         self.reconciler.register_node()
         self.reconciler.recover()
-        self._thread = threading.Thread(target=self.reconciler.run, args=(self._stop,), name="reconcile",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.reconciler.run, args=(self._stop,), name="reconcile", daemon=True
+        )
         self._thread.start()
         log.info("event=control_started node=%s gpus=%s", self.settings.node_name, self.settings.gpus)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -34,9 +35,15 @@ class LocalBackend:
         launch.run_dir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [
-            sys.executable, "-m", "gpupool.backends.shim", str(launch.run_dir), "--",
-            "bash", "-c", SCRIPT_PRELUDE + launch.script,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "gpupool.backends.shim",
+            str(launch.run_dir),
+            "--",
+            "bash",
+            "-c",
+            SCRIPT_PRELUDE + launch.script,
+        ]
         with open(launch.log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(
@@ -84,10 +91,8 @@ class LocalBackend:
     def signal(self, handle: Handle, signum: int) -> None:
         if not _alive(handle):
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(handle.pid, signum)
-        except ProcessLookupError:
-            pass
 
     def find(self, run_dir: Path) -> Handle | None:
         try:
@@ -97,10 +102,8 @@ class LocalBackend:
             return None
 
     def cleanup(self, handle: Handle) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(handle.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _start_time(pid: int) -> float | None:

@@ -39,10 +39,14 @@ _options = Options()
 
 @app.callback()
 def _global(
-    server: str | None = typer.Option(None, "--server", help="server URL (default $GPUPOOL_SERVER, then the "
-                                      "credentials file, then http://127.0.0.1:8470)"),  # fmt: skip
-    token: str | None = typer.Option(None, "--token", help="API token (default $GPUPOOL_TOKEN, then the "
-                                     "credentials file)"),  # fmt: skip
+    server: str | None = typer.Option(
+        None,
+        "--server",
+        help="server URL (default $GPUPOOL_SERVER, then the credentials file, then http://127.0.0.1:8470)",
+    ),
+    token: str | None = typer.Option(
+        None, "--token", help="API token (default $GPUPOOL_TOKEN, then the credentials file)"
+    ),
 ) -> None:
     _options.server, _options.token = server, token
 
@@ -61,7 +65,7 @@ def submit(
     name: str | None = typer.Option(None, "--name", "-n", help="override the spec's name"),
     as_json: bool = typer.Option(False, "--json", help="print the created workload as JSON"),
 ) -> None:
-    """Submit a job or service from a YAML spec. Commands run in the spec file's folder unless it sets workdir."""
+    """Submit a job or service from a YAML spec. Commands run in the spec's folder unless it sets workdir."""
     try:
         text = file.read_text()
     except OSError as exc:
@@ -84,7 +88,9 @@ def run(
     gpus: str = typer.Option("1", "--gpus", "-g", help="GPUs: 2, H100:8, 'A100|H100:2', 80GB:1, 0.5"),
     queue: str = typer.Option("default", "--queue", "-q"),
     name: str | None = typer.Option(None, "--name", "-n"),
-    priority: str | None = typer.Option(None, "--priority", help="inference|build|interactive|train or 0..1000"),
+    priority: str | None = typer.Option(
+        None, "--priority", help="inference|build|interactive|train or 0..1000"
+    ),
     max_duration: str | None = typer.Option(None, "--max-duration", help="e.g. 90s, 30m, 12h"),
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir"),
     as_json: bool = typer.Option(False, "--json"),
@@ -112,8 +118,10 @@ def _created(workload: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(workload)
         return
-    console.print(f"submitted [bold]{workload['id']}[/bold] ({workload['name']}) to queue {workload['queue']}: "
-                  f"{styled(workload['state'])}")  # fmt: skip
+    console.print(
+        f"submitted [bold]{workload['id']}[/bold] ({workload['name']}) to queue {workload['queue']}: "
+        f"{styled(workload['state'])}"
+    )
 
 
 @app.command()
@@ -142,8 +150,10 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     if as_json:
         print_json(w)
         return
-    console.print(f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  queue={w['queue']} "
-                  f"priority={w['priority']} preemptible={str(w['preemptible']).lower()} gpus={w['gpus']}")  # fmt: skip
+    console.print(
+        f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  queue={w['queue']} "
+        f"priority={w['priority']} preemptible={str(w['preemptible']).lower()} gpus={w['gpus']}"
+    )
     if w["reason"]:
         label = "why pending" if w["state"] == "pending" else "reason"
         console.print(f"  {label}: {w['reason']}")
@@ -151,8 +161,10 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:
         gpus = ",".join(map(str, a["gpu_indices"])) or "-"
-        console.print(f"  attempt {a['number']}: {styled(a['state'])} on {a['node']} gpus={gpus} pid={a['pid']} "
-                      f"exit={a['exit_code']} {a['reason']}\n    log: {a['log_path']}")  # fmt: skip
+        console.print(
+            f"  attempt {a['number']}: {styled(a['state'])} on {a['node']} gpus={gpus} pid={a['pid']} "
+            f"exit={a['exit_code']} {a['reason']}\n    log: {a['log_path']}"
+        )
     console.print("  history:")
     for e in w["events"]:
         console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {e['reason']} ({e['actor']})")
@@ -191,7 +203,11 @@ def cancel(workload_ids: list[int] = typer.Argument(..., help="one or more workl
     c = client()
     for workload_id in workload_ids:
         w = c.cancel(workload_id)
-        what = "cancelled" if w["state"] == "cancelled" else "stopping (SIGTERM sent; SIGKILL after the grace period)"
+        what = (
+            "cancelled"
+            if w["state"] == "cancelled"
+            else "stopping (SIGTERM sent; SIGKILL after the grace period)"
+        )
         console.print(f"{workload_id} ({w['name']}): {what}")
 
 
@@ -214,9 +230,15 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
         utils = [g["sample"]["utilization_pct"] for g in n["gpus"] if g.get("sample")]
         util = f"{sum(utils) / len(utils):.0f}%" if utils else "-"
         table.add_row(
-            n["name"], styled(n["state"]), str(n["gpus_total"]), ",".join(n["gpu_models"]) or "-",
-            f"{n['gpus_allocated']}/{n['gpus_total']}", f"{n['cpus']:g}", human_bytes(n["memory_bytes"]), util,
-        )  # fmt: skip
+            n["name"],
+            styled(n["state"]),
+            str(n["gpus_total"]),
+            ",".join(n["gpu_models"]) or "-",
+            f"{n['gpus_allocated']}/{n['gpus_total']}",
+            f"{n['cpus']:g}",
+            human_bytes(n["memory_bytes"]),
+            util,
+        )
     console.print(table)
 
 
@@ -247,24 +269,44 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "PARENT", "PRIORITY", "GPU QUOTA", "GPU LIMIT", "WEIGHT", "ALLOCATED", "RUNNING",
-                   "PENDING"):  # fmt: skip
+    for column in (
+        "NAME",
+        "PARENT",
+        "PRIORITY",
+        "GPU QUOTA",
+        "GPU LIMIT",
+        "WEIGHT",
+        "ALLOCATED",
+        "RUNNING",
+        "PENDING",
+    ):
         table.add_column(column)
     for q in rows:
         gpu = q["resources"].get("gpu", {})
         limit = gpu.get("limit")
         table.add_row(
-            q["name"], q["parent"] or "-", str(q["priority"]), f"{gpu.get('quota', 0):g}",
-            "-" if limit is None else f"{limit:g}", f"{gpu.get('over_quota_weight', 1):g}",
-            f"{q['gpus_allocated']:g}", str(q["running"]), str(q["pending"]),
-        )  # fmt: skip
+            q["name"],
+            q["parent"] or "-",
+            str(q["priority"]),
+            f"{gpu.get('quota', 0):g}",
+            "-" if limit is None else f"{limit:g}",
+            f"{gpu.get('over_quota_weight', 1):g}",
+            f"{q['gpus_allocated']:g}",
+            str(q["running"]),
+            str(q["pending"]),
+        )
     console.print(table)
 
 
 def _queue_body(
-    file: Path | None, gpu_quota: float | None, gpu_limit: float | None, gpu_weight: float | None,
-    priority: int | None, parent: str | None, description: str | None,
-) -> dict[str, Any]:  # fmt: skip
+    file: Path | None,
+    gpu_quota: float | None,
+    gpu_limit: float | None,
+    gpu_weight: float | None,
+    priority: int | None,
+    parent: str | None,
+    description: str | None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if file is not None:
         try:
@@ -303,10 +345,15 @@ _FILE = typer.Option(None, "--file", "-f", help="a queue spec (YAML)")
 
 @queue_app.command("create")
 def queue_create(
-    name: str, gpu_quota: float | None = _QUOTA, gpu_limit: float | None = _LIMIT,
-    gpu_weight: float | None = _WEIGHT, priority: int | None = _PRIORITY, parent: str | None = _PARENT,
-    description: str | None = _DESCRIPTION, file: Path | None = _FILE,
-) -> None:  # fmt: skip
+    name: str,
+    gpu_quota: float | None = _QUOTA,
+    gpu_limit: float | None = _LIMIT,
+    gpu_weight: float | None = _WEIGHT,
+    priority: int | None = _PRIORITY,
+    parent: str | None = _PARENT,
+    description: str | None = _DESCRIPTION,
+    file: Path | None = _FILE,
+) -> None:
     """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16"""
     body = _queue_body(file, gpu_quota, gpu_limit, gpu_weight, priority, parent, description)
     body["name"] = name
@@ -317,15 +364,22 @@ def queue_create(
 
 @queue_app.command("update")
 def queue_update(
-    name: str, gpu_quota: float | None = _QUOTA, gpu_limit: float | None = _LIMIT,
-    gpu_weight: float | None = _WEIGHT, priority: int | None = _PRIORITY, parent: str | None = _PARENT,
-    description: str | None = _DESCRIPTION, file: Path | None = _FILE,
-) -> None:  # fmt: skip
+    name: str,
+    gpu_quota: float | None = _QUOTA,
+    gpu_limit: float | None = _LIMIT,
+    gpu_weight: float | None = _WEIGHT,
+    priority: int | None = _PRIORITY,
+    parent: str | None = _PARENT,
+    description: str | None = _DESCRIPTION,
+    file: Path | None = _FILE,
+) -> None:
     """Change some fields of a queue; the others keep their values."""
     body = _queue_body(file, gpu_quota, gpu_limit, gpu_weight, priority, parent, description)
     if not body:
-        raise CliError("nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, "
-                       "--priority, --parent, --description, --file")  # fmt: skip
+        raise CliError(
+            "nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, "
+            "--priority, --parent, --description, --file"
+        )
     q = client().update_queue(name, body)
     console.print(f"queue {q['name']} updated")
 

@@ -87,10 +87,20 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
         table.add_column(column.upper(), overflow="fold", max_width=70 if column == "reason" else None)
     for row in ps_rows(workloads):
         reason = row["reason"] if (wide or row["state"] in ("pending", "failed")) else ""
-        if row["state"] in ("succeeded", "failed", "cancelled") and row["exit_code"] is not None and not reason:
+        if (
+            row["state"] in ("succeeded", "failed", "cancelled")
+            and row["exit_code"] is not None
+            and not reason
+        ):
             reason = f"exit {row['exit_code']}"
         table.add_row(
-            str(row["id"]), row["name"], row["queue"], styled(row["state"]), row["_gpus_text"],
-            row["node"] or "-", row["age"], reason,
-        )  # fmt: skip
+            str(row["id"]),
+            row["name"],
+            row["queue"],
+            styled(row["state"]),
+            row["_gpus_text"],
+            row["node"] or "-",
+            row["age"],
+            reason,
+        )
     return table

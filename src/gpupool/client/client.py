@@ -57,7 +57,7 @@ def save_credentials(server: str, token: str, path: Path | None = None) -> Path:
 
 
 def resolve(server: str | None = None, token: str | None = None) -> tuple[str, str | None]:
-    """Server: flag, $GPUPOOL_SERVER, credentials file, default. Token: flag, $GPUPOOL_TOKEN, credentials file."""
+    """Server: flag, $GPUPOOL_SERVER, credentials file, default; token: flag, $GPUPOOL_TOKEN, credentials."""
     saved = load_credentials()
     url = server or os.environ.get("GPUPOOL_SERVER") or saved.server or DEFAULT_SERVER
     tok = token or os.environ.get("GPUPOOL_TOKEN") or saved.token

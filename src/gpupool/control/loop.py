@@ -130,8 +130,12 @@ class Reconciler:
                     continue
                 state = self.backend.status(handle, Path(attempt.run_dir))
                 if state.phase is Phase.RUNNING:
-                    log.info("event=attempt_adopted workload=%d attempt=%d pid=%d",
-                             attempt.workload_id, attempt.number, handle.pid)  # fmt: skip
+                    log.info(
+                        "event=attempt_adopted workload=%d attempt=%d pid=%d",
+                        attempt.workload_id,
+                        attempt.number,
+                        handle.pid,
+                    )
                 else:
                     self._finish(s, attempt, state, time.time())
 
@@ -172,14 +176,20 @@ class Reconciler:
             if age_seconds(attempt.stop_requested_at) >= grace:
                 self.backend.signal(handle, signal.SIGKILL)
                 attempt.killed_at = utcnow()
-                log.info("event=attempt_killed workload=%d attempt=%d grace=%s",
-                         attempt.workload_id, attempt.number, grace)  # fmt: skip
+                log.info(
+                    "event=attempt_killed workload=%d attempt=%d grace=%s",
+                    attempt.workload_id,
+                    attempt.number,
+                    grace,
+                )
 
     def _request_stop(self, s: Session, attempt: Attempt, handle: Handle, why: str) -> None:
         self.backend.signal(handle, signal.SIGTERM)
         attempt.stop_requested_at = utcnow()
         attempt.stop_reason = why
-        log.info("event=attempt_stopping workload=%d attempt=%d why=%s", attempt.workload_id, attempt.number, why)
+        log.info(
+            "event=attempt_stopping workload=%d attempt=%d why=%s", attempt.workload_id, attempt.number, why
+        )
 
     def _handle(self, attempt: Attempt) -> Handle | None:
         if attempt.pid is not None:
@@ -226,9 +236,13 @@ class Reconciler:
         max_restarts = int(retry.get("max_restarts", 0))
         if cause in (retry.get("on") or []) and workload.restarts < max_restarts:
             verdict = transition(
-                s, workload, PENDING,
-                f"{why}; restarting ({workload.restarts + 1}/{max_restarts})", actor="control", is_retry=True,
-            )  # fmt: skip
+                s,
+                workload,
+                PENDING,
+                f"{why}; restarting ({workload.restarts + 1}/{max_restarts})",
+                actor="control",
+                is_retry=True,
+            )
             if verdict.accepted:
                 return
         transition(s, workload, FAILED, why, actor="control")
@@ -237,9 +251,7 @@ class Reconciler:
 
     def schedule(self, now: float) -> None:
         with self.store.session() as s:
-            pending = s.scalars(
-                select(Workload).where(Workload.state == PENDING).order_by(Workload.id)
-            ).all()
+            pending = s.scalars(select(Workload).where(Workload.state == PENDING).order_by(Workload.id)).all()
             if not pending:
                 return
             snapshot = self._snapshot(s, pending)
@@ -268,8 +280,13 @@ class Reconciler:
                 schedulable=node.state == "ready",
                 state=node.state,
                 gpus=tuple(
-                    scheduler.GpuView(g.index, g.model.upper(), g.memory_bytes, g.nvlink_island,
-                                      used.get((node.name, g.index), 0.0))  # fmt: skip
+                    scheduler.GpuView(
+                        g.index,
+                        g.model.upper(),
+                        g.memory_bytes,
+                        g.nvlink_island,
+                        used.get((node.name, g.index), 0.0),
+                    )
                     for g in node.gpus
                 ),
                 cpus=node.cpus,
@@ -307,7 +324,9 @@ class Reconciler:
                 log_path=str(home / "logs" / str(workload.id) / f"attempt-{number}.log"),
             )
             gpus = ",".join(map(str, bind.gpu_indices)) or "none"
-            verdict = transition(s, workload, RUNNING, f"started on {bind.node} gpus={gpus}", actor="scheduler")
+            verdict = transition(
+                s, workload, RUNNING, f"started on {bind.node} gpus={gpus}", actor="scheduler"
+            )
             if not verdict.accepted:
                 return
             s.add(attempt)
@@ -328,8 +347,14 @@ class Reconciler:
             attempt = s.get(Attempt, launch.attempt_id)
             assert attempt is not None
             attempt.pid, attempt.pid_start_time = handle.pid, handle.start_time
-        log.info("event=attempt_started workload=%d attempt=%d node=%s gpus=%s pid=%d",
-                 bind.workload_id, launch.attempt_number, bind.node, gpus, handle.pid)  # fmt: skip
+        log.info(
+            "event=attempt_started workload=%d attempt=%d node=%s gpus=%s pid=%d",
+            bind.workload_id,
+            launch.attempt_number,
+            bind.node,
+            gpus,
+            handle.pid,
+        )
 
     def _launch(self, workload: Workload, attempt: Attempt) -> Launch:
         home = self.settings.home

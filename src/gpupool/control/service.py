@@ -15,10 +15,10 @@ from sqlalchemy.orm.exc import StaleDataError
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATES, TERMINAL, transition
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.spec import QueueSpec, WorkloadSpec
-from gpupool.store.db import Store
 from gpupool.gpu.catalog import families
 from gpupool.scheduler.placement import split_model
+from gpupool.spec import QueueSpec, WorkloadSpec
+from gpupool.store.db import Store
 from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc
 
@@ -94,9 +94,10 @@ def queue_view(queue: Queue, usage: dict[str, dict[str, float]] | None = None) -
 def _queue_usage(s: Session) -> dict[str, dict[str, float]]:
     usage: dict[str, dict[str, float]] = {}
     for queue, state, count in s.execute(
-        select(Workload.queue, Workload.state, func.count()).where(Workload.state.in_(ACTIVE))
+        select(Workload.queue, Workload.state, func.count())
+        .where(Workload.state.in_(ACTIVE))
         .group_by(Workload.queue, Workload.state)
-    ):  # fmt: skip
+    ):
         usage.setdefault(queue, {})[state] = float(count)
     for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
         row = usage.setdefault(attempt.workload.queue, {})
@@ -121,8 +122,9 @@ def create_queue(store: Store, spec: QueueSpec) -> dict[str, Any]:
                 field="name",
             )
         _check_parent(s, spec)
-        queue = Queue(name=spec.name, parent=spec.parent, priority=spec.priority,
-                      spec=spec.model_dump(mode="json"))  # fmt: skip
+        queue = Queue(
+            name=spec.name, parent=spec.parent, priority=spec.priority, spec=spec.model_dump(mode="json")
+        )
         s.add(queue)
         s.flush()
         return queue_view(queue)
@@ -217,12 +219,16 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
             raise Invalid(
                 f"queue {spec.queue!r} does not exist (queues: {names}); "
                 f"create it with `gpupool queue create {spec.queue}`",
-                field="queue", example=DEFAULT_QUEUE,
-            )  # fmt: skip
+                field="queue",
+                example=DEFAULT_QUEUE,
+            )
         _check_gpu_models(s, spec)
         if spec.workdir is not None and not Path(spec.workdir).is_absolute():
-            raise Invalid(f"workdir must be an absolute path, got {spec.workdir!r}", field="workdir",
-                          example="/home/me/project")  # fmt: skip
+            raise Invalid(
+                f"workdir must be an absolute path, got {spec.workdir!r}",
+                field="workdir",
+                example="/home/me/project",
+            )
         workload = Workload(
             name=spec.name or "",
             kind=spec.kind,
@@ -240,8 +246,16 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
         s.flush()
         if not workload.name:
             workload.name = f"{spec.kind}-{workload.id}"
-        s.add(Event(object_kind="workload", object_id=str(workload.id), from_state="", to_state=PENDING,
-                    reason="submitted", actor=user))  # fmt: skip
+        s.add(
+            Event(
+                object_kind="workload",
+                object_id=str(workload.id),
+                from_state="",
+                to_state=PENDING,
+                reason="submitted",
+                actor=user,
+            )
+        )
         s.flush()
         return workload_view(workload)
 
@@ -258,8 +272,9 @@ def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
         raise Invalid(
             f"resources.gpu: unknown GPU model {unknown[0]!r}; models in this pool: "
             f"{', '.join(sorted(in_pool)) or 'none'}; known models: {', '.join(sorted(known))}",
-            field="resources.gpu", example="H100:8",
-        )  # fmt: skip
+            field="resources.gpu",
+            example="H100:8",
+        )
 
 
 def _load(s: Session, workload_id: int) -> Workload:
@@ -276,17 +291,22 @@ def get_workload(store: Store, workload_id: int) -> dict[str, Any]:
         view["events"] = [
             {"at": _iso(e.at), "from": e.from_state, "to": e.to_state, "reason": e.reason, "actor": e.actor}
             for e in s.scalars(
-                select(Event).where(Event.object_kind == "workload", Event.object_id == str(workload_id))
+                select(Event)
+                .where(Event.object_kind == "workload", Event.object_id == str(workload_id))
                 .order_by(Event.id)
             )
-        ]  # fmt: skip
+        ]
         return view
 
 
 def list_workloads(
-    store: Store, *, include_finished: bool = False, state: str | None = None, queue: str | None = None,
+    store: Store,
+    *,
+    include_finished: bool = False,
+    state: str | None = None,
+    queue: str | None = None,
     limit: int = 1000,
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     if state is not None and state not in STATES:
         raise Invalid(f"unknown state {state!r}; one of {', '.join(STATES)}", field="state")
     with store.session() as s:
@@ -324,15 +344,22 @@ def read_log(
     with store.session() as s:
         workload = _load(s, workload_id)
         if not workload.attempts:
-            return {"attempt": None, "offset": 0, "data": "", "eof": workload.state in TERMINAL,
-                    "state": workload.state, "path": None}  # fmt: skip
+            return {
+                "attempt": None,
+                "offset": 0,
+                "data": "",
+                "eof": workload.state in TERMINAL,
+                "state": workload.state,
+                "path": None,
+            }
         if attempt is None:
             chosen = workload.attempts[-1]
         else:
             matches = [a for a in workload.attempts if a.number == attempt]
             if not matches:
                 raise NotFound(
-                    f"workload {workload_id} has no attempt {attempt} (attempts 0..{len(workload.attempts) - 1})"
+                    f"workload {workload_id} has no attempt {attempt} "
+                    f"(attempts 0..{len(workload.attempts) - 1})"
                 )
             chosen = matches[0]
         finished = chosen.state != RUNNING
@@ -358,7 +385,9 @@ def read_log(
 # -- nodes -----------------------------------------------------------------------------------------------
 
 
-def node_view(node: Node, allocated: dict[tuple[str, int], list[int]], telemetry: TelemetryCache) -> dict[str, Any]:
+def node_view(
+    node: Node, allocated: dict[tuple[str, int], list[int]], telemetry: TelemetryCache
+) -> dict[str, Any]:
     gpus = []
     for gpu in node.gpus:
         holders = allocated.get((node.name, gpu.index), [])
@@ -402,7 +431,9 @@ def list_nodes(store: Store, telemetry: TelemetryCache) -> list[dict[str, Any]]:
         return [node_view(n, allocated, telemetry) for n in s.scalars(select(Node).order_by(Node.name))]
 
 
-def set_node_state(store: Store, name: str, state: str, reason: str, *, actor: str = "admin") -> dict[str, Any]:
+def set_node_state(
+    store: Store, name: str, state: str, reason: str, *, actor: str = "admin"
+) -> dict[str, Any]:
     with store.session() as s:
         node = s.scalar(select(Node).where(Node.name == name))
         if node is None:
@@ -411,8 +442,15 @@ def set_node_state(store: Store, name: str, state: str, reason: str, *, actor: s
         if node.state in ("lost", "unhealthy") and state == "ready":
             raise Conflict(f"node {name} is {node.state}; it returns to service when it is healthy again")
         if node.state != state:
-            s.add(Event(object_kind="node", object_id=name, from_state=node.state, to_state=state,
-                        reason=reason, actor=actor))  # fmt: skip
+            s.add(
+                Event(
+                    object_kind="node",
+                    object_id=name,
+                    from_state=node.state,
+                    to_state=state,
+                    reason=reason,
+                    actor=actor,
+                )
+            )
             node.state, node.state_reason = state, reason
     return next(n for n in list_nodes(store, TelemetryCache()) if n["name"] == name)
-

@@ -50,27 +50,91 @@ class GpuModelInfo:
 
 
 CATALOG: tuple[GpuModelInfo, ...] = (
-    GpuModelInfo("B200", "B200", "NVIDIA B200", 183359, 1000.0, 140.0, 1965.0, 120.0, 3996.0, 3996.0,
-                 2250.0, True),
-    GpuModelInfo("H200", "H200", "NVIDIA H200", 143771, 700.0, 75.0, 1980.0, 345.0, 3201.0, 3201.0,
-                 989.0, True),
-    GpuModelInfo("H100", "H100", "NVIDIA H100 80GB HBM3", 81559, 700.0, 70.0, 1980.0, 345.0, 2619.0, 2619.0,
-                 989.0, True),
-    GpuModelInfo("H100-PCIE", "H100", "NVIDIA H100 PCIe", 81559, 350.0, 45.0, 1755.0, 345.0, 1593.0, 1593.0,
-                 756.0, False),
-    GpuModelInfo("A100-80GB", "A100", "NVIDIA A100-SXM4-80GB", 81920, 400.0, 60.0, 1410.0, 210.0, 1593.0,
-                 1593.0, 312.0, True),
-    GpuModelInfo("A100-40GB", "A100", "NVIDIA A100-SXM4-40GB", 40960, 400.0, 55.0, 1410.0, 210.0, 1215.0,
-                 1215.0, 312.0, True),
-    GpuModelInfo("L40S", "L40S", "NVIDIA L40S", 46068, 350.0, 35.0, 2520.0, 210.0, 9001.0, 405.0,
-                 362.05, False),
+    GpuModelInfo(
+        "B200", "B200", "NVIDIA B200", 183359, 1000.0, 140.0, 1965.0, 120.0, 3996.0, 3996.0, 2250.0, True
+    ),
+    GpuModelInfo(
+        "H200", "H200", "NVIDIA H200", 143771, 700.0, 75.0, 1980.0, 345.0, 3201.0, 3201.0, 989.0, True
+    ),
+    GpuModelInfo(
+        "H100",
+        "H100",
+        "NVIDIA H100 80GB HBM3",
+        81559,
+        700.0,
+        70.0,
+        1980.0,
+        345.0,
+        2619.0,
+        2619.0,
+        989.0,
+        True,
+    ),
+    GpuModelInfo(
+        "H100-PCIE",
+        "H100",
+        "NVIDIA H100 PCIe",
+        81559,
+        350.0,
+        45.0,
+        1755.0,
+        345.0,
+        1593.0,
+        1593.0,
+        756.0,
+        False,
+    ),
+    GpuModelInfo(
+        "A100-80GB",
+        "A100",
+        "NVIDIA A100-SXM4-80GB",
+        81920,
+        400.0,
+        60.0,
+        1410.0,
+        210.0,
+        1593.0,
+        1593.0,
+        312.0,
+        True,
+    ),
+    GpuModelInfo(
+        "A100-40GB",
+        "A100",
+        "NVIDIA A100-SXM4-40GB",
+        40960,
+        400.0,
+        55.0,
+        1410.0,
+        210.0,
+        1215.0,
+        1215.0,
+        312.0,
+        True,
+    ),
+    GpuModelInfo(
+        "L40S", "L40S", "NVIDIA L40S", 46068, 350.0, 35.0, 2520.0, 210.0, 9001.0, 405.0, 362.05, False
+    ),
     GpuModelInfo("L4", "L4", "NVIDIA L4", 23034, 72.0, 16.0, 2040.0, 210.0, 6251.0, 405.0, 121.0, False),
     GpuModelInfo("A10", "A10", "NVIDIA A10", 23028, 150.0, 20.0, 1695.0, 210.0, 6251.0, 405.0, 125.0, False),
     GpuModelInfo("T4", "T4", "Tesla T4", 15360, 70.0, 10.0, 1590.0, 300.0, 5001.0, 405.0, 65.0, False),
-    GpuModelInfo("V100", "V100", "Tesla V100-SXM2-16GB", 16160, 300.0, 40.0, 1530.0, 135.0, 877.0, 877.0,
-                 125.0, True),
-    GpuModelInfo("RTX4090", "RTX4090", "NVIDIA GeForce RTX 4090", 24564, 450.0, 20.0, 2520.0, 210.0, 10501.0,
-                 405.0, 165.2, False),
+    GpuModelInfo(
+        "V100", "V100", "Tesla V100-SXM2-16GB", 16160, 300.0, 40.0, 1530.0, 135.0, 877.0, 877.0, 125.0, True
+    ),
+    GpuModelInfo(
+        "RTX4090",
+        "RTX4090",
+        "NVIDIA GeForce RTX 4090",
+        24564,
+        450.0,
+        20.0,
+        2520.0,
+        210.0,
+        10501.0,
+        405.0,
+        165.2,
+        False,
+    ),
 )
 
 # Other spellings people type; a bare family name picks its largest SKU.
@@ -111,9 +175,7 @@ def lookup_model(text: str) -> GpuModelInfo:
     """The catalog entry for a model name, ignoring case and separators ("h100", "a100-80gb", "A100_40GB")."""
     found = _BY_SQUASHED.get(_squash(text))
     if found is None:
-        raise UnknownGpuModel(
-            f"unknown GPU model {text!r}; known models: {', '.join(known_models())}"
-        )
+        raise UnknownGpuModel(f"unknown GPU model {text!r}; known models: {', '.join(known_models())}")
     return found
 
 

@@ -304,8 +304,13 @@ class NvmlProvider:
 
     def _read_energy_counter(self, index: int) -> float | None:
         """Joules since the provider opened, from NVML's millijoule counter; None when unsupported."""
-        raw = self._try(index, "total energy", self._nvml.nvmlDeviceGetTotalEnergyConsumption,
-                        self._handles[index], default=None)
+        raw = self._try(
+            index,
+            "total energy",
+            self._nvml.nvmlDeviceGetTotalEnergyConsumption,
+            self._handles[index],
+            default=None,
+        )
         if raw is None:
             return None
         millijoules = float(raw)
@@ -318,16 +323,35 @@ class NvmlProvider:
         nvml, handle, device = self._nvml, self._handles[index], self._devices[index]
         rates = self._try(index, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle, default=None)
         memory = self._try(index, "memory", nvml.nvmlDeviceGetMemoryInfo, handle, default=None)
-        temperature = self._try(index, "temperature", nvml.nvmlDeviceGetTemperature, handle,
-                                self._const("NVML_TEMPERATURE_GPU"), default=0)
+        temperature = self._try(
+            index,
+            "temperature",
+            nvml.nvmlDeviceGetTemperature,
+            handle,
+            self._const("NVML_TEMPERATURE_GPU"),
+            default=0,
+        )
         power_mw = self._try(index, "power", nvml.nvmlDeviceGetPowerUsage, handle, default=0)
-        sm_clock = self._try(index, "sm clock", nvml.nvmlDeviceGetClockInfo, handle,
-                             self._const("NVML_CLOCK_SM"), default=0)
-        mem_clock = self._try(index, "memory clock", nvml.nvmlDeviceGetClockInfo, handle,
-                              self._const("NVML_CLOCK_MEM"), default=0)
-        ecc = self._try(index, "ecc uncorrected", nvml.nvmlDeviceGetTotalEccErrors, handle,
-                        self._const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED"), self._const("NVML_VOLATILE_ECC"),
-                        default=0)
+        sm_clock = self._try(
+            index, "sm clock", nvml.nvmlDeviceGetClockInfo, handle, self._const("NVML_CLOCK_SM"), default=0
+        )
+        mem_clock = self._try(
+            index,
+            "memory clock",
+            nvml.nvmlDeviceGetClockInfo,
+            handle,
+            self._const("NVML_CLOCK_MEM"),
+            default=0,
+        )
+        ecc = self._try(
+            index,
+            "ecc uncorrected",
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            self._const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
+            self._const("NVML_VOLATILE_ECC"),
+            default=0,
+        )
         power_w = float(power_mw) / 1000.0
         counted = self._read_energy_counter(index)
         if counted is not None:

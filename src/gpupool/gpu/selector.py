@@ -38,9 +38,7 @@ class GpuSelector:
 
 
 def _bad(value: str, problem: str) -> GpuSelectorError:
-    return GpuSelectorError(
-        f"--gpus: {problem} in {value!r}; valid examples: {', '.join(EXAMPLES)}"
-    )
+    return GpuSelectorError(f"--gpus: {problem} in {value!r}; valid examples: {', '.join(EXAMPLES)}")
 
 
 def parse_selector(value: str) -> GpuSelector:

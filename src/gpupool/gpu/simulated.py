@@ -212,8 +212,13 @@ class SimulatedProvider:
         for device, info in simulated_devices(selector, self.seed):
             quirk = int(device.uuid[4:8], 16) / 0xFFFF * 3.0 - 1.5  # -1.5 .. +1.5 C, fixed per UUID
             self._gpus.append(
-                _SimulatedGpu(device=device, info=info, temperature_offset_c=quirk,
-                              temperature_c=IDLE_TEMPERATURE_C + quirk, power_w=info.idle_w)
+                _SimulatedGpu(
+                    device=device,
+                    info=info,
+                    temperature_offset_c=quirk,
+                    temperature_c=IDLE_TEMPERATURE_C + quirk,
+                    power_w=info.idle_w,
+                )
             )
         groups = ", ".join(f"{count}x {info.product_name}" for count, info in selector.groups)
         self.description = description or f"{selector.text} (simulated: {groups})"

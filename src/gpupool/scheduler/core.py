@@ -81,11 +81,12 @@ def _explain(workload: WorkloadView, nodes: list[NodeView]) -> str:
     for node in nodes:
         if node.schedulable and node.cpus and node.cpus - node.cpus_allocated + EPSILON < workload.cpus:
             details.append(f"{node.name}: {node.cpus - node.cpus_allocated:g} of {node.cpus:g} CPUs free")
-        elif node.schedulable and node.memory_bytes and (
-            node.memory_bytes - node.memory_allocated < workload.memory_bytes
+        elif (
+            node.schedulable
+            and node.memory_bytes
+            and (node.memory_bytes - node.memory_allocated < workload.memory_bytes)
         ):
             details.append(f"{node.name}: not enough free memory")
         else:
             details.append(why_not(node, wanted))
     return f"waiting for {what} on one node; " + "; ".join(details)
-

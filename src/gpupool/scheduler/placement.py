@@ -1,4 +1,4 @@
-"""First-fit placement onto one node's GPUs: whole GPUs packed onto one NVLink island, fractions bin-packed."""
+"""First-fit placement on one node's GPUs: whole GPUs packed onto one NVLink island, fractions bin-packed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ _MEMORY_SUFFIX = re.compile(r"^(?P<family>.+?)-(?P<gb>\d+)GB$")
 
 @lru_cache(maxsize=256)
 def split_model(name: str) -> tuple[str, int | None]:
-    """"A100-80GB" -> ("A100", 80e9 bytes): a family plus an optional minimum memory size."""
+    """ "A100-80GB" -> ("A100", 80e9 bytes): a family plus an optional minimum memory size."""
     match = _MEMORY_SUFFIX.match(name.upper())
     if match is None:
         return name.upper(), None

@@ -37,7 +37,7 @@ class NodeView:
 
 @dataclass(frozen=True, slots=True)
 class GpuDemand:
-    """GPUs per node: `count` whole GPUs, or a fraction (< 1) of one; optional model and memory constraints."""
+    """GPUs per node: `count` whole GPUs or a fraction (< 1) of one; optional model and memory constraints."""
 
     count: float = 0.0
     models: tuple[str, ...] = ()

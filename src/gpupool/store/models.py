@@ -9,7 +9,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from gpupool.timeutil import utcnow
@@ -102,7 +113,7 @@ class Workload(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # Optimistic concurrency: two writers (API cancel, control loop) never overwrite each other silently.
     version: Mapped[int] = mapped_column(Integer, nullable=False)
-    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
+    __mapper_args__ = {"version_id_col": version}
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="workload", order_by="Attempt.number", lazy="selectin"

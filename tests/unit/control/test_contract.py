@@ -11,9 +11,15 @@ def test_environment_has_every_contract_variable_and_hides_server_secrets() -> N
     env = job_environment(
         base={"PATH": "/bin", "GPUPOOL_TOKEN": "secret", "GPUPOOL_DB": "x"},
         spec={"env": {"LR": "0.1"}},
-        workload_id=3, workload_name="train", queue="nlp", attempt_number=2, gpu_indices=[4, 5],
-        checkpoint_dir=Path("/ck"), node_address="10.0.0.1", master_port=29500,
-    )  # fmt: skip
+        workload_id=3,
+        workload_name="train",
+        queue="nlp",
+        attempt_number=2,
+        gpu_indices=[4, 5],
+        checkpoint_dir=Path("/ck"),
+        node_address="10.0.0.1",
+        master_port=29500,
+    )
     assert env["PATH"] == "/bin" and env["LR"] == "0.1"
     assert "GPUPOOL_TOKEN" not in env and "GPUPOOL_DB" not in env
     assert env["CUDA_VISIBLE_DEVICES"] == "4,5" and env["GPUPOOL_GPUS_PER_NODE"] == "2"

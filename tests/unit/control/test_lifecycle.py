@@ -7,8 +7,9 @@ import pytest
 from gpupool.control.lifecycle import ALLOWED, STATES, TERMINAL, Transition, check
 
 
-def t(src: str, dst: str, *, cancel: bool = False, restarts: int = 0, max_restarts: int = 0,
-      retry: bool = False) -> Transition:  # fmt: skip
+def t(
+    src: str, dst: str, *, cancel: bool = False, restarts: int = 0, max_restarts: int = 0, retry: bool = False
+) -> Transition:
     return Transition(7, src, dst, cancel, restarts, max_restarts, retry)
 
 
@@ -19,7 +20,9 @@ def test_terminal_states_are_final(src: str, dst: str) -> None:
     assert not verdict.accepted and f"already {src}" in verdict.reason
 
 
-@pytest.mark.parametrize("src,dst", [("pending", "succeeded"), ("pending", "pending"), ("running", "running")])
+@pytest.mark.parametrize(
+    "src,dst", [("pending", "succeeded"), ("pending", "pending"), ("running", "running")]
+)
 def test_unknown_transitions_are_refused(src: str, dst: str) -> None:
     verdict = check(t(src, dst))
     assert not verdict.accepted and "cannot go from" in verdict.reason

@@ -39,10 +39,16 @@ def test_a_driver_that_sees_no_gpus_is_unavailable_and_shut_down() -> None:
 
 
 def test_devices_report_nvml_names_memory_in_bytes_and_the_model_family() -> None:
-    fake = FakeNvml([
-        FakeGpu(name=b"NVIDIA A100-SXM4-80GB", uuid="GPU-a", total=81920 * MIB, bus_id=b"00000000:07:00.0"),
-        FakeGpu(name="NVIDIA H100 80GB HBM3", uuid="GPU-b", total=81559 * MIB, bus_id=b"00000000:0F:00.0"),
-    ])
+    fake = FakeNvml(
+        [
+            FakeGpu(
+                name=b"NVIDIA A100-SXM4-80GB", uuid="GPU-a", total=81920 * MIB, bus_id=b"00000000:07:00.0"
+            ),
+            FakeGpu(
+                name="NVIDIA H100 80GB HBM3", uuid="GPU-b", total=81559 * MIB, bus_id=b"00000000:0F:00.0"
+            ),
+        ]
+    )
     provider = NvmlProvider(nvml_module=fake)
     a100, h100 = provider.devices()
     assert (a100.index, a100.uuid, a100.model, a100.name) == (0, "GPU-a", "A100", "NVIDIA A100-SXM4-80GB")
@@ -53,8 +59,17 @@ def test_devices_report_nvml_names_memory_in_bytes_and_the_model_family() -> Non
 
 
 def test_samples_convert_milliwatts_to_watts_and_millijoules_to_joules() -> None:
-    gpu = FakeGpu(uuid="GPU-a", util=87, used=40 * 1024 * MIB, temperature=71, power_mw=612_345,
-                  energy_mj=5_000_000, sm_clock=1980, mem_clock=2619, ecc_uncorrected=2)
+    gpu = FakeGpu(
+        uuid="GPU-a",
+        util=87,
+        used=40 * 1024 * MIB,
+        temperature=71,
+        power_mw=612_345,
+        energy_mj=5_000_000,
+        sm_clock=1980,
+        mem_clock=2619,
+        ecc_uncorrected=2,
+    )
     fake = FakeNvml([gpu])
     provider = NvmlProvider(nvml_module=fake)
     gpu.energy_mj += 1_500_000  # 1.5 kJ used since the provider opened
@@ -75,9 +90,14 @@ def test_unsupported_queries_degrade_to_defaults_without_breaking_the_sample(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     unsupported = {
-        "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTemperature", "nvmlDeviceGetTotalEnergyConsumption",
-        "nvmlDeviceGetClockInfo", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetNvLinkState",
-        "nvmlDeviceRegisterEvents", "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceRegisterEvents",
+        "nvmlDeviceGetPciInfo",
     }
     fake = FakeNvml([FakeGpu(power_mw=100_000, unsupported=unsupported)])
     caplog.set_level(logging.DEBUG, logger="gpupool.gpu.nvml")
@@ -85,7 +105,10 @@ def test_unsupported_queries_degrade_to_defaults_without_breaking_the_sample(
     first = provider.sample(now=10.0)[0]
     second = provider.sample(now=20.0)[0]
     assert (second.utilization_pct, second.temperature_c, second.sm_clock_mhz, second.ecc_uncorrected) == (
-        0.0, 0.0, 0.0, 0,
+        0.0,
+        0.0,
+        0.0,
+        0,
     )
     assert second.power_w == 100.0
     assert first.energy_j == 0.0
@@ -120,13 +143,15 @@ def test_xid_events_appear_in_samples_without_blocking() -> None:
 
 
 def test_nvlink_islands_follow_switches_and_direct_links() -> None:
-    fake = FakeNvml([
-        FakeGpu(uuid="GPU-0", bus_id=b"00000000:07:00.0", nvlinks=[SWITCH, SWITCH]),
-        FakeGpu(uuid="GPU-1", bus_id=b"00000000:0F:00.0", nvlinks=[SWITCH, SWITCH]),
-        FakeGpu(uuid="GPU-2", bus_id=b"00000000:47:00.0", nvlinks=["0000:4E:00.0"]),  # NVLink bridge pair
-        FakeGpu(uuid="GPU-3", bus_id=b"00000000:4E:00.0", nvlinks=["0000:47:00.0"]),
-        FakeGpu(uuid="GPU-4", bus_id=b"00000000:87:00.0", unsupported={"nvmlDeviceGetNvLinkState"}),
-    ])
+    fake = FakeNvml(
+        [
+            FakeGpu(uuid="GPU-0", bus_id=b"00000000:07:00.0", nvlinks=[SWITCH, SWITCH]),
+            FakeGpu(uuid="GPU-1", bus_id=b"00000000:0F:00.0", nvlinks=[SWITCH, SWITCH]),
+            FakeGpu(uuid="GPU-2", bus_id=b"00000000:47:00.0", nvlinks=["0000:4E:00.0"]),  # NVLink bridge pair
+            FakeGpu(uuid="GPU-3", bus_id=b"00000000:4E:00.0", nvlinks=["0000:47:00.0"]),
+            FakeGpu(uuid="GPU-4", bus_id=b"00000000:87:00.0", unsupported={"nvmlDeviceGetNvLinkState"}),
+        ]
+    )
     provider = NvmlProvider(nvml_module=fake)
     assert [d.nvlink_island for d in provider.devices()] == [0, 0, 1, 1, 2]
 

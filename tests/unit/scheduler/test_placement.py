@@ -7,20 +7,41 @@ from gpupool.scheduler import GpuDemand, GpuView, NodeView, QueueView, Snapshot,
 GB = 1_000_000_000
 
 
-def node(name: str = "n1", gpus: int = 8, model: str = "H100", memory: int = 85 * GB, *, allocated: dict[int, float]
-         | None = None, islands: list[int] | None = None, schedulable: bool = True, state: str = "ready") -> NodeView:  # fmt: skip
+def node(
+    name: str = "n1",
+    gpus: int = 8,
+    model: str = "H100",
+    memory: int = 85 * GB,
+    *,
+    allocated: dict[int, float] | None = None,
+    islands: list[int] | None = None,
+    schedulable: bool = True,
+    state: str = "ready",
+) -> NodeView:
     allocated = allocated or {}
     islands = islands or [0] * gpus
     return NodeView(
-        name=name, schedulable=schedulable, state=state,
+        name=name,
+        schedulable=schedulable,
+        state=state,
         gpus=tuple(GpuView(i, model, memory, islands[i], allocated.get(i, 0.0)) for i in range(gpus)),
-    )  # fmt: skip
+    )
 
 
-def job(wid: int, gpus: float = 1, *, priority: int = 50, submit: float | None = None, queue: str = "q",
-        models: tuple[str, ...] = (), memory: int | None = None, nodes: int = 1) -> WorkloadView:  # fmt: skip
-    return WorkloadView(wid, queue, priority, float(wid if submit is None else submit), nodes,
-                        GpuDemand(gpus, models, memory))  # fmt: skip
+def job(
+    wid: int,
+    gpus: float = 1,
+    *,
+    priority: int = 50,
+    submit: float | None = None,
+    queue: str = "q",
+    models: tuple[str, ...] = (),
+    memory: int | None = None,
+    nodes: int = 1,
+) -> WorkloadView:
+    return WorkloadView(
+        wid, queue, priority, float(wid if submit is None else submit), nodes, GpuDemand(gpus, models, memory)
+    )
 
 
 def test_whole_gpus_are_bound_lowest_index_first() -> None:
@@ -53,8 +74,18 @@ def test_fractions_share_one_gpu_before_opening_another() -> None:
 
 def test_gpu_model_and_memory_constraints_are_honoured() -> None:
     nodes = (node("a100", 4, "A100", 42 * GB), node("h100", 4, "H100", 85 * GB))
-    d = decide(Snapshot(nodes, (job(1, 1, models=("H100",)), job(2, 1, memory=80 * GB),
-                                job(3, 1, models=("A100-80GB",)), job(4, 1, models=("A100", "L4")))), now=0)  # fmt: skip
+    d = decide(
+        Snapshot(
+            nodes,
+            (
+                job(1, 1, models=("H100",)),
+                job(2, 1, memory=80 * GB),
+                job(3, 1, models=("A100-80GB",)),
+                job(4, 1, models=("A100", "L4")),
+            ),
+        ),
+        now=0,
+    )
     placed = {b.workload_id: b.node for b in d.binds}
     assert placed == {1: "h100", 2: "h100", 4: "a100"}
     assert "no GPU matching A100-80GB" in d.pending_reasons[3]

@@ -13,7 +13,9 @@ router = APIRouter(prefix="/queues", tags=["queues"])
 
 
 @router.post("", status_code=201, summary="Create a queue (team or project)")
-def create(request: Request, body: Any = Body(..., description="A queue spec: see docs/specs.md")) -> dict[str, Any]:
+def create(
+    request: Request, body: Any = Body(..., description="A queue spec: see docs/specs.md")
+) -> dict[str, Any]:
     return service.create_queue(request.app.state.runtime.store, parse_queue_spec(body))
 
 

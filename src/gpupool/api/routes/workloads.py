@@ -14,7 +14,9 @@ router = APIRouter(prefix="/workloads", tags=["workloads"])
 
 
 @router.post("", status_code=201, summary="Submit a job or service (the YAML spec as JSON)")
-def submit(request: Request, body: Any = Body(..., description="A workload spec: see docs/specs.md")) -> dict[str, Any]:
+def submit(
+    request: Request, body: Any = Body(..., description="A workload spec: see docs/specs.md")
+) -> dict[str, Any]:
     spec = parse_workload_spec(body)
     runtime = request.app.state.runtime
     created = service.submit(runtime.store, spec)
@@ -40,7 +42,9 @@ def get_workload(request: Request, workload_id: int) -> dict[str, Any]:
     return service.get_workload(request.app.state.runtime.store, workload_id)
 
 
-@router.post("/{workload_id}/cancel", status_code=202, summary="Cancel: SIGTERM, then SIGKILL after the grace period")
+@router.post(
+    "/{workload_id}/cancel", status_code=202, summary="Cancel: SIGTERM, then SIGKILL after the grace period"
+)
 def cancel(request: Request, workload_id: int) -> dict[str, Any]:
     runtime = request.app.state.runtime
     result = service.cancel(runtime.store, workload_id)
@@ -57,5 +61,10 @@ async def logs(
     limit: int = Query(service.LOG_CHUNK_MAX, ge=1, le=service.LOG_CHUNK_MAX),
 ) -> dict[str, Any]:
     return await run_in_threadpool(
-        service.read_log, request.app.state.runtime.store, workload_id, attempt=attempt, offset=offset, limit=limit
+        service.read_log,
+        request.app.state.runtime.store,
+        workload_id,
+        attempt=attempt,
+        offset=offset,
+        limit=limit,
     )
