@@ -83,6 +83,13 @@ def test_malformed_json_is_a_clear_422(server: ServerProcess) -> None:
     assert "JSON" in response.json()["error"]["message"]
 
 
+def test_an_oversized_body_is_refused_with_413(server: ServerProcess) -> None:
+    with server.http() as client:
+        response = client.post("/api/v1/workloads", json={"commands": ["x" * (2 << 20)]})
+    assert response.status_code == 413
+    assert "limit" in response.json()["error"]["message"]
+
+
 def test_unknown_workload_is_404_with_a_hint(server: ServerProcess) -> None:
     with server.http() as client:
         response = client.get("/api/v1/workloads/999")

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from gpupool import __version__
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, require_token
 from gpupool.api.routes import nodes, queues, workloads
 from gpupool.api.runtime import Runtime
+
+MAX_BODY_BYTES = 1 << 20
 
 
 def create_app(runtime: Runtime) -> FastAPI:
@@ -33,6 +36,16 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.runtime = runtime
     app.state.tokens = TokenCache()
     errors.install(app)
+
+    @app.middleware("http")
+    async def limit_body_size(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            message = f"request body of {int(length)} bytes is over the {MAX_BODY_BYTES}-byte limit; specs are small"
+            return JSONResponse({"error": {"code": "too_large", "message": message}}, status_code=413)
+        return await call_next(request)
 
     @app.get("/healthz", tags=["health"], summary="Liveness: answers without a token")
     def healthz() -> dict[str, Any]:

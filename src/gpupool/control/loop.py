@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ class Reconciler:
         self._last_sample = 0.0
         self._reasons: dict[int, str] = {}
         self._attached: dict[int, tuple[int, ...]] = {}
+        self._views: dict[int, scheduler.WorkloadView] = {}
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -251,29 +252,35 @@ class Reconciler:
 
     def schedule(self, now: float) -> None:
         with self.store.session() as s:
-            pending = s.scalars(select(Workload).where(Workload.state == PENDING).order_by(Workload.id)).all()
+            pending = s.execute(
+                select(Workload.id, Workload.priority).where(Workload.state == PENDING).order_by(Workload.id)
+            ).all()
             if not pending:
                 return
-            snapshot = self._snapshot(s, pending)
+            snapshot = self._snapshot(s, [(int(wid), int(priority)) for wid, priority in pending])
         decisions = scheduler.decide(snapshot, now)
         for bind in decisions.binds:
             self._start(bind)
         self._explain(decisions.pending_reasons)
 
-    def _snapshot(self, s: Session, pending: list[Workload] | Any) -> scheduler.Snapshot:
-        running = s.scalars(select(Attempt).where(Attempt.state == RUNNING)).all()
+    def _snapshot(self, s: Session, pending: list[tuple[int, int]]) -> scheduler.Snapshot:
         used: dict[tuple[str, int], float] = {}
         cpus_used: dict[str, float] = {}
         mem_used: dict[str, int] = {}
         queue_used: dict[str, float] = {}
-        for attempt in running:
-            for index in attempt.gpu_indices:
-                key = (attempt.node_name, int(index))
-                used[key] = used.get(key, 0.0) + (attempt.gpu_fraction or 1.0)
-            cpus_used[attempt.node_name] = cpus_used.get(attempt.node_name, 0.0) + attempt.cpus
-            mem_used[attempt.node_name] = mem_used.get(attempt.node_name, 0) + attempt.memory_bytes
-            share = len(attempt.gpu_indices) * (attempt.gpu_fraction or 1.0)
-            queue_used[attempt.workload.queue] = queue_used.get(attempt.workload.queue, 0.0) + share
+        running = s.execute(
+            select(Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.cpus,
+                   Attempt.memory_bytes, Workload.queue)
+            .join(Workload, Attempt.workload_id == Workload.id)
+            .where(Attempt.state == RUNNING)
+        ).all()  # fmt: skip
+        for node_name, indices, fraction, cpus, memory, queue in running:
+            for index in indices:
+                key = (node_name, int(index))
+                used[key] = used.get(key, 0.0) + (fraction or 1.0)
+            cpus_used[node_name] = cpus_used.get(node_name, 0.0) + cpus
+            mem_used[node_name] = mem_used.get(node_name, 0) + memory
+            queue_used[queue] = queue_used.get(queue, 0.0) + len(indices) * (fraction or 1.0)
         nodes = tuple(
             scheduler.NodeView(
                 name=node.name,
@@ -297,10 +304,29 @@ class Reconciler:
             for node in s.scalars(select(Node).order_by(Node.name)).all()
         )
         queues = tuple(
-            scheduler.QueueView(q.name, _gpu_limit(q.spec), queue_used.get(q.name, 0.0))
-            for q in s.scalars(select(Queue)).all()
+            scheduler.QueueView(name, _gpu_limit(spec), queue_used.get(name, 0.0))
+            for name, spec in s.execute(select(Queue.name, Queue.spec)).all()
         )
-        return scheduler.Snapshot(nodes, tuple(_workload_view(w) for w in pending), queues)
+        return scheduler.Snapshot(nodes, self._pending_views(s, pending), queues)
+
+    def _pending_views(
+        self, s: Session, pending: list[tuple[int, int]]
+    ) -> tuple[scheduler.WorkloadView, ...]:
+        """Views of pending workloads; a spec never changes, so each is parsed once and cached."""
+        missing = [wid for wid, _ in pending if wid not in self._views]
+        for chunk in range(0, len(missing), 500):
+            rows = s.execute(
+                select(Workload.id, Workload.queue, Workload.nodes, Workload.created_at, Workload.spec).where(
+                    Workload.id.in_(missing[chunk : chunk + 500])
+                )
+            ).all()
+            for wid, queue, nodes, created_at, spec in rows:
+                self._views[wid] = _workload_view(wid, queue, nodes, created_at, spec)
+        wanted = {wid for wid, _ in pending}
+        if len(self._views) > 2 * len(wanted) + 1000:
+            self._views = {wid: view for wid, view in self._views.items() if wid in wanted}
+        # Priority is read fresh each pass: it is the one field an operator may change while work waits.
+        return tuple(replace(self._views[wid], priority=priority) for wid, priority in pending)
 
     def _start(self, bind: scheduler.Bind) -> None:
         home = self.settings.home
@@ -433,16 +459,18 @@ def _gpu_limit(spec: dict[str, Any]) -> float | None:
     return None if limit is None else float(limit)
 
 
-def _workload_view(workload: Workload) -> scheduler.WorkloadView:
-    resources = workload.spec.get("resources") or {}
+def _workload_view(
+    workload_id: int, queue: str, nodes: int, created_at: datetime, spec: dict[str, Any]
+) -> scheduler.WorkloadView:
+    resources = spec.get("resources") or {}
     request = parse_gpu_request(resources.get("gpu", 0))
-    created: datetime = as_utc(workload.created_at) or utcnow()
+    created = as_utc(created_at) or utcnow()
     return scheduler.WorkloadView(
-        id=workload.id,
-        queue=workload.queue,
-        priority=workload.priority,
+        id=workload_id,
+        queue=queue,
+        priority=0,
         submit_time=created.timestamp(),
-        nodes=workload.nodes,
+        nodes=nodes,
         gpus=scheduler.GpuDemand(request.count, request.models, request.min_memory_bytes),
         cpus=float(resources.get("cpu") or 0.0),
         memory_bytes=int(resources.get("memory") or 0),
