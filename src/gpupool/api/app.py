@@ -43,7 +43,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     ) -> Response:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            message = f"request body of {int(length)} bytes is over the {MAX_BODY_BYTES}-byte limit; specs are small"
+            message = f"request body of {int(length)} bytes is over the {MAX_BODY_BYTES}-byte limit"
             return JSONResponse({"error": {"code": "too_large", "message": message}}, status_code=413)
         return await call_next(request)
 
