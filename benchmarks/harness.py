@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -243,13 +244,7 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=REPO_ROOT,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", False
+    code_root, commit, modified = code_under_test()
     return {
         "nproc": os.cpu_count(),
         "cpu_model": cpu_model,
@@ -257,10 +252,30 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "loadavg_at_start": list(os.getloadavg()),
+        "gpupool_code": str(code_root),
         "git_commit": commit,
-        "src_modified": dirty,
+        "src_modified": modified,
         "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def code_under_test() -> tuple[Path, str, bool | None]:
+    """Where the server's `gpupool` package comes from (PYTHONPATH may point at an exported snapshot),
+    its commit (git, or a COMMIT file beside src/), and whether its src/ differs from that commit."""
+    spec = importlib.util.find_spec("gpupool")
+    origin = Path(spec.origin) if spec is not None and spec.origin else REPO_ROOT / "src" / "gpupool" / "x"
+    root = origin.parent.parent.parent
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10)  # fmt: skip
+        if result.returncode == 0 and (root / ".git").exists():
+            dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True,
+                                   text=True, timeout=10).stdout.strip()  # fmt: skip
+            return root, result.stdout.strip(), bool(dirty)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    marker = root / "COMMIT"
+    return root, marker.read_text().strip() if marker.exists() else "", None
 
 
 def write_results(name: str, payload: dict[str, Any], output: Path | None = None) -> Path:

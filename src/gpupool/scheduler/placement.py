@@ -1,13 +1,19 @@
-"""First-fit placement on one node's GPUs: whole GPUs packed onto one NVLink island, fractions bin-packed."""
+"""Where pods go: node choice (binpack or spread), GPU choice (NVLink island first), gangs, topology.
+
+Nodes are indexed by GPU model and number of whole free GPUs, so a pod needing k GPUs looks only at
+buckets that can hold it: binpack walks them from the fullest that fits, spread from the emptiest.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from dataclasses import replace
 from functools import lru_cache
 
-from gpupool.scheduler.snapshot import GpuDemand, GpuView, NodeView
+from gpupool.scheduler.snapshot import GpuDemand, PodPlacement, WorkloadView
+from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, NodeState
 
-EPSILON = 1e-9
 _MEMORY_SUFFIX = re.compile(r"^(?P<family>.+?)-(?P<gb>\d+)GB$")
 
 
@@ -20,59 +26,195 @@ def split_model(name: str) -> tuple[str, int | None]:
     return match["family"], int(match["gb"]) * 1_000_000_000
 
 
-def gpu_fits(gpu: GpuView, demand: GpuDemand) -> bool:
-    if demand.min_memory_bytes is not None and gpu.memory_bytes < demand.min_memory_bytes:
+def gpu_matches(model: str, memory_bytes: int, demand: GpuDemand) -> bool:
+    if demand.min_memory_bytes is not None and memory_bytes < demand.min_memory_bytes:
         return False
     if not demand.models:
         return True
-    model = gpu.model.upper()
+    model = model.upper()
     for wanted in demand.models:
         family, memory = split_model(wanted)
-        if family == model and (memory is None or gpu.memory_bytes >= memory):
+        if family == model and (memory is None or memory_bytes >= memory):
             return True
     return False
 
 
-def choose_gpus(node: NodeView, demand: GpuDemand) -> tuple[tuple[int, ...], float] | None:
-    """GPU indices and the fraction each one gives, or None when this node cannot hold the demand."""
-    if demand.count <= 0:
-        return (), 0.0
-    eligible = [g for g in node.gpus if gpu_fits(g, demand)]
-    if demand.is_fractional:
-        # Best fit: the shared GPU with the least room that still holds the fraction keeps whole GPUs free.
-        shared = [g for g in eligible if g.free + EPSILON >= demand.count]
-        if not shared:
-            return None
-        best = min(shared, key=lambda g: (g.free, g.index))
-        return (best.index,), demand.count
-    whole = int(demand.count)
-    free = [g for g in eligible if g.allocated <= EPSILON]
-    if len(free) < whole:
+def families(demand: GpuDemand) -> frozenset[str]:
+    return frozenset(split_model(m)[0] for m in demand.models)
+
+
+class Placer:
+    """Finds placements on a ClusterState; allocations are recorded in the state's undo log."""
+
+    def __init__(self, state: ClusterState, policy: str, now: float) -> None:
+        self.state = state
+        self.spread = policy == "spread"
+        self.now = now
+
+    # -- one pod --------------------------------------------------------------------------------------
+
+    def _node_fits(self, node: NodeState, w: WorkloadView, after_release: bool) -> bool:
+        if not node.schedulable:
+            return False
+        if not after_release and (node.cpus_free + EPSILON < w.cpus or node.memory_free < w.memory_bytes):
+            return False
+        reservation = self.state.reservation
+        if reservation is not None and reservation.workload_id != w.id and node.name in reservation.nodes:
+            ends = None if w.max_duration is None else self.now + w.max_duration
+            if ends is None or ends > reservation.start:
+                return False
+        return True
+
+    def _candidates(
+        self, w: WorkloadView, after_release: bool, domain: frozenset[str] | None
+    ) -> Iterator[NodeState]:
+        state = self.state
+        demand = w.gpus
+        if after_release:
+            names = sorted(state.nodes)
+            ordered = [state.nodes[n] for n in names if domain is None or n in domain]
+            yield from sorted(ordered, key=lambda n: sum(n.free) + sum(n.held), reverse=self.spread)
+            return
+        wanted = families(demand)
+        need = int(demand.count) if not demand.is_fractional else 0
+        if demand.is_fractional and not self.spread:
+            for name in list(state.partial_nodes):
+                if domain is None or name in domain:
+                    yield state.nodes[name]
+        for model, by_count in state.buckets.items():
+            if wanted and model not in wanted and model != MIXED:
+                continue
+            if demand.count > 0 and model == "":
+                continue
+            counts = sorted(
+                (c for c in by_count if c >= max(need, 1 if demand.count > 0 else 0)), reverse=self.spread
+            )
+            for count in counts:
+                for name in list(by_count.get(count, ())):
+                    if domain is None or name in domain:
+                        yield state.nodes[name]
+        if demand.is_fractional and self.spread:
+            for name in list(state.partial_nodes):
+                if domain is None or name in domain:
+                    yield state.nodes[name]
+
+    def find_pod(
+        self, w: WorkloadView, *, after_release: bool = False, domain: frozenset[str] | None = None
+    ) -> PodPlacement | None:
+        seen: set[str] = set()
+        for node in self._candidates(w, after_release, domain):
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+            if not self._node_fits(node, w, after_release):
+                continue
+            chosen = self.choose_gpus(node, w.gpus, after_release)
+            if chosen is not None:
+                return PodPlacement(node.name, chosen[0], chosen[1])
         return None
-    islands: dict[int, list[GpuView]] = {}
-    for gpu in free:
-        islands.setdefault(gpu.nvlink_island, []).append(gpu)
-    # Prefer the smallest island that holds the whole request (NVLink bandwidth, least fragmentation).
-    fitting = [gpus for gpus in islands.values() if len(gpus) >= whole]
-    if fitting:
-        chosen = min(fitting, key=lambda gpus: (len(gpus), gpus[0].index))[:whole]
-    else:
-        chosen = sorted(free, key=lambda g: g.index)[:whole]
-    return tuple(sorted(g.index for g in chosen)), 1.0
 
+    def choose_gpus(
+        self, node: NodeState, demand: GpuDemand, after_release: bool = False
+    ) -> tuple[tuple[int, ...], float] | None:
+        if demand.count <= 0:
+            return (), 1.0
+        gpus = node.view.gpus
+        avail = [
+            node.free[i] + (node.held[i] if after_release else 0.0)
+            if gpu_matches(g.model, g.memory_bytes, demand)
+            else 0.0
+            for i, g in enumerate(gpus)
+        ]
+        if demand.is_fractional:
+            fits = [i for i, a in enumerate(avail) if a + EPSILON >= demand.count]
+            if not fits:
+                return None
+            # binpack: the fullest GPU that still holds the fraction; spread: the emptiest.
+            key = (
+                (lambda i: (-avail[i], gpus[i].index))
+                if self.spread
+                else (lambda i: (avail[i], gpus[i].index))
+            )
+            return (gpus[min(fits, key=key)].index,), demand.count
+        whole = int(demand.count)
+        free = [i for i, a in enumerate(avail) if a >= 1.0 - EPSILON]
+        if len(free) < whole:
+            return None
+        islands: dict[int, list[int]] = {}
+        for i in free:
+            islands.setdefault(gpus[i].nvlink_island, []).append(i)
+        fitting = [members for members in islands.values() if len(members) >= whole]
+        if fitting:
+            # One NVLink island: the smallest that holds it (binpack) or the largest (spread).
+            pick = (max if self.spread else min)(
+                fitting, key=lambda m: (len(m), -gpus[m[0]].index if self.spread else gpus[m[0]].index)
+            )
+            chosen = pick[:whole]
+        else:
+            # Span as few islands as possible: biggest islands first.
+            ordered = sorted(islands.values(), key=lambda m: (-len(m), gpus[m[0]].index))
+            chosen = [i for members in ordered for i in members][:whole]
+        return tuple(sorted(gpus[i].index for i in chosen)), 1.0
 
-def why_not(node: NodeView, demand: GpuDemand) -> str:
-    """Why `node` cannot hold `demand`, for the pending explanation."""
-    if not node.schedulable:
-        return f"{node.name} is {node.state}"
-    eligible = [g for g in node.gpus if gpu_fits(g, demand)]
-    if not eligible:
-        wanted = "|".join(demand.models) or "any model"
-        return f"{node.name} has no GPU matching {wanted}" + (
-            f" with >= {demand.min_memory_bytes / 1e9:.0f}GB" if demand.min_memory_bytes else ""
+    # -- gangs ----------------------------------------------------------------------------------------
+
+    def place_gang(self, w: WorkloadView, *, after_release: bool = False) -> tuple[PodPlacement, ...] | None:
+        """Place every pod of `w` (all or nothing); on success the allocation stays in the state."""
+        if w.topology:
+            return self._in_some_domain(w, w.topology, after_release)
+        if w.topology_preferred:
+            placed = self._in_some_domain(w, w.topology_preferred, after_release)
+            if placed is not None:
+                return placed
+        return self._place_pods(w, after_release, None)
+
+    def _place_pods(
+        self, w: WorkloadView, after_release: bool, domain: frozenset[str] | None
+    ) -> tuple[PodPlacement, ...] | None:
+        state = self.state
+        checkpoint, generation = state.checkpoint(), state.generation
+        pods: list[PodPlacement] = []
+        for _ in range(w.nodes):
+            pod = self.find_pod(w, after_release=after_release, domain=domain)
+            if pod is None:
+                state.rollback(checkpoint)
+                state.generation = generation  # back to exactly where we were: cached misses stay valid
+                return None
+            # Each pod takes its GPUs now so the next pod of the gang cannot take the same ones.
+            single = _one_pod(w)
+            state.allocate(single, (pod,), after_release=after_release)
+            pods.append(pod)
+        state.rollback(checkpoint)
+        state.generation = generation
+        placed = tuple(pods)
+        state.allocate(w, placed, after_release=after_release)
+        return placed
+
+    def _in_some_domain(
+        self, w: WorkloadView, label: str, after_release: bool
+    ) -> tuple[PodPlacement, ...] | None:
+        domains: dict[str, list[NodeState]] = {}
+        for node in self.state.nodes.values():
+            value = node.labels.get(label)
+            if value is not None and node.schedulable:
+                domains.setdefault(value, []).append(node)
+
+        def room(nodes: list[NodeState]) -> float:
+            return sum(sum(n.free) + (sum(n.held) if after_release else 0.0) for n in nodes)
+
+        need = w.gpu_units
+        ordered = sorted(
+            domains.items(), key=lambda kv: ((-room(kv[1]) if self.spread else room(kv[1])), kv[0])
         )
-    if demand.is_fractional:
-        room = max(g.free for g in eligible)
-        return f"{node.name}: largest free share of one GPU is {room:.2f}"
-    free = sum(1 for g in eligible if g.allocated <= EPSILON)
-    return f"{node.name}: {free} of {len(eligible)} matching GPUs free"
+        for _, nodes in ordered:
+            if room(nodes) + EPSILON < need:
+                continue
+            placed = self._place_pods(w, after_release, frozenset(n.name for n in nodes))
+            if placed is not None:
+                return placed
+        return None
+
+
+def _one_pod(w: WorkloadView) -> WorkloadView:
+    """The workload as a single pod, for tentative per-pod accounting inside a gang."""
+    return w if w.nodes == 1 else replace(w, nodes=1)

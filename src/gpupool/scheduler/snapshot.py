@@ -1,13 +1,21 @@
-"""What the scheduler sees: plain, immutable data built by the control loop (or the simulator)."""
+"""What the scheduler sees and what it decides: plain, immutable data.
+
+The control loop (or the simulator) builds a `Snapshot`; `decide(snapshot, now)` returns `Decisions`.
+Resources are counted in three units: GPUs (a fraction of one GPU counts as that fraction), CPU cores,
+and memory bytes.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+RESOURCES = ("gpu", "cpu", "memory")
+
 
 @dataclass(frozen=True, slots=True)
 class GpuView:
-    """One GPU and how much of it (0..1) is already allocated."""
+    """One GPU. `allocated` (0..1) is use the scheduler does not own (foreign jobs); placements of
+    `Snapshot.running` workloads are added on top by the scheduler itself."""
 
     index: int
     model: str
@@ -22,7 +30,10 @@ class GpuView:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """A node as placement sees it; only `schedulable` nodes take new work."""
+    """A node as placement sees it; only `schedulable` nodes take new work.
+
+    `cpus_allocated` / `memory_allocated`, like `GpuView.allocated`, are use outside `Snapshot.running`.
+    """
 
     name: str
     schedulable: bool
@@ -34,10 +45,46 @@ class NodeView:
     state: str = "ready"
     labels: tuple[tuple[str, str], ...] = ()
 
+    def label(self, key: str) -> str | None:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A queue's entitlement in one resource."""
+
+    quota: float = 0.0  # guaranteed ("deserved"); never reclaimed from the queue
+    limit: float | None = None  # hard cap, borrowed capacity included; None = no cap
+    weight: float = 1.0  # over-quota weight: share of capacity left after every quota is met
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """A queue (team or project) in a hierarchy; leaves hold workloads, parents aggregate them."""
+
+    name: str
+    parent: str | None = None
+    priority: int = 0  # higher tiers take over-quota leftovers first
+    gpu: Share = field(default_factory=Share)
+    cpu: Share = field(default_factory=Share)
+    memory: Share = field(default_factory=Share)
+    # Within the queue, after priority: "fifo", "attained", ... (see SchedulerConfig); None = the config's.
+    ordering: str | None = None
+    min_runtime_preempt: float | None = None  # seconds before preempt may take a workload; None = parent's
+    min_runtime_reclaim: float | None = None  # likewise for reclaim; None = parent's (0 at the root)
+    usage: float = 0.0  # decayed historical GPU-seconds (decayed by the caller); tilts the over-quota split
+
+    def share(self, resource: str) -> Share:
+        share: Share = getattr(self, resource)
+        return share
+
 
 @dataclass(frozen=True, slots=True)
 class GpuDemand:
-    """GPUs per node: `count` whole GPUs or a fraction (< 1) of one; optional model and memory constraints."""
+    """GPUs per pod: `count` whole GPUs, or a fraction (< 1) of one; optional model and memory constraints."""
 
     count: float = 0.0
     models: tuple[str, ...] = ()
@@ -49,26 +96,69 @@ class GpuDemand:
 
 
 @dataclass(frozen=True, slots=True)
+class PodPlacement:
+    """Where one pod of a gang runs: GPU indices on a node, each giving `gpu_fraction` of itself."""
+
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    gpu_fraction: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadView:
-    """A workload waiting for placement."""
+    """A workload: pending when `placement` is empty, running otherwise. A gang has `nodes` pods."""
 
     id: int
     queue: str
     priority: int
     submit_time: float
     nodes: int = 1
-    gpus: GpuDemand = field(default_factory=GpuDemand)
-    cpus: float = 0.0
-    memory_bytes: int = 0
+    gpus: GpuDemand = field(default_factory=GpuDemand)  # per pod
+    cpus: float = 0.0  # per pod
+    memory_bytes: int = 0  # per pod
+    preemptible: bool = True
+    topology: str | None = None  # node label (e.g. "rack") every pod must share
+    topology_preferred: str | None = None  # node label the pods should share when they can
+    max_duration: float | None = None  # declared limit in seconds; lets backfill reason about end times
+    attained_service: float = 0.0  # GPU-seconds received so far (Tiresias' attained service)
+    duration_estimate: float | None = None  # seconds, from a predictor (or an oracle in simulation)
+    # Running workloads only:
+    placement: tuple[PodPlacement, ...] = ()
+    start_time: float | None = None  # when the current attempt started
+    last_checkpoint_time: float | None = None  # work since then is lost if evicted
+    stopping: bool = False  # an eviction is under way: resources still held, soon released
+
+    @property
+    def running(self) -> bool:
+        return bool(self.placement)
+
+    @property
+    def gpu_units(self) -> float:
+        """GPUs the whole gang takes, in GPU units (fractions count as fractions)."""
+        return self.gpus.count * self.nodes
+
+    def demand(self, resource: str) -> float:
+        if resource == "gpu":
+            return self.gpu_units
+        if resource == "cpu":
+            return self.cpus * self.nodes
+        return float(self.memory_bytes * self.nodes)
 
 
 @dataclass(frozen=True, slots=True)
-class QueueView:
-    """A queue's hard GPU cap (None = none) and the GPUs its running work already holds."""
+class SchedulerConfig:
+    """A scheduling policy: which actions run, in what order, and how placement and ordering behave."""
 
-    name: str
-    gpu_limit: float | None = None
-    gpus_allocated: float = 0.0
+    actions: tuple[str, ...] = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
+    placement: str = "binpack"  # "binpack" (fill nodes and GPUs) or "spread"
+    # Default within-queue order: fifo | attained | las | estimate | sjf-oracle | srtf-oracle
+    ordering: str = "fifo"
+    blocking: str = "backfill"  # a blocked workload: "skip" others pass it; "strict" nothing passes;
+    # "backfill" others pass unless they would delay its reservation (needs max_duration)
+    fair_share: bool = True  # order queues by allocated / fair share; False = one FIFO over all queues
+    usage_weight: float = 0.0  # 0 ignores history; 1 halves over-quota weight for a queue at twice its share
+    max_consolidation_moves: int = 16
+    las_thresholds: tuple[float, ...] = ()  # discretized attained-service queues (GPU-seconds), for "las"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,20 +166,57 @@ class Snapshot:
     nodes: tuple[NodeView, ...]
     pending: tuple[WorkloadView, ...]
     queues: tuple[QueueView, ...] = ()
+    running: tuple[WorkloadView, ...] = ()
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
 @dataclass(frozen=True, slots=True)
 class Bind:
-    """Start `workload_id` on `node` with these GPUs (each taking `gpu_fraction`, 1.0 for whole GPUs)."""
+    """Start `workload_id` with one placement per pod."""
 
     workload_id: int
-    node: str
-    gpu_indices: tuple[int, ...]
-    gpu_fraction: float = 1.0
+    pods: tuple[PodPlacement, ...]
+
+    @property
+    def node(self) -> str:
+        return self.pods[0].node
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.pods[0].gpu_indices
+
+    @property
+    def gpu_fraction(self) -> float:
+        return self.pods[0].gpu_fraction
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """Stop a running workload (it gets a new attempt later). `code`: reclaim | preempt | consolidate |
+    stale-gang; `reason` is one sentence for a person; `for_workload` is the pending one that gains."""
+
+    workload_id: int
+    code: str
+    reason: str
+    for_workload: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why a workload is still pending: a stable `code` for programs, a `message` for people."""
+
+    code: str
+    message: str
 
 
 @dataclass(slots=True)
 class Decisions:
     binds: list[Bind] = field(default_factory=list)
-    # For every workload left pending: one sentence a person can act on.
-    pending_reasons: dict[int, str] = field(default_factory=dict)
+    evictions: list[Eviction] = field(default_factory=list)
+    explanations: dict[int, Explanation] = field(default_factory=dict)
+    # Fair share per queue and resource, as computed this cycle (leaves and parents).
+    fair_shares: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def pending_reasons(self) -> dict[int, str]:
+        return {wid: e.message for wid, e in self.explanations.items()}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -16,7 +16,7 @@ from pydantic import (
 
 from gpupool.spec.document import validate_spec
 from gpupool.spec.errors import SpecError
-from gpupool.spec.fields import Name, Number, Whole, check_name, field_name, refuse_bool
+from gpupool.spec.fields import Name, Number, Seconds, Whole, check_name, field_name, refuse_bool
 from gpupool.spec.quantities import parse_size
 
 MAX_QUEUE_PRIORITY: Final = 1000
@@ -40,6 +40,9 @@ QUEUE_FIELD_EXAMPLES: Final[dict[str, str]] = {
     "resources.memory.quota": "2TB",
     "resources.memory.limit": "4TB",
     "resources.memory.over_quota_weight": "1",
+    "ordering": "fifo",
+    "min_runtime_preempt": "10m",
+    "min_runtime_reclaim": "30m",
 }
 """A valid example for each field path, shown in every error about that field."""
 
@@ -123,6 +126,22 @@ class QueueSpec(BaseModel):
         description="Quota, limit and weight per resource; default: none guaranteed.",
     )
     description: str = Field(default="", description="Free text for people; default empty.")
+    ordering: Literal["fifo", "attained", "las", "estimate"] | None = Field(
+        default=None,
+        description="Order of its pending work after priority: fifo (submit time), attained (least GPU-time "
+        "received first), las (Tiresias' banded attained service), estimate (shortest estimated GPU-time "
+        "first); default null: the server's policy (fifo).",
+    )
+    min_runtime_preempt: Seconds | None = Field(
+        default=None,
+        description="Work in this queue runs at least this long before a higher priority may preempt it, "
+        'e.g. "10m"; default null: the parent\'s, else 0.',
+    )
+    min_runtime_reclaim: Seconds | None = Field(
+        default=None,
+        description="Work in this queue runs at least this long before another queue may reclaim it, "
+        'e.g. "30m"; default null: the parent\'s, else 0.',
+    )
 
     @model_validator(mode="after")
     def _not_its_own_parent(self) -> QueueSpec:

@@ -1,8 +1,19 @@
-"""The first scheduling policy, as a specification: priority, FIFO, whole GPUs, fractions, limits."""
+"""Placement and allocation basics, as a specification (the scenario files cover the policy in depth)."""
 
 from __future__ import annotations
 
-from gpupool.scheduler import GpuDemand, GpuView, NodeView, QueueView, Snapshot, WorkloadView, decide
+from gpupool.scheduler import (
+    GpuDemand,
+    GpuView,
+    NodeView,
+    PodPlacement,
+    QueueView,
+    SchedulerConfig,
+    Share,
+    Snapshot,
+    WorkloadView,
+    decide,
+)
 
 GB = 1_000_000_000
 
@@ -13,18 +24,16 @@ def node(
     model: str = "H100",
     memory: int = 85 * GB,
     *,
-    allocated: dict[int, float] | None = None,
     islands: list[int] | None = None,
     schedulable: bool = True,
     state: str = "ready",
 ) -> NodeView:
-    allocated = allocated or {}
     islands = islands or [0] * gpus
     return NodeView(
         name=name,
         schedulable=schedulable,
         state=state,
-        gpus=tuple(GpuView(i, model, memory, islands[i], allocated.get(i, 0.0)) for i in range(gpus)),
+        gpus=tuple(GpuView(i, model, memory, islands[i]) for i in range(gpus)),
     )
 
 
@@ -33,15 +42,30 @@ def job(
     gpus: float = 1,
     *,
     priority: int = 50,
-    submit: float | None = None,
     queue: str = "q",
     models: tuple[str, ...] = (),
     memory: int | None = None,
     nodes: int = 1,
+    on: tuple[PodPlacement, ...] = (),
+    start: float | None = None,
 ) -> WorkloadView:
     return WorkloadView(
-        wid, queue, priority, float(wid if submit is None else submit), nodes, GpuDemand(gpus, models, memory)
+        wid,
+        queue,
+        priority,
+        float(wid),
+        nodes,
+        GpuDemand(gpus, models, memory),
+        placement=on,
+        start_time=start,
     )
+
+
+def running(
+    wid: int, node_name: str, indices: tuple[int, ...], fraction: float = 1.0, **kw: object
+) -> WorkloadView:
+    gpus = fraction if fraction < 1 else float(len(indices))
+    return job(wid, gpus, on=(PodPlacement(node_name, indices, fraction),), start=0.0, **kw)  # type: ignore[arg-type]
 
 
 def test_whole_gpus_are_bound_lowest_index_first() -> None:
@@ -52,70 +76,73 @@ def test_whole_gpus_are_bound_lowest_index_first() -> None:
 def test_higher_priority_goes_first_then_submit_order() -> None:
     d = decide(Snapshot((node(gpus=2),), (job(1, 2, priority=50), job(2, 2, priority=100))), now=0)
     assert [b.workload_id for b in d.binds] == [2]
-    assert "waiting for 2 GPUs" in d.pending_reasons[1]
+    assert d.explanations[1].code in ("no-capacity", "over-fair-share")
 
 
 def test_a_gpu_is_never_given_twice() -> None:
-    d = decide(Snapshot((node(gpus=4, allocated={0: 1.0, 2: 1.0}),), (job(1, 2), job(2, 1))), now=0)
+    snapshot = Snapshot(
+        (node(gpus=4),), (job(1, 2), job(2, 1)), running=(running(9, "n1", (0,)), running(8, "n1", (2,)))
+    )
+    d = decide(snapshot, now=0)
     assert d.binds[0].gpu_indices == (1, 3)
-    assert d.pending_reasons[2].endswith("0 of 4 matching GPUs free")
+    assert 2 in d.explanations
 
 
 def test_a_multi_gpu_job_prefers_one_nvlink_island() -> None:
     islands = [0, 0, 0, 0, 1, 1, 1, 1]
-    d = decide(Snapshot((node(allocated={0: 1.0, 1: 1.0}, islands=islands),), (job(1, 3),)), now=0)
-    assert d.binds[0].gpu_indices == (4, 5, 6)
+    snapshot = Snapshot((node(islands=islands),), (job(1, 3),), running=(running(9, "n1", (0, 1)),))
+    assert decide(snapshot, now=0).binds[0].gpu_indices == (4, 5, 6)
 
 
 def test_fractions_share_one_gpu_before_opening_another() -> None:
-    d = decide(Snapshot((node(gpus=2, allocated={1: 0.5}),), (job(1, 0.5), job(2, 0.5))), now=0)
+    snapshot = Snapshot((node(gpus=2),), (job(1, 0.5), job(2, 0.5)), running=(running(9, "n1", (1,), 0.5),))
+    d = decide(snapshot, now=0)
     assert [(b.gpu_indices, b.gpu_fraction) for b in d.binds] == [((1,), 0.5), ((0,), 0.5)]
 
 
 def test_gpu_model_and_memory_constraints_are_honoured() -> None:
     nodes = (node("a100", 4, "A100", 42 * GB), node("h100", 4, "H100", 85 * GB))
-    d = decide(
-        Snapshot(
-            nodes,
-            (
-                job(1, 1, models=("H100",)),
-                job(2, 1, memory=80 * GB),
-                job(3, 1, models=("A100-80GB",)),
-                job(4, 1, models=("A100", "L4")),
-            ),
-        ),
-        now=0,
+    pending = (
+        job(1, 1, models=("H100",)),
+        job(2, 1, memory=80 * GB),
+        job(3, 1, models=("A100-80GB",)),
+        job(4, 1, models=("A100", "L4")),
     )
-    placed = {b.workload_id: b.node for b in d.binds}
-    assert placed == {1: "h100", 2: "h100", 4: "a100"}
-    assert "no GPU matching A100-80GB" in d.pending_reasons[3]
+    d = decide(Snapshot(nodes, pending), now=0)
+    assert {b.workload_id: b.node for b in d.binds} == {1: "h100", 2: "h100", 4: "a100"}
+    assert d.explanations[3].code == "no-matching-gpu"
 
 
 def test_cordoned_nodes_take_no_work_and_say_so() -> None:
     d = decide(Snapshot((node(schedulable=False, state="cordoned"),), (job(1),)), now=0)
-    assert not d.binds and "n1 is cordoned" in d.pending_reasons[1]
+    assert not d.binds and d.explanations[1].code == "too-large"
 
 
 def test_queue_gpu_limit_is_never_exceeded() -> None:
-    queues = (QueueView("q", gpu_limit=4, gpus_allocated=2),)
-    d = decide(Snapshot((node(),), (job(1, 2), job(2, 1)), queues), now=0)
+    queues = (QueueView("q", gpu=Share(limit=4)),)
+    snapshot = Snapshot((node(),), (job(1, 2), job(2, 1)), queues, running=(running(9, "n1", (0, 1)),))
+    d = decide(snapshot, now=0)
     assert [b.workload_id for b in d.binds] == [1]
-    assert "GPU limit" in d.pending_reasons[2]
+    assert d.explanations[2].code == "queue-limit"
 
 
-def test_smaller_jobs_behind_a_blocked_one_still_start() -> None:
-    d = decide(Snapshot((node(gpus=4, allocated={0: 1.0}),), (job(1, 4), job(2, 1))), now=0)
-    assert [b.workload_id for b in d.binds] == [2]
+def test_smaller_jobs_behind_a_blocked_one_start_when_skipping() -> None:
+    snapshot = Snapshot(
+        (node(gpus=4),), (job(1, 4), job(2, 1)), running=(running(9, "n1", (0,)),),
+        config=SchedulerConfig(blocking="skip"),
+    )  # fmt: skip
+    assert [b.workload_id for b in decide(snapshot, now=0).binds] == [2]
 
 
-def test_multi_node_gangs_wait_with_a_reason() -> None:
-    d = decide(Snapshot((node(),), (job(1, 8, nodes=2),)), now=0)
-    assert not d.binds and "needs 2 nodes" in d.pending_reasons[1]
+def test_multi_node_gangs_are_placed_all_or_nothing() -> None:
+    d = decide(Snapshot((node("a"), node("b")), (job(1, 8, nodes=2), job(2, 8, nodes=2))), now=0)
+    assert [(b.workload_id, [p.node for p in b.pods]) for b in d.binds] == [(1, ["a", "b"])]
+    assert 2 in d.explanations
 
 
 def test_zero_gpu_jobs_run_without_gpus() -> None:
-    d = decide(Snapshot((node(allocated=dict.fromkeys(range(8), 1.0)),), (job(1, 0),)), now=0)
-    assert d.binds[0].gpu_indices == ()
+    snapshot = Snapshot((node(gpus=1),), (job(1, 0),), running=(running(9, "n1", (0,)),))
+    assert decide(snapshot, now=0).binds[0].gpu_indices == ()
 
 
 def test_decide_is_deterministic() -> None:

@@ -1,0 +1,552 @@
+"""One scheduling cycle: a fixed pipeline of actions over a tentative state, least disruptive first.
+
+stale_gang -> allocate -> consolidate -> reclaim -> preempt. Each action tries scenarios on the state and
+keeps only whole, feasible ones (see state.py's undo log). The cycle is pure: it reads the snapshot and
+`now`, and returns Decisions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+
+from gpupool.scheduler import explain
+from gpupool.scheduler.fairshare import fair_shares
+from gpupool.scheduler.ordering import order_key
+from gpupool.scheduler.placement import Placer, gpu_matches
+from gpupool.scheduler.snapshot import (
+    RESOURCES,
+    Bind,
+    Decisions,
+    Eviction,
+    Explanation,
+    QueueView,
+    Snapshot,
+    WorkloadView,
+)
+from gpupool.scheduler.state import EPSILON, ClusterState, Reservation
+
+ACTIONS = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
+PLACEMENTS = ("binpack", "spread")
+BLOCKING = ("skip", "strict", "backfill")
+LOST_STATES = frozenset({"lost", "unhealthy"})
+MAX_CONSOLIDATION_TRIES = 8
+GLOBAL = "*"
+
+
+class ConfigError(ValueError):
+    """A scheduler configuration names an unknown action, placement, ordering or blocking mode."""
+
+
+def validate(snapshot: Snapshot) -> None:
+    config = snapshot.config
+    for action in config.actions:
+        if action not in ACTIONS:
+            raise ConfigError(f"unknown scheduler action {action!r}; known: {', '.join(ACTIONS)}")
+    if config.placement not in PLACEMENTS:
+        raise ConfigError(f"unknown placement {config.placement!r}; one of {', '.join(PLACEMENTS)}")
+    if config.blocking not in BLOCKING:
+        raise ConfigError(f"unknown blocking mode {config.blocking!r}; one of {', '.join(BLOCKING)}")
+    order_key(config.ordering)
+    for queue in snapshot.queues:
+        if queue.ordering is not None:
+            order_key(queue.ordering)
+
+
+class Cycle:
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        validate(snapshot)
+        self.snapshot = snapshot
+        self.config = snapshot.config
+        self.now = now
+        self.decisions = Decisions()
+        queues = {q.name: q for q in snapshot.queues}
+        for w in (*snapshot.pending, *snapshot.running):
+            queues.setdefault(w.queue, QueueView(w.queue))  # work in an unknown queue: a queue with no quota
+        self.queues = queues
+        self.state = ClusterState(snapshot.nodes, queues.values())
+        self.placer = Placer(self.state, self.config.placement, now)
+        self.by_node: dict[str, list[WorkloadView]] = {}
+        for w in snapshot.running:
+            self.state.add_running(w)
+            for pod in w.placement:
+                self.by_node.setdefault(pod.node, []).append(w)
+        self.shares = self._fair_shares()
+        self.decisions.fair_shares = self.shares
+        self.unplaced: dict[int, WorkloadView] = {w.id: w for w in snapshot.pending}
+        self.order = self._pending_order()
+        self.rank = {w.id: i for ws in self.order.values() for i, w in enumerate(ws)}
+        self.failed: dict[tuple[object, ...], tuple[int, Explanation]] = {}
+        self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes if n.schedulable), default=0)
+        self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
+
+    # -- setup ----------------------------------------------------------------------------------------
+
+    def _fair_shares(self) -> dict[str, dict[str, float]]:
+        capacity = {"gpu": 0.0, "cpu": 0.0, "memory": 0.0}
+        for node in self.snapshot.nodes:
+            if node.schedulable:
+                capacity["gpu"] += sum(g.free for g in node.gpus)
+                capacity["cpu"] += node.cpus - node.cpus_allocated
+                capacity["memory"] += node.memory_bytes - node.memory_allocated
+        demand: dict[str, dict[str, float]] = {}
+        for w in (*self.snapshot.pending, *self.snapshot.running):
+            row = demand.setdefault(w.queue, {})
+            for resource in RESOURCES:
+                row[resource] = row.get(resource, 0.0) + w.demand(resource)
+        return fair_shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
+
+    def _ordering_of(self, queue: str) -> str:
+        q = self.queues.get(queue)
+        return q.ordering if q is not None and q.ordering is not None else self.config.ordering
+
+    def _pending_order(self) -> dict[str, list[WorkloadView]]:
+        by_queue: dict[str, list[WorkloadView]] = {}
+        for w in self.snapshot.pending:
+            key = w.queue if self.config.fair_share else GLOBAL
+            by_queue.setdefault(key, []).append(w)
+        thresholds = self.config.las_thresholds
+        for name, items in by_queue.items():
+            key_of = order_key(self._ordering_of(name) if name != GLOBAL else self.config.ordering)
+            items.sort(key=lambda w: (-w.priority, *key_of(w, thresholds)))
+        return by_queue
+
+    def fair(self, queue: str, resource: str = "gpu") -> float:
+        return self.shares.get(queue, {}).get(resource, 0.0)
+
+    def ordered_pending(self) -> Iterator[WorkloadView]:
+        """Still-unplaced workloads in allocation order, queue by queue (most under-served first)."""
+        names = sorted(
+            self.order,
+            key=lambda q: (-self._priority(q), self._ratio(q), q),
+        )
+        for name in names:
+            for w in self.order[name]:
+                if w.id in self.unplaced:
+                    yield w
+
+    def _priority(self, queue: str) -> int:
+        q = self.queues.get(queue)
+        return q.priority if q is not None else 0
+
+    def _ratio(self, queue: str) -> float:
+        if queue == GLOBAL:
+            return 0.0
+        share = self.fair(queue)
+        allocated = self.state.allocated(queue)
+        return allocated / share if share > EPSILON else (float("inf") if allocated > 0 else 1e9)
+
+    # -- the pipeline ---------------------------------------------------------------------------------
+
+    def run(self) -> Decisions:
+        for action in self.config.actions:
+            getattr(self, action)()
+        return self.decisions
+
+    # -- stale gangs ----------------------------------------------------------------------------------
+
+    def stale_gang(self) -> None:
+        nodes = {n.name: n for n in self.snapshot.nodes}
+        for w in self.snapshot.running:
+            if w.stopping:
+                continue
+            lost = [p.node for p in w.placement if p.node not in nodes or nodes[p.node].state in LOST_STATES]
+            if lost or len(w.placement) < w.nodes:
+                where = ", ".join(sorted(set(lost))) or "a missing pod"
+                self._evict(
+                    w, "stale-gang", f"gang lost part of its placement ({where}); restarting it whole"
+                )
+
+    def _evict(self, w: WorkloadView, code: str, reason: str, for_workload: int | None = None) -> None:
+        if w.id in self.state.evicted:
+            return
+        self.state.evict(w, code)
+        self.decisions.evictions.append(Eviction(w.id, code, reason, for_workload))
+
+    # -- allocate -------------------------------------------------------------------------------------
+
+    def allocate(self) -> None:
+        heap = [(-self._priority(q), self._ratio(q), q) for q in self.order]
+        heapq.heapify(heap)
+        cursor = dict.fromkeys(self.order, 0)
+        while heap:
+            _, _, queue = heapq.heappop(heap)
+            items = self.order[queue]
+            i = cursor[queue]
+            while i < len(items) and items[i].id not in self.unplaced:
+                i += 1
+            if i >= len(items):
+                continue
+            w = items[i]
+            cursor[queue] = i + 1
+            placed = self._try_allocate(w)
+            if (
+                not placed
+                and self.config.blocking == "strict"
+                and self.decisions.explanations[w.id].code in (explain.CAPACITY_CODES | {explain.QUEUE_LIMIT})
+            ):
+                for rest in items[i + 1 :]:
+                    if rest.id in self.unplaced:
+                        self.decisions.explanations[rest.id] = explain.blocked(w.id)
+                continue
+            heapq.heappush(heap, (-self._priority(queue), self._ratio(queue), queue))
+
+    def _try_allocate(self, w: WorkloadView) -> bool:
+        refusal = self._admission(w)
+        if refusal is not None:
+            self.decisions.explanations[w.id] = refusal
+            return False
+        shape = self._shape(w)
+        cached = self.failed.get(shape)
+        if cached is not None and cached[0] == self.state.generation:
+            self.decisions.explanations[w.id] = self._capacity_explanation(w, cached[1])
+            return False
+        placed = self.placer.place_gang(w)
+        if placed is not None:
+            self.decisions.binds.append(Bind(w.id, placed))
+            del self.unplaced[w.id]
+            self.decisions.explanations.pop(w.id, None)
+            for pod in placed:
+                self.by_node.setdefault(pod.node, []).append(w)
+            return True
+        why = self._why_not_placed(w)
+        self.failed[shape] = (self.state.generation, why)
+        self.decisions.explanations[w.id] = self._capacity_explanation(w, why)
+        if (
+            self.config.blocking == "backfill"
+            and self.state.reservation is None
+            and why.code != explain.TOO_LARGE
+        ):
+            self._reserve(w)
+        return False
+
+    def _shape(self, w: WorkloadView) -> tuple[object, ...]:
+        reservation = self.state.reservation
+        ends_in_time = (
+            reservation is not None
+            and w.max_duration is not None
+            and self.now + w.max_duration <= reservation.start
+        )
+        return (w.gpus, w.cpus, w.memory_bytes, w.nodes, w.topology, w.topology_preferred, ends_in_time)
+
+    def _admission(self, w: WorkloadView) -> Explanation | None:
+        """Queue limits, the quota rule for non-preemptible work, and whether it could ever fit."""
+        for name in self.state.chain(w.queue):
+            queue = self.queues.get(name)
+            if queue is None:
+                continue
+            for resource in RESOURCES:
+                limit = queue.share(resource).limit
+                if (
+                    limit is not None
+                    and self.state.allocated(name, resource) + w.demand(resource) > limit + EPSILON
+                ):
+                    return explain.queue_limit(name, resource, self.state.allocated(name, resource), limit)
+            if not w.preemptible:
+                quota = queue.gpu.quota
+                would = self.state.allocated_np(name) + w.gpu_units
+                if w.gpu_units > 0 and would > quota + EPSILON:
+                    return explain.over_quota_nonpreemptible(name, would, quota)
+        return self._never_fits(w)
+
+    def _never_fits(self, w: WorkloadView) -> Explanation | None:
+        if w.nodes > self.schedulable_nodes:
+            return explain.too_large(w, f"needs {w.nodes} nodes; {self.schedulable_nodes} are schedulable")
+        if w.gpus.count <= 0:
+            return None
+        matching = [
+            n
+            for n in self.state.nodes.values()
+            if n.schedulable and any(gpu_matches(g.model, g.memory_bytes, w.gpus) for g in n.view.gpus)
+        ]
+        if not matching:
+            return explain.no_matching_gpu(w)
+        biggest = max(
+            sum(1 for g in n.view.gpus if gpu_matches(g.model, g.memory_bytes, w.gpus)) for n in matching
+        )
+        if w.gpus.count > biggest:
+            return explain.too_large(w, f"needs {w.gpus.count:g} GPUs on one node; the largest has {biggest}")
+        if w.nodes > len(matching):
+            return explain.too_large(
+                w, f"needs {w.nodes} nodes with matching GPUs; {len(matching)} have them"
+            )
+        return None
+
+    def _why_not_placed(self, w: WorkloadView) -> Explanation:
+        reservation = self.state.reservation
+        if reservation is not None and reservation.workload_id != w.id:
+            saved, self.state.reservation = reservation, None
+            checkpoint, generation = self.state.checkpoint(), self.state.generation
+            fits = self.placer.place_gang(w) is not None
+            self.state.rollback(checkpoint)
+            self.state.generation = generation
+            self.state.reservation = saved
+            if fits:
+                return explain.reserved(reservation.workload_id, reservation.start, self.now)
+        free_matching = sum(
+            sum(
+                1
+                for i, g in enumerate(n.view.gpus)
+                if n.free[i] >= 1 - EPSILON and gpu_matches(g.model, g.memory_bytes, w.gpus)
+            )
+            for n in self.state.nodes.values()
+            if n.schedulable
+        )
+        if not w.gpus.is_fractional and w.gpu_units > 0 and free_matching + EPSILON >= w.gpu_units:
+            block, node = self.state.largest_free_block()
+            return explain.fragmented(w, block, node)
+        return explain.no_capacity(w, self.state.free_gpus(), 0)
+
+    def _capacity_explanation(self, w: WorkloadView, why: Explanation) -> Explanation:
+        """Personalise a (possibly cached) capacity explanation for this workload and its queue."""
+        if why.code == explain.NO_CAPACITY:
+            ahead = self.rank.get(w.id, 0)
+            allocated, fair = self.state.allocated(w.queue), self.fair(w.queue)
+            if self.config.fair_share and fair > 0 and allocated + EPSILON >= fair:
+                return explain.over_fair_share(w.queue, allocated, fair, ahead)
+            return explain.no_capacity(w, self.state.free_gpus(), ahead)
+        return why
+
+    # -- backfill reservation -------------------------------------------------------------------------
+
+    def _reserve(self, w: WorkloadView) -> None:
+        """Reserve the nodes where `w` could start soonest, judging by running work's declared ends."""
+        if w.gpus.is_fractional or w.gpus.count <= 0:
+            return
+        need = int(w.gpus.count)
+        ready: list[tuple[float, str]] = []
+        for node in self.state.nodes.values():
+            if not node.schedulable:
+                continue
+            matching = [
+                i for i, g in enumerate(node.view.gpus) if gpu_matches(g.model, g.memory_bytes, w.gpus)
+            ]
+            if len(matching) < need:
+                continue
+            free_now = sum(1 for i in matching if node.free[i] >= 1 - EPSILON)
+            when = self.now
+            if free_now < need:
+                ends = sorted(
+                    (self._end(r), sum(1 for p in r.placement if p.node == node.name for _ in p.gpu_indices))
+                    for r in self.by_node.get(node.name, [])
+                    if r.id not in self.state.evicted
+                )
+                freed, when = free_now, float("inf")
+                for end, gpus in ends:
+                    freed += gpus
+                    if freed >= need:
+                        when = end
+                        break
+            ready.append((when, node.name))
+        if len(ready) < w.nodes:
+            return
+        ready.sort()
+        chosen = ready[: w.nodes]
+        self.state.reservation = Reservation(w.id, frozenset(n for _, n in chosen), max(t for t, _ in chosen))
+
+    def _end(self, w: WorkloadView) -> float:
+        if w.max_duration is None:
+            return float("inf")
+        return (w.start_time if w.start_time is not None else self.now) + w.max_duration
+
+    # -- evictions for a pending workload -------------------------------------------------------------
+
+    def _fits_after_release(self, w: WorkloadView) -> bool:
+        """If `w` fits once stopping work is gone, take that room for it (so no one else counts it)."""
+        placed = self.placer.place_gang(w, after_release=True)
+        if placed is None:
+            return False
+        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+        del self.unplaced[w.id]
+        return True
+
+    def _evict_for(
+        self,
+        w: WorkloadView,
+        candidates: list[WorkloadView],
+        code: str,
+        reason: Callable[[WorkloadView], str],
+        allowed: Callable[[WorkloadView], bool],
+    ) -> bool:
+        """Evict the fewest, cheapest victims that let `w` fit; all or nothing."""
+        state = self.state
+        checkpoint, generation = state.checkpoint(), state.generation
+        chosen: list[WorkloadView] = []
+        fits = False
+        for victim in sorted(candidates, key=self._victim_key):
+            if not allowed(victim):
+                continue
+            state.evict(victim, code)
+            chosen.append(victim)
+            trial = state.checkpoint()
+            if self.placer.place_gang(w, after_release=True) is not None:
+                state.rollback(trial)
+                fits = True
+                break
+        state.rollback(checkpoint)
+        state.generation = generation
+        if not fits:
+            return False
+        # Keep only the victims that are needed: drop the largest ones first when w still fits without them.
+        keep = list(chosen)
+        for victim in sorted(chosen, key=lambda v: (-v.gpu_units, v.id)):
+            trial_set = [v for v in keep if v.id != victim.id]
+            for v in trial_set:
+                state.evict(v, code)
+            ok = self.placer.place_gang(w, after_release=True) is not None
+            state.rollback(checkpoint)
+            state.generation = generation
+            if ok:
+                keep = trial_set
+        for victim in keep:
+            self._evict(victim, code, reason(victim), w.id)
+        placed = self.placer.place_gang(w, after_release=True)
+        assert placed is not None
+        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+        del self.unplaced[w.id]
+        return True
+
+    def _victim_key(self, v: WorkloadView) -> tuple[float, ...]:
+        since = v.last_checkpoint_time if v.last_checkpoint_time is not None else v.start_time
+        lost = (self.now - since) * v.gpu_units if since is not None else 0.0
+        started = v.start_time if v.start_time is not None else 0.0
+        return (v.gpu_units, v.priority, lost, -started, v.id)
+
+    def _min_runtime(self, queue: str, kind: str) -> float:
+        for name in self.state.chain(queue):
+            q = self.queues.get(name)
+            value = (
+                None if q is None else (q.min_runtime_preempt if kind == "preempt" else q.min_runtime_reclaim)
+            )
+            if value is not None:
+                return value
+        return 0.0
+
+    def _old_enough(self, v: WorkloadView, kind: str) -> bool:
+        started = v.start_time if v.start_time is not None else float("-inf")
+        return self.now - started >= self._min_runtime(v.queue, kind)
+
+    def _evictable(self, v: WorkloadView) -> bool:
+        return v.preemptible and not v.stopping and v.id not in self.state.evicted
+
+    def _candidates_for(self, w: WorkloadView) -> list[WorkloadView]:
+        """Running work on nodes that have GPUs `w` could use."""
+        seen: dict[int, WorkloadView] = {}
+        for name, workloads in self.by_node.items():
+            node = self.state.nodes.get(name)
+            if node is None or not node.schedulable:
+                continue
+            if w.gpus.count > 0 and not any(
+                gpu_matches(g.model, g.memory_bytes, w.gpus) for g in node.view.gpus
+            ):
+                continue
+            for v in workloads:
+                if v.running and self._evictable(v):
+                    seen[v.id] = v
+        return list(seen.values())
+
+    def _wants_room(self, w: WorkloadView) -> bool:
+        explanation = self.decisions.explanations.get(w.id)
+        return (
+            w.id in self.unplaced and explanation is not None and explanation.code in explain.CAPACITY_CODES
+        )
+
+    # -- reclaim --------------------------------------------------------------------------------------
+
+    def reclaim(self) -> None:
+        for w in list(self.ordered_pending()):
+            if not self._wants_room(w) or self._fits_after_release(w):
+                continue
+            queue = w.queue
+            if self.state.allocated(queue) + w.gpu_units > self.fair(queue) + EPSILON:
+                continue  # the reclaimer may not end above its fair share
+            mine = set(self.state.chain(queue))
+
+            def allowed(v: WorkloadView, mine: set[str] = mine) -> bool:
+                levels = [n for n in self.state.chain(v.queue) if n not in mine]
+                if not levels or not self._old_enough(v, "reclaim"):
+                    return False
+                return all(self.state.allocated(n) - v.gpu_units >= self.fair(n) - EPSILON for n in levels)
+
+            candidates = [v for v in self._candidates_for(w) if v.queue not in mine]
+
+            def reason(v: WorkloadView, w: WorkloadView = w) -> str:
+                return (
+                    f"reclaimed for queue {w.queue} (below its fair share of {self.fair(w.queue):.3g} GPUs) "
+                    f"by workload {w.id}; queue {v.queue} stays at or above its fair share"
+                )
+
+            self._evict_for(w, candidates, "reclaim", reason, allowed)
+
+    # -- preempt --------------------------------------------------------------------------------------
+
+    def preempt(self) -> None:
+        for w in list(self.ordered_pending()):
+            if not self._wants_room(w) or self._fits_after_release(w):
+                continue
+            candidates = [
+                v for v in self._candidates_for(w) if v.queue == w.queue and v.priority < w.priority
+            ]
+
+            def reason(v: WorkloadView, w: WorkloadView = w) -> str:
+                return f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}"
+
+            self._evict_for(w, candidates, "preempt", reason, lambda v: self._old_enough(v, "preempt"))
+
+    # -- consolidate ----------------------------------------------------------------------------------
+
+    def consolidate(self) -> None:
+        tries = 0
+        for w in list(self.ordered_pending()):
+            explanation = self.decisions.explanations.get(w.id)
+            if explanation is None or explanation.code != explain.FRAGMENTED:
+                continue
+            tries += 1
+            if tries > MAX_CONSOLIDATION_TRIES:
+                return
+            self._consolidate_for(w)
+
+    def _consolidate_for(self, w: WorkloadView) -> bool:
+        state = self.state
+        checkpoint, generation = state.checkpoint(), state.generation
+        need = int(w.gpus.count)
+        moved: list[WorkloadView] = []
+        targets = sorted(
+            (n for n in state.nodes.values() if n.schedulable and n.whole < need),
+            key=lambda n: (-n.whole, n.name),
+        )
+        for node in targets:
+            if self.placer.place_gang(w, after_release=True) is not None:
+                break
+            movable = sorted(
+                (v for v in self.by_node.get(node.name, []) if v.nodes == 1 and self._evictable(v)),
+                key=lambda v: (v.gpu_units, v.id),
+            )
+            for v in movable:
+                if len(moved) >= self.config.max_consolidation_moves:
+                    break
+                state.evict(v, "consolidate")
+                moved.append(v)
+                if sum(node.free[i] + node.held[i] >= 1 - EPSILON for i in range(len(node.free))) >= need:
+                    break
+        trial = state.checkpoint()
+        placed = self.placer.place_gang(w, after_release=True)
+        if placed is not None:
+            state.rollback(trial)
+        if placed is None or not moved or len(moved) > self.config.max_consolidation_moves:
+            state.rollback(checkpoint)
+            state.generation = generation
+            return False
+        # Keep the gang's room, then every moved workload must find a new home this cycle, or nothing moves.
+        placed = self.placer.place_gang(w, after_release=True)
+        for v in moved:
+            if self.placer.place_gang(v) is None:
+                state.rollback(checkpoint)
+                state.generation = generation
+                return False
+        for v in moved:
+            why = f"moved to make room for workload {w.id} ({w.nodes} x {explain.gpu_text(w)})"
+            self.decisions.evictions.append(Eviction(v.id, "consolidate", why, w.id))
+        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+        del self.unplaced[w.id]
+        return True

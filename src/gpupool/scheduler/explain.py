@@ -1,0 +1,111 @@
+"""Reason codes and the sentences that explain them ("why is my job pending?")."""
+
+from __future__ import annotations
+
+from gpupool.scheduler.snapshot import Explanation, WorkloadView
+
+QUEUE_LIMIT = "queue-limit"
+OVER_QUOTA_NONPREEMPTIBLE = "over-quota-nonpreemptible"
+NO_CAPACITY = "no-capacity"
+FRAGMENTED = "fragmented"
+NO_MATCHING_GPU = "no-matching-gpu"
+TOO_LARGE = "too-large"
+WAITING_FOR_RELEASE = "waiting-for-release"
+RESERVED = "reserved"
+BLOCKED = "blocked"
+OVER_FAIR_SHARE = "over-fair-share"
+
+CODES = (
+    QUEUE_LIMIT,
+    OVER_QUOTA_NONPREEMPTIBLE,
+    NO_CAPACITY,
+    FRAGMENTED,
+    NO_MATCHING_GPU,
+    TOO_LARGE,
+    WAITING_FOR_RELEASE,
+    RESERVED,
+    BLOCKED,
+    OVER_FAIR_SHARE,
+)
+
+# Codes that more capacity (an eviction) could cure: reclaim, preempt and consolidate look at these.
+CAPACITY_CODES = frozenset({NO_CAPACITY, FRAGMENTED, OVER_FAIR_SHARE, RESERVED})
+
+UNITS = {"gpu": "GPUs", "cpu": "CPUs", "memory": "bytes of memory"}
+
+
+def gpu_text(w: WorkloadView) -> str:
+    demand = w.gpus
+    count = f"{demand.count:g}"
+    what = "|".join(demand.models)
+    if demand.min_memory_bytes:
+        what = f">={demand.min_memory_bytes / 1e9:g}GB"
+    return f"{count} {what} GPU".replace("  ", " ") + ("" if demand.count == 1 else "s")
+
+
+def queue_limit(queue: str, resource: str, allocated: float, limit: float) -> Explanation:
+    return Explanation(
+        QUEUE_LIMIT,
+        f"queue {queue} is at its limit ({allocated:g}/{limit:g} {UNITS.get(resource, resource)})",
+    )
+
+
+def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Explanation:
+    return Explanation(
+        OVER_QUOTA_NONPREEMPTIBLE,
+        f"non-preemptible work runs only within quota: queue {queue} would hold {would_use:g} "
+        f"non-preemptible GPUs, over its quota of {quota:g}",
+    )
+
+
+def too_large(w: WorkloadView, why: str) -> Explanation:
+    return Explanation(TOO_LARGE, f"can never fit this pool: {why}")
+
+
+def no_matching_gpu(w: WorkloadView) -> Explanation:
+    return Explanation(NO_MATCHING_GPU, f"no schedulable node has GPUs matching {gpu_text(w)}")
+
+
+def fragmented(w: WorkloadView, block: int, node: str | None) -> Explanation:
+    where = f" on {node}" if node else ""
+    pods = (
+        f"{w.nodes} nodes with {gpu_text(w)} free each" if w.nodes > 1 else f"{gpu_text(w)} free on one node"
+    )
+    return Explanation(FRAGMENTED, f"needs {pods}; the largest free block is {block} GPUs{where}")
+
+
+def no_capacity(w: WorkloadView, free: float, ahead: int) -> Explanation:
+    pods = f"{w.nodes} x {gpu_text(w)}" if w.nodes > 1 else gpu_text(w)
+    behind = f"; {ahead} workloads ahead in queue {w.queue}" if ahead else ""
+    return Explanation(NO_CAPACITY, f"needs {pods}; {free:g} GPUs free in the pool{behind}")
+
+
+def over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> Explanation:
+    behind = f"; {ahead} workloads ahead" if ahead else ""
+    return Explanation(
+        OVER_FAIR_SHARE,
+        f"queue {queue} is at or over its fair share ({allocated:g} >= {fair:.3g} GPUs){behind}",
+    )
+
+
+def waiting_for_release(w: WorkloadView) -> Explanation:
+    return Explanation(
+        WAITING_FOR_RELEASE, f"waiting for {w.gpu_units:g} GPUs being released by evicted work"
+    )
+
+
+def reserved(holder: int, start: float, now: float) -> Explanation:
+    when = (
+        "until the running work there ends"
+        if start == float("inf")
+        else f"from {max(0.0, start - now):.0f}s from now"
+    )
+    return Explanation(
+        RESERVED,
+        f"held back by backfill: the nodes it could use are reserved for workload {holder} {when}; "
+        "a declared max_duration that ends before then lets it start now",
+    )
+
+
+def blocked(ahead_of: int) -> Explanation:
+    return Explanation(BLOCKED, f"waiting behind workload {ahead_of} (strict order)")

@@ -1,0 +1,137 @@
+"""Fair share by hierarchical water-filling, per resource.
+
+Among siblings sharing a capacity (the cluster for top-level queues, the parent's fair share below):
+1. each queue gets min(demand, quota, limit);
+2. what is left goes to queues that still want more, tier by tier (higher queue priority first), split in
+   proportion to over-quota weight and capped by min(demand, limit), in rounds until the capacity or the
+   demand runs out.
+With `usage_weight` > 0 a queue's weight is tilted by its decayed historical usage relative to its weight's
+share: w * 2^(-usage_weight * (usage_share / weight_share - 1)), so a queue that used twice its share gets
+half the weight at usage_weight 1 (the shape of Slurm's classic fair-share factor 2^(-U/S)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpupool.scheduler.snapshot import RESOURCES, QueueView
+
+EPSILON = 1e-9
+MAX_TILT_EXPONENT = 4.0
+
+
+def children_of(queues: Sequence[QueueView]) -> dict[str | None, list[QueueView]]:
+    """Queues by parent name; a queue whose parent is unknown counts as top-level."""
+    names = {q.name for q in queues}
+    children: dict[str | None, list[QueueView]] = {}
+    for queue in sorted(queues, key=lambda q: q.name):
+        parent = queue.parent if queue.parent in names else None
+        children.setdefault(parent, []).append(queue)
+    return children
+
+
+def subtree_demand(
+    children: Mapping[str | None, list[QueueView]], own: Mapping[str, float], root: str
+) -> dict[str, float]:
+    """Demand of every queue below and including `root`: its own plus all its descendants'."""
+    out: dict[str, float] = {}
+
+    def visit(name: str) -> float:
+        total = own.get(name, 0.0) + sum(visit(child.name) for child in children.get(name, []))
+        out[name] = total
+        return total
+
+    visit(root)
+    return out
+
+
+def fair_shares(
+    queues: Sequence[QueueView],
+    demand: Mapping[str, Mapping[str, float]],
+    capacity: Mapping[str, float],
+    usage_weight: float = 0.0,
+) -> dict[str, dict[str, float]]:
+    """Fair share of every queue (parents included) for each resource."""
+    children = children_of(queues)
+    result: dict[str, dict[str, float]] = {q.name: {} for q in queues}
+    for resource in RESOURCES:
+        own = {q.name: demand.get(q.name, {}).get(resource, 0.0) for q in queues}
+        totals: dict[str, float] = {}
+        for top in children.get(None, []):
+            totals.update(subtree_demand(children, own, top.name))
+        _split(children, None, capacity.get(resource, 0.0), resource, totals, usage_weight, result)
+    return result
+
+
+def _split(
+    children: Mapping[str | None, list[QueueView]],
+    parent: str | None,
+    capacity: float,
+    resource: str,
+    demand: Mapping[str, float],
+    usage_weight: float,
+    result: dict[str, dict[str, float]],
+) -> None:
+    siblings = children.get(parent, [])
+    if not siblings:
+        return
+    shares = water_fill(siblings, capacity, resource, demand, usage_weight)
+    for queue in siblings:
+        result[queue.name][resource] = shares[queue.name]
+        _split(children, queue.name, shares[queue.name], resource, demand, usage_weight, result)
+
+
+def water_fill(
+    siblings: Sequence[QueueView],
+    capacity: float,
+    resource: str,
+    demand: Mapping[str, float],
+    usage_weight: float = 0.0,
+) -> dict[str, float]:
+    caps = {}
+    for q in siblings:
+        limit = q.share(resource).limit
+        caps[q.name] = min(demand.get(q.name, 0.0), limit if limit is not None else float("inf"))
+    shares = {q.name: min(q.share(resource).quota, caps[q.name]) for q in siblings}
+    guaranteed = sum(shares.values())
+    if guaranteed > capacity + EPSILON:
+        # Quotas promise more than exists (a node is down, say): scale the guarantees down evenly.
+        scale = capacity / guaranteed if guaranteed > 0 else 0.0
+        return {name: share * scale for name, share in shares.items()}
+    remaining = capacity - guaranteed
+    weights = _weights(siblings, resource, usage_weight)
+    for tier in sorted({q.priority for q in siblings}, reverse=True):
+        active = [q.name for q in siblings if q.priority == tier and caps[q.name] - shares[q.name] > EPSILON]
+        while remaining > EPSILON and active:
+            total_weight = sum(weights[name] for name in active)
+            if total_weight <= 0:
+                break
+            given = 0.0
+            for name in active:
+                offer = remaining * weights[name] / total_weight
+                take = min(offer, caps[name] - shares[name])
+                shares[name] += take
+                given += take
+            remaining -= given
+            active = [name for name in active if caps[name] - shares[name] > EPSILON and weights[name] > 0]
+            if given <= EPSILON:
+                break
+    return shares
+
+
+def _weights(siblings: Sequence[QueueView], resource: str, usage_weight: float) -> dict[str, float]:
+    weights = {q.name: max(0.0, q.share(resource).weight) for q in siblings}
+    total_usage = sum(max(0.0, q.usage) for q in siblings)
+    total_weight = sum(weights.values())
+    if usage_weight <= 0 or total_usage <= 0 or total_weight <= 0:
+        return weights
+    tilted = {}
+    for q in siblings:
+        weight_share = weights[q.name] / total_weight
+        if weight_share <= 0:
+            tilted[q.name] = 0.0
+            continue
+        ratio = (max(0.0, q.usage) / total_usage) / weight_share
+        exponent = max(-MAX_TILT_EXPONENT, min(MAX_TILT_EXPONENT, -usage_weight * (ratio - 1.0)))
+        tilted[q.name] = weights[q.name] * 2.0**exponent
+    return tilted

@@ -1,0 +1,259 @@
+"""The tentative cluster state one cycle works on, with an undo log (KAI's Statement, as an idea).
+
+Every tentative allocate or evict mutates the state and records its reverse. `checkpoint()` is the log's
+length; `rollback(cp)` undoes back to it. Actions try scenarios (a gang's pods, a set of victims) and keep
+them only when whole. No copies of the snapshot are made.
+
+Per GPU, `free` is what nothing holds; `held` is what stopping work still holds (released soon). Normal
+placement uses `free`; placement "after release" (for the beneficiaries of evictions) may also take `held`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpupool.scheduler.snapshot import RESOURCES, NodeView, PodPlacement, QueueView, WorkloadView
+
+EPSILON = 1e-9
+MIXED = "*"
+
+
+@dataclass(slots=True)
+class NodeState:
+    name: str
+    view: NodeView
+    position: dict[int, int]  # GPU index -> position in the lists below
+    free: list[float]
+    held: list[float]
+    cpus_free: float
+    memory_free: float
+    schedulable: bool
+    model: str  # the GPUs' family when uniform, MIXED otherwise, "" without GPUs
+    labels: dict[str, str] = field(default_factory=dict)
+    whole: int = 0  # GPUs entirely free (normal placement)
+    partial: bool = False  # some GPU is partly free (room for fractions)
+
+    def recount(self) -> None:
+        self.whole = sum(1 for f in self.free if f >= 1.0 - EPSILON)
+        self.partial = any(EPSILON < f < 1.0 - EPSILON for f in self.free)
+
+
+@dataclass(slots=True)
+class Reservation:
+    """Backfill's promise to the highest blocked workload: these nodes, from `start` (seconds) on."""
+
+    workload_id: int
+    nodes: frozenset[str]
+    start: float
+
+
+class ClusterState:
+    def __init__(self, nodes: Iterable[NodeView], queues: Iterable[QueueView]) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.buckets: dict[str, dict[int, dict[str, None]]] = {}
+        self.partial_nodes: dict[str, None] = {}
+        self.generation = 0  # bumped whenever capacity is given back, so cached "does not fit" expires
+        self._log: list[Callable[[], None]] = []
+        self.reservation: Reservation | None = None
+        self.running: dict[int, WorkloadView] = {}
+        self.evicted: dict[int, str] = {}
+        queues = list(queues)
+        self.parents = {q.name: q.parent for q in queues}
+        self.chains: dict[str, tuple[str, ...]] = {q.name: self._chain(q.name) for q in queues}
+        self.alloc: dict[str, list[float]] = {q.name: [0.0, 0.0, 0.0] for q in queues}
+        self.alloc_np: dict[str, list[float]] = {q.name: [0.0, 0.0, 0.0] for q in queues}
+        for view in nodes:
+            self._add_node(view)
+
+    # -- construction ---------------------------------------------------------------------------------
+
+    def _chain(self, name: str) -> tuple[str, ...]:
+        chain = [name]
+        seen = {name}
+        parent = self.parents.get(name)
+        while parent is not None and parent in self.parents and parent not in seen:
+            chain.append(parent)
+            seen.add(parent)
+            parent = self.parents.get(parent)
+        return tuple(chain)
+
+    def chain(self, queue: str) -> tuple[str, ...]:
+        found = self.chains.get(queue)
+        if found is None:
+            self.chains[queue] = found = (queue,)
+            self.alloc.setdefault(queue, [0.0, 0.0, 0.0])
+            self.alloc_np.setdefault(queue, [0.0, 0.0, 0.0])
+        return found
+
+    def _add_node(self, view: NodeView) -> None:
+        models = {g.model for g in view.gpus}
+        model = "" if not models else (next(iter(models)) if len(models) == 1 else MIXED)
+        node = NodeState(
+            name=view.name,
+            view=view,
+            position={g.index: i for i, g in enumerate(view.gpus)},
+            free=[max(0.0, 1.0 - g.allocated) for g in view.gpus],
+            held=[0.0] * len(view.gpus),
+            cpus_free=view.cpus - view.cpus_allocated if view.cpus else float("inf"),
+            memory_free=float(view.memory_bytes - view.memory_allocated)
+            if view.memory_bytes
+            else float("inf"),
+            schedulable=view.schedulable,
+            model=model,
+            labels=dict(view.labels),
+        )
+        node.recount()
+        self.nodes[view.name] = node
+        self._index(node)
+
+    def _index(self, node: NodeState) -> None:
+        if not node.schedulable:
+            return
+        self.buckets.setdefault(node.model, {}).setdefault(node.whole, {})[node.name] = None
+        if node.partial:
+            self.partial_nodes[node.name] = None
+
+    def _unindex(self, node: NodeState) -> None:
+        if not node.schedulable:
+            return
+        bucket = self.buckets.get(node.model, {}).get(node.whole)
+        if bucket is not None:
+            bucket.pop(node.name, None)
+        self.partial_nodes.pop(node.name, None)
+
+    def add_running(self, workload: WorkloadView) -> None:
+        """Account a running workload (at snapshot time: no undo). Stopping work is held, not counted."""
+        self.running[workload.id] = workload
+        self._apply(workload, workload.placement, sign=-1.0, held=workload.stopping)
+        if not workload.stopping:
+            self._account(workload, +1.0)
+
+    # -- undo log -------------------------------------------------------------------------------------
+
+    def checkpoint(self) -> int:
+        return len(self._log)
+
+    def rollback(self, checkpoint: int) -> None:
+        while len(self._log) > checkpoint:
+            self._log.pop()()
+
+    # -- tentative operations -------------------------------------------------------------------------
+
+    def allocate(
+        self, workload: WorkloadView, pods: tuple[PodPlacement, ...], *, after_release: bool = False
+    ) -> None:
+        """Give `pods` to `workload`; `after_release` lets it take GPUs held by stopping work."""
+        taken = self._apply(workload, pods, sign=-1.0, use_held=after_release)
+        self._account(workload, +1.0)
+
+        def undo() -> None:
+            self._restore(taken)
+            self._account(workload, -1.0)
+            self.generation += 1
+
+        self._log.append(undo)
+
+    def evict(self, workload: WorkloadView, code: str) -> None:
+        """Stop a running workload: its resources become held (released once it has stopped)."""
+        self.evicted[workload.id] = code
+        moved = self._apply(workload, workload.placement, sign=0.0, held=True)
+        self._account(workload, -1.0)
+
+        def undo() -> None:
+            self._restore(moved)
+            self._account(workload, +1.0)
+            del self.evicted[workload.id]
+
+        self._log.append(undo)
+
+    # -- resource bookkeeping -------------------------------------------------------------------------
+
+    def _apply(
+        self,
+        workload: WorkloadView,
+        pods: tuple[PodPlacement, ...],
+        *,
+        sign: float,
+        held: bool = False,
+        use_held: bool = False,
+    ) -> list[tuple[NodeState, int, float, float, float, float]]:
+        """Change free/held on each pod's GPUs; returns (node, pos, dfree, dheld, dcpu, dmem) records."""
+        records = []
+        for pod in pods:
+            node = self.nodes.get(pod.node)
+            if node is None:
+                continue
+            self._unindex(node)
+            for index in pod.gpu_indices:
+                pos = node.position.get(index)
+                if pos is None:
+                    continue
+                amount = pod.gpu_fraction
+                if sign == 0.0:  # evict: the amount moves from "in use" to "held"
+                    d_free, d_held = 0.0, amount
+                elif use_held:
+                    from_held = min(node.held[pos], amount)
+                    d_free, d_held = -(amount - from_held), -from_held
+                else:
+                    d_free, d_held = -amount, (amount if held else 0.0)
+                node.free[pos] += d_free
+                node.held[pos] += d_held
+                records.append((node, pos, d_free, d_held, 0.0, 0.0))
+            d_cpu = 0.0 if sign == 0.0 else -workload.cpus
+            d_mem = 0.0 if sign == 0.0 else -float(workload.memory_bytes)
+            node.cpus_free += d_cpu
+            node.memory_free += d_mem
+            records.append((node, -1, 0.0, 0.0, d_cpu, d_mem))
+            node.recount()
+            self._index(node)
+        return records
+
+    def _restore(self, records: list[tuple[NodeState, int, float, float, float, float]]) -> None:
+        touched: dict[str, NodeState] = {}
+        for node, _, _, _, _, _ in records:
+            if node.name not in touched:
+                touched[node.name] = node
+                self._unindex(node)
+        for node, pos, d_free, d_held, d_cpu, d_mem in reversed(records):
+            if pos >= 0:
+                node.free[pos] -= d_free
+                node.held[pos] -= d_held
+            node.cpus_free -= d_cpu
+            node.memory_free -= d_mem
+        for node in touched.values():
+            node.recount()
+            self._index(node)
+
+    def _account(self, workload: WorkloadView, sign: float) -> None:
+        amounts = [workload.demand(r) * sign for r in RESOURCES]
+        for name in self.chain(workload.queue):
+            row = self.alloc[name]
+            for i, amount in enumerate(amounts):
+                row[i] += amount
+            if not workload.preemptible:
+                row_np = self.alloc_np[name]
+                for i, amount in enumerate(amounts):
+                    row_np[i] += amount
+
+    # -- queries --------------------------------------------------------------------------------------
+
+    def allocated(self, queue: str, resource: str = "gpu") -> float:
+        return self.alloc.get(queue, [0.0, 0.0, 0.0])[RESOURCES.index(resource)]
+
+    def allocated_np(self, queue: str, resource: str = "gpu") -> float:
+        return self.alloc_np.get(queue, [0.0, 0.0, 0.0])[RESOURCES.index(resource)]
+
+    def largest_free_block(self, models: tuple[str, ...] = ()) -> tuple[int, str | None]:
+        """The most whole free GPUs on one schedulable node (of a matching model), and that node."""
+        best, where = 0, None
+        for model, by_count in self.buckets.items():
+            if models and model not in models and model != MIXED:
+                continue
+            for count, names in by_count.items():
+                if names and count > best:
+                    best, where = count, next(iter(names))
+        return best, where
+
+    def free_gpus(self) -> float:
+        return sum(sum(n.free) for n in self.nodes.values() if n.schedulable)
