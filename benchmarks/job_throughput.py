@@ -48,7 +48,8 @@ def _ts(value: str | None) -> float | None:
     return dt.datetime.fromisoformat(value).timestamp() if value else None
 
 
-async def submit_all(server: BenchServer, args: argparse.Namespace, ids: list[int], errors: list[str]) -> None:
+async def submit_all(server: BenchServer, args: argparse.Namespace, ids: list[int], errors: list[str]) -> float:
+    """Submit every job over --clients connections; returns perf_counter() when the last submit returned."""
     body = json.dumps({"commands": [args.command], "resources": {"gpu": 1}}).encode()
     remaining = iter(range(args.jobs))
 
@@ -69,20 +70,20 @@ async def submit_all(server: BenchServer, args: argparse.Namespace, ids: list[in
             await conn.close()
 
     await asyncio.gather(*(worker() for _ in range(args.clients)))
+    return time.perf_counter()
 
 
 async def drive(server: BenchServer, args: argparse.Namespace) -> dict[str, Any]:
     ids: list[int] = []
     errors: list[str] = []
     poll_ms: list[float] = []
+    rows: dict[int, dict[str, Any]] = {}
+    done_at = None
     conn = RawConnection(HOST, server.port, server.token)
     t0 = time.perf_counter()
     submitting = asyncio.create_task(submit_all(server, args, ids, errors))
-    deadline = t0 + args.max_seconds
-    rows: dict[int, dict[str, Any]] = {}
-    done_at = None
     try:
-        while time.perf_counter() < deadline:
+        while time.perf_counter() - t0 < args.max_seconds:
             await asyncio.sleep(args.poll_s)
             p0 = time.perf_counter()
             status, data = await conn.request("GET", "/api/v1/workloads?all=true&limit=100000")
@@ -92,15 +93,110 @@ async def drive(server: BenchServer, args: argparse.Namespace) -> dict[str, Any]
                 continue
             ours = set(ids)
             rows = {int(w["id"]): w for w in json.loads(data) if int(w["id"]) in ours}
-            if submitting.done() and len(rows) == len(ids) and all(w["state"] in TERMINAL for w in rows.values()):
+            finished = all(w["state"] in TERMINAL for w in rows.values())
+            if submitting.done() and len(rows) == len(ids) and finished:
                 done_at = time.perf_counter()
                 break
     finally:
-        submitted_in = None
-        if submitting.done():
-            submitted_in = submitting_time = None  # noqa: F841 - set below when known
-        await submitting if submitting.done() else submitting.cancel()
+        if not submitting.done():
+            submitting.cancel()
         await conn.close()
-    submitted_in = None
+    submitted_at = submitting.result() if submitting.done() and not submitting.cancelled() else None
     return {"ids": ids, "errors": errors, "poll_ms": poll_ms, "rows": rows, "t0": t0, "done_at": done_at,
-            "submitted_in": submitted_in}  # fmt: skip
+            "submitted_at": submitted_at}  # fmt: skip
+
+
+def one_run(args: argparse.Namespace) -> dict[str, Any]:
+    with BenchServer(db_url=args.db, log_level=args.log_level) as server:
+        cpu0 = server.cpu_seconds()
+        out = asyncio.run(drive(server, args))
+        cpu = server.cpu_seconds() - cpu0
+    rows, t0 = out["rows"], out["t0"]
+    states: dict[str, int] = {}
+    for w in rows.values():
+        states[w["state"]] = states.get(w["state"], 0) + 1
+    succeeded = states.get("succeeded", 0)
+    complete = out["done_at"] is not None
+    seconds = (out["done_at"] if complete else time.perf_counter()) - t0
+    created = [t for t in (_ts(w.get("created_at")) for w in rows.values()) if t is not None]
+    finished = [t for t in (_ts(w.get("finished_at")) for w in rows.values()) if t is not None]
+    server_span = max(finished) - min(created) if complete and created and finished else float("nan")
+    return {
+        "jobs": args.jobs,
+        "submitted": len(out["ids"]),
+        "succeeded": succeeded,
+        "not_succeeded": args.jobs - succeeded,
+        "states": states,
+        "errors": len(out["errors"]),
+        "error_kinds": sorted(set(out["errors"])),
+        "complete": complete,
+        "seconds": seconds,
+        "jobs_per_s": succeeded / seconds if seconds else 0.0,
+        "server_span_s": server_span,
+        "submit_s": (out["submitted_at"] - t0) if out["submitted_at"] else float("nan"),
+        "server_cpu_s": cpu,
+        "server_cpu_per_job_ms": 1000 * cpu / max(1, len(out["ids"])),
+        "poll_p50_ms": percentile(out["poll_ms"], 50),
+        "poll_max_ms": max(out["poll_ms"]) if out["poll_ms"] else float("nan"),
+        "polls": len(out["poll_ms"]),
+    }
+
+
+COLUMNS = [
+    Column("succeeded", "succeeded", lambda v: f"{v:.0f}"),
+    Column("not_succeeded", "not succeeded", lambda v: f"{v:.0f}"),
+    Column("seconds", "seconds", lambda v: f"{v:.2f}"),
+    Column("jobs_per_s", "jobs/s", lambda v: f"{v:.2f}"),
+    Column("server_span_s", "server span s", lambda v: f"{v:.2f}"),
+    Column("submit_s", "all submitted s", lambda v: f"{v:.2f}"),
+    Column("server_cpu_per_job_ms", "server CPU ms/job", lambda v: f"{v:.1f}"),
+    Column("poll_p50_ms", "poll p50 ms", lambda v: f"{v:.1f}"),
+    Column("poll_max_ms", "poll max ms", lambda v: f"{v:.1f}"),
+]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=500, help="jobs per run (default 500)")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent submitting connections (default 8)")
+    parser.add_argument("--command", default="true", help="the job's command (default 'true')")
+    parser.add_argument("--poll-s", type=float, default=0.25, help="poll interval in seconds (default 0.25)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh server (default 1)")
+    parser.add_argument("--db", default=None, help="store URL passed to the server (default: SQLite in the "
+                        "fresh GPUPOOL_HOME); an external database keeps rows between runs")  # fmt: skip
+    parser.add_argument("--max-seconds", type=float, default=300.0,
+                        help="give up on a run after this long (default 300)")
+    parser.add_argument("--log-level", default="info", help="server log level (default info, as deployed)")
+    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default results/{NAME}.json)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    runs = []
+    for i in range(args.repeat):
+        console.print(f"[dim]run {i + 1}/{args.repeat}: {args.jobs} x {args.command!r} on one 8-GPU node, "
+                      f"{args.clients} submitting connections[/dim]")  # fmt: skip
+        runs.append(one_run(args))
+    keys = [c.key for c in COLUMNS]
+    median = median_of_runs(runs, keys)
+    met = median["seconds"] <= TARGET_SECONDS and all(r["complete"] and r["not_succeeded"] == 0 for r in runs)
+    print_runs(f"job throughput: {args.jobs} x {args.command!r}, 1 GPU each, one simulated 8xH100 node", runs,
+               COLUMNS, median)  # fmt: skip
+    console.print(f"target all {args.jobs} succeeded in <= {TARGET_SECONDS:g} s: {verdict(met)} "
+                  f"(median {median['seconds']:.1f} s)")  # fmt: skip
+    path = write_results(NAME, {
+        "benchmark": NAME,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": machine(),
+        "runs": runs,
+        "median": median,
+        "spread": spread_of_runs(runs, keys),
+        "target": {"seconds_max": TARGET_SECONDS},
+        "target_met": met,
+    }, args.output)  # fmt: skip
+    console.print(f"[dim]wrote {path}[/dim]")
+
+
+if __name__ == "__main__":
+    main()

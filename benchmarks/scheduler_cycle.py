@@ -59,8 +59,8 @@ TARGETS: dict[tuple[int, int, int, int], dict[str, float]] = {
 }
 
 
-class CycleTimeout(Exception):
-    """One `decide` ran past --cycle-timeout."""
+class CycleTimeout(BaseException):
+    """One `decide` ran past --cycle-timeout; a BaseException so that no `except Exception` eats it."""
 
 
 @contextmanager
@@ -249,7 +249,7 @@ def steady_cycles(
     args: argparse.Namespace, snapshot: Snapshot, decisions: Decisions, result: Result, started: float
 ) -> None:
     now = NOW
-    result.settled = False
+    result.settled = False if args.settle_rounds else None
     for round_ in range(args.settle_rounds):
         if time.perf_counter() - started > args.max_seconds:
             result.stopped_early.append(
@@ -381,7 +381,7 @@ def print_table(args: argparse.Namespace, figures: dict[str, Any], result: Resul
     if result.settled is not None:
         console.print(
             f"steady state: {'settled' if result.settled else 'NOT settled'} after "
-            f"{len(result.settle_ms)} post-bind cycle(s) ({', '.join(ms(v) for v in result.settle_ms)} ms)"
+            f"{len(result.settle_ms)} post-bind cycle(s) [{', '.join(ms(v) for v in result.settle_ms)}] ms"
         )
     if result.tracemalloc_peak_mb is not None:
         console.print(f"tracemalloc peak of one decide: {result.tracemalloc_peak_mb:.0f} MB")
@@ -411,6 +411,11 @@ def main() -> int:
         steady_cycles(args, last, decisions, result, started)
     except CycleTimeout as exc:
         result.error = f"timeout: {exc}"
+        # Where the core was when time ran out: its innermost frames are where it spends its time.
+        frames = traceback.extract_tb(exc.__traceback__)
+        inside = [f for f in frames if "gpupool" in f.filename][-6:]
+        where = "".join(traceback.format_list(inside))
+        console.print(f"interrupted in:\n{where}", markup=False, highlight=False)
     except Exception as exc:  # the core under test may be mid-rewrite: report, don't hide the traceback
         result.error = f"{type(exc).__name__}: {exc}"
         console.print(traceback.format_exc(), markup=False, highlight=False)

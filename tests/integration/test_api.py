@@ -126,7 +126,8 @@ def test_a_queue_gpu_limit_is_never_exceeded(server: ServerProcess) -> None:
     ]
     server.wait_for(ids[0], states=("running",))
     second = server.workload(ids[1])
-    assert second["state"] == "pending" and "GPU limit" in second["reason"]
+    assert second["state"] == "pending" and second["reason_code"] == "queue-limit"
+    assert second["reason"] == "queue capped is at its limit (2/2 GPUs)"
     assert server.wait_for(ids[1])["state"] == "succeeded"
 
 

@@ -137,7 +137,8 @@ def test_a_pending_job_says_why_and_starts_when_gpus_free_up(server: ServerProce
     time.sleep(1.0)
     pending = server.workload(second["id"])
     assert pending["state"] == "pending"
-    assert "waiting for 4 GPUs" in pending["reason"] and "2 of 8" in pending["reason"]
+    assert pending["reason_code"] == "no-capacity"
+    assert pending["reason"] == "needs 4 H100 GPUs; 2 GPUs free in the pool"
     assert server.wait_for(second["id"])["state"] == "succeeded"
 
 
@@ -173,7 +174,8 @@ def test_cordoned_node_takes_no_new_work(server: ServerProcess) -> None:
         created = server.submit({"commands": ["true"]})
         time.sleep(1.0)
         waiting = server.workload(created["id"])
-        assert waiting["state"] == "pending" and "cordoned" in waiting["reason"]
+        assert waiting["state"] == "pending" and waiting["reason_code"] == "no-capacity"
+        assert "node-1 cordoned" in waiting["reason"]
         assert client.post("/api/v1/nodes/node-1/uncordon").json()["state"] == "ready"
         assert client.post("/api/v1/nodes/nope/cordon").status_code == 404
     assert server.wait_for(created["id"])["state"] == "succeeded"

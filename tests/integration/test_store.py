@@ -49,8 +49,25 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0001"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0002"
     again.close()
+
+
+def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> None:
+    from alembic import command
+
+    from gpupool.store.db import alembic_config
+
+    old = Store(f"sqlite:///{tmp_path / 'old.db'}", run_migrations=False)
+    command.upgrade(alembic_config(old.engine), "0001")
+    with old.engine.begin() as conn:
+        conn.execute(text("insert into queues (name, priority, spec, created_at, updated_at) "
+                          "values ('default', 0, '{}', '2026-01-01', '2026-01-01')"))  # fmt: skip
+    old.close()
+    upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    created = service.submit(upgraded, parse_workload_spec({"commands": ["true"]}))
+    assert service.get_workload(upgraded, created["id"])["state"] == "pending"
+    upgraded.close()
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from gpupool.cli.render import console, human_bytes, print_json, ps_rows, ps_table, styled
 from gpupool.client import Client
@@ -171,6 +172,34 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
 
 
 @app.command()
+def why(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Why a workload is where it is: the scheduler's reason, and its queue's share of the pool."""
+    c = client()
+    w = c.workload(workload_id)
+    queue = c.queue(w["queue"])
+    fair = queue["fair_share"].get("gpu", 0.0)
+    if as_json:
+        print_json(
+            {
+                "id": w["id"],
+                "state": w["state"],
+                "reason_code": w["reason_code"],
+                "reason": w["reason"],
+                "queue": queue,
+            }
+        )
+        return
+    code = escape(f" [{w['reason_code']}]") if w["reason_code"] else ""
+    console.print(f"{w['id']} ({w['name']}) is {styled(w['state'])}{code}")
+    if w["reason"]:
+        console.print(f"  {escape(w['reason'])}")
+    console.print(
+        f"  queue {queue['name']}: fair share {fair:.3g} GPUs, allocated {queue['gpus_allocated']:g}, "
+        f"pending demand {queue['gpus_pending']:g} GPUs, quota {queue['resources']['gpu'].get('quota', 0):g}"
+    )
+
+
+@app.command()
 def logs(
     workload_id: int = typer.Argument(...),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the workload ends"),
@@ -291,7 +320,9 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
             f"{gpu.get('quota', 0):g}",
             "-" if limit is None else f"{limit:g}",
             f"{gpu.get('over_quota_weight', 1):g}",
+            f"{q['fair_share'].get('gpu', 0):.3g}",
             f"{q['gpus_allocated']:g}",
+            f"{q['gpus_pending']:g}",
             str(q["running"]),
             str(q["pending"]),
         )

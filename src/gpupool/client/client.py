@@ -151,6 +151,10 @@ class Client:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/queues")
         return result
 
+    def queue(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/queues/{name}")
+        return result
+
     def create_queue(self, spec: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/api/v1/queues", json=spec)
         return result

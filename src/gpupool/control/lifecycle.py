@@ -131,6 +131,7 @@ def transition(
     )
     workload.state = to_state
     workload.reason = reason
+    workload.reason_code = ""
     workload.updated_at = now
     if to_state == RUNNING and workload.started_at is None:
         workload.started_at = now

@@ -30,12 +30,14 @@ from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu import GpuProvider
 from gpupool.spec import parse_gpu_request
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Gpu, Node, Queue, Workload
+from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc, utcnow
 
 log = logging.getLogger("gpupool.control")
 
 STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
+EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
+EVICTED = "evicted"
 PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
 
 
@@ -64,9 +66,10 @@ class Reconciler:
         self.telemetry = telemetry or TelemetryCache()
         self._wake = threading.Event()
         self._last_sample = 0.0
-        self._reasons: dict[int, str] = {}
+        self._reasons: dict[int, scheduler.Explanation] = {}
         self._attached: dict[int, tuple[int, ...]] = {}
         self._views: dict[int, scheduler.WorkloadView] = {}
+        self.fair_shares: dict[str, dict[str, float]] = {}
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -217,6 +220,12 @@ class Reconciler:
             attempt.reason = f"cancelled; exit code {code}{killed}"
             transition(s, workload, CANCELLED, attempt.reason, actor="control")
             return
+        if attempt.stop_reason in EVICTIONS:
+            attempt.state = EVICTED
+            attempt.reason = f"{attempt.reason}; exit code {code}{killed}"
+            cause = "node-failure" if attempt.stop_reason == "stale-gang" else "preemption"
+            self._requeue_after_eviction(s, workload, attempt.stop_reason, cause)
+            return
         if attempt.stop_reason == STOP_TIMEOUT:
             attempt.state = FAILED
             limit = workload.spec.get("max_duration")
@@ -231,6 +240,21 @@ class Reconciler:
         attempt.state = FAILED
         attempt.reason = f"exit code {code}" if state.phase is Phase.EXITED else f"lost: {state.detail}"
         self._retry_or_fail(s, workload, attempt.reason, "failure")
+
+    def _requeue_after_eviction(self, s: Session, workload: Workload, code: str, cause: str) -> None:
+        """Preempted work goes back to pending (it resumes from its checkpoint) unless its retry policy
+        leaves `preemption` out; a preemption uses no restart from `max_restarts`, a node failure does."""
+        retry = workload.spec.get("retry") or {}
+        if cause == "preemption" and cause in (retry.get("on") or []):
+            transition(
+                s,
+                workload,
+                PENDING,
+                f"evicted ({code}); requeued to resume from its checkpoint",
+                actor="control",
+            )
+            return
+        self._retry_or_fail(s, workload, f"evicted ({code})", cause)
 
     def _retry_or_fail(self, s: Session, workload: Workload, why: str, cause: str) -> None:
         retry = workload.spec.get("retry") or {}
@@ -252,81 +276,127 @@ class Reconciler:
 
     def schedule(self, now: float) -> None:
         with self.store.session() as s:
-            pending = s.execute(
-                select(Workload.id, Workload.priority).where(Workload.state == PENDING).order_by(Workload.id)
-            ).all()
-            if not pending:
-                return
-            snapshot = self._snapshot(s, [(int(wid), int(priority)) for wid, priority in pending])
+            snapshot = self._snapshot(s)
+        if not snapshot.pending and not snapshot.running:
+            self.fair_shares = {}
+            return
         decisions = scheduler.decide(snapshot, now)
+        self.fair_shares = decisions.fair_shares
+        if decisions.evictions:
+            self._evict(decisions.evictions)
         for bind in decisions.binds:
             self._start(bind)
-        self._explain(decisions.pending_reasons)
+        self._explain(decisions.explanations)
 
-    def _snapshot(self, s: Session, pending: list[tuple[int, int]]) -> scheduler.Snapshot:
-        used: dict[tuple[str, int], float] = {}
-        cpus_used: dict[str, float] = {}
-        mem_used: dict[str, int] = {}
-        queue_used: dict[str, float] = {}
-        running = s.execute(
-            select(Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.cpus,
-                   Attempt.memory_bytes, Workload.queue)
+    def _snapshot(self, s: Session) -> scheduler.Snapshot:
+        pending = [
+            (int(wid), int(priority))
+            for wid, priority in s.execute(
+                select(Workload.id, Workload.priority).where(Workload.state == PENDING).order_by(Workload.id)
+            )
+        ]
+        attempts = s.execute(
+            select(
+                Attempt.workload_id,
+                Workload.priority,
+                Attempt.node_name,
+                Attempt.gpu_indices,
+                Attempt.gpu_fraction,
+                Attempt.started_at,
+                Attempt.stop_requested_at,
+            )
             .join(Workload, Attempt.workload_id == Workload.id)
             .where(Attempt.state == RUNNING)
-        ).all()  # fmt: skip
-        for node_name, indices, fraction, cpus, memory, queue in running:
-            for index in indices:
-                key = (node_name, int(index))
-                used[key] = used.get(key, 0.0) + (fraction or 1.0)
-            cpus_used[node_name] = cpus_used.get(node_name, 0.0) + cpus
-            mem_used[node_name] = mem_used.get(node_name, 0) + memory
-            queue_used[queue] = queue_used.get(queue, 0.0) + len(indices) * (fraction or 1.0)
+            .order_by(Attempt.workload_id)
+        ).all()
+        self._cache_views(s, [wid for wid, _ in pending] + [row[0] for row in attempts])
+        running = []
+        for wid, priority, node, indices, fraction, started, stopping in attempts:
+            placement = scheduler.PodPlacement(node, tuple(int(i) for i in indices), fraction or 1.0)
+            start = as_utc(started)
+            running.append(
+                replace(
+                    self._views[wid],
+                    priority=priority,
+                    placement=(placement,),
+                    start_time=start.timestamp() if start else None,
+                    stopping=stopping is not None,
+                )
+            )
         nodes = tuple(
             scheduler.NodeView(
                 name=node.name,
                 schedulable=node.state == "ready",
                 state=node.state,
                 gpus=tuple(
-                    scheduler.GpuView(
-                        g.index,
-                        g.model.upper(),
-                        g.memory_bytes,
-                        g.nvlink_island,
-                        used.get((node.name, g.index), 0.0),
-                    )
+                    scheduler.GpuView(g.index, g.model.upper(), g.memory_bytes, g.nvlink_island)
                     for g in node.gpus
                 ),
                 cpus=node.cpus,
                 memory_bytes=node.memory_bytes,
-                cpus_allocated=cpus_used.get(node.name, 0.0),
-                memory_allocated=mem_used.get(node.name, 0),
+                labels=tuple(sorted((str(k), str(v)) for k, v in (node.labels or {}).items())),
             )
             for node in s.scalars(select(Node).order_by(Node.name)).all()
         )
-        queues = tuple(
-            scheduler.QueueView(name, _gpu_limit(spec), queue_used.get(name, 0.0))
-            for name, spec in s.execute(select(Queue.name, Queue.spec)).all()
-        )
-        return scheduler.Snapshot(nodes, self._pending_views(s, pending), queues)
+        queues = tuple(_queue_view(q) for q in s.scalars(select(Queue).order_by(Queue.name)).all())
+        # Priority is read fresh each pass: it is the one field an operator may change while work waits.
+        views = tuple(replace(self._views[wid], priority=priority) for wid, priority in pending)
+        return scheduler.Snapshot(nodes, views, queues, tuple(running))
 
-    def _pending_views(
-        self, s: Session, pending: list[tuple[int, int]]
-    ) -> tuple[scheduler.WorkloadView, ...]:
-        """Views of pending workloads; a spec never changes, so each is parsed once and cached."""
-        missing = [wid for wid, _ in pending if wid not in self._views]
+    def _cache_views(self, s: Session, ids: list[int]) -> None:
+        """Views of workloads by id; a spec never changes, so each is parsed once and kept."""
+        missing = [wid for wid in ids if wid not in self._views]
         for chunk in range(0, len(missing), 500):
             rows = s.execute(
-                select(Workload.id, Workload.queue, Workload.nodes, Workload.created_at, Workload.spec).where(
-                    Workload.id.in_(missing[chunk : chunk + 500])
-                )
+                select(
+                    Workload.id,
+                    Workload.queue,
+                    Workload.nodes,
+                    Workload.created_at,
+                    Workload.preemptible,
+                    Workload.spec,
+                ).where(Workload.id.in_(missing[chunk : chunk + 500]))
             ).all()
-            for wid, queue, nodes, created_at, spec in rows:
-                self._views[wid] = _workload_view(wid, queue, nodes, created_at, spec)
-        wanted = {wid for wid, _ in pending}
-        if len(self._views) > 2 * len(wanted) + 1000:
+            for wid, queue, nodes, created_at, preemptible, spec in rows:
+                self._views[wid] = _workload_view(wid, queue, nodes, created_at, preemptible, spec)
+        if len(self._views) > 2 * len(ids) + 1000:
+            wanted = set(ids)
             self._views = {wid: view for wid, view in self._views.items() if wid in wanted}
-        # Priority is read fresh each pass: it is the one field an operator may change while work waits.
-        return tuple(replace(self._views[wid], priority=priority) for wid, priority in pending)
+
+    def _evict(self, evictions: list[scheduler.Eviction]) -> None:
+        """Stop evicted work gracefully (SIGTERM, SIGKILL after the grace period); it is requeued on exit."""
+        with self.store.session() as s:
+            for eviction in evictions:
+                attempt = s.scalar(
+                    select(Attempt).where(
+                        Attempt.workload_id == eviction.workload_id, Attempt.state == RUNNING
+                    )
+                )
+                if attempt is None or attempt.stop_requested_at is not None:
+                    continue
+                handle = self._handle(attempt)
+                if handle is not None:
+                    self.backend.signal(handle, signal.SIGTERM)
+                attempt.stop_requested_at = utcnow()
+                attempt.stop_reason = eviction.code
+                attempt.reason = eviction.reason
+                s.add(
+                    Event(
+                        object_kind="workload",
+                        object_id=str(eviction.workload_id),
+                        from_state=RUNNING,
+                        to_state=RUNNING,
+                        reason=f"{eviction.code}: {eviction.reason}",
+                        actor="scheduler",
+                    )
+                )
+                log.info(
+                    "event=attempt_evicted workload=%d code=%s for=%s reason=%r",
+                    eviction.workload_id,
+                    eviction.code,
+                    eviction.for_workload,
+                    eviction.reason,
+                )
 
     def _start(self, bind: scheduler.Bind) -> None:
         home = self.settings.home
@@ -416,15 +486,21 @@ class Reconciler:
             log_path=Path(attempt.log_path),
         )
 
-    def _explain(self, reasons: dict[int, str]) -> None:
-        changed = {wid: why for wid, why in reasons.items() if self._reasons.get(wid) != why}
+    def _explain(self, explanations: dict[int, scheduler.Explanation]) -> None:
+        """Store why each workload waits (code and sentence), writing only what changed."""
+        changed = {wid: e for wid, e in explanations.items() if self._reasons.get(wid) != e}
         if not changed:
             return
-        with self.store.session() as s:
-            for wid, why in changed.items():
-                workload = s.get(Workload, wid)
-                if workload is not None and workload.state == PENDING and workload.reason != why:
-                    workload.reason = why
+        try:
+            with self.store.session() as s:
+                for wid, explanation in changed.items():
+                    workload = s.get(Workload, wid)
+                    if workload is None or workload.state != PENDING:
+                        continue
+                    if (workload.reason, workload.reason_code) != (explanation.message, explanation.code):
+                        workload.reason, workload.reason_code = explanation.message, explanation.code
+        except StaleDataError:
+            return  # a workload moved on meanwhile; the next pass explains again
         self._reasons.update(changed)
         if len(self._reasons) > 100_000:
             self._reasons = dict(changed)
@@ -454,13 +530,33 @@ class Reconciler:
         self.telemetry.put(self.settings.node_name, samples)
 
 
-def _gpu_limit(spec: dict[str, Any]) -> float | None:
-    limit = ((spec.get("resources") or {}).get("gpu") or {}).get("limit")
-    return None if limit is None else float(limit)
+def _share(spec: dict[str, Any], resource: str) -> scheduler.Share:
+    row = (spec.get("resources") or {}).get(resource) or {}
+    limit = row.get("limit")
+    return scheduler.Share(
+        float(row.get("quota") or 0.0),
+        None if limit is None else float(limit),
+        float(row.get("over_quota_weight", 1.0)),
+    )
+
+
+def _queue_view(queue: Queue) -> scheduler.QueueView:
+    spec = queue.spec or {}
+    return scheduler.QueueView(
+        name=queue.name,
+        parent=queue.parent,
+        priority=queue.priority,
+        gpu=_share(spec, "gpu"),
+        cpu=_share(spec, "cpu"),
+        memory=_share(spec, "memory"),
+        ordering=spec.get("ordering"),
+        min_runtime_preempt=spec.get("min_runtime_preempt"),
+        min_runtime_reclaim=spec.get("min_runtime_reclaim"),
+    )
 
 
 def _workload_view(
-    workload_id: int, queue: str, nodes: int, created_at: datetime, spec: dict[str, Any]
+    workload_id: int, queue: str, nodes: int, created_at: datetime, preemptible: bool, spec: dict[str, Any]
 ) -> scheduler.WorkloadView:
     resources = spec.get("resources") or {}
     request = parse_gpu_request(resources.get("gpu", 0))
@@ -474,4 +570,6 @@ def _workload_view(
         gpus=scheduler.GpuDemand(request.count, request.models, request.min_memory_bytes),
         cpus=float(resources.get("cpu") or 0.0),
         memory_bytes=int(resources.get("memory") or 0),
+        preemptible=preemptible,
+        max_duration=spec.get("max_duration"),
     )

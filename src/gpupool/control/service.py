@@ -17,7 +17,7 @@ from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu.catalog import families
 from gpupool.scheduler.placement import split_model
-from gpupool.spec import QueueSpec, WorkloadSpec
+from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request
 from gpupool.store.db import Store
 from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc
@@ -75,8 +75,13 @@ def ensure_default_queue(store: Store) -> None:
             s.add(Queue(name=DEFAULT_QUEUE, parent=None, priority=0, spec=spec.model_dump(mode="json")))
 
 
-def queue_view(queue: Queue, usage: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+def queue_view(
+    queue: Queue,
+    usage: dict[str, dict[str, float]] | None = None,
+    fair_shares: dict[str, dict[str, float]] | None = None,
+) -> dict[str, Any]:
     used = (usage or {}).get(queue.name, {})
+    fair = (fair_shares or {}).get(queue.name, {})
     return {
         "name": queue.name,
         "parent": queue.parent,
@@ -84,6 +89,11 @@ def queue_view(queue: Queue, usage: dict[str, dict[str, float]] | None = None) -
         "description": queue.spec.get("description", ""),
         "resources": queue.spec.get("resources", {}),
         "gpus_allocated": used.get("gpus", 0.0),
+        "gpus_pending": used.get("gpus_pending", 0.0),
+        "fair_share": {resource: round(value, 6) for resource, value in fair.items()},
+        "ordering": queue.spec.get("ordering"),
+        "min_runtime_preempt": queue.spec.get("min_runtime_preempt"),
+        "min_runtime_reclaim": queue.spec.get("min_runtime_reclaim"),
         "running": int(used.get("running", 0)),
         "pending": int(used.get("pending", 0)),
         "created_at": _iso(queue.created_at),
@@ -99,9 +109,18 @@ def _queue_usage(s: Session) -> dict[str, dict[str, float]]:
         .group_by(Workload.queue, Workload.state)
     ):
         usage.setdefault(queue, {})[state] = float(count)
-    for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
-        row = usage.setdefault(attempt.workload.queue, {})
-        row["gpus"] = row.get("gpus", 0.0) + len(attempt.gpu_indices) * (attempt.gpu_fraction or 1.0)
+    for queue, indices, fraction in s.execute(
+        select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction)
+        .join(Workload, Attempt.workload_id == Workload.id)
+        .where(Attempt.state == RUNNING)
+    ):
+        row = usage.setdefault(queue, {})
+        row["gpus"] = row.get("gpus", 0.0) + len(indices) * (fraction or 1.0)
+    for queue, gpus, nodes in s.execute(
+        select(Workload.queue, Workload.gpus, Workload.nodes).where(Workload.state == PENDING)
+    ):
+        row = usage.setdefault(queue, {})
+        row["gpus_pending"] = row.get("gpus_pending", 0.0) + parse_gpu_request(gpus).count * nodes
     return usage
 
 
@@ -145,18 +164,20 @@ def update_queue(store: Store, name: str, build: Callable[[dict[str, Any]], Queu
         return queue_view(queue, _queue_usage(s))
 
 
-def list_queues(store: Store) -> list[dict[str, Any]]:
+def list_queues(store: Store, fair_shares: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
     with store.session() as s:
         usage = _queue_usage(s)
-        return [queue_view(q, usage) for q in s.scalars(select(Queue).order_by(Queue.name))]
+        return [queue_view(q, usage, fair_shares) for q in s.scalars(select(Queue).order_by(Queue.name))]
 
 
-def get_queue(store: Store, name: str) -> dict[str, Any]:
+def get_queue(
+    store: Store, name: str, fair_shares: dict[str, dict[str, float]] | None = None
+) -> dict[str, Any]:
     with store.session() as s:
         queue = s.scalar(select(Queue).where(Queue.name == name))
         if queue is None:
             raise NotFound(f"no queue named {name!r}; list them with `gpupool queues`")
-        return queue_view(queue, _queue_usage(s))
+        return queue_view(queue, _queue_usage(s), fair_shares)
 
 
 # -- workloads -------------------------------------------------------------------------------------------
@@ -189,6 +210,7 @@ def workload_view(workload: Workload, *, detail: bool = False) -> dict[str, Any]
         "user": workload.user,
         "state": workload.state,
         "reason": workload.reason,
+        "reason_code": workload.reason_code,
         "priority": workload.priority,
         "preemptible": workload.preemptible,
         "gpus": workload.gpus,

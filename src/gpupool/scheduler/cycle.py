@@ -250,8 +250,10 @@ class Cycle:
         return self._never_fits(w)
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
+        if w.nodes > len(self.snapshot.nodes):
+            return explain.too_large(w, f"needs {w.nodes} nodes; the pool has {len(self.snapshot.nodes)}")
         if w.nodes > self.schedulable_nodes:
-            return explain.too_large(w, f"needs {w.nodes} nodes; {self.schedulable_nodes} are schedulable")
+            return explain.unschedulable_nodes(w, self.snapshot.nodes)
         if w.gpus.count <= 0:
             return None
         matching = [

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpupool.scheduler.snapshot import Explanation, WorkloadView
+from collections.abc import Sequence
+
+from gpupool.scheduler.snapshot import Explanation, NodeView, WorkloadView
 
 QUEUE_LIMIT = "queue-limit"
 OVER_QUOTA_NONPREEMPTIBLE = "over-quota-nonpreemptible"
@@ -60,6 +62,15 @@ def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Exp
 
 def too_large(w: WorkloadView, why: str) -> Explanation:
     return Explanation(TOO_LARGE, f"can never fit this pool: {why}")
+
+
+def unschedulable_nodes(w: WorkloadView, nodes: Sequence[NodeView]) -> Explanation:
+    out = [f"{n.name} {n.state}" for n in nodes if not n.schedulable]
+    shown = ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")
+    ready = len(nodes) - len(out)
+    return Explanation(
+        NO_CAPACITY, f"needs {w.nodes} schedulable node(s); {ready} can take work now ({shown})"
+    )
 
 
 def no_matching_gpu(w: WorkloadView) -> Explanation:

@@ -104,6 +104,8 @@ class Workload(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16), default="pending")
     reason: Mapped[str] = mapped_column(Text, default="")
+    # While pending: the scheduler's reason code (explain.CODES), e.g. "queue-limit"; "" otherwise.
+    reason_code: Mapped[str] = mapped_column(String(32), default="", server_default="")
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -115,7 +115,8 @@ def test_gpu_model_and_memory_constraints_are_honoured() -> None:
 
 def test_cordoned_nodes_take_no_work_and_say_so() -> None:
     d = decide(Snapshot((node(schedulable=False, state="cordoned"),), (job(1),)), now=0)
-    assert not d.binds and d.explanations[1].code == "too-large"
+    assert not d.binds and d.explanations[1].code == "no-capacity"
+    assert "n1 cordoned" in d.explanations[1].message
 
 
 def test_queue_gpu_limit_is_never_exceeded() -> None:

@@ -21,12 +21,14 @@ def create(
 
 @router.get("", summary="Queues with quotas, limits and what they use now")
 def list_queues(request: Request) -> list[dict[str, Any]]:
-    return service.list_queues(request.app.state.runtime.store)
+    runtime = request.app.state.runtime
+    return service.list_queues(runtime.store, runtime.reconciler.fair_shares)
 
 
 @router.get("/{name}", summary="One queue")
 def get_queue(request: Request, name: str) -> dict[str, Any]:
-    return service.get_queue(request.app.state.runtime.store, name)
+    runtime = request.app.state.runtime
+    return service.get_queue(runtime.store, name, runtime.reconciler.fair_shares)
 
 
 @router.patch("/{name}", summary="Change some fields of a queue (merged into its spec)")

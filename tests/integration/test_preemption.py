@@ -1,0 +1,116 @@
+"""Evictions on a real server: the scheduler's reclaim and preempt decisions carried out on real processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.support.server import ServerProcess
+
+CHECKPOINTING = """
+import json, os, signal, sys, time, pathlib
+ckpt = pathlib.Path(os.environ["GPUPOOL_CHECKPOINT_DIR"]) / "step"
+step = int(ckpt.read_text()) if ckpt.exists() else 0
+print(f"attempt {os.environ['GPUPOOL_ATTEMPT']} starts at step {step}", flush=True)
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+while step < int(os.environ.get("STEPS", "1000")):
+    time.sleep(0.1)
+    step += 1
+    ckpt.write_text(str(step))
+    if stop:
+        print(f"checkpointed at step {step}", flush=True)
+        sys.exit(143)
+print("done", flush=True)
+"""
+
+
+def _queue(server: ServerProcess, body: dict[str, object]) -> None:
+    with server.http() as client:
+        response = client.post("/api/v1/queues", json=body)
+        assert response.status_code == 201, response.text
+
+
+def _log(server: ServerProcess, workload_id: int, attempt: int | None = None) -> str:
+    with server.http() as client:
+        params = {} if attempt is None else {"attempt": attempt}
+        return str(client.get(f"/api/v1/workloads/{workload_id}/logs", params=params).json()["data"])
+
+
+def test_higher_priority_preempts_and_the_victim_resumes_from_its_checkpoint(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    (job_dir / "train.py").write_text(CHECKPOINTING)
+    _queue(server, {"name": "team", "resources": {"gpu": {"quota": 8}}})
+    low = server.submit(
+        {
+            "queue": "team",
+            "priority": "train",
+            "resources": {"gpu": 8},
+            "workdir": str(job_dir),
+            "commands": ["python3 train.py"],
+            "env": {"STEPS": 40},
+            "checkpoint": "ckpt-low",
+        }
+    )
+    server.wait_for(low["id"], states=("running",))
+    time.sleep(1.0)
+    high = server.submit(
+        {
+            "queue": "team",
+            "priority": 90,
+            "preemptible": True,
+            "resources": {"gpu": 4},
+            "commands": ["sleep 1"],
+        }
+    )
+    assert server.wait_for(high["id"], states=("running", "succeeded"), timeout=30)["state"] in (
+        "running",
+        "succeeded",
+    )
+    victim = server.workload(low["id"])
+    assert victim["attempt_list"][0]["state"] == "evicted"
+    assert "preempted by workload" in victim["attempt_list"][0]["reason"]
+    assert "checkpointed at step" in _log(server, low["id"], attempt=0)
+    done = server.wait_for(low["id"], timeout=60)
+    assert done["state"] == "succeeded" and done["attempts"] == 2 and done["restarts"] == 0
+    resumed = _log(server, low["id"], attempt=1)
+    assert "attempt 1 starts at step 0" not in resumed and "attempt 1 starts at step" in resumed
+
+
+def test_a_queue_below_its_quota_reclaims_borrowed_gpus(server: ServerProcess) -> None:
+    _queue(server, {"name": "a", "resources": {"gpu": {"quota": 4}}})
+    _queue(server, {"name": "b", "resources": {"gpu": {"quota": 4}}})
+    borrowers = [server.submit({"queue": "a", "resources": {"gpu": 1}, "commands": ["sleep 60"],
+                                "grace_period": "1s"})["id"] for _ in range(8)]  # fmt: skip
+    for wid in borrowers:
+        server.wait_for(wid, states=("running",))
+    claimant = server.submit(
+        {"queue": "b", "resources": {"gpu": 3}, "commands": ["echo reclaimed; sleep 0.5"]}
+    )
+    assert server.wait_for(claimant["id"], timeout=30)["state"] == "succeeded"
+    states = [server.workload(wid) for wid in borrowers]
+    evicted = [w for w in states if w["attempts"] > 1 or w["state"] == "pending"]
+    assert len(evicted) == 3, "exactly the GPUs needed are reclaimed"
+    first = next(w for w in states if w["attempt_list"][0]["state"] == "evicted")
+    assert "reclaimed for queue b" in first["attempt_list"][0]["reason"]
+    with server.http() as client:
+        queues = {q["name"]: q for q in client.get("/api/v1/queues").json()}
+        assert queues["a"]["fair_share"]["gpu"] == 8  # b wants nothing now: a may use it all
+        for wid in borrowers:
+            client.post(f"/api/v1/workloads/{wid}/cancel")
+
+
+def test_why_explains_a_pending_workload(server: ServerProcess) -> None:
+    _queue(server, {"name": "capped", "resources": {"gpu": {"quota": 1, "limit": 2}}})
+    server.submit({"queue": "capped", "resources": {"gpu": 2}, "commands": ["sleep 30"]})
+    waiting = server.submit({"queue": "capped", "resources": {"gpu": 1}, "commands": ["true"]})
+    time.sleep(1.5)
+    out = server.cli("why", str(waiting["id"]), check=True).stdout
+    assert "[queue-limit]" in out and "queue capped is at its limit (2/2 GPUs)" in out
+    assert "fair share" in out
+    table = server.cli("queues", check=True).stdout
+    assert "FAIR SHARE" in table and "capped" in table
