@@ -305,7 +305,9 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
         "GPU QUOTA",
         "GPU LIMIT",
         "WEIGHT",
+        "FAIR SHARE",
         "ALLOCATED",
+        "PENDING GPUS",
         "RUNNING",
         "PENDING",
     ):
