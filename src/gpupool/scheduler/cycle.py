@@ -304,7 +304,7 @@ class Cycle:
         if why.code == explain.NO_CAPACITY:
             ahead = self.rank.get(w.id, 0)
             allocated, fair = self.state.allocated(w.queue), self.fair(w.queue)
-            if self.config.fair_share and fair > 0 and allocated + EPSILON >= fair:
+            if self.config.fair_share and allocated + EPSILON >= fair:
                 return explain.over_fair_share(w.queue, allocated, fair, ahead)
             return explain.no_capacity(w, self.state.free_gpus(), ahead)
         return why
@@ -402,11 +402,21 @@ class Cycle:
                 keep = trial_set
         for victim in keep:
             self._evict(victim, code, reason(victim), w.id)
+        if state.reservation is not None and state.reservation.workload_id == w.id:
+            state.reservation = None  # w has its room now
         placed = self.placer.place_gang(w, after_release=True)
         assert placed is not None
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
         return True
+
+    def _fits_tentatively(self, w: WorkloadView) -> bool:
+        """Would `w` fit after release? The state is left exactly as it was."""
+        checkpoint, generation = self.state.checkpoint(), self.state.generation
+        fits = self.placer.place_gang(w, after_release=True) is not None
+        self.state.rollback(checkpoint)
+        self.state.generation = generation
+        return fits
 
     def _victim_key(self, v: WorkloadView) -> tuple[float, ...]:
         since = v.last_checkpoint_time if v.last_checkpoint_time is not None else v.start_time
@@ -510,6 +520,16 @@ class Cycle:
 
     def _consolidate_for(self, w: WorkloadView) -> bool:
         state = self.state
+        saved = state.reservation
+        if saved is not None and saved.workload_id == w.id:
+            state.reservation = None  # w's own reservation must not keep the moved work from its new homes
+        if self._consolidate(w):
+            return True
+        state.reservation = saved
+        return False
+
+    def _consolidate(self, w: WorkloadView) -> bool:
+        state = self.state
         checkpoint, generation = state.checkpoint(), state.generation
         need = int(w.gpus.count)
         moved: list[WorkloadView] = []
@@ -518,7 +538,7 @@ class Cycle:
             key=lambda n: (-n.whole, n.name),
         )
         for node in targets:
-            if self.placer.place_gang(w, after_release=True) is not None:
+            if self._fits_tentatively(w):
                 break
             movable = sorted(
                 (v for v in self.by_node.get(node.name, []) if v.nodes == 1 and self._evictable(v)),

@@ -31,7 +31,7 @@ CODES = (
 )
 
 # Codes that more capacity (an eviction) could cure: reclaim, preempt and consolidate look at these.
-CAPACITY_CODES = frozenset({NO_CAPACITY, FRAGMENTED, OVER_FAIR_SHARE, RESERVED})
+CAPACITY_CODES = frozenset({NO_CAPACITY, FRAGMENTED, OVER_FAIR_SHARE})
 
 UNITS = {"gpu": "GPUs", "cpu": "CPUs", "memory": "bytes of memory"}
 

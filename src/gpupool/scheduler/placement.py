@@ -99,29 +99,43 @@ class Placer:
                     yield state.nodes[name]
 
     def find_pod(
-        self, w: WorkloadView, *, after_release: bool = False, domain: frozenset[str] | None = None
+        self,
+        w: WorkloadView,
+        *,
+        after_release: bool = False,
+        domain: frozenset[str] | None = None,
+        exclude: frozenset[tuple[str, int]] = frozenset(),
     ) -> PodPlacement | None:
-        seen: set[str] = set()
-        for node in self._candidates(w, after_release, domain):
-            if node.name in seen:
-                continue
-            seen.add(node.name)
-            if not self._node_fits(node, w, after_release):
-                continue
-            chosen = self.choose_gpus(node, w.gpus, after_release)
-            if chosen is not None:
-                return PodPlacement(node.name, chosen[0], chosen[1])
+        # A multi-GPU pod first looks for a node where its GPUs can share one NVLink island.
+        passes = (True, False) if w.gpus.count >= 2 and not w.gpus.is_fractional else (False,)
+        for one_island in passes:
+            seen: set[str] = set()
+            for node in self._candidates(w, after_release, domain):
+                if node.name in seen:
+                    continue
+                seen.add(node.name)
+                if not self._node_fits(node, w, after_release):
+                    continue
+                chosen = self.choose_gpus(node, w.gpus, after_release, one_island=one_island, exclude=exclude)
+                if chosen is not None:
+                    return PodPlacement(node.name, chosen[0], chosen[1])
         return None
 
     def choose_gpus(
-        self, node: NodeState, demand: GpuDemand, after_release: bool = False
+        self,
+        node: NodeState,
+        demand: GpuDemand,
+        after_release: bool = False,
+        *,
+        one_island: bool = False,
+        exclude: frozenset[tuple[str, int]] = frozenset(),
     ) -> tuple[tuple[int, ...], float] | None:
         if demand.count <= 0:
             return (), 1.0
         gpus = node.view.gpus
         avail = [
             node.free[i] + (node.held[i] if after_release else 0.0)
-            if gpu_matches(g.model, g.memory_bytes, demand)
+            if gpu_matches(g.model, g.memory_bytes, demand) and (node.name, g.index) not in exclude
             else 0.0
             for i, g in enumerate(gpus)
         ]
@@ -150,6 +164,8 @@ class Placer:
                 fitting, key=lambda m: (len(m), -gpus[m[0]].index if self.spread else gpus[m[0]].index)
             )
             chosen = pick[:whole]
+        elif one_island:
+            return None
         else:
             # Span as few islands as possible: biggest islands first.
             ordered = sorted(islands.values(), key=lambda m: (-len(m), gpus[m[0]].index))
@@ -174,8 +190,10 @@ class Placer:
         state = self.state
         checkpoint, generation = state.checkpoint(), state.generation
         pods: list[PodPlacement] = []
+        used: frozenset[tuple[str, int]] = frozenset()
         for _ in range(w.nodes):
-            pod = self.find_pod(w, after_release=after_release, domain=domain)
+            # Pods of one gang never share a GPU (each is its own process with its own devices).
+            pod = self.find_pod(w, after_release=after_release, domain=domain, exclude=used)
             if pod is None:
                 state.rollback(checkpoint)
                 state.generation = generation  # back to exactly where we were: cached misses stay valid
@@ -184,6 +202,7 @@ class Placer:
             single = _one_pod(w)
             state.allocate(single, (pod,), after_release=after_release)
             pods.append(pod)
+            used = used | {(pod.node, i) for i in pod.gpu_indices}
         state.rollback(checkpoint)
         state.generation = generation
         placed = tuple(pods)

@@ -1,0 +1,99 @@
+"""Scheduler invariants over random small clusters (hypothesis): what no cycle may ever do."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+
+from gpupool.scheduler import decide
+from gpupool.scheduler.snapshot import Decisions, Snapshot
+from tests.unit.scheduler.invariants import check_decisions, reclaim_problems
+from tests.unit.scheduler.strategies import NOW, ReclaimCase, reclaim_cases, snapshots
+
+BOUNDED = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,  # nothing written into the checkout; a failure prints its reproduction
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def _show(snapshot: Snapshot, decisions: Decisions) -> str:
+    return f"\nsnapshot: {snapshot}\ndecisions: {decisions}"
+
+
+@BOUNDED
+@given(snapshots())
+def test_decisions_never_break_an_invariant(snapshot: Snapshot) -> None:
+    """No GPU, CPU or limit over-committed; gangs whole; evictions sane; every unbound workload explained."""
+    decisions = decide(snapshot, NOW)
+    problems = check_decisions(snapshot, NOW, decisions)
+    assert not problems, "\n".join(problems) + _show(snapshot, decisions)
+
+
+@BOUNDED
+@given(snapshots(stopping=False))
+def test_reclaim_never_takes_a_queue_below_its_fair_share(snapshot: Snapshot) -> None:
+    decisions = decide(snapshot, NOW)
+    problems = reclaim_problems(snapshot, decisions)
+    assert not problems, "\n".join(problems) + _show(snapshot, decisions)
+
+
+@BOUNDED
+@given(reclaim_cases())
+def test_a_queue_whose_demand_reaches_its_quota_gets_it_within_one_cycle(case: ReclaimCase) -> None:
+    """Binds on free GPUs plus evictions in its favour serve the hungry queue's whole quota; with several
+    other queues, rounding their fair shares may hold back at most one GPU per extra queue."""
+    snapshot = case.snapshot
+    decisions = decide(snapshot, NOW)
+    hungry = {w.id for w in snapshot.pending}
+    bound = {b.workload_id for b in decisions.binds} & hungry
+    helped = {e.for_workload for e in decisions.evictions if e.code == "reclaim"} & hungry
+    served = len(bound | helped)
+    expected = case.quota - (case.others - 1)
+    assert served >= expected, (
+        f"hungry queue (quota {case.quota}, {case.free} GPUs free, {case.others} other queue(s)) got "
+        f"{len(bound)} binds and evictions for {len(helped)} more; expected {expected}" + _show(snapshot, decisions)
+    )
+    assert not check_decisions(snapshot, NOW, decisions)
+    assert not reclaim_problems(snapshot, decisions)
+
+
+@BOUNDED
+@given(snapshots(pending=False, stopping=False, failures=False))
+def test_a_steady_state_evicts_nothing(snapshot: Snapshot) -> None:
+    """Healthy nodes, nothing pending, nothing stopping: every queue runs within its fair share."""
+    decisions = decide(snapshot, NOW)
+    assert not decisions.evictions, _show(snapshot, decisions)
+
+
+@BOUNDED
+@given(snapshots())
+def test_a_second_cycle_on_applied_decisions_evicts_nothing(snapshot: Snapshot) -> None:
+    """No ping-pong: once binds run and evicted work is stopping, the same state (same clock) gives no
+    further evictions."""
+    first = decide(snapshot, NOW)
+    applied = apply(snapshot, first)
+    second = decide(applied, NOW)
+    problems = check_decisions(applied, NOW, second)
+    assert not problems, "\n".join(problems) + _show(applied, second)
+    assert not second.evictions, f"first cycle: {first}" + _show(applied, second)
+
+
+@BOUNDED
+@given(snapshots())
+def test_decide_is_deterministic(snapshot: Snapshot) -> None:
+    assert decide(snapshot, NOW) == decide(snapshot, NOW)
+
+
+def apply(snapshot: Snapshot, decisions: Decisions) -> Snapshot:
+    """The next snapshot: bound work runs from NOW; evicted work is stopping (it still holds its GPUs)."""
+    bound = {b.workload_id: b for b in decisions.binds}
+    evicted = {e.workload_id for e in decisions.evictions}
+    running = [replace(w, stopping=True) if w.id in evicted else w for w in snapshot.running]
+    running += [
+        replace(w, placement=bound[w.id].pods, start_time=NOW) for w in snapshot.pending if w.id in bound
+    ]
+    pending = tuple(w for w in snapshot.pending if w.id not in bound)
+    return replace(snapshot, running=tuple(running), pending=pending)
