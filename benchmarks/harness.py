@@ -7,6 +7,7 @@ this folder on sys.path by being run as `python benchmarks/<name>.py`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import importlib.util
 import json
@@ -69,8 +70,23 @@ class BenchServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
         env.update({"GPUPOOL_HOME": str(self.home), "GPUPOOL_SERVER": self.url})
         # --new-admin-token so a reused --db (which already has an admin token) still writes credentials.
-        argv = [sys.executable, "-m", "gpupool.main", "server", "--host", HOST, "--port", str(self.port),
-                "--gpus", GPUS, "--node-name", NODE, "--log-level", self.log_level, "--new-admin-token"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "gpupool.main",
+            "server",
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--gpus",
+            GPUS,
+            "--node-name",
+            NODE,
+            "--log-level",
+            self.log_level,
+            "--new-admin-token",
+        ]
         if self.db_url:
             argv += ["--db", self.db_url]
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - lives as long as the process
@@ -141,11 +157,6 @@ class BenchServer:
                 client.post(f"/api/v1/nodes/{name}/cordon", json={"reason": "benchmark"}).raise_for_status()
         return names
 
-    def max_workload_id(self) -> int:
-        with self.http() as client:
-            rows = client.get("/api/v1/workloads", params={"all": "true", "limit": 1}).raise_for_status().json()
-        return int(rows[-1]["id"]) if rows else 0
-
 
 # -- a lean asyncio HTTP/1.1 client ------------------------------------------------------------------------
 
@@ -204,10 +215,8 @@ class RawConnection:
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            try:
+            with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
-            except OSError:
-                pass
         self._reader = self._writer = None
 
 
@@ -266,11 +275,17 @@ def code_under_test() -> tuple[Path, str, bool | None]:
     origin = Path(spec.origin) if spec is not None and spec.origin else REPO_ROOT / "src" / "gpupool" / "x"
     root = origin.parent.parent.parent
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10)  # fmt: skip
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
         if result.returncode == 0 and (root / ".git").exists():
-            dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True,
-                                   text=True, timeout=10).stdout.strip()  # fmt: skip
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--", "src"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
             return root, result.stdout.strip(), bool(dirty)
     except (OSError, subprocess.SubprocessError):
         pass
@@ -292,8 +307,9 @@ class Column:
     fmt: Callable[[float], str] = lambda v: f"{v:.1f}"
 
 
-def print_runs(title: str, runs: list[dict[str, Any]], columns: Sequence[Column],
-               median: dict[str, float] | None = None) -> None:  # fmt: skip
+def print_runs(
+    title: str, runs: list[dict[str, Any]], columns: Sequence[Column], median: dict[str, float] | None = None
+) -> None:
     table = Table(title=title)
     table.add_column("run", justify="right")
     for col in columns:

@@ -48,7 +48,9 @@ def _ts(value: str | None) -> float | None:
     return dt.datetime.fromisoformat(value).timestamp() if value else None
 
 
-async def submit_all(server: BenchServer, args: argparse.Namespace, ids: list[int], errors: list[str]) -> float:
+async def submit_all(
+    server: BenchServer, args: argparse.Namespace, ids: list[int], errors: list[str]
+) -> float:
     """Submit every job over --clients connections; returns perf_counter() when the last submit returned."""
     body = json.dumps({"commands": [args.command], "resources": {"gpu": 1}}).encode()
     remaining = iter(range(args.jobs))
@@ -102,8 +104,15 @@ async def drive(server: BenchServer, args: argparse.Namespace) -> dict[str, Any]
             submitting.cancel()
         await conn.close()
     submitted_at = submitting.result() if submitting.done() and not submitting.cancelled() else None
-    return {"ids": ids, "errors": errors, "poll_ms": poll_ms, "rows": rows, "t0": t0, "done_at": done_at,
-            "submitted_at": submitted_at}  # fmt: skip
+    return {
+        "ids": ids,
+        "errors": errors,
+        "poll_ms": poll_ms,
+        "rows": rows,
+        "t0": t0,
+        "done_at": done_at,
+        "submitted_at": submitted_at,
+    }
 
 
 def one_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -156,16 +165,25 @@ COLUMNS = [
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=500, help="jobs per run (default 500)")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent submitting connections (default 8)")
+    parser.add_argument(
+        "--clients", type=int, default=8, help="concurrent submitting connections (default 8)"
+    )
     parser.add_argument("--command", default="true", help="the job's command (default 'true')")
     parser.add_argument("--poll-s", type=float, default=0.25, help="poll interval in seconds (default 0.25)")
     parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh server (default 1)")
-    parser.add_argument("--db", default=None, help="store URL passed to the server (default: SQLite in the "
-                        "fresh GPUPOOL_HOME); an external database keeps rows between runs")  # fmt: skip
-    parser.add_argument("--max-seconds", type=float, default=300.0,
-                        help="give up on a run after this long (default 300)")
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="store URL passed to the server (default: SQLite in the "
+        "fresh GPUPOOL_HOME); an external database keeps rows between runs",
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=300.0, help="give up on a run after this long (default 300)"
+    )
     parser.add_argument("--log-level", default="info", help="server log level (default info, as deployed)")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default results/{NAME}.json)")
     return parser.parse_args()
@@ -175,26 +193,38 @@ def main() -> None:
     args = parse_args()
     runs = []
     for i in range(args.repeat):
-        console.print(f"[dim]run {i + 1}/{args.repeat}: {args.jobs} x {args.command!r} on one 8-GPU node, "
-                      f"{args.clients} submitting connections[/dim]")  # fmt: skip
+        console.print(
+            f"[dim]run {i + 1}/{args.repeat}: {args.jobs} x {args.command!r} on one 8-GPU node, "
+            f"{args.clients} submitting connections[/dim]"
+        )
         runs.append(one_run(args))
     keys = [c.key for c in COLUMNS]
     median = median_of_runs(runs, keys)
     met = median["seconds"] <= TARGET_SECONDS and all(r["complete"] and r["not_succeeded"] == 0 for r in runs)
-    print_runs(f"job throughput: {args.jobs} x {args.command!r}, 1 GPU each, one simulated 8xH100 node", runs,
-               COLUMNS, median)  # fmt: skip
-    console.print(f"target all {args.jobs} succeeded in <= {TARGET_SECONDS:g} s: {verdict(met)} "
-                  f"(median {median['seconds']:.1f} s)")  # fmt: skip
-    path = write_results(NAME, {
-        "benchmark": NAME,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": machine(),
-        "runs": runs,
-        "median": median,
-        "spread": spread_of_runs(runs, keys),
-        "target": {"seconds_max": TARGET_SECONDS},
-        "target_met": met,
-    }, args.output)  # fmt: skip
+    print_runs(
+        f"job throughput: {args.jobs} x {args.command!r}, 1 GPU each, one simulated 8xH100 node",
+        runs,
+        COLUMNS,
+        median,
+    )
+    console.print(
+        f"target all {args.jobs} succeeded in <= {TARGET_SECONDS:g} s: {verdict(met)} "
+        f"(median {median['seconds']:.1f} s)"
+    )
+    path = write_results(
+        NAME,
+        {
+            "benchmark": NAME,
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine": machine(),
+            "runs": runs,
+            "median": median,
+            "spread": spread_of_runs(runs, keys),
+            "target": {"seconds_max": TARGET_SECONDS},
+            "target_met": met,
+        },
+        args.output,
+    )
     console.print(f"[dim]wrote {path}[/dim]")
 
 

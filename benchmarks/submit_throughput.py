@@ -119,7 +119,9 @@ def drive(server: BenchServer, kind: str, clients: int, total: int, max_seconds:
     tally = Tally(total, time.monotonic() + max_seconds)
     body = json.dumps(BODY).encode()
     if kind == "threads":
-        threads = [threading.Thread(target=_thread_worker, args=(server, tally, body)) for _ in range(clients)]
+        threads = [
+            threading.Thread(target=_thread_worker, args=(server, tally, body)) for _ in range(clients)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -132,7 +134,9 @@ def drive(server: BenchServer, kind: str, clients: int, total: int, max_seconds:
             return
         limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
         headers = {"Authorization": f"Bearer {server.token}"}
-        async with httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits, timeout=60) as client:
+        async with httpx.AsyncClient(
+            base_url=server.url, headers=headers, limits=limits, timeout=60
+        ) as client:
             await asyncio.gather(*(_httpx_worker(client, tally, body) for _ in range(clients)))
 
     asyncio.run(main())
@@ -187,18 +191,32 @@ COLUMNS = [
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--submits", type=int, default=3000, help="measured submits per run (default 3000)")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured submits first (default 200)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
-    parser.add_argument("--client", choices=["raw", "httpx", "threads"], default="raw",
-                        help="client implementation: raw = minimal asyncio HTTP/1.1 (cheapest, default); "
-                             "httpx = httpx.AsyncClient on asyncio; threads = one httpx.Client per thread")
+    parser.add_argument(
+        "--client",
+        choices=["raw", "httpx", "threads"],
+        default="raw",
+        help="client implementation: raw = minimal asyncio HTTP/1.1 (cheapest, default); "
+        "httpx = httpx.AsyncClient on asyncio; threads = one httpx.Client per thread",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh server (default 1)")
-    parser.add_argument("--db", default=None, help="store URL passed to the server (default: SQLite in the "
-                        "fresh GPUPOOL_HOME); an external database keeps rows between runs")  # fmt: skip
-    parser.add_argument("--max-seconds", type=float, default=120.0,
-                        help="per phase, stop issuing submits after this long (default 120)")
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="store URL passed to the server (default: SQLite in the "
+        "fresh GPUPOOL_HOME); an external database keeps rows between runs",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=120.0,
+        help="per phase, stop issuing submits after this long (default 120)",
+    )
     parser.add_argument("--log-level", default="info", help="server log level (default info, as deployed)")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default results/{NAME}.json)")
     return parser.parse_args()
@@ -208,27 +226,39 @@ def main() -> None:
     args = parse_args()
     runs = []
     for i in range(args.repeat):
-        console.print(f"[dim]run {i + 1}/{args.repeat}: {args.warmup} warm-up + {args.submits} submits, "
-                      f"{args.clients} clients ({args.client})[/dim]")  # fmt: skip
+        console.print(
+            f"[dim]run {i + 1}/{args.repeat}: {args.warmup} warm-up + {args.submits} submits, "
+            f"{args.clients} clients ({args.client})[/dim]"
+        )
         runs.append(one_run(args))
     keys = [c.key for c in COLUMNS]
     median = median_of_runs(runs, keys)
     met = median["jobs_per_s"] >= TARGET_RATE and median["p99_ms"] <= TARGET_P99_MS and median["errors"] == 0
-    print_runs(f"submit throughput: {args.clients} clients, {args.submits} submits, cordoned node", runs,
-               COLUMNS, median)  # fmt: skip
-    console.print(f"target >= {TARGET_RATE:g} submits/s with p99 <= {TARGET_P99_MS:g} ms: {verdict(met)} "
-                  f"(median {median['jobs_per_s']:.1f}/s, p99 {median['p99_ms']:.1f} ms)")  # fmt: skip
-    path = write_results(NAME, {
-        "benchmark": NAME,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "body": BODY,
-        "machine": machine(),
-        "runs": runs,
-        "median": median,
-        "spread": spread_of_runs(runs, keys),
-        "target": {"jobs_per_s_min": TARGET_RATE, "p99_ms_max": TARGET_P99_MS},
-        "target_met": met,
-    }, args.output)  # fmt: skip
+    print_runs(
+        f"submit throughput: {args.clients} clients, {args.submits} submits, cordoned node",
+        runs,
+        COLUMNS,
+        median,
+    )
+    console.print(
+        f"target >= {TARGET_RATE:g} submits/s with p99 <= {TARGET_P99_MS:g} ms: {verdict(met)} "
+        f"(median {median['jobs_per_s']:.1f}/s, p99 {median['p99_ms']:.1f} ms)"
+    )
+    path = write_results(
+        NAME,
+        {
+            "benchmark": NAME,
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "body": BODY,
+            "machine": machine(),
+            "runs": runs,
+            "median": median,
+            "spread": spread_of_runs(runs, keys),
+            "target": {"jobs_per_s_min": TARGET_RATE, "p99_ms_max": TARGET_P99_MS},
+            "target_met": met,
+        },
+        args.output,
+    )
     console.print(f"[dim]wrote {path}[/dim]")
 
 

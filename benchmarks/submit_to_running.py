@@ -151,18 +151,29 @@ COLUMNS = [
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=200, help="measured jobs per run (default 200)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured jobs first (default 3)")
     parser.add_argument("--command", default="sleep 0.2", help="the job's command (default 'sleep 0.2')")
     parser.add_argument("--poll-ms", type=float, default=10.0, help="poll interval in ms (default 10)")
-    parser.add_argument("--job-timeout", type=float, default=60.0,
-                        help="give up on a job not finished after this many seconds (default 60)")
+    parser.add_argument(
+        "--job-timeout",
+        type=float,
+        default=60.0,
+        help="give up on a job not finished after this many seconds (default 60)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh server (default 1)")
-    parser.add_argument("--db", default=None, help="store URL passed to the server (default: SQLite in the "
-                        "fresh GPUPOOL_HOME); an external database keeps rows between runs")  # fmt: skip
-    parser.add_argument("--max-seconds", type=float, default=300.0,
-                        help="stop submitting after this long (default 300)")
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="store URL passed to the server (default: SQLite in the "
+        "fresh GPUPOOL_HOME); an external database keeps rows between runs",
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=300.0, help="stop submitting after this long (default 300)"
+    )
     parser.add_argument("--log-level", default="info", help="server log level (default info, as deployed)")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default results/{NAME}.json)")
     return parser.parse_args()
@@ -172,25 +183,36 @@ def main() -> None:
     args = parse_args()
     runs = []
     for i in range(args.repeat):
-        console.print(f"[dim]run {i + 1}/{args.repeat}: {args.warmup} warm-up + {args.jobs} jobs one at a time, "
-                      f"poll every {args.poll_ms:g} ms[/dim]")  # fmt: skip
+        console.print(
+            f"[dim]run {i + 1}/{args.repeat}: {args.warmup} warm-up + {args.jobs} jobs one at a time, "
+            f"poll every {args.poll_ms:g} ms[/dim]"
+        )
         runs.append(one_run(args))
     keys = [c.key for c in COLUMNS]
     median = median_of_runs(runs, keys)
     met = median["p50_s"] <= TARGET_P50_S and median["errors"] == 0
-    print_runs(f"submit to running: {args.jobs} jobs ({args.command!r}), one at a time on an idle node "
-               f"(latency from the 201)", runs, COLUMNS, median)  # fmt: skip
+    print_runs(
+        f"submit to running: {args.jobs} jobs ({args.command!r}), one at a time on an idle node "
+        f"(latency from the 201)",
+        runs,
+        COLUMNS,
+        median,
+    )
     console.print(f"target p50 <= {TARGET_P50_S:g} s: {verdict(met)} (median p50 {median['p50_s']:.3f} s)")
-    path = write_results(NAME, {
-        "benchmark": NAME,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": machine(),
-        "runs": runs,
-        "median": median,
-        "spread": spread_of_runs(runs, keys),
-        "target": {"p50_s_max": TARGET_P50_S},
-        "target_met": met,
-    }, args.output)  # fmt: skip
+    path = write_results(
+        NAME,
+        {
+            "benchmark": NAME,
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine": machine(),
+            "runs": runs,
+            "median": median,
+            "spread": spread_of_runs(runs, keys),
+            "target": {"p50_s_max": TARGET_P50_S},
+            "target_met": met,
+        },
+        args.output,
+    )
     console.print(f"[dim]wrote {path}[/dim]")
 
 

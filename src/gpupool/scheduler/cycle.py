@@ -8,12 +8,12 @@ keeps only whole, feasible ones (see state.py's undo log). The cycle is pure: it
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.fairshare import fair_shares
 from gpupool.scheduler.ordering import order_key
-from gpupool.scheduler.placement import Placer, gpu_matches
+from gpupool.scheduler.placement import Placer, families
 from gpupool.scheduler.snapshot import (
     RESOURCES,
     Bind,
@@ -24,13 +24,14 @@ from gpupool.scheduler.snapshot import (
     Snapshot,
     WorkloadView,
 )
-from gpupool.scheduler.state import EPSILON, ClusterState, Reservation
+from gpupool.scheduler.state import EPSILON, ClusterState, NodeState, Reservation
 
 ACTIONS = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
 PLACEMENTS = ("binpack", "spread")
 BLOCKING = ("skip", "strict", "backfill")
 LOST_STATES = frozenset({"lost", "unhealthy"})
 MAX_CONSOLIDATION_TRIES = 8
+MAX_CONSOLIDATION_TARGETS = 8  # nodes per pod considered for emptying
 GLOBAL = "*"
 
 
@@ -77,6 +78,13 @@ class Cycle:
         self.order = self._pending_order()
         self.rank = {w.id: i for ws in self.order.values() for i, w in enumerate(ws)}
         self.failed: dict[tuple[object, ...], tuple[int, Explanation]] = {}
+        self._never: dict[tuple[object, ...], Explanation | None] = {}
+        self._no_release_fit: dict[tuple[object, ...], tuple[int, int]] = {}
+        self._no_victims: dict[tuple[object, ...], tuple[int, int]] = {}
+        self._runtime_floor: dict[tuple[str, str], float] = {}
+        self._pool: list[WorkloadView] | None = None
+        self._node_kinds: list[list[NodeState]] | None = None
+        self._victim_room: dict[tuple[str, str], tuple[tuple[int, int], float]] = {}
         self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes if n.schedulable), default=0)
         self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
 
@@ -250,29 +258,41 @@ class Cycle:
         return self._never_fits(w)
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
+        key = (w.gpus, w.nodes)
+        if key not in self._never:
+            self._never[key] = self._never_fits_shape(w)
+        return self._never[key]
+
+    def _never_fits_shape(self, w: WorkloadView) -> Explanation | None:
         if w.nodes > len(self.snapshot.nodes):
             return explain.too_large(w, f"needs {w.nodes} nodes; the pool has {len(self.snapshot.nodes)}")
         if w.nodes > self.schedulable_nodes:
             return explain.unschedulable_nodes(w, self.snapshot.nodes)
         if w.gpus.count <= 0:
             return None
-        matching = [
-            n
-            for n in self.state.nodes.values()
-            if n.schedulable and any(gpu_matches(g.model, g.memory_bytes, w.gpus) for g in n.view.gpus)
-        ]
+        counts = [sum(self.placer.matches(group[0], w.gpus)) for group in self._kinds() for _ in group]
+        matching = [c for c in counts if c > 0]
         if not matching:
             return explain.no_matching_gpu(w)
-        biggest = max(
-            sum(1 for g in n.view.gpus if gpu_matches(g.model, g.memory_bytes, w.gpus)) for n in matching
-        )
+        biggest = max(matching)
         if w.gpus.count > biggest:
             return explain.too_large(w, f"needs {w.gpus.count:g} GPUs on one node; the largest has {biggest}")
-        if w.nodes > len(matching):
+        able = sum(1 for c in matching if c >= w.gpus.count)
+        if w.nodes > able:
             return explain.too_large(
-                w, f"needs {w.nodes} nodes with matching GPUs; {len(matching)} have them"
+                w, f"needs {w.nodes} nodes with {w.gpus.count:g} matching GPUs; {able} have them"
             )
         return None
+
+    def _kinds(self) -> list[list[NodeState]]:
+        """Schedulable nodes grouped by GPU make-up (nodes alike answer every GPU question alike)."""
+        if self._node_kinds is None:
+            groups: dict[tuple[tuple[str, int], ...], list[NodeState]] = {}
+            for node in self.state.nodes.values():
+                if node.schedulable:
+                    groups.setdefault(node.signature, []).append(node)
+            self._node_kinds = list(groups.values())
+        return self._node_kinds
 
     def _why_not_placed(self, w: WorkloadView) -> Explanation:
         reservation = self.state.reservation
@@ -285,15 +305,7 @@ class Cycle:
             self.state.reservation = saved
             if fits:
                 return explain.reserved(reservation.workload_id, reservation.start, self.now)
-        free_matching = sum(
-            sum(
-                1
-                for i, g in enumerate(n.view.gpus)
-                if n.free[i] >= 1 - EPSILON and gpu_matches(g.model, g.memory_bytes, w.gpus)
-            )
-            for n in self.state.nodes.values()
-            if n.schedulable
-        )
+        free_matching = self.state.whole_free(families(w.gpus))
         if not w.gpus.is_fractional and w.gpu_units > 0 and free_matching + EPSILON >= w.gpu_units:
             block, node = self.state.largest_free_block()
             return explain.fragmented(w, block, node)
@@ -320,9 +332,8 @@ class Cycle:
         for node in self.state.nodes.values():
             if not node.schedulable:
                 continue
-            matching = [
-                i for i, g in enumerate(node.view.gpus) if gpu_matches(g.model, g.memory_bytes, w.gpus)
-            ]
+            suits = self.placer.matches(node, w.gpus)
+            matching = [i for i, ok in enumerate(suits) if ok]
             if len(matching) < need:
                 continue
             free_now = sum(1 for i in matching if node.free[i] >= 1 - EPSILON)
@@ -355,8 +366,16 @@ class Cycle:
 
     def _fits_after_release(self, w: WorkloadView) -> bool:
         """If `w` fits once stopping work is gone, take that room for it (so no one else counts it)."""
+        state = self.state
+        if not state.holding_nodes:
+            return False
+        key = self._shape(w)
+        stamp = (state.generation, state.held_generation)
+        if self._no_release_fit.get(key) == stamp:
+            return False
         placed = self.placer.place_gang(w, after_release=True)
         if placed is None:
+            self._no_release_fit[key] = stamp
             return False
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
@@ -365,21 +384,37 @@ class Cycle:
     def _evict_for(
         self,
         w: WorkloadView,
-        candidates: list[WorkloadView],
+        candidates: Iterable[WorkloadView],
         code: str,
         reason: Callable[[WorkloadView], str],
         allowed: Callable[[WorkloadView], bool],
     ) -> bool:
-        """Evict the fewest, cheapest victims that let `w` fit; all or nothing."""
+        """Evict the fewest, cheapest victims that let `w` fit; all or nothing.
+
+        `candidates` come in victim order (fewest GPUs, lowest priority, least work lost, newest)."""
         state = self.state
+        key = (code, w.queue, w.priority, self._shape(w))
+        stamp = (state.generation, state.held_generation)
+        if self._no_victims.get(key) == stamp:
+            return False
+        room_key = (code, w.queue if code == "reclaim" else f"{w.queue}@{w.priority}")
+        known = self._victim_room.get(room_key)
+        if known is not None and known[0] == stamp and known[1] + EPSILON < w.gpu_units:
+            return False  # a full search for this queue found less room than w needs
         checkpoint, generation = state.checkpoint(), state.generation
         chosen: list[WorkloadView] = []
         fits = False
-        for victim in sorted(candidates, key=self._victim_key):
-            if not allowed(victim):
+        wanted = families(w.gpus)
+        # Try a placement only once enough GPUs could be free: free now, held, plus what victims give.
+        room = state.whole_free(wanted) + self._held_gpus()
+        for victim in candidates:
+            if victim.id in state.evicted or not allowed(victim):
                 continue
             state.evict(victim, code)
             chosen.append(victim)
+            room += victim.gpu_units
+            if room + EPSILON < w.gpu_units:
+                continue
             trial = state.checkpoint()
             if self.placer.place_gang(w, after_release=True) is not None:
                 state.rollback(trial)
@@ -388,6 +423,8 @@ class Cycle:
         state.rollback(checkpoint)
         state.generation = generation
         if not fits:
+            self._no_victims[key] = stamp
+            self._victim_room[room_key] = (stamp, room)
             return False
         # Keep only the victims that are needed: drop the largest ones first when w still fits without them.
         keep = list(chosen)
@@ -410,6 +447,10 @@ class Cycle:
         del self.unplaced[w.id]
         return True
 
+    def _held_gpus(self) -> float:
+        state = self.state
+        return sum(sum(state.nodes[name].held) for name in state.holding_nodes)
+
     def _fits_tentatively(self, w: WorkloadView) -> bool:
         """Would `w` fit after release? The state is left exactly as it was."""
         checkpoint, generation = self.state.checkpoint(), self.state.generation
@@ -425,6 +466,13 @@ class Cycle:
         return (v.gpu_units, v.priority, lost, -started, v.id)
 
     def _min_runtime(self, queue: str, kind: str) -> float:
+        key = (queue, kind)
+        found = self._runtime_floor.get(key)
+        if found is None:
+            found = self._runtime_floor[key] = self._inherited_min_runtime(queue, kind)
+        return found
+
+    def _inherited_min_runtime(self, queue: str, kind: str) -> float:
         for name in self.state.chain(queue):
             q = self.queues.get(name)
             value = (
@@ -441,21 +489,27 @@ class Cycle:
     def _evictable(self, v: WorkloadView) -> bool:
         return v.preemptible and not v.stopping and v.id not in self.state.evicted
 
-    def _candidates_for(self, w: WorkloadView) -> list[WorkloadView]:
-        """Running work on nodes that have GPUs `w` could use."""
-        seen: dict[int, WorkloadView] = {}
+    def _victim_pool(self) -> list[WorkloadView]:
+        """Evictable running work on schedulable nodes, in victim order."""
+        if self._pool is None:
+            self._pool = self._build_victim_pool()
+        return [v for v in self._pool if v.id not in self.state.evicted]
+
+    def _build_victim_pool(self) -> list[WorkloadView]:
+        pool = {}
         for name, workloads in self.by_node.items():
             node = self.state.nodes.get(name)
             if node is None or not node.schedulable:
                 continue
-            if w.gpus.count > 0 and not any(
-                gpu_matches(g.model, g.memory_bytes, w.gpus) for g in node.view.gpus
-            ):
-                continue
             for v in workloads:
                 if v.running and self._evictable(v):
-                    seen[v.id] = v
-        return list(seen.values())
+                    pool[v.id] = v
+        return sorted(pool.values(), key=self._victim_key)
+
+    def _on_matching_nodes(self, v: WorkloadView, w: WorkloadView) -> bool:
+        if w.gpus.count <= 0:
+            return True
+        return any(any(self.placer.matches(self.state.nodes[p.node], w.gpus)) for p in v.placement)
 
     def _wants_room(self, w: WorkloadView) -> bool:
         explanation = self.decisions.explanations.get(w.id)
@@ -466,21 +520,30 @@ class Cycle:
     # -- reclaim --------------------------------------------------------------------------------------
 
     def reclaim(self) -> None:
+        pool: list[WorkloadView] = []
+        pool_stamp: tuple[int, int] | None = None
         for w in list(self.ordered_pending()):
-            if not self._wants_room(w) or self._fits_after_release(w):
+            if not self._wants_room(w):
                 continue
             queue = w.queue
             if self.state.allocated(queue) + w.gpu_units > self.fair(queue) + EPSILON:
                 continue  # the reclaimer may not end above its fair share
+            if self._fits_after_release(w):
+                continue
+            stamp = (self.state.generation, self.state.held_generation)
+            if stamp != pool_stamp:
+                pool, pool_stamp = self._reclaimable(), stamp
             mine = set(self.state.chain(queue))
+            candidates = [v for v in pool if v.queue not in mine]
+            room = sum(v.gpu_units for v in candidates) + self._held_gpus() + self.state.free_gpus()
+            if room + EPSILON < w.gpu_units:
+                continue
 
-            def allowed(v: WorkloadView, mine: set[str] = mine) -> bool:
+            def allowed(v: WorkloadView, w: WorkloadView = w, mine: set[str] = mine) -> bool:
                 levels = [n for n in self.state.chain(v.queue) if n not in mine]
-                if not levels or not self._old_enough(v, "reclaim"):
+                if not levels or not self._on_matching_nodes(v, w):
                     return False
                 return all(self.state.allocated(n) - v.gpu_units >= self.fair(n) - EPSILON for n in levels)
-
-            candidates = [v for v in self._candidates_for(w) if v.queue not in mine]
 
             def reason(v: WorkloadView, w: WorkloadView = w) -> str:
                 return (
@@ -490,20 +553,42 @@ class Cycle:
 
             self._evict_for(w, candidates, "reclaim", reason, allowed)
 
+    def _reclaimable(self) -> list[WorkloadView]:
+        """Victims reclaim may consider now: old enough, and their own queue stays at its fair share."""
+        state = self.state
+        return [
+            v
+            for v in self._victim_pool()
+            if state.allocated(v.queue) - v.gpu_units >= self.fair(v.queue) - EPSILON
+            and self._old_enough(v, "reclaim")
+        ]
+
     # -- preempt --------------------------------------------------------------------------------------
 
     def preempt(self) -> None:
+        by_queue: dict[str, list[WorkloadView]] | None = None
         for w in list(self.ordered_pending()):
-            if not self._wants_room(w) or self._fits_after_release(w):
+            if not self._wants_room(w):
                 continue
-            candidates = [
-                v for v in self._candidates_for(w) if v.queue == w.queue and v.priority < w.priority
-            ]
+            if by_queue is None:
+                by_queue = {}
+                for v in self._victim_pool():
+                    by_queue.setdefault(v.queue, []).append(v)
+            mine = by_queue.get(w.queue, [])
+            if not any(v.priority < w.priority for v in mine) or self._fits_after_release(w):
+                continue
 
             def reason(v: WorkloadView, w: WorkloadView = w) -> str:
                 return f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}"
 
-            self._evict_for(w, candidates, "preempt", reason, lambda v: self._old_enough(v, "preempt"))
+            def allowed(v: WorkloadView, w: WorkloadView = w) -> bool:
+                return (
+                    v.priority < w.priority
+                    and self._old_enough(v, "preempt")
+                    and self._on_matching_nodes(v, w)
+                )
+
+            self._evict_for(w, mine, "preempt", reason, allowed)
 
     # -- consolidate ----------------------------------------------------------------------------------
 
@@ -534,11 +619,12 @@ class Cycle:
         need = int(w.gpus.count)
         moved: list[WorkloadView] = []
         targets = sorted(
-            (n for n in state.nodes.values() if n.schedulable and n.whole < need),
+            (n for n in state.nodes.values() if n.schedulable and 0 < n.whole < need and n.model != ""),
             key=lambda n: (-n.whole, n.name),
-        )
+        )[: MAX_CONSOLIDATION_TARGETS * w.nodes]
+        ready = 0
         for node in targets:
-            if self._fits_tentatively(w):
+            if ready >= w.nodes and self._fits_tentatively(w):
                 break
             movable = sorted(
                 (v for v in self.by_node.get(node.name, []) if v.nodes == 1 and self._evictable(v)),
@@ -550,6 +636,7 @@ class Cycle:
                 state.evict(v, "consolidate")
                 moved.append(v)
                 if sum(node.free[i] + node.held[i] >= 1 - EPSILON for i in range(len(node.free))) >= need:
+                    ready += 1
                     break
         trial = state.checkpoint()
         placed = self.placer.place_gang(w, after_release=True)

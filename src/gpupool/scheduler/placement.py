@@ -43,6 +43,9 @@ def families(demand: GpuDemand) -> frozenset[str]:
     return frozenset(split_model(m)[0] for m in demand.models)
 
 
+ONE_ISLAND_LOOKAHEAD = 64  # nodes examined for a one-island fit before any fit will do
+
+
 class Placer:
     """Finds placements on a ClusterState; allocations are recorded in the state's undo log."""
 
@@ -50,6 +53,18 @@ class Placer:
         self.state = state
         self.spread = policy == "spread"
         self.now = now
+        self._matches: dict[tuple[tuple[tuple[str, int], ...], GpuDemand], tuple[bool, ...]] = {}
+        self._by_label: dict[str, dict[str, list[NodeState]]] = {}
+        self._domain_names: dict[tuple[str, str], frozenset[str]] = {}
+
+    def matches(self, node: NodeState, demand: GpuDemand) -> tuple[bool, ...]:
+        """Which of the node's GPUs suit `demand` (cached: nodes of one kind share the answer)."""
+        key = (node.signature, demand)
+        found = self._matches.get(key)
+        if found is None:
+            found = tuple(gpu_matches(model, memory, demand) for model, memory in node.signature)
+            self._matches[key] = found
+        return found
 
     # -- one pod --------------------------------------------------------------------------------------
 
@@ -71,10 +86,10 @@ class Placer:
         state = self.state
         demand = w.gpus
         if after_release:
-            names = sorted(state.nodes)
-            ordered = [state.nodes[n] for n in names if domain is None or n in domain]
-            yield from sorted(ordered, key=lambda n: sum(n.free) + sum(n.held), reverse=self.spread)
-            return
+            # Nodes where stopping work releases GPUs first; then every node normal placement would try.
+            for name in list(state.holding_nodes):
+                if domain is None or name in domain:
+                    yield state.nodes[name]
         wanted = families(demand)
         need = int(demand.count) if not demand.is_fractional else 0
         if demand.is_fractional and not self.spread:
@@ -114,6 +129,8 @@ class Placer:
                 if node.name in seen:
                     continue
                 seen.add(node.name)
+                if one_island and len(seen) > ONE_ISLAND_LOOKAHEAD:
+                    break
                 if not self._node_fits(node, w, after_release):
                     continue
                 chosen = self.choose_gpus(node, w.gpus, after_release, one_island=one_island, exclude=exclude)
@@ -133,12 +150,13 @@ class Placer:
         if demand.count <= 0:
             return (), 1.0
         gpus = node.view.gpus
-        avail = [
-            node.free[i] + (node.held[i] if after_release else 0.0)
-            if gpu_matches(g.model, g.memory_bytes, demand) and (node.name, g.index) not in exclude
-            else 0.0
-            for i, g in enumerate(gpus)
-        ]
+        suits = self.matches(node, demand)
+        if after_release:
+            avail = [node.free[i] + node.held[i] if suits[i] else 0.0 for i in range(len(gpus))]
+        else:
+            avail = [node.free[i] if suits[i] else 0.0 for i in range(len(gpus))]
+        if exclude:
+            avail = [0.0 if (node.name, g.index) in exclude else a for a, g in zip(avail, gpus, strict=True)]
         if demand.is_fractional:
             fits = [i for i, a in enumerate(avail) if a + EPSILON >= demand.count]
             if not fits:
@@ -212,26 +230,35 @@ class Placer:
     def _in_some_domain(
         self, w: WorkloadView, label: str, after_release: bool
     ) -> tuple[PodPlacement, ...] | None:
-        domains: dict[str, list[NodeState]] = {}
-        for node in self.state.nodes.values():
-            value = node.labels.get(label)
-            if value is not None and node.schedulable:
-                domains.setdefault(value, []).append(node)
+        domains = self._domains(label)
 
         def room(nodes: list[NodeState]) -> float:
-            return sum(sum(n.free) + (sum(n.held) if after_release else 0.0) for n in nodes)
+            return sum(n.free_sum + (sum(n.held) if after_release and n.holding else 0.0) for n in nodes)
 
         need = w.gpu_units
-        ordered = sorted(
-            domains.items(), key=lambda kv: ((-room(kv[1]) if self.spread else room(kv[1])), kv[0])
-        )
-        for _, nodes in ordered:
-            if room(nodes) + EPSILON < need:
+        rooms = {value: room(nodes) for value, nodes in domains.items()}
+        ordered = sorted(domains, key=lambda v: (-rooms[v] if self.spread else rooms[v], v))
+        for value in ordered:
+            if rooms[value] + EPSILON < need:
                 continue
-            placed = self._place_pods(w, after_release, frozenset(n.name for n in nodes))
+            placed = self._place_pods(w, after_release, self._domain_names[(label, value)])
             if placed is not None:
                 return placed
         return None
+
+    def _domains(self, label: str) -> dict[str, list[NodeState]]:
+        """Schedulable nodes by their value of `label` (computed once per cycle per label)."""
+        found = self._by_label.get(label)
+        if found is None:
+            found = {}
+            for node in self.state.nodes.values():
+                value = node.labels.get(label)
+                if value is not None and node.schedulable:
+                    found.setdefault(value, []).append(node)
+            self._by_label[label] = found
+            for value, nodes in found.items():
+                self._domain_names[(label, value)] = frozenset(n.name for n in nodes)
+        return found
 
 
 def _one_pod(w: WorkloadView) -> WorkloadView:

@@ -33,10 +33,15 @@ class NodeState:
     labels: dict[str, str] = field(default_factory=dict)
     whole: int = 0  # GPUs entirely free (normal placement)
     partial: bool = False  # some GPU is partly free (room for fractions)
+    free_sum: float = 0.0
+    holding: bool = False  # some GPU is held by stopping work
+    signature: tuple[tuple[str, int], ...] = ()  # (model, memory) per GPU: nodes alike share match results
 
     def recount(self) -> None:
         self.whole = sum(1 for f in self.free if f >= 1.0 - EPSILON)
         self.partial = any(EPSILON < f < 1.0 - EPSILON for f in self.free)
+        self.free_sum = sum(self.free)
+        self.holding = any(h > EPSILON for h in self.held)
 
 
 @dataclass(slots=True)
@@ -53,6 +58,9 @@ class ClusterState:
         self.nodes: dict[str, NodeState] = {}
         self.buckets: dict[str, dict[int, dict[str, None]]] = {}
         self.partial_nodes: dict[str, None] = {}
+        self.holding_nodes: dict[str, None] = {}
+        self.free_total = 0.0  # free GPUs on schedulable nodes
+        self.held_generation = 0  # bumped whenever GPUs become held (an eviction)
         self.generation = 0  # bumped whenever capacity is given back, so cached "does not fit" expires
         self._log: list[Callable[[], None]] = []
         self.reservation: Reservation | None = None
@@ -102,6 +110,7 @@ class ClusterState:
             schedulable=view.schedulable,
             model=model,
             labels=dict(view.labels),
+            signature=tuple((g.model.upper(), g.memory_bytes) for g in view.gpus),
         )
         node.recount()
         self.nodes[view.name] = node
@@ -113,6 +122,9 @@ class ClusterState:
         self.buckets.setdefault(node.model, {}).setdefault(node.whole, {})[node.name] = None
         if node.partial:
             self.partial_nodes[node.name] = None
+        if node.holding:
+            self.holding_nodes[node.name] = None
+        self.free_total += node.free_sum
 
     def _unindex(self, node: NodeState) -> None:
         if not node.schedulable:
@@ -121,6 +133,8 @@ class ClusterState:
         if bucket is not None:
             bucket.pop(node.name, None)
         self.partial_nodes.pop(node.name, None)
+        self.holding_nodes.pop(node.name, None)
+        self.free_total -= node.free_sum
 
     def add_running(self, workload: WorkloadView) -> None:
         """Account a running workload (at snapshot time: no undo). Stopping work is held, not counted."""
@@ -157,6 +171,7 @@ class ClusterState:
     def evict(self, workload: WorkloadView, code: str) -> None:
         """Stop a running workload: its resources become held (released once it has stopped)."""
         self.evicted[workload.id] = code
+        self.held_generation += 1
         moved = self._apply(workload, workload.placement, sign=0.0, held=True)
         self._account(workload, -1.0)
 
@@ -256,4 +271,13 @@ class ClusterState:
         return best, where
 
     def free_gpus(self) -> float:
-        return sum(sum(n.free) for n in self.nodes.values() if n.schedulable)
+        return max(0.0, self.free_total)
+
+    def whole_free(self, families: frozenset[str]) -> int:
+        """Entirely free GPUs on schedulable nodes whose GPUs are of these families (any when empty)."""
+        total = 0
+        for model, by_count in self.buckets.items():
+            if families and model not in families and model != MIXED:
+                continue
+            total += sum(count * len(names) for count, names in by_count.items())
+        return total

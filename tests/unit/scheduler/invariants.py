@@ -49,7 +49,7 @@ def ancestors(queue: str, queues: dict[str, QueueView]) -> list[str]:
 
 
 def min_runtime(queue: str, queues: dict[str, QueueView], kind: str) -> float:
-    """`min_runtime_preempt` / `min_runtime_reclaim` of a queue, inherited from its parents (0 at the root)."""
+    """A queue's `min_runtime_preempt` / `min_runtime_reclaim`, inherited from its parents (0 at the root)."""
     for name in ancestors(queue, queues):
         value: float | None = getattr(queues[name], f"min_runtime_{kind}")
         if value is not None:

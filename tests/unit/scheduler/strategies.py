@@ -149,8 +149,10 @@ class _Room:
     queue_gpus: dict[str, float]
 
 
-def _place(w: WorkloadView, cluster: tuple[NodeView, ...], order: list[int], room: _Room) -> tuple[PodPlacement, ...] | None:
-    """First fit, one pod per distinct node, on GPUs that match and are free enough; None if it does not fit."""
+def _place(
+    w: WorkloadView, cluster: tuple[NodeView, ...], order: list[int], room: _Room
+) -> tuple[PodPlacement, ...] | None:
+    """First fit, one pod per distinct node, on matching GPUs with room; None if it does not fit."""
     pods: list[PodPlacement] = []
     taken: dict[tuple[str, int], float] = {}
     cpus: dict[str, float] = {}
@@ -160,7 +162,9 @@ def _place(w: WorkloadView, cluster: tuple[NodeView, ...], order: list[int], roo
         node = cluster[k]
         if room.cpus[node.name] + cpus.get(node.name, 0.0) + w.cpus > node.cpus:
             continue
-        fits = [g for g in node.gpus if gpu_fits(g.model, g.memory_bytes, w.gpus.models, w.gpus.min_memory_bytes)]
+        fits = [
+            g for g in node.gpus if gpu_fits(g.model, g.memory_bytes, w.gpus.models, w.gpus.min_memory_bytes)
+        ]
         if w.gpus.count <= 0:
             pods.append(PodPlacement(node.name, (), 1.0))
         elif w.gpus.is_fractional:
@@ -274,7 +278,9 @@ def reclaim_cases(draw: st.DrawFn) -> ReclaimCase:
     queues = (
         QueueView("hungry", gpu=Share(quota=float(quota))),
         *(
-            QueueView(name, gpu=Share(quota=float(other_quota), weight=draw(st.sampled_from([1.0, 2.0, 3.0]))))
+            QueueView(
+                name, gpu=Share(quota=float(other_quota), weight=draw(st.sampled_from([1.0, 2.0, 3.0])))
+            )
             for name in other_names
         ),
     )
@@ -305,7 +311,9 @@ def reclaim_cases(draw: st.DrawFn) -> ReclaimCase:
                 )
             )
     pending = tuple(
-        WorkloadView(id=100 + k, queue="hungry", priority=50, submit_time=NOW - quota + k, gpus=GpuDemand(1.0))
+        WorkloadView(
+            id=100 + k, queue="hungry", priority=50, submit_time=NOW - quota + k, gpus=GpuDemand(1.0)
+        )
         for k in range(quota)
     )
     config = SchedulerConfig(blocking=draw(st.sampled_from(["backfill", "skip"])))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
@@ -11,8 +12,9 @@ from gpupool.scheduler.snapshot import Decisions, Snapshot
 from tests.unit.scheduler.invariants import check_decisions, reclaim_problems
 from tests.unit.scheduler.strategies import NOW, ReclaimCase, reclaim_cases, snapshots
 
+# GPUPOOL_SCHEDULER_EXAMPLES=2000 searches deeper (minutes); the default keeps the file under ~30 s.
 BOUNDED = settings(
-    max_examples=150,
+    max_examples=int(os.environ.get("GPUPOOL_SCHEDULER_EXAMPLES", "100")),
     deadline=None,
     database=None,  # nothing written into the checkout; a failure prints its reproduction
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -54,7 +56,8 @@ def test_a_queue_whose_demand_reaches_its_quota_gets_it_within_one_cycle(case: R
     expected = case.quota - (case.others - 1)
     assert served >= expected, (
         f"hungry queue (quota {case.quota}, {case.free} GPUs free, {case.others} other queue(s)) got "
-        f"{len(bound)} binds and evictions for {len(helped)} more; expected {expected}" + _show(snapshot, decisions)
+        f"{len(bound)} binds and evictions for {len(helped)} more; expected {expected}"
+        + _show(snapshot, decisions)
     )
     assert not check_decisions(snapshot, NOW, decisions)
     assert not reclaim_problems(snapshot, decisions)

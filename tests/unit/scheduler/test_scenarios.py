@@ -118,9 +118,8 @@ def compare(scenario: Scenario, decisions: Decisions) -> list[str]:
                 continue
             failed = [c for c in conditions if not c.holds(value)]
             if failed:
-                out.append(
-                    f"fair share {queue}.{resource}: expected {_show_conditions(conditions)}, decided {value:g}"
-                )
+                wanted = _show_conditions(conditions)
+                out.append(f"fair share {queue}.{resource}: expected {wanted}, decided {value:g}")
     return out
 
 
