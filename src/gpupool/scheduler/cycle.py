@@ -68,8 +68,8 @@ class Cycle:
         self.state = ClusterState(snapshot.nodes, queues.values())
         self.placer = Placer(self.state, self.config.placement, now)
         self.by_node: dict[str, list[WorkloadView]] = {}
+        self.state.load_running(snapshot.running)
         for w in snapshot.running:
-            self.state.add_running(w)
             for pod in w.placement:
                 self.by_node.setdefault(pod.node, []).append(w)
         self.shares = self._fair_shares()
@@ -270,14 +270,14 @@ class Cycle:
             return explain.unschedulable_nodes(w, self.snapshot.nodes)
         if w.gpus.count <= 0:
             return None
-        counts = [sum(self.placer.matches(group[0], w.gpus)) for group in self._kinds() for _ in group]
-        matching = [c for c in counts if c > 0]
+        kinds = [(sum(self.placer.matches(group[0], w.gpus)), len(group)) for group in self._kinds()]
+        matching = [(count, many) for count, many in kinds if count > 0]
         if not matching:
             return explain.no_matching_gpu(w)
-        biggest = max(matching)
+        biggest = max(count for count, _ in matching)
         if w.gpus.count > biggest:
             return explain.too_large(w, f"needs {w.gpus.count:g} GPUs on one node; the largest has {biggest}")
-        able = sum(1 for c in matching if c >= w.gpus.count)
+        able = sum(many for count, many in matching if count >= w.gpus.count)
         if w.nodes > able:
             return explain.too_large(
                 w, f"needs {w.nodes} nodes with {w.gpus.count:g} matching GPUs; {able} have them"

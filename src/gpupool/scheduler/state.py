@@ -136,6 +136,32 @@ class ClusterState:
         self.holding_nodes.pop(node.name, None)
         self.free_total -= node.free_sum
 
+    def load_running(self, workloads: Iterable[WorkloadView]) -> None:
+        """Account the running workloads of the snapshot (no undo): one pass, then re-index once."""
+        touched: dict[str, NodeState] = {}
+        for workload in workloads:
+            self.running[workload.id] = workload
+            for pod in workload.placement:
+                node = self.nodes.get(pod.node)
+                if node is None:
+                    continue
+                if node.name not in touched:
+                    touched[node.name] = node
+                    self._unindex(node)
+                for index in pod.gpu_indices:
+                    pos = node.position.get(index)
+                    if pos is not None:
+                        node.free[pos] -= pod.gpu_fraction
+                        if workload.stopping:
+                            node.held[pos] += pod.gpu_fraction
+                node.cpus_free -= workload.cpus
+                node.memory_free -= workload.memory_bytes
+            if not workload.stopping:
+                self._account(workload, +1.0)
+        for node in touched.values():
+            node.recount()
+            self._index(node)
+
     def add_running(self, workload: WorkloadView) -> None:
         """Account a running workload (at snapshot time: no undo). Stopping work is held, not counted."""
         self.running[workload.id] = workload
