@@ -206,6 +206,12 @@ class Placer:
         self, w: WorkloadView, after_release: bool, domain: frozenset[str] | None
     ) -> tuple[PodPlacement, ...] | None:
         state = self.state
+        if w.nodes == 1:
+            pod = self.find_pod(w, after_release=after_release, domain=domain)
+            if pod is None:
+                return None
+            state.allocate(w, (pod,), after_release=after_release)
+            return (pod,)
         checkpoint, generation = state.checkpoint(), state.generation
         pods: list[PodPlacement] = []
         used: frozenset[tuple[str, int]] = frozenset()

@@ -196,6 +196,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
     _check_placements(running, nodes, where)
     snapshot = Snapshot(nodes=nodes, pending=pending, queues=queues, running=running, config=config)
     expect = _expectations(top.get("expect"), where)
+    _check_expected_ids(expect, running, pending, queues, where)
     return Scenario(name=name, description=description.strip(), now=now, snapshot=snapshot, expect=expect)
 
 
@@ -552,6 +553,34 @@ def _check_placements(running: tuple[WorkloadView, ...], nodes: tuple[NodeView, 
                 used[(pod.node, index)] += pod.gpu_fraction
                 if used[(pod.node, index)] > 1 + 1e-9:
                     raise where.error("on", index, f"workload {w.id} over-commits GPU {index} of {pod.node}")
+
+
+def _check_expected_ids(
+    expect: Expectations,
+    running: tuple[WorkloadView, ...],
+    pending: tuple[WorkloadView, ...],
+    queues: tuple[QueueView, ...],
+    where: _Where,
+) -> None:
+    """An expectation about a workload or queue the scenario does not have is a typo, not a check."""
+    pending_ids = {w.id for w in pending}
+    running_ids = {w.id for w in running}
+    for field, ids, known in (
+        ("binds", expect.binds, pending_ids),
+        ("reasons", expect.reasons, pending_ids),
+        ("evictions", expect.evictions, running_ids),
+    ):
+        unknown = sorted(set(ids or ()) - known)
+        if unknown:
+            kind = "running" if field == "evictions" else "pending"
+            raise where.error(f"expect.{field}", unknown, f"not {kind} workload ids of this scenario")
+    for _, beneficiary in (expect.evictions or {}).values():
+        if beneficiary is not None and beneficiary not in pending_ids:
+            raise where.error("expect.evictions", beneficiary, "'for' must name a pending workload")
+    names = {q.name for q in queues}
+    unknown_queues = sorted(set(expect.fair_share or ()) - names)
+    if unknown_queues:
+        raise where.error("expect.fair_share", unknown_queues, "not queues of this scenario")
 
 
 # --- expectations ---------------------------------------------------------------------------------
