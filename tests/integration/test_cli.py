@@ -72,9 +72,13 @@ def test_logs_follow_streams_until_the_job_ends(server: ServerProcess, job_dir: 
 
 def test_queue_commands(server: ServerProcess) -> None:
     server.cli("queue", "create", "nlp", "--gpu-quota", "4", "--gpu-limit", "8", check=True)
-    server.cli("queue", "update", "nlp", "--gpu-weight", "2", check=True)
+    server.cli("queue", "update", "nlp", "--gpu-weight", "2", "--ordering", "attained",
+               "--min-runtime-preempt", "10m", check=True)  # fmt: skip
     queues = {q["name"]: q for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
     assert queues["nlp"]["resources"]["gpu"] == {"quota": 4, "limit": 8, "over_quota_weight": 2}
+    assert queues["nlp"]["ordering"] == "attained" and queues["nlp"]["min_runtime_preempt"] == 600
+    bad = server.cli("queue", "update", "nlp", "--ordering", "random")
+    assert bad.returncode == 1 and "ordering" in bad.stderr
     assert "nlp" in server.cli("queues", check=True).stdout
 
 

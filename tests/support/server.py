@@ -40,7 +40,9 @@ class ServerProcess:
     @property
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-        env.update({"GPUPOOL_HOME": str(self.home), "GPUPOOL_SERVER": self.url, "COLUMNS": "200", **self.extra_env})
+        env.update(
+            {"GPUPOOL_HOME": str(self.home), "GPUPOOL_SERVER": self.url, "COLUMNS": "200", **self.extra_env}
+        )
         return env
 
     @property

@@ -331,15 +331,8 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(table)
 
 
-def _queue_body(
-    file: Path | None,
-    gpu_quota: float | None,
-    gpu_limit: float | None,
-    gpu_weight: float | None,
-    priority: int | None,
-    parent: str | None,
-    description: str | None,
-) -> dict[str, Any]:
+def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
+    """A queue spec from an optional YAML file plus the flags given (flags win)."""
     body: dict[str, Any] = {}
     if file is not None:
         try:
@@ -349,30 +342,23 @@ def _queue_body(
         if not isinstance(loaded, dict):
             raise CliError(f"{file}: a queue spec must be a YAML mapping")
         body.update(loaded)
-    gpu: dict[str, Any] = {}
-    if gpu_quota is not None:
-        gpu["quota"] = gpu_quota
-    if gpu_limit is not None:
-        gpu["limit"] = gpu_limit
-    if gpu_weight is not None:
-        gpu["over_quota_weight"] = gpu_weight
+    gpu = {key: fields.pop(flag) for flag, key in _GPU_FLAGS.items() if fields.get(flag) is not None}
     if gpu:
         body.setdefault("resources", {}).setdefault("gpu", {}).update(gpu)
-    if priority is not None:
-        body["priority"] = priority
-    if parent is not None:
-        body["parent"] = parent
-    if description is not None:
-        body["description"] = description
+    body.update({key: value for key, value in fields.items() if value is not None and key not in _GPU_FLAGS})
     return body
 
 
+_GPU_FLAGS = {"gpu_quota": "quota", "gpu_limit": "limit", "gpu_weight": "over_quota_weight"}
 _QUOTA = typer.Option(None, "--gpu-quota", help="GPUs guaranteed to this queue")
 _LIMIT = typer.Option(None, "--gpu-limit", help="hard cap on GPUs in use")
 _WEIGHT = typer.Option(None, "--gpu-weight", help="share of idle GPUs beyond quota (over-quota weight)")
 _PRIORITY = typer.Option(None, "--priority", help="queue priority 0..1000")
 _PARENT = typer.Option(None, "--parent", help="parent queue (department)")
 _DESCRIPTION = typer.Option(None, "--description")
+_ORDERING = typer.Option(None, "--ordering", help="fifo | attained | las | estimate")
+_MIN_PREEMPT = typer.Option(None, "--min-runtime-preempt", help="e.g. 10m: no preemption of younger work")
+_MIN_RECLAIM = typer.Option(None, "--min-runtime-reclaim", help="e.g. 30m: no reclaim of younger work")
 _FILE = typer.Option(None, "--file", "-f", help="a queue spec (YAML)")
 
 
@@ -385,10 +371,14 @@ def queue_create(
     priority: int | None = _PRIORITY,
     parent: str | None = _PARENT,
     description: str | None = _DESCRIPTION,
+    ordering: str | None = _ORDERING,
+    min_runtime_preempt: str | None = _MIN_PREEMPT,
+    min_runtime_reclaim: str | None = _MIN_RECLAIM,
     file: Path | None = _FILE,
 ) -> None:
     """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16"""
-    body = _queue_body(file, gpu_quota, gpu_limit, gpu_weight, priority, parent, description)
+    fields = dict(locals())
+    body = _queue_body(fields.pop("file"), {k: v for k, v in fields.items() if k != "name"})
     body["name"] = name
     parse_queue_spec(body)
     q = client().create_queue(body)
@@ -404,14 +394,18 @@ def queue_update(
     priority: int | None = _PRIORITY,
     parent: str | None = _PARENT,
     description: str | None = _DESCRIPTION,
+    ordering: str | None = _ORDERING,
+    min_runtime_preempt: str | None = _MIN_PREEMPT,
+    min_runtime_reclaim: str | None = _MIN_RECLAIM,
     file: Path | None = _FILE,
 ) -> None:
     """Change some fields of a queue; the others keep their values."""
-    body = _queue_body(file, gpu_quota, gpu_limit, gpu_weight, priority, parent, description)
+    fields = dict(locals())
+    body = _queue_body(fields.pop("file"), {k: v for k, v in fields.items() if k != "name"})
     if not body:
         raise CliError(
-            "nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, "
-            "--priority, --parent, --description, --file"
+            "nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, --priority, "
+            "--parent, --description, --ordering, --min-runtime-preempt, --min-runtime-reclaim, --file"
         )
     q = client().update_queue(name, body)
     console.print(f"queue {q['name']} updated")

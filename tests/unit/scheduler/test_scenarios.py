@@ -2,7 +2,7 @@
 
 A file's name is the rule it proves. The format (read by `scenario_loader.py`; unknown keys are errors):
 
-    description: One sentence: the rule, in words.         # required
+    description: One sentence saying the rule it proves.   # required
     now: 10000                   # the clock passed to decide (seconds; default 0)
     config: {placement: spread, blocking: strict, max_consolidation_moves: 1, usage_weight: 1}
                                  # any SchedulerConfig field; default SchedulerConfig()
@@ -13,28 +13,32 @@ A file's name is the rule it proves. The format (read by `scenario_loader.py`; u
       - {name: x1, state: lost}   # ready|cordoned|draining|unhealthy|lost; schedulable = (state == ready)
                                   # unless `schedulable:` says otherwise. islands: a group size (4) or one
                                   # island number per GPU. foreign: {0: 0.5} = use outside the scheduler
-    queues:                      # omitted: every queue a workload names exists with defaults
+    queues:                      # omitted: every queue a workload names exists with defaults; workloads
+                                 # must be in leaf queues
       - {name: a, gpu: 4}                                 # gpu: 4 is a quota of 4
-      - {name: b, parent: a, gpu: {quota: 4, limit: 8, weight: 2}, priority: 1, ordering: attained,
+      - {name: p, cpu: {quota: 16}, memory: {limit: 512GB}}
+      - {name: b, parent: p, gpu: {quota: 4, limit: 8, weight: 2}, priority: 1, ordering: attained,
          min_runtime_preempt: 10m, min_runtime_reclaim: 600, usage: 36000}
     running:                     # id, queue (default q), gpus per pod, priority (number or class name,
                                  # default train = 50), preemptible (default true), start (default 0),
                                  # checkpoint (last_checkpoint_time), stopping, max_duration, submit...
       - {id: 1, queue: a, on: {n1: [0, 1, 2, 3]}, start: 0}   # one entry per pod: node -> GPU indices
       - {id: 2, queue: a, gpus: 0.5, on: {n1: [4]}}            # a fraction: one index, gpus < 1
-      - {id: 3, queue: a, on: [{n2: "0-3"}, {n2: "4-7"}]}      # list form: several pods on one node
+      - {id: 3, queue: a, on: [{r2-1: "0-3"}, {r2-1: "4-7"}]}  # list form: several pods on one node
     pending:                     # id, queue, gpus (4, "H100:2", "A100|H100:2", "80GB:1", 0.5; default 1),
                                  # nodes (gang size, default 1), priority, preemptible, submit (default =
                                  # the id, so ids give FIFO order), topology, topology_preferred,
                                  # max_duration, attained, estimate, cpus, memory
       - {id: 10, queue: b, gpus: 8, nodes: 2, topology: rack}
-    expect:                      # each key is checked only when present
-      binds: {10: [r2-1, r2-2], 11: {n1: [4, 5]}, 12: any}  # EXACT set of bound ids; per id: any, a node
-                                 # per pod (order-free), or node -> exact GPU indices. `binds: {}` = none
-      evictions: {2: reclaim, 3: preempt for 10}           # EXACT set: code [for beneficiary]; {} = none
-      reasons: {11: waiting-for-release}                   # reason code of listed pending workloads only
-      fair_share: {a: 4, b: "14/3", c: ">4", d: [">=4", "<6"], e: {cpu: 8}}  # GPU unless a resource
-                                 # is named; numbers match within 1e-6
+      - {id: 11, queue: a, gpus: "H100:2", priority: interactive, preemptible: false}
+      - {id: 12, queue: b, gpus: 0.5, max_duration: 1h}
+    expect:                      # each key is checked only when present; ids must exist in the scenario
+      binds: {11: {n1: [5, 6]}, 12: any}     # EXACT set of bound ids; per id: any, a node per pod
+                                 # (order-free: [r2-1, r2-2]), or node -> exact GPU indices; {} = none
+      evictions: {3: reclaim for 10}         # EXACT set: code [for beneficiary]; {} = none
+      reasons: {10: waiting-for-release}     # reason code of the listed pending workloads only
+      fair_share: {a: 4, b: "14/3", p: {gpu: [">=4", "<6"], cpu: 16}}  # GPU unless a resource is
+                                 # named; numbers match within 1e-6; comparisons: > < >= <=
 
 Every scenario is also checked against the invariants in `invariants.py` (no GPU over-committed, gangs
 whole, limits kept, every unbound pending workload explained with a known code, ...).
@@ -42,6 +46,7 @@ whole, limits kept, every unbound pending workload explained with a known code, 
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -49,8 +54,9 @@ import pytest
 
 from gpupool.scheduler import decide
 from gpupool.scheduler.snapshot import Decisions, PodPlacement
+from gpupool.spec.document import load_yaml
 from tests.unit.scheduler.invariants import EVICTION_CODES, REASON_CODES, check_decisions
-from tests.unit.scheduler.scenario_loader import PodWhere, Scenario, load_scenario
+from tests.unit.scheduler.scenario_loader import PodWhere, Scenario, load_scenario, parse_scenario
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 SCENARIO_FILES = sorted(SCENARIO_DIR.glob("*.yaml"))
@@ -67,6 +73,26 @@ def test_the_scenario_set_is_complete_and_every_file_loads() -> None:
             assert code in REASON_CODES, f"{path.name}: unknown reason code {code}"
         for code, _ in (expect.evictions or {}).values():
             assert code in EVICTION_CODES, f"{path.name}: unknown eviction code {code}"
+
+
+def test_the_documented_format_loads() -> None:
+    """The example in this module's docstring is a valid scenario, so the documentation cannot drift."""
+    doc = __doc__ or ""
+    block = doc[doc.index("    description:") : doc.index("Every scenario is also checked")]
+    scenario = parse_scenario(load_yaml(textwrap.dedent(block), ""), "docstring")
+    snapshot = scenario.snapshot
+    assert [n.name for n in snapshot.nodes] == ["n1", "r2-1", "r2-2", "x1"]
+    assert [g.nvlink_island for g in snapshot.nodes[0].gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert not snapshot.nodes[3].schedulable
+    running = {w.id: w for w in snapshot.running}
+    assert running[2].placement[0].gpu_fraction == 0.5
+    assert [p.node for p in running[3].placement] == ["r2-1", "r2-1"]
+    pending = {w.id: w for w in snapshot.pending}
+    assert pending[11].gpus.models == ("H100",) and pending[11].priority == 75
+    assert pending[12].max_duration == 3600
+    queues = {q.name: q for q in snapshot.queues}
+    assert queues["b"].min_runtime_preempt == 600 and queues["p"].memory.limit == 512e9
+    assert scenario.expect.evictions == {3: ("reclaim", 10)}
 
 
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=[p.stem for p in SCENARIO_FILES])
