@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import psutil
@@ -38,6 +38,11 @@ NODE = "bench-node"
 HOST = "127.0.0.1"
 
 # Wide enough for the tables when the output is a pipe or a file (make bench | tee).
+DB_HELP = (
+    "store URL passed to the server (default: SQLite in each run's fresh GPUPOOL_HOME); give an empty "
+    "database: rows an earlier run left (a cordoned node, pending jobs) change the result"
+)
+
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
@@ -45,6 +50,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def warn_shared_db(db_url: str | None, repeat: int) -> None:
+    if db_url and repeat > 1:
+        console.print(
+            "[yellow]warning:[/yellow] --db with --repeat: every run uses the same database and sees what "
+            "the runs before it left (a cordoned node, pending jobs)"
+        )
 
 
 # -- the server under test ---------------------------------------------------------------------------------
@@ -89,12 +102,12 @@ class BenchServer:
         ]
         if self.db_url:
             argv += ["--db", self.db_url]
-        log = open(self.home / "server.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home)
+        with open(self.home / "server.log", "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+                self._fail(f"server exited with {self.proc.returncode}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     self.token = str(json.loads((self.home / "credentials").read_text())["token"])
@@ -102,8 +115,12 @@ class BenchServer:
             except (httpx.TransportError, OSError, ValueError):
                 pass
             time.sleep(0.1)
+        self._fail(f"server did not become healthy in {timeout}s")
+
+    def _fail(self, what: str) -> NoReturn:
+        tail = self.log_tail()
         self.stop()
-        raise RuntimeError(f"server did not become healthy in {timeout}s:\n{self.log_tail()}")
+        raise RuntimeError(f"{what}:\n{tail}")
 
     @property
     def pid(self) -> int:

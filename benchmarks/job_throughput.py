@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
+    DB_HELP,
     HOST,
     BenchServer,
     Column,
@@ -36,6 +37,7 @@ from harness import (
     print_runs,
     spread_of_runs,
     verdict,
+    warn_shared_db,
     write_results,
 )
 
@@ -178,8 +180,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--db",
         default=None,
-        help="store URL passed to the server (default: SQLite in the "
-        "fresh GPUPOOL_HOME); an external database keeps rows between runs",
+        help=DB_HELP,
     )
     parser.add_argument(
         "--max-seconds", type=float, default=300.0, help="give up on a run after this long (default 300)"
@@ -191,6 +192,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    warn_shared_db(args.db, args.repeat)
     runs = []
     for i in range(args.repeat):
         console.print(

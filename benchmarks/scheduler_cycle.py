@@ -113,6 +113,7 @@ class Result:
     rss_after_build_mb: float = 0.0
     tracemalloc_peak_mb: float | None = None
     error: str | None = None
+    timeouts: list[dict[str, str]] = field(default_factory=list)  # phase, and where the core was
     stopped_early: list[str] = field(default_factory=list)
 
     def note(self, report: ApplyReport) -> None:
@@ -202,10 +203,51 @@ def build(spec: ClusterSpec, result: Result) -> tuple[Snapshot, ClusterStats]:
     return snapshot, stats
 
 
+@dataclass(slots=True)
+class Budget:
+    """Whether another decide fits in --max-seconds, guessing it lasts as long as the last one did."""
+
+    seconds: float
+    started: float = field(default_factory=time.perf_counter)
+    last_s: float = 0.0
+
+    def allows(self, share: float = 1.0) -> bool:
+        return time.perf_counter() - self.started + self.last_s <= self.seconds * share
+
+
+def measure(
+    snapshot: Snapshot,
+    now: float,
+    args: argparse.Namespace,
+    budget: Budget,
+    series: list[float],
+    phase: str,
+    result: Result,
+) -> Decisions | None:
+    """One timed decide appended to `series`; None when it ran past --cycle-timeout (counted as that)."""
+    try:
+        decisions, ms = timed_decide(snapshot, now, args.cycle_timeout)
+    except CycleTimeout as exc:
+        series.append(args.cycle_timeout * 1000.0)
+        budget.last_s = args.cycle_timeout
+        # Where the core was when time ran out: its innermost frames are where it spends its time.
+        inside = [f for f in traceback.extract_tb(exc.__traceback__) if "gpupool" in f.filename][-6:]
+        # Source lines are read now, from disk: if src/ changed since the import, they may be off.
+        where = "".join(traceback.format_list(inside))
+        result.timeouts.append({"phase": phase, "where": where})
+        console.print(
+            f"{phase} cycle {len(series)}: {exc}; interrupted in:\n{where}", markup=False, highlight=False
+        )
+        return None
+    series.append(ms)
+    budget.last_s = ms / 1000.0
+    return decisions
+
+
 def full_cycles(
-    args: argparse.Namespace, spec: ClusterSpec, result: Result, started: float
-) -> tuple[Snapshot, Decisions, ClusterStats]:
-    """--cycles decides on fresh snapshots; returns the last snapshot and its decisions."""
+    args: argparse.Namespace, spec: ClusterSpec, result: Result, budget: Budget
+) -> tuple[Snapshot, Decisions | None, ClusterStats]:
+    """--cycles decides on fresh snapshots; the last snapshot and the decisions of the last completed one."""
     snapshot, stats = build(spec, result)
     result.rss_after_build_mb = rss_mb()
     console.print(
@@ -215,17 +257,17 @@ def full_cycles(
         f"RSS {result.rss_after_build_mb:.0f} MB[/dim]"
     )
     first: Decisions | None = None
-    decisions: Decisions | None = None
     for cycle in range(args.cycles):
-        if cycle and time.perf_counter() - started > args.max_seconds / 2:
+        if cycle and not budget.allows(0.5):
             result.stopped_early.append(f"full cycles: {cycle} of {args.cycles} within --max-seconds / 2")
             break
         if cycle and not args.reuse_snapshot:
             del snapshot  # one snapshot alive at a time, so peak RSS is the scheduler's, not the benchmark's
             gc.collect()
             snapshot, _ = build(spec, result)
-        decisions, ms = timed_decide(snapshot, NOW, args.cycle_timeout)
-        result.cycle_ms.append(ms)
+        decisions = measure(snapshot, NOW, args, budget, result.cycle_ms, "full", result)
+        if decisions is None:
+            break
         if first is None:
             first = decisions
             result.binds, result.evictions = len(decisions.binds), len(decisions.evictions)
@@ -238,29 +280,30 @@ def full_cycles(
         elif decisions.binds != first.binds or decisions.evictions != first.evictions:
             result.deterministic = False
         console.print(
-            f"[dim]full cycle {cycle + 1}/{args.cycles}: {ms:.1f} ms, {len(decisions.binds)} binds, "
-            f"{len(decisions.evictions)} evictions[/dim]"
+            f"[dim]full cycle {cycle + 1}/{args.cycles}: {result.cycle_ms[-1]:.1f} ms, "
+            f"{len(decisions.binds)} binds, {len(decisions.evictions)} evictions[/dim]"
         )
-    assert decisions is not None
-    return snapshot, decisions, stats
+    return snapshot, first, stats
 
 
 def steady_cycles(
-    args: argparse.Namespace, snapshot: Snapshot, decisions: Decisions, result: Result, started: float
+    args: argparse.Namespace, snapshot: Snapshot, decisions: Decisions, result: Result, budget: Budget
 ) -> None:
     now = NOW
     result.settled = False if args.settle_rounds else None
     for round_ in range(args.settle_rounds):
-        if time.perf_counter() - started > args.max_seconds:
+        if not budget.allows():
             result.stopped_early.append(
-                f"post-bind cycles: {round_} of {args.settle_rounds} within --max-seconds"
+                f"post-bind cycles: {round_} of {args.settle_rounds} within --max-seconds; no steady cycles"
             )
             return
         now += args.tick
         snapshot, report = apply_decisions(snapshot, decisions, now)
         result.note(report)
-        decisions, ms = timed_decide(snapshot, now, args.cycle_timeout)
-        result.settle_ms.append(ms)
+        settled = measure(snapshot, now, args, budget, result.settle_ms, "post-bind", result)
+        if settled is None:
+            return
+        decisions = settled
         result.settle_rounds.append(
             {
                 "applied_binds": report.binds,
@@ -271,7 +314,7 @@ def steady_cycles(
         )
         console.print(
             f"[dim]post-bind cycle {round_ + 1}: applied {report.binds} binds and {report.evictions} "
-            f"evictions; decide {ms:.1f} ms -> {len(decisions.binds)} binds, "
+            f"evictions; decide {result.settle_ms[-1]:.1f} ms -> {len(decisions.binds)} binds, "
             f"{len(decisions.evictions)} evictions[/dim]"
         )
         if not decisions.binds and not decisions.evictions:
@@ -279,15 +322,16 @@ def steady_cycles(
             break
     # The last decide's decisions are not applied: from here on the input never changes.
     for cycle in range(args.cycles):
-        if time.perf_counter() - started > args.max_seconds:
+        if not budget.allows():
             result.stopped_early.append(f"steady cycles: {cycle} of {args.cycles} within --max-seconds")
             break
         now += args.tick
-        decisions, ms = timed_decide(snapshot, now, args.cycle_timeout)
-        result.steady_ms.append(ms)
+        steady = measure(snapshot, now, args, budget, result.steady_ms, "steady", result)
+        if steady is None:
+            break
         console.print(
-            f"[dim]steady cycle {cycle + 1}/{args.cycles}: {ms:.1f} ms, {len(decisions.binds)} binds, "
-            f"{len(decisions.evictions)} evictions[/dim]"
+            f"[dim]steady cycle {cycle + 1}/{args.cycles}: {result.steady_ms[-1]:.1f} ms, "
+            f"{len(steady.binds)} binds, {len(steady.evictions)} evictions[/dim]"
         )
 
 
@@ -329,11 +373,18 @@ def summary(args: argparse.Namespace, result: Result) -> dict[str, Any]:
     }
 
 
-def verdicts(args: argparse.Namespace, figures: dict[str, Any]) -> dict[str, bool | None] | None:
+def verdicts(
+    args: argparse.Namespace, figures: dict[str, Any], result: Result
+) -> dict[str, bool | None] | None:
+    """Each target met, not met, or None (not measured; or a timeout makes a passing figure meaningless)."""
     limits = TARGETS.get((args.nodes, args.pending, args.running, args.queues))
     if limits is None or args.gpus_per_node != 8:
         return None
-    return {key: None if figures[key] is None else figures[key] <= limit for key, limit in limits.items()}
+    met: dict[str, bool | None] = {}
+    for key, limit in limits.items():
+        value = figures[key]
+        met[key] = None if value is None or (result.timeouts and value <= limit) else value <= limit
+    return met
 
 
 def print_table(args: argparse.Namespace, figures: dict[str, Any], result: Result) -> None:
@@ -395,6 +446,12 @@ def print_table(args: argparse.Namespace, figures: dict[str, Any], result: Resul
         console.print(
             f"[red]{result.problem_count} invalid decisions[/red], e.g. " + "; ".join(result.problems[:3])
         )
+    if result.timeouts:
+        phases = ", ".join(t["phase"] for t in result.timeouts)
+        console.print(
+            f"[red]{len(result.timeouts)} decide(s) ran past {args.cycle_timeout:g}s ({phases}); each counts "
+            "as the timeout, so the figures above are lower bounds[/red]"
+        )
     for note in result.stopped_early:
         console.print(f"[yellow]stopped early: {note}[/yellow]")
 
@@ -403,23 +460,17 @@ def main() -> int:
     args = parse_args()
     spec = spec_of(args)
     result = Result()
-    started = time.perf_counter()
+    budget = Budget(args.max_seconds)
     stats: ClusterStats | None = None
     last: Snapshot | None = None
     try:
-        last, decisions, stats = full_cycles(args, spec, result, started)
-        steady_cycles(args, last, decisions, result, started)
-    except CycleTimeout as exc:
-        result.error = f"timeout: {exc}"
-        # Where the core was when time ran out: its innermost frames are where it spends its time.
-        frames = traceback.extract_tb(exc.__traceback__)
-        inside = [f for f in frames if "gpupool" in f.filename][-6:]
-        where = "".join(traceback.format_list(inside))
-        console.print(f"interrupted in:\n{where}", markup=False, highlight=False)
+        last, decisions, stats = full_cycles(args, spec, result, budget)
+        if decisions is not None:
+            steady_cycles(args, last, decisions, result, budget)
     except Exception as exc:  # the core under test may be mid-rewrite: report, don't hide the traceback
         result.error = f"{type(exc).__name__}: {exc}"
         console.print(traceback.format_exc(), markup=False, highlight=False)
-    if result.error is None and last is not None:
+    if result.error is None and last is not None and not result.timeouts:
         try:
             if args.tracemalloc:
                 result.tracemalloc_peak_mb = heap_peak_mb(last, args.cycle_timeout * 5)
@@ -434,7 +485,7 @@ def main() -> int:
             console.print(f"[yellow]tracemalloc/profile run abandoned: {exc}[/yellow]")
 
     figures = summary(args, result)
-    met = verdicts(args, figures)
+    met = verdicts(args, figures, result)
     print_table(args, figures, result)
     if result.error:
         console.print(f"[red]decide failed: {result.error}[/red]", highlight=False)
@@ -481,6 +532,8 @@ def main() -> int:
             "cluster": None if stats is None else asdict(stats),
             "stopped_early": result.stopped_early,
             "error": result.error,
+            "cycle_timeout_s": args.cycle_timeout,
+            "timeouts": result.timeouts,
             "targets": TARGETS.get((args.nodes, args.pending, args.running, args.queues)),
             "targets_met": met,
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

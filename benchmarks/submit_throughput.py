@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 from harness import (
+    DB_HELP,
     HOST,
     BenchServer,
     Column,
@@ -31,6 +32,7 @@ from harness import (
     print_runs,
     spread_of_runs,
     verdict,
+    warn_shared_db,
     write_results,
 )
 
@@ -208,8 +210,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--db",
         default=None,
-        help="store URL passed to the server (default: SQLite in the "
-        "fresh GPUPOOL_HOME); an external database keeps rows between runs",
+        help=DB_HELP,
     )
     parser.add_argument(
         "--max-seconds",
@@ -224,6 +225,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    warn_shared_db(args.db, args.repeat)
     runs = []
     for i in range(args.repeat):
         console.print(

@@ -207,18 +207,22 @@ class Cycle:
         shape = self._shape(w)
         cached = self.failed.get(shape)
         if cached is not None and cached[0] == self.state.generation:
-            self.decisions.explanations[w.id] = self._capacity_explanation(w, cached[1])
+            why = cached[1]
+        else:
+            placed = self.placer.place_gang(w)
+            if placed is not None:
+                self.decisions.binds.append(Bind(w.id, placed))
+                del self.unplaced[w.id]
+                self.decisions.explanations.pop(w.id, None)
+                for pod in placed:
+                    self.by_node.setdefault(pod.node, []).append(w)
+                return True
+            why = self._why_not_placed(w)
+            self.failed[shape] = (self.state.generation, why)
+        # GPUs that stopping work releases go to waiting work in allocation order, like free ones: claimed
+        # here, before later work could take the free GPUs such a claim also needs.
+        if why.code in explain.CAPACITY_CODES and self._fits_after_release(w):
             return False
-        placed = self.placer.place_gang(w)
-        if placed is not None:
-            self.decisions.binds.append(Bind(w.id, placed))
-            del self.unplaced[w.id]
-            self.decisions.explanations.pop(w.id, None)
-            for pod in placed:
-                self.by_node.setdefault(pod.node, []).append(w)
-            return True
-        why = self._why_not_placed(w)
-        self.failed[shape] = (self.state.generation, why)
         self.decisions.explanations[w.id] = self._capacity_explanation(w, why)
         if (
             self.config.blocking == "backfill"
@@ -404,9 +408,9 @@ class Cycle:
         checkpoint, generation = state.checkpoint(), state.generation
         chosen: list[WorkloadView] = []
         fits = False
-        wanted = families(w.gpus)
-        # Try a placement only once enough GPUs could be free: free now, held, plus what victims give.
-        room = state.whole_free(wanted) + self._held_gpus()
+        # Try a placement only once enough GPUs could be free (an upper bound: free now, fractions included,
+        # plus held, plus what the victims give).
+        room = state.free_gpus() + self._held_gpus()
         for victim in candidates:
             if victim.id in state.evicted or not allowed(victim):
                 continue

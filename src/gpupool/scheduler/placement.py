@@ -119,21 +119,21 @@ class Placer:
         *,
         after_release: bool = False,
         domain: frozenset[str] | None = None,
-        exclude: frozenset[tuple[str, int]] = frozenset(),
+        avoid: frozenset[str] = frozenset(),
     ) -> PodPlacement | None:
         # A multi-GPU pod first looks for a node where its GPUs can share one NVLink island.
         passes = (True, False) if w.gpus.count >= 2 and not w.gpus.is_fractional else (False,)
         for one_island in passes:
-            seen: set[str] = set()
+            seen: set[str] = set(avoid)
             for node in self._candidates(w, after_release, domain):
                 if node.name in seen:
                     continue
                 seen.add(node.name)
-                if one_island and len(seen) > ONE_ISLAND_LOOKAHEAD:
+                if one_island and len(seen) > ONE_ISLAND_LOOKAHEAD + len(avoid):
                     break
                 if not self._node_fits(node, w, after_release):
                     continue
-                chosen = self.choose_gpus(node, w.gpus, after_release, one_island=one_island, exclude=exclude)
+                chosen = self.choose_gpus(node, w.gpus, after_release, one_island=one_island)
                 if chosen is not None:
                     return PodPlacement(node.name, chosen[0], chosen[1])
         return None
@@ -145,7 +145,6 @@ class Placer:
         after_release: bool = False,
         *,
         one_island: bool = False,
-        exclude: frozenset[tuple[str, int]] = frozenset(),
     ) -> tuple[tuple[int, ...], float] | None:
         if demand.count <= 0:
             return (), 1.0
@@ -155,8 +154,6 @@ class Placer:
             avail = [node.free[i] + node.held[i] if suits[i] else 0.0 for i in range(len(gpus))]
         else:
             avail = [node.free[i] if suits[i] else 0.0 for i in range(len(gpus))]
-        if exclude:
-            avail = [0.0 if (node.name, g.index) in exclude else a for a, g in zip(avail, gpus, strict=True)]
         if demand.is_fractional:
             fits = [i for i, a in enumerate(avail) if a + EPSILON >= demand.count]
             if not fits:
@@ -214,10 +211,10 @@ class Placer:
             return (pod,)
         checkpoint, generation = state.checkpoint(), state.generation
         pods: list[PodPlacement] = []
-        used: frozenset[tuple[str, int]] = frozenset()
+        used: frozenset[str] = frozenset()
         for _ in range(w.nodes):
-            # Pods of one gang never share a GPU (each is its own process with its own devices).
-            pod = self.find_pod(w, after_release=after_release, domain=domain, exclude=used)
+            # One pod per node (the job contract's NODE_RANK), so pods of a gang never share a GPU.
+            pod = self.find_pod(w, after_release=after_release, domain=domain, avoid=used)
             if pod is None:
                 state.rollback(checkpoint)
                 state.generation = generation  # back to exactly where we were: cached misses stay valid
@@ -226,7 +223,7 @@ class Placer:
             single = _one_pod(w)
             state.allocate(single, (pod,), after_release=after_release)
             pods.append(pod)
-            used = used | {(pod.node, i) for i in pod.gpu_indices}
+            used = used | {pod.node}
         state.rollback(checkpoint)
         state.generation = generation
         placed = tuple(pods)

@@ -106,7 +106,11 @@ class PodPlacement:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadView:
-    """A workload: pending when `placement` is empty, running otherwise. A gang has `nodes` pods."""
+    """A workload: pending when `placement` is empty, running otherwise.
+
+    A gang has `nodes` pods, one per node (the job contract's NODE_RANK), each with the per-pod resources
+    below. `stopping` work still holds its GPUs but no longer counts toward its queue's allocation (it will
+    be pending again soon); it does count as demand for fair share."""
 
     id: int
     queue: str
@@ -193,7 +197,9 @@ class Bind:
 @dataclass(frozen=True, slots=True)
 class Eviction:
     """Stop a running workload (it gets a new attempt later). `code`: reclaim | preempt | consolidate |
-    stale-gang; `reason` is one sentence for a person; `for_workload` is the pending one that gains."""
+    stale-gang; `reason` is one sentence for a person; `for_workload` is the pending workload that gains
+    (set for reclaim, preempt and consolidate). The gainer is not bound in the same cycle: it waits with
+    `waiting-for-release` until the victims have stopped; a consolidated workload is re-placed later too."""
 
     workload_id: int
     code: str

@@ -386,7 +386,7 @@ def _queues(data: object, workloads: tuple[WorkloadView, ...], where: _Where) ->
                 gpu=_share(raw.get("gpu"), at.at("gpu"), sizes=False),
                 cpu=_share(raw.get("cpu"), at.at("cpu"), sizes=False),
                 memory=_share(raw.get("memory"), at.at("memory"), sizes=True),
-                ordering=at.text("ordering", raw.get("ordering", "fifo")),
+                ordering=at.text("ordering", raw["ordering"]) if raw.get("ordering") is not None else None,
                 min_runtime_preempt=_optional_seconds(raw, "min_runtime_preempt", at),
                 min_runtime_reclaim=_optional_seconds(raw, "min_runtime_reclaim", at),
                 usage=at.number("usage", raw.get("usage", 0.0)),

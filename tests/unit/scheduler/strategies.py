@@ -84,7 +84,7 @@ def queue_sets(draw: st.DrawFn) -> tuple[QueueView, ...]:
                 parent=PARENT if i < under_parent else None,
                 priority=draw(st.sampled_from([0, 0, 0, 1])),
                 gpu=draw(shares()),
-                ordering=draw(st.sampled_from(["fifo", "fifo", "attained"])),
+                ordering=draw(st.sampled_from([None, None, "fifo", "attained"])),
                 min_runtime_preempt=draw(min_runtimes()),
                 min_runtime_reclaim=draw(min_runtimes()),
                 usage=draw(st.sampled_from([0.0, 1000.0, 50000.0])),

@@ -14,7 +14,7 @@ A file's name is the rule it proves. The format (read by `scenario_loader.py`; u
                                   # unless `schedulable:` says otherwise. islands: a group size (4) or one
                                   # island number per GPU. foreign: {0: 0.5} = use outside the scheduler
     queues:                      # omitted: every queue a workload names exists with defaults; workloads
-                                 # must be in leaf queues
+                                 # sit in leaf queues; ordering omitted = None (the config's ordering)
       - {name: a, gpu: 4}                                 # gpu: 4 is a quota of 4
       - {name: p, cpu: {quota: 16}, memory: {limit: 512GB}}
       - {name: b, parent: p, gpu: {quota: 4, limit: 8, weight: 2}, priority: 1, ordering: attained,
