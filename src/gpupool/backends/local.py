@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,14 @@ from gpupool.backends.base import Handle, Launch, LaunchError, Phase, Status
 # bash runs the commands in order and stops at the first failure; on SIGTERM it lets the running command
 # finish its own shutdown (checkpointing) before exiting, instead of dying under it.
 SCRIPT_PRELUDE = "trap 'exit 143' TERM INT\nset -e\n"
+
+# The attempt's parent, so its exit status outlives a head restart: a POSIX shell (cheap to start) that
+# outlasts SIGTERM (a trapped signal waits for the foreground command), then writes RUN_DIR/exit_code
+# atomically. $1 is the run dir, $2 the job script.
+SHIM = (
+    'trap true TERM INT HUP; bash -c "$2"; code=$?; '
+    'printf "%s\\n" "$code" > "$1/exit_code.tmp" && mv -f "$1/exit_code.tmp" "$1/exit_code"; exit "$code"'
+)
 START_TIME_TOLERANCE = 0.05  # seconds; psutil start times are float-rounded differently across calls
 
 
@@ -34,16 +41,7 @@ class LocalBackend:
             raise LaunchError(f"workdir {launch.workdir} does not exist on this node")
         launch.run_dir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [
-            sys.executable,
-            "-m",
-            "gpupool.backends.shim",
-            str(launch.run_dir),
-            "--",
-            "bash",
-            "-c",
-            SCRIPT_PRELUDE + launch.script,
-        ]
+        argv = ["/bin/sh", "-c", SHIM, "gpupool-attempt", str(launch.run_dir), SCRIPT_PRELUDE + launch.script]
         with open(launch.log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(

@@ -39,6 +39,7 @@ STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
 EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
 EVICTED = "evicted"
 PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
+MIN_PASS_INTERVAL = 0.05  # seconds between the starts of two passes, however many events arrive
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Reconciler:
         self._attached: dict[int, tuple[int, ...]] = {}
         self._views: dict[int, scheduler.WorkloadView] = {}
         self.fair_shares: dict[str, dict[str, float]] = {}
+        self.explanations: dict[int, scheduler.Explanation] = {}
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -78,12 +80,17 @@ class Reconciler:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            started = time.monotonic()
             try:
                 self.tick()
             except Exception:  # one bad pass must not stop the pool; the next pass retries
                 log.exception("event=reconcile_failed")
             self._wake.wait(self.settings.tick)
             self._wake.clear()
+            # A burst of events (many submits) is served by one pass, not one pass per event.
+            spare = MIN_PASS_INTERVAL - (time.monotonic() - started)
+            if spare > 0:
+                stop.wait(spare)
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -146,16 +153,41 @@ class Reconciler:
     # -- observe --------------------------------------------------------------------------------------
 
     def observe(self, now: float) -> None:
-        with self.store.session() as s:
-            attempts = s.scalars(
-                select(Attempt).where(Attempt.state == RUNNING, Attempt.node_name == self.settings.node_name)
+        """Look at every running attempt read-only; write only for those that need something done."""
+        with self.store.read() as s:
+            rows = s.execute(
+                select(Attempt, Workload.cancel_requested, Workload.spec)
+                .join(Workload, Attempt.workload_id == Workload.id)
+                .where(Attempt.state == RUNNING, Attempt.node_name == self.settings.node_name)
             ).all()
-            for attempt in attempts:
+            due = [attempt.id for attempt, cancel, spec in rows if self._needs_action(attempt, cancel, spec)]
+        if not due:
+            return
+        with self.store.session() as s:
+            for attempt_id in due:
+                attempt = s.get(Attempt, attempt_id)
+                if attempt is None or attempt.state != RUNNING:
+                    continue
                 try:
                     with s.begin_nested():
                         self._observe_one(s, attempt, now)
                 except StaleDataError:
                     log.info("event=observe_conflict workload=%d", attempt.workload_id)
+
+    def _needs_action(self, attempt: Attempt, cancel_requested: bool, spec: dict[str, Any]) -> bool:
+        if attempt.pid is None:
+            return True
+        handle = Handle(attempt.pid, attempt.pid_start_time or 0.0)
+        if self.backend.status(handle, Path(attempt.run_dir)).phase is not Phase.RUNNING:
+            return True
+        if attempt.stop_requested_at is None:
+            max_duration = spec.get("max_duration")
+            return cancel_requested or bool(
+                max_duration and age_seconds(attempt.started_at) > float(max_duration)
+            )
+        if attempt.killed_at is None:
+            return age_seconds(attempt.stop_requested_at) >= float(spec.get("grace_period", 30.0))
+        return False
 
     def _observe_one(self, s: Session, attempt: Attempt, now: float) -> None:
         handle = self._handle(attempt)
@@ -275,7 +307,7 @@ class Reconciler:
     # -- schedule -------------------------------------------------------------------------------------
 
     def schedule(self, now: float) -> None:
-        with self.store.session() as s:
+        with self.store.read() as s:
             snapshot = self._snapshot(s)
         if not snapshot.pending and not snapshot.running:
             self.fair_shares = {}
@@ -340,7 +372,12 @@ class Reconciler:
         )
         queues = tuple(_queue_view(q) for q in s.scalars(select(Queue).order_by(Queue.name)).all())
         # Priority is read fresh each pass: it is the one field an operator may change while work waits.
-        views = tuple(replace(self._views[wid], priority=priority) for wid, priority in pending)
+        views = tuple(
+            self._views[wid]
+            if self._views[wid].priority == priority
+            else replace(self._views[wid], priority=priority)
+            for wid, priority in pending
+        )
         return scheduler.Snapshot(nodes, views, queues, tuple(running))
 
     def _cache_views(self, s: Session, ids: list[int]) -> None:
@@ -355,10 +392,13 @@ class Reconciler:
                     Workload.created_at,
                     Workload.preemptible,
                     Workload.spec,
+                    Workload.priority,
                 ).where(Workload.id.in_(missing[chunk : chunk + 500]))
             ).all()
-            for wid, queue, nodes, created_at, preemptible, spec in rows:
-                self._views[wid] = _workload_view(wid, queue, nodes, created_at, preemptible, spec)
+            for wid, queue, nodes, created_at, preemptible, spec, priority in rows:
+                self._views[wid] = replace(
+                    _workload_view(wid, queue, nodes, created_at, preemptible, spec), priority=priority
+                )
         if len(self._views) > 2 * len(ids) + 1000:
             wanted = set(ids)
             self._views = {wid: view for wid, view in self._views.items() if wid in wanted}
@@ -487,8 +527,14 @@ class Reconciler:
         )
 
     def _explain(self, explanations: dict[int, scheduler.Explanation]) -> None:
-        """Store why each workload waits (code and sentence), writing only what changed."""
-        changed = {wid: e for wid, e in explanations.items() if self._reasons.get(wid) != e}
+        """Keep every pending workload's latest explanation in memory (the API shows it), and store it when
+        its code changes, so the store says why without being rewritten each pass as numbers move."""
+        self.explanations = explanations
+        changed = {
+            wid: e
+            for wid, e in explanations.items()
+            if (stored := self._reasons.get(wid)) is None or stored.code != e.code
+        }
         if not changed:
             return
         try:
@@ -497,19 +543,18 @@ class Reconciler:
                     workload = s.get(Workload, wid)
                     if workload is None or workload.state != PENDING:
                         continue
-                    if (workload.reason, workload.reason_code) != (explanation.message, explanation.code):
-                        workload.reason, workload.reason_code = explanation.message, explanation.code
+                    workload.reason, workload.reason_code = explanation.message, explanation.code
         except StaleDataError:
             return  # a workload moved on meanwhile; the next pass explains again
         self._reasons.update(changed)
-        if len(self._reasons) > 100_000:
-            self._reasons = dict(changed)
+        if len(self._reasons) > 2 * len(explanations) + 1000:
+            self._reasons = {wid: e for wid, e in self._reasons.items() if wid in explanations}
 
     # -- telemetry ------------------------------------------------------------------------------------
 
     def sample_gpus(self, now: float) -> None:
         assert self.gpus is not None
-        with self.store.session() as s:
+        with self.store.read() as s:
             running = s.scalars(
                 select(Attempt).where(Attempt.state == RUNNING, Attempt.node_name == self.settings.node_name)
             ).all()

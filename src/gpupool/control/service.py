@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATES, TERMINAL, transition
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu.catalog import families
+from gpupool.scheduler import Explanation
 from gpupool.scheduler.placement import split_model
 from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request
 from gpupool.store.db import Store
@@ -60,7 +61,7 @@ def reset_admin_token(store: Store) -> str:
 
 
 def token_role(store: Store, token: str) -> str | None:
-    with store.session() as s:
+    with store.read() as s:
         row = s.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
         return row.role if row is not None else None
 
@@ -165,7 +166,7 @@ def update_queue(store: Store, name: str, build: Callable[[dict[str, Any]], Queu
 
 
 def list_queues(store: Store, fair_shares: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
-    with store.session() as s:
+    with store.read() as s:
         usage = _queue_usage(s)
         return [queue_view(q, usage, fair_shares) for q in s.scalars(select(Queue).order_by(Queue.name))]
 
@@ -173,7 +174,7 @@ def list_queues(store: Store, fair_shares: dict[str, dict[str, float]] | None = 
 def get_queue(
     store: Store, name: str, fair_shares: dict[str, dict[str, float]] | None = None
 ) -> dict[str, Any]:
-    with store.session() as s:
+    with store.read() as s:
         queue = s.scalar(select(Queue).where(Queue.name == name))
         if queue is None:
             raise NotFound(f"no queue named {name!r}; list them with `gpupool queues`")
@@ -199,8 +200,14 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def workload_view(workload: Workload, *, detail: bool = False) -> dict[str, Any]:
+Live = Mapping[int, Explanation]  # the control loop's latest explanation of each pending workload
+
+
+def workload_view(workload: Workload, *, detail: bool = False, live: Live | None = None) -> dict[str, Any]:
     last = workload.attempts[-1] if workload.attempts else None
+    reason, reason_code = workload.reason, workload.reason_code
+    if workload.state == PENDING and live is not None and workload.id in live:
+        reason, reason_code = live[workload.id].message, live[workload.id].code
     running = last is not None and last.state == RUNNING
     view: dict[str, Any] = {
         "id": workload.id,
@@ -209,8 +216,8 @@ def workload_view(workload: Workload, *, detail: bool = False) -> dict[str, Any]
         "queue": workload.queue,
         "user": workload.user,
         "state": workload.state,
-        "reason": workload.reason,
-        "reason_code": workload.reason_code,
+        "reason": reason,
+        "reason_code": reason_code,
         "priority": workload.priority,
         "preemptible": workload.preemptible,
         "gpus": workload.gpus,
@@ -306,10 +313,10 @@ def _load(s: Session, workload_id: int) -> Workload:
     return workload
 
 
-def get_workload(store: Store, workload_id: int) -> dict[str, Any]:
-    with store.session() as s:
+def get_workload(store: Store, workload_id: int, live: Live | None = None) -> dict[str, Any]:
+    with store.read() as s:
         workload = _load(s, workload_id)
-        view = workload_view(workload, detail=True)
+        view = workload_view(workload, detail=True, live=live)
         view["events"] = [
             {"at": _iso(e.at), "from": e.from_state, "to": e.to_state, "reason": e.reason, "actor": e.actor}
             for e in s.scalars(
@@ -328,10 +335,11 @@ def list_workloads(
     state: str | None = None,
     queue: str | None = None,
     limit: int = 1000,
+    live: Live | None = None,
 ) -> list[dict[str, Any]]:
     if state is not None and state not in STATES:
         raise Invalid(f"unknown state {state!r}; one of {', '.join(STATES)}", field="state")
-    with store.session() as s:
+    with store.read() as s:
         query = select(Workload).order_by(Workload.id.desc()).limit(limit)
         if state is not None:
             query = query.where(Workload.state == state)
@@ -339,7 +347,7 @@ def list_workloads(
             query = query.where(Workload.state.in_(ACTIVE))
         if queue is not None:
             query = query.where(Workload.queue == queue)
-        return [workload_view(w) for w in reversed(s.scalars(query).all())]
+        return [workload_view(w, live=live) for w in reversed(s.scalars(query).all())]
 
 
 def cancel(store: Store, workload_id: int, *, actor: str = "admin") -> dict[str, Any]:
@@ -363,7 +371,7 @@ def cancel(store: Store, workload_id: int, *, actor: str = "admin") -> dict[str,
 def read_log(
     store: Store, workload_id: int, *, attempt: int | None = None, offset: int = 0, limit: int = LOG_CHUNK_MAX
 ) -> dict[str, Any]:
-    with store.session() as s:
+    with store.read() as s:
         workload = _load(s, workload_id)
         if not workload.attempts:
             return {
@@ -445,7 +453,7 @@ def node_view(
 
 
 def list_nodes(store: Store, telemetry: TelemetryCache) -> list[dict[str, Any]]:
-    with store.session() as s:
+    with store.read() as s:
         allocated: dict[tuple[str, int], list[int]] = {}
         for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
             for index in attempt.gpu_indices:

@@ -29,7 +29,9 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, reader: bool = False) -> Engine:
+    """An engine; for SQLite, `reader` engines begin deferred transactions that never take the write lock
+    (in WAL mode readers and the one writer do not block each other)."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         path = url.split("sqlite:///", 1)[-1]
@@ -39,7 +41,7 @@ def make_engine(url: str) -> Engine:
             url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20, max_overflow=20
         )
         event.listen(engine, "connect", _sqlite_pragmas)
-        event.listen(engine, "begin", _sqlite_begin_immediate)
+        event.listen(engine, "begin", _sqlite_begin_deferred if reader else _sqlite_begin_immediate)
         return engine
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 
@@ -54,6 +56,10 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+def _sqlite_begin_deferred(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN")
 
 
 def _sqlite_begin_immediate(conn: Any) -> None:
@@ -89,6 +95,11 @@ class Store:
         if run_migrations:
             migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.reader = make_engine(self.url, reader=True) if self.is_sqlite else self.engine
+        self._reads = sessionmaker(self.reader, expire_on_commit=False)
+        # One writer at a time inside this process: SQLite admits one anyway, and waiting here is fair
+        # (first come, first served) where SQLite's busy handler sleeps and retries in no order.
+        self._write_lock: threading.RLock | None = threading.RLock() if self.is_sqlite else None
 
     @property
     def is_sqlite(self) -> bool:
@@ -96,9 +107,21 @@ class Store:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """A transaction: committed when the block ends, rolled back if it raises."""
-        with self._sessions() as session, session.begin():
+        """A write transaction: committed when the block ends, rolled back if it raises."""
+        if self._write_lock is None:
+            with self._sessions() as session, session.begin():
+                yield session
+            return
+        with self._write_lock, self._sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only transaction (a consistent snapshot) that never waits for writers."""
+        with self._reads() as session:
             yield session
 
     def close(self) -> None:
         self.engine.dispose()
+        if self.reader is not self.engine:
+            self.reader.dispose()

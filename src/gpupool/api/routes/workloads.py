@@ -32,14 +32,17 @@ def list_workloads(
     queue: str | None = Query(None, description="only this queue"),
     limit: int = Query(1000, ge=1, le=100_000, description="at most this many, newest first"),
 ) -> list[dict[str, Any]]:
+    runtime = request.app.state.runtime
     return service.list_workloads(
-        request.app.state.runtime.store, include_finished=all, state=state, queue=queue, limit=limit
-    )
+        runtime.store, include_finished=all, state=state, queue=queue, limit=limit,
+        live=runtime.reconciler.explanations,
+    )  # fmt: skip
 
 
 @router.get("/{workload_id}", summary="One workload with its attempts and history")
 def get_workload(request: Request, workload_id: int) -> dict[str, Any]:
-    return service.get_workload(request.app.state.runtime.store, workload_id)
+    runtime = request.app.state.runtime
+    return service.get_workload(runtime.store, workload_id, live=runtime.reconciler.explanations)
 
 
 @router.post(
