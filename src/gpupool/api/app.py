@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool import __version__
 from gpupool.api import errors
@@ -16,6 +17,23 @@ from gpupool.api.routes import nodes, queues, workloads
 from gpupool.api.runtime import Runtime
 
 MAX_BODY_BYTES = 1 << 20
+
+
+class BodyLimit:
+    """Refuse request bodies over `limit` bytes (by Content-Length) with 413, before any parsing."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                    message = f"request body of {int(value)} bytes is over the {self.limit}-byte limit"
+                    body = JSONResponse({"error": {"code": "too_large", "message": message}}, status_code=413)
+                    await body(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 def create_app(runtime: Runtime) -> FastAPI:
@@ -37,15 +55,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.tokens = TokenCache()
     errors.install(app)
 
-    @app.middleware("http")
-    async def limit_body_size(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            message = f"request body of {int(length)} bytes is over the {MAX_BODY_BYTES}-byte limit"
-            return JSONResponse({"error": {"code": "too_large", "message": message}}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.get("/healthz", tags=["health"], summary="Liveness: answers without a token")
     def healthz() -> dict[str, Any]:

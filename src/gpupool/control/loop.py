@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -40,6 +40,9 @@ EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
 EVICTED = "evicted"
 PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
 MIN_PASS_INTERVAL = 0.05  # seconds between the starts of two passes, however many events arrive
+EXPLAIN_PERSIST_INTERVAL = 5.0  # seconds between writes of changed reason codes to the store
+EXPLAIN_BATCH = 200
+PASS_DUTY = 4.0  # after a pass of t seconds, the next starts no sooner than PASS_DUTY * t later
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Reconciler:
         self._views: dict[int, scheduler.WorkloadView] = {}
         self.fair_shares: dict[str, dict[str, float]] = {}
         self.explanations: dict[int, scheduler.Explanation] = {}
+        self._explained_at = 0.0
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -85,10 +89,12 @@ class Reconciler:
                 self.tick()
             except Exception:  # one bad pass must not stop the pool; the next pass retries
                 log.exception("event=reconcile_failed")
+            took = time.monotonic() - started
             self._wake.wait(self.settings.tick)
             self._wake.clear()
-            # A burst of events (many submits) is served by one pass, not one pass per event.
-            spare = MIN_PASS_INTERVAL - (time.monotonic() - started)
+            # A burst of events (many submits) is served by one pass, not one pass per event; and a long
+            # pass (many pending workloads) is followed by a proportionate pause so the API keeps the CPU.
+            spare = max(MIN_PASS_INTERVAL, PASS_DUTY * took) - (time.monotonic() - started)
             if spare > 0:
                 stop.wait(spare)
 
@@ -530,6 +536,9 @@ class Reconciler:
         """Keep every pending workload's latest explanation in memory (the API shows it), and store it when
         its code changes, so the store says why without being rewritten each pass as numbers move."""
         self.explanations = explanations
+        if time.monotonic() - self._explained_at < EXPLAIN_PERSIST_INTERVAL:
+            return
+        self._explained_at = time.monotonic()
         changed = {
             wid: e
             for wid, e in explanations.items()
@@ -537,15 +546,17 @@ class Reconciler:
         }
         if not changed:
             return
-        try:
+        table = Workload.__table__
+        statement = (
+            update(table)
+            .where(table.c.id == bindparam("wid"), table.c.state == PENDING)
+            .values(reason=bindparam("message"), reason_code=bindparam("code"))
+        )
+        rows = [{"wid": wid, "message": e.message, "code": e.code} for wid, e in changed.items()]
+        for start in range(0, len(rows), EXPLAIN_BATCH):
+            # Small transactions: submits waiting for the write lock are served in between.
             with self.store.session() as s:
-                for wid, explanation in changed.items():
-                    workload = s.get(Workload, wid)
-                    if workload is None or workload.state != PENDING:
-                        continue
-                    workload.reason, workload.reason_code = explanation.message, explanation.code
-        except StaleDataError:
-            return  # a workload moved on meanwhile; the next pass explains again
+                s.execute(statement, rows[start : start + EXPLAIN_BATCH])
         self._reasons.update(changed)
         if len(self._reasons) > 2 * len(explanations) + 1000:
             self._reasons = {wid: e for wid, e in self._reasons.items() if wid in explanations}

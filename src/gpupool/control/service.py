@@ -270,6 +270,7 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
             spec=spec.model_dump(mode="json"),
             state=PENDING,
             reason="waiting for the scheduler",
+            attempts=[],  # new: no query needed to know it has none
         )
         s.add(workload)
         s.flush()
