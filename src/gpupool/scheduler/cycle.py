@@ -32,6 +32,7 @@ BLOCKING = ("skip", "strict", "backfill")
 LOST_STATES = frozenset({"lost", "unhealthy"})
 MAX_CONSOLIDATION_TRIES = 8
 MAX_CONSOLIDATION_TARGETS = 8  # nodes per pod considered for emptying
+MIN_MOVE_AGE = 60.0  # seconds a workload runs before consolidation may move it
 GLOBAL = "*"
 
 
@@ -405,6 +406,8 @@ class Cycle:
         known = self._victim_room.get(room_key)
         if known is not None and known[0] == stamp and known[1] + EPSILON < w.gpu_units:
             return False  # a full search for this queue found less room than w needs
+        if w.nodes == 1 and w.topology is None:
+            return self._evict_on_one_node(w, candidates, code, reason, allowed, key, stamp)
         checkpoint, generation = state.checkpoint(), state.generation
         chosen: list[WorkloadView] = []
         fits = False
@@ -451,6 +454,106 @@ class Cycle:
         del self.unplaced[w.id]
         return True
 
+    def _evict_on_one_node(
+        self,
+        w: WorkloadView,
+        candidates: Iterable[WorkloadView],
+        code: str,
+        reason: Callable[[WorkloadView], str],
+        allowed: Callable[[WorkloadView], bool],
+        key: tuple[object, ...],
+        stamp: tuple[int, int],
+    ) -> bool:
+        """For a single-pod workload: on each node, the cheapest victims there that make room, counted
+        without touching the state; then the node whose victims cost least."""
+        state = self.state
+        per_node: dict[str, list[WorkloadView]] = {}
+        for v in candidates:
+            if v.id in state.evicted or len(v.placement) != 1:
+                continue
+            node = state.nodes.get(v.placement[0].node)
+            if node is None or not node.schedulable:
+                continue
+            if w.gpus.count > 0 and not any(self.placer.matches(node, w.gpus)):
+                continue
+            if not self.placer.node_admits(node, w) or not allowed(v):
+                continue
+            per_node.setdefault(node.name, []).append(v)
+        best: tuple[tuple[float, ...], list[WorkloadView]] | None = None
+        for name, victims in per_node.items():
+            chosen = self._cheapest_room(state.nodes[name], w, victims)
+            if chosen is None:
+                continue
+            cost = (
+                sum(v.gpu_units for v in chosen),
+                max(v.priority for v in chosen),
+                sum(self._victim_key(v)[2] for v in chosen),
+                len(chosen),
+            )
+            if best is None or cost < best[0]:
+                best = (cost, chosen)
+        if best is None:
+            self._no_victims[key] = stamp
+            return False
+        checkpoint, generation = state.checkpoint(), state.generation
+        for victim in best[1]:
+            state.evict(victim, code)
+        trial = state.checkpoint()
+        if self.placer.place_gang(w, after_release=True) is None:
+            state.rollback(checkpoint)
+            state.generation = generation
+            self._no_victims[key] = stamp
+            return False
+        state.rollback(trial)
+        state.rollback(checkpoint)
+        state.generation = generation
+        for victim in best[1]:
+            self._evict(victim, code, reason(victim), w.id)
+        if state.reservation is not None and state.reservation.workload_id == w.id:
+            state.reservation = None
+        placed = self.placer.place_gang(w, after_release=True)
+        assert placed is not None
+        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+        del self.unplaced[w.id]
+        return True
+
+    def _cheapest_room(
+        self, node: NodeState, w: WorkloadView, victims: list[WorkloadView]
+    ) -> list[WorkloadView] | None:
+        """The shortest prefix of `victims` (in victim order) whose GPUs make room for `w` on `node`,
+        without the ones it turns out not to need."""
+        suits = self.placer.matches(node, w.gpus)
+        base = [node.free[i] + node.held[i] for i in range(len(node.free))]
+
+        def fits(chosen: list[WorkloadView]) -> bool:
+            avail = list(base)
+            for v in chosen:
+                pod = v.placement[0]
+                for index in pod.gpu_indices:
+                    pos = node.position.get(index)
+                    if pos is not None:
+                        avail[pos] += pod.gpu_fraction
+            if w.gpus.count <= 0:
+                return True
+            if w.gpus.is_fractional:
+                return any(ok and a + EPSILON >= w.gpus.count for ok, a in zip(suits, avail, strict=True))
+            return (
+                sum(1 for ok, a in zip(suits, avail, strict=True) if ok and a >= 1 - EPSILON) >= w.gpus.count
+            )
+
+        chosen: list[WorkloadView] = []
+        for v in victims:
+            chosen.append(v)
+            if fits(chosen):
+                break
+        else:
+            return None
+        for v in sorted(chosen, key=lambda v: (-v.gpu_units, v.id)):
+            trial = [c for c in chosen if c.id != v.id]
+            if trial and fits(trial):
+                chosen = trial
+        return chosen
+
     def _held_gpus(self) -> float:
         state = self.state
         return sum(sum(state.nodes[name].held) for name in state.holding_nodes)
@@ -489,6 +592,17 @@ class Cycle:
     def _old_enough(self, v: WorkloadView, kind: str) -> bool:
         started = v.start_time if v.start_time is not None else float("-inf")
         return self.now - started >= self._min_runtime(v.queue, kind)
+
+    def _movable(self, v: WorkloadView) -> bool:
+        """Consolidation moves only settled work: evictable, past its queue's minimum runtime for preempt,
+        and older than MIN_MOVE_AGE (work just placed is never moved again at once)."""
+        started = v.start_time if v.start_time is not None else float("-inf")
+        return (
+            v.running
+            and self._evictable(v)
+            and self._old_enough(v, "preempt")
+            and self.now - started >= MIN_MOVE_AGE
+        )
 
     def _evictable(self, v: WorkloadView) -> bool:
         return v.preemptible and not v.stopping and v.id not in self.state.evicted
@@ -631,7 +745,7 @@ class Cycle:
             if ready >= w.nodes and self._fits_tentatively(w):
                 break
             movable = sorted(
-                (v for v in self.by_node.get(node.name, []) if v.nodes == 1 and self._evictable(v)),
+                (v for v in self.by_node.get(node.name, []) if v.nodes == 1 and self._movable(v)),
                 key=lambda v: (v.gpu_units, v.id),
             )
             for v in movable:

@@ -68,6 +68,10 @@ class Placer:
 
     # -- one pod --------------------------------------------------------------------------------------
 
+    def node_admits(self, node: NodeState, w: WorkloadView) -> bool:
+        """Whether `w` may go on `node` once GPUs there are released (schedulable, reservation allows)."""
+        return self._node_fits(node, w, after_release=True)
+
     def _node_fits(self, node: NodeState, w: WorkloadView, after_release: bool) -> bool:
         if not node.schedulable:
             return False
