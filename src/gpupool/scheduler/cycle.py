@@ -406,55 +406,9 @@ class Cycle:
         known = self._victim_room.get(room_key)
         if known is not None and known[0] == stamp and known[1] + EPSILON < w.gpu_units:
             return False  # a full search for this queue found less room than w needs
-        if w.nodes == 1 and w.topology is None:
-            return self._evict_on_one_node(w, candidates, code, reason, allowed, key, stamp)
-        checkpoint, generation = state.checkpoint(), state.generation
-        chosen: list[WorkloadView] = []
-        fits = False
-        # Try a placement only once enough GPUs could be free (an upper bound: free now, fractions included,
-        # plus held, plus what the victims give).
-        room = state.free_gpus() + self._held_gpus()
-        for victim in candidates:
-            if victim.id in state.evicted or not allowed(victim):
-                continue
-            state.evict(victim, code)
-            chosen.append(victim)
-            room += victim.gpu_units
-            if room + EPSILON < w.gpu_units:
-                continue
-            trial = state.checkpoint()
-            if self.placer.place_gang(w, after_release=True) is not None:
-                state.rollback(trial)
-                fits = True
-                break
-        state.rollback(checkpoint)
-        state.generation = generation
-        if not fits:
-            self._no_victims[key] = stamp
-            self._victim_room[room_key] = (stamp, room)
-            return False
-        # Keep only the victims that are needed: drop the largest ones first when w still fits without them.
-        keep = list(chosen)
-        for victim in sorted(chosen, key=lambda v: (-v.gpu_units, v.id)):
-            trial_set = [v for v in keep if v.id != victim.id]
-            for v in trial_set:
-                state.evict(v, code)
-            ok = self.placer.place_gang(w, after_release=True) is not None
-            state.rollback(checkpoint)
-            state.generation = generation
-            if ok:
-                keep = trial_set
-        for victim in keep:
-            self._evict(victim, code, reason(victim), w.id)
-        if state.reservation is not None and state.reservation.workload_id == w.id:
-            state.reservation = None  # w has its room now
-        placed = self.placer.place_gang(w, after_release=True)
-        assert placed is not None
-        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
-        del self.unplaced[w.id]
-        return True
+        return self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp)
 
-    def _evict_on_one_node(
+    def _evict_by_nodes(
         self,
         w: WorkloadView,
         candidates: Iterable[WorkloadView],
@@ -464,13 +418,13 @@ class Cycle:
         key: tuple[object, ...],
         stamp: tuple[int, int],
     ) -> bool:
-        """For a single-pod workload: on each node, the cheapest victims there that make room, counted
-        without touching the state; then the node whose victims cost least."""
+        """Per node, the cheapest victims there that make room for one pod, counted without touching the
+        state; then the cheapest `w.nodes` nodes (inside one topology domain when required)."""
         state = self.state
         per_node: dict[str, list[WorkloadView]] = {}
         for v in candidates:
             if v.id in state.evicted or len(v.placement) != 1:
-                continue
+                continue  # a gang as victim would free several nodes at once: left to other actions
             node = state.nodes.get(v.placement[0].node)
             if node is None or not node.schedulable:
                 continue
@@ -479,24 +433,25 @@ class Cycle:
             if not self.placer.node_admits(node, w) or not allowed(v):
                 continue
             per_node.setdefault(node.name, []).append(v)
-        best: tuple[tuple[float, ...], list[WorkloadView]] | None = None
-        for name, victims in per_node.items():
-            chosen = self._cheapest_room(state.nodes[name], w, victims)
-            if chosen is None:
+        options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
+        for node in state.nodes.values():
+            if not node.schedulable or (w.gpus.count > 0 and not any(self.placer.matches(node, w.gpus))):
                 continue
-            cost = (
-                sum(v.gpu_units for v in chosen),
-                max(v.priority for v in chosen),
-                sum(self._victim_key(v)[2] for v in chosen),
-                len(chosen),
-            )
-            if best is None or cost < best[0]:
-                best = (cost, chosen)
-        if best is None:
+            victims = per_node.get(node.name, [])
+            if not victims and w.nodes == 1:
+                continue  # without victims this node was already tried (it would fit after release)
+            if not self.placer.node_admits(node, w):
+                continue
+            chosen = self._cheapest_room(node, w, victims)
+            if chosen is not None:
+                options[node.name] = (self._cost(chosen), chosen)
+        picked = self._pick_nodes(w, options)
+        if picked is None or not any(options[name][1] for name in picked):
             self._no_victims[key] = stamp
             return False
+        victims = [v for name in picked for v in options[name][1]]
         checkpoint, generation = state.checkpoint(), state.generation
-        for victim in best[1]:
+        for victim in victims:
             state.evict(victim, code)
         trial = state.checkpoint()
         if self.placer.place_gang(w, after_release=True) is None:
@@ -507,7 +462,7 @@ class Cycle:
         state.rollback(trial)
         state.rollback(checkpoint)
         state.generation = generation
-        for victim in best[1]:
+        for victim in victims:
             self._evict(victim, code, reason(victim), w.id)
         if state.reservation is not None and state.reservation.workload_id == w.id:
             state.reservation = None
@@ -516,6 +471,45 @@ class Cycle:
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
         return True
+
+    def _cost(self, victims: list[WorkloadView]) -> tuple[float, ...]:
+        """Fewest GPUs disrupted, then lowest priority, then least work lost, then fewest workloads."""
+        if not victims:
+            return (0.0, float("-inf"), 0.0, 0.0)
+        return (
+            sum(v.gpu_units for v in victims),
+            float(max(v.priority for v in victims)),
+            sum(self._victim_key(v)[2] for v in victims),
+            float(len(victims)),
+        )
+
+    def _pick_nodes(
+        self, w: WorkloadView, options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]]
+    ) -> list[str] | None:
+        def cheapest(names: list[str]) -> tuple[tuple[float, ...], list[str]] | None:
+            if len(names) < w.nodes:
+                return None
+            ranked = sorted(names, key=lambda n: (options[n][0], n))[: w.nodes]
+            costs = [options[n][0] for n in ranked]
+            total = tuple(sum(c[i] for c in costs) if i != 1 else max(c[1] for c in costs) for i in range(4))
+            return total, ranked
+
+        label = w.topology or w.topology_preferred
+        if label is not None:
+            best: tuple[tuple[float, ...], list[str]] | None = None
+            domains: dict[str, list[str]] = {}
+            for name in options:
+                value = self.state.nodes[name].labels.get(label)
+                if value is not None:
+                    domains.setdefault(value, []).append(name)
+            for value in sorted(domains):
+                found = cheapest(domains[value])
+                if found is not None and (best is None or found[0] < best[0]):
+                    best = found
+            if best is not None or w.topology is not None:
+                return None if best is None else best[1]
+        found = cheapest(list(options))
+        return None if found is None else found[1]
 
     def _cheapest_room(
         self, node: NodeState, w: WorkloadView, victims: list[WorkloadView]
@@ -541,6 +535,8 @@ class Cycle:
                 sum(1 for ok, a in zip(suits, avail, strict=True) if ok and a >= 1 - EPSILON) >= w.gpus.count
             )
 
+        if fits([]):
+            return []
         chosen: list[WorkloadView] = []
         for v in victims:
             chosen.append(v)
