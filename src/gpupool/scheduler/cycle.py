@@ -434,12 +434,14 @@ class Cycle:
                 continue
             per_node.setdefault(node.name, []).append(v)
         options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
-        for node in state.nodes.values():
+        # A single pod needs a node with victims (one without would have fitted after release already);
+        # a gang may combine such nodes with nodes that already have room.
+        names = list(state.nodes) if w.nodes > 1 else list(per_node)
+        for name in names:
+            node = state.nodes[name]
             if not node.schedulable or (w.gpus.count > 0 and not any(self.placer.matches(node, w.gpus))):
                 continue
             victims = per_node.get(node.name, [])
-            if not victims and w.nodes == 1:
-                continue  # without victims this node was already tried (it would fit after release)
             if not self.placer.node_admits(node, w):
                 continue
             chosen = self._cheapest_room(node, w, victims)
