@@ -125,7 +125,7 @@ def test_a_queue_gpu_limit_is_never_exceeded(server: ServerProcess) -> None:
         for _ in range(2)
     ]
     server.wait_for(ids[0], states=("running",))
-    second = server.workload(ids[1])
+    second = server.wait_for_reason(ids[1])
     assert second["state"] == "pending" and second["reason_code"] == "queue-limit"
     assert second["reason"] == "queue capped is at its limit (2/2 GPUs)"
     assert server.wait_for(ids[1])["state"] == "succeeded"

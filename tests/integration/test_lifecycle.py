@@ -134,8 +134,7 @@ def test_a_pending_job_says_why_and_starts_when_gpus_free_up(server: ServerProce
     first = server.submit({"resources": {"gpu": 6}, "commands": ["sleep 2"]})
     server.wait_for(first["id"], states=("running",))
     second = server.submit({"resources": {"gpu": "H100:4"}, "commands": ["true"]})
-    time.sleep(1.0)
-    pending = server.workload(second["id"])
+    pending = server.wait_for_reason(second["id"])
     assert pending["state"] == "pending"
     assert pending["reason_code"] == "no-capacity"
     assert pending["reason"] == "needs 4 H100 GPUs; 2 GPUs free in the pool"
@@ -172,8 +171,7 @@ def test_cordoned_node_takes_no_new_work(server: ServerProcess) -> None:
     with server.http() as client:
         assert client.post("/api/v1/nodes/node-1/cordon").json()["state"] == "cordoned"
         created = server.submit({"commands": ["true"]})
-        time.sleep(1.0)
-        waiting = server.workload(created["id"])
+        waiting = server.wait_for_reason(created["id"])
         assert waiting["state"] == "pending" and waiting["reason_code"] == "no-capacity"
         assert "node-1 cordoned" in waiting["reason"]
         assert client.post("/api/v1/nodes/node-1/uncordon").json()["state"] == "ready"

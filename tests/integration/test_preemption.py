@@ -108,7 +108,7 @@ def test_why_explains_a_pending_workload(server: ServerProcess) -> None:
     _queue(server, {"name": "capped", "resources": {"gpu": {"quota": 1, "limit": 2}}})
     server.submit({"queue": "capped", "resources": {"gpu": 2}, "commands": ["sleep 30"]})
     waiting = server.submit({"queue": "capped", "resources": {"gpu": 1}, "commands": ["true"]})
-    time.sleep(1.5)
+    server.wait_for_reason(waiting["id"])
     out = server.cli("why", str(waiting["id"]), check=True).stdout
     assert "[queue-limit]" in out and "queue capped is at its limit (2/2 GPUs)" in out
     assert "fair share" in out

@@ -134,6 +134,17 @@ class ServerProcess:
             assert response.status_code == 200, response.text
             return dict(response.json())
 
+    def wait_for_reason(self, workload_id: int, timeout: float = 15.0) -> dict[str, Any]:
+        """The workload once the scheduler has explained why it is pending."""
+        deadline = time.time() + timeout
+        while True:
+            w = self.workload(workload_id)
+            if w["state"] != "pending" or w["reason_code"]:
+                return w
+            if time.time() > deadline:
+                raise AssertionError(f"workload {workload_id} was never explained: {w}")
+            time.sleep(0.05)
+
     def wait_for(
         self, workload_id: int, states: tuple[str, ...] = TERMINAL, timeout: float = 30.0
     ) -> dict[str, Any]:
