@@ -8,7 +8,7 @@ keeps only whole, feasible ones (see state.py's undo log). The cycle is pure: it
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.fairshare import fair_shares
@@ -389,14 +389,16 @@ class Cycle:
     def _evict_for(
         self,
         w: WorkloadView,
-        candidates: Iterable[WorkloadView],
+        candidates: dict[str, list[WorkloadView]],
         code: str,
         reason: Callable[[WorkloadView], str],
         allowed: Callable[[WorkloadView], bool],
+        budget: Callable[[list[WorkloadView]], bool] | None = None,
     ) -> bool:
         """Evict the fewest, cheapest victims that let `w` fit; all or nothing.
 
-        `candidates` come in victim order (fewest GPUs, lowest priority, least work lost, newest)."""
+        `candidates`: possible victims by node, each list in victim order (fewest GPUs, lowest priority,
+        least work lost, newest); gangs are not among them."""
         state = self.state
         key = (code, w.queue, w.priority, self._shape(w))
         stamp = (state.generation, state.held_generation)
@@ -406,33 +408,34 @@ class Cycle:
         known = self._victim_room.get(room_key)
         if known is not None and known[0] == stamp and known[1] + EPSILON < w.gpu_units:
             return False  # a full search for this queue found less room than w needs
-        return self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp)
+        return self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget)
 
     def _evict_by_nodes(
         self,
         w: WorkloadView,
-        candidates: Iterable[WorkloadView],
+        candidates: dict[str, list[WorkloadView]],
         code: str,
         reason: Callable[[WorkloadView], str],
         allowed: Callable[[WorkloadView], bool],
         key: tuple[object, ...],
         stamp: tuple[int, int],
+        budget: Callable[[list[WorkloadView]], bool] | None = None,
     ) -> bool:
         """Per node, the cheapest victims there that make room for one pod, counted without touching the
         state; then the cheapest `w.nodes` nodes (inside one topology domain when required)."""
         state = self.state
         per_node: dict[str, list[WorkloadView]] = {}
-        for v in candidates:
-            if v.id in state.evicted or len(v.placement) != 1:
-                continue  # a gang as victim would free several nodes at once: left to other actions
-            node = state.nodes.get(v.placement[0].node)
+        for name, victims in candidates.items():
+            node = state.nodes.get(name)
             if node is None or not node.schedulable:
                 continue
             if w.gpus.count > 0 and not any(self.placer.matches(node, w.gpus)):
                 continue
-            if not self.placer.node_admits(node, w) or not allowed(v):
+            if not self.placer.node_admits(node, w):
                 continue
-            per_node.setdefault(node.name, []).append(v)
+            usable = [v for v in victims if v.id not in state.evicted and allowed(v)]
+            if usable:
+                per_node[name] = usable
         options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
         # A single pod needs a node with victims (one without would have fitted after release already);
         # a gang may combine such nodes with nodes that already have room.
@@ -444,7 +447,7 @@ class Cycle:
             victims = per_node.get(node.name, [])
             if not self.placer.node_admits(node, w):
                 continue
-            chosen = self._cheapest_room(node, w, victims)
+            chosen = self._cheapest_room(node, w, victims, budget)
             if chosen is not None:
                 options[node.name] = (self._cost(chosen), chosen)
         picked = self._pick_nodes(w, options)
@@ -452,6 +455,9 @@ class Cycle:
             self._no_victims[key] = stamp
             return False
         victims = [v for name in picked for v in options[name][1]]
+        if budget is not None and not budget(victims):
+            self._no_victims[key] = stamp
+            return False
         checkpoint, generation = state.checkpoint(), state.generation
         for victim in victims:
             state.evict(victim, code)
@@ -514,7 +520,11 @@ class Cycle:
         return None if found is None else found[1]
 
     def _cheapest_room(
-        self, node: NodeState, w: WorkloadView, victims: list[WorkloadView]
+        self,
+        node: NodeState,
+        w: WorkloadView,
+        victims: list[WorkloadView],
+        budget: Callable[[list[WorkloadView]], bool] | None = None,
     ) -> list[WorkloadView] | None:
         """The shortest prefix of `victims` (in victim order) whose GPUs make room for `w` on `node`,
         without the ones it turns out not to need."""
@@ -541,6 +551,8 @@ class Cycle:
             return []
         chosen: list[WorkloadView] = []
         for v in victims:
+            if budget is not None and not budget([*chosen, v]):
+                continue
             chosen.append(v)
             if fits(chosen):
                 break
@@ -638,6 +650,7 @@ class Cycle:
     def reclaim(self) -> None:
         pool: list[WorkloadView] = []
         pool_stamp: tuple[int, int] | None = None
+        by_queue: dict[str, tuple[dict[str, list[WorkloadView]], float]] = {}
         for w in list(self.ordered_pending()):
             if not self._wants_room(w):
                 continue
@@ -648,18 +661,17 @@ class Cycle:
                 continue
             stamp = (self.state.generation, self.state.held_generation)
             if stamp != pool_stamp:
-                pool, pool_stamp = self._reclaimable(), stamp
-            mine = set(self.state.chain(queue))
-            candidates = [v for v in pool if v.queue not in mine]
-            room = sum(v.gpu_units for v in candidates) + self._held_gpus() + self.state.free_gpus()
-            if room + EPSILON < w.gpu_units:
+                pool, pool_stamp, by_queue = self._reclaimable(), stamp, {}
+            if queue not in by_queue:
+                mine = set(self.state.chain(queue))
+                allowed_here = [v for v in pool if v.queue not in mine and self._reclaim_keeps_share(v, mine)]
+                by_queue[queue] = (_by_node(allowed_here), sum(v.gpu_units for v in allowed_here))
+            candidates, victim_room = by_queue[queue]
+            if victim_room + self._held_gpus() + self.state.free_gpus() + EPSILON < w.gpu_units:
                 continue
 
-            def allowed(v: WorkloadView, w: WorkloadView = w, mine: set[str] = mine) -> bool:
-                levels = [n for n in self.state.chain(v.queue) if n not in mine]
-                if not levels or not self._on_matching_nodes(v, w):
-                    return False
-                return all(self.state.allocated(n) - v.gpu_units >= self.fair(n) - EPSILON for n in levels)
+            def allowed(v: WorkloadView) -> bool:
+                return True  # the candidates were filtered for this queue at this very state
 
             def reason(v: WorkloadView, w: WorkloadView = w) -> str:
                 return (
@@ -667,7 +679,33 @@ class Cycle:
                     f"by workload {w.id}; queue {v.queue} stays at or above its fair share"
                 )
 
-            self._evict_for(w, candidates, "reclaim", reason, allowed)
+            self._evict_for(w, candidates, "reclaim", reason, allowed, self._reclaim_budget(queue))
+
+    def _reclaim_budget(self, queue: str) -> Callable[[list[WorkloadView]], bool]:
+        """Whether a set of victims, taken together, leaves every victim queue (and its ancestors outside
+        the reclaimer's line) at or above its fair share."""
+        mine = set(self.state.chain(queue))
+
+        def within(victims: list[WorkloadView]) -> bool:
+            taken: dict[str, float] = {}
+            for v in victims:
+                for level in self.state.chain(v.queue):
+                    if level not in mine:
+                        taken[level] = taken.get(level, 0.0) + v.gpu_units
+            return all(
+                self.state.allocated(level) - amount >= self.fair(level) - EPSILON
+                for level, amount in taken.items()
+            )
+
+        return within
+
+    def _reclaim_keeps_share(self, v: WorkloadView, mine: set[str]) -> bool:
+        """Reclaim may take `v` only if every level of its queue outside the reclaimer's own line stays at
+        or above its fair share."""
+        levels = [n for n in self.state.chain(v.queue) if n not in mine]
+        return bool(levels) and all(
+            self.state.allocated(n) - v.gpu_units >= self.fair(n) - EPSILON for n in levels
+        )
 
     def _reclaimable(self) -> list[WorkloadView]:
         """Victims reclaim may consider now: old enough, and their own queue stays at its fair share."""
@@ -683,6 +721,8 @@ class Cycle:
 
     def preempt(self) -> None:
         by_queue: dict[str, list[WorkloadView]] | None = None
+        grouped: dict[str, dict[str, list[WorkloadView]]] = {}
+        lowest: dict[str, int] = {}
         for w in list(self.ordered_pending()):
             if not self._wants_room(w):
                 continue
@@ -690,21 +730,19 @@ class Cycle:
                 by_queue = {}
                 for v in self._victim_pool():
                     by_queue.setdefault(v.queue, []).append(v)
-            mine = by_queue.get(w.queue, [])
-            if not any(v.priority < w.priority for v in mine) or self._fits_after_release(w):
+                lowest = {q: min(v.priority for v in vs) for q, vs in by_queue.items()}
+            if lowest.get(w.queue, w.priority) >= w.priority or self._fits_after_release(w):
                 continue
+            if w.queue not in grouped:
+                grouped[w.queue] = _by_node(by_queue[w.queue])
 
             def reason(v: WorkloadView, w: WorkloadView = w) -> str:
                 return f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}"
 
             def allowed(v: WorkloadView, w: WorkloadView = w) -> bool:
-                return (
-                    v.priority < w.priority
-                    and self._old_enough(v, "preempt")
-                    and self._on_matching_nodes(v, w)
-                )
+                return v.priority < w.priority and self._old_enough(v, "preempt")
 
-            self._evict_for(w, mine, "preempt", reason, allowed)
+            self._evict_for(w, grouped[w.queue], "preempt", reason, allowed)
 
     # -- consolidate ----------------------------------------------------------------------------------
 
@@ -775,3 +813,12 @@ class Cycle:
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
         return True
+
+
+def _by_node(victims: list[WorkloadView]) -> dict[str, list[WorkloadView]]:
+    """Single-pod victims by the node they run on, keeping their order."""
+    out: dict[str, list[WorkloadView]] = {}
+    for v in victims:
+        if len(v.placement) == 1:
+            out.setdefault(v.placement[0].node, []).append(v)
+    return out

@@ -291,7 +291,8 @@ def _check_explanations(snapshot: Snapshot, decisions: Decisions) -> list[str]:
 
 def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
     """Reclaim keeps every victim queue (and its ancestors) at or above its fair share, and no reclaimer
-    above its own. Allocation = running, non-stopping GPU units (use on snapshots without stopping work)."""
+    above its own. Allocation = running, non-stopping GPU units, plus this cycle's binds, less work it evicts
+    for other reasons (use on snapshots without stopping work)."""
     problems: list[str] = []
     queues = {q.name: q for q in snapshot.queues}
     running = {w.id: w for w in snapshot.running}
@@ -300,6 +301,23 @@ def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
     for w in snapshot.running:
         for name in ancestors(w.queue, queues):
             allocated[name] += w.gpu_units
+    # Fair shares hold for the allocation the decisions leave behind: this cycle's binds count, and work
+    # evicted for any reason (a stale gang, say) no longer does.
+    # (Preempt and consolidate hand the room to a workload of their own: that one counts instead.)
+    gainers: set[int] = set()
+    for e in decisions.evictions:
+        if e.code != "reclaim" and e.workload_id in running:
+            for name in ancestors(running[e.workload_id].queue, queues):
+                allocated[name] -= running[e.workload_id].gpu_units
+            if e.for_workload in pending:
+                gainers.add(e.for_workload)
+    for gainer in gainers:
+        for name in ancestors(pending[gainer].queue, queues):
+            allocated[name] += pending[gainer].gpu_units
+    for bind in decisions.binds:
+        if bind.workload_id in pending:
+            for name in ancestors(pending[bind.workload_id].queue, queues):
+                allocated[name] += pending[bind.workload_id].gpu_units
     reclaimed: dict[str, float] = defaultdict(float)
     beneficiaries: dict[str, set[int]] = defaultdict(set)
     for e in decisions.evictions:
