@@ -139,7 +139,7 @@ def run_tour() -> None:
     time.sleep(1.5)
     say("While they run")
     gpupool("ps")
-    gpupool("show", str(big))
+    gpupool("why", str(big))
     gpupool("nodes")
 
     say("Cancelling the fine-tune once it has checkpointed (SIGTERM, then SIGKILL after its 10s grace)")
