@@ -6,6 +6,7 @@ this folder on sys.path by being run as `python benchmarks/<name>.py`.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import datetime as dt
@@ -50,6 +51,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def add_run_options(
+    parser: argparse.ArgumentParser, name: str, *, max_seconds: float, max_seconds_help: str
+) -> None:
+    """The options every service benchmark takes: --repeat, --db, --max-seconds, --log-level, --output."""
+    parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh server (default 1)")
+    parser.add_argument("--db", default=None, help=DB_HELP)
+    parser.add_argument("--max-seconds", type=float, default=max_seconds, help=max_seconds_help)
+    parser.add_argument("--log-level", default="info", help="server log level (default info, as deployed)")
+    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default results/{name}.json)")
 
 
 def warn_shared_db(db_url: str | None, repeat: int) -> None:

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    DB_HELP,
     HOST,
     BenchServer,
     Column,
     HttpError,
     RawConnection,
+    add_run_options,
     console,
     machine,
     median_of_runs,
@@ -176,17 +176,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--command", default="true", help="the job's command (default 'true')")
     parser.add_argument("--poll-s", type=float, default=0.25, help="poll interval in seconds (default 0.25)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh server (default 1)")
-    parser.add_argument(
-        "--db",
-        default=None,
-        help=DB_HELP,
+    add_run_options(
+        parser, NAME, max_seconds=300.0, max_seconds_help="give up on a run after this long (default 300)"
     )
-    parser.add_argument(
-        "--max-seconds", type=float, default=300.0, help="give up on a run after this long (default 300)"
-    )
-    parser.add_argument("--log-level", default="info", help="server log level (default info, as deployed)")
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default results/{NAME}.json)")
     return parser.parse_args()
 
 

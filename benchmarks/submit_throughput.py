@@ -19,12 +19,12 @@ from typing import Any
 
 import httpx
 from harness import (
-    DB_HELP,
     HOST,
     BenchServer,
     Column,
     HttpError,
     RawConnection,
+    add_run_options,
     console,
     machine,
     median_of_runs,
@@ -206,20 +206,12 @@ def parse_args() -> argparse.Namespace:
         help="client implementation: raw = minimal asyncio HTTP/1.1 (cheapest, default); "
         "httpx = httpx.AsyncClient on asyncio; threads = one httpx.Client per thread",
     )
-    parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh server (default 1)")
-    parser.add_argument(
-        "--db",
-        default=None,
-        help=DB_HELP,
+    add_run_options(
+        parser,
+        NAME,
+        max_seconds=120.0,
+        max_seconds_help="per phase, stop issuing submits after this long (default 120)",
     )
-    parser.add_argument(
-        "--max-seconds",
-        type=float,
-        default=120.0,
-        help="per phase, stop issuing submits after this long (default 120)",
-    )
-    parser.add_argument("--log-level", default="info", help="server log level (default info, as deployed)")
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default results/{NAME}.json)")
     return parser.parse_args()
 
 

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    DB_HELP,
     HOST,
     BenchServer,
     Column,
     HttpError,
     RawConnection,
+    add_run_options,
     console,
     machine,
     median_of_runs,
@@ -166,17 +166,9 @@ def parse_args() -> argparse.Namespace:
         default=60.0,
         help="give up on a job not finished after this many seconds (default 60)",
     )
-    parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh server (default 1)")
-    parser.add_argument(
-        "--db",
-        default=None,
-        help=DB_HELP,
+    add_run_options(
+        parser, NAME, max_seconds=300.0, max_seconds_help="stop submitting after this long (default 300)"
     )
-    parser.add_argument(
-        "--max-seconds", type=float, default=300.0, help="stop submitting after this long (default 300)"
-    )
-    parser.add_argument("--log-level", default="info", help="server log level (default info, as deployed)")
-    parser.add_argument("--output", type=Path, default=None, help=f"JSON path (default results/{NAME}.json)")
     return parser.parse_args()
 
 
