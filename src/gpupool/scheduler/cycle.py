@@ -85,7 +85,6 @@ class Cycle:
         self._runtime_floor: dict[tuple[str, str], float] = {}
         self._pool: list[WorkloadView] | None = None
         self._node_kinds: list[list[NodeState]] | None = None
-        self._victim_room: dict[tuple[str, str], tuple[tuple[int, int], float]] = {}
         self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes if n.schedulable), default=0)
         self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
 
@@ -404,10 +403,6 @@ class Cycle:
         stamp = (state.generation, state.held_generation)
         if self._no_victims.get(key) == stamp:
             return False
-        room_key = (code, w.queue if code == "reclaim" else f"{w.queue}@{w.priority}")
-        known = self._victim_room.get(room_key)
-        if known is not None and known[0] == stamp and known[1] + EPSILON < w.gpu_units:
-            return False  # a full search for this queue found less room than w needs
         return self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget)
 
     def _evict_by_nodes(
@@ -633,11 +628,6 @@ class Cycle:
                 if v.running and self._evictable(v):
                     pool[v.id] = v
         return sorted(pool.values(), key=self._victim_key)
-
-    def _on_matching_nodes(self, v: WorkloadView, w: WorkloadView) -> bool:
-        if w.gpus.count <= 0:
-            return True
-        return any(any(self.placer.matches(self.state.nodes[p.node], w.gpus)) for p in v.placement)
 
     def _wants_room(self, w: WorkloadView) -> bool:
         explanation = self.decisions.explanations.get(w.id)

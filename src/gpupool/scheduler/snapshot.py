@@ -222,7 +222,3 @@ class Decisions:
     explanations: dict[int, Explanation] = field(default_factory=dict)
     # Fair share per queue and resource, as computed this cycle (leaves and parents).
     fair_shares: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def pending_reasons(self) -> dict[int, str]:
-        return {wid: e.message for wid, e in self.explanations.items()}

@@ -162,13 +162,6 @@ class ClusterState:
             node.recount()
             self._index(node)
 
-    def add_running(self, workload: WorkloadView) -> None:
-        """Account a running workload (at snapshot time: no undo). Stopping work is held, not counted."""
-        self.running[workload.id] = workload
-        self._apply(workload, workload.placement, sign=-1.0, held=workload.stopping)
-        if not workload.stopping:
-            self._account(workload, +1.0)
-
     # -- undo log -------------------------------------------------------------------------------------
 
     def checkpoint(self) -> int:
@@ -285,12 +278,10 @@ class ClusterState:
     def allocated_np(self, queue: str, resource: str = "gpu") -> float:
         return self.alloc_np.get(queue, [0.0, 0.0, 0.0])[RESOURCES.index(resource)]
 
-    def largest_free_block(self, models: tuple[str, ...] = ()) -> tuple[int, str | None]:
-        """The most whole free GPUs on one schedulable node (of a matching model), and that node."""
+    def largest_free_block(self) -> tuple[int, str | None]:
+        """The most whole free GPUs on one schedulable node, and that node."""
         best, where = 0, None
-        for model, by_count in self.buckets.items():
-            if models and model not in models and model != MIXED:
-                continue
+        for by_count in self.buckets.values():
             for count, names in by_count.items():
                 if names and count > best:
                     best, where = count, next(iter(names))
