@@ -82,6 +82,7 @@ class Cycle:
         self._never: dict[tuple[object, ...], Explanation | None] = {}
         self._no_release_fit: dict[tuple[object, ...], tuple[int, int]] = {}
         self._no_victims: dict[tuple[object, ...], tuple[int, int]] = {}
+        self._smallest_miss: dict[tuple[object, ...], tuple[tuple[int, int], float]] = {}
         self._runtime_floor: dict[tuple[str, str], float] = {}
         self._pool: list[WorkloadView] | None = None
         self._node_kinds: list[list[NodeState]] | None = None
@@ -403,7 +404,19 @@ class Cycle:
         stamp = (state.generation, state.held_generation)
         if self._no_victims.get(key) == stamp:
             return False
-        return self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget)
+        # Needing more of the same GPUs can only be harder: a miss for a smaller count covers this one.
+        family = (
+            code, w.queue, w.priority if code == "preempt" else None, w.gpus.models, w.gpus.min_memory_bytes,
+            w.nodes, w.topology, w.topology_preferred, self._shape(w)[-1],
+        )  # fmt: skip
+        smallest = self._smallest_miss.get(family)
+        if smallest is not None and smallest[0] == stamp and w.gpus.count >= smallest[1]:
+            return False
+        if self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget):
+            return True
+        if smallest is None or smallest[0] != stamp or w.gpus.count < smallest[1]:
+            self._smallest_miss[family] = (stamp, w.gpus.count)
+        return False
 
     def _evict_by_nodes(
         self,
