@@ -336,6 +336,32 @@ class Column:
     fmt: Callable[[float], str] = lambda v: f"{v:.1f}"
 
 
+def save_report(
+    name: str,
+    args: argparse.Namespace,
+    runs: list[dict[str, Any]],
+    keys: Sequence[str],
+    median: dict[str, float],
+    target: dict[str, float],
+    met: bool,
+    **extra: Any,
+) -> None:
+    """Write a benchmark's JSON (options, machine, every run, median, spread, target) and say where."""
+    payload = {
+        "benchmark": name,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        **extra,
+        "machine": machine(),
+        "runs": runs,
+        "median": median,
+        "spread": spread_of_runs(runs, keys),
+        "target": target,
+        "target_met": met,
+    }
+    path = write_results(name, payload, args.output)
+    console.print(f"[dim]wrote {path}[/dim]")
+
+
 def print_runs(
     title: str, runs: list[dict[str, Any]], columns: Sequence[Column], median: dict[str, float] | None = None
 ) -> None:

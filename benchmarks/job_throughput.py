@@ -20,7 +20,6 @@ import asyncio
 import datetime as dt
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from harness import (
@@ -31,14 +30,12 @@ from harness import (
     RawConnection,
     add_run_options,
     console,
-    machine,
     median_of_runs,
     percentile,
     print_runs,
-    spread_of_runs,
+    save_report,
     verdict,
     warn_shared_db,
-    write_results,
 )
 
 NAME = "job_throughput"
@@ -205,21 +202,7 @@ def main() -> None:
         f"target all {args.jobs} succeeded in <= {TARGET_SECONDS:g} s: {verdict(met)} "
         f"(median {median['seconds']:.1f} s)"
     )
-    path = write_results(
-        NAME,
-        {
-            "benchmark": NAME,
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": machine(),
-            "runs": runs,
-            "median": median,
-            "spread": spread_of_runs(runs, keys),
-            "target": {"seconds_max": TARGET_SECONDS},
-            "target_met": met,
-        },
-        args.output,
-    )
-    console.print(f"[dim]wrote {path}[/dim]")
+    save_report(NAME, args, runs, keys, median, {"seconds_max": TARGET_SECONDS}, met)
 
 
 if __name__ == "__main__":

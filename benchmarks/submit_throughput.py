@@ -14,7 +14,6 @@ import asyncio
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,14 +25,12 @@ from harness import (
     RawConnection,
     add_run_options,
     console,
-    machine,
     median_of_runs,
     percentile,
     print_runs,
-    spread_of_runs,
+    save_report,
     verdict,
     warn_shared_db,
-    write_results,
 )
 
 NAME = "submit_throughput"
@@ -238,22 +235,16 @@ def main() -> None:
         f"target >= {TARGET_RATE:g} submits/s with p99 <= {TARGET_P99_MS:g} ms: {verdict(met)} "
         f"(median {median['jobs_per_s']:.1f}/s, p99 {median['p99_ms']:.1f} ms)"
     )
-    path = write_results(
+    save_report(
         NAME,
-        {
-            "benchmark": NAME,
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "body": BODY,
-            "machine": machine(),
-            "runs": runs,
-            "median": median,
-            "spread": spread_of_runs(runs, keys),
-            "target": {"jobs_per_s_min": TARGET_RATE, "p99_ms_max": TARGET_P99_MS},
-            "target_met": met,
-        },
-        args.output,
+        args,
+        runs,
+        keys,
+        median,
+        {"jobs_per_s_min": TARGET_RATE, "p99_ms_max": TARGET_P99_MS},
+        met,
+        body=BODY,
     )
-    console.print(f"[dim]wrote {path}[/dim]")
 
 
 if __name__ == "__main__":

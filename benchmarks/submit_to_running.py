@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from harness import (
@@ -32,14 +31,12 @@ from harness import (
     RawConnection,
     add_run_options,
     console,
-    machine,
     median_of_runs,
     percentile,
     print_runs,
-    spread_of_runs,
+    save_report,
     verdict,
     warn_shared_db,
-    write_results,
 )
 
 NAME = "submit_to_running"
@@ -193,21 +190,7 @@ def main() -> None:
         median,
     )
     console.print(f"target p50 <= {TARGET_P50_S:g} s: {verdict(met)} (median p50 {median['p50_s']:.3f} s)")
-    path = write_results(
-        NAME,
-        {
-            "benchmark": NAME,
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": machine(),
-            "runs": runs,
-            "median": median,
-            "spread": spread_of_runs(runs, keys),
-            "target": {"p50_s_max": TARGET_P50_S},
-            "target_met": met,
-        },
-        args.output,
-    )
-    console.print(f"[dim]wrote {path}[/dim]")
+    save_report(NAME, args, runs, keys, median, {"p50_s_max": TARGET_P50_S}, met)
 
 
 if __name__ == "__main__":
