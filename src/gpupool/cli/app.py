@@ -12,6 +12,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from gpupool.cli.bench import bench_app
 from gpupool.cli.render import console, human_bytes, print_json, ps_rows, ps_table, styled
 from gpupool.client import Client
 from gpupool.spec import parse_queue_spec, parse_workload_spec
@@ -28,6 +29,7 @@ node_app = typer.Typer(help="Take nodes in and out of service.", no_args_is_help
 queue_app = typer.Typer(help="Create and change queues (teams, projects).", no_args_is_help=True)
 app.add_typer(node_app, name="node")
 app.add_typer(queue_app, name="queue")
+app.add_typer(bench_app, name="bench")
 
 
 class Options:

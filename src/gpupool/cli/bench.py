@@ -1,0 +1,385 @@
+"""`gpupool bench`: collective bandwidth, GEMM, training throughput, and token files for the training bench.
+
+torch is imported inside the commands only, so the rest of the CLI starts without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpupool.bench.errors import BenchError
+from gpupool.cli.render import console, err_console, print_json
+
+bench_app = typer.Typer(
+    help="Benchmarks in the formats people already read: nccl-tests tables, GEMM TFLOPS, Megatron-style MFU.",
+    no_args_is_help=True,
+)
+
+_TORCH_MISSING = (
+    "the bench commands need torch; install it with `pip install 'gpupool[bench]'` (or `pip install torch`)"
+)
+
+
+@contextlib.contextmanager
+def _bench_errors() -> Iterator[None]:
+    """A BenchError is one readable line on stderr and exit code 1, like every other CLI error."""
+    try:
+        yield
+    except BenchError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        err_console.print(f"[red]error:[/red] {_TORCH_MISSING}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _write_json(path: Path | None, payload: Any) -> None:
+    if path is None:
+        return
+    if str(path) == "-":
+        print_json(payload)
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+    except OSError as exc:
+        raise BenchError(f"--json {path}: cannot write ({exc.strerror})") from exc
+    err_console.print(f"[dim]wrote {path}[/dim]", highlight=False)
+
+
+# -- submitting a bench as a gpupool job --------------------------------------------------------------------
+
+_SUBMIT = typer.Option(False, "--submit", help="run as a gpupool job instead of here (see docs/bench.md)")
+_PRINT_SPEC = typer.Option(False, "--print-spec", help="with --submit: print the job spec, submit nothing")
+_NODES = typer.Option(1, "--nodes", help="with --submit: nodes in the job (a gang; torchrun joins them)")
+_GPUS = typer.Option(None, "--gpus", help="with --submit: GPUs per node, e.g. 8 or H100:8 (required)")
+_QUEUE = typer.Option("default", "--queue", "-q", help="with --submit: the queue")
+_NAME = typer.Option(None, "--name", help="with --submit: the job name (default bench-<kind>)")
+
+
+def _submit(
+    kind: str,
+    forward: list[str],
+    *,
+    distributed: bool,
+    nodes: int,
+    gpus: str | None,
+    queue: str,
+    name: str | None,
+    print_spec: bool,
+) -> None:
+    from gpupool.bench.submit import job_spec, json_name
+    from gpupool.spec import parse_workload_spec
+
+    spec = job_spec(
+        kind,
+        forward,
+        distributed=distributed,
+        nodes=nodes,
+        gpus=gpus,
+        queue=queue,
+        name=name,
+        workdir=os.getcwd(),
+    )
+    parse_workload_spec(spec)
+    if print_spec:
+        print_json(spec)
+        return
+    from gpupool.cli.app import client  # the global --server/--token options live there
+
+    created = client().submit(spec)
+    results = json_name(kind, distributed).replace("${GPUPOOL_JOB_ID}", str(created["id"]))
+    console.print(
+        f"submitted [bold]{created['id']}[/bold] ({created['name']}) to queue {created['queue']}: "
+        f"{created['state']}; results: {spec['workdir']}/{results}",
+        highlight=False,
+    )
+
+
+# -- collective ---------------------------------------------------------------------------------------------
+
+
+@bench_app.command("collective")
+def collective(
+    op: str = typer.Option(
+        "all_reduce",
+        "--op",
+        help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall, sendrecv, a list, or all",
+    ),
+    minbytes: str = typer.Option("8", "-b", "--minbytes", help="smallest size, e.g. 8, 1K, 32M"),
+    maxbytes: str = typer.Option(
+        "128M", "-e", "--maxbytes", help="largest size (K, M, G are powers of 1024)"
+    ),
+    stepfactor: int = typer.Option(2, "-f", "--stepfactor", help="multiply the size by this at each step"),
+    iters: int = typer.Option(20, "-n", "--iters", help="timed iterations per size"),
+    warmup_iters: int = typer.Option(5, "-w", "--warmup_iters", help="untimed iterations before them"),
+    blocking: bool = typer.Option(False, "--blocking", "-z", help="synchronise and barrier every iteration"),
+    dtype: str = typer.Option("float", "--dtype", "-d", help="float, bf16, half or double"),
+    backend: str | None = typer.Option(None, "--backend", help="nccl or gloo (default nccl with GPUs)"),
+    nproc: int | None = typer.Option(None, "--nproc", help="processes here (default: one per GPU; 2 on CPU)"),
+    check: bool = typer.Option(True, "--check/--no-check", "-c", help="check every result (#wrong)"),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="write the results as JSON here (- for stdout)"
+    ),
+    submit: bool = _SUBMIT,
+    print_spec: bool = _PRINT_SPEC,
+    nodes: int = _NODES,
+    gpus: str | None = _GPUS,
+    queue: str = _QUEUE,
+    name: str | None = _NAME,
+) -> None:
+    """Collective bandwidth with nccl-tests' table, formulas and #wrong check (torch.distributed)."""
+    from gpupool.bench.collective import DTYPES, parse_dtype, parse_ops, parse_size, size_steps
+
+    with _bench_errors():
+        ops = parse_ops(op)
+        kind = parse_dtype(dtype)
+        low, high = parse_size(minbytes, "-b/--minbytes"), parse_size(maxbytes, "-e/--maxbytes")
+        list(size_steps(low, high, stepfactor))
+        if iters < 1 or warmup_iters < 0:
+            raise BenchError("-n/--iters must be at least 1 and -w/--warmup_iters at least 0")
+        if submit:
+            forward = ["--op", op, "-b", minbytes, "-e", maxbytes, "-f", str(stepfactor), "-n", str(iters)]
+            forward += ["-w", str(warmup_iters), "--dtype", dtype] + (["--blocking"] if blocking else [])
+            forward += ([] if check else ["--no-check"]) + (["--backend", backend] if backend else [])
+            _submit("collective", forward, distributed=True, nodes=nodes, gpus=gpus, queue=queue,
+                    name=name, print_spec=print_spec)  # fmt: skip
+            return
+        from gpupool.bench import launch_torch
+        from gpupool.bench.collective_torch import CollectiveConfig, run_collective
+
+        chosen = backend or launch_torch.default_backend()
+        count = nproc if nproc is not None else launch_torch.default_nproc(chosen)
+        key = next(k for k, v in DTYPES.items() if v == kind)
+        cfg = CollectiveConfig(
+            tuple(o.name for o in ops),
+            key,
+            low,
+            high,
+            stepfactor,
+            iters,
+            warmup_iters,
+            blocking,
+            check,
+            quiet=str(json_out) == "-",
+        )
+        reports = launch_torch.run(run_collective, (cfg,), nproc=count, backend=chosen)
+        if reports is None:  # a torchrun rank other than 0: rank 0 reports
+            return
+        _write_json(json_out, reports[0] if len(reports) == 1 else {"ops": reports})
+        if any(r["wrong"] for r in reports):
+            raise BenchError("some results were wrong (see #wrong): the collective returned bad data")
+
+
+# -- gemm ---------------------------------------------------------------------------------------------------
+
+
+@bench_app.command("gemm")
+def gemm(
+    dtype: str | None = typer.Option(None, "--dtype", "-d", help="bf16, half or float (default bf16 on GPU)"),
+    sizes: str | None = typer.Option(
+        None,
+        "--sizes",
+        "-s",
+        help="N (N x N x N) or MxNxK, comma separated (default 2048..16384; CPU 128..1024)",
+    ),
+    iters: int = typer.Option(20, "-n", "--iters", help="timed matmuls per size"),
+    warmup_iters: int = typer.Option(5, "-w", "--warmup_iters", help="untimed matmuls before them"),
+    device: str = typer.Option(
+        "auto", "--device", help="auto (GPU 0, else CPU), cpu, all (every GPU), or 0, 1..."
+    ),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="write the results as JSON here (- for stdout)"
+    ),
+    submit: bool = _SUBMIT,
+    print_spec: bool = _PRINT_SPEC,
+    nodes: int = _NODES,
+    gpus: str | None = _GPUS,
+    queue: str = _QUEUE,
+    name: str | None = _NAME,
+) -> None:
+    """Matmul TFLOPS by dtype and size, as a fraction of the GPU model's dense peak (gpupool.gpu.catalog)."""
+    from gpupool.bench.gemm import DEFAULT_CPU_SIZES, DEFAULT_GPU_SIZES, parse_gemm_dtype, parse_shapes
+
+    with _bench_errors():
+        if dtype is not None:
+            parse_gemm_dtype(dtype)
+        if sizes is not None:
+            parse_shapes(sizes)
+        if iters < 1 or warmup_iters < 0:
+            raise BenchError("-n/--iters must be at least 1 and -w/--warmup_iters at least 0")
+        if submit:
+            forward = [
+                "-n",
+                str(iters),
+                "-w",
+                str(warmup_iters),
+                "--device",
+                "all" if device == "auto" else device,
+            ]
+            forward += (["--dtype", dtype] if dtype else []) + (["--sizes", sizes] if sizes else [])
+            _submit("gemm", forward, distributed=False, nodes=nodes, gpus=gpus, queue=queue, name=name,
+                    print_spec=print_spec)  # fmt: skip
+            return
+        from gpupool.bench import gemm_torch
+
+        devices = gemm_torch.devices_for(device)
+        on_gpu = devices[0].type == "cuda"
+        chosen = parse_gemm_dtype(dtype) if dtype else ("bf16" if on_gpu else "float")
+        shapes = parse_shapes(sizes or (DEFAULT_GPU_SIZES if on_gpu else DEFAULT_CPU_SIZES))
+        rows, notes = gemm_torch.run_gemm(devices, shapes, chosen, iters, warmup_iters)
+        _write_json(json_out, gemm_torch.report(rows, notes, iters, warmup_iters))
+
+
+# -- train --------------------------------------------------------------------------------------------------
+
+
+@bench_app.command("train")
+def train(
+    layers: int = typer.Option(12, "--layers", help="transformer layers (l)"),
+    hidden: int = typer.Option(768, "--hidden", help="hidden size (h)"),
+    heads: int = typer.Option(12, "--heads", help="attention heads (h must be a multiple)"),
+    seq: int = typer.Option(1024, "--seq", help="sequence length in tokens (s)"),
+    vocab: int | None = typer.Option(
+        None, "--vocab", help="vocabulary size V (default 50304; with --data: the file's)"
+    ),
+    micro_batch: int = typer.Option(4, "--micro-batch", help="sequences per rank per forward/backward"),
+    global_batch: int | None = typer.Option(
+        None, "--global-batch", help="sequences per optimizer step, all ranks (default micro batch x ranks)"
+    ),
+    iters: int = typer.Option(10, "-n", "--iters", help="timed iterations (optimizer steps)"),
+    warmup_iters: int = typer.Option(2, "-w", "--warmup_iters", help="untimed iterations before them"),
+    precision: str | None = typer.Option(
+        None, "--precision", help="bf16, fp16 or fp32 (default bf16 on GPU, fp32 on CPU)"
+    ),
+    parallel: str = typer.Option("ddp", "--parallel", help="ddp or fsdp"),
+    recompute: bool = typer.Option(
+        False, "--recompute", help="activation recomputation (checkpoint each layer)"
+    ),
+    data: Path | None = typer.Option(
+        None, "--data", help="token file prefix from prepare-data (default synthetic)"
+    ),
+    backend: str | None = typer.Option(None, "--backend", help="nccl or gloo (default nccl with GPUs)"),
+    nproc: int | None = typer.Option(None, "--nproc", help="processes here (default: one per GPU; 2 on CPU)"),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="write the results as JSON here (- for stdout)"
+    ),
+    submit: bool = _SUBMIT,
+    print_spec: bool = _PRINT_SPEC,
+    nodes: int = _NODES,
+    gpus: str | None = _GPUS,
+    queue: str = _QUEUE,
+    name: str | None = _NAME,
+) -> None:
+    """GPT training throughput: tokens/s, TFLOP/s per GPU by Megatron-LM's formula, and MFU."""
+    from gpupool.bench.gpt import GptShape
+    from gpupool.bench.tokens import read_index
+
+    with _bench_errors():
+        if precision is not None and precision not in ("bf16", "fp16", "fp32"):
+            raise BenchError(f"--precision {precision!r}: give bf16, fp16 or fp32")
+        if parallel not in ("ddp", "fsdp"):
+            raise BenchError(f"--parallel {parallel!r}: give ddp or fsdp")
+        if iters < 1 or warmup_iters < 0:
+            raise BenchError("-n/--iters must be at least 1 and -w/--warmup_iters at least 0")
+        file_vocab = read_index(data).vocab_size if data is not None else None
+        if vocab is not None and file_vocab is not None and vocab < file_vocab:
+            raise BenchError(f"--vocab {vocab} is smaller than the {file_vocab} token ids of --data {data}")
+        shape = GptShape(layers, hidden, heads, seq, vocab or file_vocab or 50304)
+        shape.validate()
+        if submit:
+            forward = [
+                "--layers",
+                str(layers),
+                "--hidden",
+                str(hidden),
+                "--heads",
+                str(heads),
+                "--seq",
+                str(seq),
+            ]
+            forward += ["--vocab", str(shape.vocab), "--micro-batch", str(micro_batch), "-n", str(iters)]
+            forward += ["-w", str(warmup_iters), "--parallel", parallel] + (
+                ["--recompute"] if recompute else []
+            )
+            forward += ["--global-batch", str(global_batch)] if global_batch else []
+            forward += ["--precision", precision] if precision else []
+            forward += ["--data", str(data.resolve())] if data else []
+            forward += ["--backend", backend] if backend else []
+            _submit("train", forward, distributed=True, nodes=nodes, gpus=gpus, queue=queue, name=name,
+                    print_spec=print_spec)  # fmt: skip
+            return
+        from gpupool.bench import launch_torch
+        from gpupool.bench.gpt import Batching
+        from gpupool.bench.train_torch import TrainConfig, run_train
+
+        chosen = backend or launch_torch.default_backend()
+        count = nproc if nproc is not None else launch_torch.default_nproc(chosen)
+        world = int(os.environ["WORLD_SIZE"]) if launch_torch.under_torchrun() else count
+        batch = global_batch or micro_batch * world
+        Batching(micro_batch, batch, world).validate()
+        cfg = TrainConfig(
+            shape,
+            micro_batch,
+            batch,
+            iters,
+            warmup_iters,
+            precision or ("bf16" if chosen == "nccl" else "fp32"),
+            parallel,
+            str(data) if data is not None else None,
+            recompute,
+        )
+        result = launch_torch.run(run_train, (cfg,), nproc=count, backend=chosen)
+        if result is not None:
+            _write_json(json_out, result)
+
+
+# -- prepare-data -------------------------------------------------------------------------------------------
+
+
+@bench_app.command("prepare-data")
+def prepare_data(
+    source: Path = typer.Argument(..., help="JSONL: one JSON object per line with the text in --json-key"),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="prefix of the token file: writes PREFIX.bin, PREFIX.idx"
+    ),
+    json_key: str = typer.Option("text", "--json-key", help="the field that holds each document's text"),
+) -> None:
+    """Turn JSONL text into a token file for `bench train --data` (byte-level tokenizer, no download)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    from gpupool.bench.tokens import paths, write_token_file
+
+    with _bench_errors():
+        try:
+            total = source.stat().st_size
+        except OSError as exc:
+            raise BenchError(f"cannot read {source}: {exc.strerror}") from exc
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(f"tokenizing {source.name}", total=total)
+            index = write_token_file(
+                source, output, key=json_key, on_progress=lambda n: progress.advance(task, n)
+            )
+        bin_path, idx_path = paths(output)
+        console.print(
+            f"{index.documents} documents, {index.tokens} tokens (byte-level, vocabulary {index.vocab_size}, "
+            f"end-of-document id {index.eod}): {bin_path}, {idx_path}",
+            highlight=False,
+        )
