@@ -34,16 +34,27 @@ def server(
         "(default $GPUPOOL_DB, else ~/.gpupool/gpupool.db)",
     ),
     node_name: str | None = typer.Option(None, "--node-name", help="name of this machine's node"),
+    backend: str = typer.Option(
+        "local",
+        "--backend",
+        help="where work runs: local (this machine) or slurm (a Slurm cluster via sbatch; docs/slurm.md)",
+    ),
+    partition: str | None = typer.Option(
+        None,
+        "--partition",
+        help="with --backend slurm: the Slurm partition to schedule (default: every node)",
+    ),
     new_admin_token: bool = typer.Option(
         False, "--new-admin-token", help="replace the admin token and print it"
     ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
-    """Run the gpupool head: API server, scheduler loop and the local executor."""
+    """Run the gpupool head: API server, scheduler loop and the executor (local processes or Slurm jobs)."""
     import uvicorn
 
     from gpupool.api.app import create_app
     from gpupool.api.runtime import Runtime, ServerSettings
+    from gpupool.backends.slurm_commands import SlurmError
     from gpupool.client.client import save_credentials
     from gpupool.control import service
     from gpupool.gpu import GpuUnavailable
@@ -65,13 +76,25 @@ def server(
         err_console.print(
             f"[bold]admin token[/bold] (shown once; saved to {path}, mode 0600):\n  {token}", highlight=False
         )
-    settings = ServerSettings(db_url=url, home=home, gpus=gpus, node_name=node_name or _hostname())
+    settings = ServerSettings(
+        db_url=url,
+        home=home,
+        gpus=gpus,
+        node_name=node_name or _hostname(),
+        backend=backend,
+        partition=partition,
+    )
     try:
         runtime = Runtime(settings, store=store)
-    except (GpuUnavailable, ValueError) as exc:
+    except (GpuUnavailable, ValueError, SlurmError) as exc:
         raise CliError(str(exc)) from exc
+    where = (
+        f"gpus {gpus}"
+        if backend == "local"
+        else f"backend {backend}" + (f", partition {partition}" if partition else "")
+    )
     err_console.print(
-        f"gpupool server on {server_url} (store {store.url.split('@')[-1]}, gpus {gpus}, home {home})",
+        f"gpupool server on {server_url} (store {store.url.split('@')[-1]}, {where}, home {home})",
         highlight=False,
     )
     uvicorn.run(create_app(runtime), host=host, port=port, log_level=log_level.lower(), access_log=False)

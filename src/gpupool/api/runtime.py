@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
 from gpupool.control import service
 from gpupool.control.loop import ControlSettings, Reconciler
@@ -16,6 +17,8 @@ from gpupool.gpu import GpuProvider, open_provider
 from gpupool.store.db import Store
 
 log = logging.getLogger("gpupool.server")
+
+BACKENDS = ("local", "slurm")  # `gpupool server --backend`: where attempts run
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class ServerSettings:
     node_name: str = field(default_factory=socket.gethostname)
     tick: float = 0.5
     telemetry_interval: float = 1.0
+    backend: str = "local"
+    partition: str | None = None  # slurm: the partition whose nodes gpupool schedules (None: every node)
 
 
 class Runtime:
@@ -34,8 +39,13 @@ class Runtime:
         self.store = store or Store(settings.db_url)
         service.ensure_default_queue(self.store)
         self.telemetry = TelemetryCache()
-        self.gpus: GpuProvider | None = open_provider(settings.gpus)
-        self.backend = LocalBackend(on_exit=self._wake)
+        if settings.backend not in BACKENDS:
+            raise ValueError(f"--backend {settings.backend}: unknown backend; one of {', '.join(BACKENDS)}")
+        if settings.partition is not None and settings.backend != "slurm":
+            raise ValueError("--partition applies to --backend slurm only; add --backend slurm or drop it")
+        # With slurm, Slurm's inventory describes the nodes; the head's own GPUs (if any) are not in the pool.
+        self.gpus: GpuProvider | None = open_provider(settings.gpus) if settings.backend == "local" else None
+        self.backend: Backend = self._open_backend()
         self.reconciler = Reconciler(
             self.store,
             self.backend,
@@ -51,17 +61,33 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _open_backend(self) -> Backend:
+        if self.settings.backend == "slurm":
+            from gpupool.backends.slurm import SlurmBackend
+
+            return SlurmBackend(partition=self.settings.partition, on_change=self._wake)
+        return LocalBackend(on_exit=self._wake)
+
     def _wake(self) -> None:
         self.reconciler.wake()
 
     def start(self) -> None:
         self.reconciler.register_node()
+        self.reconciler.sync_inventory()
         self.reconciler.recover()
+        watch = getattr(self.backend, "watch", None)
+        if watch is not None:
+            watch()
         self._thread = threading.Thread(
             target=self.reconciler.run, args=(self._stop,), name="reconcile", daemon=True
         )
         self._thread.start()
-        log.info("event=control_started node=%s gpus=%s", self.settings.node_name, self.settings.gpus)
+        log.info(
+            "event=control_started backend=%s node=%s gpus=%s",
+            self.backend.name,
+            self.settings.node_name,
+            self.settings.gpus,
+        )
 
     def wake(self) -> None:
         self.reconciler.wake()
@@ -72,6 +98,9 @@ class Runtime:
         self.reconciler.wake()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
         if self.gpus is not None:
             self.gpus.close()
         self.store.close()

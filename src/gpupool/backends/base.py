@@ -1,4 +1,4 @@
-"""The interface every execution backend presents to the control loop (local today; agent, slurm later)."""
+"""The interface every execution backend presents to the control loop (local, slurm; agent later)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,15 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """Where one pod of a gang runs, as the scheduler placed it: a node and GPU indices on it."""
+
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    gpu_fraction: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,11 +29,16 @@ class Launch:
     workdir: Path
     run_dir: Path
     log_path: Path
+    # One placement per pod (NODE_RANK order); empty means this machine (the local backend ignores it).
+    pods: tuple[Pod, ...] = ()
+    cpus: float = 0.0  # per pod, as requested (0 = none asked for)
+    memory_bytes: int = 0  # per pod, as requested (0 = none asked for)
 
 
 @dataclass(frozen=True, slots=True)
 class Handle:
-    """How to find a started attempt again, even after a restart: pid plus its start time."""
+    """How to find a started attempt again, even after a restart: the backend's id for it (a process id
+    for `local`, a Slurm job id for `slurm`) plus a start time that guards against id reuse (0 if none)."""
 
     pid: int
     start_time: float
@@ -41,6 +55,51 @@ class Status:
     phase: Phase
     exit_code: int | None = None
     detail: str = ""
+    # Why an attempt that did not exit by itself ended, as the retry policy names it (`retry.on`):
+    # failure | node-failure | preemption.
+    cause: str = "failure"
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryNode:
+    """A node as a backend with its own inventory (Slurm) reports it.
+
+    `state` is gpupool's word for it: ready | cordoned | unhealthy | lost; `state_reason` says why in the
+    backend's words. `gpus` lists (type, count) as the backend names them ("h100", or "" when untyped)."""
+
+    name: str
+    address: str
+    state: str
+    state_reason: str
+    cpus: float
+    memory_bytes: int
+    gpus: tuple[tuple[str, int], ...]
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignJob:
+    """Work the backend runs that gpupool did not start (a plain `sbatch` job): it holds capacity."""
+
+    job_id: str
+    name: str
+    user: str
+    state: str
+    nodes: tuple[str, ...]
+    gpus_per_node: float
+    cpus_per_node: float
+    # GPU indices per node where the backend says which ones it holds; missing nodes: any free ones.
+    gpu_indices: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    started_at: float | None = None  # epoch seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """The nodes and foreign jobs a backend sees; `generation` changes whenever anything in it does."""
+
+    nodes: tuple[InventoryNode, ...]
+    foreign: tuple[ForeignJob, ...]
+    generation: int
 
 
 class LaunchError(RuntimeError):
@@ -62,4 +121,18 @@ class Backend(Protocol):
 
     def cleanup(self, handle: Handle) -> None:
         """Kill anything the attempt left behind in its process group."""
+        ...
+
+    def inventory(self) -> Inventory | None:
+        """The nodes this backend runs work on and the foreign work on them, or None when the head's
+        own GPU provider describes the one node (local). Must not block: return the latest known."""
+        ...
+
+    def drain_node(self, name: str, reason: str) -> None:
+        """Take a node out of service where the backend schedules too (a health verdict); the reason is
+        recorded there (Slurm: `scontrol update nodename=... state=drain reason="gpupool: ..."`)."""
+        ...
+
+    def resume_node(self, name: str) -> None:
+        """Return a node drained by `drain_node` to service."""
         ...

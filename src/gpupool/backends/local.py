@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from gpupool.backends.base import Handle, Launch, LaunchError, Phase, Status
+from gpupool.backends.base import Handle, Inventory, Launch, LaunchError, Phase, Status
 
 # bash runs the commands in order and stops at the first failure; on SIGTERM it lets the running command
 # finish its own shutdown (checkpointing) before exiting, instead of dying under it.
@@ -102,6 +102,15 @@ class LocalBackend:
     def cleanup(self, handle: Handle) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(handle.pid, signal.SIGKILL)
+
+    def inventory(self) -> Inventory | None:
+        return None  # the head's GPU provider describes this machine (Reconciler.register_node)
+
+    def drain_node(self, name: str, reason: str) -> None:
+        """Nothing else schedules on this machine: gpupool's own node state is the whole truth."""
+
+    def resume_node(self, name: str) -> None:
+        """Nothing to undo; see drain_node."""
 
 
 def _start_time(pid: int) -> float | None:

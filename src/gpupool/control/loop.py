@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool import scheduler
-from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Phase, Status
-from gpupool.control import contract
+from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Phase, Pod, Status
+from gpupool.control import contract, inventory
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu import GpuProvider
@@ -76,6 +76,7 @@ class Reconciler:
         self.fair_shares: dict[str, dict[str, float]] = {}
         self.explanations: dict[int, scheduler.Explanation] = {}
         self._explained_at = 0.0
+        self._inventory_generation = 0  # of the backend inventory last applied; 0: none (local backend)
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -100,6 +101,7 @@ class Reconciler:
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
+        self.sync_inventory()
         self.observe(now)
         self.schedule(now)
         if self.gpus is not None and now - self._last_sample >= self.settings.telemetry_interval:
@@ -135,6 +137,15 @@ class Reconciler:
                 node.gpus.remove(gone)
         log.info("event=node_registered node=%s gpus=%d", self.settings.node_name, len(devices))
 
+    def sync_inventory(self) -> None:
+        """Bring the store's nodes and foreign jobs up to the backend's inventory, when it keeps one
+        (Slurm) and it changed since the last pass."""
+        current = self.backend.inventory()
+        if current is None or current.generation == self._inventory_generation:
+            return
+        inventory.apply(self.store, self.backend.name, current)
+        self._inventory_generation = current.generation
+
     # -- restart safety -------------------------------------------------------------------------------
 
     def recover(self) -> None:
@@ -164,7 +175,7 @@ class Reconciler:
             rows = s.execute(
                 select(Attempt, Workload.cancel_requested, Workload.spec)
                 .join(Workload, Attempt.workload_id == Workload.id)
-                .where(Attempt.state == RUNNING, Attempt.node_name == self.settings.node_name)
+                .where(Attempt.state == RUNNING, self._observed())
             ).all()
             due = [attempt.id for attempt, cancel, spec in rows if self._needs_action(attempt, cancel, spec)]
         if not due:
@@ -179,6 +190,12 @@ class Reconciler:
                         self._observe_one(s, attempt, now)
                 except StaleDataError:
                     log.info("event=observe_conflict workload=%d", attempt.workload_id)
+
+    def _observed(self) -> Any:
+        """Which running attempts this head observes: those on its own node, or on the backend's nodes."""
+        if not self._inventory_generation:
+            return Attempt.node_name == self.settings.node_name
+        return Attempt.node_name.in_(select(Node.name).where(Node.backend == self.backend.name))
 
     def _needs_action(self, attempt: Attempt, cancel_requested: bool, spec: dict[str, Any]) -> bool:
         if attempt.pid is None:
@@ -277,7 +294,7 @@ class Reconciler:
             return
         attempt.state = FAILED
         attempt.reason = f"exit code {code}" if state.phase is Phase.EXITED else f"lost: {state.detail}"
-        self._retry_or_fail(s, workload, attempt.reason, "failure")
+        self._retry_or_fail(s, workload, attempt.reason, state.cause)
 
     def _requeue_after_eviction(self, s: Session, workload: Workload, code: str, cause: str) -> None:
         """Preempted work goes back to pending (it resumes from its checkpoint) unless its retry policy
@@ -376,6 +393,8 @@ class Reconciler:
             )
             for node in s.scalars(select(Node).order_by(Node.name)).all()
         )
+        if self._inventory_generation:
+            nodes = inventory.with_foreign_use(s, nodes, running)
         queues = tuple(_queue_view(q) for q in s.scalars(select(Queue).order_by(Queue.name)).all())
         # Priority is read fresh each pass: it is the one field an operator may change while work waits.
         views = tuple(
@@ -458,6 +477,7 @@ class Reconciler:
                 number=number,
                 state=RUNNING,
                 node_name=bind.node,
+                backend=self.backend.name,
                 gpu_indices=list(bind.gpu_indices),
                 gpu_fraction=bind.gpu_fraction,
                 cpus=float(resources.get("cpu") or 0.0),
@@ -473,7 +493,7 @@ class Reconciler:
                 return
             s.add(attempt)
             s.flush()
-            launch = self._launch(workload, attempt)
+            launch = self._launch(workload, attempt, bind.pods)
         # The attempt is durable before its process exists; a crash here leaves a pid-less attempt that
         # observe() settles after PID_GRACE.
         try:
@@ -498,7 +518,9 @@ class Reconciler:
             handle.pid,
         )
 
-    def _launch(self, workload: Workload, attempt: Attempt) -> Launch:
+    def _launch(
+        self, workload: Workload, attempt: Attempt, pods: tuple[scheduler.PodPlacement, ...] = ()
+    ) -> Launch:
         home = self.settings.home
         spec = workload.spec
         workdir = contract.workdir_for(spec, home, workload.id)
@@ -530,6 +552,9 @@ class Reconciler:
             workdir=workdir,
             run_dir=Path(attempt.run_dir),
             log_path=Path(attempt.log_path),
+            pods=tuple(Pod(p.node, p.gpu_indices, p.gpu_fraction) for p in pods),
+            cpus=attempt.cpus,
+            memory_bytes=attempt.memory_bytes,
         )
 
     def _explain(self, explanations: dict[int, scheduler.Explanation]) -> None:

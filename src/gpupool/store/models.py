@@ -140,6 +140,8 @@ class Attempt(Base):
     gpu_fraction: Mapped[float] = mapped_column(Float, default=0.0)
     cpus: Mapped[float] = mapped_column(Float, default=0.0)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The backend that runs it (local | slurm); `pid` is that backend's id for it (a Slurm job id for slurm).
+    backend: Mapped[str] = mapped_column(String(32), default="local", server_default="local")
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     pid_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
     run_dir: Mapped[str] = mapped_column(Text, default="")
@@ -153,6 +155,28 @@ class Attempt(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     workload: Mapped[Workload] = relationship(back_populates="attempts")
+
+
+class ForeignJob(Base):
+    """Work the execution backend runs that gpupool did not start (a plain `sbatch` job), as last seen:
+    it holds capacity the scheduler must leave alone. Rows go when the job ends."""
+
+    __tablename__ = "foreign_jobs"
+    __table_args__ = (UniqueConstraint("backend", "job_id", name="uq_foreign_jobs_backend_job"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    backend: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(64))  # the backend's id (Slurm job id)
+    name: Mapped[str] = mapped_column(String(255))
+    user: Mapped[str] = mapped_column(String(63))
+    state: Mapped[str] = mapped_column(String(32))  # in the backend's words (RUNNING, COMPLETING, ...)
+    nodes: Mapped[list[Any]] = mapped_column(JSON)
+    gpus_per_node: Mapped[float] = mapped_column(Float)
+    cpus_per_node: Mapped[float] = mapped_column(Float)
+    # {node: [indices]} where the backend says which GPUs it holds; other nodes: any free ones.
+    gpu_indices: Mapped[dict[str, Any]] = mapped_column(JSON)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Event(Base):

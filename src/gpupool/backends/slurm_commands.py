@@ -1,0 +1,266 @@
+"""Slurm's client commands (sbatch, squeue, scontrol, scancel) run and their output parsed.
+
+Only the one-line (`-o`) and `squeue -o FORMAT` outputs are read: they are stable across Slurm versions
+from 20.11 on and need no JSON plugin on the head.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+TOOLS = ("sbatch", "squeue", "scontrol", "scancel")
+COMMAND_TIMEOUT = 30.0  # seconds; slurmctld answers in milliseconds unless it is down
+
+# squeue's fields, "|"-separated; the job name goes last because it may contain "|".
+SQUEUE_FORMAT = "%A|%T|%D|%C|%b|%u|%S|%N|%r|%j"
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or Slurm is not reachable; the message names the command and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One line of `squeue`: a job that is pending, running or completing."""
+
+    job_id: str
+    state: str
+    num_nodes: int
+    cpus: int
+    tres_per_node: str
+    user: str
+    start_time: float | None
+    nodes: tuple[str, ...]
+    reason: str
+    name: str
+
+
+def missing_tools(path: str | None = None) -> list[str]:
+    return [tool for tool in TOOLS if shutil.which(tool, path=path) is None]
+
+
+class SlurmCommands:
+    """Runs Slurm's client tools with the head's environment (SLURM_CONF, munge socket)."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, timeout: float = COMMAND_TIMEOUT) -> None:
+        self.env = dict(os.environ if env is None else env)
+        self.timeout = timeout
+
+    def run(
+        self, *argv: str, env: Mapping[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        try:
+            result = subprocess.run(
+                list(argv),
+                env=dict(env) if env is not None else self.env,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError as exc:
+            raise SlurmError(
+                f"{argv[0]} not found on PATH: install Slurm's client tools (Debian: apt-get install "
+                "slurm-client munge) on the gpupool head"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmError(f"{argv[0]} did not answer in {self.timeout:g}s: is slurmctld up?") from exc
+        if check and result.returncode != 0:
+            message = (result.stderr or result.stdout).strip().splitlines()
+            raise SlurmError(f"{' '.join(argv[:3])} failed: {message[-1] if message else result.returncode}")
+        return result
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        out = self.run("scontrol", "ping", check=False)
+        if "UP" not in out.stdout:
+            detail = (out.stderr or out.stdout).strip() or "no answer"
+            raise SlurmError(
+                f"slurmctld is not reachable ({detail}); check SLURM_CONF and that munged runs on the head"
+            )
+
+    def nodes(self) -> list[dict[str, str]]:
+        return [parse_record(line) for line in self.run("scontrol", "show", "node", "-o").stdout.splitlines()]
+
+    def partitions(self) -> list[dict[str, str]]:
+        out = self.run("scontrol", "show", "partition", "-o").stdout
+        return [parse_record(line) for line in out.splitlines() if line.strip()]
+
+    def jobs(self) -> list[JobRow]:
+        """Every job slurmctld holds as pending, running or completing (all users, all partitions)."""
+        out = self.run("squeue", "-h", "-o", SQUEUE_FORMAT).stdout
+        return [row for line in out.splitlines() if (row := parse_squeue_line(line)) is not None]
+
+    def job(self, job_id: str) -> dict[str, str] | None:
+        """`scontrol show job` for one job, or None when slurmctld no longer knows it."""
+        text = self.job_text(job_id)
+        return parse_record(text.splitlines()[0]) if text else None
+
+    def job_text(self, job_id: str, *, detail: bool = False) -> str:
+        """The raw one-line record (with `-d`: per-node CPU and GRES indices); "" for an unknown job."""
+        argv = ["scontrol", "show", "job", "-o", *(["-d"] if detail else []), job_id]
+        out = self.run(*argv, check=False)
+        if "JobId=" in out.stdout:
+            return out.stdout
+        if out.returncode != 0 and "Invalid job id" not in out.stderr + out.stdout:
+            raise SlurmError(f"scontrol show job {job_id} failed: {out.stderr.strip()}")
+        return ""
+
+    def job_ids_named(self, name: str) -> list[str]:
+        out = self.run("squeue", "-h", "-n", name, "-o", "%A").stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    # -- acting -------------------------------------------------------------------------------------
+
+    def sbatch(self, args: list[str], env: Mapping[str, str]) -> str:
+        out = self.run("sbatch", "--parsable", *args, env=env)
+        return out.stdout.strip().split(";")[0]
+
+    def scancel(self, job_id: str, *, signal_name: str | None = None, full: bool = False) -> None:
+        argv = ["scancel"]
+        if signal_name:
+            argv.append(f"--signal={signal_name}")
+        if full:
+            argv.append("--full")
+        self.run(*argv, job_id, check=False)
+
+    def update_node(self, name: str, state: str, reason: str | None = None) -> None:
+        argv = ["scontrol", "update", f"nodename={name}", f"state={state}"]
+        if reason is not None:
+            argv.append(f"reason={reason}")
+        self.run(*argv)
+
+
+# -- parsing ----------------------------------------------------------------------------------------------
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """One `scontrol show ... -o` line as a dict; a token without `=` continues the previous value
+    (`OS=Linux 6.1 #1 SMP`). A node's `Reason` comes last and keeps everything after it."""
+    record: dict[str, str] = {}
+    text = line.strip()
+    reason_at = text.find(" Reason=")
+    if reason_at >= 0:
+        record["Reason"] = text[reason_at + len(" Reason=") :]
+        text = text[:reason_at]
+    key = ""
+    for token in text.split(" "):
+        if not token:
+            continue
+        name, sep, value = token.partition("=")
+        if sep and re.fullmatch(r"[A-Za-z_:/]+", name):
+            key = name
+            record[key] = value
+        elif key:
+            record[key] += " " + token
+    return record
+
+
+def parse_squeue_line(line: str) -> JobRow | None:
+    parts = line.split("|", 9)
+    if len(parts) < 10:
+        return None
+    job_id, state, num_nodes, cpus, tres, user, start, nodelist, reason, name = parts
+    return JobRow(
+        job_id=job_id.strip(),
+        state=state.strip(),
+        num_nodes=_int(num_nodes, 1),
+        cpus=_int(cpus, 0),
+        tres_per_node=tres.strip(),
+        user=user.strip(),
+        start_time=parse_time(start),
+        nodes=expand_hostlist(nodelist.strip()),
+        reason=reason.strip(),
+        name=name,
+    )
+
+
+def parse_time(text: str) -> float | None:
+    text = text.strip()
+    if not text or text in ("N/A", "Unknown", "None"):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """`node[01-03,7],gpu-a` -> node01, node02, node03, node7, gpu-a (Slurm's compressed host lists)."""
+    if not text or text in ("(null)", "N/A"):
+        return ()
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if match is None:
+            names.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            if not high:
+                names.append(f"{prefix}{low}{suffix}")
+                continue
+            width = len(low)
+            names.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(low), int(high) + 1))
+    return tuple(names)
+
+
+def parse_gres(text: str) -> tuple[tuple[str, int], ...]:
+    """A node's `Gres=gpu:h100:4(S:0-1),gpu:a100:2` -> (("h100", 4), ("a100", 2)); untyped gives ""."""
+    found: list[tuple[str, int]] = []
+    for item in re.sub(r"\([^)]*\)", "", text or "").split(","):
+        fields = item.strip().split(":")
+        if not fields or fields[0] not in ("gpu", "gres/gpu"):
+            continue
+        if len(fields) == 2 and fields[1].isdigit():
+            found.append(("", int(fields[1])))
+        elif len(fields) >= 3 and fields[-1].isdigit():
+            found.append((fields[1], int(fields[-1])))
+    return tuple(found)
+
+
+def gpus_in_tres(text: str) -> float:
+    """GPUs in squeue's tres-per-node (`gres:gpu:2`, `gres/gpu:h100:2`, `gres:gpu` = 1); 0 if none."""
+    total = 0.0
+    for item in (text or "").split(","):
+        fields = item.strip().replace("gres/", "gres:").split(":")
+        if len(fields) < 2 or fields[0] != "gres" or fields[1] != "gpu":
+            continue
+        total += float(fields[-1]) if fields[-1].isdigit() else 1.0
+    return total
+
+
+def gpu_indices_by_node(text: str) -> dict[str, tuple[int, ...]]:
+    """From `scontrol show job -d -o`: `Nodes=a CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)` per node group."""
+    found: dict[str, tuple[int, ...]] = {}
+    for nodes, gres in re.findall(r"Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S+)", text):
+        indices: list[int] = []
+        for span in re.findall(r"IDX:([0-9,\-]+)", gres):
+            for item in span.split(","):
+                low, _, high = item.partition("-")
+                if low.isdigit():
+                    indices.extend(range(int(low), int(high or low) + 1))
+        for node in expand_hostlist(nodes):
+            found[node] = tuple(indices)
+    return found
+
+
+def exit_status(text: str) -> tuple[int, int]:
+    """scontrol's `ExitCode=2:0` -> (2, 0): the exit code and the signal that ended the job."""
+    code, _, sig = (text or "0:0").partition(":")
+    return _int(code, 0), _int(sig, 0)
+
+
+def _int(text: str, default: int) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return default

@@ -1,0 +1,194 @@
+"""Nodes and foreign work from a backend that keeps its own inventory (Slurm), kept current in the store.
+
+`apply` writes a backend's `Inventory` into the store: node rows (state, CPUs, memory, GPUs) and the
+foreign jobs it runs. `with_foreign_use` folds those foreign jobs into the scheduler's node views, so the
+GPUs and CPUs they hold are never handed out. A state the inventory sets carries the reason prefix
+`slurm: ` (the backend's name); when the backend reports the node healthy again, only such a state is
+lifted, so an operator's own `gpupool node cordon` survives.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool import scheduler
+from gpupool.backends.base import Inventory, InventoryNode
+from gpupool.gpu.catalog import lookup_model
+from gpupool.gpu.errors import UnknownGpuModel
+from gpupool.store.db import Store
+from gpupool.store.models import Event, ForeignJob, Gpu, Node
+from gpupool.timeutil import utcnow
+
+log = logging.getLogger("gpupool.control")
+
+UNTYPED_MODEL = "GPU"  # the model of a GRES without a type (`Gres=gpu:8`): matches requests with no model
+
+
+def apply(store: Store, backend: str, inventory: Inventory) -> None:
+    """Make the store's nodes and foreign jobs of `backend` what the inventory says."""
+    with store.session() as s:
+        seen = set()
+        for item in inventory.nodes:
+            seen.add(item.name)
+            _apply_node(s, backend, item)
+        for node in s.scalars(select(Node).where(Node.backend == backend)):
+            if node.name not in seen and node.state != "lost":
+                _set_state(s, node, "lost", f"{backend}: no longer in the {backend} inventory")
+        _apply_foreign(s, backend, inventory)
+
+
+def _apply_node(s: Session, backend: str, item: InventoryNode) -> None:
+    node = s.scalar(select(Node).where(Node.name == item.name))
+    if node is None:
+        node = Node(name=item.name, state="ready", state_reason="", labels={})
+        s.add(node)
+    node.backend = backend
+    node.address = item.address
+    node.cpus = item.cpus
+    node.memory_bytes = item.memory_bytes
+    node.labels = dict(item.labels)
+    node.last_heartbeat = utcnow()
+    mine = node.state_reason.startswith(f"{backend}: ")
+    if item.state != "ready":
+        if node.state != item.state or node.state_reason != item.state_reason:
+            _set_state(s, node, item.state, item.state_reason)
+    elif mine or node.state == "lost":
+        _set_state(s, node, "ready", f"{backend}: in service again")
+        node.state_reason = ""
+    _apply_gpus(node, item)
+
+
+def _apply_gpus(node: Node, item: InventoryNode) -> None:
+    wanted = []
+    for kind, count in item.gpus:
+        model, memory = UNTYPED_MODEL, 0
+        if kind:
+            try:
+                info = lookup_model(kind)
+                model, memory = info.family, info.memory_bytes
+            except UnknownGpuModel:
+                model = kind.upper()
+        wanted.extend([(kind, model, memory)] * count)
+    by_index = {g.index: g for g in node.gpus}
+    for index, (kind, model, memory) in enumerate(wanted):
+        gpu = by_index.pop(index, None)
+        if gpu is None:
+            gpu = Gpu(index=index)
+            node.gpus.append(gpu)
+        gpu.uuid = f"{node.backend}:{node.name}:{index}"
+        gpu.model, gpu.product_name, gpu.memory_bytes = model, kind or "gpu", memory
+        gpu.nvlink_island, gpu.simulated = 0, False
+    for gone in by_index.values():
+        node.gpus.remove(gone)
+
+
+def _set_state(s: Session, node: Node, state: str, reason: str) -> None:
+    if node.state != state:
+        s.add(
+            Event(
+                object_kind="node",
+                object_id=node.name,
+                from_state=node.state,
+                to_state=state,
+                reason=reason,
+                actor=node.backend,
+            )
+        )
+        log.info("event=node_state node=%s from=%s to=%s reason=%r", node.name, node.state, state, reason)
+    node.state, node.state_reason = state, reason
+
+
+def _apply_foreign(s: Session, backend: str, inventory: Inventory) -> None:
+    rows = {row.job_id: row for row in s.scalars(select(ForeignJob).where(ForeignJob.backend == backend))}
+    now = utcnow()
+    for job in inventory.foreign:
+        row = rows.pop(job.job_id, None)
+        if row is None:
+            row = ForeignJob(backend=backend, job_id=job.job_id)
+            s.add(row)
+            log.info("event=foreign_job_seen backend=%s job=%s nodes=%s", backend, job.job_id, job.nodes)
+        row.name, row.user, row.state = job.name[:255], job.user[:63], job.state
+        row.nodes = list(job.nodes)
+        row.gpus_per_node, row.cpus_per_node = job.gpus_per_node, job.cpus_per_node
+        row.gpu_indices = {node: list(indices) for node, indices in job.gpu_indices}
+        started = job.started_at
+        row.started_at = datetime.fromtimestamp(started, UTC) if started is not None else None
+        row.seen_at = now
+    for gone in rows.values():
+        s.delete(gone)
+
+
+def with_foreign_use(
+    s: Session, nodes: tuple[scheduler.NodeView, ...], running: list[scheduler.WorkloadView]
+) -> tuple[scheduler.NodeView, ...]:
+    """The node views with every foreign job's GPUs and CPUs marked allocated (outside `running`).
+
+    A foreign job's GPU indices are taken where the backend named them, unless gpupool's own work holds
+    them (the backend may number GPUs its own way); the rest of its count goes to the lowest free GPUs.
+    """
+    foreign = s.scalars(select(ForeignJob)).all()
+    if not foreign:
+        return nodes
+    held: dict[str, set[int]] = {}
+    for view in running:
+        for pod in view.placement:
+            held.setdefault(pod.node, set()).update(pod.gpu_indices)
+    taken: dict[str, dict[int, float]] = {}
+    cpus: dict[str, float] = {}
+    by_name = {n.name: n for n in nodes}
+    for job in foreign:
+        for name in job.nodes:
+            node = by_name.get(name)
+            if node is None:
+                continue
+            cpus[name] = cpus.get(name, 0.0) + job.cpus_per_node
+            busy = held.get(name, set())
+            marks = taken.setdefault(name, {})
+            want = math.ceil(job.gpus_per_node)
+            named = [int(i) for i in (job.gpu_indices or {}).get(name, [])]
+            order = named + [g.index for g in node.gpus if g.index not in named]
+            for index in order:
+                if want <= 0:
+                    break
+                if index in busy or index in marks or index not in {g.index for g in node.gpus}:
+                    continue
+                marks[index] = 1.0
+                want -= 1
+    return tuple(
+        replace(
+            node,
+            gpus=tuple(
+                replace(g, allocated=max(g.allocated, taken[node.name].get(g.index, 0.0))) for g in node.gpus
+            )
+            if node.name in taken
+            else node.gpus,
+            cpus_allocated=node.cpus_allocated + min(node.cpus, cpus.get(node.name, 0.0)),
+        )
+        for node in nodes
+    )
+
+
+def foreign_jobs(store: Store) -> list[dict[str, object]]:
+    """Foreign jobs as the API shows them (`gpupool ps --all`)."""
+    with store.read() as s:
+        return [
+            {
+                "backend": row.backend,
+                "job_id": row.job_id,
+                "name": row.name,
+                "user": row.user,
+                "state": row.state,
+                "nodes": list(row.nodes),
+                "gpus_per_node": row.gpus_per_node,
+                "cpus_per_node": row.cpus_per_node,
+                "gpu_indices": dict(row.gpu_indices),
+                "started_at": row.started_at.isoformat() if row.started_at else None,
+            }
+            for row in s.scalars(select(ForeignJob).order_by(ForeignJob.backend, ForeignJob.id))
+        ]
