@@ -34,10 +34,10 @@ class GemmRow:
 
 
 def devices_for(choice: str) -> list[torch.device]:
-    """`auto` (GPU 0, else the CPU), `cpu`, a GPU index, or `all` (every visible GPU)."""
+    """`auto` (every visible GPU, else the CPU), `cpu`, `all` (every visible GPU), or a GPU index."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if choice == "auto":
-        return [torch.device("cuda", 0)] if gpus else [torch.device("cpu")]
+        return [torch.device("cuda", i) for i in range(gpus)] or [torch.device("cpu")]
     if choice == "cpu":
         return [torch.device("cpu")]
     if choice == "all":

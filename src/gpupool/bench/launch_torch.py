@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 from gpupool.bench.errors import BenchError
 
@@ -113,7 +114,7 @@ def run(
                 join=True,
                 start_method=method,
             )
-        except mp.ProcessException as exc:  # ProcessRaisedException, ProcessExitedException
+        except ProcessException as exc:  # a rank raised or died
             failures = sorted((int(p.stem.split("-")[1]), p.read_text()) for p in folder.glob("error-*.txt"))
             if failures:
                 rank, message = failures[0]

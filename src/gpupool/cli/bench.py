@@ -195,7 +195,7 @@ def gemm(
     iters: int = typer.Option(20, "-n", "--iters", help="timed matmuls per size"),
     warmup_iters: int = typer.Option(5, "-w", "--warmup_iters", help="untimed matmuls before them"),
     device: str = typer.Option(
-        "auto", "--device", help="auto (GPU 0, else CPU), cpu, all (every GPU), or 0, 1..."
+        "auto", "--device", help="auto (every GPU, else the CPU), cpu, all (every GPU), or one index: 0, 1..."
     ),
     json_out: Path | None = typer.Option(
         None, "--json", help="write the results as JSON here (- for stdout)"
