@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 
 from gpupool.cli.bench import bench_app
+from gpupool.cli.sim import sim_app
 from gpupool.cli.render import console, human_bytes, print_json, ps_rows, ps_table, styled
 from gpupool.client import Client
 from gpupool.spec import parse_queue_spec, parse_workload_spec
@@ -30,6 +31,7 @@ queue_app = typer.Typer(help="Create and change queues (teams, projects).", no_a
 app.add_typer(node_app, name="node")
 app.add_typer(queue_app, name="queue")
 app.add_typer(bench_app, name="bench")
+app.add_typer(sim_app, name="sim")
 
 
 class Options:

@@ -1,0 +1,188 @@
+"""`gpupool sim`: replay cluster traces through gpupool's own scheduler (docs/simulator.md).
+
+`run` compares policies on a trace, `place` measures GPU fragmentation on pod lists, `whatif` replays the
+live cluster's recent history (read through the API) on a changed cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpupool.cli.render import console, err_console
+from gpupool.sim.errors import SimError
+from gpupool.spec import SpecError
+from gpupool.spec.quantities import parse_duration
+
+sim_app = typer.Typer(
+    help="Trace-driven simulator: compare scheduling policies, measure fragmentation, plan capacity.",
+    no_args_is_help=True,
+)
+
+
+@contextlib.contextmanager
+def _sim_errors() -> Iterator[None]:
+    """A bad input is one readable line on stderr and exit code 1, like every other CLI error."""
+    try:
+        yield
+    except SimError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _seconds(value: str, flag: str) -> float:
+    try:
+        return parse_duration(value, flag)
+    except SpecError:
+        raise SimError(flag, f"{value!r} is not a duration; e.g. 60s, 30m, 1h") from None
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Progress | None]:
+    if not enabled:
+        yield None
+        return
+    progress = Progress(
+        TextColumn("[bold]{task.description:<14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+    )
+    with progress:
+        yield progress
+
+
+def _write_json(path: Path, data: Any) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        raise SimError("--json", f"cannot write {path}: {exc.strerror}") from None
+
+
+def _wide() -> Console:
+    """The stdout console, or one wide enough for the comparison table when stdout is not a terminal."""
+    return console if console.is_terminal else Console(width=170, soft_wrap=True)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}"
+
+
+@sim_app.command("run")
+def run(
+    trace: str = typer.Option(
+        ..., "--trace", help="FORMAT:PATH; formats philly, tiresias, alibaba-openb, helios, csv"
+    ),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="64x8, 32x8:H100,32x8:A100, tiresias:n32g4.csv or alibaba-openb:NODES.csv"
+    ),
+    nodes: str | None = typer.Option(None, "--nodes", help="alibaba-openb:NODES.csv (instead of --cluster)"),
+    window: str | None = typer.Option(
+        None, "--window", help="START..END: dates (2017-10-02..2017-10-09) or seconds (0..86400)"
+    ),
+    first: int | None = typer.Option(None, "--first", help="only the first N jobs (after --window)"),
+    queues: str = typer.Option(
+        "auto", "--queues", help="auto (a quota per tenant) or a queue-spec YAML file"
+    ),
+    policy: str = typer.Option(
+        "fifo,las,gpupool",
+        "--policy",
+        help="comma-separated: fifo, fifo-backfill, sjf-oracle, srtf-oracle, las, drf, gpupool (or all)",
+    ),
+    seed: int = typer.Option(
+        0, "--seed", help="recorded with the results; the replay itself is deterministic"
+    ),
+    cycle: str = typer.Option("60s", "--cycle", help="virtual time between periodic scheduler cycles"),
+    restart_overhead: str = typer.Option("60s", "--restart-overhead", help="paid by each restarted job"),
+    checkpoint_interval: str = typer.Option(
+        "30m",
+        "--checkpoint-interval",
+        help="an evicted job loses the work since its last checkpoint; 0 = none",
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="write the figures as JSON to this file"),
+    report: Path | None = typer.Option(
+        None, "--report", help="write report.md and PNG plots into this folder"
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+) -> None:
+    """Replay a trace window through each policy and compare JCT, fairness, quotas and utilization."""
+    from gpupool.sim import experiment as ex
+    from gpupool.sim.engine import SimOptions
+
+    with _sim_errors():
+        options = SimOptions(
+            cycle=max(_seconds(cycle, "--cycle"), 1.0),
+            restart_overhead=_seconds(restart_overhead, "--restart-overhead"),
+            checkpoint_interval=_seconds(checkpoint_interval, "--checkpoint-interval"),
+            seed=seed,
+        )
+        if report is not None:
+            from gpupool.sim.report import check_plotting
+
+            check_plotting()
+        exp = ex.prepare(trace, cluster, nodes, window, first, queues, policy, options)
+        console.print(
+            f"{len(exp.jobs):,} jobs from {exp.trace.path} on {exp.cluster.gpus:,} GPUs "
+            f"({len(exp.cluster.nodes)} nodes), {len(exp.queues)} queues",
+            highlight=False,
+        )
+        with _progress(not quiet) as bar:
+            tasks: dict[str, Any] = {}
+            if bar is not None:
+                for p in exp.policies:
+                    tasks[p.name] = bar.add_task(p.name, total=len(exp.jobs))
+
+            def advance(name: str, done: int, total: int) -> None:
+                if bar is not None:
+                    bar.update(tasks[name], completed=done, total=total)
+
+            ex.run(exp, advance)
+        _wide().print(_table(exp))
+        data = ex.as_json(exp)
+        if json_out is not None:
+            _write_json(json_out, data)
+            console.print(f"figures written to {json_out}", highlight=False)
+        if report is not None:
+            from gpupool.sim.report import write_report
+
+            path = write_report(exp, report)
+            console.print(f"report written to {path}", highlight=False)
+
+
+def _table(exp: Any) -> Table:
+    table = Table(title="policies side by side (times in hours)")
+    for column in ("policy", "avg JCT", "vs fifo", "p50", "p99", "slowdown", "queued", "util", "Jain",
+                   "quota viol.", "preempt.", "dropped", "wall s"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    from gpupool.sim.experiment import summary_rows
+
+    for row in summary_rows(exp):
+        ratio = row["vs_fifo"]
+        table.add_row(
+            row["policy"],
+            _hours(row["avg_jct_s"]),
+            "" if ratio is None else f"{ratio:.2f}",
+            _hours(row["p50_jct_s"]),
+            _hours(row["p99_jct_s"]),
+            f"{row['mean_slowdown']:.2f}",
+            _hours(row["avg_queue_s"]),
+            f"{row['gpu_util']:.1%}",
+            f"{row['jain']:.3f}",
+            f"{row['quota_violation']:.2%}",
+            str(row["preemptions"]),
+            str(row["dropped"]),
+            f"{row['wall_s']:.1f}",
+        )
+    return table

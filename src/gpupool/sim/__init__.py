@@ -1,0 +1,1 @@
+"""The trace-driven simulator: real cluster traces replayed through the product's own scheduler."""

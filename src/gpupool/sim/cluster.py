@@ -1,0 +1,110 @@
+"""Simulated clusters: `--cluster 64x8`, `32x8:H100,32x8:A100`, `tiresias:n32g4.csv` or
+`alibaba-openb:NODES.csv`, built once as immutable scheduler NodeViews."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpupool.scheduler import GpuView, NodeView
+from gpupool.sim.errors import SimError
+from gpupool.sim.trace import MIB, number_field, read_rows
+
+GIB = 1024**3
+DEFAULT_MODEL = "GPU"  # a generic GPU: matches every request that names no model
+# GPU memory by model, for requests with a memory floor; unknown models get 32 GiB.
+GPU_MEMORY_GIB = {"H100": 80, "H200": 141, "A100": 80, "A800": 80, "A10": 24, "L4": 24, "L40": 48,
+                  "V100": 32, "V100M32": 32, "V100M16": 16, "P100": 16, "T4": 16, "K80": 12, "G2": 32,
+                  "G3": 32, "GPU": 32}  # fmt: skip
+_GROUP = re.compile(r"^(?P<nodes>\d+)x(?P<gpus>\d+)(?::(?P<model>[A-Za-z0-9_.\-]+))?$")
+CLUSTER_HELP = (
+    "NODESxGPUS[:MODEL][,...] (e.g. 64x8 or 32x8:H100,32x8:A100), tiresias:FILE or alibaba-openb:FILE"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    nodes: tuple[NodeView, ...]
+    spec: str
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return max((len(n.gpus) for n in self.nodes), default=0)
+
+
+def gpu_node(name: str, gpus: int, model: str, cpus: float = 0.0, memory_bytes: int = 0,
+             labels: tuple[tuple[str, str], ...] = ()) -> NodeView:  # fmt: skip
+    memory = GPU_MEMORY_GIB.get(model.upper(), 32) * GIB
+    views = tuple(GpuView(i, model, memory) for i in range(gpus))
+    return NodeView(name, True, views, cpus=cpus, memory_bytes=memory_bytes, labels=labels)
+
+
+def parse_groups(value: str, flag: str, first_index: int = 0, prefix: str = "node") -> list[NodeView]:
+    """`32x8:H100,4x8` -> NodeViews named node-0, node-1, ... (from `first_index`)."""
+    nodes: list[NodeView] = []
+    for part in value.split(","):
+        match = _GROUP.match(part.strip())
+        if match is None:
+            raise SimError(flag, f"{part.strip()!r} is not NODESxGPUS[:MODEL]; expected {CLUSTER_HELP}")
+        count, gpus = int(match["nodes"]), int(match["gpus"])
+        if count <= 0 or gpus <= 0:
+            raise SimError(flag, f"{part.strip()!r}: nodes and GPUs per node must be at least 1")
+        model = match["model"] or DEFAULT_MODEL
+        for _ in range(count):
+            nodes.append(gpu_node(f"{prefix}-{first_index + len(nodes)}", gpus, model))
+    return nodes
+
+
+def load_cluster(value: str, flag: str = "--cluster") -> Cluster:
+    kind, sep, rest = value.partition(":")
+    if sep and kind == "tiresias":
+        return Cluster(_tiresias_nodes(Path(rest), flag), value)
+    if sep and kind == "alibaba-openb":
+        return Cluster(load_openb_nodes(Path(rest), flag), value)
+    if sep and not _GROUP.match(value.split(",")[0].strip()):
+        raise SimError(flag, f"unknown cluster kind {kind!r}; expected {CLUSTER_HELP}")
+    return Cluster(tuple(parse_groups(value, flag)), value)
+
+
+def _tiresias_nodes(path: Path, flag: str) -> tuple[NodeView, ...]:
+    required = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
+    rows = list(read_rows(path, "tiresias cluster", required, flag))
+    if not rows:
+        raise SimError(flag, f"{path} has no cluster row")
+    row = rows[0]
+    switches = int(number_field(row, "num_switch", path, 2, flag))
+    per_switch = int(number_field(row, "num_node_p_switch", path, 2, flag))
+    gpus = int(number_field(row, "num_gpu_p_node", path, 2, flag))
+    nodes = []
+    for s in range(switches):
+        for n in range(per_switch):
+            name = f"node-{s * per_switch + n}"
+            nodes.append(gpu_node(name, gpus, DEFAULT_MODEL, labels=(("rack", f"switch-{s}"),)))
+    return tuple(nodes)
+
+
+OPENB_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+
+
+def load_openb_nodes(path: Path, flag: str) -> tuple[NodeView, ...]:
+    """An alibaba-openb node list (`sn,cpu_milli,memory_mib,gpu,model`); CPU-only nodes included."""
+    nodes = []
+    for line, row in enumerate(read_rows(path, "alibaba-openb node list", OPENB_NODE_COLUMNS, flag), start=2):
+        gpus = int(number_field(row, "gpu", path, line, flag))
+        nodes.append(
+            gpu_node(
+                row["sn"].strip() or f"node-{line}",
+                gpus,
+                (row.get("model") or "").strip() or DEFAULT_MODEL,
+                cpus=number_field(row, "cpu_milli", path, line, flag) / 1000.0,
+                memory_bytes=int(number_field(row, "memory_mib", path, line, flag) * MIB),
+            )
+        )
+    if not nodes:
+        raise SimError(flag, f"{path} lists no nodes")
+    return tuple(nodes)

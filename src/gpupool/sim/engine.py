@@ -1,0 +1,502 @@
+"""The discrete-event engine: trace jobs on a virtual clock, scheduled by the product's `decide`.
+
+Events are arrivals, completions and band changes (a running job's attained or remaining GPU-service
+crossing a threshold of a banded policy). A scheduler cycle runs at every instant where something changed
+and every `cycle` seconds while the clock itself can change a decision (see `_clock_matters`); a cycle
+whose snapshot would only differ from the last one by the clock, with nothing the clock affects, is
+skipped, since `decide` is a pure function. Evicted work stops at once, pays `restart_overhead` when it
+starts again and loses the work done since its last checkpoint (every `checkpoint_interval` seconds of
+progress).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpupool.scheduler import (
+    Decisions,
+    GpuDemand,
+    PodPlacement,
+    QueueView,
+    Share,
+    Snapshot,
+    WorkloadView,
+    decide,
+)
+from gpupool.scheduler.placement import gpu_matches
+from gpupool.sim.cluster import Cluster
+from gpupool.sim.policies import POOL, Policy
+from gpupool.sim.trace import TraceJob
+
+EPS = 1e-9
+ARRIVAL, FINISH, BAND, TICK = 0, 1, 2, 3
+MAX_ROUNDS = 4  # cycles at one instant (evictions release at once; the gainers bind in the next round)
+TIMELINE_POINTS = 600
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    cycle: float = 60.0  # seconds between periodic scheduler cycles
+    restart_overhead: float = 60.0  # seconds a restarted job spends before it progresses again
+    checkpoint_interval: float = 1800.0  # seconds of progress between checkpoints; 0 = nothing is lost
+    seed: int = 0  # kept for reproducibility records; the engine itself draws nothing at random
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """What happened to one job (times in seconds since the window start)."""
+
+    id: int
+    queue: str  # the tenant
+    submit: float
+    duration: float
+    gpus: float
+    start: float | None = None  # first start
+    finish: float | None = None
+    queued: float = 0.0  # all time pending, time spent preempted included
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0  # GPU-seconds of work lost since checkpoints, plus restart overheads paid
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.finish is None else self.finish - self.submit
+
+
+@dataclass(slots=True)
+class Sample:
+    t: float
+    pending: int
+    used_gpus: float
+    allocated: dict[str, float]  # tenant -> GPUs
+    fair_share: dict[str, float]  # tenant -> GPUs (policies with tenant queues)
+
+
+@dataclass(slots=True)
+class SimResult:
+    policy: str
+    cluster_gpus: int
+    arrival_window: float  # seconds from time zero to the last arrival
+    jobs: list[JobRecord]
+    dropped: list[int]  # trace job ids larger than the cluster
+    quotas: dict[str, float]
+    busy_gpu_s: float = 0.0  # GPU-seconds in use during the arrival window
+    shortfall_gpu_s: dict[str, float] = field(default_factory=dict)  # wanted within quota, not given
+    timeline: list[Sample] = field(default_factory=list)
+    cycles: int = 0
+    decide_s: float = 0.0
+    wall_s: float = 0.0
+    unfinished: int = 0
+
+
+class _Job:
+    __slots__ = ("attained", "attempt", "band_at", "ckpt_at", "demand", "est_key", "gpus", "idx", "nodes",
+                 "overhead", "pending_since", "placement", "priority", "queue", "record", "remaining",
+                 "start", "state", "trace", "view")  # fmt: skip
+
+    def __init__(self, idx: int, trace: TraceJob, queue: str, nodes: int, demand: GpuDemand) -> None:
+        self.idx = idx  # the workload id the scheduler sees
+        self.trace = trace
+        self.queue = queue
+        self.nodes = nodes
+        self.demand = demand
+        self.gpus = demand.count * nodes
+        self.remaining = trace.duration  # seconds of work left, from the last checkpoint
+        self.overhead = 0.0
+        self.state = "future"
+        self.start = 0.0
+        self.attained = 0.0  # GPU-seconds received before the current attempt
+        self.attempt = 0
+        self.placement: tuple[PodPlacement, ...] = ()
+        self.priority = 0
+        self.pending_since = 0.0
+        self.ckpt_at = math.inf  # next checkpoint of the running attempt (its view is rebuilt then)
+        self.band_at = math.inf
+        self.view: WorkloadView | None = None
+        self.est_key = (trace.queue, trace.gpus)
+        self.record = JobRecord(trace.id, trace.queue, 0.0, trace.duration, self.gpus)
+
+
+def shape(gpus: float, max_per_node: int, nodes_hint: int = 0) -> tuple[int, float]:
+    """(pods, GPUs per pod) for a job of `gpus` GPUs: one pod up to a node's size, else whole nodes."""
+    if nodes_hint > 1:
+        return nodes_hint, math.ceil(gpus / nodes_hint)
+    if gpus <= max_per_node or max_per_node <= 0:
+        return 1, gpus
+    nodes = math.ceil(gpus / max_per_node)
+    return nodes, float(math.ceil(gpus / nodes))
+
+
+class Simulation:
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        origin: float,
+        cluster: Cluster,
+        queues: Sequence[QueueView],
+        policy: Policy,
+        options: SimOptions | None = None,
+    ) -> None:
+        self.policy = policy
+        self.options = options or SimOptions()
+        self.cluster = cluster
+        self.config = policy.config
+        self.origin = origin
+        self.tenant_queues = tuple(queues)
+        self.quotas = {q.name: q.gpu.quota for q in queues}
+        self.queues = self._policy_queues(queues, jobs)
+        self.jobs: list[_Job] = []
+        per_node = cluster.max_gpus_per_node
+        for trace in jobs:
+            nodes, count = shape(trace.gpus, per_node, trace.nodes)
+            demand = GpuDemand(count, trace.gpu_models)
+            queue = POOL if policy.queues == POOL else trace.queue
+            self.jobs.append(_Job(len(self.jobs), trace, queue, nodes, demand))
+        self.pending: dict[int, _Job] = {}
+        self.running: dict[int, _Job] = {}
+        self.events: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        self.now = 0.0
+        self.used = 0.0
+        tenants = {j.trace.queue for j in self.jobs} | set(self.quotas)
+        self.alloc = dict.fromkeys(tenants, 0.0)
+        self.demand = dict.fromkeys(tenants, 0.0)
+        self.fair: dict[str, float] = {}
+        self._est_sum: dict[object, list[float]] = {}
+        self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
+        last_arrival = max((t.submit for t in jobs), default=origin) - origin
+        self.result = SimResult(
+            policy.name, cluster.gpus, max(last_arrival, 0.0), [], [], dict(self.quotas),
+            shortfall_gpu_s=dict.fromkeys(self.quotas, 0.0),
+        )  # fmt: skip
+        self._sample_every = max(self.options.cycle, self.result.arrival_window / TIMELINE_POINTS)
+        self._next_sample = 0.0
+        self.settled = 0  # jobs finished or dropped
+        self._freed = False
+        self._dirty = False
+        self._arrived_min = math.inf
+        self._arrived_top = -math.inf
+
+    def _policy_queues(self, queues: Sequence[QueueView], jobs: Sequence[TraceJob]) -> tuple[QueueView, ...]:
+        if self.policy.queues == POOL:
+            return (QueueView(POOL),)
+        if self.policy.queues == "equal":
+            names = sorted({q.name for q in queues} | {j.queue for j in jobs})
+            return tuple(QueueView(n, gpu=Share(0.0, None, 1.0)) for n in names)
+        return tuple(queues)
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
+        """Replay the whole trace; `progress(settled, total)` is called now and then."""
+        began = time.perf_counter()
+        for i, job in enumerate(self.jobs):
+            self._push(job.trace.submit - self.origin, ARRIVAL, i, 0)
+        next_tick = math.inf
+        steps = 0
+        while self.events:
+            t = self.events[0][0]
+            if next_tick < t and self.pending:
+                t = next_tick
+            self._advance(t)
+            while self.events and self.events[0][0] <= t:
+                _, _, kind, index, token = heapq.heappop(self.events)
+                self._handle(kind, self.jobs[index], token)
+            clock_matters = False
+            if self.pending:
+                clock_matters = self._cycles(t == next_tick)
+            next_tick = t + self.options.cycle if clock_matters else math.inf
+            steps += 1
+            if progress is not None and steps % 200 == 0:
+                progress(self.settled, len(self.jobs))
+        self.result.unfinished = len(self.pending) + len(self.running)
+        self.result.jobs = [j.record for j in self.jobs if j.state != "dropped"]
+        self.result.wall_s = time.perf_counter() - began
+        if progress is not None:
+            progress(self.settled, len(self.jobs))
+        return self.result
+
+    def _push(self, t: float, kind: int, index: int, token: int) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, kind, index, token))
+
+    def _advance(self, t: float) -> None:
+        """Move the clock to `t`, integrating utilisation and quota shortfall over the arrival window."""
+        dt = min(t, self.result.arrival_window) - min(self.now, self.result.arrival_window)
+        if dt > 0:
+            self.result.busy_gpu_s += self.used * dt
+            for name, quota in self.quotas.items():
+                if quota > 0:
+                    wanted = min(quota, self.demand.get(name, 0.0))
+                    got = self.alloc.get(name, 0.0)
+                    if got + EPS < wanted:
+                        self.result.shortfall_gpu_s[name] += (wanted - got) * dt
+        self.now = t
+
+    def _handle(self, kind: int, job: _Job, token: int) -> None:
+        if kind == ARRIVAL:
+            self._arrive(job)
+        elif token != job.attempt or job.state != "running":
+            return  # an event of an attempt that was evicted since
+        elif kind == FINISH:
+            self._finish(job)
+        elif kind == BAND:
+            self._band(job)
+
+    def _arrive(self, job: _Job) -> None:
+        job.record.submit = self.now
+        if not self._fits_empty(job):
+            job.state = "dropped"
+            self.settled += 1
+            self.result.dropped.append(job.trace.id)
+            return
+        job.state = "pending"
+        job.pending_since = self.now
+        job.priority = self._priority(job, 0.0)
+        self.pending[job.idx] = job
+        self.demand[job.trace.queue] += job.gpus
+        self._dirty = True
+        self._arrived_min = min(self._arrived_min, job.gpus)
+        self._arrived_top = max(self._arrived_top, job.priority)
+
+    def _fits_empty(self, job: _Job) -> bool:
+        key = (job.nodes, job.demand)
+        if key not in self._fits_cache:
+            need = job.demand.count
+            able = 0
+            for node in self.cluster.nodes:
+                matching = sum(1 for g in node.gpus if gpu_matches(g.model, g.memory_bytes, job.demand))
+                if (need < 1 and matching > 0) or (need >= 1 and matching >= need):
+                    able += 1
+            self._fits_cache[key] = able >= job.nodes
+        return self._fits_cache[key]
+
+    def _finish(self, job: _Job) -> None:
+        self._release(job)
+        job.state = "done"
+        self.settled += 1
+        job.record.finish = self.now
+        self.demand[job.trace.queue] -= job.gpus
+        stats = self._est_sum.setdefault(job.est_key, [0.0, 0.0])
+        stats[0] += job.trace.duration
+        stats[1] += 1
+        tenant = self._est_sum.setdefault(job.trace.queue, [0.0, 0.0])
+        tenant[0] += job.trace.duration
+        tenant[1] += 1
+
+    def _release(self, job: _Job) -> None:
+        del self.running[job.idx]
+        self.used -= job.gpus
+        self.alloc[job.trace.queue] -= job.gpus
+        self.attained_update(job)
+        job.placement = ()
+        job.view = None
+        self._freed = True
+        self._dirty = True
+
+    def attained_update(self, job: _Job) -> None:
+        job.attained += (self.now - job.start) * job.gpus
+
+    def _band(self, job: _Job) -> None:
+        priority = self._priority(job, self.now)
+        if priority != job.priority:
+            job.priority = priority
+            job.view = None
+            self._dirty = True
+            self._freed = True  # a lower band makes its GPUs preemptible for others
+        self._schedule_band(job)
+
+    # -- priorities (banded policies) -----------------------------------------------------------------
+
+    def _progress(self, job: _Job, now: float) -> float:
+        """Seconds of work done in the running attempt."""
+        return max(0.0, now - job.start - job.overhead) if job.state == "running" else 0.0
+
+    def _priority(self, job: _Job, now: float) -> int:
+        if not self.policy.bands:
+            return 0
+        attained = job.attained + ((now - job.start) * job.gpus if job.state == "running" else 0.0)
+        remaining = (job.remaining - self._progress(job, now)) * job.gpus
+        return self.policy.priority(attained, remaining)
+
+    def _schedule_band(self, job: _Job) -> None:
+        bands = self.policy.bands
+        if not bands or job.gpus <= 0:
+            return
+        now = self.now
+        if self.policy.band_by == "attained":
+            attained = job.attained + (now - job.start) * job.gpus
+            later = [t for t in bands if t > attained + EPS]
+            if not later:
+                return
+            at = now + (later[0] - attained) / job.gpus
+        else:
+            remaining = (job.remaining - self._progress(job, now)) * job.gpus
+            below = [t for t in bands if t <= remaining]
+            if not below:
+                return
+            at = max(now, job.start + job.overhead) + (remaining - below[-1]) / job.gpus + 1e-6
+        self._push(at, BAND, job.idx, job.attempt)
+
+    # -- cycles ---------------------------------------------------------------------------------------
+
+    def _cycles(self, tick: bool) -> bool:
+        """Run the scheduler at this instant as often as evictions ask for; whether the clock matters."""
+        if not (self._dirty or tick):
+            return False
+        if not tick and self._nothing_can_change():
+            self._reset_triggers()
+            return False
+        clock = False
+        for _ in range(MAX_ROUNDS):
+            self._reset_triggers()
+            decisions = self._cycle()
+            clock = self._clock_matters(decisions)
+            if not decisions.evictions:
+                break
+        self._sample()
+        return clock
+
+    def _reset_triggers(self) -> None:
+        self._dirty = False
+        self._freed = False
+        self._arrived_min = math.inf
+        self._arrived_top = -math.inf
+
+    def _nothing_can_change(self) -> bool:
+        """Only arrivals since the last cycle, none of which fits the free GPUs or outranks running work,
+        under a policy without reclaim: `decide` would return what it returned last time."""
+        if self._freed or "reclaim" in self.config.actions or "consolidate" in self.config.actions:
+            return False
+        if self._arrived_min <= self.cluster.gpus - self.used + EPS:
+            return False
+        if "preempt" in self.config.actions and self.running:
+            lowest = min(j.priority for j in self.running.values())
+            if self._arrived_top > lowest:
+                return False
+        return True
+
+    def _clock_matters(self, decisions: Decisions) -> bool:
+        """Would a later cycle with the same inputs decide differently? Only through minimum runtimes and
+        consolidation's minimum age."""
+        if not self.pending:
+            return False
+        if any((q.min_runtime_preempt or 0) > 0 or (q.min_runtime_reclaim or 0) > 0 for q in self.queues):
+            return True
+        if "consolidate" in self.config.actions:
+            return any(e.code == "fragmented" for e in decisions.explanations.values())
+        return False
+
+    def _cycle(self) -> Decisions:
+        pending = tuple(self._pending_view(j) for j in self.pending.values())
+        running = tuple(self._running_view(j) for j in self.running.values())
+        snapshot = Snapshot(self.cluster.nodes, pending, self.queues, running, self.config)
+        began = time.perf_counter()
+        decisions = decide(snapshot, self.now)
+        self.result.decide_s += time.perf_counter() - began
+        self.result.cycles += 1
+        if decisions.fair_shares and self.policy.queues != POOL:
+            self.fair = {q: s.get("gpu", 0.0) for q, s in decisions.fair_shares.items()}
+        for eviction in decisions.evictions:
+            self._evict(self.running[eviction.workload_id])
+        for bind in decisions.binds:
+            self._start(self.pending[bind.workload_id], bind.pods)
+        return decisions
+
+    def _pending_view(self, job: _Job) -> WorkloadView:
+        estimate = self._estimate(job)
+        view = job.view
+        if view is None or view.duration_estimate != estimate:
+            view = job.view = WorkloadView(
+                id=job.idx,
+                queue=job.queue,
+                priority=job.priority,
+                submit_time=job.trace.submit - self.origin,
+                nodes=job.nodes,
+                gpus=job.demand,
+                cpus=job.trace.cpus,
+                memory_bytes=job.trace.memory_bytes,
+                attained_service=job.attained,
+                duration_estimate=estimate,
+            )
+        return view
+
+    def _running_view(self, job: _Job) -> WorkloadView:
+        view = job.view
+        if view is None or self.now >= job.ckpt_at:
+            interval = self.options.checkpoint_interval
+            began = job.start + job.overhead
+            done = max(0.0, self.now - began)
+            last = began + (done // interval) * interval if interval > 0 else self.now
+            job.ckpt_at = last + interval if interval > 0 else math.inf
+            view = job.view = WorkloadView(
+                id=job.idx,
+                queue=job.queue,
+                priority=job.priority,
+                submit_time=job.trace.submit - self.origin,
+                nodes=job.nodes,
+                gpus=job.demand,
+                cpus=job.trace.cpus,
+                memory_bytes=job.trace.memory_bytes,
+                attained_service=job.attained,
+                placement=job.placement,
+                start_time=job.start,
+                last_checkpoint_time=min(last, self.now),
+            )
+        return view
+
+    def _estimate(self, job: _Job) -> float | None:
+        kind = self.policy.estimate
+        if kind == "oracle":
+            ran = job.attained / job.gpus if job.gpus > 0 else 0.0
+            return job.remaining + ran  # srtf-oracle subtracts the service received
+        if kind == "learned":
+            for key in (job.est_key, job.trace.queue):
+                stats = self._est_sum.get(key)
+                if stats is not None and stats[1] > 0:
+                    return stats[0] / stats[1]
+        return None
+
+    def _start(self, job: _Job, pods: tuple[PodPlacement, ...]) -> None:
+        del self.pending[job.idx]
+        job.record.queued += self.now - job.pending_since
+        if job.record.start is None:
+            job.record.start = self.now
+        job.state = "running"
+        job.start = self.now
+        job.attempt += 1
+        job.placement = pods
+        job.view = None
+        job.ckpt_at = math.inf
+        self.running[job.idx] = job
+        self.used += job.gpus
+        self.alloc[job.trace.queue] += job.gpus
+        self._push(self.now + job.overhead + job.remaining, FINISH, job.idx, job.attempt)
+        self._schedule_band(job)
+
+    def _evict(self, job: _Job) -> None:
+        elapsed = self.now - job.start
+        done = self._progress(job, self.now)
+        interval = self.options.checkpoint_interval
+        saved = min(job.remaining, (done // interval) * interval if interval > 0 else done)
+        job.record.lost_gpu_s += (elapsed - saved) * job.gpus
+        job.record.preemptions += 1
+        self._release(job)
+        job.remaining -= saved
+        job.overhead = self.options.restart_overhead
+        job.attempt += 1
+        job.state = "pending"
+        job.pending_since = self.now
+        job.priority = self._priority(job, self.now)
+        self.pending[job.idx] = job
+
+    def _sample(self) -> None:
+        if self.now < self._next_sample:
+            return
+        self._next_sample = self.now + self._sample_every
+        self.result.timeline.append(
+            Sample(self.now, len(self.pending), self.used, dict(self.alloc), dict(self.fair))
+        )

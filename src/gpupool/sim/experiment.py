@@ -1,0 +1,125 @@
+"""One `sim run`: a trace window, a cluster, queues and several policies replayed side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpupool.scheduler import QueueView
+from gpupool.sim.cluster import Cluster, load_cluster
+from gpupool.sim.engine import SimOptions, SimResult, Simulation
+from gpupool.sim.errors import SimError
+from gpupool.sim.metrics import summarize
+from gpupool.sim.policies import Policy, resolve_policies
+from gpupool.sim.queues import resolve_queues
+from gpupool.sim.trace import Trace, TraceJob, load_trace, select
+
+Progress = Callable[[str, int, int], None]  # (policy, jobs settled, jobs in all)
+
+
+@dataclass(slots=True)
+class Experiment:
+    trace: Trace
+    jobs: list[TraceJob]
+    origin: float
+    cluster: Cluster
+    queues: tuple[QueueView, ...]
+    policies: list[Policy]
+    options: SimOptions
+    window: str | None = None
+    results: list[SimResult] = field(default_factory=list)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def prepare(
+    trace: str,
+    cluster: str | None,
+    nodes: str | None = None,
+    window: str | None = None,
+    first: int | None = None,
+    queues: str = "auto",
+    policies: str = "fifo,las,gpupool",
+    options: SimOptions | None = None,
+) -> Experiment:
+    """Check and load every input before anything runs (a bad flag fails in seconds, not after a run)."""
+    chosen = resolve_policies(policies)
+    if cluster is not None and nodes is not None:
+        raise SimError("--nodes", "give either --cluster or --nodes, not both")
+    spec = cluster if cluster is not None else nodes
+    if spec is None:
+        raise SimError("--cluster", "which cluster? e.g. --cluster 64x8 (or --nodes alibaba-openb:NODES.csv)")
+    built = load_cluster(spec, "--cluster" if cluster is not None else "--nodes")
+    if built.gpus <= 0:
+        raise SimError("--cluster", f"{spec!r} has no GPUs")
+    loaded = load_trace(trace)
+    jobs, origin = select(loaded, window, first)
+    views = resolve_queues(queues, jobs, built.gpus)
+    return Experiment(loaded, jobs, origin, built, views, chosen, options or SimOptions(), window)
+
+
+def run(experiment: Experiment, progress: Progress | None = None) -> Experiment:
+    for policy in experiment.policies:
+        sim = Simulation(
+            experiment.jobs,
+            experiment.origin,
+            experiment.cluster,
+            experiment.queues,
+            policy,
+            experiment.options,
+        )
+        report = None if progress is None else _bind(progress, policy.name)
+        result = sim.run(report)
+        experiment.results.append(result)
+        experiment.metrics[policy.name] = summarize(result)
+    return experiment
+
+
+def _bind(progress: Progress, name: str) -> Callable[[int, int], None]:
+    return lambda done, total: progress(name, done, total)
+
+
+def as_json(experiment: Experiment) -> dict[str, Any]:
+    options = experiment.options
+    return {
+        "trace": {
+            "format": experiment.trace.format,
+            "path": str(experiment.trace.path),
+            "window": experiment.window,
+            "jobs": len(experiment.jobs),
+            "skipped": experiment.trace.skipped,
+        },
+        "cluster": {
+            "spec": experiment.cluster.spec,
+            "nodes": len(experiment.cluster.nodes),
+            "gpus": experiment.cluster.gpus,
+        },
+        "queues": {
+            q.name: {"quota_gpus": q.gpu.quota, "limit_gpus": q.gpu.limit, "weight": q.gpu.weight}
+            for q in experiment.queues
+        },
+        "options": {
+            "cycle_s": options.cycle,
+            "restart_overhead_s": options.restart_overhead,
+            "checkpoint_interval_s": options.checkpoint_interval,
+            "seed": options.seed,
+        },
+        "policies": {
+            name: {"description": p.description, "knows_durations": p.oracle, **experiment.metrics[name]}
+            for name, p in ((p.name, p) for p in experiment.policies)
+            if name in experiment.metrics
+        },
+    }
+
+
+def default_report_name(trace: str) -> Path:
+    return Path(f"sim-report-{Path(trace.partition(':')[2]).stem}")
+
+
+def summary_rows(experiment: Experiment) -> Sequence[dict[str, Any]]:
+    rows = []
+    base = experiment.metrics.get("fifo", {}).get("avg_jct_s")
+    for name, m in experiment.metrics.items():
+        rows.append({"policy": name, **m, "vs_fifo": (m["avg_jct_s"] / base) if base else None})
+    return rows

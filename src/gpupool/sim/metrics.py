@@ -1,0 +1,81 @@
+"""Metrics of one simulated policy (definitions and sources in docs/simulator.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gpupool.sim.engine import SimResult
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def jain(values: Sequence[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n * sum x^2): 1 when all are equal, 1/n at worst."""
+    if not values:
+        return 1.0
+    square = sum(v * v for v in values)
+    return (sum(values) ** 2) / (len(values) * square) if square > 0 else 1.0
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The JSON figures of one policy: `policies.<name>` in `sim run --json`."""
+    done = [j for j in result.jobs if j.finish is not None]
+    jcts = [j.finish - j.submit for j in done if j.finish is not None]
+    slowdowns = [(j.finish - j.submit) / j.duration for j in done if j.finish is not None and j.duration > 0]
+    by_queue: dict[str, list[float]] = {}
+    for j in done:
+        if j.finish is not None and j.duration > 0:
+            by_queue.setdefault(j.queue, []).append((j.finish - j.submit) / j.duration)
+    queue_slowdown = {q: sum(v) / len(v) for q, v in sorted(by_queue.items())}
+    quota_gpu_s = {q: quota * result.arrival_window for q, quota in result.quotas.items() if quota > 0}
+    total_quota = sum(quota_gpu_s.values())
+    window_gpu_s = result.cluster_gpus * result.arrival_window
+    return {
+        "jobs": len(result.jobs),
+        "finished": len(done),
+        "unfinished": result.unfinished,
+        "dropped": len(result.dropped),
+        "avg_jct_s": _mean(jcts),
+        "p50_jct_s": percentile(jcts, 50),
+        "p99_jct_s": percentile(jcts, 99),
+        "mean_slowdown": _mean(slowdowns),
+        "avg_queue_s": _mean([j.queued for j in done]),
+        "makespan_s": max((j.finish for j in done if j.finish is not None), default=0.0),
+        "gpu_util": result.busy_gpu_s / window_gpu_s if window_gpu_s > 0 else 0.0,
+        "jain": jain(list(queue_slowdown.values())),
+        "quota_violation": sum(result.shortfall_gpu_s.values()) / total_quota if total_quota > 0 else 0.0,
+        "preemptions": sum(j.preemptions for j in result.jobs),
+        "lost_gpu_h": sum(j.lost_gpu_s for j in result.jobs) / 3600.0,
+        "wall_s": result.wall_s,
+        "decide_s": result.decide_s,
+        "cycles": result.cycles,
+        "queues": {
+            q: {
+                "jobs": len(by_queue.get(q, [])),
+                "mean_slowdown": queue_slowdown.get(q, 0.0),
+                "quota_gpus": result.quotas.get(q, 0.0),
+                "quota_violation": (result.shortfall_gpu_s.get(q, 0.0) / quota_gpu_s[q])
+                if q in quota_gpu_s
+                else 0.0,
+                "avg_jct_s": _mean(
+                    [j.finish - j.submit for j in done if j.queue == q and j.finish is not None]
+                ),
+                "avg_queue_s": _mean([j.queued for j in done if j.queue == q]),
+            }
+            for q in sorted(set(by_queue) | set(result.quotas))
+        },
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

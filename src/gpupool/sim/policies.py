@@ -1,0 +1,125 @@
+"""Scheduling policies for the simulator: presets of the product's own scheduler, not separate code.
+
+A policy is a `SchedulerConfig` plus how the simulator presents the trace to the scheduler: which queues
+(the given quotas, equal queues, or one shared pool), what each workload's priority is (fixed, or a band
+of attained / remaining GPU-service as Tiresias discretizes it), and what duration estimate it carries
+(none, a learned one, or the truth for the oracle references). The registry is an ordered list; an
+unknown name fails before anything runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from gpupool.scheduler import SchedulerConfig
+from gpupool.sim.errors import SimError
+
+HOUR = 3600.0
+# Tiresias' discretized 2D-LAS: a job moves down one band when its attained GPU-service passes a threshold.
+LAS_BANDS = (1 * HOUR, 16 * HOUR)
+# Remaining GPU-time bands for the preemptive SRTF reference (shorter remaining work = higher band).
+SRTF_BANDS = (0.25 * HOUR, 1 * HOUR, 4 * HOUR, 16 * HOUR, 64 * HOUR)
+ALLOCATE_ONLY = ("allocate",)
+POOL = "pool"  # the one queue of policies that ignore quotas
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    description: str
+    config: SchedulerConfig
+    queues: str = "quotas"  # "quotas": the given queues; "equal": one per tenant, no quota; "pool": one queue
+    bands: tuple[float, ...] = ()  # GPU-second thresholds turning service into priority bands (preemptive)
+    band_by: str = "attained"  # "attained": less service = higher band; "remaining": less work left = higher
+    estimate: str = "none"  # duration_estimate: "none", "learned" (online, per queue) or "oracle" (the truth)
+    oracle: bool = False  # reads true durations: a reference, not a real scheduler
+
+    def priority(self, attained: float, remaining_gpu_s: float) -> int:
+        """The workload priority the scheduler sees (0 when the policy has no bands)."""
+        if not self.bands:
+            return 0
+        value = attained if self.band_by == "attained" else remaining_gpu_s
+        return len(self.bands) - bisect.bisect_right(self.bands, value)
+
+
+POLICIES: tuple[Policy, ...] = (
+    Policy(
+        "fifo",
+        "one queue, strict submit order, no preemption (YARN capacity scheduler style)",
+        SchedulerConfig(actions=ALLOCATE_ONLY, ordering="fifo", blocking="strict", fair_share=False),
+        queues=POOL,
+    ),
+    Policy(
+        "fifo-backfill",
+        "one queue in submit order; a blocked job reserves nodes and later jobs start elsewhere",
+        SchedulerConfig(actions=ALLOCATE_ONLY, ordering="fifo", blocking="backfill", fair_share=False),
+        queues=POOL,
+    ),
+    Policy(
+        "sjf-oracle",
+        "one queue, shortest true duration first, no preemption (knows durations: reference only)",
+        SchedulerConfig(actions=ALLOCATE_ONLY, ordering="sjf-oracle", blocking="skip", fair_share=False),
+        queues=POOL,
+        estimate="oracle",
+        oracle=True,
+    ),
+    Policy(
+        "srtf-oracle",
+        "one queue, shortest remaining true duration first, preemptive by remaining GPU-time bands "
+        "(knows durations: reference only)",
+        SchedulerConfig(
+            actions=("allocate", "preempt"), ordering="srtf-oracle", blocking="skip", fair_share=False
+        ),
+        queues=POOL,
+        bands=SRTF_BANDS,
+        band_by="remaining",
+        estimate="oracle",
+        oracle=True,
+    ),
+    Policy(
+        "las",
+        "Tiresias' discretized 2D-LAS: one pool, least attained GPU-service band first, preemptive "
+        "(bands at 1 and 16 GPU-hours), FIFO inside a band",
+        SchedulerConfig(
+            actions=("allocate", "preempt"),
+            ordering="las",
+            blocking="skip",
+            fair_share=False,
+            las_thresholds=LAS_BANDS,
+        ),
+        queues=POOL,
+        bands=LAS_BANDS,
+    ),
+    Policy(
+        "drf",
+        "per-queue max-min fair share (no quotas, equal weights), reclaim to restore it, FIFO in a queue",
+        SchedulerConfig(actions=("allocate", "reclaim"), ordering="fifo", blocking="skip", fair_share=True),
+        queues="equal",
+    ),
+    Policy(
+        "gpupool",
+        "the product's default: quotas, fair share by water-filling, reclaim, consolidation; inside a "
+        "queue shortest learned GPU-time estimate first (QSSF-style, learned online)",
+        SchedulerConfig(ordering="estimate", blocking="skip", fair_share=True),
+        estimate="learned",
+    ),
+)
+BY_NAME = {p.name: p for p in POLICIES}
+DEFAULT_POLICIES = ("fifo", "las", "gpupool")
+
+
+def resolve_policies(value: str) -> list[Policy]:
+    """`a,b,c` (or `all`) -> the policies, in the order given."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if names == ["all"]:
+        return list(POLICIES)
+    if not names:
+        raise SimError("--policy", f"no policy given; one or more of {', '.join(BY_NAME)} (or all)")
+    out = []
+    for name in names:
+        if name not in BY_NAME:
+            raise SimError("--policy", f"unknown policy {name!r}; one of {', '.join(BY_NAME)} (or all)")
+        if BY_NAME[name] not in out:
+            out.append(BY_NAME[name])
+    return out

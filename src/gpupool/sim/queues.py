@@ -1,0 +1,106 @@
+"""Queues for a simulation: `--queues auto` (a quota per tenant in proportion to the GPU-time it asks
+for) or `--queues FILE` (queue specs in the product's own YAML format, docs/specs.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupool.scheduler import QueueView, Share
+from gpupool.sim.errors import SimError
+from gpupool.sim.trace import TraceJob
+from gpupool.spec import SpecError, parse_queue_spec
+
+
+def auto_queues(jobs: Sequence[TraceJob], cluster_gpus: int) -> tuple[QueueView, ...]:
+    """One queue per tenant; GPU quotas proportional to the GPU-time each demands, summing to the cluster
+    (largest remainder), over-quota weight 1, no limit."""
+    demand: dict[str, float] = {}
+    for job in jobs:
+        demand[job.queue] = demand.get(job.queue, 0.0) + job.gpu_time
+    quotas = proportional(demand, cluster_gpus)
+    return tuple(QueueView(name, gpu=Share(quota=float(quotas[name]))) for name in sorted(demand))
+
+
+def proportional(weights: Mapping[str, float], total: int) -> dict[str, int]:
+    """Whole shares of `total` in proportion to `weights` that sum to `total` (largest remainder)."""
+    whole = sum(weights.values())
+    if whole <= 0:
+        return dict.fromkeys(weights, 0)
+    exact = {k: total * v / whole for k, v in weights.items()}
+    shares = {k: int(v) for k, v in exact.items()}
+    left = total - sum(shares.values())
+    for k in sorted(exact, key=lambda k: (shares[k] - exact[k], k))[:left]:
+        shares[k] += 1
+    return shares
+
+
+def load_queue_file(path: Path) -> tuple[QueueView, ...]:
+    """Queue specs (a YAML list, `queues: [...]`, or several YAML documents)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SimError("--queues", f"{path}: no such file; give a queue file or 'auto'") from None
+    except OSError as exc:
+        raise SimError("--queues", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise SimError("--queues", f"{path} is not valid YAML: {exc}") from None
+    items: list[Any] = []
+    for doc in documents:
+        if isinstance(doc, dict) and "queues" in doc:
+            doc = doc["queues"]
+        items.extend(doc if isinstance(doc, list) else [doc])
+    if not items:
+        raise SimError(
+            "--queues", f"{path} defines no queues; e.g. '- {{name: nlp, resources: {{gpu: {{quota: 16}}}}}}'"
+        )
+    views = []
+    for i, item in enumerate(items):
+        try:
+            spec = parse_queue_spec(item)
+        except SpecError as exc:
+            raise SimError("--queues", f"{path}, queue {i + 1}: {exc}") from None
+        views.append(queue_view(spec.model_dump(mode="json")))
+    return tuple(views)
+
+
+def queue_view(spec: Mapping[str, Any]) -> QueueView:
+    """A QueueView from a queue spec as a mapping (as files and the API show it)."""
+    return QueueView(
+        name=str(spec["name"]),
+        parent=spec.get("parent"),
+        priority=int(spec.get("priority") or 0),
+        gpu=_share(spec, "gpu"),
+        cpu=_share(spec, "cpu"),
+        memory=_share(spec, "memory"),
+        ordering=spec.get("ordering"),
+        min_runtime_preempt=spec.get("min_runtime_preempt"),
+        min_runtime_reclaim=spec.get("min_runtime_reclaim"),
+    )
+
+
+def _share(spec: Mapping[str, Any], resource: str) -> Share:
+    row = (spec.get("resources") or {}).get(resource) or {}
+    limit = row.get("limit")
+    return Share(
+        float(row.get("quota") or 0.0),
+        None if limit is None else float(limit),
+        float(row.get("over_quota_weight", 1.0)),
+    )
+
+
+def resolve_queues(value: str, jobs: Sequence[TraceJob], cluster_gpus: int) -> tuple[QueueView, ...]:
+    if value == "auto":
+        return auto_queues(jobs, cluster_gpus)
+    return load_queue_file(Path(value))
+
+
+def leaf_names(queues: Iterable[QueueView]) -> set[str]:
+    queues = list(queues)
+    parents = {q.parent for q in queues if q.parent is not None}
+    return {q.name for q in queues if q.name not in parents}

@@ -1,0 +1,166 @@
+"""`sim run --report DIR`: report.md with the figures, and PNG plots drawn with matplotlib."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpupool.sim.errors import SimError
+from gpupool.sim.experiment import Experiment, as_json, summary_rows
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+HOUR = 3600.0
+
+
+def check_plotting() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        raise SimError(
+            "--report", "plots need matplotlib; install it with `pip install matplotlib`"
+        ) from None
+
+
+def _figure(width: float = 7.0, height: float = 4.0) -> Figure:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def write_report(experiment: Experiment, folder: Path) -> Path:
+    """Write report.md and the plots into `folder`; returns report.md's path."""
+    check_plotting()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SimError("--report", f"cannot create {folder}: {exc.strerror}") from None
+    plots = [
+        ("JCT distribution", _jct_cdf(experiment, folder / "jct_cdf.png")),
+        ("Pending jobs over time", _over_time(experiment, folder / "queue_length.png", "pending")),
+        ("GPU utilization over time", _over_time(experiment, folder / "gpu_util.png", "util")),
+    ]
+    for result in experiment.results:
+        if any(s.fair_share for s in result.timeline):
+            path = folder / f"fair_share_{result.policy}.png"
+            plots.append(
+                (f"Allocation against fair share: {result.policy}", _fair_share(experiment, result, path))
+            )
+    path = folder / "report.md"
+    path.write_text(_markdown(experiment, plots))
+    return path
+
+
+def _markdown(experiment: Experiment, plots: list[tuple[str, Path]]) -> str:
+    data = as_json(experiment)
+    trace = data["trace"]
+    lines = [
+        "# gpupool simulation report",
+        "",
+        f"- trace: `{trace['format']}:{trace['path']}`, window {trace['window'] or 'whole trace'}, "
+        f"{trace['jobs']:,} jobs",
+        f"- cluster: `{experiment.cluster.spec}` ({len(experiment.cluster.nodes)} nodes, "
+        f"{experiment.cluster.gpus:,} GPUs); {len(experiment.queues)} queues",
+        f"- options: cycle {experiment.options.cycle:g} s, restart overhead "
+        f"{experiment.options.restart_overhead:g} s, checkpoint interval "
+        f"{experiment.options.checkpoint_interval:g} s, seed {experiment.options.seed}",
+        f"- written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; metric definitions in "
+        "docs/simulator.md",
+        "",
+        "| policy | avg JCT (h) | vs fifo | p50 (h) | p99 (h) | mean slowdown | avg queued (h) | GPU util | "
+        "Jain | quota violation | preemptions | GPU-h lost | dropped | wall (s) |",
+        "|---|" + "---:|" * 13,
+    ]
+    for row in summary_rows(experiment):
+        ratio = "" if row["vs_fifo"] is None else f"{row['vs_fifo']:.2f}"
+        lines.append(
+            f"| {row['policy']} | {row['avg_jct_s'] / HOUR:.2f} | {ratio} | {row['p50_jct_s'] / HOUR:.2f} | "
+            f"{row['p99_jct_s'] / HOUR:.2f} | {row['mean_slowdown']:.2f} | {row['avg_queue_s'] / HOUR:.2f} | "
+            f"{row['gpu_util']:.1%} | {row['jain']:.3f} | {row['quota_violation']:.2%} | "
+            f"{row['preemptions']} | {row['lost_gpu_h']:.1f} | {row['dropped']} | {row['wall_s']:.1f} |"
+        )
+    lines += ["", "Policies:", ""]
+    for p in experiment.policies:
+        lines.append(f"- **{p.name}**: {p.description}")
+    for title, path in plots:
+        lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
+    lines += ["", "## Per queue", ""]
+    lines.append("| policy | queue | quota (GPUs) | jobs | avg JCT (h) | mean slowdown | quota violation |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    for name, metrics in data["policies"].items():
+        for queue, q in metrics["queues"].items():
+            lines.append(
+                f"| {name} | {queue} | {q['quota_gpus']:g} | {q['jobs']} | {q['avg_jct_s'] / HOUR:.2f} | "
+                f"{q['mean_slowdown']:.2f} | {q['quota_violation']:.2%} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise SimError("--report", f"cannot write {path}: {exc.strerror}") from None
+    return path
+
+
+def _jct_cdf(experiment: Experiment, path: Path) -> Path:
+    fig = _figure()
+    ax = fig.add_subplot()
+    for result in experiment.results:
+        jcts = sorted((j.finish - j.submit) / HOUR for j in result.jobs if j.finish is not None)
+        if not jcts:
+            continue
+        ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
+        ax.step([max(x, 1e-3) for x in jcts], ys, where="post", label=result.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF per policy")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def _over_time(experiment: Experiment, path: Path, what: str) -> Path:
+    fig = _figure()
+    ax = fig.add_subplot()
+    gpus = experiment.cluster.gpus
+    for result in experiment.results:
+        xs = [s.t / HOUR for s in result.timeline]
+        ys: list[float] = [s.pending if what == "pending" else s.used_gpus / gpus for s in result.timeline]
+        ax.plot(xs, ys, label=result.policy, linewidth=1)
+    ax.set_xlabel("virtual time (hours since the window start)")
+    ax.set_ylabel("pending jobs" if what == "pending" else "GPUs in use (fraction)")
+    ax.set_title("Queue length over time" if what == "pending" else "GPU utilization over time")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def _fair_share(experiment: Experiment, result: Any, path: Path) -> Path:
+    queues = sorted({q for s in result.timeline for q in s.fair_share} & set(result.quotas) or result.quotas)
+    cols = min(4, max(1, len(queues)))
+    rows = max(1, math.ceil(len(queues) / cols))
+    fig = _figure(3.2 * cols, 2.4 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    xs = [s.t / HOUR for s in result.timeline]
+    for i, queue in enumerate(queues):
+        ax = axes[i // cols][i % cols]
+        ax.plot(xs, [s.allocated.get(queue, 0.0) for s in result.timeline], label="allocated", linewidth=1)
+        ax.plot(xs, [s.fair_share.get(queue, 0.0) for s in result.timeline], label="fair share", linewidth=1)
+        ax.axhline(result.quotas.get(queue, 0.0), color="grey", linestyle="--", linewidth=0.8, label="quota")
+        ax.set_title(queue, fontsize=9)
+        ax.tick_params(labelsize=7)
+        if i == 0:
+            ax.legend(fontsize=7)
+    for j in range(len(queues), rows * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    fig.suptitle(f"{result.policy}: GPUs allocated vs fair share per queue (x: hours)")
+    return _save(fig, path)

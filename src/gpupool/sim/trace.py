@@ -1,0 +1,338 @@
+"""Trace loaders: each public trace format becomes a list of `TraceJob`s (see docs/simulator.md).
+
+Formats: `philly` (Microsoft Philly, as in the Pollux artifact), `tiresias` (Tiresias' simulator input),
+`alibaba-openb` (Alibaba PAI 2023 pod list), `helios` (SenseTime Helios / Shanghai AI Lab Acme job logs)
+and `csv` (generic: submit_time, duration, num_gpus, queue, optional gpu_model and user).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from gpupool.sim.errors import SimError
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One job of a trace, in the simulator's units (seconds, GPUs, bytes)."""
+
+    id: int
+    submit: float  # seconds: since the epoch (UTC) for dated traces, else since the trace's start
+    duration: float  # seconds of run time on the GPUs it asks for
+    gpus: float  # GPUs in all; a fraction (< 1) of one shared GPU for alibaba-openb pods
+    queue: str  # the tenant: Philly/Helios virtual cluster, openb QoS class, csv queue
+    user: str = ""
+    gpu_models: tuple[str, ...] = ()  # acceptable GPU models; () = any
+    nodes: int = 0  # pods (one per node) when the trace says; 0 = derived from the cluster's node size
+    cpus: float = 0.0  # CPU cores per pod
+    memory_bytes: int = 0  # memory per pod
+
+    @property
+    def gpu_time(self) -> float:
+        return self.gpus * self.duration
+
+
+@dataclass(slots=True)
+class Trace:
+    format: str
+    path: Path
+    jobs: list[TraceJob]
+    dated: bool  # submit times are seconds since the epoch (a --window may use dates)
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows left out
+
+
+Loader = Callable[[Path], Trace]
+FORMAT_HELP = "philly, tiresias, alibaba-openb, helios, csv"
+
+
+def parse_trace_arg(value: str) -> tuple[str, Path]:
+    """`FORMAT:PATH` -> (format, path); the format must be known."""
+    fmt, sep, path = value.partition(":")
+    if not sep or not path:
+        raise SimError("--trace", f"{value!r} is not FORMAT:PATH; e.g. --trace philly:traces/philly.csv")
+    if fmt not in LOADERS:
+        raise SimError(
+            "--trace", f"unknown trace format {fmt!r}; one of {FORMAT_HELP} (e.g. --trace philly:philly.csv)"
+        )
+    return fmt, Path(path)
+
+
+def load_trace(value: str) -> Trace:
+    fmt, path = parse_trace_arg(value)
+    return LOADERS[fmt](path)
+
+
+# -- reading --------------------------------------------------------------------------------------------
+
+
+def read_rows(
+    path: Path, fmt: str, required: tuple[str, ...], flag: str = "--trace"
+) -> Iterator[dict[str, str]]:
+    try:
+        handle = path.open(newline="")
+    except FileNotFoundError:
+        raise SimError(flag, f"{path}: no such file; check the path after '{fmt}:'") from None
+    except OSError as exc:
+        raise SimError(flag, f"cannot read {path}: {exc.strerror}") from None
+    with handle:
+        reader = csv.DictReader(handle)
+        header = [h.strip() for h in reader.fieldnames or []]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise SimError(
+                flag,
+                f"{path} is not a {fmt} file: missing column(s) {', '.join(missing)} "
+                f"(it needs {', '.join(required)}; see docs/simulator.md)",
+            )
+        reader.fieldnames = header
+        yield from reader
+
+
+def number_field(row: dict[str, str], column: str, path: Path, line: int, flag: str = "--trace") -> float:
+    raw = (row.get(column) or "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SimError(flag, f"{path} line {line}: {column} {raw!r} is not a number") from None
+    if math.isnan(value):
+        raise SimError(flag, f"{path} line {line}: {column} is NaN")
+    return value
+
+
+def _time(row: dict[str, str], column: str, path: Path, line: int) -> float:
+    """A time column: seconds, or a date-time (`YYYY-MM-DD HH:MM:SS`, UTC)."""
+    raw = (row.get(column) or "").strip()
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        return parse_timestamp(raw)
+    except ValueError:
+        raise SimError(
+            "--trace", f"{path} line {line}: {column} {raw!r} is neither seconds nor YYYY-MM-DD HH:MM:SS"
+        ) from None
+
+
+def parse_timestamp(raw: str) -> float:
+    """`YYYY-MM-DD[ HH:MM[:SS]]` (UTC unless it says otherwise) -> seconds since the epoch."""
+    stamp = dt.datetime.fromisoformat(raw.strip())
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return stamp.timestamp()
+
+
+def _skip(skipped: dict[str, int], reason: str) -> None:
+    skipped[reason] = skipped.get(reason, 0) + 1
+
+
+# -- formats --------------------------------------------------------------------------------------------
+
+
+def load_philly(path: Path) -> Trace:
+    jobs: list[TraceJob] = []
+    skipped: dict[str, int] = {}
+    required = ("timestamp", "duration", "num_gpus", "cluster")
+    for line, row in enumerate(read_rows(path, "philly", required), start=2):
+        gpus = number_field(row, "num_gpus", path, line)
+        duration = number_field(row, "duration", path, line)
+        if gpus <= 0:
+            _skip(skipped, "no GPUs")
+            continue
+        if duration <= 0:
+            _skip(skipped, "no run time")
+            continue
+        submit = _time(row, "timestamp", path, line)
+        jobs.append(TraceJob(len(jobs), submit, duration, gpus, row["cluster"].strip() or "default"))
+    return Trace("philly", path, _by_submit(jobs), dated=True, skipped=skipped)
+
+
+def load_tiresias(path: Path) -> Trace:
+    jobs: list[TraceJob] = []
+    skipped: dict[str, int] = {}
+    for line, row in enumerate(read_rows(path, "tiresias", ("num_gpu", "submit_time", "duration")), start=2):
+        gpus = number_field(row, "num_gpu", path, line)
+        duration = number_field(row, "duration", path, line)
+        if gpus <= 0 or duration <= 0:
+            _skip(skipped, "no GPUs" if gpus <= 0 else "no run time")
+            continue
+        submit = number_field(row, "submit_time", path, line)
+        jobs.append(TraceJob(len(jobs), submit, duration, gpus, "default", user=row.get("model_name", "")))
+    return Trace("tiresias", path, _by_submit(jobs), dated=False, skipped=skipped)
+
+
+OPENB_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+
+
+def load_alibaba_openb(path: Path) -> Trace:
+    """Pods with creation and deletion times run as jobs: a fraction of a GPU when gpu_milli < 1000."""
+    jobs: list[TraceJob] = []
+    skipped: dict[str, int] = {}
+    required = (*OPENB_POD_COLUMNS, "creation_time", "deletion_time")
+    for line, row in enumerate(read_rows(path, "alibaba-openb", required), start=2):
+        num_gpu = number_field(row, "num_gpu", path, line)
+        milli = number_field(row, "gpu_milli", path, line)
+        if num_gpu <= 0 or milli <= 0:
+            _skip(skipped, "no GPUs")
+            continue
+        created = number_field(row, "creation_time", path, line)
+        if not (row.get("deletion_time") or "").strip():
+            _skip(skipped, "no deletion time")
+            continue
+        deleted = number_field(row, "deletion_time", path, line)
+        scheduled_raw = (row.get("scheduled_time") or "").strip()
+        began = float(scheduled_raw) if scheduled_raw else created
+        if deleted <= began:
+            _skip(skipped, "no run time")
+            continue
+        gpus = milli / 1000.0 if num_gpu == 1 and milli < 1000 else num_gpu
+        jobs.append(
+            TraceJob(
+                len(jobs),
+                created,
+                deleted - began,
+                gpus,
+                (row.get("qos") or "").strip() or "default",
+                user=row["name"].strip(),
+                gpu_models=_models(row.get("gpu_spec", "")),
+                nodes=1,
+                cpus=number_field(row, "cpu_milli", path, line) / 1000.0,
+                memory_bytes=int(number_field(row, "memory_mib", path, line) * MIB),
+            )
+        )
+    return Trace("alibaba-openb", path, _by_submit(jobs), dated=False, skipped=skipped)
+
+
+def _models(spec: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in spec.split("|") if m.strip())
+
+
+def load_helios(path: Path) -> Trace:
+    """Helios (HeliosData) and Acme (AcmeTrace) job logs: submit_time, duration, gpu_num, vc, user."""
+    jobs: list[TraceJob] = []
+    skipped: dict[str, int] = {}
+    dated = False
+    for line, row in enumerate(
+        read_rows(path, "helios", ("submit_time", "duration", "gpu_num", "vc")), start=2
+    ):
+        gpus = number_field(row, "gpu_num", path, line)
+        duration = number_field(row, "duration", path, line)
+        if gpus <= 0:
+            _skip(skipped, "no GPUs")
+            continue
+        if duration <= 0:
+            _skip(skipped, "no run time")
+            continue
+        raw = (row.get("submit_time") or "").strip()
+        dated = dated or not raw.replace(".", "", 1).isdigit()
+        node_num = (row.get("node_num") or "").strip()
+        jobs.append(
+            TraceJob(
+                len(jobs),
+                _time(row, "submit_time", path, line),
+                duration,
+                gpus,
+                row["vc"].strip() or "default",
+                user=(row.get("user") or "").strip(),
+                nodes=int(float(node_num)) if node_num and float(node_num) > 1 else 0,
+                cpus=float(row["cpu_num"]) if (row.get("cpu_num") or "").strip() else 0.0,
+            )
+        )
+    return Trace("helios", path, _by_submit(jobs), dated=dated, skipped=skipped)
+
+
+def load_csv(path: Path) -> Trace:
+    jobs: list[TraceJob] = []
+    skipped: dict[str, int] = {}
+    for line, row in enumerate(
+        read_rows(path, "csv", ("submit_time", "duration", "num_gpus", "queue")), start=2
+    ):
+        gpus = number_field(row, "num_gpus", path, line)
+        duration = number_field(row, "duration", path, line)
+        if gpus <= 0 or duration <= 0:
+            _skip(skipped, "no GPUs" if gpus <= 0 else "no run time")
+            continue
+        jobs.append(
+            TraceJob(
+                len(jobs),
+                number_field(row, "submit_time", path, line),
+                duration,
+                gpus,
+                row["queue"].strip() or "default",
+                user=(row.get("user") or "").strip(),
+                gpu_models=_models(row.get("gpu_model") or ""),
+            )
+        )
+    return Trace("csv", path, _by_submit(jobs), dated=False, skipped=skipped)
+
+
+def _by_submit(jobs: list[TraceJob]) -> list[TraceJob]:
+    ordered = sorted(jobs, key=lambda j: (j.submit, j.id))
+    return [replace(j, id=i) for i, j in enumerate(ordered)]
+
+
+LOADERS: dict[str, Loader] = {
+    "philly": load_philly,
+    "tiresias": load_tiresias,
+    "alibaba-openb": load_alibaba_openb,
+    "helios": load_helios,
+    "csv": load_csv,
+}
+
+
+# -- selecting a window ---------------------------------------------------------------------------------
+
+
+def parse_window(value: str, dated: bool) -> tuple[float, float]:
+    """`START..END`: seconds, or dates/date-times (`2017-10-02..2017-10-09`) for dated traces."""
+    start_raw, sep, end_raw = value.partition("..")
+    if not sep or not start_raw.strip() or not end_raw.strip():
+        raise SimError("--window", f"{value!r} is not START..END; e.g. --window 2017-10-02..2017-10-09")
+    bounds = []
+    for raw in (start_raw, end_raw):
+        try:
+            bounds.append(float(raw))
+            continue
+        except ValueError:
+            pass
+        if not dated:
+            raise SimError(
+                "--window",
+                f"{raw!r}: this trace's times are seconds from its start; give seconds, e.g. 0..86400",
+            )
+        try:
+            bounds.append(parse_timestamp(raw))
+        except ValueError:
+            raise SimError(
+                "--window", f"{raw!r} is neither seconds nor a date (YYYY-MM-DD or 'YYYY-MM-DD HH:MM')"
+            ) from None
+    start, end = bounds
+    if end <= start:
+        raise SimError("--window", f"{value!r} ends before it starts")
+    return start, end
+
+
+def select(trace: Trace, window: str | None = None, first: int | None = None) -> tuple[list[TraceJob], float]:
+    """The jobs submitted in the window (or the first N), and the window's start (time zero)."""
+    jobs = trace.jobs
+    origin = jobs[0].submit if jobs else 0.0
+    if window is not None:
+        start, end = parse_window(window, trace.dated)
+        jobs = [j for j in jobs if start <= j.submit < end]
+        origin = start
+    if first is not None:
+        if first <= 0:
+            raise SimError("--first", f"{first} must be a positive number of jobs")
+        jobs = jobs[:first]
+    if not jobs:
+        raise SimError(
+            "--window" if window is not None else "--trace", f"no jobs selected from {trace.path}; widen it"
+        )
+    return jobs, origin
