@@ -32,6 +32,7 @@ class ServerProcess:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)  # more `gpupool server` options (--backend slurm)
 
     @property
     def url(self) -> str:
@@ -65,6 +66,7 @@ class ServerProcess:
         ]
         if self.db_url:
             argv += ["--db", self.db_url]
+        argv += self.extra_args
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + timeout

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -138,10 +139,9 @@ class SlurmCluster:
         run_dir = MUNGE_SOCKET.parent
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.chown(run_dir, user="munge", group="munge")
-        argv = [_which("munged"), "--foreground"]
-        if os.geteuid() == 0:
-            argv = ["runuser", "-u", "munge", "--", *argv]
-        self._spawn("munged", argv)
+        # As the munge user, and without a wrapper in between, so that its pid is munged's own.
+        as_munge = {"user": "munge", "group": "munge", "extra_groups": []} if os.geteuid() == 0 else {}
+        self._spawn("munged", [_which("munged"), "--foreground"], **as_munge)
         self._wait(self._munge_answers, 15)
 
     def _munge_answers(self) -> bool:
@@ -152,10 +152,10 @@ class SlurmCluster:
             subprocess.run(["unmunge"], input=munge.stdout, capture_output=True, timeout=10).returncode == 0
         )
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], **credentials: Any) -> None:
         log = open(self.base / f"{name}.out", "ab")  # noqa: SIM115 - lives as long as the daemon
         proc = subprocess.Popen(
-            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **credentials
         )
         self._pids[name] = proc.pid
         time.sleep(0.1)

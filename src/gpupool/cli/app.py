@@ -13,8 +13,8 @@ import typer
 from rich.markup import escape
 
 from gpupool.cli.bench import bench_app
+from gpupool.cli.render import console, foreign_table, human_bytes, print_json, ps_rows, ps_table, styled
 from gpupool.cli.sim import sim_app
-from gpupool.cli.render import console, human_bytes, print_json, ps_rows, ps_table, styled
 from gpupool.client import Client
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.spec.document import load_yaml
@@ -138,14 +138,20 @@ def ps(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """List workloads: pending and running ones, or all with --all."""
-    workloads = client().workloads(all=all, state=state, queue=queue)
+    c = client()
+    workloads = c.workloads(all=all, state=state, queue=queue)
+    foreign = c.foreign_jobs() if all and state is None and queue is None else []
     if as_json:
-        print_json([{k: v for k, v in row.items() if not k.startswith("_")} for row in ps_rows(workloads)])
+        rows = [{k: v for k, v in row.items() if not k.startswith("_")} for row in ps_rows(workloads)]
+        print_json(rows + [{"foreign": True, **job} for job in foreign] if foreign else rows)
         return
     if not workloads:
         console.print("no workloads" + ("" if all else " pending or running (see --all)"))
-        return
-    console.print(ps_table(workloads, wide=wide))
+    else:
+        console.print(ps_table(workloads, wide=wide))
+    if foreign:
+        console.print("\nforeign jobs (submitted to the backend outside gpupool; their GPUs are in use):")
+        console.print(foreign_table(foreign))
 
 
 @app.command()
@@ -166,8 +172,9 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:
         gpus = ",".join(map(str, a["gpu_indices"])) or "-"
+        runs_as = f"slurm job {a['slurm_job_id']}" if a.get("slurm_job_id") else f"pid={a['pid']}"
         console.print(
-            f"  attempt {a['number']}: {styled(a['state'])} on {a['node']} gpus={gpus} pid={a['pid']} "
+            f"  attempt {a['number']}: {styled(a['state'])} on {a['node']} gpus={gpus} {runs_as} "
             f"exit={a['exit_code']} {a['reason']}\n    log: {a['log_path']}"
         )
     console.print("  history:")

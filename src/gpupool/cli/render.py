@@ -104,3 +104,21 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
             reason,
         )
     return table
+
+
+def foreign_table(jobs: list[dict[str, Any]]) -> Table:
+    """Jobs the backend runs outside gpupool (`gpupool ps --all`)."""
+    table = Table(box=None, header_style="bold")
+    for column in ("backend", "job", "name", "user", "state", "gpus/node", "nodes"):
+        table.add_column(column.upper())
+    for job in jobs:
+        table.add_row(
+            job["backend"],
+            job["job_id"],
+            job["name"],
+            job["user"],
+            job["state"],
+            f"{job['gpus_per_node']:g}",
+            ",".join(job["nodes"]),
+        )
+    return table

@@ -137,6 +137,11 @@ class Client:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/nodes")
         return result
 
+    def foreign_jobs(self) -> list[dict[str, Any]]:
+        """Jobs the execution backend (Slurm) runs that gpupool did not start."""
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/foreign-jobs")
+        return result
+
     def cordon(self, name: str, reason: str | None = None) -> dict[str, Any]:
         body = {"reason": reason} if reason else None
         result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/cordon", json=body)

@@ -1,0 +1,301 @@
+"""gpupool on a real Slurm: slurmctld, slurmd and munged on loopback, one node with eight GRES GPUs.
+
+gpupool decides (quotas, borrowing, reclaim); Slurm runs what it decided, pinned to the chosen node.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.server import ServerProcess
+from tests.support.slurm import SlurmCluster, missing_binaries
+
+CHECKPOINTING = """
+import os, signal, sys, time, pathlib
+ckpt = pathlib.Path(os.environ["GPUPOOL_CHECKPOINT_DIR"]) / "step"
+step = int(ckpt.read_text()) if ckpt.exists() else 0
+print(f"attempt {os.environ['GPUPOOL_ATTEMPT']} slurm job {os.environ['SLURM_JOB_ID']} starts at step {step}",
+      flush=True)
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+while step < int(os.environ.get("STEPS", "1000")):
+    time.sleep(0.1)
+    step += 1
+    ckpt.write_text(str(step))
+    if stop:
+        print(f"checkpointed at step {step}", flush=True)
+        sys.exit(143)
+print("done", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    """One real Slurm cluster for the module. In CI it must exist: missing binaries fail, never skip."""
+    missing = missing_binaries()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(
+                f"Slurm is not installed ({', '.join(missing)}); .ci/run installs slurm-wlm and munge"
+            )
+        pytest.skip(f"Slurm binaries not installed ({', '.join(missing)}): apt-get install slurm-wlm munge")
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm tests start slurmd and munged, which need root")
+    base = Path(tempfile.mkdtemp(prefix="gpupool-slurm-"))
+    cluster = SlurmCluster(base)
+    try:
+        cluster.start()
+    except RuntimeError:
+        cluster.stop()
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def server(slurm: SlurmCluster, tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        home=tmp_path / "home",
+        gpus="none",
+        extra_env={"SLURM_CONF": str(slurm.conf)},
+        extra_args=["--backend", "slurm", "--partition", slurm.partition],
+    ).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        slurm.cancel_all()
+        _wait(lambda: not _our_jobs(slurm), 20, "Slurm to finish the test's jobs")
+
+
+def _wait(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.time() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _our_jobs(slurm: SlurmCluster, state: str = "") -> list[str]:
+    argv = ["squeue", "-h", "-o", "%A %j %T"] + (["-t", state] if state else [])
+    return [line for line in slurm.run(*argv).stdout.splitlines() if line.strip()]
+
+
+def _queue(server: ServerProcess, body: dict[str, object]) -> None:
+    with server.http() as client:
+        response = client.post("/api/v1/queues", json=body)
+        assert response.status_code == 201, response.text
+
+
+def _log(server: ServerProcess, workload_id: int, attempt: int | None = None) -> str:
+    with server.http() as client:
+        params = {} if attempt is None else {"attempt": attempt}
+        return str(client.get(f"/api/v1/workloads/{workload_id}/logs", params=params).json()["data"])
+
+
+def _node(server: ServerProcess, name: str) -> dict[str, Any]:
+    with server.http() as client:
+        return next(n for n in client.get("/api/v1/nodes").json() if n["name"] == name)
+
+
+def test_a_job_runs_as_a_slurm_job_pinned_to_the_scheduled_node_with_the_job_contract(
+    slurm: SlurmCluster, server: ServerProcess, job_dir: Path
+) -> None:
+    node = _node(server, slurm.node)
+    assert node["backend"] == "slurm" and node["gpus_total"] == 8 and node["state"] == "ready"
+    job = server.submit(
+        {
+            "resources": {"gpu": 2},
+            "workdir": str(job_dir),
+            "commands": [
+                'echo "slurm=$SLURM_JOB_ID node=$SLURMD_NODENAME gpus=$SLURM_GPUS_ON_NODE"',
+                'echo "job=$GPUPOOL_JOB_ID attempt=$GPUPOOL_ATTEMPT rank=$NODE_RANK"',
+                'echo "cvd=$CUDA_VISIBLE_DEVICES"',
+                "sleep 1",
+            ],
+        }
+    )
+    running = server.wait_for(job["id"], states=("running",))
+    attempt = server.workload(job["id"])["attempt_list"][0]
+    slurm_id = attempt["slurm_job_id"]
+    assert slurm_id and attempt["backend"] == "slurm" and running["node"] == slurm.node
+    record = slurm.run("scontrol", "show", "job", "-o", slurm_id).stdout
+    assert f"JobName=gpupool-{job['id']}.0" in record and "gres:gpu:2" in record
+    assert f"ReqNodeList={slurm.node}" in record
+
+    done = server.wait_for(job["id"], timeout=30)
+    assert done["state"] == "succeeded" and done["exit_code"] == 0
+    log = _log(server, job["id"])
+    assert f"slurm={slurm_id} node={slurm.node} gpus=2" in log
+    assert f"job={job['id']} attempt=0 rank=0\ncvd=0,1" in log
+    shown = server.cli("show", str(job["id"]), check=True).stdout
+    assert f"slurm job {slurm_id}" in shown
+
+
+def test_quotas_and_borrowing_across_two_queues_through_slurm(
+    slurm: SlurmCluster, server: ServerProcess
+) -> None:
+    _queue(server, {"name": "a", "resources": {"gpu": {"quota": 4}}})
+    _queue(server, {"name": "b", "resources": {"gpu": {"quota": 4, "limit": 4}}})
+    borrowers = [server.submit({"queue": "a", "resources": {"gpu": 1}, "commands": ["sleep 60"],
+                                "grace_period": "1s"})["id"] for _ in range(8)]  # fmt: skip
+    for wid in borrowers:
+        server.wait_for(wid, states=("running",))
+    _wait(lambda: len(_our_jobs(slurm, "RUNNING")) == 8, 20, "a's 8 borrowed GPUs to run in Slurm")
+
+    claims = [server.submit({"queue": "b", "resources": {"gpu": 1}, "commands": ["sleep 2"]})["id"]
+              for _ in range(5)]  # fmt: skip
+    # b is owed its quota of 4: four of a's borrowed GPUs are reclaimed; b's limit keeps the fifth waiting.
+    _wait(
+        lambda: sum(server.workload(w)["state"] == "running" for w in claims) == 4, 30, "b to get its quota"
+    )
+    fifth = next(w for w in claims if server.workload(w)["state"] == "pending")
+    assert server.wait_for_reason(fifth)["reason_code"] == "queue-limit"
+    states = [server.workload(wid) for wid in borrowers]
+    evicted = [w for w in states if w["attempts"] > 1 or w["state"] == "pending"]
+    assert len(evicted) == 4, "exactly the GPUs b is owed are reclaimed"
+    assert "reclaimed for queue b" in evicted[0]["attempt_list"][0]["reason"]
+    running = _our_jobs(slurm, "RUNNING")
+    assert len(running) <= 8, f"Slurm never runs more than the 8 GPUs: {running}"
+    for wid in claims:
+        assert server.wait_for(wid, timeout=40)["state"] == "succeeded"
+
+
+def test_a_reclaim_evicts_a_slurm_job_which_is_requeued_and_resumes_from_its_checkpoint(
+    slurm: SlurmCluster, server: ServerProcess, job_dir: Path
+) -> None:
+    (job_dir / "train.py").write_text(CHECKPOINTING)
+    _queue(server, {"name": "a", "resources": {"gpu": {"quota": 4}}})
+    _queue(server, {"name": "b", "resources": {"gpu": {"quota": 4}}})
+    trainers = [
+        server.submit(
+            {
+                "queue": "a",
+                "resources": {"gpu": 4},
+                "workdir": str(job_dir),
+                "commands": [f"{sys.executable} train.py"],
+                "env": {"STEPS": 60},
+                "checkpoint": f"ckpt-{n}",
+                "grace_period": "10s",
+            }
+        )["id"]
+        for n in range(2)
+    ]
+    for wid in trainers:
+        _wait(lambda w=wid: "starts at step 0" in _log(server, w), 20, "the training jobs to start")
+    time.sleep(1.0)
+    claim = server.submit({"queue": "b", "resources": {"gpu": 4}, "commands": ["echo claimed"]})
+    assert server.wait_for(claim["id"], timeout=40)["state"] == "succeeded"
+
+    # a borrowed b's quota: one of its trainers (never both: a keeps its own quota) is reclaimed.
+    evicted = [w for w in trainers if server.workload(w)["attempt_list"][0]["state"] == "evicted"]
+    assert len(evicted) == 1
+    victim = server.workload(evicted[0])
+    first = victim["attempt_list"][0]
+    assert "reclaimed for queue b" in first["reason"]
+    assert "checkpointed at step" in _log(server, victim["id"], attempt=0)
+    done = server.wait_for(victim["id"], timeout=60)
+    assert done["state"] == "succeeded" and done["attempts"] == 2
+    second = done["attempt_list"][1]
+    assert second["slurm_job_id"] != first["slurm_job_id"], "each attempt is a new Slurm job"
+    resumed = _log(server, victim["id"], attempt=1)
+    assert "starts at step 0" not in resumed and "done" in resumed
+
+
+def test_a_health_verdict_drains_the_slurm_node_and_resuming_returns_it(
+    slurm: SlurmCluster, server: ServerProcess
+) -> None:
+    from gpupool.backends.slurm import SlurmBackend
+    from gpupool.backends.slurm_commands import SlurmCommands
+
+    backend = SlurmBackend(partition=slurm.partition, commands=SlurmCommands(slurm.env))
+    backend.drain_node(slurm.node, "xid 79 on gpu 3 (fell off the bus)")
+    fields = slurm.node_fields()
+    assert "DRAIN" in fields["State"] and fields["Reason"].startswith("gpupool: xid 79 on gpu 3")
+    node = _wait(
+        lambda: (n := _node(server, slurm.node))["state"] == "unhealthy" and n, 10, "gpupool to see the drain"
+    )
+    assert "gpupool: xid 79" in node["state_reason"]
+    waiting = server.submit({"resources": {"gpu": 1}, "commands": ["echo ran"]})
+    assert server.wait_for_reason(waiting["id"])["state"] == "pending"
+    assert not _our_jobs(slurm), "nothing is sent to a drained node"
+
+    backend.resume_node(slurm.node)
+    _wait(lambda: _node(server, slurm.node)["state"] == "ready", 10, "gpupool to see the node resumed")
+    assert server.wait_for(waiting["id"], timeout=30)["state"] == "succeeded"
+
+    # A drain an operator makes in Slurm (not a gpupool verdict) cordons the node in gpupool.
+    slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=drain", "reason=maintenance")
+    try:
+        node = _wait(lambda: (n := _node(server, slurm.node))["state"] == "cordoned" and n, 10, "a cordon")
+        assert "maintenance" in node["state_reason"]
+    finally:
+        slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
+    _wait(lambda: _node(server, slurm.node)["state"] == "ready", 10, "the node back in service")
+    backend.close()
+
+
+def test_a_foreign_sbatch_job_is_accounted_for(slurm: SlurmCluster, server: ServerProcess) -> None:
+    foreign = slurm.sbatch(
+        "--job-name=their-training", "--gres=gpu:6", "--output=/dev/null", "--wrap", "sleep 60"
+    )
+    _wait(lambda: slurm.job_state(foreign) == "RUNNING", 20, "the foreign job to run")
+    with server.http() as client:
+        seen = _wait(lambda: client.get("/api/v1/foreign-jobs").json(), 10, "gpupool to see the foreign job")
+    assert seen[0]["job_id"] == foreign and seen[0]["gpus_per_node"] == 6 and seen[0]["nodes"] == [slurm.node]
+    listed = server.cli("ps", "--all", check=True).stdout
+    assert "foreign jobs" in listed and foreign in listed and "their-training" in listed
+
+    fits = server.submit({"resources": {"gpu": 2}, "commands": ["echo small"]})
+    assert server.wait_for(fits["id"], timeout=30)["state"] == "succeeded"
+    too_big = server.submit({"resources": {"gpu": 4}, "commands": ["echo big"]})
+    assert server.wait_for_reason(too_big["id"])["state"] == "pending", "6 of 8 GPUs are Slurm's own"
+    assert _node(server, slurm.node)["gpus_allocated"] == 0, "foreign use is not gpupool's allocation"
+
+    slurm.run("scancel", foreign)
+    assert server.wait_for(too_big["id"], timeout=30)["state"] == "succeeded"
+    with server.http() as client:
+        _wait(lambda: client.get("/api/v1/foreign-jobs").json() == [], 10, "the foreign job to go")
+
+
+def test_server_start_names_the_missing_partition_and_the_missing_tools(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    env = {**os.environ, "SLURM_CONF": str(slurm.conf), "GPUPOOL_HOME": str(tmp_path / "home")}
+    argv = [sys.executable, "-m", "gpupool.main", "server", "--backend", "slurm", "--port", "1"]
+    wrong = subprocess.run(
+        [*argv, "--partition", "nope"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert wrong.returncode == 1
+    assert f"--partition nope: no such Slurm partition (partitions: {slurm.partition})" in wrong.stderr
+    bare = {**env, "PATH": str(tmp_path)}
+    missing = subprocess.run(argv, env=bare, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert "--backend slurm needs Slurm's client tools on PATH; missing: sbatch" in missing.stderr
+    local = subprocess.run(
+        [sys.executable, "-m", "gpupool.main", "server", "--partition", "gpu", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert local.returncode == 1 and "--partition applies to --backend slurm only" in local.stderr
