@@ -27,6 +27,7 @@ import torch.distributed as dist
 from gpupool.bench.collective import (
     DTYPES,
     OPS,
+    Cell,
     Op,
     Plan,
     Row,
@@ -90,7 +91,7 @@ def run_collective(ctx: Rank, cfg: CollectiveConfig) -> list[dict[str, object]]:
         )
         rows = []
         for plan in plans:
-            cells = []
+            cells: list[Cell | None] = []
             for in_place in (False, True):
                 if not (op.in_place if in_place else op.out_of_place):
                     cells.append(None)
@@ -154,7 +155,8 @@ def _time(ctx: Rank, launch: Callable[[], None], cfg: CollectiveConfig) -> float
     ctx.synchronize()
     dist.barrier()
     if ctx.is_cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         for _ in range(cfg.iters):
             launch()

@@ -118,7 +118,8 @@ def _time_matmul(
         torch.matmul(a, b, out=out)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         for _ in range(iters):
             torch.matmul(a, b, out=out)

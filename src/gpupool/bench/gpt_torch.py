@@ -30,7 +30,8 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln_attn(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, s, h))
-        return x + self.down(F.gelu(self.up(self.ln_mlp(x)), approximate="tanh"))
+        out: torch.Tensor = x + self.down(F.gelu(self.up(self.ln_mlp(x)), approximate="tanh"))
+        return out
 
 
 class Gpt(nn.Module):

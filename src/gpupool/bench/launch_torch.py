@@ -21,12 +21,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException
+from torch.multiprocessing.spawn import ProcessException, start_processes
 
 from gpupool.bench.errors import BenchError
-
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+from gpupool.bench.launch import under_torchrun
 
 
 @dataclass(frozen=True)
@@ -50,10 +48,6 @@ class Rank:
     def synchronize(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
-
-
-def under_torchrun() -> bool:
-    return all(name in os.environ for name in TORCHRUN_VARS)
 
 
 def check_backend(backend: str, nproc: int) -> None:
@@ -107,7 +101,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         folder = Path(tmp)
         try:
-            mp.start_processes(
+            start_processes(  # type: ignore[no-untyped-call]
                 _entry,
                 args=(fn, args, nproc, backend, _free_port(), timeout_s, threads, str(folder)),
                 nprocs=nproc,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,9 +76,9 @@ def run_train(ctx: Rank, cfg: TrainConfig) -> dict[str, object]:
     batching = Batching(cfg.micro_batch, cfg.global_batch, ctx.world_size)
     batching.validate()
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model: nn.Module = Gpt(cfg.shape, recompute=cfg.recompute).to(ctx.device)
-    parameters = sum(p.numel() for p in model.parameters())
-    model, no_sync = _parallel(model, cfg.parallel, ctx)
+    gpt = Gpt(cfg.shape, recompute=cfg.recompute).to(ctx.device)
+    parameters = sum(p.numel() for p in gpt.parameters())
+    model, grad_sync = _parallel(gpt, cfg.parallel, ctx)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=ctx.is_cuda)
     amp_dtype = PRECISIONS[cfg.precision]
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "fp16")
@@ -104,7 +104,7 @@ def run_train(ctx: Rank, cfg: TrainConfig) -> dict[str, object]:
         for micro in range(batching.accumulation):
             x, y = data.next()
             sync = micro == batching.accumulation - 1
-            with no_sync(sync), _autocast(ctx, amp_dtype):
+            with grad_sync(sync), _autocast(ctx, amp_dtype):
                 loss = model(x, y) / batching.accumulation
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
@@ -162,7 +162,10 @@ def run_train(ctx: Rank, cfg: TrainConfig) -> dict[str, object]:
         "loss_first": losses[0],
         "loss_last": losses[-1],
     }
-    mfu_text = f"{result['mfu'] * 100:.1f}% of {peak.tflops:g} TFLOPS" if peak.tflops else f"- ({peak.note})"  # type: ignore[operator]
+    if peak.tflops:
+        mfu_text = f"{tflops_per_gpu / peak.tflops * 100:.1f}% of {peak.tflops:g} TFLOPS"
+    else:
+        mfu_text = f"- ({peak.note})"
     _say(
         ctx,
         [
@@ -173,6 +176,9 @@ def run_train(ctx: Rank, cfg: TrainConfig) -> dict[str, object]:
         ],
     )
     return result
+
+
+_GradSync = Callable[[bool], contextlib.AbstractContextManager[None]]
 
 
 @dataclass(frozen=True)
@@ -191,21 +197,22 @@ def _peak(ctx: Rank, precision: str) -> _DevicePeak:
     return _DevicePeak(found.tflops, found.note, str(props.name))
 
 
-def _parallel(model: nn.Module, how: str, ctx: Rank) -> tuple[nn.Module, object]:
-    """Wrap for data parallelism; return the model and `no_sync(sync: bool)`, a context manager factory."""
+def _parallel(model: Gpt, how: str, ctx: Rank) -> tuple[nn.Module, _GradSync]:
+    """Wrap for data parallelism; return the model and `grad_sync(sync)`: a context for one micro-batch
+    that all-reduces (or reduce-scatters) its gradients only when sync is true."""
     if how == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in model.blocks:  # type: ignore[union-attr]
-            fully_shard(block)
-        fully_shard(model)
+        for block in model.blocks:
+            fully_shard(block)  # one all-gather / reduce-scatter per layer, overlapped with compute
+        sharded = fully_shard(model)
 
         @contextlib.contextmanager
         def fsdp_sync(sync: bool) -> Iterator[None]:
-            model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+            sharded.set_requires_gradient_sync(sync)
             yield
 
-        return model, fsdp_sync
+        return model, fsdp_sync  # fully_shard changed the class of model itself: sharded is model
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.is_cuda else None)

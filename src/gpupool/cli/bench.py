@@ -147,6 +147,8 @@ def collective(
         list(size_steps(low, high, stepfactor))
         if iters < 1 or warmup_iters < 0:
             raise BenchError("-n/--iters must be at least 1 and -w/--warmup_iters at least 0")
+        if nproc == 1 and any(o.name == "sendrecv" for o in ops):
+            raise BenchError("--op sendrecv needs at least 2 ranks; use --nproc 2 or more")
         if submit:
             forward = ["--op", op, "-b", minbytes, "-e", maxbytes, "-f", str(stepfactor), "-n", str(iters)]
             forward += ["-w", str(warmup_iters), "--dtype", dtype] + (["--blocking"] if blocking else [])
@@ -318,13 +320,18 @@ def train(
             _submit("train", forward, distributed=True, nodes=nodes, gpus=gpus, queue=queue, name=name,
                     print_spec=print_spec)  # fmt: skip
             return
-        from gpupool.bench import launch_torch
         from gpupool.bench.gpt import Batching
+        from gpupool.bench.launch import torchrun_world_size
+
+        world = torchrun_world_size() or nproc
+        if world is not None:  # known without torch: check before the slow import
+            Batching(micro_batch, global_batch or micro_batch * world, world).validate()
+        from gpupool.bench import launch_torch
         from gpupool.bench.train_torch import TrainConfig, run_train
 
         chosen = backend or launch_torch.default_backend()
         count = nproc if nproc is not None else launch_torch.default_nproc(chosen)
-        world = int(os.environ["WORLD_SIZE"]) if launch_torch.under_torchrun() else count
+        world = torchrun_world_size() or count
         batch = global_batch or micro_batch * world
         Batching(micro_batch, batch, world).validate()
         cfg = TrainConfig(
