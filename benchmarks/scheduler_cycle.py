@@ -6,9 +6,10 @@ The cluster comes from `synthetic_cluster.py` (seeded; see its docstring for wha
   on object identity can help); p50 and p99 over --cycles. Building the snapshot is timed apart.
 - steady-state cycle: the last full cycle's binds are applied (bound workloads run, evicted ones are pending
   again), and `decide` runs on the result, applying its decisions, until a cycle decides nothing (at most
-  --settle-rounds). Then `decide` runs --cycles more times on that same, unchanged snapshot object, the
-  clock advancing --tick seconds a cycle as the control loop's would. Without a cache kept between calls
-  this is a full cycle on a settled, post-bind snapshot; the JSON says whether the state settled.
+  --settle-rounds). Then the control loop's `Scheduler` decides --cycles more times on that same, unchanged
+  snapshot object, the clock advancing --tick seconds a cycle as the control loop's would: it answers from
+  memory until something time-dependent could change (its first answer is a full cycle). The JSON also
+  has `steady_full_ms_p50`, plain `decide` on that snapshot, and says whether the state settled.
 - memory: peak RSS of the process (snapshot, generator and scheduler together), the RSS right after the
   first build for comparison, and, with --tracemalloc, the Python heap peak of one extra `decide`.
 
@@ -37,7 +38,7 @@ import sys
 import time
 import traceback
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,9 +49,10 @@ from harness import RESULTS_DIR, console, machine, percentile, write_results
 from rich.table import Table
 from synthetic_cluster import NOW, ApplyReport, ClusterSpec, ClusterStats, apply_decisions, build_snapshot
 
-from gpupool.scheduler import decide
+from gpupool.scheduler import Scheduler, decide
 from gpupool.scheduler.snapshot import Decisions, Snapshot
 
+Decider = Callable[[Snapshot, float], Decisions]
 NAME = "scheduler_cycle"
 # (nodes, pending, running, queues) at 8 GPUs per node -> the issue's limits.
 TARGETS: dict[tuple[int, int, int, int], dict[str, float]] = {
@@ -79,12 +81,14 @@ def deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def timed_decide(snapshot: Snapshot, now: float, timeout: float) -> tuple[Decisions, float]:
+def timed_decide(
+    snapshot: Snapshot, now: float, timeout: float, decider: Decider = decide
+) -> tuple[Decisions, float]:
     """`decide` and its wall time in ms; garbage from earlier work is collected first, untimed."""
     gc.collect()
     with deadline(timeout):
         start = time.perf_counter()
-        decisions = decide(snapshot, now)
+        decisions = decider(snapshot, now)
         elapsed = time.perf_counter() - start
     return decisions, elapsed * 1000.0
 
@@ -99,7 +103,9 @@ class Result:
 
     cycle_ms: list[float] = field(default_factory=list)
     settle_ms: list[float] = field(default_factory=list)
-    steady_ms: list[float] = field(default_factory=list)
+    steady_ms: list[float] = field(default_factory=list)  # through Scheduler (memory of the last answer)
+    steady_full_ms: list[float] = field(default_factory=list)  # plain decide on the same snapshot
+    steady_answers_from_memory: int = 0
     build_s: list[float] = field(default_factory=list)
     binds: int = 0
     evictions: int = 0
@@ -223,10 +229,11 @@ def measure(
     series: list[float],
     phase: str,
     result: Result,
+    decider: Decider = decide,
 ) -> Decisions | None:
     """One timed decide appended to `series`; None when it ran past --cycle-timeout (counted as that)."""
     try:
-        decisions, ms = timed_decide(snapshot, now, args.cycle_timeout)
+        decisions, ms = timed_decide(snapshot, now, args.cycle_timeout, decider)
     except CycleTimeout as exc:
         series.append(args.cycle_timeout * 1000.0)
         budget.last_s = args.cycle_timeout
@@ -320,15 +327,24 @@ def steady_cycles(
         if not decisions.binds and not decisions.evictions:
             result.settled = True
             break
-    # The last decide's decisions are not applied: from here on the input never changes.
+    # The last decide's decisions are not applied: from here on the input never changes. The control
+    # loop's Scheduler answers from memory while nothing time-dependent has changed; its first answer
+    # here is a full cycle. A few plain decides on the same snapshot show the cost without memory.
+    memory = Scheduler()
+    for _ in range(min(3, args.cycles)):
+        if not budget.allows():
+            break
+        if measure(snapshot, now + args.tick, args, budget, result.steady_full_ms, "steady", result) is None:
+            break
     for cycle in range(args.cycles):
         if not budget.allows():
             result.stopped_early.append(f"steady cycles: {cycle} of {args.cycles} within --max-seconds")
             break
         now += args.tick
-        steady = measure(snapshot, now, args, budget, result.steady_ms, "steady", result)
+        steady = measure(snapshot, now, args, budget, result.steady_ms, "steady", result, memory.decide)
         if steady is None:
             break
+        result.steady_answers_from_memory = memory.reused
         console.print(
             f"[dim]steady cycle {cycle + 1}/{args.cycles}: {result.steady_ms[-1]:.1f} ms, "
             f"{len(steady.binds)} binds, {len(steady.evictions)} evictions[/dim]"
@@ -369,6 +385,8 @@ def summary(args: argparse.Namespace, result: Result) -> dict[str, Any]:
         "cycle_ms_p99": p(result.cycle_ms, 99),
         "steady_ms_p50": p(result.steady_ms, 50),
         "steady_ms_p99": p(result.steady_ms, 99),
+        "steady_full_ms_p50": p(result.steady_full_ms, 50),
+        "steady_answers_from_memory": result.steady_answers_from_memory,
         "peak_rss_mb": round(rss_mb(), 1),
     }
 
@@ -433,6 +451,13 @@ def print_table(args: argparse.Namespace, figures: dict[str, Any], result: Resul
         console.print(
             f"steady state: {'settled' if result.settled else 'NOT settled'} after "
             f"{len(result.settle_ms)} post-bind cycle(s) [{', '.join(ms(v) for v in result.settle_ms)}] ms"
+        )
+    if result.steady_full_ms:
+        console.print(
+            f"steady cycles: {result.steady_answers_from_memory} of {len(result.steady_ms)} answered from "
+            "the "
+            f"Scheduler's memory; a full cycle on the same snapshot without it: p50 "
+            f"{ms(percentile(result.steady_full_ms, 50))} ms"
         )
     if result.tracemalloc_peak_mb is not None:
         console.print(f"tracemalloc peak of one decide: {result.tracemalloc_peak_mb:.0f} MB")

@@ -73,6 +73,8 @@ class Reconciler:
         self._reasons: dict[int, scheduler.Explanation] = {}
         self._attached: dict[int, tuple[int, ...]] = {}
         self._views: dict[int, scheduler.WorkloadView] = {}
+        # Answers an unchanged snapshot from memory (views above are reused, so comparing is cheap).
+        self._scheduler = scheduler.Scheduler()
         self.fair_shares: dict[str, dict[str, float]] = {}
         self.explanations: dict[int, scheduler.Explanation] = {}
         self._explained_at = 0.0
@@ -335,7 +337,7 @@ class Reconciler:
         if not snapshot.pending and not snapshot.running:
             self.fair_shares = {}
             return
-        decisions = scheduler.decide(snapshot, now)
+        decisions = self._scheduler.decide(snapshot, now)
         self.fair_shares = decisions.fair_shares
         if decisions.evictions:
             self._evict(decisions.evictions)

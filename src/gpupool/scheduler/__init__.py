@@ -1,6 +1,6 @@
 """The pure scheduling core: `decide(snapshot, now) -> Decisions`."""
 
-from gpupool.scheduler.core import decide
+from gpupool.scheduler.core import Scheduler, decide
 from gpupool.scheduler.cycle import ConfigError
 from gpupool.scheduler.snapshot import (
     Bind,
@@ -29,6 +29,7 @@ __all__ = [
     "NodeView",
     "PodPlacement",
     "QueueView",
+    "Scheduler",
     "SchedulerConfig",
     "Share",
     "Snapshot",

@@ -24,7 +24,7 @@ from gpupool.scheduler.snapshot import (
     Snapshot,
     WorkloadView,
 )
-from gpupool.scheduler.state import EPSILON, ClusterState, NodeState, Reservation
+from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, NodeState, Reservation
 
 ACTIONS = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
 PLACEMENTS = ("binpack", "spread")
@@ -33,6 +33,11 @@ LOST_STATES = frozenset({"lost", "unhealthy"})
 MAX_CONSOLIDATION_TRIES = 8
 MAX_CONSOLIDATION_TARGETS = 8  # nodes per pod considered for emptying
 MIN_MOVE_AGE = 60.0  # seconds a workload runs before consolidation may move it
+# An eviction search examines nodes likeliest first; it gives up after SEARCH_LIMIT nodes with no choice,
+# and settles SEARCH_LIMIT_AFTER_PICK nodes after its first choice.
+SEARCH_LIMIT = 256
+SEARCH_LIMIT_AFTER_PICK = 32
+SMALL_SEARCH = 64  # a search ranks up to this many candidate nodes outright
 GLOBAL = "*"
 
 
@@ -84,7 +89,11 @@ class Cycle:
         self._no_victims: dict[tuple[object, ...], tuple[int, int]] = {}
         self._smallest_miss: dict[tuple[object, ...], tuple[tuple[int, int], float]] = {}
         self._runtime_floor: dict[tuple[str, str], float] = {}
-        self._pool: list[WorkloadView] | None = None
+        self._queue_limits: dict[str, list[tuple[str, int, float]]] = {}
+        self._index: dict[str, list[WorkloadView]] | None = None
+        self._victim_queue_names: list[str] | None = None
+        self._surplus: dict[str, float] = {}
+        self._surplus_stamp: tuple[int, int] | None = None
         self._node_kinds: list[list[NodeState]] | None = None
         self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes if n.schedulable), default=0)
         self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
@@ -127,12 +136,19 @@ class Cycle:
         """Still-unplaced workloads in allocation order, queue by queue (most under-served first)."""
         names = sorted(
             self.order,
-            key=lambda q: (-self._priority(q), self._ratio(q), q),
+            key=self._queue_key,
         )
         for name in names:
             for w in self.order[name]:
                 if w.id in self.unplaced:
                     yield w
+
+    def _queue_key(self, queue: str) -> tuple[bool, int, float, str]:
+        """Allocation order of queues: those below their fair share first, then by queue priority, then
+        by allocated / fair share. A high-priority queue borrowing above its share never goes before a
+        queue still owed its share: what it took, reclaim would take back next cycle."""
+        ratio = self._ratio(queue)
+        return (ratio >= 1.0 - EPSILON, -self._priority(queue), ratio, queue)
 
     def _priority(self, queue: str) -> int:
         q = self.queues.get(queue)
@@ -175,11 +191,11 @@ class Cycle:
     # -- allocate -------------------------------------------------------------------------------------
 
     def allocate(self) -> None:
-        heap = [(-self._priority(q), self._ratio(q), q) for q in self.order]
+        heap = [self._queue_key(q) for q in self.order]
         heapq.heapify(heap)
         cursor = dict.fromkeys(self.order, 0)
         while heap:
-            _, _, queue = heapq.heappop(heap)
+            queue = heapq.heappop(heap)[-1]
             items = self.order[queue]
             i = cursor[queue]
             while i < len(items) and items[i].id not in self.unplaced:
@@ -198,7 +214,7 @@ class Cycle:
                     if rest.id in self.unplaced:
                         self.decisions.explanations[rest.id] = explain.blocked(w.id)
                 continue
-            heapq.heappush(heap, (-self._priority(queue), self._ratio(queue), queue))
+            heapq.heappush(heap, self._queue_key(queue))
 
     def _try_allocate(self, w: WorkloadView) -> bool:
         refusal = self._admission(w)
@@ -240,27 +256,44 @@ class Cycle:
             and w.max_duration is not None
             and self.now + w.max_duration <= reservation.start
         )
+        if ends_in_time and reservation is not None and not reservation.relative:
+            self.state.expires(reservation.start - (w.max_duration or 0.0))
         return (w.gpus, w.cpus, w.memory_bytes, w.nodes, w.topology, w.topology_preferred, ends_in_time)
 
     def _admission(self, w: WorkloadView) -> Explanation | None:
         """Queue limits, the quota rule for non-preemptible work, and whether it could ever fit."""
-        for name in self.state.chain(w.queue):
-            queue = self.queues.get(name)
-            if queue is None:
-                continue
-            for resource in RESOURCES:
-                limit = queue.share(resource).limit
-                if (
-                    limit is not None
-                    and self.state.allocated(name, resource) + w.demand(resource) > limit + EPSILON
-                ):
-                    return explain.queue_limit(name, resource, self.state.allocated(name, resource), limit)
-            if not w.preemptible:
+        state = self.state
+        for name, position, limit in self._limits(w.queue):
+            demand = w.demand(RESOURCES[position])
+            allocated = state.alloc[name][position]
+            if allocated + demand > limit + EPSILON:
+                return explain.queue_limit(name, RESOURCES[position], allocated, limit)
+        if not w.preemptible and w.gpu_units > 0:
+            for name in state.chain(w.queue):
+                queue = self.queues.get(name)
+                if queue is None:
+                    continue
                 quota = queue.gpu.quota
-                would = self.state.allocated_np(name) + w.gpu_units
-                if w.gpu_units > 0 and would > quota + EPSILON:
+                would = state.allocated_np(name) + w.gpu_units
+                if would > quota + EPSILON:
                     return explain.over_quota_nonpreemptible(name, would, quota)
         return self._never_fits(w)
+
+    def _limits(self, queue: str) -> list[tuple[str, int, float]]:
+        """(queue, resource position, limit) for every limit set on `queue` or above it."""
+        found = self._queue_limits.get(queue)
+        if found is None:
+            found = []
+            for name in self.state.chain(queue):
+                q = self.queues.get(name)
+                if q is None:
+                    continue
+                for position, resource in enumerate(RESOURCES):
+                    limit = q.share(resource).limit
+                    if limit is not None:
+                        found.append((name, position, limit))
+            self._queue_limits[queue] = found
+        return found
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
         key = (w.gpus, w.nodes)
@@ -309,6 +342,8 @@ class Cycle:
             self.state.generation = generation
             self.state.reservation = saved
             if fits:
+                if not reservation.relative and reservation.start != float("inf"):
+                    self.state.expires(self.now)  # the sentence counts down the seconds to the start
                 return explain.reserved(reservation.workload_id, reservation.start, self.now)
         free_matching = self.state.whole_free(families(w.gpus))
         if not w.gpus.is_fractional and w.gpu_units > 0 and free_matching + EPSILON >= w.gpu_units:
@@ -355,17 +390,25 @@ class Cycle:
                     if freed >= need:
                         when = end
                         break
+                if self.now < when < float("inf"):
+                    self.state.expires(when)  # from then on this node ranks as free now
             ready.append((when, node.name))
         if len(ready) < w.nodes:
             return
         ready.sort()
         chosen = ready[: w.nodes]
-        self.state.reservation = Reservation(w.id, frozenset(n for _, n in chosen), max(t for t, _ in chosen))
+        start = max(t for t, _ in chosen)
+        self.state.reservation = Reservation(
+            w.id, frozenset(n for _, n in chosen), start, relative=start == self.now
+        )
 
     def _end(self, w: WorkloadView) -> float:
         if w.max_duration is None:
             return float("inf")
-        return (w.start_time if w.start_time is not None else self.now) + w.max_duration
+        if w.start_time is None:
+            self.state.expires(self.now)  # an end counted from the clock itself: nothing to remember
+            return self.now + w.max_duration
+        return w.start_time + w.max_duration
 
     # -- evictions for a pending workload -------------------------------------------------------------
 
@@ -430,35 +473,45 @@ class Cycle:
         budget: Callable[[list[WorkloadView]], bool] | None = None,
     ) -> bool:
         """Per node, the cheapest victims there that make room for one pod, counted without touching the
-        state; then the cheapest `w.nodes` nodes (inside one topology domain when required)."""
+        state; then the cheapest `w.nodes` nodes (inside one topology domain when required).
+
+        Nodes are examined in order of a lower bound on the GPUs that must be freed there (nodes with
+        more room first), and the search stops once a choice is found and either no later node can be
+        cheaper in GPUs or SEARCH_LIMIT_AFTER_PICK more nodes were examined."""
         state = self.state
-        per_node: dict[str, list[WorkloadView]] = {}
-        for name, victims in candidates.items():
-            node = state.nodes.get(name)
-            if node is None or not node.schedulable:
-                continue
+        options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
+        picked: list[str] | None = None
+        worst = 0.0  # most GPUs disrupted on one node of the current pick
+        since_pick = misses = 0
+        for bound, node in self._search_order(w, candidates):
+            if picked is not None:
+                since_pick += 1  # counted from the first feasible pick: later ones only refine it
+                if bound > worst + EPSILON or since_pick > SEARCH_LIMIT_AFTER_PICK:
+                    break
+            else:
+                misses += 1
+                if misses > SEARCH_LIMIT:
+                    break  # bounded effort: the likeliest nodes came first
             if w.gpus.count > 0 and not any(self.placer.matches(node, w.gpus)):
                 continue
             if not self.placer.node_admits(node, w):
                 continue
-            usable = [v for v in victims if v.id not in state.evicted and allowed(v)]
-            if usable:
-                per_node[name] = usable
-        options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
-        # A single pod needs a node with victims (one without would have fitted after release already);
-        # a gang may combine such nodes with nodes that already have room.
-        names = list(state.nodes) if w.nodes > 1 else list(per_node)
-        for name in names:
-            node = state.nodes[name]
-            if not node.schedulable or (w.gpus.count > 0 and not any(self.placer.matches(node, w.gpus))):
-                continue
-            victims = per_node.get(node.name, [])
-            if not self.placer.node_admits(node, w):
-                continue
+            victims = [v for v in candidates.get(node.name, ()) if v.id not in state.evicted and allowed(v)]
+            if not victims and w.nodes == 1:
+                continue  # a single pod fitting with no victims would have fitted after release already
             chosen = self._cheapest_room(node, w, victims, budget)
-            if chosen is not None:
-                options[node.name] = (self._cost(chosen), chosen)
-        picked = self._pick_nodes(w, options)
+            if chosen is None:
+                continue
+            cost = self._cost(chosen)
+            options[node.name] = (cost, chosen)
+            if w.nodes == 1 and not (w.topology or w.topology_preferred):
+                if picked is None or (cost, node.name) < (options[picked[0]][0], picked[0]):
+                    picked, worst = [node.name], cost[0]
+            elif len(options) >= w.nodes:
+                again = self._pick_nodes(w, options)
+                if again is not None:
+                    picked = again
+                    worst = max(options[name][0][0] for name in picked)
         if picked is None or not any(options[name][1] for name in picked):
             self._no_victims[key] = stamp
             return False
@@ -487,6 +540,67 @@ class Cycle:
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
         return True
+
+    def _search_order(
+        self, w: WorkloadView, candidates: dict[str, list[WorkloadView]]
+    ) -> Iterator[tuple[float, NodeState]]:
+        """Nodes where room for one pod of `w` might be made, each with a lower bound on the GPUs that
+        must be freed there, bounds never decreasing: first, for a gang, nodes that already have room;
+        then nodes with candidate victims (those holding released GPUs first)."""
+        state = self.state
+        need = w.gpus.count if not w.gpus.is_fractional else 0.0
+        seen: set[str] = set()
+        if w.nodes > 1:
+            for node in self._nodes_with_room(w):
+                seen.add(node.name)
+                yield 0.0, node
+        if len(candidates) <= SMALL_SEARCH:
+            ranked = []
+            for name in candidates:
+                found = state.nodes.get(name)
+                if found is not None and found.schedulable and name not in seen:
+                    ranked.append((max(0.0, need - found.whole_after_release()), name, found))
+            ranked.sort(key=lambda item: (item[0], item[1]))
+            for bound, _, found in ranked:
+                yield bound, found
+            return
+        for name in list(state.holding_nodes):
+            if name in candidates and name not in seen:
+                seen.add(name)
+                yield max(0.0, need - state.nodes[name].whole_after_release()), state.nodes[name]
+        for count, names in self._levels(w):
+            bound = max(0.0, need - count)
+            for name in list(names):
+                if name in candidates and name not in seen:
+                    yield bound, state.nodes[name]
+
+    def _nodes_with_room(self, w: WorkloadView) -> Iterator[NodeState]:
+        """Nodes where one pod of `w` has enough whole GPUs now or once stopping work is gone."""
+        state = self.state
+        need = w.gpus.count if not w.gpus.is_fractional else 0.0
+        seen: set[str] = set()
+        for name in list(state.holding_nodes):
+            node = state.nodes[name]
+            if node.whole_after_release() + EPSILON >= need:
+                seen.add(name)
+                yield node
+        for count, names in self._levels(w):
+            if count + EPSILON < need:
+                break
+            for name in list(names):
+                if name not in seen:
+                    yield state.nodes[name]
+
+    def _levels(self, w: WorkloadView) -> list[tuple[int, dict[str, None]]]:
+        """The node buckets whose GPU family suits `w`, most whole free GPUs first."""
+        wanted = families(w.gpus)
+        levels: list[tuple[int, dict[str, None]]] = []
+        for model, by_count in self.state.buckets.items():
+            if wanted and model not in wanted and model != MIXED:
+                continue
+            levels.extend((count, names) for count, names in by_count.items() if names)
+        levels.sort(key=lambda item: -item[0])
+        return levels
 
     def _cost(self, victims: list[WorkloadView]) -> tuple[float, ...]:
         """Fewest GPUs disrupted, then lowest priority, then least work lost, then fewest workloads."""
@@ -572,10 +686,6 @@ class Cycle:
                 chosen = trial
         return chosen
 
-    def _held_gpus(self) -> float:
-        state = self.state
-        return sum(sum(state.nodes[name].held) for name in state.holding_nodes)
-
     def _fits_tentatively(self, w: WorkloadView) -> bool:
         """Would `w` fit after release? The state is left exactly as it was."""
         checkpoint, generation = self.state.checkpoint(), self.state.generation
@@ -609,38 +719,40 @@ class Cycle:
 
     def _old_enough(self, v: WorkloadView, kind: str) -> bool:
         started = v.start_time if v.start_time is not None else float("-inf")
-        return self.now - started >= self._min_runtime(v.queue, kind)
+        floor = self._min_runtime(v.queue, kind)
+        if self.now - started >= floor:
+            return True
+        self.state.expires(started + floor)
+        return False
 
     def _movable(self, v: WorkloadView) -> bool:
         """Consolidation moves only settled work: evictable, past its queue's minimum runtime for preempt,
         and older than MIN_MOVE_AGE (work just placed is never moved again at once)."""
         started = v.start_time if v.start_time is not None else float("-inf")
-        return (
-            v.running
-            and self._evictable(v)
-            and self._old_enough(v, "preempt")
-            and self.now - started >= MIN_MOVE_AGE
-        )
+        if not (v.running and self._evictable(v) and self._old_enough(v, "preempt")):
+            return False
+        if self.now - started >= MIN_MOVE_AGE:
+            return True
+        self.state.expires(started + MIN_MOVE_AGE)
+        return False
 
     def _evictable(self, v: WorkloadView) -> bool:
         return v.preemptible and not v.stopping and v.id not in self.state.evicted
 
-    def _victim_pool(self) -> list[WorkloadView]:
-        """Evictable running work on schedulable nodes, in victim order."""
-        if self._pool is None:
-            self._pool = self._build_victim_pool()
-        return [v for v in self._pool if v.id not in self.state.evicted]
-
-    def _build_victim_pool(self) -> list[WorkloadView]:
-        pool = {}
-        for name, workloads in self.by_node.items():
-            node = self.state.nodes.get(name)
-            if node is None or not node.schedulable:
-                continue
-            for v in workloads:
-                if v.running and self._evictable(v):
-                    pool[v.id] = v
-        return sorted(pool.values(), key=self._victim_key)
+    def _victim_index(self) -> dict[str, list[WorkloadView]]:
+        """Evictable running single-pod work on schedulable nodes, by node, each list in victim order
+        (built once a cycle; callers skip what was evicted since). Gangs are never victims here."""
+        if self._index is None:
+            pool = {}
+            for name, workloads in self.by_node.items():
+                node = self.state.nodes.get(name)
+                if node is None or not node.schedulable:
+                    continue
+                for v in workloads:
+                    if v.running and len(v.placement) == 1 and self._evictable(v):
+                        pool[v.id] = v
+            self._index = _by_node(sorted(pool.values(), key=self._victim_key))
+        return self._index
 
     def _wants_room(self, w: WorkloadView) -> bool:
         explanation = self.decisions.explanations.get(w.id)
@@ -651,9 +763,9 @@ class Cycle:
     # -- reclaim --------------------------------------------------------------------------------------
 
     def reclaim(self) -> None:
-        pool: list[WorkloadView] = []
-        pool_stamp: tuple[int, int] | None = None
-        by_queue: dict[str, tuple[dict[str, list[WorkloadView]], float]] = {}
+        index = self._victim_index()
+        if not index:
+            return
         for w in list(self.ordered_pending()):
             if not self._wants_room(w):
                 continue
@@ -662,19 +774,17 @@ class Cycle:
                 continue  # the reclaimer may not end above its fair share
             if self._fits_after_release(w):
                 continue
-            stamp = (self.state.generation, self.state.held_generation)
-            if stamp != pool_stamp:
-                pool, pool_stamp, by_queue = self._reclaimable(), stamp, {}
-            if queue not in by_queue:
-                mine = set(self.state.chain(queue))
-                allowed_here = [v for v in pool if v.queue not in mine and self._reclaim_keeps_share(v, mine)]
-                by_queue[queue] = (_by_node(allowed_here), sum(v.gpu_units for v in allowed_here))
-            candidates, victim_room = by_queue[queue]
-            if victim_room + self._held_gpus() + self.state.free_gpus() + EPSILON < w.gpu_units:
+            state = self.state
+            if self._surplus_elsewhere(queue) + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
                 continue
+            mine = frozenset(state.chain(queue))
 
-            def allowed(v: WorkloadView) -> bool:
-                return True  # the candidates were filtered for this queue at this very state
+            def allowed(v: WorkloadView, mine: frozenset[str] = mine) -> bool:
+                return (
+                    v.queue not in mine
+                    and self._old_enough(v, "reclaim")
+                    and self._reclaim_keeps_share(v, mine)
+                )
 
             def reason(v: WorkloadView, w: WorkloadView = w) -> str:
                 return (
@@ -682,7 +792,30 @@ class Cycle:
                     f"by workload {w.id}; queue {v.queue} stays at or above its fair share"
                 )
 
-            self._evict_for(w, candidates, "reclaim", reason, allowed, self._reclaim_budget(queue))
+            self._evict_for(w, index, "reclaim", reason, allowed, self._reclaim_budget(queue))
+
+    def _surplus_elsewhere(self, queue: str) -> float:
+        """GPUs the queues outside `queue`'s line hold above their fair share: the most reclaim could
+        free for it (an upper bound; cached until the state changes)."""
+        state = self.state
+        stamp = (state.generation, state.held_generation)
+        if self._surplus_stamp != stamp:
+            self._surplus_stamp, self._surplus = stamp, {}
+        found = self._surplus.get(queue)
+        if found is None:
+            mine = set(state.chain(queue))
+            found = sum(
+                max(0.0, state.allocated(name) - self.fair(name))
+                for name in self._victim_queues()
+                if name not in mine
+            )
+            self._surplus[queue] = found
+        return found
+
+    def _victim_queues(self) -> list[str]:
+        if self._victim_queue_names is None:
+            self._victim_queue_names = sorted({v.queue for vs in self._victim_index().values() for v in vs})
+        return self._victim_queue_names
 
     def _reclaim_budget(self, queue: str) -> Callable[[list[WorkloadView]], bool]:
         """Whether a set of victims, taken together, leaves every victim queue (and its ancestors outside
@@ -702,7 +835,7 @@ class Cycle:
 
         return within
 
-    def _reclaim_keeps_share(self, v: WorkloadView, mine: set[str]) -> bool:
+    def _reclaim_keeps_share(self, v: WorkloadView, mine: frozenset[str]) -> bool:
         """Reclaim may take `v` only if every level of its queue outside the reclaimer's own line stays at
         or above its fair share."""
         levels = [n for n in self.state.chain(v.queue) if n not in mine]
@@ -710,34 +843,22 @@ class Cycle:
             self.state.allocated(n) - v.gpu_units >= self.fair(n) - EPSILON for n in levels
         )
 
-    def _reclaimable(self) -> list[WorkloadView]:
-        """Victims reclaim may consider now: old enough, and their own queue stays at its fair share."""
-        state = self.state
-        return [
-            v
-            for v in self._victim_pool()
-            if state.allocated(v.queue) - v.gpu_units >= self.fair(v.queue) - EPSILON
-            and self._old_enough(v, "reclaim")
-        ]
-
     # -- preempt --------------------------------------------------------------------------------------
 
     def preempt(self) -> None:
-        by_queue: dict[str, list[WorkloadView]] | None = None
-        grouped: dict[str, dict[str, list[WorkloadView]]] = {}
+        by_queue: dict[str, dict[str, list[WorkloadView]]] | None = None
         lowest: dict[str, int] = {}
         for w in list(self.ordered_pending()):
             if not self._wants_room(w):
                 continue
             if by_queue is None:
                 by_queue = {}
-                for v in self._victim_pool():
-                    by_queue.setdefault(v.queue, []).append(v)
-                lowest = {q: min(v.priority for v in vs) for q, vs in by_queue.items()}
+                for name, victims in self._victim_index().items():
+                    for v in victims:
+                        by_queue.setdefault(v.queue, {}).setdefault(name, []).append(v)
+                        lowest[v.queue] = min(lowest.get(v.queue, v.priority), v.priority)
             if lowest.get(w.queue, w.priority) >= w.priority or self._fits_after_release(w):
                 continue
-            if w.queue not in grouped:
-                grouped[w.queue] = _by_node(by_queue[w.queue])
 
             def reason(v: WorkloadView, w: WorkloadView = w) -> str:
                 return f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}"
@@ -745,7 +866,7 @@ class Cycle:
             def allowed(v: WorkloadView, w: WorkloadView = w) -> bool:
                 return v.priority < w.priority and self._old_enough(v, "preempt")
 
-            self._evict_for(w, grouped[w.queue], "preempt", reason, allowed)
+            self._evict_for(w, by_queue[w.queue], "preempt", reason, allowed)
 
     # -- consolidate ----------------------------------------------------------------------------------
 

@@ -82,6 +82,8 @@ class Placer:
             ends = None if w.max_duration is None else self.now + w.max_duration
             if ends is None or ends > reservation.start:
                 return False
+            if not reservation.relative:
+                self.state.expires(reservation.start - (ends - self.now))
         return True
 
     def _candidates(

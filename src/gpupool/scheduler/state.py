@@ -34,6 +34,7 @@ class NodeState:
     whole: int = 0  # GPUs entirely free (normal placement)
     partial: bool = False  # some GPU is partly free (room for fractions)
     free_sum: float = 0.0
+    held_sum: float = 0.0
     holding: bool = False  # some GPU is held by stopping work
     signature: tuple[tuple[str, int], ...] = ()  # (model, memory) per GPU: nodes alike share match results
 
@@ -41,7 +42,14 @@ class NodeState:
         self.whole = sum(1 for f in self.free if f >= 1.0 - EPSILON)
         self.partial = any(EPSILON < f < 1.0 - EPSILON for f in self.free)
         self.free_sum = sum(self.free)
-        self.holding = any(h > EPSILON for h in self.held)
+        self.held_sum = sum(self.held)
+        self.holding = self.held_sum > EPSILON
+
+    def whole_after_release(self) -> int:
+        """GPUs entirely free once stopping work has released what it holds."""
+        if not self.holding:
+            return self.whole
+        return sum(1 for f, h in zip(self.free, self.held, strict=True) if f + h >= 1.0 - EPSILON)
 
 
 @dataclass(slots=True)
@@ -51,6 +59,7 @@ class Reservation:
     workload_id: int
     nodes: frozenset[str]
     start: float
+    relative: bool = False  # `start` is the cycle's own `now` (the nodes are free now), not a fixed time
 
 
 class ClusterState:
@@ -60,10 +69,14 @@ class ClusterState:
         self.partial_nodes: dict[str, None] = {}
         self.holding_nodes: dict[str, None] = {}
         self.free_total = 0.0  # free GPUs on schedulable nodes
+        self.held_total = 0.0  # GPUs on schedulable nodes that stopping work holds
         self.held_generation = 0  # bumped whenever GPUs become held (an eviction)
         self.generation = 0  # bumped whenever capacity is given back, so cached "does not fit" expires
         self._log: list[Callable[[], None]] = []
         self.reservation: Reservation | None = None
+        # The earliest time at which a time-dependent test this cycle made (a minimum runtime reached, a
+        # backfill window closed) would come out otherwise; until then the same snapshot decides the same.
+        self.horizon = float("inf")
         self.running: dict[int, WorkloadView] = {}
         self.evicted: dict[int, str] = {}
         queues = list(queues)
@@ -125,6 +138,7 @@ class ClusterState:
         if node.holding:
             self.holding_nodes[node.name] = None
         self.free_total += node.free_sum
+        self.held_total += node.held_sum
 
     def _unindex(self, node: NodeState) -> None:
         if not node.schedulable:
@@ -135,6 +149,7 @@ class ClusterState:
         self.partial_nodes.pop(node.name, None)
         self.holding_nodes.pop(node.name, None)
         self.free_total -= node.free_sum
+        self.held_total -= node.held_sum
 
     def load_running(self, workloads: Iterable[WorkloadView]) -> None:
         """Account the running workloads of the snapshot (no undo): one pass, then re-index once."""
@@ -161,6 +176,11 @@ class ClusterState:
         for node in touched.values():
             node.recount()
             self._index(node)
+
+    def expires(self, at: float) -> None:
+        """Note that a decision of this cycle depends on the clock staying before `at`."""
+        if at < self.horizon:
+            self.horizon = at
 
     # -- undo log -------------------------------------------------------------------------------------
 
@@ -289,6 +309,9 @@ class ClusterState:
 
     def free_gpus(self) -> float:
         return max(0.0, self.free_total)
+
+    def held_gpus(self) -> float:
+        return max(0.0, self.held_total)
 
     def whole_free(self, families: frozenset[str]) -> int:
         """Entirely free GPUs on schedulable nodes whose GPUs are of these families (any when empty)."""

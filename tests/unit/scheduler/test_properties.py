@@ -6,8 +6,9 @@ import os
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from gpupool.scheduler import decide
+from gpupool.scheduler import Scheduler, decide
 from gpupool.scheduler.snapshot import Decisions, Snapshot
 from tests.unit.scheduler.invariants import check_decisions, reclaim_problems
 from tests.unit.scheduler.strategies import NOW, ReclaimCase, reclaim_cases, snapshots
@@ -88,6 +89,17 @@ def test_a_second_cycle_on_applied_decisions_evicts_nothing(snapshot: Snapshot) 
 @given(snapshots())
 def test_decide_is_deterministic(snapshot: Snapshot) -> None:
     assert decide(snapshot, NOW) == decide(snapshot, NOW)
+
+
+@BOUNDED
+@given(snapshots(), st.lists(st.integers(0, 60_000), min_size=1, max_size=5))
+def test_a_remembered_answer_is_the_answer_decide_gives(snapshot: Snapshot, steps: list[int]) -> None:
+    """The control loop's Scheduler answers an unchanged snapshot from memory until something
+    time-dependent (a minimum runtime, a backfill window) could change: never a stale answer."""
+    scheduler = Scheduler()
+    for step in sorted(steps):
+        now = NOW + step
+        assert scheduler.decide(snapshot, now) == decide(snapshot, now), f"at NOW + {step}"
 
 
 def apply(snapshot: Snapshot, decisions: Decisions) -> Snapshot:
