@@ -168,17 +168,16 @@ class Simulation:
         self._est_sum: dict[object, list[float]] = {}
         self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
+        # Utilisation and quota shortfall are measured while work arrives (the whole run if all at once).
+        window = last_arrival if last_arrival > 0 else math.inf
         self.result = SimResult(
-            policy.name, cluster.gpus, max(last_arrival, 0.0), [], [], dict(self.quotas),
+            policy.name, cluster.gpus, window, [], [], dict(self.quotas),
             shortfall_gpu_s=dict.fromkeys(self.quotas, 0.0),
         )  # fmt: skip
-        self._sample_every = max(self.options.cycle, self.result.arrival_window / TIMELINE_POINTS)
+        self._sample_every = max(self.options.cycle, last_arrival / TIMELINE_POINTS)
         self._next_sample = 0.0
         self.settled = 0  # jobs finished or dropped
-        self._freed = False
         self._dirty = False
-        self._arrived_min = math.inf
-        self._arrived_top = -math.inf
 
     def _policy_queues(self, queues: Sequence[QueueView], jobs: Sequence[TraceJob]) -> tuple[QueueView, ...]:
         if self.policy.queues == POOL:
@@ -213,6 +212,8 @@ class Simulation:
             if progress is not None and steps % 200 == 0:
                 progress(self.settled, len(self.jobs))
         self.result.unfinished = len(self.pending) + len(self.running)
+        if math.isinf(self.result.arrival_window):
+            self.result.arrival_window = self.now
         self.result.jobs = [j.record for j in self.jobs if j.state != "dropped"]
         self.result.wall_s = time.perf_counter() - began
         if progress is not None:
@@ -259,8 +260,6 @@ class Simulation:
         self.pending[job.idx] = job
         self.demand[job.trace.queue] += job.gpus
         self._dirty = True
-        self._arrived_min = min(self._arrived_min, job.gpus)
-        self._arrived_top = max(self._arrived_top, job.priority)
 
     def _fits_empty(self, job: _Job) -> bool:
         key = (job.nodes, job.demand)
@@ -294,7 +293,6 @@ class Simulation:
         self.attained_update(job)
         job.placement = ()
         job.view = None
-        self._freed = True
         self._dirty = True
 
     def attained_update(self, job: _Job) -> None:
@@ -306,7 +304,6 @@ class Simulation:
             job.priority = priority
             job.view = None
             self._dirty = True
-            self._freed = True  # a lower band makes its GPUs preemptible for others
         self._schedule_band(job)
 
     # -- priorities (banded policies) -----------------------------------------------------------------
@@ -347,7 +344,7 @@ class Simulation:
         """Run the scheduler at this instant as often as evictions ask for; whether the clock matters."""
         if not (self._dirty or tick):
             return False
-        if not tick and self._nothing_can_change():
+        if self._nothing_can_change():
             self._reset_triggers()
             return False
         clock = False
@@ -362,22 +359,53 @@ class Simulation:
 
     def _reset_triggers(self) -> None:
         self._dirty = False
-        self._freed = False
-        self._arrived_min = math.inf
-        self._arrived_top = -math.inf
 
     def _nothing_can_change(self) -> bool:
-        """Only arrivals since the last cycle, none of which fits the free GPUs or outranks running work,
-        under a policy without reclaim: `decide` would return what it returned last time."""
-        if self._freed or "reclaim" in self.config.actions or "consolidate" in self.config.actions:
+        """Whether `decide` is sure to return no binds and no evictions, so the cycle can be skipped.
+
+        Exact, for policies without reclaim or consolidation: nothing pending fits the free GPUs in total
+        (for strict FIFO, the head of the line does not), and no pending work outranks running work that
+        preempt could take."""
+        if "reclaim" in self.config.actions or "consolidate" in self.config.actions:
             return False
-        if self._arrived_min <= self.cluster.gpus - self.used + EPS:
+        free = self.cluster.gpus - self.used + EPS
+        if self._strict_fifo():
+            head = next(iter(self.pending.values()))
+            if head.gpus <= free:
+                return False
+        elif any(j.gpus <= free for j in self.pending.values()):
             return False
         if "preempt" in self.config.actions and self.running:
             lowest = min(j.priority for j in self.running.values())
-            if self._arrived_top > lowest:
+            if any(j.priority > lowest for j in self.pending.values()):
                 return False
         return True
+
+    def _strict_fifo(self) -> bool:
+        """One queue in submit order that nothing may pass: only its head (and what fits before the first
+        blocked job) can start. Evictions never happen in it, so `pending` stays in submit order."""
+        config = self.config
+        return (
+            self.policy.queues == POOL
+            and config.blocking == "strict"
+            and config.ordering == "fifo"
+            and not self.policy.bands
+            and config.actions == ("allocate",)
+        )
+
+    def _pending_for_cycle(self) -> tuple[WorkloadView, ...]:
+        """The pending work the scheduler needs to see. Under strict FIFO that is the prefix of the line
+        up to the first job that cannot fit the free GPUs: nothing behind it can start this cycle."""
+        if not self._strict_fifo():
+            return tuple(self._pending_view(j) for j in self.pending.values())
+        room = self.cluster.gpus - self.used + EPS
+        views = []
+        for job in self.pending.values():
+            views.append(self._pending_view(job))
+            room -= job.gpus
+            if room < 0:
+                break
+        return tuple(views)
 
     def _clock_matters(self, decisions: Decisions) -> bool:
         """Would a later cycle with the same inputs decide differently? Only through minimum runtimes and
@@ -391,7 +419,7 @@ class Simulation:
         return False
 
     def _cycle(self) -> Decisions:
-        pending = tuple(self._pending_view(j) for j in self.pending.values())
+        pending = self._pending_for_cycle()
         running = tuple(self._running_view(j) for j in self.running.values())
         snapshot = Snapshot(self.cluster.nodes, pending, self.queues, running, self.config)
         began = time.perf_counter()

@@ -104,6 +104,13 @@ POLICIES: tuple[Policy, ...] = (
         SchedulerConfig(ordering="estimate", blocking="skip", fair_share=True),
         estimate="learned",
     ),
+    Policy(
+        "gpupool-las",
+        "gpupool with Tiresias' bands as workload priority: quotas, fair share, reclaim between queues, "
+        "preemption inside a queue by attained-service band (bands at 1 and 16 GPU-hours)",
+        SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=LAS_BANDS),
+        bands=LAS_BANDS,
+    ),
 )
 BY_NAME = {p.name: p for p in POLICIES}
 DEFAULT_POLICIES = ("fifo", "las", "gpupool")

@@ -1,0 +1,124 @@
+"""The engine: what a user of `sim run` would notice in the figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool.scheduler import QueueView, Share
+from gpupool.sim.cluster import load_cluster
+from gpupool.sim.engine import SimOptions, SimResult, Simulation, shape
+from gpupool.sim.errors import SimError
+from gpupool.sim.metrics import jain, percentile, summarize
+from gpupool.sim.policies import BY_NAME, POLICIES, resolve_policies
+from gpupool.sim.queues import auto_queues
+from gpupool.sim.trace import TraceJob
+
+NO_OVERHEAD = SimOptions(restart_overhead=0.0, checkpoint_interval=0.0)
+
+
+def simulate(jobs: list[TraceJob], cluster: str, policy: str, queues: tuple[QueueView, ...] | None = None,
+             options: SimOptions = NO_OVERHEAD) -> SimResult:  # fmt: skip
+    built = load_cluster(cluster)
+    return Simulation(
+        jobs, 0.0, built, queues or auto_queues(jobs, built.gpus), BY_NAME[policy], options
+    ).run()
+
+
+def by_id(result: SimResult) -> dict[int, tuple[float | None, float | None]]:
+    return {j.id: (j.start, j.finish) for j in result.jobs}
+
+
+def test_a_lone_job_finishes_after_its_duration() -> None:
+    result = simulate([TraceJob(0, 10.0, 500.0, 4, "a")], "1x8", "fifo")
+    assert by_id(result) == {0: (10.0, 510.0)}
+    assert summarize(result)["avg_jct_s"] == 500.0
+
+
+def test_fifo_makes_the_second_job_wait_for_the_first() -> None:
+    jobs = [TraceJob(0, 0.0, 1000.0, 8, "a"), TraceJob(1, 5.0, 100.0, 8, "a")]
+    result = simulate(jobs, "1x8", "fifo")
+    assert by_id(result) == {0: (0.0, 1000.0), 1: (1000.0, 1100.0)}
+    assert summarize(result)["avg_queue_s"] == pytest.approx(995.0 / 2)
+
+
+def test_strict_fifo_blocks_small_jobs_behind_a_big_one_that_skip_policies_let_pass() -> None:
+    jobs = [
+        TraceJob(0, 0.0, 1000.0, 6, "a"),
+        TraceJob(1, 1.0, 100.0, 4, "a"),
+        TraceJob(2, 2.0, 100.0, 2, "a"),
+    ]
+    strict = by_id(simulate(jobs, "1x8", "fifo"))
+    assert strict[1] == (1000.0, 1100.0) and strict[2] == (1000.0, 1100.0)  # 2 free GPUs stay idle
+    passing = by_id(simulate(jobs, "1x8", "sjf-oracle"))
+    assert passing[2][0] == 2.0
+
+
+def test_las_preempts_a_long_job_for_a_new_one_and_the_restart_costs_time() -> None:
+    jobs = [TraceJob(0, 0.0, 20_000.0, 8, "a"), TraceJob(1, 10_000.0, 100.0, 8, "a")]
+    options = SimOptions(restart_overhead=60.0, checkpoint_interval=1800.0)
+    result = simulate(jobs, "1x8", "las", options=options)
+    runs = by_id(result)
+    assert runs[1] == (10_000.0, 10_100.0)  # the newcomer (least attained service) runs at once
+    # The long job lost the work since its last checkpoint (10,000 s = 5 x 1,800 + 1,000) and pays 60 s.
+    assert runs[0][1] == pytest.approx(10_100.0 + 60.0 + 20_000.0 - 9_000.0)
+    metrics = summarize(result)
+    assert metrics["preemptions"] == 1
+    assert metrics["lost_gpu_h"] == pytest.approx(8 * 1_000.0 / 3600.0)
+
+
+def test_fifo_never_preempts() -> None:
+    jobs = [TraceJob(0, 0.0, 20_000.0, 8, "a"), TraceJob(1, 10_000.0, 100.0, 8, "a")]
+    assert summarize(simulate(jobs, "1x8", "fifo"))["preemptions"] == 0
+
+
+def test_a_job_larger_than_the_cluster_is_dropped_and_counted() -> None:
+    jobs = [TraceJob(0, 0.0, 100.0, 64, "a"), TraceJob(1, 0.0, 100.0, 8, "a")]
+    result = simulate(jobs, "2x8", "fifo")
+    assert result.dropped == [0]
+    metrics = summarize(result)
+    assert metrics["dropped"] == 1 and metrics["finished"] == 1
+
+
+def test_a_job_bigger_than_a_node_runs_as_a_gang_of_whole_nodes() -> None:
+    assert shape(16, 8) == (2, 8.0)
+    assert shape(12, 8) == (2, 6.0)
+    assert shape(0.5, 8) == (1, 0.5)
+    result = simulate([TraceJob(0, 0.0, 100.0, 16, "a")], "2x8", "fifo")
+    assert by_id(result) == {0: (0.0, 100.0)}
+
+
+def test_gpupool_reclaims_borrowed_gpus_for_a_queue_below_its_quota() -> None:
+    queues = (QueueView("a", gpu=Share(quota=4.0)), QueueView("b", gpu=Share(quota=4.0)))
+    jobs = [TraceJob(i, 0.0, 10_000.0, 1, "a") for i in range(8)]
+    jobs += [TraceJob(8 + i, 1000.0, 100.0, 1, "b") for i in range(4)]
+    jobs.append(TraceJob(12, 5000.0, 10.0, 1, "a"))  # arrivals (the measured window) go on to 5,000 s
+    gp = simulate(jobs, "1x8", "gpupool", queues)
+    fifo = simulate(jobs, "1x8", "fifo", queues)
+    assert all(start == 1000.0 for start, _ in (by_id(gp)[i] for i in range(8, 12)))
+    assert summarize(gp)["preemptions"] == 4
+    assert summarize(gp)["quota_violation"] < 1e-9 < summarize(fifo)["quota_violation"]
+
+
+def test_every_policy_finishes_every_job_without_overcommitting_gpus() -> None:
+    jobs = [
+        TraceJob(i, float(i * 37 % 900), float(60 + (i * 7919) % 5000), [1, 2, 4, 8, 16][i % 5], f"q{i % 3}")
+        for i in range(60)
+    ]
+    for policy in POLICIES:
+        result = simulate(jobs, "4x8", policy.name, options=SimOptions())
+        assert summarize(result)["finished"] == 60, policy.name
+        assert all(0 <= s.used_gpus <= 32 + 1e-9 for s in result.timeline), policy.name
+        assert all(j.start is not None and j.finish is not None and j.finish >= j.start for j in result.jobs)
+
+
+def test_metrics_follow_their_definitions() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert jain([1.0, 1.0, 1.0]) == 1.0
+    assert jain([1.0, 0.0]) == 0.5
+
+
+def test_unknown_policies_are_refused_before_anything_runs() -> None:
+    with pytest.raises(SimError, match=r"--policy: unknown policy 'lottery'; one of fifo"):
+        resolve_policies("fifo,lottery")
+    assert [p.name for p in resolve_policies("las,fifo,las")] == ["las", "fifo"]
+    assert len(resolve_policies("all")) == len(POLICIES)
