@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.fairshare import fair_shares
@@ -20,6 +21,7 @@ from gpupool.scheduler.snapshot import (
     Decisions,
     Eviction,
     Explanation,
+    PodPlacement,
     QueueView,
     Snapshot,
     WorkloadView,
@@ -91,6 +93,9 @@ class Cycle:
         self._runtime_floor: dict[tuple[str, str], float] = {}
         self._queue_limits: dict[str, list[tuple[str, int, float]]] = {}
         self._index: dict[str, list[WorkloadView]] | None = None
+        self._pending_by_id = dict(self.unplaced)
+        self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
+        self._retracted: set[int] = set()
         self._victim_queue_names: list[str] | None = None
         self._surplus: dict[str, float] = {}
         self._surplus_stamp: tuple[int, int] | None = None
@@ -166,6 +171,9 @@ class Cycle:
     def run(self) -> Decisions:
         for action in self.config.actions:
             getattr(self, action)()
+        if self._retracted:
+            binds = self.decisions.binds
+            self.decisions.binds = [b for b in binds if b.workload_id not in self._retracted]
         return self.decisions
 
     # -- stale gangs ----------------------------------------------------------------------------------
@@ -228,11 +236,7 @@ class Cycle:
         else:
             placed = self.placer.place_gang(w)
             if placed is not None:
-                self.decisions.binds.append(Bind(w.id, placed))
-                del self.unplaced[w.id]
-                self.decisions.explanations.pop(w.id, None)
-                for pod in placed:
-                    self.by_node.setdefault(pod.node, []).append(w)
+                self._bind(w, placed)
                 return True
             why = self._why_not_placed(w)
             self.failed[shape] = (self.state.generation, why)
@@ -248,6 +252,13 @@ class Cycle:
         ):
             self._reserve(w)
         return False
+
+    def _bind(self, w: WorkloadView, placed: tuple[PodPlacement, ...]) -> None:
+        self.decisions.binds.append(Bind(w.id, placed))
+        del self.unplaced[w.id]
+        self.decisions.explanations.pop(w.id, None)
+        for pod in placed:
+            self.by_node.setdefault(pod.node, []).append(w)
 
     def _shape(self, w: WorkloadView) -> tuple[object, ...]:
         reservation = self.state.reservation
@@ -531,15 +542,35 @@ class Cycle:
         state.rollback(trial)
         state.rollback(checkpoint)
         state.generation = generation
+        stopping = False
         for victim in victims:
-            self._evict(victim, code, reason(victim), w.id)
+            if victim.id in self._tentative:
+                self._retract(victim)
+            else:
+                self._evict(victim, code, reason(victim), w.id)
+                stopping = True
         if state.reservation is not None and state.reservation.workload_id == w.id:
             state.reservation = None
+        placed = None if stopping else self.placer.place_gang(w)
+        if placed is not None:  # only binds of this cycle gave way: nothing to wait for
+            self._bind(w, placed)
+            return True
         placed = self.placer.place_gang(w, after_release=True)
         assert placed is not None
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
         return True
+
+    def _retract(self, v: WorkloadView) -> None:
+        """Take back this cycle's bind of `v` (it never started): its room goes to the gainer at once, and
+        `v` stays pending, explained. Cheaper than starting it now and evicting it next cycle."""
+        original = self._tentative[v.id]
+        self.state.release(original, v.placement)
+        self._retracted.add(v.id)
+        self.unplaced[v.id] = original
+        self.decisions.explanations[v.id] = self._capacity_explanation(
+            original, explain.no_capacity(original, self.state.free_gpus(), 0)
+        )
 
     def _search_order(
         self, w: WorkloadView, candidates: dict[str, list[WorkloadView]]
@@ -718,6 +749,8 @@ class Cycle:
         return 0.0
 
     def _old_enough(self, v: WorkloadView, kind: str) -> bool:
+        if v.id in self._tentative:
+            return True  # a bind of this cycle has not started: no minimum runtime to protect
         started = v.start_time if v.start_time is not None else float("-inf")
         floor = self._min_runtime(v.queue, kind)
         if self.now - started >= floor:
@@ -751,6 +784,12 @@ class Cycle:
                 for v in workloads:
                     if v.running and len(v.placement) == 1 and self._evictable(v):
                         pool[v.id] = v
+            # This cycle's own binds give way first: they lose no work and nothing needs stopping.
+            for bind in self.decisions.binds:
+                w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
+                if len(bind.pods) == 1 and w.preemptible and bind.workload_id not in self.state.evicted:
+                    self._tentative[w.id] = w
+                    pool[w.id] = replace(w, placement=bind.pods, start_time=self.now)
             self._index = _by_node(sorted(pool.values(), key=self._victim_key))
         return self._index
 

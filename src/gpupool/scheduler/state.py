@@ -221,6 +221,20 @@ class ClusterState:
 
         self._log.append(undo)
 
+    def release(self, workload: WorkloadView, pods: tuple[PodPlacement, ...]) -> None:
+        """Take back an allocation made this cycle (a bind not yet carried out): free again at once."""
+        self.evicted[workload.id] = "retract"
+        freed = self._apply(workload, pods, sign=1.0)
+        self._account(workload, -1.0)
+        self.generation += 1
+
+        def undo() -> None:
+            self._restore(freed)
+            self._account(workload, +1.0)
+            del self.evicted[workload.id]
+
+        self._log.append(undo)
+
     # -- resource bookkeeping -------------------------------------------------------------------------
 
     def _apply(
@@ -246,6 +260,8 @@ class ClusterState:
                 amount = pod.gpu_fraction
                 if sign == 0.0:  # evict: the amount moves from "in use" to "held"
                     d_free, d_held = 0.0, amount
+                elif sign > 0.0:  # release: the amount is free again at once
+                    d_free, d_held = amount, 0.0
                 elif use_held:
                     from_held = min(node.held[pos], amount)
                     d_free, d_held = -(amount - from_held), -from_held
@@ -254,8 +270,8 @@ class ClusterState:
                 node.free[pos] += d_free
                 node.held[pos] += d_held
                 records.append((node, pos, d_free, d_held, 0.0, 0.0))
-            d_cpu = 0.0 if sign == 0.0 else -workload.cpus
-            d_mem = 0.0 if sign == 0.0 else -float(workload.memory_bytes)
+            d_cpu = sign * workload.cpus
+            d_mem = sign * float(workload.memory_bytes)
             node.cpus_free += d_cpu
             node.memory_free += d_mem
             records.append((node, -1, 0.0, 0.0, d_cpu, d_mem))
