@@ -96,10 +96,10 @@ def run_collective(ctx: Rank, cfg: CollectiveConfig) -> list[dict[str, object]]:
                 if not (op.in_place if in_place else op.out_of_place):
                     cells.append(None)
                     continue
-                bench = _Buffers(ctx, op, plan, torch_dtype, in_place)
-                seconds = _time(ctx, bench.launch, cfg)
+                bench = OpBuffers(ctx, op, plan, torch_dtype, in_place)
+                seconds = time_op(ctx, bench.launch, cfg)
                 wrong = bench.check() if cfg.check else 0
-                time_us, wrong = _across_ranks(ctx, seconds * 1e6, wrong)
+                time_us, wrong = mean_over_ranks(ctx, seconds * 1e6, wrong)
                 cells.append(cell(op, plan.size, ctx.world_size, time_us, wrong))
                 del bench
             row = Row(plan.size, plan.counts.param, dtype.name, op.redop, op.root, cells[0], cells[1])
@@ -148,7 +148,7 @@ def _device_lines(ctx: Rank) -> list[str]:
     return [str(line) for line in lines]
 
 
-def _time(ctx: Rank, launch: Callable[[], None], cfg: CollectiveConfig) -> float:
+def time_op(ctx: Rank, launch: Callable[[], None], cfg: CollectiveConfig) -> float:
     """Seconds per operation on this rank."""
     for _ in range(cfg.warmup):
         launch()
@@ -174,7 +174,7 @@ def _time(ctx: Rank, launch: Callable[[], None], cfg: CollectiveConfig) -> float
     return (time.perf_counter() - began) / cfg.iters
 
 
-def _across_ranks(ctx: Rank, time_us: float, wrong: int) -> tuple[float, int]:
+def mean_over_ranks(ctx: Rank, time_us: float, wrong: int) -> tuple[float, int]:
     """Mean time and total wrong elements over the ranks."""
     both = torch.tensor([time_us, float(wrong)], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(both)
@@ -186,7 +186,7 @@ def pattern(rank: int, start: int, length: int, dtype: torch.dtype, device: torc
     return ((torch.arange(start, start + length, device=device) + rank) % 4 + 1).to(dtype)
 
 
-class _Buffers:
+class OpBuffers:
     """One op's buffers at one size and its launch and check; in place or out of place."""
 
     def __init__(self, ctx: Rank, op: Op, plan: Plan, dtype: torch.dtype, in_place: bool) -> None:
