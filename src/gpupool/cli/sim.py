@@ -46,7 +46,7 @@ def _seconds(value: str, flag: str) -> float:
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Progress | None]:
+def _progress(enabled: bool, unit: str = "jobs") -> Iterator[Progress | None]:
     if not enabled:
         yield None
         return
@@ -54,7 +54,7 @@ def _progress(enabled: bool) -> Iterator[Progress | None]:
         TextColumn("[bold]{task.description:<14}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("jobs"),
+        TextColumn(unit),
         TimeElapsedColumn(),
         console=err_console,
         transient=False,
@@ -186,3 +186,70 @@ def _table(exp: Any) -> Table:
             f"{row['wall_s']:.1f}",
         )
     return table
+
+
+@sim_app.command("place")
+def place(
+    trace: str = typer.Option(..., "--trace", help="alibaba-openb:PODS.csv (the pod list)"),
+    nodes: str | None = typer.Option(None, "--nodes", help="alibaba-openb:NODES.csv (the node list)"),
+    cluster: str | None = typer.Option(None, "--cluster", help="or a cluster spec such as 100x8:V100"),
+    policy: str = typer.Option(
+        "binpack,spread", "--policy", help="placements, comma-separated: binpack, spread"
+    ),
+    seed: int = typer.Option(42, "--seed", help="seed of the random draw of pods"),
+    stop: float = typer.Option(1.3, "--stop", help="stop when arrived GPU demand reaches this x capacity"),
+    json_out: Path | None = typer.Option(None, "--json", help="write the figures as JSON to this file"),
+    report: Path | None = typer.Option(
+        None, "--report", help="write a PNG of allocation against demand here"
+    ),
+) -> None:
+    """Fragmentation: place randomly drawn pods with no departures; allocated share at 100% demand (FGD)."""
+    from gpupool.sim import place as pl
+    from gpupool.sim.cluster import load_cluster
+
+    with _sim_errors():
+        if (nodes is None) == (cluster is None):
+            raise SimError(
+                "--nodes", "give the node list (--nodes alibaba-openb:NODES.csv) or --cluster, one of them"
+            )
+        if stop < 1.0:
+            raise SimError("--stop", f"{stop} must be at least 1.0 (the figure is taken at 100% demand)")
+        built = load_cluster(nodes or cluster or "", "--nodes" if nodes else "--cluster")
+        if built.gpus <= 0:
+            raise SimError("--nodes", "the cluster has no GPUs")
+        placements = [p.strip() for p in policy.split(",") if p.strip()]
+        for name in placements:
+            if name not in pl.PLACEMENTS:
+                raise SimError("--policy", f"unknown placement {name!r}; one of {', '.join(pl.PLACEMENTS)}")
+        pods = pl.load_pods(trace)
+        drawn = pl.draw(pods, built.gpus, seed, stop)
+        console.print(
+            f"{len(drawn):,} pods drawn (seed {seed}) from {len(pods):,} onto {built.gpus:,} GPUs "
+            f"({len(built.nodes):,} nodes)",
+            highlight=False,
+        )
+        results: dict[str, Any] = {}
+        with _progress(True, "placements") as bar:
+            task = bar.add_task("placing", total=len(placements)) if bar is not None else None
+            for name in placements:
+                results[name] = pl.place(drawn, built, name)
+                if bar is not None and task is not None:
+                    bar.advance(task)
+        table = Table(title="GPU allocation when arrived demand reached 100% of capacity")
+        for column in ("policy", "alloc ratio at 100%", "at end", "pods placed", "GPU pods failed", "wall s"):
+            table.add_column(column, justify="left" if column == "policy" else "right")
+        for name, r in results.items():
+            table.add_row(
+                name, f"{r['alloc_ratio_at_100']:.2%}", f"{r['alloc_ratio_at_end']:.2%}",
+                f"{r['pods_placed']:,}/{r['pods_drawn']:,}", str(r["gpu_pods_failed"]), f"{r['wall_s']:.1f}",
+            )  # fmt: skip
+        _wide().print(table)
+        data = {"trace": trace, "nodes": built.spec, "gpus": built.gpus, "seed": seed, "stop": stop,
+                "policies": results}  # fmt: skip
+        if json_out is not None:
+            _write_json(json_out, data)
+            console.print(f"figures written to {json_out}", highlight=False)
+        if report is not None:
+            from gpupool.sim.report import write_place_plot
+
+            console.print(f"plot written to {write_place_plot(results, report)}", highlight=False)

@@ -164,3 +164,27 @@ def _fair_share(experiment: Experiment, result: Any, path: Path) -> Path:
         axes[j // cols][j % cols].set_visible(False)
     fig.suptitle(f"{result.policy}: GPUs allocated vs fair share per queue (x: hours)")
     return _save(fig, path)
+
+
+def write_place_plot(results: dict[str, Any], folder: Path) -> Path:
+    """`sim place --report DIR`: allocated against arrived GPU demand per placement (FGD's figure)."""
+    check_plotting()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SimError("--report", f"cannot create {folder}: {exc.strerror}") from None
+    fig = _figure()
+    ax = fig.add_subplot()
+    for name, r in results.items():
+        xs = [float(k) for k in r["curve"]]
+        ax.plot(
+            xs, list(r["curve"].values()), marker=".", label=f"{name} ({r['alloc_ratio_at_100']:.1%} at 100%)"
+        )
+    ax.plot([0, 1.3], [0, 1.3], color="grey", linestyle=":", linewidth=0.8, label="everything placed")
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("arrived GPU demand (fraction of capacity)")
+    ax.set_ylabel("allocated GPUs (fraction of capacity)")
+    ax.set_title("Fragmentation: allocation against arrived demand")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, folder / "place.png")
