@@ -86,6 +86,8 @@ class BenchServer:
     home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpupool-bench-")))
     proc: subprocess.Popen[bytes] | None = None
     token: str = ""
+    extra_args: list[str] = field(default_factory=list)  # more server options (--backend slurm ...)
+    extra_env: dict[str, str] = field(default_factory=dict)  # more environment (SLURM_CONF)
 
     @property
     def url(self) -> str:
@@ -93,7 +95,7 @@ class BenchServer:
 
     def start(self, timeout: float = 60.0) -> BenchServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-        env.update({"GPUPOOL_HOME": str(self.home), "GPUPOOL_SERVER": self.url})
+        env.update({"GPUPOOL_HOME": str(self.home), "GPUPOOL_SERVER": self.url, **self.extra_env})
         # --new-admin-token so a reused --db (which already has an admin token) still writes credentials.
         argv = [
             sys.executable,
@@ -114,6 +116,7 @@ class BenchServer:
         ]
         if self.db_url:
             argv += ["--db", self.db_url]
+        argv += self.extra_args
         with open(self.home / "server.log", "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home)
         deadline = time.monotonic() + timeout
