@@ -253,3 +253,83 @@ def place(
             from gpupool.sim.report import write_place_plot
 
             console.print(f"plot written to {write_place_plot(results, report)}", highlight=False)
+
+
+@sim_app.command("whatif")
+def whatif(
+    add: list[str] = typer.Option([], "--add", help="add nodes, e.g. --add 4x8:H100 (repeatable)"),
+    remove: list[str] = typer.Option([], "--remove", help="remove a node by name (repeatable)"),
+    quota: list[str] = typer.Option([], "--quota", help="set a queue's GPU quota, e.g. --quota nlp=16"),
+    since: str = typer.Option("7d", "--since", help="replay the jobs submitted in this recent period"),
+    policy: str = typer.Option("gpupool", "--policy", help="the policy of both replays (see sim run)"),
+    json_out: Path | None = typer.Option(None, "--json", help="write the comparison as JSON to this file"),
+) -> None:
+    """Replay the live cluster's recent jobs (read through the API) on a changed cluster; per queue, the
+    change in JCT and queueing delay, and the change in GPU utilization."""
+    import time
+
+    from gpupool.cli.app import client
+    from gpupool.sim import whatif as wi
+    from gpupool.sim.policies import resolve_policies
+    from gpupool.sim.queues import queue_view
+
+    with _sim_errors():
+        (chosen, *more) = resolve_policies(policy)
+        if more:
+            raise SimError("--policy", "whatif replays one policy; give one name, e.g. --policy gpupool")
+        if not (add or remove or quota):
+            raise SimError(
+                "--add", "nothing to change; give --add 4x8:H100, --remove NODE or --quota QUEUE=GPUS"
+            )
+        period = _seconds(since, "--since")
+        api = client()
+        now = time.time()
+        # The API answers at most 1,000 workloads per list, newest first: one list per state that ran.
+        workloads = [w for state in (*wi.FINISHED, "running") for w in api.workloads(state=state)]
+        nodes = wi.cluster_from_nodes(api.nodes())
+        queues = [queue_view(q) for q in api.queues()]
+        jobs = wi.history_jobs(workloads, now - period, now)
+        after = wi.changed(nodes, queues, add, remove, quota)
+        console.print(
+            f"replaying {len(jobs):,} jobs of the last {since} with policy {chosen.name}", highlight=False
+        )
+        result = wi.compare(jobs, (nodes, queues), after, chosen)
+        table = Table(title=f"what if: {' '.join([*add, *('-' + r for r in remove), *quota])}")
+        for column in (
+            "queue",
+            "jobs",
+            "avg JCT before",
+            "after",
+            "change",
+            "avg queued before",
+            "after",
+            "change",
+        ):
+            table.add_column(column, justify="left" if column == "queue" else "right")
+        for name, q in result["queues"].items():
+            table.add_row(name, str(q["jobs"]), *_change(q["avg_jct_s"]), *_change(q["avg_queue_s"]))
+        b, a = result["before"], result["after"]
+        table.add_row(
+            "all", str(result["jobs"]), *_change([b["avg_jct_s"], a["avg_jct_s"]]),
+            *_change([b["avg_queue_s"], a["avg_queue_s"]]), end_section=True,
+        )  # fmt: skip
+        _wide().print(table)
+        util = f"GPU utilization {b['gpu_util']:.1%} -> {a['gpu_util']:.1%}"
+        console.print(f"GPUs {b['gpus']:g} -> {a['gpus']:g}; {util}", highlight=False)
+        if json_out is not None:
+            _write_json(json_out, result)
+            console.print(f"figures written to {json_out}", highlight=False)
+
+
+def _change(pair: list[float]) -> tuple[str, str, str]:
+    before, after = pair
+    delta = "" if before <= 0 else f"{(after - before) / before:+.0%}"
+    return _duration(before), _duration(after), delta
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.2f}h"

@@ -1,0 +1,158 @@
+"""`sim whatif`: the live cluster's own recent history replayed on a changed cluster.
+
+The history comes as the API shows it (workloads, nodes and queues as JSON mappings), so this module reads
+no store and the CLI stays a client. Each finished workload becomes a job that asks for its GPUs for as long
+as it ran; work still running counts with the time it has run so far.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from gpupool.scheduler import GpuView, NodeView, QueueView
+from gpupool.sim.cluster import Cluster, parse_groups
+from gpupool.sim.engine import SimOptions, Simulation
+from gpupool.sim.errors import SimError
+from gpupool.sim.metrics import summarize
+from gpupool.sim.policies import Policy
+from gpupool.sim.trace import TraceJob
+from gpupool.spec import SpecError
+from gpupool.spec.quantities import parse_gpu_request
+
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def _stamp(value: Any) -> float | None:
+    if not value:
+        return None
+    stamp = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return stamp.timestamp()
+
+
+def history_jobs(workloads: Sequence[Mapping[str, Any]], since: float, now: float) -> list[TraceJob]:
+    """Jobs submitted at or after `since` that ran: GPUs per pod x pods, for as long as they ran."""
+    jobs: list[TraceJob] = []
+    for w in workloads:
+        submit, started = _stamp(w.get("created_at")), _stamp(w.get("started_at"))
+        if submit is None or started is None or submit < since or w.get("kind", "job") != "job":
+            continue
+        ended = _stamp(w.get("finished_at")) if w.get("state") in FINISHED else now
+        if ended is None or ended <= started:
+            continue
+        try:
+            request = parse_gpu_request(w.get("gpus") or 0)
+        except SpecError:
+            continue
+        pods = int(w.get("nodes") or 1)
+        if request.count <= 0:
+            continue
+        jobs.append(
+            TraceJob(
+                len(jobs),
+                submit,
+                ended - started,
+                request.count * pods,
+                str(w.get("queue") or "default"),
+                user=str(w.get("user") or ""),
+                gpu_models=request.models,
+                nodes=pods if pods > 1 else 0,
+            )
+        )
+    jobs.sort(key=lambda j: (j.submit, j.id))
+    return [replace(j, id=i) for i, j in enumerate(jobs)]
+
+
+def cluster_from_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[NodeView]:
+    views = []
+    for n in nodes:
+        gpus = tuple(
+            GpuView(
+                int(g["index"]),
+                str(g.get("model") or "GPU"),
+                int(g.get("memory_bytes") or 0),
+                int(g.get("nvlink_island") or 0),
+            )
+            for g in n.get("gpus") or []
+        )
+        schedulable = n.get("state", "ready") == "ready"
+        views.append(NodeView(str(n["name"]), schedulable, gpus, state=str(n.get("state", "ready"))))
+    return views
+
+
+def changed(
+    nodes: Sequence[NodeView],
+    queues: Sequence[QueueView],
+    add: Sequence[str] = (),
+    remove: Sequence[str] = (),
+    quotas: Sequence[str] = (),
+) -> tuple[list[NodeView], list[QueueView]]:
+    """The cluster and queues with nodes added (`4x8:H100`), removed (by name) and quotas set (`nlp=16`)."""
+    names = {n.name for n in nodes}
+    for name in remove:
+        if name not in names:
+            raise SimError("--remove", f"no node named {name!r}; nodes: {', '.join(sorted(names)) or 'none'}")
+    kept = [n for n in nodes if n.name not in set(remove)]
+    for spec in add:
+        kept += parse_groups(spec, "--add", first_index=len(kept), prefix="added")
+    by_name = {q.name: q for q in queues}
+    for item in quotas:
+        name, sep, raw = item.partition("=")
+        if not sep:
+            raise SimError("--quota", f"{item!r} is not QUEUE=GPUS; e.g. --quota nlp=16")
+        if name not in by_name:
+            raise SimError(
+                "--quota", f"no queue named {name!r}; queues: {', '.join(sorted(by_name)) or 'none'}"
+            )
+        try:
+            quota = float(raw)
+        except ValueError:
+            raise SimError("--quota", f"{raw!r} is not a number of GPUs; e.g. --quota {name}=16") from None
+        if quota < 0:
+            raise SimError("--quota", f"{item!r}: a quota cannot be negative")
+        share = by_name[name].gpu
+        limit = share.limit if share.limit is None or share.limit >= quota else quota
+        by_name[name] = replace(by_name[name], gpu=replace(share, quota=quota, limit=limit))
+    return kept, list(by_name.values())
+
+
+def compare(
+    jobs: Sequence[TraceJob],
+    before: tuple[Sequence[NodeView], Sequence[QueueView]],
+    after: tuple[Sequence[NodeView], Sequence[QueueView]],
+    policy: Policy,
+    options: SimOptions | None = None,
+) -> dict[str, Any]:
+    """Replay `jobs` on both clusters; per queue, the change in JCT and queueing delay."""
+    if not jobs:
+        raise SimError("--since", "no finished or running jobs in that period; widen it (e.g. --since 30d)")
+    origin = jobs[0].submit
+    figures = []
+    for nodes, queues in (before, after):
+        cluster = Cluster(tuple(nodes), "")
+        if cluster.gpus <= 0:
+            raise SimError("--remove", "the changed cluster has no GPUs left")
+        result = Simulation(jobs, origin, cluster, tuple(queues), policy, options).run()
+        figures.append(summarize(result) | {"gpus": cluster.gpus})
+    old, new = figures
+    per_queue = {}
+    for name in sorted(set(old["queues"]) | set(new["queues"])):
+        a, b = old["queues"].get(name, {}), new["queues"].get(name, {})
+        per_queue[name] = {
+            "jobs": a.get("jobs", 0),
+            "avg_jct_s": [a.get("avg_jct_s", 0.0), b.get("avg_jct_s", 0.0)],
+            "avg_queue_s": [a.get("avg_queue_s", 0.0), b.get("avg_queue_s", 0.0)],
+            "quota_gpus": [a.get("quota_gpus", 0.0), b.get("quota_gpus", 0.0)],
+        }
+    keys = ("avg_jct_s", "avg_queue_s", "gpu_util", "gpus", "dropped", "makespan_s")
+    return {
+        "jobs": len(jobs),
+        "policy": policy.name,
+        "before": {k: old[k] for k in keys},
+        "after": {k: new[k] for k in keys},
+        "queues": per_queue,
+    }

@@ -1,0 +1,116 @@
+"""`gpupool sim` through the real CLI: what a person types and reads, and the files it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import ServerProcess
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+
+
+def gpupool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.main", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
+def test_sim_run_compares_policies_and_writes_json_and_a_report(tmp_path: Path) -> None:
+    out = gpupool(
+        "sim", "run", "--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2x8",
+        "--window", "2017-10-02..2017-10-03", "--queues", "auto", "--policy", "fifo,las,gpupool",
+        "--json", str(tmp_path / "out.json"), "--report", str(tmp_path / "report"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "40 jobs" in out.stdout and "fifo" in out.stdout and "gpupool" in out.stdout
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert list(data["policies"]) == ["fifo", "las", "gpupool"]
+    keys = {"avg_jct_s", "p50_jct_s", "p99_jct_s", "mean_slowdown", "avg_queue_s", "makespan_s", "gpu_util",
+            "jain", "quota_violation", "preemptions", "wall_s"}  # fmt: skip
+    for figures in data["policies"].values():
+        assert keys <= set(figures)
+        assert figures["finished"] + figures["dropped"] == 40
+    assert data["policies"]["fifo"]["preemptions"] == 0
+    assert data["policies"]["las"]["avg_jct_s"] <= data["policies"]["fifo"]["avg_jct_s"]
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| las |" in report and "![JCT distribution](jct_cdf.png)" in report
+    for png in ("jct_cdf.png", "queue_length.png", "gpu_util.png", "fair_share_gpupool.png"):
+        assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sim_run_with_a_queue_file_and_the_generic_csv_format(tmp_path: Path) -> None:
+    out = gpupool(
+        "sim", "run", "--trace", f"csv:{FIXTURES / 'jobs.csv'}", "--cluster", "2x8:H100,2x8:A100",
+        "--queues", str(FIXTURES / "queues.yaml"), "--policy", "gpupool,drf", "--first", "20",
+        "--json", str(tmp_path / "out.json"), "--quiet",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["queues"]["nlp"]["quota_gpus"] == 12 and data["trace"]["jobs"] == 20
+    assert data["policies"]["gpupool"]["finished"] == 20
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace", "parquet:x", "--cluster", "2x8"], "--trace: unknown trace format 'parquet'"),
+        (["--trace", "philly:/nowhere.csv", "--cluster", "2x8"], "--trace: /nowhere.csv: no such file"),
+        (["--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2by8"], "--cluster: '2by8'"),
+        (["--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2x8", "--policy", "magic"],
+         "--policy: unknown policy 'magic'"),
+        (["--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2x8", "--cycle", "soon"],
+         "--cycle: 'soon' is not a duration"),
+    ],
+)  # fmt: skip
+def test_bad_flags_fail_with_one_line_naming_the_flag(args: list[str], message: str) -> None:
+    out = gpupool("sim", "run", *args)
+    assert out.returncode == 1
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_sim_place_reports_the_allocation_at_full_demand(tmp_path: Path) -> None:
+    out = gpupool(
+        "sim", "place", "--trace", f"alibaba-openb:{FIXTURES / 'openb_pods.csv'}",
+        "--nodes", f"alibaba-openb:{FIXTURES / 'openb_nodes.csv'}", "--policy", "binpack,spread",
+        "--seed", "42", "--json", str(tmp_path / "place.json"), "--report", str(tmp_path / "plots"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "place.json").read_text())["policies"]
+    for name in ("binpack", "spread"):
+        assert 0 < data[name]["alloc_ratio_at_100"] <= 1
+    assert data["binpack"]["alloc_ratio_at_100"] > data["spread"]["alloc_ratio_at_100"]
+    assert (tmp_path / "plots" / "place.png").exists()
+    gpupool(
+        "sim", "place", "--trace", f"alibaba-openb:{FIXTURES / 'openb_pods.csv'}",
+        "--nodes", f"alibaba-openb:{FIXTURES / 'openb_nodes.csv'}", "--policy", "binpack", "--seed", "42",
+        "--json", str(tmp_path / "again.json"),
+    )  # fmt: skip
+    again = json.loads((tmp_path / "again.json").read_text())["policies"]["binpack"]
+    assert {k: v for k, v in again.items() if k != "wall_s"} == {  # same seed, same placement
+        k: v for k, v in data["binpack"].items() if k != "wall_s"
+    }
+
+
+def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    for i in range(4):
+        server.submit(
+            {"name": f"w{i}", "resources": {"gpu": 8}, "commands": ["sleep 0.3"], "workdir": str(job_dir)}
+        )
+    for i in range(1, 5):
+        server.wait_for(i)
+    out = server.cli("sim", "whatif", "--add", "1x8:H100", "--json", str(job_dir / "w.json"))
+    assert out.returncode == 0, out.stderr
+    assert "replaying 4 jobs" in out.stdout and "GPUs 8 -> 16" in out.stdout
+    data = json.loads((job_dir / "w.json").read_text())
+    assert data["before"]["gpus"] == 8 and data["after"]["gpus"] == 16
+    assert data["after"]["avg_queue_s"] <= data["before"]["avg_queue_s"]
+    bad = server.cli("sim", "whatif", "--remove", "no-such-node")
+    assert bad.returncode == 1 and "--remove: no node named 'no-such-node'" in bad.stderr
