@@ -83,7 +83,7 @@ class PlainLoop:
 def compare(ctx: Rank, ops: list[str], sizes: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
     dtype = DTYPES["float"]
     cfg = CollectiveConfig(
-        tuple(ops), "float", sizes[0], sizes[-1], 2, args.iters, args.warmup, False, quiet=True
+        tuple(ops), "float", sizes[0], sizes[-1], 2, args.iters, args.warmup, False, table="none"
     )
     results = []
     for name in ops:

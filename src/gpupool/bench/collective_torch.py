@@ -58,7 +58,7 @@ class CollectiveConfig:
     warmup: int
     blocking: bool
     check: bool = True
-    quiet: bool = False  # print nothing (the caller prints)
+    table: str = "stdout"  # where rank 0 prints the tables: stdout, stderr (with --json -) or none
 
 
 def run_collective(ctx: Rank, cfg: CollectiveConfig) -> list[dict[str, object]]:
@@ -128,9 +128,10 @@ def run_collective(ctx: Rank, cfg: CollectiveConfig) -> list[dict[str, object]]:
 
 
 def _say(ctx: Rank, cfg: CollectiveConfig, lines: list[str]) -> None:
-    if ctx.leader and not cfg.quiet:
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
+    if ctx.leader and cfg.table != "none":
+        stream = sys.stderr if cfg.table == "stderr" else sys.stdout
+        stream.write("\n".join(lines) + "\n")
+        stream.flush()
 
 
 def _device_lines(ctx: Rank) -> list[str]:

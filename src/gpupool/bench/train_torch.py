@@ -41,6 +41,7 @@ class TrainConfig:
     parallel: str  # ddp | fsdp
     data: str | None  # token file prefix; None: synthetic tokens
     recompute: bool = False
+    table: str = "stdout"  # where rank 0 prints its lines: stdout, or stderr (with --json -)
     lr: float = 3e-4
     seed: int = 1234
 
@@ -86,9 +87,10 @@ def run_train(ctx: Rank, cfg: TrainConfig) -> dict[str, object]:
     peak = _peak(ctx, cfg.precision)
     flops = megatron_flops(cfg.shape, cfg.global_batch)
     tokens_per_iter = cfg.global_batch * cfg.shape.seq
-    _say(ctx, _header(ctx, cfg, batching, parameters, peak.note))
+    _say(ctx, cfg, _header(ctx, cfg, batching, parameters, peak.note))
     _say(
         ctx,
+        cfg,
         [
             f"{'iteration':>11s}  {'time(s)':>9s}  {'loss':>8s}  {'tokens/s':>12s}  "
             f"{'TFLOP/s/GPU':>11s}  {'MFU':>6s}"
@@ -123,6 +125,7 @@ def run_train(ctx: Rank, cfg: TrainConfig) -> dict[str, object]:
         label = f"{iteration + 1 - cfg.warmup}/{cfg.iters}" if timed else f"warmup {iteration + 1}"
         _say(
             ctx,
+            cfg,
             [
                 f"{label:>11s}  {elapsed:9.3f}  {losses[-1]:8.4f}  {tokens_per_iter / elapsed:12.1f}  "
                 f"{tflops:11.3f}  {mfu}"
@@ -168,6 +171,7 @@ def run_train(ctx: Rank, cfg: TrainConfig) -> dict[str, object]:
         mfu_text = f"- ({peak.note})"
     _say(
         ctx,
+        cfg,
         [
             f"# tokens/s: {result['tokens_per_s']:.1f}  TFLOP/s per GPU: {tflops_per_gpu:.3f}  "
             f"MFU: {mfu_text}",
@@ -242,7 +246,8 @@ def _header(ctx: Rank, cfg: TrainConfig, batching: Batching, parameters: int, pe
     ]
 
 
-def _say(ctx: Rank, lines: list[str]) -> None:
+def _say(ctx: Rank, cfg: TrainConfig, lines: list[str]) -> None:
     if ctx.leader:
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
+        stream = sys.stderr if cfg.table == "stderr" else sys.stdout
+        stream.write("\n".join(lines) + "\n")
+        stream.flush()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,7 @@ def collective(
     nproc: int | None = typer.Option(None, "--nproc", help="processes here (default: one per GPU; 2 on CPU)"),
     check: bool = typer.Option(True, "--check/--no-check", "-c", help="check every result (#wrong)"),
     json_out: Path | None = typer.Option(
-        None, "--json", help="write the results as JSON here (- for stdout)"
+        None, "--json", help="write the results as JSON here (- for stdout; the table then goes to stderr)"
     ),
     submit: bool = _SUBMIT,
     print_spec: bool = _PRINT_SPEC,
@@ -172,7 +173,7 @@ def collective(
             warmup_iters,
             blocking,
             check,
-            quiet=str(json_out) == "-",
+            table="stderr" if str(json_out) == "-" else "stdout",
         )
         reports = launch_torch.run(run_collective, (cfg,), nproc=count, backend=chosen)
         if reports is None:  # a torchrun rank other than 0: rank 0 reports
@@ -200,7 +201,7 @@ def gemm(
         "auto", "--device", help="auto (every GPU, else the CPU), cpu, all (every GPU), or one index: 0, 1..."
     ),
     json_out: Path | None = typer.Option(
-        None, "--json", help="write the results as JSON here (- for stdout)"
+        None, "--json", help="write the results as JSON here (- for stdout; the table then goes to stderr)"
     ),
     submit: bool = _SUBMIT,
     print_spec: bool = _PRINT_SPEC,
@@ -238,7 +239,8 @@ def gemm(
         on_gpu = devices[0].type == "cuda"
         chosen = parse_gemm_dtype(dtype) if dtype else ("bf16" if on_gpu else "float")
         shapes = parse_shapes(sizes or (DEFAULT_GPU_SIZES if on_gpu else DEFAULT_CPU_SIZES))
-        rows, notes = gemm_torch.run_gemm(devices, shapes, chosen, iters, warmup_iters)
+        with contextlib.redirect_stdout(sys.stderr if str(json_out) == "-" else sys.stdout):
+            rows, notes = gemm_torch.run_gemm(devices, shapes, chosen, iters, warmup_iters)
         _write_json(json_out, gemm_torch.report(rows, notes, iters, warmup_iters))
 
 
@@ -273,7 +275,7 @@ def train(
     backend: str | None = typer.Option(None, "--backend", help="nccl or gloo (default nccl with GPUs)"),
     nproc: int | None = typer.Option(None, "--nproc", help="processes here (default: one per GPU; 2 on CPU)"),
     json_out: Path | None = typer.Option(
-        None, "--json", help="write the results as JSON here (- for stdout)"
+        None, "--json", help="write the results as JSON here (- for stdout; the table then goes to stderr)"
     ),
     submit: bool = _SUBMIT,
     print_spec: bool = _PRINT_SPEC,
@@ -344,6 +346,7 @@ def train(
             parallel,
             str(data) if data is not None else None,
             recompute,
+            table="stderr" if str(json_out) == "-" else "stdout",
         )
         result = launch_torch.run(run_train, (cfg,), nproc=count, backend=chosen)
         if result is not None:
