@@ -162,7 +162,7 @@ def test_quotas_and_borrowing_across_two_queues_through_slurm(
         server.wait_for(wid, states=("running",))
     _wait(lambda: len(_our_jobs(slurm, "RUNNING")) == 8, 20, "a's 8 borrowed GPUs to run in Slurm")
 
-    claims = [server.submit({"queue": "b", "resources": {"gpu": 1}, "commands": ["sleep 2"]})["id"]
+    claims = [server.submit({"queue": "b", "resources": {"gpu": 1}, "commands": ["sleep 5"]})["id"]
               for _ in range(5)]  # fmt: skip
     # b is owed its quota of 4: four of a's borrowed GPUs are reclaimed; b's limit keeps the fifth waiting.
     _wait(
