@@ -37,8 +37,8 @@ MAX_CONSOLIDATION_TARGETS = 8  # nodes per pod considered for emptying
 MIN_MOVE_AGE = 60.0  # seconds a workload runs before consolidation may move it
 # An eviction search examines nodes likeliest first; it gives up after SEARCH_LIMIT nodes with no choice,
 # and settles SEARCH_LIMIT_AFTER_PICK nodes after its first choice.
-SEARCH_LIMIT = 256
-SEARCH_LIMIT_AFTER_PICK = 32
+SEARCH_LIMIT = 128
+SEARCH_LIMIT_AFTER_PICK = 16
 SMALL_SEARCH = 64  # a search ranks up to this many candidate nodes outright
 GLOBAL = "*"
 
@@ -70,8 +70,9 @@ class Cycle:
         self.now = now
         self.decisions = Decisions()
         queues = {q.name: q for q in snapshot.queues}
-        for w in (*snapshot.pending, *snapshot.running):
-            queues.setdefault(w.queue, QueueView(w.queue))  # work in an unknown queue: a queue with no quota
+        for name in sorted({w.queue for w in snapshot.pending} | {w.queue for w in snapshot.running}):
+            if name not in queues:
+                queues[name] = QueueView(name)  # work in an unknown queue: a queue with no quota
         self.queues = queues
         self.state = ClusterState(snapshot.nodes, queues.values())
         self.placer = Placer(self.state, self.config.placement, now)
@@ -96,6 +97,8 @@ class Cycle:
         self._pending_by_id = dict(self.unplaced)
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted: set[int] = set()
+        self._old: dict[tuple[int, str], bool] = {}
+        self._victim_units: dict[str, float] = {}  # GPUs of every victim in the index, by node
         self._victim_queue_names: list[str] | None = None
         self._surplus: dict[str, float] = {}
         self._surplus_stamp: tuple[int, int] | None = None
@@ -112,11 +115,15 @@ class Cycle:
                 capacity["gpu"] += sum(g.free for g in node.gpus)
                 capacity["cpu"] += node.cpus - node.cpus_allocated
                 capacity["memory"] += node.memory_bytes - node.memory_allocated
-        demand: dict[str, dict[str, float]] = {}
+        sums: dict[str, list[float]] = {}
         for w in (*self.snapshot.pending, *self.snapshot.running):
-            row = demand.setdefault(w.queue, {})
-            for resource in RESOURCES:
-                row[resource] = row.get(resource, 0.0) + w.demand(resource)
+            row = sums.get(w.queue)
+            if row is None:
+                row = sums[w.queue] = [0.0, 0.0, 0.0]
+            row[0] += w.gpus.count * w.nodes
+            row[1] += w.cpus * w.nodes
+            row[2] += w.memory_bytes * w.nodes
+        demand = {queue: dict(zip(RESOURCES, row, strict=True)) for queue, row in sums.items()}
         return fair_shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
 
     def _ordering_of(self, queue: str) -> str:
@@ -229,9 +236,12 @@ class Cycle:
         if refusal is not None:
             self.decisions.explanations[w.id] = refusal
             return False
-        shape = self._shape(w)
-        cached = self.failed.get(shape)
-        if cached is not None and cached[0] == self.state.generation:
+        state = self.state
+        if w.gpu_units > state.free_total + EPSILON:
+            why = explain.no_capacity(w, state.free_gpus(), 0)  # what placing would conclude, sooner
+        elif (cached := self.failed.get(shape := self._shape(w))) is not None and cached[
+            0
+        ] == state.generation:
             why = cached[1]
         else:
             placed = self.placer.place_gang(w)
@@ -426,7 +436,7 @@ class Cycle:
     def _fits_after_release(self, w: WorkloadView) -> bool:
         """If `w` fits once stopping work is gone, take that room for it (so no one else counts it)."""
         state = self.state
-        if not state.holding_nodes:
+        if not state.holding_nodes or w.gpu_units > state.free_total + state.held_total + EPSILON:
             return False
         key = self._shape(w)
         stamp = (state.generation, state.held_generation)
@@ -494,6 +504,7 @@ class Cycle:
         picked: list[str] | None = None
         worst = 0.0  # most GPUs disrupted on one node of the current pick
         since_pick = misses = 0
+        whole_pod, need = not w.gpus.is_fractional, w.gpus.count
         for bound, node in self._search_order(w, candidates):
             if picked is not None:
                 since_pick += 1  # counted from the first feasible pick: later ones only refine it
@@ -507,6 +518,11 @@ class Cycle:
                 continue
             if not self.placer.node_admits(node, w):
                 continue
+            if (
+                whole_pod
+                and node.whole_after_release() + self._victim_units.get(node.name, 0.0) + EPSILON < need
+            ):
+                continue  # even every victim there would not make room
             victims = [v for v in candidates.get(node.name, ()) if v.id not in state.evicted and allowed(v)]
             if not victims and w.nodes == 1:
                 continue  # a single pod fitting with no victims would have fitted after release already
@@ -595,42 +611,38 @@ class Cycle:
             for bound, _, found in ranked:
                 yield bound, found
             return
-        for name in list(state.holding_nodes):
-            if name in candidates and name not in seen:
-                seen.add(name)
-                yield max(0.0, need - state.nodes[name].whole_after_release()), state.nodes[name]
-        for count, names in self._levels(w):
+        for count, names, holding in self._levels(w):
             bound = max(0.0, need - count)
             for name in list(names):
                 if name in candidates and name not in seen:
-                    yield bound, state.nodes[name]
+                    node = state.nodes[name]
+                    if node.holding == holding:  # a holding node is ranked by its GPUs once released
+                        yield bound, node
 
     def _nodes_with_room(self, w: WorkloadView) -> Iterator[NodeState]:
         """Nodes where one pod of `w` has enough whole GPUs now or once stopping work is gone."""
         state = self.state
         need = w.gpus.count if not w.gpus.is_fractional else 0.0
-        seen: set[str] = set()
-        for name in list(state.holding_nodes):
-            node = state.nodes[name]
-            if node.whole_after_release() + EPSILON >= need:
-                seen.add(name)
-                yield node
-        for count, names in self._levels(w):
+        for count, names, holding in self._levels(w):
             if count + EPSILON < need:
                 break
             for name in list(names):
-                if name not in seen:
-                    yield state.nodes[name]
+                node = state.nodes[name]
+                if node.holding == holding:
+                    yield node
 
-    def _levels(self, w: WorkloadView) -> list[tuple[int, dict[str, None]]]:
-        """The node buckets whose GPU family suits `w`, most whole free GPUs first."""
+    def _levels(self, w: WorkloadView) -> list[tuple[int, dict[str, None], bool]]:
+        """Schedulable nodes whose GPU family suits `w` in groups of equal room, the most room first:
+        (whole GPUs, names, holding). Holding nodes count the GPUs they will have once released (they
+        are also in the free-GPU buckets; a walker takes each node from its own kind of group only)."""
         wanted = families(w.gpus)
-        levels: list[tuple[int, dict[str, None]]] = []
+        levels: list[tuple[int, dict[str, None], bool]] = []
         for model, by_count in self.state.buckets.items():
             if wanted and model not in wanted and model != MIXED:
                 continue
-            levels.extend((count, names) for count, names in by_count.items() if names)
-        levels.sort(key=lambda item: -item[0])
+            levels.extend((count, names, False) for count, names in by_count.items() if names)
+        levels.extend((count, names, True) for count, names in self.state.holding_by_count.items() if names)
+        levels.sort(key=lambda item: (-item[0], item[2]))
         return levels
 
     def _cost(self, victims: list[WorkloadView]) -> tuple[float, ...]:
@@ -749,6 +761,13 @@ class Cycle:
         return 0.0
 
     def _old_enough(self, v: WorkloadView, kind: str) -> bool:
+        key = (v.id, kind)
+        found = self._old.get(key)
+        if found is None:
+            found = self._old[key] = self._past_min_runtime(v, kind)
+        return found
+
+    def _past_min_runtime(self, v: WorkloadView, kind: str) -> bool:
         if v.id in self._tentative:
             return True  # a bind of this cycle has not started: no minimum runtime to protect
         started = v.start_time if v.start_time is not None else float("-inf")
@@ -791,6 +810,8 @@ class Cycle:
                     self._tentative[w.id] = w
                     pool[w.id] = replace(w, placement=bind.pods, start_time=self.now)
             self._index = _by_node(sorted(pool.values(), key=self._victim_key))
+            for name, victims in self._index.items():
+                self._victim_units[name] = sum(v.gpus.count for v in victims)
         return self._index
 
     def _wants_room(self, w: WorkloadView) -> bool:
@@ -817,13 +838,17 @@ class Cycle:
             if self._surplus_elsewhere(queue) + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
                 continue
             mine = frozenset(state.chain(queue))
+            headroom: dict[str, float] = {}
 
-            def allowed(v: WorkloadView, mine: frozenset[str] = mine) -> bool:
-                return (
-                    v.queue not in mine
-                    and self._old_enough(v, "reclaim")
-                    and self._reclaim_keeps_share(v, mine)
-                )
+            def allowed(
+                v: WorkloadView, mine: frozenset[str] = mine, headroom: dict[str, float] = headroom
+            ) -> bool:
+                if v.queue in mine or not self._old_enough(v, "reclaim"):
+                    return False
+                room = headroom.get(v.queue)
+                if room is None:
+                    room = headroom[v.queue] = self._headroom(v.queue, mine)
+                return room >= v.gpu_units - EPSILON
 
             def reason(v: WorkloadView, w: WorkloadView = w) -> str:
                 return (
@@ -874,13 +899,13 @@ class Cycle:
 
         return within
 
-    def _reclaim_keeps_share(self, v: WorkloadView, mine: frozenset[str]) -> bool:
-        """Reclaim may take `v` only if every level of its queue outside the reclaimer's own line stays at
-        or above its fair share."""
-        levels = [n for n in self.state.chain(v.queue) if n not in mine]
-        return bool(levels) and all(
-            self.state.allocated(n) - v.gpu_units >= self.fair(n) - EPSILON for n in levels
-        )
+    def _headroom(self, queue: str, mine: frozenset[str]) -> float:
+        """GPUs reclaim may take from `queue` for a reclaimer whose line is `mine`: the least that any
+        level of `queue` outside that line holds above its fair share (none if every level is shared)."""
+        levels = [n for n in self.state.chain(queue) if n not in mine]
+        if not levels:
+            return float("-inf")
+        return min(self.state.allocated(n) - self.fair(n) for n in levels)
 
     # -- preempt --------------------------------------------------------------------------------------
 

@@ -54,16 +54,26 @@ class Placer:
         self.spread = policy == "spread"
         self.now = now
         self._matches: dict[tuple[tuple[tuple[str, int], ...], GpuDemand], tuple[bool, ...]] = {}
+        self._by_identity: dict[tuple[int, int], tuple[bool, ...]] = {}
+        self._alive: list[GpuDemand] = []
         self._by_label: dict[str, dict[str, list[NodeState]]] = {}
         self._domain_names: dict[tuple[str, str], frozenset[str]] = {}
 
     def matches(self, node: NodeState, demand: GpuDemand) -> tuple[bool, ...]:
-        """Which of the node's GPUs suit `demand` (cached: nodes of one kind share the answer)."""
-        key = (node.signature, demand)
-        found = self._matches.get(key)
+        """Which of the node's GPUs suit `demand` (cached: nodes of one kind share the answer).
+
+        Looked up first by object identity (signatures are interned by the state; a demand object lives
+        as long as the snapshot), then by value."""
+        fast = (id(node.signature), id(demand))
+        found = self._by_identity.get(fast)
         if found is None:
-            found = tuple(gpu_matches(model, memory, demand) for model, memory in node.signature)
-            self._matches[key] = found
+            key = (node.signature, demand)
+            found = self._matches.get(key)
+            if found is None:
+                found = tuple(gpu_matches(model, memory, demand) for model, memory in node.signature)
+                self._matches[key] = found
+            self._by_identity[fast] = found
+            self._alive.append(demand)  # keeps the id in `fast` from being reused this cycle
         return found
 
     # -- one pod --------------------------------------------------------------------------------------
@@ -91,13 +101,17 @@ class Placer:
     ) -> Iterator[NodeState]:
         state = self.state
         demand = w.gpus
-        if after_release:
-            # Nodes where stopping work releases GPUs first; then every node normal placement would try.
-            for name in list(state.holding_nodes):
-                if domain is None or name in domain:
-                    yield state.nodes[name]
         wanted = families(demand)
         need = int(demand.count) if not demand.is_fractional else 0
+        if after_release:
+            # Nodes where stopping work releases GPUs first (those with room for the pod once released),
+            # then every node normal placement would try.
+            for count in sorted(state.holding_by_count, reverse=self.spread):
+                if count < need:
+                    continue
+                for name in list(state.holding_by_count[count]):
+                    if domain is None or name in domain:
+                        yield state.nodes[name]
         if demand.is_fractional and not self.spread:
             for name in list(state.partial_nodes):
                 if domain is None or name in domain:
@@ -240,12 +254,8 @@ class Placer:
         self, w: WorkloadView, label: str, after_release: bool
     ) -> tuple[PodPlacement, ...] | None:
         domains = self._domains(label)
-
-        def room(nodes: list[NodeState]) -> float:
-            return sum(n.free_sum + (sum(n.held) if after_release and n.holding else 0.0) for n in nodes)
-
         need = w.gpu_units
-        rooms = {value: room(nodes) for value, nodes in domains.items()}
+        rooms = self._rooms(label, after_release)
         ordered = sorted(domains, key=lambda v: (-rooms[v] if self.spread else rooms[v], v))
         for value in ordered:
             if rooms[value] + EPSILON < need:
@@ -254,6 +264,13 @@ class Placer:
             if placed is not None:
                 return placed
         return None
+
+    def _rooms(self, label: str, after_release: bool) -> dict[str, float]:
+        """GPUs free (or held, after release) in each domain of `label`, as the state is now."""
+        tracked = self.state.track(label)
+        if after_release:
+            return {value: room[0] + room[1] for value, room in tracked.items()}
+        return {value: room[0] for value, room in tracked.items()}
 
     def _domains(self, label: str) -> dict[str, list[NodeState]]:
         """Schedulable nodes by their value of `label` (computed once per cycle per label)."""

@@ -36,6 +36,7 @@ class NodeState:
     free_sum: float = 0.0
     held_sum: float = 0.0
     holding: bool = False  # some GPU is held by stopping work
+    released: int = 0  # GPUs entirely free once stopping work has released them
     signature: tuple[tuple[str, int], ...] = ()  # (model, memory) per GPU: nodes alike share match results
 
     def recount(self) -> None:
@@ -44,12 +45,15 @@ class NodeState:
         self.free_sum = sum(self.free)
         self.held_sum = sum(self.held)
         self.holding = self.held_sum > EPSILON
+        self.released = (
+            sum(1 for f, h in zip(self.free, self.held, strict=True) if f + h >= 1.0 - EPSILON)
+            if self.holding
+            else self.whole
+        )
 
     def whole_after_release(self) -> int:
         """GPUs entirely free once stopping work has released what it holds."""
-        if not self.holding:
-            return self.whole
-        return sum(1 for f, h in zip(self.free, self.held, strict=True) if f + h >= 1.0 - EPSILON)
+        return self.released
 
 
 @dataclass(slots=True)
@@ -65,12 +69,16 @@ class Reservation:
 class ClusterState:
     def __init__(self, nodes: Iterable[NodeView], queues: Iterable[QueueView]) -> None:
         self.nodes: dict[str, NodeState] = {}
+        self._signatures: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
         self.buckets: dict[str, dict[int, dict[str, None]]] = {}
         self.partial_nodes: dict[str, None] = {}
         self.holding_nodes: dict[str, None] = {}
+        self.holding_by_count: dict[int, dict[str, None]] = {}  # holding nodes by GPUs whole once released
         self.free_total = 0.0  # free GPUs on schedulable nodes
         self.held_total = 0.0  # GPUs on schedulable nodes that stopping work holds
         self.held_generation = 0  # bumped whenever GPUs become held (an eviction)
+        self.version = 0  # bumped on every change of any node's free or held GPUs
+        self.domain_rooms: dict[str, dict[str, list[float]]] = {}  # see track()
         self.generation = 0  # bumped whenever capacity is given back, so cached "does not fit" expires
         self._log: list[Callable[[], None]] = []
         self.reservation: Reservation | None = None
@@ -123,31 +131,63 @@ class ClusterState:
             schedulable=view.schedulable,
             model=model,
             labels=dict(view.labels),
-            signature=tuple((g.model.upper(), g.memory_bytes) for g in view.gpus),
+            signature=self._intern(tuple((g.model.upper(), g.memory_bytes) for g in view.gpus)),
         )
         node.recount()
         self.nodes[view.name] = node
         self._index(node)
 
+    def _intern(self, signature: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+        """One object per distinct GPU make-up, so nodes alike can be matched by identity."""
+        return self._signatures.setdefault(signature, signature)
+
+    def track(self, label: str) -> dict[str, list[float]]:
+        """[free, held] GPUs of schedulable nodes per value of `label`, kept current from now on."""
+        found = self.domain_rooms.get(label)
+        if found is None:
+            found = self.domain_rooms[label] = {}
+            for node in self.nodes.values():
+                value = node.labels.get(label)
+                if node.schedulable and value is not None:
+                    room = found.setdefault(value, [0.0, 0.0])
+                    room[0] += node.free_sum
+                    room[1] += node.held_sum
+        return found
+
     def _index(self, node: NodeState) -> None:
+        self.version += 1
         if not node.schedulable:
             return
+        for label, rooms in self.domain_rooms.items():
+            value = node.labels.get(label)
+            if value is not None:
+                room = rooms.setdefault(value, [0.0, 0.0])
+                room[0] += node.free_sum
+                room[1] += node.held_sum
         self.buckets.setdefault(node.model, {}).setdefault(node.whole, {})[node.name] = None
         if node.partial:
             self.partial_nodes[node.name] = None
         if node.holding:
             self.holding_nodes[node.name] = None
+            self.holding_by_count.setdefault(node.released, {})[node.name] = None
         self.free_total += node.free_sum
         self.held_total += node.held_sum
 
     def _unindex(self, node: NodeState) -> None:
         if not node.schedulable:
             return
+        for label, rooms in self.domain_rooms.items():
+            value = node.labels.get(label)
+            if value is not None:
+                room = rooms[value]
+                room[0] -= node.free_sum
+                room[1] -= node.held_sum
         bucket = self.buckets.get(node.model, {}).get(node.whole)
         if bucket is not None:
             bucket.pop(node.name, None)
         self.partial_nodes.pop(node.name, None)
-        self.holding_nodes.pop(node.name, None)
+        if self.holding_nodes.pop(node.name, 0) is None:
+            self.holding_by_count[node.released].pop(node.name, None)
         self.free_total -= node.free_sum
         self.held_total -= node.held_sum
 
@@ -296,15 +336,20 @@ class ClusterState:
             self._index(node)
 
     def _account(self, workload: WorkloadView, sign: float) -> None:
-        amounts = [workload.demand(r) * sign for r in RESOURCES]
+        scale = workload.nodes * sign
+        gpu = workload.gpus.count * scale
+        cpu = workload.cpus * scale
+        memory = workload.memory_bytes * scale
         for name in self.chain(workload.queue):
             row = self.alloc[name]
-            for i, amount in enumerate(amounts):
-                row[i] += amount
+            row[0] += gpu
+            row[1] += cpu
+            row[2] += memory
             if not workload.preemptible:
                 row_np = self.alloc_np[name]
-                for i, amount in enumerate(amounts):
-                    row_np[i] += amount
+                row_np[0] += gpu
+                row_np[1] += cpu
+                row_np[2] += memory
 
     # -- queries --------------------------------------------------------------------------------------
 
