@@ -601,7 +601,7 @@ class Cycle:
             for node in self._nodes_with_room(w):
                 seen.add(node.name)
                 yield 0.0, node
-        if len(candidates) <= SMALL_SEARCH:
+        if len(candidates) <= SMALL_SEARCH or len(candidates) * 8 <= len(state.nodes):
             ranked = []
             for name in candidates:
                 found = state.nodes.get(name)
@@ -611,9 +611,10 @@ class Cycle:
             for bound, _, found in ranked:
                 yield bound, found
             return
+        # The state does not change while a search runs, so its buckets are walked as they are.
         for count, names, holding in self._levels(w):
             bound = max(0.0, need - count)
-            for name in list(names):
+            for name in names:
                 if name in candidates and name not in seen:
                     node = state.nodes[name]
                     if node.holding == holding:  # a holding node is ranked by its GPUs once released
@@ -626,7 +627,7 @@ class Cycle:
         for count, names, holding in self._levels(w):
             if count + EPSILON < need:
                 break
-            for name in list(names):
+            for name in names:
                 node = state.nodes[name]
                 if node.holding == holding:
                     yield node

@@ -99,6 +99,8 @@ class Placer:
     def _candidates(
         self, w: WorkloadView, after_release: bool, domain: frozenset[str] | None
     ) -> Iterator[NodeState]:
+        """Nodes to try for one pod, best first. The state's indexes are walked as they are: nothing
+        changes them while one pod is being placed."""
         state = self.state
         demand = w.gpus
         wanted = families(demand)
@@ -109,11 +111,11 @@ class Placer:
             for count in sorted(state.holding_by_count, reverse=self.spread):
                 if count < need:
                     continue
-                for name in list(state.holding_by_count[count]):
+                for name in state.holding_by_count[count]:
                     if domain is None or name in domain:
                         yield state.nodes[name]
         if demand.is_fractional and not self.spread:
-            for name in list(state.partial_nodes):
+            for name in state.partial_nodes:
                 if domain is None or name in domain:
                     yield state.nodes[name]
         for model, by_count in state.buckets.items():
@@ -125,11 +127,11 @@ class Placer:
                 (c for c in by_count if c >= max(need, 1 if demand.count > 0 else 0)), reverse=self.spread
             )
             for count in counts:
-                for name in list(by_count.get(count, ())):
+                for name in by_count.get(count, ()):
                     if domain is None or name in domain:
                         yield state.nodes[name]
         if demand.is_fractional and self.spread:
-            for name in list(state.partial_nodes):
+            for name in state.partial_nodes:
                 if domain is None or name in domain:
                     yield state.nodes[name]
 
