@@ -458,6 +458,7 @@ class Cycle:
         reason: Callable[[WorkloadView], str],
         allowed: Callable[[WorkloadView], bool],
         budget: Callable[[list[WorkloadView]], bool] | None = None,
+        units: dict[str, float] | None = None,
     ) -> bool:
         """Evict the fewest, cheapest victims that let `w` fit; all or nothing.
 
@@ -476,7 +477,8 @@ class Cycle:
         smallest = self._smallest_miss.get(family)
         if smallest is not None and smallest[0] == stamp and w.gpus.count >= smallest[1]:
             return False
-        if self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget):
+        units = self._victim_units if units is None else units
+        if self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget, units):
             return True
         if smallest is None or smallest[0] != stamp or w.gpus.count < smallest[1]:
             self._smallest_miss[family] = (stamp, w.gpus.count)
@@ -491,10 +493,12 @@ class Cycle:
         allowed: Callable[[WorkloadView], bool],
         key: tuple[object, ...],
         stamp: tuple[int, int],
-        budget: Callable[[list[WorkloadView]], bool] | None = None,
+        budget: Callable[[list[WorkloadView]], bool] | None,
+        units: dict[str, float],
     ) -> bool:
         """Per node, the cheapest victims there that make room for one pod, counted without touching the
-        state; then the cheapest `w.nodes` nodes (inside one topology domain when required).
+        state; then the cheapest `w.nodes` nodes (inside one topology domain when required). `units`:
+        an upper bound, per node, on the GPUs the candidates there hold.
 
         Nodes are examined in order of a lower bound on the GPUs that must be freed there (nodes with
         more room first), and the search stops once a choice is found and either no later node can be
@@ -505,7 +509,7 @@ class Cycle:
         worst = 0.0  # most GPUs disrupted on one node of the current pick
         since_pick = misses = 0
         whole_pod, need = not w.gpus.is_fractional, w.gpus.count
-        for bound, node in self._search_order(w, candidates):
+        for bound, node in self._search_order(w, candidates, units):
             if picked is not None:
                 since_pick += 1  # counted from the first feasible pick: later ones only refine it
                 if bound > worst + EPSILON or since_pick > SEARCH_LIMIT_AFTER_PICK:
@@ -518,14 +522,13 @@ class Cycle:
                 continue
             if not self.placer.node_admits(node, w):
                 continue
-            if (
-                whole_pod
-                and node.whole_after_release() + self._victim_units.get(node.name, 0.0) + EPSILON < need
-            ):
+            if whole_pod and node.released + units.get(node.name, 0.0) + EPSILON < need:
                 continue  # even every victim there would not make room
             victims = [v for v in candidates.get(node.name, ()) if v.id not in state.evicted and allowed(v)]
             if not victims and w.nodes == 1:
                 continue  # a single pod fitting with no victims would have fitted after release already
+            if whole_pod and node.released + sum(v.gpus.count for v in victims) + EPSILON < need:
+                continue
             chosen = self._cheapest_room(node, w, victims, budget)
             if chosen is None:
                 continue
@@ -589,7 +592,7 @@ class Cycle:
         )
 
     def _search_order(
-        self, w: WorkloadView, candidates: dict[str, list[WorkloadView]]
+        self, w: WorkloadView, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
     ) -> Iterator[tuple[float, NodeState]]:
         """Nodes where room for one pod of `w` might be made, each with a lower bound on the GPUs that
         must be freed there, bounds never decreasing: first, for a gang, nodes that already have room;
@@ -605,8 +608,11 @@ class Cycle:
             ranked = []
             for name in candidates:
                 found = state.nodes.get(name)
-                if found is not None and found.schedulable and name not in seen:
-                    ranked.append((max(0.0, need - found.whole_after_release()), name, found))
+                if found is None or not found.schedulable or name in seen:
+                    continue
+                bound = max(0.0, need - found.released)
+                if bound <= units.get(name, 0.0) + EPSILON:  # its victims could make the room
+                    ranked.append((bound, name, found))
             ranked.sort(key=lambda item: (item[0], item[1]))
             for bound, _, found in ranked:
                 yield bound, found
@@ -912,6 +918,7 @@ class Cycle:
 
     def preempt(self) -> None:
         by_queue: dict[str, dict[str, list[WorkloadView]]] | None = None
+        queue_units: dict[str, dict[str, float]] = {}
         lowest: dict[str, int] = {}
         for w in list(self.ordered_pending()):
             if not self._wants_room(w):
@@ -922,6 +929,8 @@ class Cycle:
                     for v in victims:
                         by_queue.setdefault(v.queue, {}).setdefault(name, []).append(v)
                         lowest[v.queue] = min(lowest.get(v.queue, v.priority), v.priority)
+                        per_node = queue_units.setdefault(v.queue, {})
+                        per_node[name] = per_node.get(name, 0.0) + v.gpus.count
             if lowest.get(w.queue, w.priority) >= w.priority or self._fits_after_release(w):
                 continue
 
@@ -931,7 +940,7 @@ class Cycle:
             def allowed(v: WorkloadView, w: WorkloadView = w) -> bool:
                 return v.priority < w.priority and self._old_enough(v, "preempt")
 
-            self._evict_for(w, by_queue[w.queue], "preempt", reason, allowed)
+            self._evict_for(w, by_queue[w.queue], "preempt", reason, allowed, units=queue_units[w.queue])
 
     # -- consolidate ----------------------------------------------------------------------------------
 
