@@ -15,7 +15,7 @@ from gpupool.cli.app import CliError, app
 from gpupool.cli.render import err_console
 from gpupool.client import GpupoolError
 from gpupool.home import DEFAULT_PORT, default_db_url, home_dir
-from gpupool.spec import SpecError
+from gpupool.spec import SpecError, parse_duration
 
 
 @app.command()
@@ -43,6 +43,15 @@ def server(
         None,
         "--partition",
         help="with --backend slurm: the Slurm partition to schedule (default: every node)",
+    ),
+    usage_weight: float = typer.Option(
+        0.0,
+        "--usage-weight",
+        help="fair share by history: 0 (default) ignores it; 1 halves the over-quota weight of a queue "
+        "that used twice its share (docs/scheduler.md)",
+    ),
+    usage_half_life: str = typer.Option(
+        "7d", "--usage-half-life", help="half-life of the usage that --usage-weight counts, e.g. 7d, 12h"
     ),
     new_admin_token: bool = typer.Option(
         False, "--new-admin-token", help="replace the admin token and print it"
@@ -76,7 +85,14 @@ def server(
         err_console.print(
             f"[bold]admin token[/bold] (shown once; saved to {path}, mode 0600):\n  {token}", highlight=False
         )
+    if usage_weight < 0:
+        raise CliError(f"--usage-weight {usage_weight:g}: must be 0 or more (0 turns history off; try 1)")
+    half_life = parse_duration(usage_half_life, "--usage-half-life")
+    if half_life <= 0:
+        raise CliError(f"--usage-half-life {usage_half_life}: must be longer than 0 (e.g. 7d)")
     settings = ServerSettings(
+        usage_weight=usage_weight,
+        usage_half_life=half_life,
         db_url=url,
         home=home,
         gpus=gpus,

@@ -29,6 +29,8 @@ class ServerSettings:
     node_name: str = field(default_factory=socket.gethostname)
     tick: float = 0.5
     telemetry_interval: float = 1.0
+    usage_weight: float = 0.0  # fair share by decayed history: 0 off (see control.loop.ControlSettings)
+    usage_half_life: float = 7 * 86400.0
     backend: str = "local"
     partition: str | None = None  # slurm: the partition whose nodes gpupool schedules (None: every node)
 
@@ -55,6 +57,8 @@ class Runtime:
                 node_name=settings.node_name,
                 tick=settings.tick,
                 telemetry_interval=settings.telemetry_interval,
+                usage_weight=settings.usage_weight,
+                usage_half_life=settings.usage_half_life,
             ),
             self.telemetry,
         )

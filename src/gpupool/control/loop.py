@@ -13,12 +13,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -27,6 +27,7 @@ from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Phase, P
 from gpupool.control import contract, inventory
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
 from gpupool.control.telemetry import TelemetryCache
+from gpupool.control.usage import queue_usage
 from gpupool.gpu import GpuProvider
 from gpupool.spec import parse_gpu_request
 from gpupool.store.db import Store
@@ -43,6 +44,8 @@ MIN_PASS_INTERVAL = 0.02  # seconds between the starts of two passes, however ma
 EXPLAIN_PERSIST_INTERVAL = 5.0  # seconds between writes of changed reason codes to the store
 EXPLAIN_BATCH = 200
 PASS_DUTY = 4.0  # after a pass of t seconds, the next starts no sooner than PASS_DUTY * t later
+USAGE_REFRESH = 30.0  # seconds between recomputations of the queues' decayed usage
+USAGE_HORIZON_HALF_LIVES = 10  # attempts that ended longer ago than this many half-lives are ignored
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,10 @@ class ControlSettings:
     node_address: str = "127.0.0.1"
     tick: float = 0.5
     telemetry_interval: float = 1.0
+    # Fair share by history: 0 ignores it; 1 halves the over-quota weight of a queue that used twice its
+    # share (see scheduler/fairshare.py). Usage decays with this half-life (Slurm's default: 7 days).
+    usage_weight: float = 0.0
+    usage_half_life: float = 7 * 86400.0
 
 
 class Reconciler:
@@ -75,6 +82,8 @@ class Reconciler:
         self._views: dict[int, scheduler.WorkloadView] = {}
         # Answers an unchanged snapshot from memory (views above are reused, so comparing is cheap).
         self._scheduler = scheduler.Scheduler()
+        self._config = scheduler.SchedulerConfig(usage_weight=settings.usage_weight)
+        self._usage_cache: tuple[float, dict[str, float]] | None = None
         self.fair_shares: dict[str, dict[str, float]] = {}
         self.explanations: dict[int, scheduler.Explanation] = {}
         self._explained_at = 0.0
@@ -397,7 +406,9 @@ class Reconciler:
         )
         if self._inventory_generation:
             nodes = inventory.with_foreign_use(s, nodes, running)
-        queues = tuple(_queue_view(q) for q in s.scalars(select(Queue).order_by(Queue.name)).all())
+        queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
+        usage = self._usage(s, {q.name: q.parent for q in queue_rows})
+        queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
         # Priority is read fresh each pass: it is the one field an operator may change while work waits.
         views = tuple(
             self._views[wid]
@@ -405,7 +416,35 @@ class Reconciler:
             else replace(self._views[wid], priority=priority)
             for wid, priority in pending
         )
-        return scheduler.Snapshot(nodes, views, queues, tuple(running))
+        return scheduler.Snapshot(nodes, views, queues, tuple(running), self._config)
+
+    def _usage(self, s: Session, parents: dict[str, str | None]) -> dict[str, float]:
+        """Decayed GPU-seconds per queue, recomputed from the attempts at most every USAGE_REFRESH s or a
+        hundredth of the half-life (it changes slowly; an unchanged snapshot lets the scheduler answer from
+        memory)."""
+        settings = self.settings
+        if settings.usage_weight <= 0:
+            return {}
+        now = time.time()
+        refresh = min(USAGE_REFRESH, settings.usage_half_life / 100.0)
+        if self._usage_cache is not None and now - self._usage_cache[0] < refresh:
+            return self._usage_cache[1]
+        horizon = datetime.fromtimestamp(now - USAGE_HORIZON_HALF_LIVES * settings.usage_half_life, UTC)
+        rows = s.execute(
+            select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.started_at,
+                   Attempt.finished_at)
+            .join(Workload, Attempt.workload_id == Workload.id)
+            .where(or_(Attempt.finished_at.is_(None), Attempt.finished_at >= horizon))
+        ).all()  # fmt: skip
+        intervals = []
+        for queue, indices, fraction, started, finished in rows:
+            start, end = as_utc(started), as_utc(finished)
+            gpus = len(indices or ()) * (fraction or 1.0)
+            if start is not None:
+                intervals.append((queue, gpus, start.timestamp(), end.timestamp() if end else now))
+        usage = queue_usage(intervals, parents, now, settings.usage_half_life)
+        self._usage_cache = (now, usage)
+        return usage
 
     def _cache_views(self, s: Session, ids: list[int]) -> None:
         """Views of workloads by id; a spec never changes, so each is parsed once and kept."""
