@@ -363,8 +363,8 @@ class Cycle:
             self.state.generation = generation
             self.state.reservation = saved
             if fits:
-                if not reservation.relative and reservation.start != float("inf"):
-                    self.state.expires(self.now)  # the sentence counts down the seconds to the start
+                if self.now < reservation.start < float("inf"):
+                    self.state.expires(reservation.start)  # from then on the sentence says "from now"
                 return explain.reserved(reservation.workload_id, reservation.start, self.now)
         free_matching = self.state.whole_free(families(w.gpus))
         if not w.gpus.is_fractional and w.gpu_units > 0 and free_matching + EPSILON >= w.gpu_units:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from gpupool.scheduler.snapshot import Explanation, NodeView, WorkloadView
 
@@ -106,11 +107,14 @@ def waiting_for_release(w: WorkloadView) -> Explanation:
 
 
 def reserved(holder: int, start: float, now: float) -> Explanation:
-    when = (
-        "until the running work there ends"
-        if start == float("inf")
-        else f"from {max(0.0, start - now):.0f}s from now"
-    )
+    """The sentence names the reservation's start as a UTC time (not "in N s"), so it stays the same from
+    one cycle to the next and an unchanged cluster needs no new cycle to explain itself."""
+    if start == float("inf"):
+        when = "until the running work there ends"
+    elif start <= now:
+        when = "from now"
+    else:
+        when = "from " + datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return Explanation(
         RESERVED,
         f"held back by backfill: the nodes it could use are reserved for workload {holder} {when}; "
