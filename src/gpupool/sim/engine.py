@@ -15,7 +15,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpupool.scheduler import (
     Decisions,
@@ -165,6 +165,7 @@ class Simulation:
         self.alloc = dict.fromkeys(tenants, 0.0)
         self.demand = dict.fromkeys(tenants, 0.0)
         self.fair: dict[str, float] = {}
+        self.usage = {q.name: 0.0 for q in self.queues} if policy.queues != POOL else {}
         self._est_sum: dict[object, list[float]] = {}
         self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
@@ -225,7 +226,12 @@ class Simulation:
         heapq.heappush(self.events, (t, self._seq, kind, index, token))
 
     def _advance(self, t: float) -> None:
-        """Move the clock to `t`, integrating utilisation and quota shortfall over the arrival window."""
+        """Move the clock to `t`, integrating utilisation and quota shortfall over the arrival window, and
+        each queue's decayed GPU usage for policies that tilt fair share by it."""
+        if self.config.usage_weight > 0 and t > self.now:
+            decay = 0.5 ** ((t - self.now) / self.policy.usage_half_life)
+            for name in self.usage:
+                self.usage[name] = self.usage[name] * decay + self.alloc.get(name, 0.0) * (t - self.now)
         dt = min(t, self.result.arrival_window) - min(self.now, self.result.arrival_window)
         if dt > 0:
             self.result.busy_gpu_s += self.used * dt
@@ -421,7 +427,10 @@ class Simulation:
     def _cycle(self) -> Decisions:
         pending = self._pending_for_cycle()
         running = tuple(self._running_view(j) for j in self.running.values())
-        snapshot = Snapshot(self.cluster.nodes, pending, self.queues, running, self.config)
+        queues = self.queues
+        if self.usage:
+            queues = tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in queues)
+        snapshot = Snapshot(self.cluster.nodes, pending, queues, running, self.config)
         began = time.perf_counter()
         decisions = decide(snapshot, self.now)
         self.result.decide_s += time.perf_counter() - began

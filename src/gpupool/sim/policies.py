@@ -34,6 +34,7 @@ class Policy:
     band_by: str = "attained"  # "attained": less service = higher band; "remaining": less work left = higher
     estimate: str = "none"  # duration_estimate: "none", "learned" (online, per queue) or "oracle" (the truth)
     oracle: bool = False  # reads true durations: a reference, not a real scheduler
+    usage_half_life: float = 7 * 86400.0  # decay of queue usage when config.usage_weight > 0 (the server's)
 
     def priority(self, attained: float, remaining_gpu_s: float) -> int:
         """The workload priority the scheduler sees (0 when the policy has no bands)."""
@@ -103,6 +104,14 @@ POLICIES: tuple[Policy, ...] = (
         "queue shortest learned GPU-time estimate first (QSSF-style, learned online)",
         SchedulerConfig(ordering="estimate", blocking="skip", fair_share=True),
         estimate="learned",
+    ),
+    Policy(
+        "gpupool-usage",
+        "gpupool with usage_weight 1: a queue's over-quota weight halves for each doubling of its decayed "
+        "GPU usage over its share (Slurm's classic fair-share factor), half-life 1 day",
+        SchedulerConfig(ordering="estimate", blocking="skip", fair_share=True, usage_weight=1.0),
+        estimate="learned",
+        usage_half_life=86400.0,
     ),
     Policy(
         "gpupool-las",
