@@ -41,6 +41,7 @@ SEARCH_LIMIT = 128
 SEARCH_LIMIT_AFTER_PICK = 16
 SMALL_SEARCH = 64  # a search ranks up to this many candidate nodes outright
 GLOBAL = "*"
+NO_ROOM = Explanation(explain.NO_CAPACITY, "")  # a capacity miss whose sentence is written per workload
 
 
 class ConfigError(ValueError):
@@ -238,7 +239,7 @@ class Cycle:
             return False
         state = self.state
         if w.gpu_units > state.free_total + EPSILON:
-            why = explain.no_capacity(w, state.free_gpus(), 0)  # what placing would conclude, sooner
+            why = NO_ROOM  # what placing would conclude, sooner; the sentence is written below
         elif (cached := self.failed.get(shape := self._shape(w))) is not None and cached[
             0
         ] == state.generation:
