@@ -90,7 +90,7 @@ def test_fsdp_training_on_two_ranks(tmp_path: Path) -> None:
     result = bench("train", *TINY, "--vocab", "128", "--nproc", "2", "--parallel", "fsdp", "--json", str(out))
     assert result.returncode == 0, result.stderr
     r = json.loads(out.read_text())
-    assert r["parallel"] == "fsdp" and r["global_batch"] == 8 and r["grad_accumulation"] == 1
+    assert r["parallel"] == "fsdp" and r["world_size"] == 2 and r["global_batch"] == 8
 
 
 def test_train_refuses_a_global_batch_the_ranks_cannot_split() -> None:

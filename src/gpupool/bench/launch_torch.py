@@ -90,9 +90,10 @@ def run(
         local = int(os.environ["LOCAL_RANK"])
         ctx = _init(rank, world, local, backend, "env://", timeout_s, threads=None)
         try:
-            return fn(ctx, *args)
+            result = fn(ctx, *args)
         finally:
             dist.destroy_process_group()
+        return result if ctx.leader else None  # rank 0 reports for the group
     check_backend(backend, nproc)
     method = "spawn" if backend == "nccl" else "fork"
     threads = max(1, (os.cpu_count() or 1) // nproc)
