@@ -60,7 +60,7 @@ def _write_json(path: Path | None, payload: Any) -> None:
 # -- submitting a bench as a gpupool job --------------------------------------------------------------------
 
 _SUBMIT = typer.Option(False, "--submit", help="run as a gpupool job instead of here (see docs/bench.md)")
-_PRINT_SPEC = typer.Option(False, "--print-spec", help="with --submit: print the job spec, submit nothing")
+_PRINT_SPEC = typer.Option(False, "--print-spec", help="print the spec --submit would submit; submit nothing")
 _NODES = typer.Option(1, "--nodes", help="with --submit: nodes in the job (a gang; torchrun joins them)")
 _GPUS = typer.Option(None, "--gpus", help="with --submit: GPUs per node, e.g. 8 or H100:8 (required)")
 _QUEUE = typer.Option("default", "--queue", "-q", help="with --submit: the queue")
@@ -150,7 +150,7 @@ def collective(
             raise BenchError("-n/--iters must be at least 1 and -w/--warmup_iters at least 0")
         if nproc == 1 and any(o.name == "sendrecv" for o in ops):
             raise BenchError("--op sendrecv needs at least 2 ranks; use --nproc 2 or more")
-        if submit:
+        if submit or print_spec:
             forward = ["--op", op, "-b", minbytes, "-e", maxbytes, "-f", str(stepfactor), "-n", str(iters)]
             forward += ["-w", str(warmup_iters), "--dtype", dtype] + (["--blocking"] if blocking else [])
             forward += ([] if check else ["--no-check"]) + (["--backend", backend] if backend else [])
@@ -220,7 +220,7 @@ def gemm(
             parse_shapes(sizes)
         if iters < 1 or warmup_iters < 0:
             raise BenchError("-n/--iters must be at least 1 and -w/--warmup_iters at least 0")
-        if submit:
+        if submit or print_spec:
             forward = [
                 "-n",
                 str(iters),
@@ -300,7 +300,7 @@ def train(
             raise BenchError(f"--vocab {vocab} is smaller than the {file_vocab} token ids of --data {data}")
         shape = GptShape(layers, hidden, heads, seq, vocab or file_vocab or 50304)
         shape.validate()
-        if submit:
+        if submit or print_spec:
             forward = [
                 "--layers",
                 str(layers),
