@@ -1,21 +1,237 @@
-"""The latest GPU samples of each node, kept in memory for the API (history comes with the metrics work)."""
+"""GPU telemetry on the head: the latest sample of every GPU and its recent history, in bounded memory.
+
+Every sample, from any node, enters through one function: `TelemetryCache.put(node, samples)`. The local
+backend's reconcile loop calls it after each NVML/simulated reading; a node agent's heartbeat carries its
+samples (`GpuSample.to_dict()` rows) and the agent backend hands them to the same `put`. `put` attributes
+each sample to the workloads holding its GPU (queue and user too) and appends it to the GPU's history.
+
+History is kept per GPU in tiers of rising resolution (1 s for 10 minutes, 10 s for 2 hours, 1 min for
+24 hours by default): a tier's bucket is averaged when time leaves it. Each tier is a bounded deque and the
+number of GPUs is capped (`max_series`, the oldest-seen series go first), so memory stays bounded however
+long the head runs. Prometheus is the long-term store; this history serves `gpupool node show` and `top`.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy import select
+
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Workload
+
+HISTORY_FIELDS = ("utilization_pct", "memory_used_bytes", "temperature_c", "power_w")
+DEFAULT_TIERS: tuple[tuple[float, int], ...] = ((1.0, 600), (10.0, 720), (60.0, 1440))
+MAX_SERIES = 65536  # GPUs whose history is kept (8192 nodes of 8); beyond it the least recently seen go
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A workload holding a GPU: what its samples are attributed to (labels workload, queue, user)."""
+
+    workload_id: int
+    name: str
+    queue: str
+    user: str
+
+
+Allocations = Mapping[tuple[str, int], list[Holder]]  # (node, GPU index) -> holders
+Point = tuple[float, float, float, float, float]  # (time, *HISTORY_FIELDS)
+
+
+class StoreAllocations:
+    """Who holds which GPU, from the running attempts in the store; re-read at most every `ttl` seconds."""
+
+    def __init__(self, store: Store, ttl: float = 1.0) -> None:
+        self.store, self.ttl = store, ttl
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict[tuple[str, int], list[Holder]]] | None = None
+
+    def __call__(self) -> Allocations:
+        with self._lock:
+            if self._cached is not None and time.monotonic() - self._cached[0] < self.ttl:
+                return self._cached[1]
+            held: dict[tuple[str, int], list[Holder]] = {}
+            with self.store.read() as s:
+                rows = s.execute(
+                    select(
+                        Attempt.workload_id, Attempt.node_name, Attempt.gpu_indices, Attempt.pods,
+                        Workload.name, Workload.queue, Workload.user,
+                    )
+                    .join(Workload, Attempt.workload_id == Workload.id)
+                    .where(Attempt.state == "running")
+                ).all()  # fmt: skip
+            for wid, node, indices, pods, name, queue, user in rows:
+                holder = Holder(int(wid), name, queue, user)
+                for pod in pods or [{"node": node, "gpu_indices": indices}]:
+                    for index in pod["gpu_indices"]:
+                        held.setdefault((str(pod["node"]), int(index)), []).append(holder)
+            self._cached = (time.monotonic(), held)
+            return held
+
+
+class _Tier:
+    """Points at one resolution: a bounded deque plus the bucket being averaged."""
+
+    __slots__ = ("_bucket", "_count", "_sums", "capacity", "points", "resolution")
+
+    def __init__(self, resolution: float, capacity: int) -> None:
+        self.resolution, self.capacity = resolution, capacity
+        self.points: deque[Point] = deque(maxlen=capacity)
+        self._bucket: float | None = None
+        self._sums = [0.0, 0.0, 0.0, 0.0]
+        self._count = 0
+
+    def add(self, at: float, values: tuple[float, float, float, float]) -> None:
+        bucket = at - at % self.resolution
+        if self._bucket is not None and bucket != self._bucket:
+            self._flush()
+        self._bucket = bucket
+        for i, value in enumerate(values):
+            self._sums[i] += value
+        self._count += 1
+
+    def _flush(self) -> None:
+        if self._bucket is None or not self._count:
+            return
+        n = self._count
+        self.points.append(
+            (self._bucket, self._sums[0] / n, self._sums[1] / n, self._sums[2] / n, self._sums[3] / n)
+        )
+        self._sums = [0.0, 0.0, 0.0, 0.0]
+        self._count = 0
+
+    def read(self, since: float) -> list[Point]:
+        return [p for p in self.points if p[0] >= since]
+
+
+class GpuHistory:
+    """The downsampled history of one GPU."""
+
+    def __init__(self, tiers: tuple[tuple[float, int], ...] = DEFAULT_TIERS) -> None:
+        self.tiers = [_Tier(resolution, capacity) for resolution, capacity in tiers]
+
+    def add(self, sample: Mapping[str, Any]) -> None:
+        at = float(sample["at"])
+        values = (
+            float(sample.get("utilization_pct", 0.0)),
+            float(sample.get("memory_used_bytes", 0)),
+            float(sample.get("temperature_c", 0.0)),
+            float(sample.get("power_w", 0.0)),
+        )
+        for tier in self.tiers:
+            tier.add(at, values)
+
+    def points(self) -> int:
+        return sum(len(t.points) for t in self.tiers)
+
+    def read(self, seconds: float, now: float) -> tuple[float, list[Point]]:
+        """The finest tier that covers the last `seconds`: (its resolution, its points in that window)."""
+        since = now - seconds
+        for tier in self.tiers:
+            span = tier.resolution * tier.capacity
+            if span >= seconds or tier is self.tiers[-1]:
+                return tier.resolution, tier.read(since)
+        raise AssertionError("unreachable: the last tier always answers")
 
 
 class TelemetryCache:
-    def __init__(self) -> None:
+    """Latest sample and history of every GPU of every node; thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        tiers: tuple[tuple[float, int], ...] = DEFAULT_TIERS,
+        max_series: int = MAX_SERIES,
+        allocations: Callable[[], Allocations] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._latest: dict[tuple[str, int], dict[str, Any]] = {}
+        self._history: dict[tuple[str, int], GpuHistory] = {}
+        self._tiers = tiers
+        self._max_series = max_series
+        self._allocations = allocations
+        self._received: dict[str, float] = {}  # node -> monotonic time of its last samples
 
-    def put(self, node: str, samples: list[dict[str, Any]]) -> None:
+    def attribute_with(self, allocations: Callable[[], Allocations]) -> None:
+        """Attribute samples to the workloads `allocations()` says hold each GPU (set once at start)."""
+        self._allocations = allocations
+
+    def put(self, node: str, samples: Iterable[Mapping[str, Any]]) -> None:
+        """The one way samples enter the head, from the local sampler or an agent: attribute, keep, append."""
+        held = self._allocations() if self._allocations is not None else None
+        rows = []
+        for sample in samples:
+            row = dict(sample)
+            if held is not None:
+                holders = held.get((node, int(row["index"])), [])
+                row["workloads"] = [h.workload_id for h in holders]
+                row["holders"] = [
+                    {"workload": h.workload_id, "name": h.name, "queue": h.queue, "user": h.user}
+                    for h in holders
+                ]
+            row.setdefault("workloads", [])
+            row.setdefault("holders", [])
+            rows.append(row)
         with self._lock:
-            for sample in samples:
-                self._latest[(node, int(sample["index"]))] = sample
+            self._received[node] = time.monotonic()
+            for row in rows:
+                key = (node, int(row["index"]))
+                self._latest[key] = row
+                history = self._history.get(key)
+                if history is None:
+                    if len(self._history) >= self._max_series:
+                        self._evict_oldest()
+                    history = self._history[key] = GpuHistory(self._tiers)
+                history.add(row)
+
+    def _evict_oldest(self) -> None:
+        oldest = min(self._history, key=lambda k: float(self._latest.get(k, {}).get("at", 0.0)))
+        self._history.pop(oldest, None)
+        self._latest.pop(oldest, None)
 
     def get(self, node: str, index: int) -> dict[str, Any] | None:
         with self._lock:
             return self._latest.get((node, index))
+
+    def node_samples(self, node: str) -> list[dict[str, Any]]:
+        """The latest sample of each GPU of `node`, by index."""
+        with self._lock:
+            return [row for (n, _), row in sorted(self._latest.items()) if n == node]
+
+    def latest(self) -> dict[tuple[str, int], dict[str, Any]]:
+        with self._lock:
+            return dict(self._latest)
+
+    def age(self, node: str) -> float | None:
+        """Seconds since `node` last sent samples; None if it never did."""
+        with self._lock:
+            at = self._received.get(node)
+        return None if at is None else time.monotonic() - at
+
+    def history(self, node: str, index: int, seconds: float, now: float | None = None) -> dict[str, Any]:
+        """`{"resolution": s, "fields": [...], "points": [[t, ...], ...]}` for the last `seconds`."""
+        with self._lock:
+            series = self._history.get((node, index))
+            resolution, points = (
+                (0.0, []) if series is None else series.read(seconds, time.time() if now is None else now)
+            )
+        return {
+            "resolution": resolution,
+            "fields": ["at", *HISTORY_FIELDS],
+            "points": [list(p) for p in points],
+        }
+
+    def points(self) -> int:
+        """Points held across every GPU's history (what the memory bound caps)."""
+        with self._lock:
+            return sum(h.points() for h in self._history.values())
+
+    def series(self) -> int:
+        with self._lock:
+            return len(self._history)

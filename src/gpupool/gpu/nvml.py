@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from gpupool.gpu.catalog import model_from_product_name
 from gpupool.gpu.errors import GpuUnavailable
 from gpupool.gpu.selector import DEFAULT_SIMULATION
-from gpupool.gpu.types import GpuDevice, GpuSample
+from gpupool.gpu.types import THROTTLE, GpuDevice, GpuSample
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,11 @@ _DEFAULTS: dict[str, int] = {
     "NVML_TEMPERATURE_GPU": 0,
     "NVML_CLOCK_SM": 1,
     "NVML_CLOCK_MEM": 2,
+    "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
     "NVML_VOLATILE_ECC": 0,
+    "NVML_AGGREGATE_ECC": 1,
+    "NVML_FI_DEV_MEMORY_TEMP": 82,
     "NVML_FEATURE_ENABLED": 1,
     "NVML_NVLINK_MAX_LINKS": 18,
     "NVML_NVLINK_DEVICE_TYPE_SWITCH": 2,
@@ -319,6 +322,92 @@ class NvmlProvider:
             self._energy_base_mj[index] = base = millijoules
         return (millijoules - base) / 1000.0
 
+    def _optional(self, index: int, what: str, name: str, *args: Any, default: T) -> T:
+        """Like `_try` for NVML calls that older nvidia-ml-py releases lack: a missing one gives `default`."""
+        call = getattr(self._nvml, name, None)
+        if call is None:
+            return default
+        return self._try(index, what, call, *args, default=default)
+
+    def _memory_temperature(self, index: int, handle: Any) -> float | None:
+        """HBM temperature through NVML's field values (NVML_FI_DEV_MEMORY_TEMP); None when unsupported."""
+        values = self._optional(
+            index,
+            "memory temperature",
+            "nvmlDeviceGetFieldValues",
+            handle,
+            [self._const("NVML_FI_DEV_MEMORY_TEMP")],
+            default=None,
+        )
+        if not values or getattr(values[0], "nvmlReturn", 1) != 0:
+            return None
+        value = getattr(values[0], "value", None)
+        reading = getattr(value, "uiVal", None) if value is not None else None
+        return float(reading) if reading else None
+
+    def _nvlink_state(self, handle: Any) -> tuple[int, int]:
+        """(links up, links the GPU has); (0, 0) for PCIe-only GPUs."""
+        up = total = 0
+        for link in range(int(self._const("NVML_NVLINK_MAX_LINKS"))):
+            try:
+                state = int(self._nvml.nvmlDeviceGetNvLinkState(handle, link))
+            except self._error as exc:
+                if self._not_supported is not None and isinstance(exc, self._not_supported) and link == 0:
+                    break
+                continue  # links past the GPU's last one are invalid arguments
+            total += 1
+            up += state == self._const("NVML_FEATURE_ENABLED")
+        return up, total
+
+    def _health_fields(self, index: int, handle: Any) -> dict[str, Any]:
+        """The readings health checks and dcgm-exporter's series need beyond the basic sample."""
+        ecc_total = self._nvml.nvmlDeviceGetTotalEccErrors
+
+        def ecc(what: str, error_type: str, counter: str) -> int:
+            args = (self._const(error_type), self._const(counter))
+            return int(self._try(index, what, ecc_total, handle, *args, default=0))
+
+        mask = int(
+            self._optional(
+                index, "throttle reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", handle, default=0
+            )
+        )
+        remapped = self._optional(index, "remapped rows", "nvmlDeviceGetRemappedRows", handle, default=None)
+        corr_rows, unc_rows, pending, failure = remapped if remapped is not None else (0, 0, 0, 0)
+        up, total = self._nvlink_state(handle)
+        return {
+            "memory_temperature_c": self._memory_temperature(index, handle),
+            "throttle_reasons": tuple(name for bit, name in THROTTLE.items() if mask & bit),
+            "pcie_replay_errors": int(
+                self._optional(index, "pcie replay", "nvmlDeviceGetPcieReplayCounter", handle, default=0)
+            ),
+            "pcie_link_gen": int(
+                self._optional(index, "pcie gen", "nvmlDeviceGetCurrPcieLinkGeneration", handle, default=0)
+            ),
+            "pcie_link_gen_max": int(
+                self._optional(index, "pcie max gen", "nvmlDeviceGetMaxPcieLinkGeneration", handle, default=0)
+            ),
+            "pcie_link_width": int(
+                self._optional(index, "pcie width", "nvmlDeviceGetCurrPcieLinkWidth", handle, default=0)
+            ),
+            "pcie_link_width_max": int(
+                self._optional(index, "pcie max width", "nvmlDeviceGetMaxPcieLinkWidth", handle, default=0)
+            ),
+            "ecc_corrected": ecc("ecc corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
+            "ecc_corrected_aggregate": ecc(
+                "ecc corrected aggregate", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"
+            ),
+            "ecc_uncorrected_aggregate": ecc(
+                "ecc uncorrected aggregate", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"
+            ),
+            "remapped_rows_correctable": int(corr_rows),
+            "remapped_rows_uncorrectable": int(unc_rows),
+            "remapped_rows_pending": bool(pending),
+            "remapped_rows_failure": bool(failure),
+            "nvlink_links_up": up,
+            "nvlink_links_total": total,
+        }
+
     def _sample_one(self, index: int, at: float) -> GpuSample:
         nvml, handle, device = self._nvml, self._handles[index], self._devices[index]
         rates = self._try(index, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle, default=None)
@@ -378,4 +467,7 @@ class NvmlProvider:
             mem_clock_mhz=float(mem_clock),
             ecc_uncorrected=int(ecc),
             xid_errors=tuple(self._xids[index]),
+            memory_copy_util_pct=float(rates.memory) if rates is not None else 0.0,
+            lost=self._lost[index],
+            **self._health_fields(index, handle),
         )

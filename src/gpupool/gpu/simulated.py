@@ -29,6 +29,15 @@ FULL_LOAD_TEMPERATURE_C = 78.0
 THERMAL_TIME_CONSTANT_S = 30.0  # a heatsink warms over tens of seconds, not instantly
 UTILIZATION_TIME_CONSTANT_S = 0.15  # NVML averages utilization over a 1/6 s .. 1 s window
 XID_HISTORY = 64  # most recent Xid codes kept per GPU
+XID_FALLEN_OFF_BUS = 79
+THROTTLE_FAULTS: dict[str, tuple[str, ...]] = {  # `inject-fault --throttle KIND` -> NVML reasons it raises
+    "thermal": ("hw_thermal", "sw_thermal"),
+    "power": ("sw_power_cap", "hw_power_brake"),
+}
+THROTTLED_TEMPERATURE_C = 92.0  # where a thermally throttling H100 sits (its slowdown starts near 90 C)
+THROTTLED_CLOCK_SHARE = 0.6  # share of the max SM clock a throttled GPU still runs at
+NVLINK_LINKS = {"B200": 18, "H200": 18, "H100": 18, "A100": 12, "V100": 6}  # links per SXM GPU
+PCIE_GEN = {"B200": 5, "H200": 5, "H100": 5, "L40S": 4, "L4": 4, "A100": 4, "A10": 4, "RTX4090": 4}
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "sim.gpupool")
 
 ProcessKey = tuple[int, float]  # (pid, create_time): a pid alone can be reused by a new process
@@ -93,6 +102,12 @@ class _SimulatedGpu:
     energy_j: float = 0.0
     ecc_uncorrected: int = 0
     xids: list[int] = field(default_factory=list)
+    # Fault injection (`gpupool node inject-fault`): what the next readings and active checks show.
+    remapped_rows_uncorrectable: int = 0
+    remapped_rows_pending: bool = False
+    throttle: tuple[str, ...] = ()
+    slow_factor: float = 1.0  # active checks measure this share of the expected figures
+    lost: bool = False
 
     def observe_processes(self, now_monotonic: float) -> None:
         """Update utilization and memory from the attached process trees."""
@@ -143,6 +158,20 @@ class _SimulatedGpu:
         info = self.info
         forced = self.forced_temperature_c
         temperature = forced if forced is not None else self.temperature_c
+        if "hw_thermal" in self.throttle:
+            temperature = max(temperature, THROTTLED_TEMPERATURE_C)
+        sm_clock = info.max_sm_clock_mhz if busy else info.idle_sm_clock_mhz
+        if self.throttle:
+            sm_clock = min(sm_clock, info.max_sm_clock_mhz * THROTTLED_CLOCK_SHARE)
+        links = NVLINK_LINKS.get(info.family, 0) if info.nvlink else 0
+        gen = PCIE_GEN.get(info.family, 3)
+        if self.lost:  # NVML answers nothing for a GPU that fell off the bus
+            return GpuSample(
+                index=self.device.index, uuid=self.device.uuid, at=at, utilization_pct=0.0,
+                memory_used_bytes=0, memory_total_bytes=self.device.memory_bytes, temperature_c=0.0,
+                power_w=0.0, energy_j=self.energy_j, sm_clock_mhz=0.0, mem_clock_mhz=0.0,
+                ecc_uncorrected=self.ecc_uncorrected, xid_errors=tuple(self.xids), lost=True,
+            )  # fmt: skip
         return GpuSample(
             index=self.device.index,
             uuid=self.device.uuid,
@@ -153,10 +182,22 @@ class _SimulatedGpu:
             temperature_c=round(temperature, 2),
             power_w=round(self.power_w, 3),
             energy_j=self.energy_j,
-            sm_clock_mhz=info.max_sm_clock_mhz if busy else info.idle_sm_clock_mhz,
+            sm_clock_mhz=sm_clock,
             mem_clock_mhz=info.max_mem_clock_mhz if busy else info.idle_mem_clock_mhz,
             ecc_uncorrected=self.ecc_uncorrected,
             xid_errors=tuple(self.xids),
+            memory_copy_util_pct=round(self.utilization_pct * 0.4, 2),
+            memory_temperature_c=round(temperature + 4.0, 2),
+            throttle_reasons=self.throttle,
+            pcie_link_gen=gen,
+            pcie_link_gen_max=gen,
+            pcie_link_width=16,
+            pcie_link_width_max=16,
+            ecc_uncorrected_aggregate=self.ecc_uncorrected,
+            remapped_rows_uncorrectable=self.remapped_rows_uncorrectable,
+            remapped_rows_pending=self.remapped_rows_pending,
+            nvlink_links_up=links,
+            nvlink_links_total=links,
         )
 
 
@@ -253,9 +294,50 @@ class SimulatedProvider:
             gpu.xids = [*gpu.xids, int(code)][-XID_HISTORY:]
 
     def inject_ecc_errors(self, index: int, count: int = 1) -> None:
-        """Fault injection: add `count` uncorrected ECC errors to GPU `index`."""
+        """Fault injection: add `count` uncorrected ECC errors to GPU `index`; HBM then has a row remap
+        pending (what an A100/H100 does after an uncorrectable error) until the faults are cleared."""
         with self._lock:
-            self._gpu(index).ecc_uncorrected += int(count)
+            gpu = self._gpu(index)
+            gpu.ecc_uncorrected += int(count)
+            gpu.remapped_rows_uncorrectable += int(count)
+            gpu.remapped_rows_pending = True
+
+    def inject_throttle(self, index: int, kind: str) -> None:
+        """Fault injection: GPU `index` throttles its clocks for `kind` ("thermal" or "power")."""
+        if kind not in THROTTLE_FAULTS:
+            raise ValueError(f"--throttle {kind}: unknown kind; one of {', '.join(THROTTLE_FAULTS)}")
+        with self._lock:
+            self._gpu(index).throttle = THROTTLE_FAULTS[kind]
+
+    def inject_slowdown(self, index: int, factor: float) -> None:
+        """Fault injection: active checks on GPU `index` measure `factor` (0..1] of the expected figures."""
+        if not 0.0 < factor <= 1.0:
+            raise ValueError(f"--slow {factor:g}: must be more than 0 and at most 1 (0.5 halves the GPU)")
+        with self._lock:
+            self._gpu(index).slow_factor = float(factor)
+
+    def fall_off_bus(self, index: int) -> None:
+        """Fault injection: GPU `index` stops answering and reports Xid 79, as a GPU fallen off the bus."""
+        with self._lock:
+            gpu = self._gpu(index)
+            if not gpu.lost:
+                gpu.lost = True
+                gpu.xids = [*gpu.xids, XID_FALLEN_OFF_BUS][-XID_HISTORY:]
+
+    def clear_faults(self, index: int) -> None:
+        """The GPU is repaired (reset or replaced): throttling, slowness, loss and pending remaps end.
+        Counters (Xids seen, ECC errors) stay, as they do on a real GPU until the driver reloads."""
+        with self._lock:
+            gpu = self._gpu(index)
+            gpu.throttle, gpu.slow_factor, gpu.lost = (), 1.0, False
+            gpu.remapped_rows_pending = False
+            gpu.forced_temperature_c = None
+
+    def condition(self, index: int) -> tuple[GpuModelInfo, float, bool]:
+        """For simulated active checks: GPU `index`'s model, slowdown factor and whether it is lost."""
+        with self._lock:
+            gpu = self._gpu(index)
+            return gpu.info, gpu.slow_factor, gpu.lost
 
     def force_temperature(self, index: int, celsius: float | None) -> None:
         """Fault injection: pin GPU `index` at `celsius` (None: back to the thermal model)."""

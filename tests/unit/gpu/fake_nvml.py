@@ -130,8 +130,10 @@ class FakeNvml:
         return {1: gpu.sm_clock, 2: gpu.mem_clock}[clock]
 
     def nvmlDeviceGetTotalEccErrors(self, handle: int, error_type: int, counter_type: int) -> int:
-        assert (error_type, counter_type) == (1, 0)  # uncorrected, volatile
-        return self._gpu(handle, "nvmlDeviceGetTotalEccErrors").ecc_uncorrected
+        gpu = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        if error_type == 1:  # uncorrected; volatile (0) or aggregate (1), which equal here
+            return gpu.ecc_uncorrected
+        return 0  # corrected
 
     def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetNvLinkState")

@@ -1,0 +1,85 @@
+"""/api/v1/health (verdicts, checks on demand), /api/v1/telemetry (GPU history), node faults (admin)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, Query, Request
+
+from gpupool.api.auth import require_token
+from gpupool.api.errors import ApiError
+from gpupool.control import health as node_health
+
+router = APIRouter(tags=["health"])
+
+FAULT_FIELDS = ("xid", "ecc", "throttle", "slow", "fall_off_bus", "clear")
+
+
+@router.get("/health", summary="Health verdict of every node, with its evidence")
+def list_health(request: Request) -> list[dict[str, Any]]:
+    views = request.app.state.runtime.health.views()
+    return [{"node": name, **view} for name, view in sorted(views.items())]
+
+
+@router.get("/health/{name}", summary="One node's health, its last active checks and its events")
+def get_health(request: Request, name: str) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    views = runtime.health.views()
+    if name not in views:
+        raise ApiError(
+            404, "not_found", f"no node named {name!r} (nodes: {', '.join(sorted(views)) or 'none'})"
+        )
+    return {"node": name, **views[name], "events": node_health.node_events(runtime.store, name)}
+
+
+@router.post("/health/run", summary="Run the passive and active checks now, and act on the verdict")
+def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> list[dict[str, Any]]:
+    body = body or {}
+    level = str(body.get("level") or "quick")
+    runtime = request.app.state.runtime
+    node = body.get("node")
+    names = (
+        [str(node)] if node else [n for n in sorted(runtime.health.views()) if runtime.health.runner_for(n)]
+    )
+    if not names:
+        raise ApiError(
+            409, "conflict", "no node here can run active checks; name one with --node", field="node"
+        )
+    return [runtime.health.check(name, level) for name in names]
+
+
+@router.get("/telemetry/{name}", summary="A node's GPUs: latest sample and downsampled history")
+def telemetry(
+    request: Request, name: str, seconds: float = Query(600.0, gt=0, le=86400.0, description="history window")
+) -> dict[str, Any]:
+    cache = request.app.state.runtime.telemetry
+    samples = cache.node_samples(name)
+    return {
+        "node": name,
+        "age_seconds": cache.age(name),
+        "gpus": [
+            {"index": s["index"], "latest": s, "history": cache.history(name, int(s["index"]), seconds)}
+            for s in samples
+        ],
+    }
+
+
+@router.post("/nodes/{name}/faults", summary="Inject a fault into a simulated GPU (admin; tests and demos)")
+def inject_fault(
+    request: Request, name: str, body: dict[str, Any] = Body(...), role: str = Depends(require_token)
+) -> dict[str, Any]:
+    if role != "admin":
+        raise ApiError(403, "forbidden", "fault injection is for admins only; use the admin token")
+    chosen = [key for key in FAULT_FIELDS if body.get(key) not in (None, False)]
+    if len(chosen) != 1:
+        raise ApiError(
+            422, "invalid", f"give exactly one fault of {', '.join(FAULT_FIELDS)}; got {chosen or 'none'}",
+            field="fault",
+        )  # fmt: skip
+    gpu = body.get("gpu")
+    if not isinstance(gpu, int) or isinstance(gpu, bool):
+        raise ApiError(422, "invalid", f"gpu: {gpu!r} is not a GPU index; e.g. 3", field="gpu")
+    runtime = request.app.state.runtime
+    fault = chosen[0]
+    done = node_health.inject_fault(runtime.gpus, runtime.settings.node_name, name, gpu, fault, body[fault])
+    return {"node": name, "gpu": gpu, "fault": fault, "result": done}

@@ -1,0 +1,425 @@
+"""The health loop: judges every node from its telemetry, drains unhealthy nodes, and lets them back only
+after they pass the active checks.
+
+Each pass (every second, in its own thread): the passive checks read the latest samples of every node
+(`health.checks.passive`); an `unhealthy` verdict moves the node to state `unhealthy` (no new work) and asks
+the reconcile loop to stop its attempts (`stop_reason` "drain": SIGTERM, SIGKILL after the grace period,
+requeued to resume from the checkpoint). An unhealthy node gets the active checks every
+`schedule.recheck_interval` seconds; it returns to `ready` when they pass and no passive fault remains.
+Idle ready nodes get the active checks every `schedule.idle_interval` seconds, cordoned while they run.
+Every change of state or verdict is an `Event` on the node (actor "health").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from gpupool.control.errors import Conflict, Invalid, NotFound
+from gpupool.control.telemetry import TelemetryCache
+from gpupool.gpu import GpuProvider, NvmlProvider, SimulatedProvider
+from gpupool.health import checks
+from gpupool.health.active import ActiveCheckError, ActiveRunner, SimulatedRunner, TorchRunner
+from gpupool.health.checks import Baseline, Finding, Verdict
+from gpupool.health.thresholds import LEVELS, HealthConfig
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Event, Node
+from gpupool.timeutil import as_utc, utcnow
+
+log = logging.getLogger("gpupool.health")
+
+ACTOR = "health"
+STOP_DRAIN = "drain"  # the reconcile loop's stop reason for work leaving a node (control.loop.STOP_DRAIN)
+CHECKING = "health: active checks running"  # state_reason while an idle node is cordoned for its checks
+STALE_AFTER = 30.0  # seconds without samples after which a node's last samples are not judged
+FAULTS = ("xid", "ecc", "throttle", "slow", "fall_off_bus", "clear")
+
+
+@dataclass
+class NodeHealth:
+    verdict: Verdict
+    checked_at: float  # unix time of the verdict
+    active: dict[str, Any] | None = None  # the last active run: result and verdict
+    active_at: float | None = None
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        store: Store,
+        telemetry: TelemetryCache,
+        config: HealthConfig,
+        *,
+        local_node: str,
+        local_gpus: GpuProvider | None,
+        wake: Callable[[], None] = lambda: None,
+        interval: float = 1.0,
+    ) -> None:
+        self.store, self.telemetry, self.config = store, telemetry, config
+        self.local_node, self.local_gpus = local_node, local_gpus
+        self.wake, self.interval = wake, interval
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeHealth] = {}
+        self._baselines: dict[str, Baseline] = {}
+        self._running: dict[str, threading.Lock] = {}
+        self._started = time.time()
+        self.verdicts_total: Counter[tuple[str, str]] = Counter()  # (node, health) -> verdicts that changed
+        self.failed_checks_total: Counter[str] = Counter()  # check -> findings that set a verdict
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad pass must not stop health checking; the next pass retries
+                log.exception("event=health_pass_failed")
+            stop.wait(self.interval)
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        schedule = self.config.schedule
+        for name, state, reason, busy in self._nodes_now():
+            if state == "lost":
+                continue
+            verdict = self._passive(name)
+            if verdict is not None:
+                self._record(name, state, verdict, now)
+                if verdict.health == checks.UNHEALTHY:
+                    self._mark_unhealthy(name, verdict)
+                    state = "unhealthy"
+            if state == "unhealthy":
+                self._drain(name)
+                if self._due(name, now, schedule.recheck_interval):
+                    self.check(name, schedule.recheck_level)
+            elif state == "ready" and not busy and schedule.idle_interval > 0:
+                due = self._due(name, now, schedule.idle_interval, since_start=True)
+                if due and self.runner_for(name) is not None:
+                    self.check(name, schedule.idle_level, cordon=True)
+            elif state == "cordoned" and reason == CHECKING and not self._busy(name):
+                self._set_state(name, "ready", "health: active checks interrupted; back in service")
+
+    def _due(self, name: str, now: float, interval: float, *, since_start: bool = False) -> bool:
+        """Whether the node's active checks are `interval` old; with `since_start`, a node never checked
+        counts from the monitor's start (so a restart does not test every idle node at once)."""
+        with self._lock:
+            entry = self._nodes.get(name)
+            last = entry.active_at if entry is not None else None
+        if last is None and since_start:
+            last = self._started
+        return last is None or now - last >= interval
+
+    def _busy(self, name: str) -> bool:
+        lock = self._running.get(name)
+        return lock is not None and lock.locked()
+
+    # -- checks ---------------------------------------------------------------------------------------
+
+    def runner_for(self, name: str) -> ActiveRunner | None:
+        """Who runs the active checks of a node: the head for its own GPUs; agent nodes have none yet."""
+        if name != self.local_node or self.local_gpus is None:
+            return None
+        if isinstance(self.local_gpus, SimulatedProvider):
+            return SimulatedRunner(self.local_gpus)
+        if isinstance(self.local_gpus, NvmlProvider):
+            return TorchRunner()
+        return None
+
+    def _passive(self, name: str) -> Verdict | None:
+        age = self.telemetry.age(name)
+        samples = self.telemetry.node_samples(name)
+        if age is None or age > STALE_AFTER or not samples:
+            return None
+        expected, models = self._inventory(name)
+        return checks.passive(
+            samples, expected_gpus=expected, models=models, config=self.config, baseline=self._baseline(name)
+        )
+
+    def _baseline(self, name: str) -> Baseline:
+        with self._lock:
+            return self._baselines.setdefault(name, Baseline())
+
+    def _inventory(self, name: str) -> tuple[int, dict[int, str]]:
+        with self.store.read() as s:
+            node = s.scalar(select(Node).where(Node.name == name))
+            if node is None:
+                return 0, {}
+            return len(node.gpus), {g.index: g.model for g in node.gpus}
+
+    def check(self, name: str, level: str, *, cordon: bool = False) -> dict[str, Any]:
+        """Passive and active checks of one node now; acts on the verdict; returns the report."""
+        if level not in LEVELS:
+            raise Invalid(f"level {level!r}: one of {', '.join(LEVELS)}", field="level", example="quick")
+        state = self._node_state(name)
+        runner = self.runner_for(name)
+        lock = self._running.setdefault(name, threading.Lock())
+        with lock:
+            passive = self._passive(name) or checks.verdict([], [])
+            if runner is None:
+                raise Conflict(
+                    f"node {name}: active checks run on the head's own GPUs only (node {self.local_node}); "
+                    "agent nodes cannot run them yet (docs/telemetry.md)"
+                )
+            if cordon:
+                self._set_state(name, "cordoned", CHECKING, only_from="ready")
+            began = time.time()
+            try:
+                result = runner.run(level)
+                active = checks.active(result, self.config)
+                active_view: dict[str, Any] = {"result": result.to_dict(), **active.to_dict()}
+            except ActiveCheckError as exc:
+                active = checks.verdict([Finding("active", checks.UNHEALTHY, str(exc))], ["active"])
+                active_view = {"result": None, **active.to_dict()}
+            # A node that passes is judged with what it shows now acknowledged (old Xids, ECC counts).
+            samples = self.telemetry.node_samples(name)
+            tentative = Baseline()
+            tentative.acknowledge(samples)
+            expected, models = self._inventory(name)
+            after = (
+                checks.passive(
+                    samples, expected_gpus=expected, models=models, config=self.config, baseline=tentative
+                )
+                if samples
+                else passive
+            )
+            overall = checks.combine(after if active.health != checks.UNHEALTHY else passive, active)
+            with self._lock:
+                entry = self._nodes.setdefault(name, NodeHealth(overall, began))
+                entry.active, entry.active_at = active_view, began
+            self._record(name, state, overall, began)
+            if overall.health == checks.UNHEALTHY:
+                self._mark_unhealthy(name, overall)
+            else:
+                with self._lock:
+                    self._baselines[name] = tentative
+                if state == "unhealthy" or cordon:
+                    level_text = f"passed the {level} active checks"
+                    self._set_state(name, "ready", f"health: {level_text} ({overall.health})", only_from=None)
+                    self.wake()
+            log.info(
+                "event=health_checked node=%s level=%s health=%s evidence=%r",
+                name,
+                level,
+                overall.health,
+                overall.evidence,
+            )
+            return {
+                "node": name,
+                "level": level,
+                **overall.to_dict(),
+                "active": active_view,
+                "state": self._node_state(name),
+            }
+
+    def _record(self, name: str, state: str, verdict: Verdict, now: float) -> None:
+        """Keep the verdict; a changed one is counted and logged, and warnings (and their end) are events."""
+        with self._lock:
+            previous = self._nodes.get(name)
+            changed = previous is None or (previous.verdict.health, previous.verdict.evidence) != (
+                verdict.health,
+                verdict.evidence,
+            )
+            if previous is None:
+                self._nodes[name] = NodeHealth(verdict, now)
+            else:
+                previous.verdict, previous.checked_at = verdict, now
+            if not changed:
+                return
+            self.verdicts_total[(name, verdict.health)] += 1
+            for finding in verdict.findings:
+                if finding.severity == verdict.health:
+                    self.failed_checks_total[finding.check] += 1
+        log.info("event=health_verdict node=%s health=%s evidence=%r", name, verdict.health, verdict.evidence)
+        if verdict.health == checks.WARNING or (
+            previous is not None and previous.verdict.health == checks.WARNING
+        ):
+            with self.store.session() as s:
+                s.add(
+                    Event(
+                        object_kind="node", object_id=name, from_state=state, to_state=state,
+                        reason=f"health {verdict.health}: {verdict.evidence}", actor=ACTOR,
+                    )
+                )  # fmt: skip
+
+    # -- acting on verdicts ---------------------------------------------------------------------------
+
+    def _mark_unhealthy(self, name: str, verdict: Verdict) -> None:
+        reason = f"health: {verdict.evidence}"
+        changed = self._set_state(name, "unhealthy", reason, only_from=None)
+        if changed:
+            log.warning("event=node_unhealthy node=%s evidence=%r", name, verdict.evidence)
+        self._drain(name)
+
+    def _drain(self, name: str) -> None:
+        """Ask the reconcile loop to stop every attempt with a pod on the node (it requeues them)."""
+        marked = 0
+        with self.store.session() as s:
+            for attempt in s.scalars(
+                select(Attempt).where(Attempt.state == "running", Attempt.stop_requested_at.is_(None))
+            ):
+                pods = attempt.pods or [{"node": attempt.node_name}]
+                if attempt.stop_reason != STOP_DRAIN and any(p["node"] == name for p in pods):
+                    attempt.stop_reason = STOP_DRAIN
+                    marked += 1
+        if marked:
+            log.info("event=node_drain_requested node=%s attempts=%d", name, marked)
+            self.wake()
+
+    def _set_state(self, name: str, state: str, reason: str, *, only_from: str | None = None) -> bool:
+        with self.store.session() as s:
+            node = s.scalar(select(Node).where(Node.name == name))
+            if node is None or node.state == state or (only_from is not None and node.state != only_from):
+                return False
+            if state == "ready" and node.state not in ("unhealthy", "cordoned"):
+                return False
+            if state == "ready" and node.state == "cordoned" and node.state_reason != CHECKING:
+                return False  # an operator's cordon is the operator's to lift
+            s.add(
+                Event(
+                    object_kind="node",
+                    object_id=name,
+                    from_state=node.state,
+                    to_state=state,
+                    reason=reason,
+                    actor=ACTOR,
+                )
+            )
+            node.state, node.state_reason = state, reason
+            return True
+
+    def _node_state(self, name: str) -> str:
+        with self.store.read() as s:
+            node = s.scalar(select(Node).where(Node.name == name))
+            if node is None:
+                names = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
+                raise NotFound(f"no node named {name!r} (nodes: {names})")
+            return node.state
+
+    def _nodes_now(self) -> list[tuple[str, str, str, bool]]:
+        with self.store.read() as s:
+            busy: set[str] = set()
+            for node_name, pods in s.execute(
+                select(Attempt.node_name, Attempt.pods).where(Attempt.state == "running")
+            ):
+                busy.update(str(p["node"]) for p in pods or [{"node": node_name}])
+            return [
+                (n.name, n.state, n.state_reason, n.name in busy)
+                for n in s.scalars(select(Node).order_by(Node.name))
+            ]
+
+    # -- what the API shows ---------------------------------------------------------------------------
+
+    def view(self, name: str, state: str, state_reason: str) -> dict[str, Any]:
+        """The health of one node as the API shows it (a node marked unhealthy before a restart stays so)."""
+        with self._lock:
+            entry = self._nodes.get(name)
+        if entry is None:
+            if state == "unhealthy":
+                return {
+                    "health": checks.UNHEALTHY,
+                    "evidence": state_reason,
+                    "findings": [],
+                    "checked_at": None,
+                }
+            return {
+                "health": checks.UNKNOWN,
+                "evidence": "no telemetry yet",
+                "findings": [],
+                "checked_at": None,
+            }
+        health = checks.UNHEALTHY if state == "unhealthy" else entry.verdict.health
+        evidence = (
+            state_reason
+            if state == "unhealthy" and entry.verdict.health != checks.UNHEALTHY
+            else entry.verdict.evidence
+        )
+        return {
+            "health": health,
+            "evidence": evidence,
+            "findings": [f.to_dict() for f in entry.verdict.findings],
+            "checked_at": entry.checked_at,
+            "active": entry.active,
+            "active_at": entry.active_at,
+        }
+
+    def views(self) -> dict[str, dict[str, Any]]:
+        """Health of every node, by name."""
+        return {name: self.view(name, state, reason) for name, state, reason, _ in self._nodes_now()}
+
+
+def node_events(store: Store, name: str, limit: int = 50) -> list[dict[str, Any]]:
+    """The latest events of a node (state changes and health verdicts), oldest first."""
+    with store.read() as s:
+        rows = s.scalars(
+            select(Event)
+            .where(Event.object_kind == "node", Event.object_id == name)
+            .order_by(Event.id.desc())
+            .limit(limit)
+        ).all()
+        return [
+            {
+                "at": (as_utc(e.at) or utcnow()).isoformat(),
+                "from": e.from_state,
+                "to": e.to_state,
+                "reason": e.reason,
+                "actor": e.actor,
+            }
+            for e in reversed(rows)
+        ]
+
+
+def inject_fault(
+    gpus: GpuProvider | None, local_node: str, name: str, gpu: int, fault: str, value: Any = None
+) -> str:
+    """Fault injection on the head's own simulated GPUs; anything else is refused with the reason."""
+    if fault not in FAULTS:
+        raise Invalid(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}", field="fault")
+    if name != local_node:
+        raise Conflict(
+            f"node {name}: faults go into the head's own simulated GPUs only (node {local_node})",
+            field="node",
+        )
+    if gpus is None:
+        raise Conflict(f"node {name} has no local GPUs to inject faults into", field="node")
+    if not isinstance(gpus, SimulatedProvider):
+        raise Conflict(
+            f"node {name} has real GPUs ({gpus.description}); fault injection works on simulated GPUs only "
+            "(start a server with --gpus sim:8xH100 to try it)",
+            field="node",
+        )
+    count = len(gpus.devices())
+    if not 0 <= gpu < count:
+        raise Invalid(f"gpu {gpu}: node {name} has GPUs 0..{count - 1}", field="gpu", example="3")
+    try:
+        if fault == "xid":
+            gpus.inject_xid(gpu, int(value))
+            return f"GPU {gpu}: Xid {int(value)} reported"
+        if fault == "ecc":
+            if value != "uncorrectable":
+                raise Invalid(
+                    f"ecc {value!r}: only 'uncorrectable' can be injected",
+                    field="ecc",
+                    example="uncorrectable",
+                )
+            gpus.inject_ecc_errors(gpu, 1)
+            return f"GPU {gpu}: 1 uncorrectable ECC error, row remap pending"
+        if fault == "throttle":
+            gpus.inject_throttle(gpu, str(value))
+            return f"GPU {gpu}: {value} throttling"
+        if fault == "slow":
+            gpus.inject_slowdown(gpu, float(value))
+            return f"GPU {gpu}: active checks measure {float(value):g} of the expected figures"
+        if fault == "fall_off_bus":
+            gpus.fall_off_bus(gpu)
+            return f"GPU {gpu}: fallen off the bus (Xid 79)"
+        gpus.clear_faults(gpu)
+        return f"GPU {gpu}: faults cleared (repaired); the node returns after passing the active checks"
+    except (TypeError, ValueError) as exc:
+        raise Invalid(str(exc), field=fault) from exc

@@ -1,0 +1,328 @@
+"""Prometheus metrics of the head (`GET /metrics`): GPU series under dcgm-exporter's names, and gpupool's own.
+
+GPU series carry dcgm-exporter's labels (`gpu`, `UUID`, `device`, `modelName`, `Hostname`), so dashboards
+built for dcgm-exporter work unchanged, plus `queue`, `workload` and `user` of the workload holding the GPU
+(empty when idle). Units are dcgm-exporter's: framebuffer in MiB, energy in mJ, clocks in MHz. Values are
+read at scrape time from the telemetry cache and the store; the scheduler cycle histogram is observed by
+the reconcile loop. The list with meanings is in docs/telemetry.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from gpupool.control import service
+from gpupool.control.health import HealthMonitor
+from gpupool.control.telemetry import TelemetryCache
+from gpupool.gpu.types import THROTTLE
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Gpu, Node, Workload
+from gpupool.timeutil import as_utc
+
+MIB = 1024 * 1024
+GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "queue", "workload", "user")
+GPU_HOURS_REFRESH = 15.0  # seconds between recomputations of GPU-hours from the attempts
+NODE_STATES = ("ready", "cordoned", "draining", "unhealthy", "lost")
+HEALTH_STATES = ("healthy", "warning", "unhealthy", "unknown")
+CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# (name, help, type, value of a sample row); gauges unless "counter"
+_GPU_SERIES: tuple[tuple[str, str, str, Callable[[dict[str, Any]], float | None]], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge", lambda s: s.get("utilization_pct")),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "Memory utilization (in %).",
+        "gauge",
+        lambda s: s.get("memory_copy_util_pct"),
+    ),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "Framebuffer memory used (in MiB).",
+        "gauge",
+        lambda s: s["memory_used_bytes"] / MIB,
+    ),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        "Framebuffer memory free (in MiB).",
+        "gauge",
+        lambda s: max(0, s["memory_total_bytes"] - s["memory_used_bytes"]) / MIB,
+    ),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "gauge", lambda s: s.get("temperature_c")),
+    (
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "Memory temperature (in C).",
+        "gauge",
+        lambda s: s.get("memory_temperature_c"),
+    ),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "gauge", lambda s: s.get("power_w")),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since the sampler started (in mJ).",
+        "counter",
+        lambda s: float(s.get("energy_j", 0.0)) * 1000.0,
+    ),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "gauge", lambda s: s.get("sm_clock_mhz")),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "gauge", lambda s: s.get("mem_clock_mhz")),
+    (
+        "DCGM_FI_DEV_XID_ERRORS",
+        "Value of the last XID error encountered.",
+        "gauge",
+        lambda s: float((s.get("xid_errors") or [0])[-1]),
+    ),
+    (
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "Total number of PCIe retries.",
+        "counter",
+        lambda s: s.get("pcie_replay_errors", 0),
+    ),
+    (
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "Current clock throttle reasons (NVML bit mask).",
+        "gauge",
+        lambda s: float(sum(bit for bit, n in THROTTLE.items() if n in (s.get("throttle_reasons") or ()))),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "Total number of single-bit volatile ECC errors.",
+        "counter",
+        lambda s: s.get("ecc_corrected", 0),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "Total number of double-bit volatile ECC errors.",
+        "counter",
+        lambda s: s.get("ecc_uncorrected", 0),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "Total number of single-bit persistent ECC errors.",
+        "counter",
+        lambda s: s.get("ecc_corrected_aggregate", 0),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "Total number of double-bit persistent ECC errors.",
+        "counter",
+        lambda s: s.get("ecc_uncorrected_aggregate", 0),
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for correctable errors.",
+        "counter",
+        lambda s: s.get("remapped_rows_correctable", 0),
+    ),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for uncorrectable errors.",
+        "counter",
+        lambda s: s.get("remapped_rows_uncorrectable", 0),
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "Whether remapping of rows has failed.",
+        "gauge",
+        lambda s: float(bool(s.get("remapped_rows_failure"))),
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "Whether a row remap waits for a GPU reset.",
+        "gauge",
+        lambda s: float(bool(s.get("remapped_rows_pending"))),
+    ),
+    (
+        "gpupool_gpu_nvlink_links_down",
+        "NVLink links of the GPU not in the active state.",
+        "gauge",
+        lambda s: max(0, int(s.get("nvlink_links_total", 0)) - int(s.get("nvlink_links_up", 0))),
+    ),
+    (
+        "gpupool_gpu_lost",
+        "1 when the GPU stopped answering (fallen off the bus).",
+        "gauge",
+        lambda s: float(bool(s.get("lost"))),
+    ),
+)
+
+
+class PoolCollector(Collector):
+    """Builds every series at scrape time."""
+
+    def __init__(
+        self,
+        store: Store,
+        telemetry: TelemetryCache,
+        health: HealthMonitor | None,
+        fair_shares: Callable[[], dict[str, dict[str, float]]],
+    ) -> None:
+        self.store, self.telemetry, self.health, self.fair_shares = store, telemetry, health, fair_shares
+        self._gpu_hours: tuple[float, dict[str, float]] | None = None
+
+    def describe(self) -> list[Metric]:
+        return []  # collected at scrape time only (no registration-time scrape of the store)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._gpus()
+        yield from self._pool()
+
+    def _gpus(self) -> Iterator[Metric]:
+        with self.store.read() as s:
+            models = {(node, idx): (model, name) for node, idx, model, name in s.execute(
+                select(Node.name, Gpu.index, Gpu.model, Gpu.product_name).join(Gpu, Gpu.node_id == Node.id)
+            )}  # fmt: skip
+        families = [
+            Metric(name, doc, kind) if kind == "counter" else GaugeMetricFamily(name, doc, labels=GPU_LABELS)
+            for name, doc, kind, _ in _GPU_SERIES
+        ]
+        for (node, index), sample in sorted(self.telemetry.latest().items()):
+            holders = sample.get("holders") or [{}]
+            first = holders[0]
+            model, product = models.get((node, index), ("", ""))
+            labels = {
+                "gpu": str(index),
+                "UUID": str(sample.get("uuid", "")),
+                "device": f"nvidia{index}",
+                "modelName": product or model,
+                "Hostname": node,
+                "queue": str(first.get("queue", "")),
+                "workload": str(first.get("workload", "")),
+                "user": str(first.get("user", "")),
+            }
+            for family, (name, _, kind, read) in zip(families, _GPU_SERIES, strict=True):
+                try:
+                    value = read(sample)
+                except (KeyError, TypeError, ValueError):
+                    value = None
+                if value is None:
+                    continue
+                if kind == "counter":
+                    family.add_sample(name, labels, float(value))  # dcgm-exporter's names carry no _total
+                else:
+                    assert isinstance(family, GaugeMetricFamily)
+                    family.add_metric([labels[k] for k in GPU_LABELS], float(value))
+        yield from families
+
+    def _pool(self) -> Iterator[Metric]:
+        queues = service.list_queues(self.store, self.fair_shares())
+        quota = GaugeMetricFamily(
+            "gpupool_queue_quota_gpus", "GPUs guaranteed to the queue.", labels=["queue"]
+        )
+        limit = GaugeMetricFamily(
+            "gpupool_queue_limit_gpus", "Hard cap on the queue's GPUs (absent: none).", labels=["queue"]
+        )
+        share = GaugeMetricFamily(
+            "gpupool_queue_fair_share_gpus", "GPUs the queue deserves now (water-filling).", labels=["queue"]
+        )
+        allocated = GaugeMetricFamily(
+            "gpupool_queue_allocated_gpus", "GPUs the queue's running work holds.", labels=["queue"]
+        )
+        pending = GaugeMetricFamily(
+            "gpupool_queue_pending_gpus", "GPUs the queue's pending work asks for.", labels=["queue"]
+        )
+        for q in queues:
+            gpu = (q.get("resources") or {}).get("gpu") or {}
+            quota.add_metric([q["name"]], float(gpu.get("quota") or 0.0))
+            if gpu.get("limit") is not None:
+                limit.add_metric([q["name"]], float(gpu["limit"]))
+            share.add_metric([q["name"]], float((q.get("fair_share") or {}).get("gpu", 0.0)))
+            allocated.add_metric([q["name"]], float(q["gpus_allocated"]))
+            pending.add_metric([q["name"]], float(q["gpus_pending"]))
+        yield from (quota, limit, share, allocated, pending)
+
+        workloads = GaugeMetricFamily(
+            "gpupool_workloads", "Workloads by state and queue.", labels=["state", "queue"]
+        )
+        nodes = GaugeMetricFamily("gpupool_nodes", "Nodes by state.", labels=["state"])
+        node_state = GaugeMetricFamily(
+            "gpupool_node_state", "1 for the node's current state.", labels=["node", "state"]
+        )
+        with self.store.read() as s:
+            for state, queue, count in s.execute(
+                select(Workload.state, Workload.queue, func.count()).group_by(Workload.state, Workload.queue)
+            ):
+                workloads.add_metric([state, queue], float(count))
+            node_rows = s.execute(select(Node.name, Node.state, Node.state_reason).order_by(Node.name)).all()
+        counts = dict.fromkeys(NODE_STATES, 0)
+        for name, state, _ in node_rows:
+            counts[state] = counts.get(state, 0) + 1
+            node_state.add_metric([name, state], 1.0)
+        for state, count in counts.items():
+            nodes.add_metric([state], float(count))
+        yield from (workloads, nodes, node_state)
+
+        hours = Metric(
+            "gpupool_gpu_hours", "GPU-hours used by each queue's attempts (running ones so far).", "counter"
+        )
+        for queue, value in sorted(self._hours().items()):
+            hours.add_sample("gpupool_gpu_hours_total", {"queue": queue}, value)
+        yield hours
+
+        health = GaugeMetricFamily(
+            "gpupool_node_health", "1 for the node's current health verdict.", labels=["node", "health"]
+        )
+        verdicts = Metric("gpupool_health_verdicts", "Changes of a node's health verdict.", "counter")
+        failures = Metric(
+            "gpupool_health_check_failures", "Findings that set a health verdict, by check.", "counter"
+        )
+        if self.health is not None:
+            views = self.health.views()
+            for name, _, _ in node_rows:
+                health.add_metric([name, views.get(name, {}).get("health", "unknown")], 1.0)
+            for (name, verdict), count in sorted(self.health.verdicts_total.items()):
+                verdicts.add_sample(
+                    "gpupool_health_verdicts_total", {"node": name, "health": verdict}, float(count)
+                )
+            for check, count in sorted(self.health.failed_checks_total.items()):
+                failures.add_sample("gpupool_health_check_failures_total", {"check": check}, float(count))
+        yield from (health, verdicts, failures)
+
+    def _hours(self) -> dict[str, float]:
+        now = time.time()
+        if self._gpu_hours is not None and now - self._gpu_hours[0] < GPU_HOURS_REFRESH:
+            return self._gpu_hours[1]
+        hours: dict[str, float] = {}
+        with self.store.read() as s:
+            for queue, indices, fraction, pods, started, finished in s.execute(
+                select(
+                    Workload.queue,
+                    Attempt.gpu_indices,
+                    Attempt.gpu_fraction,
+                    Attempt.pods,
+                    Attempt.started_at,
+                    Attempt.finished_at,
+                ).join(Workload, Attempt.workload_id == Workload.id)
+            ):
+                start, end = as_utc(started), as_utc(finished)
+                if start is None:
+                    continue
+                gpus = sum(len(p["gpu_indices"]) for p in pods) if pods else len(indices or ())
+                seconds = max(0.0, (end.timestamp() if end else now) - start.timestamp())
+                hours[queue] = hours.get(queue, 0.0) + gpus * (fraction or 1.0) * seconds / 3600.0
+        self._gpu_hours = (now, hours)
+        return hours
+
+
+class Metrics:
+    """One registry per server: the scrape-time collector and the scheduler cycle histogram."""
+
+    def __init__(
+        self,
+        store: Store,
+        telemetry: TelemetryCache,
+        health: HealthMonitor | None,
+        fair_shares: Callable[[], dict[str, dict[str, float]]],
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.cycle_seconds = Histogram(
+            "gpupool_scheduler_cycle_seconds",
+            "Duration of one scheduling pass of the reconcile loop (snapshot, decide, apply).",
+            buckets=CYCLE_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(PoolCollector(store, telemetry, health, fair_shares))

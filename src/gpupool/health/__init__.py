@@ -1,0 +1,1 @@
+"""Node health: Xid classification, per-model thresholds, passive and active checks, and verdicts."""

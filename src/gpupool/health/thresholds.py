@@ -1,0 +1,164 @@
+"""What a healthy GPU of each model must show: one thresholds table, and the config file that overrides it.
+
+Seeded from Azure's published node health checks (github.com/Azure/azurehpc-health-checks, `conf/`):
+- ND A100 v4 (`nd96asr_v4.conf`, `nd96amsr_a100_v4.conf`): `check_cuda_bw 24` (host<->device GB/s per
+  GPU), `check_nccl_allreduce 228.0` (8-GPU all-reduce bus bandwidth, GB/s).
+- ND H100 v5 (`nd96isr_h100_v5.conf`): `check_gpu_bw 48 335` (host<->device 48 GB/s, peer 335 GB/s),
+  `check_nccl_allreduce 460.0`.
+- ND H200 v5 (`nd96isr_h200_v5.conf`): `check_gpu_bw 48 335`, `check_nccl_allreduce 431.0`.
+GEMM: at least 70% of the catalog's dense BF16 peak (gpupool.gpu.catalog), the target of `gpupool bench
+gemm` (docs/bench.md). Temperatures: warnings below NVIDIA's slowdown points (H100/H200 GPU slowdown near
+90 C, HBM3 rated to 95 C). A model with no Azure figure is checked for GEMM, memory and temperature only.
+
+Override any field, per model or for every model, in a YAML file (`$GPUPOOL_HOME/health.yaml`, or the
+path in $GPUPOOL_HEALTH_CONFIG); see docs/telemetry.md.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupool.gpu.catalog import lookup_model
+from gpupool.gpu.errors import UnknownGpuModel
+
+LEVELS = ("quick", "full")
+CONFIG_ENV = "GPUPOOL_HEALTH_CONFIG"
+
+
+class HealthConfigError(ValueError):
+    """A health config file that cannot be used; the message names the file, the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Limits for one GPU model; None: not checked for that model."""
+
+    gpu_temp_warn_c: float = 85.0  # warning above this GPU temperature
+    memory_temp_warn_c: float = 92.0  # warning above this HBM/GDDR temperature
+    gemm_min_fraction: float = 0.7  # active: BF16 GEMM TFLOPS at least this share of the dense peak
+    h2d_min_gbps: float | None = None  # active: host-to-device copy GB/s per GPU
+    d2h_min_gbps: float | None = None  # active: device-to-host copy GB/s per GPU
+    allreduce_min_busbw_gbps: float | None = None  # active, full level, 8 GPUs: all-reduce bus bandwidth
+    allreduce_gpus: int = 8  # the GPU count the all-reduce figure is for; other counts are not judged
+    source: str = "gpupool defaults"
+
+
+TABLE: dict[str, Thresholds] = {
+    "A100": Thresholds(
+        h2d_min_gbps=24.0, d2h_min_gbps=24.0, allreduce_min_busbw_gbps=228.0,
+        source="Azure HPC health checks, ND A100 v4 (nd96asr_v4.conf)",
+    ),
+    "H100": Thresholds(
+        h2d_min_gbps=48.0, d2h_min_gbps=48.0, allreduce_min_busbw_gbps=460.0,
+        source="Azure HPC health checks, ND H100 v5 (nd96isr_h100_v5.conf)",
+    ),
+    "H200": Thresholds(
+        h2d_min_gbps=48.0, d2h_min_gbps=48.0, allreduce_min_busbw_gbps=431.0,
+        source="Azure HPC health checks, ND H200 v5 (nd96isr_h200_v5.conf)",
+    ),
+}  # fmt: skip
+DEFAULT = Thresholds()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When the head checks nodes by itself."""
+
+    recheck_interval: float = 60.0  # seconds between active checks of an unhealthy node
+    recheck_level: str = "quick"  # level of those checks
+    idle_interval: float = 86400.0  # seconds between active checks of an idle node (0: never)
+    idle_level: str = "quick"
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    overrides: dict[str, dict[str, Any]]  # model family (or "*") -> fields
+    schedule: Schedule = Schedule()
+    path: str | None = None
+
+    def for_model(self, model: str) -> Thresholds:
+        family = model.upper()
+        base = TABLE.get(family, DEFAULT)
+        merged = {**self.overrides.get("*", {}), **self.overrides.get(family, {})}
+        if not merged:
+            return base
+        return replace(base, source=f"{base.source}, overridden by {self.path}", **merged)
+
+
+_THRESHOLD_FIELDS = {f.name: f for f in fields(Thresholds) if f.name != "source"}
+_SCHEDULE_FIELDS = {f.name for f in fields(Schedule)}
+
+
+def _number(where: str, key: str, value: Any, *, allow_none: bool) -> float | int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise HealthConfigError(f"{where}.{key}: {value!r} is not a number >= 0; e.g. {key}: 40")
+    return value
+
+
+def parse_config(data: Any, path: str = "health config") -> HealthConfig:
+    """Validate a health config document (parsed YAML) into a HealthConfig."""
+    if data is None:
+        return HealthConfig({}, Schedule(), path)
+    if not isinstance(data, dict):
+        raise HealthConfigError(f"{path}: expected a mapping with 'thresholds' and/or 'schedule'")
+    unknown = set(data) - {"thresholds", "schedule"}
+    if unknown:
+        raise HealthConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}; use 'thresholds' or 'schedule'")
+    overrides: dict[str, dict[str, Any]] = {}
+    for model, values in (data.get("thresholds") or {}).items():
+        where = f"{path}: thresholds.{model}"
+        family = "*" if model == "*" else _family(str(model), where)
+        if not isinstance(values, dict):
+            raise HealthConfigError(f"{where}: expected a mapping of fields, e.g. h2d_min_gbps: 40")
+        for key, value in values.items():
+            if key not in _THRESHOLD_FIELDS:
+                raise HealthConfigError(
+                    f"{where}.{key}: unknown field; fields: {', '.join(sorted(_THRESHOLD_FIELDS))}"
+                )
+            allow_none = "None" in str(_THRESHOLD_FIELDS[key].type)
+            overrides.setdefault(family, {})[key] = _number(where, key, value, allow_none=allow_none)
+    schedule_data = data.get("schedule") or {}
+    if not isinstance(schedule_data, dict):
+        raise HealthConfigError(f"{path}: schedule: expected a mapping, e.g. recheck_interval: 60")
+    schedule = Schedule()
+    for key, value in schedule_data.items():
+        if key not in _SCHEDULE_FIELDS:
+            raise HealthConfigError(
+                f"{path}: schedule.{key}: unknown field; fields: {', '.join(sorted(_SCHEDULE_FIELDS))}"
+            )
+        if key.endswith("_level"):
+            if value not in LEVELS:
+                raise HealthConfigError(f"{path}: schedule.{key}: {value!r}; one of {', '.join(LEVELS)}")
+        else:
+            _number(f"{path}: schedule", key, value, allow_none=False)
+        schedule = replace(schedule, **{key: value})
+    return HealthConfig(overrides, schedule, path)
+
+
+def _family(model: str, where: str) -> str:
+    try:
+        return lookup_model(model).family.upper()
+    except UnknownGpuModel:
+        return model.upper()  # a model gpupool's catalog lacks can still get thresholds
+
+
+def load_config(home: Path) -> HealthConfig:
+    """$GPUPOOL_HEALTH_CONFIG (it must exist), else $GPUPOOL_HOME/health.yaml if there, else defaults."""
+    named = os.environ.get(CONFIG_ENV)
+    path = Path(named).expanduser() if named else home / "health.yaml"
+    if not path.exists():
+        if named:
+            raise HealthConfigError(f"${CONFIG_ENV}={named}: no such file; create it or unset the variable")
+        return HealthConfig({}, Schedule(), None)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise HealthConfigError(f"{path}: cannot read it as YAML ({exc})") from exc
+    return parse_config(data, str(path))
