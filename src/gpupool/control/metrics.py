@@ -176,10 +176,10 @@ class PoolCollector(Collector):
             models = {(node, idx): (model, name) for node, idx, model, name in s.execute(
                 select(Node.name, Gpu.index, Gpu.model, Gpu.product_name).join(Gpu, Gpu.node_id == Node.id)
             )}  # fmt: skip
-        families = [
-            Metric(name, doc, kind) if kind == "counter" else GaugeMetricFamily(name, doc, labels=GPU_LABELS)
-            for name, doc, kind, _ in _GPU_SERIES
-        ]
+        # dcgm-exporter types its cumulative fields (energy, ECC, PCIe replays, remapped rows) as counters
+        # under names without `_total`; the Python client would append `_total` to a counter, so they are
+        # exposed as gauges under dcgm-exporter's exact names (rate() and increase() read them the same).
+        families = [GaugeMetricFamily(name, doc, labels=GPU_LABELS) for name, doc, _, _ in _GPU_SERIES]
         for (node, index), sample in sorted(self.telemetry.latest().items()):
             holders = sample.get("holders") or [{}]
             first = holders[0]
@@ -194,18 +194,14 @@ class PoolCollector(Collector):
                 "workload": str(first.get("workload", "")),
                 "user": str(first.get("user", "")),
             }
-            for family, (name, _, kind, read) in zip(families, _GPU_SERIES, strict=True):
+            for family, (_, _, _, read) in zip(families, _GPU_SERIES, strict=True):
                 try:
                     value = read(sample)
                 except (KeyError, TypeError, ValueError):
                     value = None
                 if value is None:
                     continue
-                if kind == "counter":
-                    family.add_sample(name, labels, float(value))  # dcgm-exporter's names carry no _total
-                else:
-                    assert isinstance(family, GaugeMetricFamily)
-                    family.add_metric([labels[k] for k in GPU_LABELS], float(value))
+                family.add_metric([labels[k] for k in GPU_LABELS], float(value))
         yield from families
 
     def _pool(self) -> Iterator[Metric]:

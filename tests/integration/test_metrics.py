@@ -1,0 +1,85 @@
+"""A real Prometheus scrapes a running head's /metrics; values are read back through its query API."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.prometheus import CI_MESSAGE, PrometheusProcess, find_prometheus
+from tests.support.server import ServerProcess
+
+
+@pytest.fixture
+def prometheus(server: ServerProcess, tmp_path: Path) -> Iterator[PrometheusProcess]:
+    binary = find_prometheus()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(CI_MESSAGE)
+        pytest.skip("Prometheus binary not installed here (apt-get install prometheus)")
+    proc = PrometheusProcess(
+        tmp_path / "prometheus", f"127.0.0.1:{server.port}", server.token, binary
+    ).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_metrics_need_the_api_token(server: ServerProcess) -> None:
+    assert httpx.get(f"{server.url}/metrics").status_code == 401
+    with server.http() as client:
+        response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION gauge" in response.text
+    assert "# TYPE gpupool_scheduler_cycle_seconds histogram" in response.text
+
+
+def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
+    server: ServerProcess, prometheus: PrometheusProcess, job_dir: Path
+) -> None:
+    with server.http() as client:
+        assert (
+            client.post(
+                "/api/v1/queues", json={"name": "nlp", "resources": {"gpu": {"quota": 4}}}
+            ).status_code
+            == 201
+        )
+    job = server.submit(
+        {
+            "name": "busy",
+            "queue": "nlp",
+            "resources": {"gpu": 2},
+            "commands": ["sleep 60"],
+            "workdir": str(job_dir),
+        }
+    )
+    server.wait_for(job["id"], ("running",))
+
+    held = prometheus.wait_for(f'DCGM_FI_DEV_FB_USED{{workload="{job["id"]}"}}', count=2)
+    assert {s["metric"]["queue"] for s in held} == {"nlp"}
+    assert {s["metric"]["user"] for s in held} == {"admin"}
+    assert {s["metric"]["modelName"] for s in held} == {"NVIDIA H100 80GB HBM3"}
+    assert {s["metric"]["Hostname"] for s in held} == {"node-1"}
+    gpus = prometheus.wait_for("DCGM_FI_DEV_GPU_TEMP", count=8)
+    assert sorted(int(s["metric"]["gpu"]) for s in gpus) == list(range(8))
+    assert all(s["metric"]["UUID"].startswith("GPU-") for s in gpus)
+    for name in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                 "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_SM_CLOCK"):  # fmt: skip
+        assert len(prometheus.wait_for(name, count=8)) == 8
+
+    def value(promql: str) -> float:
+        return float(prometheus.wait_for(promql)[0]["value"][1])
+
+    assert value('gpupool_queue_quota_gpus{queue="nlp"}') == 4.0
+    assert value('gpupool_queue_allocated_gpus{queue="nlp"}') == 2.0
+    assert value('gpupool_workloads{state="running",queue="nlp"}') == 1.0
+    assert value('gpupool_nodes{state="ready"}') == 1.0
+    assert value('gpupool_node_health{node="node-1",health="healthy"}') == 1.0
+    assert value("gpupool_scheduler_cycle_seconds_count") > 0
+    assert value('gpupool_gpu_hours_total{queue="nlp"}') >= 0.0
+    server.cli("cancel", str(job["id"]), check=True)
