@@ -37,7 +37,7 @@ def _run_history_then_compete(server: ServerProcess) -> tuple[float, float]:
     deadline = time.time() + 20
     while time.time() < deadline:
         heavy, light = _fair(server, "heavy"), _fair(server, "light")
-        if heavy + light > 7.9:
+        if heavy > 0 and light > 0 and heavy + light > 7.9:  # the loop has seen both queues' demand
             return heavy, light
         time.sleep(0.2)
     raise AssertionError(f"no fair shares computed: {_queues(server)}")
