@@ -47,10 +47,11 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "events",
         "api_tokens",
         "foreign_jobs",
+        "join_tokens",
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0003"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0004"
     again.close()
 
 

@@ -11,9 +11,12 @@ from pathlib import Path
 from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
 from gpupool.control import service
+from gpupool.control.health import HealthMonitor
 from gpupool.control.loop import ControlSettings, Reconciler
-from gpupool.control.telemetry import TelemetryCache
+from gpupool.control.metrics import Metrics
+from gpupool.control.telemetry import StoreAllocations, TelemetryCache
 from gpupool.gpu import GpuProvider, open_provider
+from gpupool.health.thresholds import load_config
 from gpupool.store.db import Store
 
 log = logging.getLogger("gpupool.server")
@@ -40,7 +43,8 @@ class Runtime:
         self.settings = settings
         self.store = store or Store(settings.db_url)
         service.ensure_default_queue(self.store)
-        self.telemetry = TelemetryCache()
+        self.telemetry = TelemetryCache(allocations=StoreAllocations(self.store))
+        health_config = load_config(settings.home)  # HealthConfigError (a ValueError) names the file and key
         if settings.backend not in BACKENDS:
             raise ValueError(f"--backend {settings.backend}: unknown backend; one of {', '.join(BACKENDS)}")
         if settings.partition is not None and settings.backend != "slurm":
@@ -62,8 +66,19 @@ class Runtime:
             ),
             self.telemetry,
         )
+        self.health = HealthMonitor(
+            self.store,
+            self.telemetry,
+            health_config,
+            local_node=settings.node_name,
+            local_gpus=self.gpus,
+            wake=self._wake,
+        )
+        self.metrics = Metrics(self.store, self.telemetry, self.health, lambda: self.reconciler.fair_shares)
+        self.reconciler.cycle_observer = self.metrics.cycle_seconds.observe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._health_thread: threading.Thread | None = None
 
     def _open_backend(self) -> Backend:
         if self.settings.backend == "slurm":
@@ -86,6 +101,10 @@ class Runtime:
             target=self.reconciler.run, args=(self._stop,), name="reconcile", daemon=True
         )
         self._thread.start()
+        self._health_thread = threading.Thread(
+            target=self.health.run, args=(self._stop,), name="health", daemon=True
+        )
+        self._health_thread.start()
         log.info(
             "event=control_started backend=%s node=%s gpus=%s",
             self.backend.name,
@@ -102,6 +121,8 @@ class Runtime:
         self.reconciler.wake()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._health_thread is not None:
+            self._health_thread.join(timeout=10)
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()

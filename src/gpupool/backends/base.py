@@ -1,4 +1,4 @@
-"""The interface every execution backend presents to the control loop (local, slurm; agent later)."""
+"""The interface every execution backend presents to the control loop (local, slurm, agent)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class Launch:
     pods: tuple[Pod, ...] = ()
     cpus: float = 0.0  # per pod, as requested (0 = none asked for)
     memory_bytes: int = 0  # per pod, as requested (0 = none asked for)
+    fencing_token: str = ""  # the attempt's; an agent runs it only while the head lists it with this token
 
 
 @dataclass(frozen=True, slots=True)

@@ -264,7 +264,7 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "STATE", "GPUS", "MODEL", "ALLOCATED", "CPUS", "MEMORY", "UTIL"):
+    for column in ("NAME", "STATE", "HEALTH", "GPUS", "MODEL", "ALLOCATED", "CPUS", "MEMORY", "UTIL"):
         table.add_column(column)
     for n in rows:
         utils = [g["sample"]["utilization_pct"] for g in n["gpus"] if g.get("sample")]
@@ -272,6 +272,7 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
         table.add_row(
             n["name"],
             styled(n["state"]),
+            styled(n.get("health", "unknown")),
             str(n["gpus_total"]),
             ",".join(n["gpu_models"]) or "-",
             f"{n['gpus_allocated']}/{n['gpus_total']}",
@@ -424,3 +425,6 @@ def queue_update(
 
 class CliError(Exception):
     """A user-facing error: printed as one line, exit code 1."""
+
+
+from gpupool.cli import health as _health  # noqa: E402, F401  (`gpupool top|health`, `node show|inject-fault`)

@@ -22,6 +22,8 @@ STATE_STYLE = {
     "draining": "yellow",
     "unhealthy": "red",
     "lost": "red",
+    "healthy": "green",
+    "warning": "yellow",
 }
 
 

@@ -151,6 +151,50 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/uncordon")
         return result
 
+    # -- node health and telemetry -------------------------------------------------------------------
+    def node_health(self, name: str | None = None) -> Any:
+        """Every node's health verdict (a list), or one node's with its events (a dict)."""
+        return self._call("GET", f"/api/v1/health/{name}" if name else "/api/v1/health")
+
+    def run_health_checks(self, node: str | None = None, level: str = "quick") -> list[dict[str, Any]]:
+        """Run the passive and active checks now (on `node`, or every node that can run them)."""
+        result: list[dict[str, Any]] = self._call(
+            "POST", "/api/v1/health/run", json={"node": node, "level": level}, timeout=1200.0
+        )
+        return result
+
+    def telemetry(self, node: str, seconds: float = 600.0) -> dict[str, Any]:
+        """A node's GPUs: latest sample and downsampled history over the last `seconds`."""
+        result: dict[str, Any] = self._call("GET", f"/api/v1/telemetry/{node}", params={"seconds": seconds})
+        return result
+
+    def inject_fault(self, node: str, gpu: int, **fault: Any) -> dict[str, Any]:
+        """Fault injection into a simulated GPU (admin): xid=79, ecc="uncorrectable", throttle="thermal",
+        slow=0.5, fall_off_bus=True or clear=True."""
+        result: dict[str, Any] = self._call(
+            "POST", f"/api/v1/nodes/{node}/faults", json={"gpu": gpu, **fault}
+        )
+        return result
+
+    def drain(self, name: str, reason: str | None = None) -> dict[str, Any]:
+        body = {"reason": reason} if reason else None
+        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/drain", json=body)
+        return result
+
+    # -- join tokens (node agents) --------------------------------------------------------------------
+    def create_join_token(self, ttl: str | None = None, description: str = "") -> dict[str, Any]:
+        body = {"ttl": ttl, "description": description}
+        result: dict[str, Any] = self._call("POST", "/api/v1/join-tokens", json=body)
+        return result
+
+    def join_tokens(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/join-tokens")
+        return result
+
+    def revoke_join_token(self, ident: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/join-tokens/{ident}/revoke")
+        return result
+
     # -- queues ---------------------------------------------------------------------------------------
     def queues(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/queues")

@@ -69,6 +69,7 @@ class HealthMonitor:
         self._nodes: dict[str, NodeHealth] = {}
         self._baselines: dict[str, Baseline] = {}
         self._running: dict[str, threading.Lock] = {}
+        self._unhealthy_since: dict[str, float] = {}
         self._started = time.time()
         self.verdicts_total: Counter[tuple[str, str]] = Counter()  # (node, health) -> verdicts that changed
         self.failed_checks_total: Counter[str] = Counter()  # check -> findings that set a verdict
@@ -97,24 +98,27 @@ class HealthMonitor:
                     state = "unhealthy"
             if state == "unhealthy":
                 self._drain(name)
-                if self._due(name, now, schedule.recheck_interval):
+                # Rechecked once its work has left and the interval has passed since it fell (or was last
+                # checked), so a drain is never raced and a flapping GPU is not retried every second.
+                with self._lock:
+                    since = self._unhealthy_since.setdefault(name, now)
+                if not busy and self._due(name, now, schedule.recheck_interval, since=since):
                     self.check(name, schedule.recheck_level)
             elif state == "ready" and not busy and schedule.idle_interval > 0:
-                due = self._due(name, now, schedule.idle_interval, since_start=True)
+                # A node never checked counts from the monitor's start: a restart does not test them all.
+                due = self._due(name, now, schedule.idle_interval, since=self._started)
                 if due and self.runner_for(name) is not None:
                     self.check(name, schedule.idle_level, cordon=True)
             elif state == "cordoned" and reason == CHECKING and not self._busy(name):
                 self._set_state(name, "ready", "health: active checks interrupted; back in service")
 
-    def _due(self, name: str, now: float, interval: float, *, since_start: bool = False) -> bool:
-        """Whether the node's active checks are `interval` old; with `since_start`, a node never checked
-        counts from the monitor's start (so a restart does not test every idle node at once)."""
+    def _due(self, name: str, now: float, interval: float, *, since: float | None = None) -> bool:
+        """Whether `interval` seconds passed since the node's last active checks and since `since`."""
         with self._lock:
             entry = self._nodes.get(name)
             last = entry.active_at if entry is not None else None
-        if last is None and since_start:
-            last = self._started
-        return last is None or now - last >= interval
+        marks = [t for t in (last, since) if t is not None]
+        return not marks or now - max(marks) >= interval
 
     def _busy(self, name: str) -> bool:
         lock = self._running.get(name)
@@ -199,6 +203,8 @@ class HealthMonitor:
             else:
                 with self._lock:
                     self._baselines[name] = tentative
+                with self._lock:
+                    self._unhealthy_since.pop(name, None)
                 if state == "unhealthy" or cordon:
                     level_text = f"passed the {level} active checks"
                     self._set_state(name, "ready", f"health: {level_text} ({overall.health})", only_from=None)
@@ -253,6 +259,8 @@ class HealthMonitor:
     def _mark_unhealthy(self, name: str, verdict: Verdict) -> None:
         reason = f"health: {verdict.evidence}"
         changed = self._set_state(name, "unhealthy", reason, only_from=None)
+        with self._lock:
+            self._unhealthy_since.setdefault(name, time.time())
         if changed:
             log.warning("event=node_unhealthy node=%s evidence=%r", name, verdict.evidence)
         self._drain(name)

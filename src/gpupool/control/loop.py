@@ -12,6 +12,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -88,6 +89,7 @@ class Reconciler:
         self.explanations: dict[int, scheduler.Explanation] = {}
         self._explained_at = 0.0
         self._inventory_generation = 0  # of the backend inventory last applied; 0: none (local backend)
+        self.cycle_observer: Callable[[float], None] | None = None  # metrics: seconds of each schedule()
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -114,7 +116,10 @@ class Reconciler:
         now = time.time() if now is None else now
         self.sync_inventory()
         self.observe(now)
+        started = time.perf_counter()
         self.schedule(now)
+        if self.cycle_observer is not None:
+            self.cycle_observer(time.perf_counter() - started)
         if self.gpus is not None and now - self._last_sample >= self.settings.telemetry_interval:
             self._last_sample = now
             self.sample_gpus(now)

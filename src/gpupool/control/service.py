@@ -455,13 +455,24 @@ def node_view(
     }
 
 
-def list_nodes(store: Store, telemetry: TelemetryCache) -> list[dict[str, Any]]:
+def list_nodes(
+    store: Store, telemetry: TelemetryCache, health: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Every node; `health` (the health loop's views by node name) adds its verdict and evidence."""
+    verdicts = health or {}
     with store.read() as s:
         allocated: dict[tuple[str, int], list[int]] = {}
         for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
             for index in attempt.gpu_indices:
                 allocated.setdefault((attempt.node_name, int(index)), []).append(attempt.workload_id)
-        return [node_view(n, allocated, telemetry) for n in s.scalars(select(Node).order_by(Node.name))]
+        return [
+            {
+                **node_view(n, allocated, telemetry),
+                "health": verdicts.get(n.name, {}).get("health", "unknown"),
+                "health_evidence": verdicts.get(n.name, {}).get("evidence", ""),
+            }
+            for n in s.scalars(select(Node).order_by(Node.name))
+        ]
 
 
 def set_node_state(

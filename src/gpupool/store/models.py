@@ -6,6 +6,7 @@ every state change is also appended to `events`, so the history of a workload is
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +47,8 @@ class Node(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     last_heartbeat: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Agent nodes only: SHA-256 of the node credential the agent got when it joined (never stored in clear).
+    credential_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", order_by="Gpu.index", cascade="all, delete-orphan", lazy="selectin"
@@ -153,6 +156,13 @@ class Attempt(Base):
     killed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Fencing: an agent runs an attempt only while the head lists it with this token (docs/agents.md).
+    fencing_token: Mapped[str] = mapped_column(
+        String(64), default=lambda: secrets.token_hex(16), server_default=""
+    )
+    # One placement per rank (NODE_RANK order): [{"node", "gpu_indices", "gpu_fraction"}]; [] for attempts
+    # recorded before ranks were (their one pod is node_name/gpu_indices).
+    pods: Mapped[list[Any] | None] = mapped_column(JSON, default=list, nullable=True)
 
     workload: Mapped[Workload] = relationship(back_populates="attempts")
 
@@ -193,6 +203,22 @@ class Event(Base):
     to_state: Mapped[str] = mapped_column(String(16), default="")
     reason: Mapped[str] = mapped_column(Text, default="")
     actor: Mapped[str] = mapped_column(String(63), default="system")
+
+
+class JoinToken(Base):
+    """A token that lets a node agent join the pool (`gpupool node join-token create`), kept as its hash."""
+
+    __tablename__ = "join_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the first characters, to tell tokens apart in lists
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)  # None: never
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    uses: Mapped[int] = mapped_column(Integer, default=0)  # nodes that joined with it
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class ApiToken(Base):

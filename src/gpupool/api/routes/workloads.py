@@ -62,6 +62,7 @@ async def logs(
     attempt: int | None = Query(None, ge=0, description="attempt number; default the latest"),
     offset: int = Query(0, ge=0, description="byte offset to read from"),
     limit: int = Query(service.LOG_CHUNK_MAX, ge=1, le=service.LOG_CHUNK_MAX),
+    rank: int = Query(0, ge=0, description="rank of a multi-node gang (NODE_RANK); default 0"),
 ) -> dict[str, Any]:
     return await run_in_threadpool(
         service.read_log,
@@ -70,4 +71,5 @@ async def logs(
         attempt=attempt,
         offset=offset,
         limit=limit,
+        rank=rank,
     )

@@ -1,0 +1,128 @@
+"""Node health on a real server with simulated GPUs: faults injected through the CLI, verdicts that drain
+a node, and a node that returns only after passing its active checks.
+
+One node (the head's local GPUs): the drained job waits, requeued, and resumes from its checkpoint on the
+same node once it passes the active checks. Moving work to a second node needs node agents, whose GPUs the
+head cannot inject faults into yet (docs/telemetry.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_preemption import CHECKPOINTING, _log
+from tests.support.server import ServerProcess
+
+
+@pytest.fixture
+def health_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "health.yaml").write_text("schedule: {recheck_interval: 2, idle_interval: 0}\n")
+    proc = ServerProcess(home=home).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def until(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.time() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def node(server: ServerProcess) -> dict[str, Any]:
+    rows = json.loads(server.cli("nodes", "--json", check=True).stdout)
+    return dict(rows[0])
+
+
+def health(server: ServerProcess) -> dict[str, Any]:
+    with server.http() as client:
+        return dict(client.get("/api/v1/health/node-1").json())
+
+
+def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_checks(
+    health_server: ServerProcess, job_dir: Path
+) -> None:
+    server = health_server
+    (job_dir / "train.py").write_text(CHECKPOINTING)
+    job = server.submit(
+        {"resources": {"gpu": 8}, "workdir": str(job_dir), "commands": ["python3 train.py"],
+         "env": {"STEPS": 120}, "checkpoint": "ckpt", "grace_period": "5s"}
+    )  # fmt: skip
+    server.wait_for(job["id"], ("running",))
+    ckpt = job_dir / "ckpt" / "step"
+    until("the job to checkpoint", lambda: ckpt.exists() and int(ckpt.read_text() or 0) >= 5)
+    assert node(server)["health"] == "healthy"
+
+    server.cli("node", "inject-fault", "node-1", "--gpu", "3", "--xid", "79", check=True)
+    server.cli("node", "inject-fault", "node-1", "--gpu", "3", "--slow", "0.5", check=True)
+
+    sick = until("the node to be unhealthy", lambda: (n := node(server))["state"] == "unhealthy" and n)
+    assert sick["health"] == "unhealthy"
+    assert "GPU 3: Xid 79 (hardware): GPU has fallen off the bus" in sick["health_evidence"]
+    drained = server.wait_for(job["id"], ("pending",), timeout=30)
+    assert drained["attempt_list"][0]["state"] == "evicted"
+    assert "checkpointed at step" in _log(server, job["id"], attempt=0)
+
+    # Rechecked every 2 s: GPU 3 still computes at half speed, so the node stays out and the job waits.
+    failed = until("a failed recheck", lambda: (h := health(server)).get("active") and h)
+    assert failed["active"]["health"] == "unhealthy"
+    assert "GPU 3: BF16 GEMM 396 TFLOPS < 692" in failed["active"]["evidence"]
+    time.sleep(3)
+    assert node(server)["state"] == "unhealthy"
+    assert server.workload(job["id"])["state"] == "pending"
+
+    server.cli("node", "inject-fault", "node-1", "--gpu", "3", "--clear", check=True)
+    back = until(
+        "the node back in service", lambda: (n := node(server))["state"] == "ready" and n, timeout=30
+    )
+    assert back["health"] == "healthy"
+    resumed = server.wait_for(job["id"], ("running", "succeeded"), timeout=30)
+    assert resumed["attempts"] == 2 and resumed["restarts"] == 0
+    log = until("the resumed attempt's log", lambda: _log(server, job["id"], attempt=1))
+    assert "attempt 1 starts at step" in log and "attempt 1 starts at step 0\n" not in log
+
+    events = [(e["from"], e["to"], e["actor"]) for e in health(server)["events"]]
+    assert ("ready", "unhealthy", "health") in events and ("unhealthy", "ready", "health") in events
+    shown = server.cli("node", "show", "node-1", check=True).stdout
+    assert "unhealthy -> ready" in shown and "passed the quick active checks" in shown
+    ran = server.cli("health", "run", "--node", "node-1", "--level", "full", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)[0]["active"]["result"]["allreduce_busbw_gbps"] == 480.0
+
+
+def test_warnings_keep_the_node_in_service_and_faults_need_a_simulated_gpu(
+    health_server: ServerProcess,
+) -> None:
+    server = health_server
+    server.cli("node", "inject-fault", "node-1", "--gpu", "0", "--throttle", "thermal", check=True)
+    warned = until("a warning", lambda: (n := node(server))["health"] == "warning" and n)
+    assert warned["state"] == "ready" and "GPU 0: thermal throttling" in warned["health_evidence"]
+    table = server.cli("nodes", check=True).stdout
+    assert "HEALTH" in table and "warning" in table
+
+    none = server.cli("node", "inject-fault", "node-1", "--gpu", "0")
+    assert none.returncode == 1 and "give exactly one of --xid" in none.stderr
+    elsewhere = server.cli("node", "inject-fault", "node-9", "--gpu", "0", "--xid", "79")
+    assert elsewhere.returncode == 1 and "head's own simulated GPUs only" in elsewhere.stderr
+    bad = server.cli("node", "inject-fault", "node-1", "--gpu", "8", "--xid", "79")
+    assert bad.returncode == 1 and "node node-1 has GPUs 0..7" in bad.stderr
+    server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--fall-off-bus", check=True)
+    sick = until("unhealthy", lambda: (n := node(server))["state"] == "unhealthy" and n)
+    assert "7 of 8 GPUs answer (lost: GPU 1)" in sick["health_evidence"]
+    failed = server.cli("health", "run", "--node", "node-1")
+    assert failed.returncode == 2 and "GPU 1: does not answer" in failed.stdout
+    top = server.cli("top", "--once", check=True).stdout
+    assert "lost" in top and "unhealthy" in top
