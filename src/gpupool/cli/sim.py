@@ -264,8 +264,7 @@ def whatif(
     policy: str = typer.Option("gpupool", "--policy", help="the policy of both replays (see sim run)"),
     json_out: Path | None = typer.Option(None, "--json", help="write the comparison as JSON to this file"),
 ) -> None:
-    """Replay the live cluster's recent jobs (read through the API) on a changed cluster; per queue, the
-    change in JCT and queueing delay, and the change in GPU utilization."""
+    """Replay the live cluster's recent jobs on a changed cluster: change in JCT, queueing, utilization."""
     import time
 
     from gpupool.cli.app import client
