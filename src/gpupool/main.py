@@ -34,15 +34,21 @@ def server(
         "(default $GPUPOOL_DB, else ~/.gpupool/gpupool.db)",
     ),
     node_name: str | None = typer.Option(None, "--node-name", help="name of this machine's node"),
-    backend: str = typer.Option(
-        "local",
+    backend: str | None = typer.Option(
+        None,
         "--backend",
-        help="where work runs: local (this machine) or slurm (a Slurm cluster via sbatch; docs/slurm.md)",
+        help="where work runs: local (this machine; the default), agent (nodes whose `gpupool agent` joined; "
+        "the default with --gpus none; docs/agents.md) or slurm (a Slurm cluster via sbatch; docs/slurm.md)",
     ),
     partition: str | None = typer.Option(
         None,
         "--partition",
         help="with --backend slurm: the Slurm partition to schedule (default: every node)",
+    ),
+    node_lease: str = typer.Option(
+        "10s",
+        "--node-lease",
+        help="with agents: a node with no heartbeat for this long is lost, its work moved",
     ),
     usage_weight: float = typer.Option(
         0.0,
@@ -88,6 +94,18 @@ def server(
     if usage_weight < 0:
         raise CliError(f"--usage-weight {usage_weight:g}: must be 0 or more (0 turns history off; try 1)")
     half_life = parse_duration(usage_half_life, "--usage-half-life")
+    lease = parse_duration(node_lease, "--node-lease")
+    if lease < 1:
+        raise CliError(
+            f"--node-lease {node_lease}: must be at least 1s (agents heartbeat every second); try 10s"
+        )
+    if backend is None:
+        backend = "agent" if gpus == "none" else "local"
+    if backend == "agent" and gpus not in ("none", "auto"):
+        raise CliError(
+            f"--backend agent runs work on agents only, so --gpus {gpus} would not be used; "
+            "drop --gpus (or pass --gpus none) and start `gpupool agent --gpus ...` on the nodes"
+        )
     if half_life <= 0:
         raise CliError(f"--usage-half-life {usage_half_life}: must be longer than 0 (e.g. 7d)")
     settings = ServerSettings(
@@ -99,6 +117,7 @@ def server(
         node_name=node_name or _hostname(),
         backend=backend,
         partition=partition,
+        node_lease=lease,
     )
     try:
         runtime = Runtime(settings, store=store)
@@ -107,13 +126,84 @@ def server(
     where = (
         f"gpus {gpus}"
         if backend == "local"
-        else f"backend {backend}" + (f", partition {partition}" if partition else "")
+        else f"backend {backend}"
+        + (f", partition {partition}" if partition else "")
+        + (
+            f", node lease {lease:g}s; agents join with `gpupool node join-token create`"
+            if backend == "agent"
+            else ""
+        )
     )
     err_console.print(
         f"gpupool server on {server_url} (store {store.url.split('@')[-1]}, {where}, home {home})",
         highlight=False,
     )
     uvicorn.run(create_app(runtime), host=host, port=port, log_level=log_level.lower(), access_log=False)
+
+
+@app.command()
+def agent(
+    server_url: str = typer.Option(..., "--server", help="the head's URL, e.g. http://head:8470"),
+    join_token: str | None = typer.Option(
+        None, "--join-token", help="from `gpupool node join-token create` (needed at the first join only)"
+    ),
+    name: str | None = typer.Option(None, "--name", help="this node's name (default: the host name)"),
+    gpus: str = typer.Option(
+        "auto", "--gpus", help="auto (NVML, else simulated 8xH100), nvml, sim:8xH100, none"
+    ),
+    labels: str = typer.Option("", "--labels", help="node labels, e.g. zone=a,rack=r1"),
+    state_dir: str | None = typer.Option(
+        None,
+        "--state-dir",
+        help="where the agent keeps its credential and running work (default ~/.gpupool/agent)",
+    ),
+    orphan_grace: str = typer.Option(
+        "60s", "--orphan-grace", help="stop this node's work after the head has been unreachable this long"
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="address other nodes reach this one at (default: as the head sees it)"
+    ),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Run the node agent: join the head and run the work it places on this node (docs/agents.md)."""
+    from pathlib import Path
+
+    from gpupool.agent.daemon import Agent, AgentRefused, AgentSettings
+    from gpupool.gpu import GpuUnavailable, open_provider
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
+    parsed: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in labels.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--labels {labels}: {item!r} is not key=value; e.g. --labels zone=a,rack=r1")
+        parsed[key.strip()] = value.strip()
+    grace = parse_duration(orphan_grace, "--orphan-grace")
+    node = name or _hostname()
+    try:
+        provider = open_provider(gpus, seed=node)
+    except GpuUnavailable as exc:
+        raise CliError(f"--gpus {gpus}: {exc}") from exc
+    settings = AgentSettings(
+        server=server_url,
+        state_dir=Path(state_dir).expanduser() if state_dir else home_dir() / "agent",
+        name=node,
+        join_token=join_token,
+        labels=parsed,
+        orphan_grace=grace,
+        address=address,
+    )
+    runner = Agent(settings, provider)
+    err_console.print(
+        f"gpupool agent {node} -> {server_url} (gpus {gpus}, state {settings.state_dir})", highlight=False
+    )
+    try:
+        runner.run()
+    except AgentRefused as exc:
+        raise CliError(f"the head refused this agent: {exc}") from exc
+    finally:
+        runner.close()
 
 
 def _hostname() -> str:

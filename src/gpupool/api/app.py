@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpupool import __version__
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, require_token
-from gpupool.api.routes import foreign, health, metrics, nodes, queues, workloads
+from gpupool.api.routes import agents, foreign, health, metrics, nodes, queues, workloads
 from gpupool.api.runtime import Runtime
 
 MAX_BODY_BYTES = 1 << 20
@@ -53,6 +53,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     )
     app.state.runtime = runtime
     app.state.tokens = TokenCache()
+    app.state.node_credentials = {}
     errors.install(app)
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
@@ -66,7 +67,9 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(nodes.router)
     api.include_router(queues.router)
     api.include_router(foreign.router)
+    api.include_router(agents.admin_router)
     api.include_router(health.router)
     app.include_router(api)
+    app.include_router(agents.agent_router)
     app.include_router(metrics.router)
     return app

@@ -21,7 +21,7 @@ from gpupool.store.db import Store
 
 log = logging.getLogger("gpupool.server")
 
-BACKENDS = ("local", "slurm")  # `gpupool server --backend`: where attempts run
+BACKENDS = ("local", "slurm", "agent")  # `gpupool server --backend`: where attempts run
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class ServerSettings:
     usage_half_life: float = 7 * 86400.0
     backend: str = "local"
     partition: str | None = None  # slurm: the partition whose nodes gpupool schedules (None: every node)
+    node_lease: float = 10.0  # agent: a node with no heartbeat for this long is lost (docs/agents.md)
 
 
 class Runtime:
@@ -81,6 +82,16 @@ class Runtime:
         self._health_thread: threading.Thread | None = None
 
     def _open_backend(self) -> Backend:
+        if self.settings.backend == "agent":
+            from gpupool.backends.agent import AgentBackend
+            from gpupool.control.agents import agent_node_names
+
+            return AgentBackend(
+                lease=self.settings.node_lease,
+                on_change=self._wake,
+                on_telemetry=self.telemetry.put,
+                known_nodes=agent_node_names(self.store),
+            )
         if self.settings.backend == "slurm":
             from gpupool.backends.slurm import SlurmBackend
 

@@ -173,6 +173,8 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     for a in w["attempt_list"]:
         gpus = ",".join(map(str, a["gpu_indices"])) or "-"
         runs_as = f"slurm job {a['slurm_job_id']}" if a.get("slurm_job_id") else f"pid={a['pid']}"
+        if a.get("backend") == "agent":
+            runs_as = "ranks on " + ",".join(str(p["node"]) for p in a.get("pods") or [])
         console.print(
             f"  attempt {a['number']}: {styled(a['state'])} on {a['node']} gpus={gpus} {runs_as} "
             f"exit={a['exit_code']} {a['reason']}\n    log: {a['log_path']}"
@@ -215,13 +217,14 @@ def logs(
     workload_id: int = typer.Argument(...),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the workload ends"),
     attempt: int | None = typer.Option(None, "--attempt", help="attempt number (default: latest)"),
+    rank: int = typer.Option(0, "--rank", min=0, help="rank of a multi-node gang (NODE_RANK); default 0"),
 ) -> None:
     """Print a workload's output (stdout and stderr of its latest attempt)."""
     c = client()
     offset = 0
     chosen = attempt
     while True:
-        chunk = c.logs(workload_id, attempt=chosen, offset=offset)
+        chunk = c.logs(workload_id, attempt=chosen, offset=offset, rank=rank)
         if chunk["data"]:
             sys.stdout.write(chunk["data"])
             sys.stdout.flush()
@@ -428,3 +431,4 @@ class CliError(Exception):
 
 
 from gpupool.cli import health as _health  # noqa: E402, F401  (`gpupool top|health`, `node show|inject-fault`)
+from gpupool.cli import nodes as _nodes  # noqa: E402, F401  (registers `gpupool node join-token|drain`)

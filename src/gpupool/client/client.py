@@ -125,8 +125,12 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/cancel")
         return result
 
-    def logs(self, workload_id: int, *, attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
+    def logs(
+        self, workload_id: int, *, attempt: int | None = None, offset: int = 0, rank: int = 0
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {"offset": offset}
+        if rank:
+            params["rank"] = rank
         if attempt is not None:
             params["attempt"] = attempt
         result: dict[str, Any] = self._call("GET", f"/api/v1/workloads/{workload_id}/logs", params=params)
@@ -149,6 +153,25 @@ class Client:
 
     def uncordon(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/uncordon")
+        return result
+
+    def drain(self, name: str, reason: str | None = None) -> dict[str, Any]:
+        body = {"reason": reason} if reason else None
+        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/drain", json=body)
+        return result
+
+    # -- join tokens (node agents) --------------------------------------------------------------------
+    def create_join_token(self, ttl: str | None = None, description: str = "") -> dict[str, Any]:
+        body = {"ttl": ttl, "description": description}
+        result: dict[str, Any] = self._call("POST", "/api/v1/join-tokens", json=body)
+        return result
+
+    def join_tokens(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/join-tokens")
+        return result
+
+    def revoke_join_token(self, ident: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/join-tokens/{ident}/revoke")
         return result
 
     # -- node health and telemetry -------------------------------------------------------------------
@@ -174,25 +197,6 @@ class Client:
         result: dict[str, Any] = self._call(
             "POST", f"/api/v1/nodes/{node}/faults", json={"gpu": gpu, **fault}
         )
-        return result
-
-    def drain(self, name: str, reason: str | None = None) -> dict[str, Any]:
-        body = {"reason": reason} if reason else None
-        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/drain", json=body)
-        return result
-
-    # -- join tokens (node agents) --------------------------------------------------------------------
-    def create_join_token(self, ttl: str | None = None, description: str = "") -> dict[str, Any]:
-        body = {"ttl": ttl, "description": description}
-        result: dict[str, Any] = self._call("POST", "/api/v1/join-tokens", json=body)
-        return result
-
-    def join_tokens(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call("GET", "/api/v1/join-tokens")
-        return result
-
-    def revoke_join_token(self, ident: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", f"/api/v1/join-tokens/{ident}/revoke")
         return result
 
     # -- queues ---------------------------------------------------------------------------------------

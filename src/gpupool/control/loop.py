@@ -38,6 +38,7 @@ from gpupool.timeutil import age_seconds, as_utc, utcnow
 log = logging.getLogger("gpupool.control")
 
 STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
+STOP_DRAIN = "drain"  # set by service.drain_node on the attempts of a draining node; the loop stops them
 EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
 EVICTED = "evicted"
 PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
@@ -221,8 +222,10 @@ class Reconciler:
             return True
         if attempt.stop_requested_at is None:
             max_duration = spec.get("max_duration")
-            return cancel_requested or bool(
-                max_duration and age_seconds(attempt.started_at) > float(max_duration)
+            return (
+                cancel_requested
+                or attempt.stop_reason == STOP_DRAIN
+                or bool(max_duration and age_seconds(attempt.started_at) > float(max_duration))
             )
         if attempt.killed_at is None:
             return age_seconds(attempt.stop_requested_at) >= float(spec.get("grace_period", 30.0))
@@ -246,6 +249,8 @@ class Reconciler:
                 self._request_stop(s, attempt, handle, STOP_CANCEL)
             elif max_duration and age_seconds(attempt.started_at) > float(max_duration):
                 self._request_stop(s, attempt, handle, STOP_TIMEOUT)
+            elif attempt.stop_reason == STOP_DRAIN:
+                self._request_stop(s, attempt, handle, STOP_DRAIN)
         elif attempt.killed_at is None:
             grace = float(spec.get("grace_period", 30.0))
             if age_seconds(attempt.stop_requested_at) >= grace:
@@ -290,6 +295,13 @@ class Reconciler:
             attempt.state = CANCELLED
             attempt.reason = f"cancelled; exit code {code}{killed}"
             transition(s, workload, CANCELLED, attempt.reason, actor="control")
+            return
+        if attempt.stop_reason == STOP_DRAIN:
+            attempt.state = EVICTED
+            attempt.reason = f"node drained; exit code {code}{killed}"
+            transition(
+                s, workload, PENDING, "node drained; requeued to resume from its checkpoint", actor="control"
+            )
             return
         if attempt.stop_reason in EVICTIONS:
             attempt.state = EVICTED
@@ -375,6 +387,7 @@ class Reconciler:
                 Attempt.gpu_fraction,
                 Attempt.started_at,
                 Attempt.stop_requested_at,
+                Attempt.pods,
             )
             .join(Workload, Attempt.workload_id == Workload.id)
             .where(Attempt.state == RUNNING)
@@ -382,14 +395,19 @@ class Reconciler:
         ).all()
         self._cache_views(s, [wid for wid, _ in pending] + [row[0] for row in attempts])
         running = []
-        for wid, priority, node, indices, fraction, started, stopping in attempts:
-            placement = scheduler.PodPlacement(node, tuple(int(i) for i in indices), fraction or 1.0)
+        for wid, priority, node, indices, fraction, started, stopping, pods in attempts:
+            placement = tuple(
+                scheduler.PodPlacement(
+                    p["node"], tuple(int(i) for i in p["gpu_indices"]), p.get("gpu_fraction") or 1.0
+                )
+                for p in pods or ()
+            ) or (scheduler.PodPlacement(node, tuple(int(i) for i in indices), fraction or 1.0),)
             start = as_utc(started)
             running.append(
                 replace(
                     self._views[wid],
                     priority=priority,
-                    placement=(placement,),
+                    placement=placement,
                     start_time=start.timestamp() if start else None,
                     stopping=stopping is not None,
                 )
@@ -530,6 +548,10 @@ class Reconciler:
                 memory_bytes=int(resources.get("memory") or 0),
                 run_dir=str(run_dir),
                 log_path=str(home / "logs" / str(workload.id) / f"attempt-{number}.log"),
+                pods=[
+                    {"node": p.node, "gpu_indices": list(p.gpu_indices), "gpu_fraction": p.gpu_fraction}
+                    for p in bind.pods
+                ],
             )
             gpus = ",".join(map(str, bind.gpu_indices)) or "none"
             verdict = transition(
@@ -601,6 +623,7 @@ class Reconciler:
             pods=tuple(Pod(p.node, p.gpu_indices, p.gpu_fraction) for p in pods),
             cpus=attempt.cpus,
             memory_bytes=attempt.memory_bytes,
+            fencing_token=attempt.fencing_token,
         )
 
     def _explain(self, explanations: dict[int, scheduler.Explanation]) -> None:

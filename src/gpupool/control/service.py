@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
+from gpupool.backends.agent import rank_log_path
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATES, TERMINAL, transition
 from gpupool.control.telemetry import TelemetryCache
@@ -197,6 +198,7 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "exit_code": attempt.exit_code,
         "reason": attempt.reason,
         "log_path": attempt.log_path,
+        "pods": list(attempt.pods or []),
         "started_at": _iso(attempt.started_at),
         "finished_at": _iso(attempt.finished_at),
     }
@@ -372,7 +374,13 @@ def cancel(store: Store, workload_id: int, *, actor: str = "admin") -> dict[str,
 
 
 def read_log(
-    store: Store, workload_id: int, *, attempt: int | None = None, offset: int = 0, limit: int = LOG_CHUNK_MAX
+    store: Store,
+    workload_id: int,
+    *,
+    attempt: int | None = None,
+    offset: int = 0,
+    limit: int = LOG_CHUNK_MAX,
+    rank: int = 0,
 ) -> dict[str, Any]:
     with store.read() as s:
         workload = _load(s, workload_id)
@@ -396,7 +404,12 @@ def read_log(
                 )
             chosen = matches[0]
         finished = chosen.state != RUNNING
-        path = Path(chosen.log_path)
+        ranks = max(1, len(chosen.pods or []))
+        if rank >= ranks:
+            raise NotFound(
+                f"attempt {chosen.number} of workload {workload_id} has no rank {rank} (ranks 0..{ranks - 1})"
+            )
+        path = rank_log_path(Path(chosen.log_path), rank)
         data = b""
         size = 0
         if path.exists():
@@ -462,17 +475,49 @@ def list_nodes(
     verdicts = health or {}
     with store.read() as s:
         allocated: dict[tuple[str, int], list[int]] = {}
+        workloads: dict[str, list[int]] = {}
         for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
-            for index in attempt.gpu_indices:
-                allocated.setdefault((attempt.node_name, int(index)), []).append(attempt.workload_id)
+            pods = attempt.pods or [{"node": attempt.node_name, "gpu_indices": attempt.gpu_indices}]
+            for pod in pods:
+                workloads.setdefault(pod["node"], []).append(attempt.workload_id)
+                for index in pod["gpu_indices"]:
+                    allocated.setdefault((pod["node"], int(index)), []).append(attempt.workload_id)
         return [
             {
                 **node_view(n, allocated, telemetry),
+                "workloads": sorted(workloads.get(n.name, [])),
                 "health": verdicts.get(n.name, {}).get("health", "unknown"),
                 "health_evidence": verdicts.get(n.name, {}).get("evidence", ""),
             }
             for n in s.scalars(select(Node).order_by(Node.name))
         ]
+
+
+def drain_node(store: Store, name: str, reason: str, *, actor: str = "admin") -> dict[str, Any]:
+    """Take no new work on the node and stop its work (SIGTERM, SIGKILL after the grace period); the control
+    loop requeues each stopped workload to resume from its checkpoint elsewhere. Undone by uncordon."""
+    with store.session() as s:
+        node = s.scalar(select(Node).where(Node.name == name))
+        if node is None:
+            names = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
+            raise NotFound(f"no node named {name!r} (nodes: {names})")
+        if node.state != "draining":
+            s.add(
+                Event(
+                    object_kind="node",
+                    object_id=name,
+                    from_state=node.state,
+                    to_state="draining",
+                    reason=reason,
+                    actor=actor,
+                )
+            )
+            node.state, node.state_reason = "draining", reason
+        for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
+            pods = attempt.pods or [{"node": attempt.node_name}]
+            if attempt.stop_requested_at is None and any(p["node"] == name for p in pods):
+                attempt.stop_reason = "drain"  # the control loop stops it (loop.STOP_DRAIN)
+    return next(n for n in list_nodes(store, TelemetryCache()) if n["name"] == name)
 
 
 def set_node_state(

@@ -1,0 +1,264 @@
+"""The attempt ranks one node runs for the head, kept in the agent's state dir so a restart re-adopts them.
+
+Each rank lives in STATE_DIR/attempts/<attempt>.<rank>/: `rank.json` (its id, rank, fencing token and
+launch), the local backend's `pid` and `exit_code` files, `output.log`, and `shipped` (how much of the
+log the head has acknowledged). Processes are started by the local backend (a /bin/sh shim per rank in
+its own process group, which writes the exit status to disk), exactly as on a single-machine pool.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpupool.backends.base import Handle, Launch, LaunchError, Phase
+from gpupool.backends.local import LocalBackend
+
+log = logging.getLogger("gpupool.agent")
+
+LOG_CHUNK_MAX = 256 * 1024  # bytes of one rank's output per heartbeat
+Key = tuple[int, int]  # (attempt id, rank)
+
+
+@dataclass
+class RankProcess:
+    attempt_id: int
+    rank: int
+    token: str
+    run_dir: Path
+    handle: Handle | None = None
+    exit_code: int | None = None
+    vanished: str = ""
+    signal_sent: int = 0
+    shipped: int = 0
+    gpu_indices: tuple[int, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        return self.handle is not None and self.exit_code is None and not self.vanished
+
+
+class NodeAttempts:
+    def __init__(self, state_dir: Path, on_exit: Callable[[], None] | None = None) -> None:
+        self.root = state_dir / "attempts"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.local = LocalBackend(on_exit=on_exit)
+        self._lock = threading.RLock()
+        self._ranks: dict[Key, RankProcess] = {}
+
+    # -- restart: re-adopt what the state dir says runs ---------------------------------------------------
+
+    def load(self) -> None:
+        for run_dir in sorted(self.root.iterdir()):
+            try:
+                meta = json.loads((run_dir / "rank.json").read_text())
+            except (OSError, ValueError):
+                shutil.rmtree(run_dir, ignore_errors=True)  # a start that never finished writing
+                continue
+            proc = RankProcess(
+                int(meta["attempt_id"]),
+                int(meta["rank"]),
+                str(meta["token"]),
+                run_dir,
+                gpu_indices=tuple(int(i) for i in meta.get("gpu_indices", [])),
+            )
+            proc.handle = self.local.find(run_dir)
+            proc.shipped = _read_int(run_dir / "shipped") or 0
+            proc.signal_sent = _read_int(run_dir / "signal_sent") or 0
+            if proc.handle is None:
+                code = _read_int(run_dir / "exit_code")
+                if code is not None:
+                    proc.exit_code = code
+                else:
+                    proc.vanished = "the agent restarted before the process was recorded"
+            self._ranks[(proc.attempt_id, proc.rank)] = proc
+            state = "running" if proc.running else "ended"
+            log.info("event=rank_readopted attempt=%d rank=%d state=%s", proc.attempt_id, proc.rank, state)
+
+    # -- what the head hears ---------------------------------------------------------------------------
+
+    def report(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Each rank's state, and the next chunk of each rank's log the head has not acknowledged."""
+        attempts, logs = [], []
+        with self._lock:
+            procs = list(self._ranks.values())
+        for proc in procs:
+            self._poll(proc)
+            chunk = _log_chunk(proc.run_dir / "output.log", proc.shipped)
+            # An end is reported once the whole log has gone with it (the head settles on the report).
+            whole = len(chunk) < LOG_CHUNK_MAX
+            item: dict[str, Any] = {"attempt_id": proc.attempt_id, "rank": proc.rank, "token": proc.token}
+            if not whole and not proc.running:
+                item.update(state="running")
+            elif proc.exit_code is not None:
+                item.update(state="exited", exit_code=proc.exit_code)
+            elif proc.vanished:
+                item.update(state="vanished", detail=proc.vanished)
+            else:
+                item.update(state="running", pid=proc.handle.pid if proc.handle else None)
+            attempts.append(item)
+            if chunk:
+                logs.append(
+                    {
+                        "attempt_id": proc.attempt_id,
+                        "rank": proc.rank,
+                        "token": proc.token,
+                        "offset": proc.shipped,
+                        "data": base64.b64encode(chunk).decode(),
+                    }
+                )
+        return attempts, logs
+
+    def _poll(self, proc: RankProcess) -> None:
+        if not proc.running or proc.handle is None:
+            return
+        status = self.local.status(proc.handle, proc.run_dir)
+        if status.phase is Phase.EXITED:
+            proc.exit_code = status.exit_code
+            self.local.cleanup(proc.handle)
+        elif status.phase is Phase.VANISHED:
+            proc.vanished = status.detail
+
+    def pids_by_gpu(self) -> dict[int, list[int]]:
+        with self._lock:
+            held: dict[int, list[int]] = {}
+            for proc in self._ranks.values():
+                if proc.running and proc.handle is not None:
+                    for index in proc.gpu_indices:
+                        held.setdefault(index, []).append(proc.handle.pid)
+            return held
+
+    # -- what the head wants ---------------------------------------------------------------------------
+
+    def apply(self, answer: dict[str, Any]) -> None:
+        """Make this node run exactly what the head lists (level-triggered)."""
+        desired = {(int(e["attempt_id"]), int(e["rank"])): e for e in answer.get("attempts") or []}
+        with self._lock:
+            for key, proc in list(self._ranks.items()):
+                entry = desired.get(key)
+                if entry is None or entry.get("token") != proc.token:
+                    self._drop(proc, "fenced" if proc.running else "settled")
+            for key, entry in desired.items():
+                wanted = self._ranks.get(key)
+                if wanted is None and entry.get("launch") is not None:
+                    wanted = self._start(key, entry)
+                if wanted is not None:
+                    self._signal(wanted, int(entry.get("signal") or 0))
+            for name, size in (answer.get("logs") or {}).items():
+                attempt_id, _, rank = name.partition(":")
+                shipped = self._ranks.get((int(attempt_id), int(rank)))
+                if shipped is not None and int(size) > shipped.shipped:
+                    shipped.shipped = int(size)
+                    _write(shipped.run_dir / "shipped", str(shipped.shipped))
+
+    def _start(self, key: Key, entry: dict[str, Any]) -> RankProcess:
+        launch = entry["launch"]
+        run_dir = self.root / f"{key[0]}.{key[1]}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env.update({str(k): str(v) for k, v in (launch.get("env") or {}).items()})
+        devices = env.get("CUDA_VISIBLE_DEVICES", "")
+        indices = tuple(int(i) for i in devices.split(",") if i.strip().isdigit())
+        meta = {"attempt_id": key[0], "rank": key[1], "token": entry["token"], "gpu_indices": list(indices)}
+        _write(run_dir / "rank.json", json.dumps(meta))
+        proc = RankProcess(key[0], key[1], str(entry["token"]), run_dir, gpu_indices=indices)
+        self._ranks[key] = proc
+        try:
+            proc.handle = self.local.start(
+                Launch(
+                    attempt_id=key[0],
+                    workload_id=int(launch["workload_id"]),
+                    attempt_number=int(launch["attempt_number"]),
+                    script=str(launch["script"]),
+                    env=env,
+                    workdir=Path(launch["workdir"]),
+                    run_dir=run_dir,
+                    log_path=run_dir / "output.log",
+                )
+            )
+        except LaunchError as exc:
+            message = f"cannot start rank {key[1]}: {exc}\n"
+            with open(run_dir / "output.log", "a") as fh:
+                fh.write(message)
+            _write(run_dir / "exit_code", "127")
+            proc.exit_code = 127
+            log.warning("event=rank_start_failed attempt=%d rank=%d error=%r", key[0], key[1], str(exc))
+            return proc
+        log.info(
+            "event=rank_started attempt=%d rank=%d workload=%s pid=%d",
+            key[0], key[1], launch["workload_id"], proc.handle.pid,
+        )  # fmt: skip
+        return proc
+
+    def _signal(self, proc: RankProcess, level: int) -> None:
+        if level <= proc.signal_sent or not proc.running or proc.handle is None:
+            return
+        self.local.signal(proc.handle, level)
+        proc.signal_sent = level
+        _write(proc.run_dir / "signal_sent", str(level))
+        log.info("event=rank_signalled attempt=%d rank=%d signal=%d", proc.attempt_id, proc.rank, level)
+
+    def _drop(self, proc: RankProcess, why: str) -> None:
+        """Kill a rank the head no longer lists (moved elsewhere, or settled) and forget it."""
+        if proc.running and proc.handle is not None:
+            self.local.cleanup(proc.handle)  # SIGKILL to its process group: it must not run twice
+            log.warning(
+                "event=attempt_fenced attempt=%d rank=%d pid=%d reason=%r",
+                proc.attempt_id, proc.rank, proc.handle.pid,
+                "the head no longer lists this attempt with this fencing token (it was moved)",
+            )  # fmt: skip
+        elif why == "settled":
+            log.info("event=rank_forgotten attempt=%d rank=%d", proc.attempt_id, proc.rank)
+        self._ranks.pop((proc.attempt_id, proc.rank), None)
+        shutil.rmtree(proc.run_dir, ignore_errors=True)
+
+    def stop_all(self, why: str) -> int:
+        """Kill every running rank (orphaned: the head was unreachable for the orphan grace); their exit
+        statuses stay, to be reported when the head answers again."""
+        stopped = 0
+        with self._lock:
+            for proc in self._ranks.values():
+                if proc.running and proc.handle is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.handle.pid, signal.SIGKILL)
+                    stopped += 1
+                    log.warning(
+                        "event=rank_orphan_stopped attempt=%d rank=%d why=%r", proc.attempt_id, proc.rank, why
+                    )
+        return stopped
+
+    def running_count(self) -> int:
+        with self._lock:
+            return sum(1 for p in self._ranks.values() if p.running)
+
+
+def _log_chunk(path: Path, offset: int) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(LOG_CHUNK_MAX)
+    except OSError:
+        return b""
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,128 @@
+"""Node agents: join tokens (admin), registration and the heartbeat long-poll (node credentials), drain.
+
+Agents authenticate with their node credential, not an API token, so `agent_router` is mounted outside
+the API-token dependency; `admin_router` is mounted inside it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Body, Request
+from fastapi.concurrency import run_in_threadpool
+
+from gpupool.api.errors import ApiError
+from gpupool.backends.agent import AgentBackend, UnknownNode
+from gpupool.control import agents, service
+from gpupool.spec import parse_duration
+
+agent_router = APIRouter(prefix="/api/v1/agents", tags=["agents"])
+admin_router = APIRouter(tags=["agents"])
+
+CREDENTIAL_CACHE_SECONDS = 30.0
+MAX_WAIT = 5.0  # seconds a heartbeat may be held
+
+
+def _backend(request: Request) -> AgentBackend:
+    backend = request.app.state.runtime.backend
+    if not isinstance(backend, AgentBackend):
+        raise ApiError(
+            409,
+            "no_agents",
+            f"this head runs work with --backend {backend.name} and takes no agents; start it with "
+            "--backend agent (or --gpus none)",
+        )
+    return backend
+
+
+def _node(request: Request) -> str:
+    """The agent node a bearer node credential belongs to (cached briefly: heartbeats come every second)."""
+    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+    credential = credential.strip()
+    if scheme.lower() != "bearer" or not credential:
+        raise ApiError(401, "unauthorized", "missing node credential: register with a join token first")
+    cache: dict[str, tuple[str | None, float]] = request.app.state.node_credentials
+    now = time.monotonic()
+    hit = cache.get(credential)
+    if hit is None or now - hit[1] > CREDENTIAL_CACHE_SECONDS:
+        hit = (agents.node_for_credential(request.app.state.runtime.store, credential), now)
+        if len(cache) > 100_000:
+            cache.clear()
+        cache[credential] = hit
+    if hit[0] is None:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "invalid node credential: it matches no node of this head; "
+            "start the agent again with a new --join-token",
+        )
+    return hit[0]
+
+
+@agent_router.post("/register", summary="An agent joins (join token) or comes back (node credential)")
+def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    backend = _backend(request)
+    name = str(body.get("name") or "")
+    credential = agents.register(
+        request.app.state.runtime.store,
+        name,
+        join_token=body.get("join_token") or None,
+        credential=body.get("credential") or None,
+    )
+    address = request.client.host if request.client else "127.0.0.1"
+    answer = backend.register(name, dict(body.get("info") or {}), address)
+    if credential is not None:
+        answer["credential"] = credential
+    return answer
+
+
+@agent_router.post("/heartbeat", summary="Report what runs; held until the node's desired state changes")
+async def heartbeat(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    backend = _backend(request)
+    name = _node(request)
+    try:
+        answer, version = await run_in_threadpool(backend.heartbeat, name, body)
+    except UnknownNode as exc:
+        raise ApiError(
+            409, "register_again", f"node {name} must register again (the head restarted)"
+        ) from exc
+    wait = min(MAX_WAIT, max(0.0, float(body.get("wait") or 0.0)))
+    if wait > 0:
+        await backend.wait_for_change(name, version, wait)
+        logs = answer["logs"]
+        known = {(int(a["attempt_id"]), int(a["rank"])) for a in body.get("attempts") or []}
+        answer, _ = backend.desired(name, known)
+        answer["logs"] = logs
+    return answer
+
+
+@admin_router.post("/join-tokens", status_code=201, summary="Create a join token (shown once)")
+def create_join_token(request: Request, body: dict[str, Any] | None = Body(None)) -> dict[str, Any]:
+    body = body or {}
+    ttl = body.get("ttl")
+    seconds = parse_duration(ttl, "ttl") if ttl not in (None, "", "never") else None
+    return agents.create_join_token(
+        request.app.state.runtime.store, seconds, str(body.get("description") or "")
+    )
+
+
+@admin_router.get("/join-tokens", summary="Join tokens (never the tokens themselves)")
+def list_join_tokens(request: Request) -> list[dict[str, Any]]:
+    return agents.list_join_tokens(request.app.state.runtime.store)
+
+
+@admin_router.post("/join-tokens/{ident}/revoke", summary="Revoke a join token by id or prefix")
+def revoke_join_token(request: Request, ident: str) -> dict[str, Any]:
+    return agents.revoke_join_token(request.app.state.runtime.store, ident)
+
+
+@admin_router.post(
+    "/nodes/{name}/drain", summary="Evict a node's work (grace period, requeued) and cordon it"
+)
+def drain(request: Request, name: str, body: dict[str, Any] | None = Body(None)) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    reason = str((body or {}).get("reason") or "drained by admin")
+    result = service.drain_node(runtime.store, name, reason)
+    runtime.wake()
+    return result

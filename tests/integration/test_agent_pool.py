@@ -1,0 +1,177 @@
+"""Agents on loopback: joining (or being refused), jobs and gangs across agents, logs per rank, drain."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.agent import AgentProcess, join_token, start_pool
+
+
+def test_agents_join_run_single_and_gang_jobs_and_ship_every_ranks_log(tmp_path: Path) -> None:
+    pool = start_pool(tmp_path, 2, gpus="sim:2xH100")
+    server = pool.server
+    try:
+        nodes = pool.nodes()
+        assert {n["backend"] for n in nodes.values()} == {"agent"}
+        assert nodes["agent-0"]["gpus_total"] == 2 and nodes["agent-0"]["gpu_models"] == ["H100"]
+        assert nodes["agent-0"]["last_heartbeat"] is not None
+
+        single = server.submit({"resources": {"gpu": 1}, "commands": ["echo hello from $GPUPOOL_NODE_RANK"]})
+        gang = server.submit(
+            {
+                "nodes": 2,
+                "resources": {"gpu": 2},
+                "commands": [
+                    "echo rank=$NODE_RANK of $NNODES master=$MASTER_ADDR:$MASTER_PORT"
+                    " gpus=$CUDA_VISIBLE_DEVICES"
+                ],
+            }
+        )
+        assert server.wait_for(single["id"])["state"] == "succeeded"
+        done = server.wait_for(gang["id"])
+        assert done["state"] == "succeeded", done
+        attempt = done["attempt_list"][0]
+        assert sorted(p["node"] for p in attempt["pods"]) == ["agent-0", "agent-1"]
+        logs = {}
+        for rank in (0, 1):
+            result = server.cli("logs", str(gang["id"]), "--rank", str(rank), check=True)
+            logs[rank] = result.stdout
+        assert "rank=0 of 2 master=127.0.0.1:" in logs[0] and "gpus=0,1" in logs[0]
+        assert "rank=1 of 2 master=127.0.0.1:" in logs[1]
+        port = logs[0].split("master=127.0.0.1:")[1].split()[0]
+        assert f"127.0.0.1:{port}" in logs[1], "every rank must see the same MASTER_PORT"
+        assert "hello from 0" in server.cli("logs", str(single["id"]), check=True).stdout
+        missing = server.cli("logs", str(gang["id"]), "--rank", "2")
+        assert missing.returncode == 1 and "no rank 2" in missing.stderr
+        nodes_json = server.cli("nodes", "--json", check=True).stdout
+        assert '"last_heartbeat"' in nodes_json and '"agent-1"' in nodes_json
+    finally:
+        pool.stop()
+
+
+def test_a_failing_rank_stops_the_whole_gang_and_it_is_retried_as_one(tmp_path: Path) -> None:
+    pool = start_pool(tmp_path, 2)
+    server = pool.server
+    try:
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        gang = server.submit(
+            {
+                "nodes": 2,
+                "resources": {"gpu": 1},
+                "retry": {"max_restarts": 1, "on": ["failure"]},
+                "commands": [
+                    f"echo $GPUPOOL_ATTEMPT >> {marks}/rank-$NODE_RANK",
+                    'if [ "$NODE_RANK" = 1 ]; then sleep 0.5; exit 3; fi',
+                    "sleep 60",
+                ],
+            }
+        )
+        done = server.wait_for(gang["id"], timeout=60)
+        assert done["state"] == "failed" and done["exit_code"] == 3, done
+        assert done["attempts"] == 2, "the gang is retried as one, per its retry policy"
+        assert "rank 1" in done["attempt_list"][0]["reason"] or done["exit_code"] == 3
+        assert (marks / "rank-0").read_text().split() == ["0", "1"]
+        assert (marks / "rank-1").read_text().split() == ["0", "1"]
+        # Rank 0 (sleep 60) was stopped with the gang: nothing is left running on any agent.
+        time.sleep(1.5)
+        assert all(n["workloads"] == [] for n in pool.nodes().values())
+    finally:
+        pool.stop()
+
+
+def test_join_tokens_bad_revoked_and_expired_are_refused_with_the_fix(tmp_path: Path) -> None:
+    pool = start_pool(tmp_path, 0)
+    server = pool.server
+    try:
+        created = server.cli("node", "join-token", "create", "--ttl", "1h", "--json", check=True)
+        import json
+
+        row = json.loads(created.stdout)
+        listed = server.cli("node", "join-token", "list", check=True).stdout
+        assert row["prefix"] in listed and "valid" in listed and row["token"] not in listed
+
+        bad = AgentProcess(server, "intruder", tmp_path / "intruder", "gpj_not-a-token").start()
+        assert bad.proc is not None and bad.proc.wait(timeout=30) == 1
+        assert "invalid join token" in bad.log() and "gpupool node join-token create" in bad.log()
+
+        server.cli("node", "join-token", "revoke", str(row["id"]), check=True)
+        revoked = AgentProcess(server, "late", tmp_path / "late", row["token"]).start()
+        assert revoked.proc is not None and revoked.proc.wait(timeout=30) == 1
+        assert "was revoked" in revoked.log()
+
+        short = join_token(server, ttl="1s")
+        time.sleep(1.5)
+        expired = AgentProcess(server, "later", tmp_path / "later", short).start()
+        assert expired.proc is not None and expired.proc.wait(timeout=30) == 1
+        assert "expired" in expired.log()
+        assert set(pool.nodes()) == set(), "a refused agent leaves no node behind"
+
+        bad_ttl = server.cli("node", "join-token", "create", "--ttl", "soon")
+        assert bad_ttl.returncode == 1 and "--ttl" in bad_ttl.stderr
+    finally:
+        pool.stop()
+
+
+def test_an_agent_restarted_without_its_join_token_comes_back_with_its_credential(tmp_path: Path) -> None:
+    pool = start_pool(tmp_path, 1)
+    server = pool.server
+    try:
+        job = server.submit({"resources": {"gpu": 1}, "commands": ["sleep 4", "echo survived"]})
+        server.wait_for(job["id"], states=("running",))
+        time.sleep(1.0)
+        agent = pool.agents[0]
+        agent.kill9()
+        agent.token = None  # the credential in its state dir is enough now
+        agent.start()
+        done = server.wait_for(job["id"], timeout=30)
+        assert done["state"] == "succeeded" and done["attempts"] == 1, "re-adopted, not restarted"
+        assert "event=rank_readopted" in agent.log()
+        assert "survived" in server.cli("logs", str(job["id"]), check=True).stdout
+    finally:
+        pool.stop()
+
+
+def test_rolling_drain_moves_work_one_node_at_a_time_and_resumes_it(tmp_path: Path) -> None:
+    pool = start_pool(tmp_path, 3)
+    server = pool.server
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        jobs = [
+            server.submit(
+                {
+                    "resources": {"gpu": 1},
+                    "grace_period": 5,
+                    "checkpoint": {"dir": str(work / f"ckpt-{i}")},
+                    "commands": [
+                        "n=$(cat $GPUPOOL_CHECKPOINT_DIR/n 2>/dev/null || echo 0)",
+                        "trap 'echo $n > $GPUPOOL_CHECKPOINT_DIR/n; exit 143' TERM",
+                        "while [ $n -lt 40 ]; do n=$((n+1)); sleep 0.25; done",
+                    ],
+                }
+            )
+            for i in range(2)
+        ]
+        for job in jobs:
+            server.wait_for(job["id"], states=("running",))
+        busy = sorted({server.workload(j["id"])["node"] for j in jobs})
+        assert len(busy) == 2
+        result = subprocess.run(
+            [sys.executable, "-m", "gpupool.main", "node", "drain", *busy, "--rolling", "--timeout", "60s"],
+            env=server.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert all(f"node {name}: drained" in result.stdout for name in busy)
+        nodes = pool.nodes()
+        assert all(nodes[name]["state"] == "draining" for name in busy)
+        for job in jobs:
+            done = server.wait_for(job["id"], timeout=60)
+            assert done["state"] == "succeeded", done
+            assert done["attempts"] >= 2 and done["attempt_list"][0]["state"] == "evicted"
+            assert "node drained" in done["attempt_list"][0]["reason"]
+    finally:
+        pool.stop()

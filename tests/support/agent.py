@@ -1,0 +1,135 @@
+"""Real `gpupool agent` processes against a real head on 127.0.0.1, with simulated GPUs and distinct names."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.support.server import ServerProcess
+
+
+def agent_head(home: Path, lease: str = "3s", extra: list[str] | None = None) -> ServerProcess:
+    """A head with no local node that schedules onto agents (`--gpus none`), with a short node lease."""
+    return ServerProcess(home=home, gpus="none", extra_args=["--node-lease", lease, *(extra or [])])
+
+
+def join_token(server: ServerProcess, ttl: str = "10m") -> str:
+    with server.http() as client:
+        response = client.post("/api/v1/join-tokens", json={"ttl": ttl})
+        assert response.status_code == 201, response.text
+        return str(response.json()["token"])
+
+
+@dataclass
+class AgentProcess:
+    server: ServerProcess
+    name: str
+    state_dir: Path
+    token: str | None
+    gpus: str = "sim:1xH100"
+    labels: str = ""
+    orphan_grace: str = "60s"
+    proc: subprocess.Popen[bytes] | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir.parent / f"{self.name}.log"
+
+    def start(self) -> AgentProcess:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            sys.executable, "-m", "gpupool.main", "agent",
+            "--server", self.server.url, "--name", self.name, "--gpus", self.gpus,
+            "--state-dir", str(self.state_dir), "--orphan-grace", self.orphan_grace,
+        ]  # fmt: skip
+        if self.token:
+            argv += ["--join-token", self.token]
+        if self.labels:
+            argv += ["--labels", self.labels]
+        argv += self.extra_args
+        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            argv, env=self.server.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class Pool:
+    """A head and N agents; `stop()` ends them all (and any work left in the agents' process groups)."""
+
+    server: ServerProcess
+    agents: list[AgentProcess]
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            agent.stop()
+        self.server.stop()
+
+    def agent(self, name: str) -> AgentProcess:
+        return next(a for a in self.agents if a.name == name)
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        with self.server.http() as client:
+            return {n["name"]: n for n in client.get("/api/v1/nodes").json()}
+
+    def wait_for_nodes(self, names: list[str], state: str = "ready", timeout: float = 30.0) -> None:
+        deadline = time.time() + timeout
+        while True:
+            nodes = self.nodes()
+            if all(nodes.get(n, {}).get("state") == state for n in names):
+                return
+            if time.time() > deadline:
+                seen = {n: v["state"] for n, v in nodes.items()}
+                logs = "\n".join(f"--- {a.name}\n{a.log()[-2000:]}" for a in self.agents)
+                raise AssertionError(f"nodes {names} not {state} after {timeout}s (nodes: {seen})\n{logs}")
+            time.sleep(0.2)
+
+
+def start_pool(
+    tmp_path: Path, count: int, *, lease: str = "3s", gpus: str = "sim:1xH100", orphan_grace: str = "60s"
+) -> Pool:
+    server = agent_head(tmp_path / "home", lease).start()
+    token = join_token(server)
+    agents = []
+    for i in range(count):
+        name = f"agent-{i}"
+        agent = AgentProcess(
+            server, name, tmp_path / "agents" / name, token, gpus=gpus, orphan_grace=orphan_grace
+        )
+        agents.append(agent.start())
+    pool = Pool(server, agents)
+    try:
+        pool.wait_for_nodes([a.name for a in agents])
+    except BaseException:
+        pool.stop()
+        raise
+    return pool
