@@ -99,6 +99,8 @@ class Cycle:
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted: set[int] = set()
         self._old: dict[tuple[int, str], bool] = {}
+        # (id of a candidates dict, GPUs needed) -> (generation, able nodes, the dict: keeps its id alive)
+        self._able_cache: dict[tuple[int, float], tuple[int, dict[str, list[WorkloadView]], object]] = {}
         self._victim_units: dict[str, float] = {}  # GPUs of every victim in the index, by node
         self._victim_queue_names: list[str] | None = None
         self._surplus: dict[str, float] = {}
@@ -467,7 +469,10 @@ class Cycle:
         least work lost, newest); gangs are not among them."""
         state = self.state
         key = (code, w.queue, w.priority, self._shape(w))
-        stamp = (state.generation, state.held_generation)
+        # A search that found nothing stays a miss for the rest of the cycle unless capacity is given
+        # back: other evictions only take victims away (their gainers take the GPUs they free). What
+        # this might miss, the next cycle finds.
+        stamp = (state.generation, 0)
         if self._no_victims.get(key) == stamp:
             return False
         # Needing more of the same GPUs can only be harder: a miss for a smaller count covers this one.
@@ -505,6 +510,8 @@ class Cycle:
         more room first), and the search stops once a choice is found and either no later node can be
         cheaper in GPUs or SEARCH_LIMIT_AFTER_PICK more nodes were examined."""
         state = self.state
+        if not w.gpus.is_fractional and w.gpus.count > 1:
+            candidates = self._able(candidates, units, w.gpus.count)
         options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
         picked: list[str] | None = None
         worst = 0.0  # most GPUs disrupted on one node of the current pick
@@ -591,6 +598,26 @@ class Cycle:
         self.decisions.explanations[v.id] = self._capacity_explanation(
             original, explain.no_capacity(original, self.state.free_gpus(), 0)
         )
+
+    def _able(
+        self, candidates: dict[str, list[WorkloadView]], units: dict[str, float], need: float
+    ) -> dict[str, list[WorkloadView]]:
+        """The candidate nodes where `need` whole GPUs could be freed at all: GPUs free or released there
+        plus every candidate victim's GPUs. Kept for the cycle (until capacity is given back): evictions
+        only move victims' GPUs to released, so a node left out stays out, but for leftovers of other
+        queues' evictions, which the next cycle sees."""
+        key = (id(candidates), need)
+        found = self._able_cache.get(key)
+        if found is not None and found[0] == self.state.generation:
+            return found[1]
+        nodes = self.state.nodes
+        able = {
+            name: victims
+            for name, victims in candidates.items()
+            if name in nodes and nodes[name].released + units.get(name, 0.0) + EPSILON >= need
+        }
+        self._able_cache[key] = (self.state.generation, able, candidates)
+        return able
 
     def _search_order(
         self, w: WorkloadView, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
