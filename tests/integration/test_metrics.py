@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,8 @@ import pytest
 
 from tests.support.prometheus import CI_MESSAGE, PrometheusProcess, find_prometheus
 from tests.support.server import ServerProcess
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 @pytest.fixture
@@ -83,3 +86,10 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
     assert value("gpupool_scheduler_cycle_seconds_count") > 0
     assert value('gpupool_gpu_hours_total{queue="nlp"}') >= 0.0
     server.cli("cancel", str(job["id"]), check=True)
+
+    # Every query of the shipped Grafana dashboard is valid PromQL and finds series here.
+    dashboard = json.loads((DOCS / "grafana" / "gpupool.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$node", ".*").replace("$queue", ".*")
+            prometheus.query(expr)  # raises on a PromQL error

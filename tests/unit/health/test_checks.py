@@ -184,3 +184,14 @@ def test_a_bad_config_names_the_key_and_the_fix(tmp_path: Path, text: str, messa
     (tmp_path / "health.yaml").write_text(text)
     with pytest.raises(HealthConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(tmp_path)
+
+
+def test_docs_telemetry_md_names_every_threshold_and_schedule_field() -> None:
+    from dataclasses import fields
+
+    from gpupool.health.thresholds import Schedule, Thresholds
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "telemetry.md").read_text()
+    for f in [*fields(Thresholds), *fields(Schedule)]:
+        if f.name != "source":
+            assert f"`{f.name}`" in text or f"{f.name}:" in text, f"docs/telemetry.md lacks {f.name}"
