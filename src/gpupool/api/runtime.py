@@ -84,13 +84,14 @@ class Runtime:
     def _open_backend(self) -> Backend:
         if self.settings.backend == "agent":
             from gpupool.backends.agent import AgentBackend
-            from gpupool.control.agents import agent_node_names
+            from gpupool.control.agents import agent_node_names, record_heartbeats
 
             return AgentBackend(
                 lease=self.settings.node_lease,
                 on_change=self._wake,
                 on_telemetry=self.telemetry.put,
                 known_nodes=agent_node_names(self.store),
+                on_heartbeats=lambda seen: record_heartbeats(self.store, seen),
             )
         if self.settings.backend == "slurm":
             from gpupool.backends.slurm import SlurmBackend

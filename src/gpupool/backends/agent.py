@@ -37,7 +37,9 @@ from gpupool.backends.base import Handle, Inventory, InventoryNode, Launch, Laun
 log = logging.getLogger("gpupool.agents")
 
 HEARTBEAT_INTERVAL = 1.0  # seconds between an agent's heartbeats (the agent's long-poll hold)
-HEARTBEAT_STORE_INTERVAL = 5.0  # the store's `last_heartbeat` of each node is refreshed this often
+# The store's `last_heartbeat` of each node is refreshed this often (in one bulk update); leases are
+# decided in memory from every heartbeat.
+HEARTBEAT_STORE_INTERVAL = 5.0
 LOG_CHUNK_MAX = 256 * 1024  # bytes of one rank's log per heartbeat
 # Variables that always travel with a launch (the job contract), even when the head's own value is equal.
 CONTRACT_PREFIXES = ("GPUPOOL_", "MASTER_", "NNODES", "NODE_RANK", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")
@@ -105,11 +107,13 @@ class AgentBackend:
         on_telemetry: Callable[[str, list[dict[str, Any]]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         known_nodes: tuple[str, ...] = (),
+        on_heartbeats: Callable[[dict[str, float]], None] | None = None,
     ) -> None:
         self.lease = lease
         self.interval = interval
         self._on_change = on_change
         self._on_telemetry = on_telemetry
+        self._on_heartbeats = on_heartbeats  # {node: epoch seconds} into the store, every so often
         self._clock = clock
         self._started = clock()
         self._lock = threading.Lock()
@@ -471,10 +475,14 @@ class AgentBackend:
                 for n in sorted(self._nodes.values(), key=lambda n: n.name)
             )
         previous = self._inventory
-        refresh = now - self._stored_at >= HEARTBEAT_STORE_INTERVAL
-        if previous is None or previous.nodes != nodes or refresh:
-            self._stored_at = now
+        if previous is None or previous.nodes != nodes:
             self._inventory = Inventory(nodes, (), (previous.generation + 1) if previous else 1)
+        if self._on_heartbeats is not None and now - self._stored_at >= HEARTBEAT_STORE_INTERVAL:
+            self._stored_at = now
+            wall = time.time()
+            with self._lock:
+                seen = {n.name: wall - (now - n.last_seen) for n in self._nodes.values()}
+            self._on_heartbeats(seen)
         return self._inventory
 
     def _lost_nodes(self) -> dict[str, float]:

@@ -8,10 +8,10 @@ and presents on every later call. Both are kept only as SHA-256 hashes, like API
 from __future__ import annotations
 
 import secrets
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError
 from gpupool.control.service import hash_token
@@ -166,3 +166,18 @@ def agent_node_names(store: Store) -> tuple[str, ...]:
     """Every node the agents registered (a restarted head waits a lease for them to come back)."""
     with store.read() as s:
         return tuple(s.scalars(select(Node.name).where(Node.backend == AGENT_BACKEND).order_by(Node.name)))
+
+
+def record_heartbeats(store: Store, seen: dict[str, float]) -> None:
+    """Write each agent node's last heartbeat (epoch seconds) in one statement (`gpupool nodes` shows it)."""
+    if not seen:
+        return
+    table = Node.__table__
+    statement = (
+        update(table)
+        .where(table.c.name == bindparam("node"), table.c.backend == AGENT_BACKEND)
+        .values(last_heartbeat=bindparam("at"))
+    )
+    rows = [{"node": name, "at": datetime.fromtimestamp(at, UTC)} for name, at in seen.items()]
+    with store.session() as s:
+        s.execute(statement, rows)

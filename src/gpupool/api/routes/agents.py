@@ -6,10 +6,11 @@ the API-token dependency; `admin_router` is mounted inside it.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from gpupool.api.errors import ApiError
@@ -78,15 +79,26 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
 
 
 @agent_router.post("/heartbeat", summary="Report what runs; held until the node's desired state changes")
-async def heartbeat(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+async def heartbeat(request: Request) -> Response:
+    """The hot path (every agent, every second): the body is read and the answer written as plain JSON,
+    and the report is taken in on the event loop unless it carries logs or ends (file writes)."""
     backend = _backend(request)
     name = _node(request)
     try:
-        answer, version = await run_in_threadpool(backend.heartbeat, name, body)
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise ApiError(422, "invalid_request", f"heartbeat body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(422, "invalid_request", "heartbeat body must be a JSON object")
+    writes = bool(body.get("logs")) or any(a.get("state") != "running" for a in body.get("attempts") or [])
+    try:
+        if writes:
+            answer, version = await run_in_threadpool(backend.heartbeat, name, body)
+        else:
+            answer, version = backend.heartbeat(name, body)
     except UnknownNode as exc:
-        raise ApiError(
-            409, "register_again", f"node {name} must register again (the head restarted)"
-        ) from exc
+        message = f"node {name} must register again (the head restarted)"
+        raise ApiError(409, "register_again", message) from exc
     wait = min(MAX_WAIT, max(0.0, float(body.get("wait") or 0.0)))
     if wait > 0:
         await backend.wait_for_change(name, version, wait)
@@ -94,7 +106,7 @@ async def heartbeat(request: Request, body: dict[str, Any] = Body(...)) -> dict[
         known = {(int(a["attempt_id"]), int(a["rank"])) for a in body.get("attempts") or []}
         answer, _ = backend.desired(name, known)
         answer["logs"] = logs
-    return answer
+    return Response(json.dumps(answer), media_type="application/json")
 
 
 @admin_router.post("/join-tokens", status_code=201, summary="Create a join token (shown once)")
