@@ -177,3 +177,21 @@ def test_kill9_of_the_head_during_runs_finishes_every_job_exactly_once(tmp_path:
             assert (marks / str(i)).read_text().split() == ["start", "end"], f"job {i} ran more than once"
     finally:
         pool.stop()
+
+
+def test_an_agent_cut_off_from_the_head_stops_its_work_after_the_orphan_grace(tmp_path: Path) -> None:
+    pool = start_pool(tmp_path, 1, orphan_grace="3s")
+    server = pool.server
+    try:
+        pid_file = tmp_path / "pid"
+        job = server.submit({"resources": {"gpu": 1}, "commands": [f"echo $$ > {pid_file}", "sleep 60"]})
+        server.wait_for(job["id"], states=("running",))
+        _wait(pid_file.exists, "the job to start", 20)
+        pid = int(pid_file.read_text())
+        server.kill9()
+        time.sleep(1.5)
+        assert _alive(pid), "a short outage of the head costs nothing"
+        _wait(lambda: not _alive(pid), "the orphan grace to stop the work", 15)
+        assert "event=orphan_grace_expired" in pool.agents[0].log()
+    finally:
+        pool.stop()
