@@ -76,6 +76,7 @@ class Cycle:
                 queues[name] = QueueView(name)  # work in an unknown queue: a queue with no quota
         self.queues = queues
         self.state = ClusterState(snapshot.nodes, queues.values())
+        self._capacity = tuple(self.state.capacity)  # before running work is loaded
         self.placer = Placer(self.state, self.config.placement, now)
         self.by_node: dict[str, list[WorkloadView]] = {}
         self.state.load_running(snapshot.running)
@@ -112,12 +113,7 @@ class Cycle:
     # -- setup ----------------------------------------------------------------------------------------
 
     def _fair_shares(self) -> dict[str, dict[str, float]]:
-        capacity = {"gpu": 0.0, "cpu": 0.0, "memory": 0.0}
-        for node in self.snapshot.nodes:
-            if node.schedulable:
-                capacity["gpu"] += sum(g.free for g in node.gpus)
-                capacity["cpu"] += node.cpus - node.cpus_allocated
-                capacity["memory"] += node.memory_bytes - node.memory_allocated
+        capacity = dict(zip(RESOURCES, self._capacity, strict=True))
         sums: dict[str, list[float]] = {}
         for w in (*self.snapshot.pending, *self.snapshot.running):
             row = sums.get(w.queue)
@@ -858,9 +854,7 @@ class Cycle:
     # -- reclaim --------------------------------------------------------------------------------------
 
     def reclaim(self) -> None:
-        index = self._victim_index()
-        if not index:
-            return
+        index: dict[str, list[WorkloadView]] | None = None
         for w in list(self.ordered_pending()):
             if not self._wants_room(w):
                 continue
@@ -869,6 +863,10 @@ class Cycle:
                 continue  # the reclaimer may not end above its fair share
             if self._fits_after_release(w):
                 continue
+            if index is None:
+                index = self._victim_index()  # built only once someone could gain from it
+            if not index:
+                return
             state = self.state
             if self._surplus_elsewhere(queue) + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
                 continue

@@ -56,6 +56,58 @@ class NodeState:
         return self.released
 
 
+@dataclass(frozen=True, slots=True)
+class _NodeTemplate:
+    """What a NodeView always gives a fresh NodeState: built once per view object, then copied."""
+
+    view: NodeView  # held so that the id keying the cache stays this view's
+    position: dict[int, int]
+    free: tuple[float, ...]
+    cpus_free: float
+    memory_free: float
+    model: str
+    labels: dict[str, str]
+    signature: tuple[tuple[str, int], ...]
+    whole: int
+    partial: bool
+    free_sum: float
+
+
+# Memoized per NodeView object (callers such as the simulator and the control loop pass the same view
+# objects cycle after cycle): a pure cache, bounded, that changes no result.
+_TEMPLATES: dict[int, _NodeTemplate] = {}
+_SIGNATURES: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
+MAX_TEMPLATES = 200_000
+
+
+def _template(view: NodeView) -> _NodeTemplate:
+    found = _TEMPLATES.get(id(view))
+    if found is not None and found.view is view:
+        return found
+    if len(_TEMPLATES) >= MAX_TEMPLATES:
+        _TEMPLATES.clear()
+    models = {g.model for g in view.gpus}
+    free = tuple(max(0.0, 1.0 - g.allocated) for g in view.gpus)
+    signature = tuple((g.model.upper(), g.memory_bytes) for g in view.gpus)
+    if len(_SIGNATURES) >= MAX_TEMPLATES:
+        _SIGNATURES.clear()
+    found = _TEMPLATES[id(view)] = _NodeTemplate(
+        view=view,
+        position={g.index: i for i, g in enumerate(view.gpus)},
+        free=free,
+        cpus_free=view.cpus - view.cpus_allocated if view.cpus else float("inf"),
+        memory_free=float(view.memory_bytes - view.memory_allocated) if view.memory_bytes else float("inf"),
+        model="" if not models else (next(iter(models)) if len(models) == 1 else MIXED),
+        labels=dict(view.labels),
+        # One object per distinct GPU make-up, so nodes alike can be matched by identity.
+        signature=_SIGNATURES.setdefault(signature, signature),
+        whole=sum(1 for f in free if f >= 1.0 - EPSILON),
+        partial=any(EPSILON < f < 1.0 - EPSILON for f in free),
+        free_sum=sum(free),
+    )
+    return found
+
+
 @dataclass(slots=True)
 class Reservation:
     """Backfill's promise to the highest blocked workload: these nodes, from `start` (seconds) on."""
@@ -69,7 +121,7 @@ class Reservation:
 class ClusterState:
     def __init__(self, nodes: Iterable[NodeView], queues: Iterable[QueueView]) -> None:
         self.nodes: dict[str, NodeState] = {}
-        self._signatures: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
+        self.capacity = [0.0, 0.0, 0.0]  # GPUs, CPUs, memory of schedulable nodes, before running work
         self.buckets: dict[str, dict[int, dict[str, None]]] = {}
         self.partial_nodes: dict[str, None] = {}
         self.holding_nodes: dict[str, None] = {}
@@ -116,30 +168,30 @@ class ClusterState:
         return found
 
     def _add_node(self, view: NodeView) -> None:
-        models = {g.model for g in view.gpus}
-        model = "" if not models else (next(iter(models)) if len(models) == 1 else MIXED)
+        t = _template(view)
         node = NodeState(
             name=view.name,
             view=view,
-            position={g.index: i for i, g in enumerate(view.gpus)},
-            free=[max(0.0, 1.0 - g.allocated) for g in view.gpus],
-            held=[0.0] * len(view.gpus),
-            cpus_free=view.cpus - view.cpus_allocated if view.cpus else float("inf"),
-            memory_free=float(view.memory_bytes - view.memory_allocated)
-            if view.memory_bytes
-            else float("inf"),
+            position=t.position,  # read only
+            free=list(t.free),
+            held=[0.0] * len(t.free),
+            cpus_free=t.cpus_free,
+            memory_free=t.memory_free,
             schedulable=view.schedulable,
-            model=model,
-            labels=dict(view.labels),
-            signature=self._intern(tuple((g.model.upper(), g.memory_bytes) for g in view.gpus)),
+            model=t.model,
+            labels=t.labels,  # read only
+            whole=t.whole,
+            partial=t.partial,
+            free_sum=t.free_sum,
+            released=t.whole,
+            signature=t.signature,
         )
-        node.recount()
         self.nodes[view.name] = node
         self._index(node)
-
-    def _intern(self, signature: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
-        """One object per distinct GPU make-up, so nodes alike can be matched by identity."""
-        return self._signatures.setdefault(signature, signature)
+        if view.schedulable:
+            self.capacity[0] += t.free_sum
+            self.capacity[1] += view.cpus - view.cpus_allocated
+            self.capacity[2] += view.memory_bytes - view.memory_allocated
 
     def track(self, label: str) -> dict[str, list[float]]:
         """[free, held] GPUs of schedulable nodes per value of `label`, kept current from now on."""
