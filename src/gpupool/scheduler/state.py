@@ -246,25 +246,42 @@ class ClusterState:
     def load_running(self, workloads: Iterable[WorkloadView]) -> None:
         """Account the running workloads of the snapshot (no undo): one pass, then re-index once."""
         touched: dict[str, NodeState] = {}
+        totals: dict[tuple[str, bool], list[float]] = {}  # (queue, preemptible) -> GPUs, CPUs, memory
+        nodes = self.nodes
+        running = self.running
         for workload in workloads:
-            self.running[workload.id] = workload
+            running[workload.id] = workload
             for pod in workload.placement:
-                node = self.nodes.get(pod.node)
+                node = nodes.get(pod.node)
                 if node is None:
                     continue
                 if node.name not in touched:
                     touched[node.name] = node
                     self._unindex(node)
+                fraction = pod.gpu_fraction
                 for index in pod.gpu_indices:
                     pos = node.position.get(index)
                     if pos is not None:
-                        node.free[pos] -= pod.gpu_fraction
+                        node.free[pos] -= fraction
                         if workload.stopping:
-                            node.held[pos] += pod.gpu_fraction
+                            node.held[pos] += fraction
                 node.cpus_free -= workload.cpus
                 node.memory_free -= workload.memory_bytes
             if not workload.stopping:
-                self._account(workload, +1.0)
+                key = (workload.queue, workload.preemptible)
+                row = totals.get(key)
+                if row is None:
+                    row = totals[key] = [0.0, 0.0, 0.0]
+                row[0] += workload.gpus.count * workload.nodes
+                row[1] += workload.cpus * workload.nodes
+                row[2] += workload.memory_bytes * workload.nodes
+        for (queue, preemptible), row in totals.items():
+            for name in self.chain(queue):
+                for target in (self.alloc[name], None if preemptible else self.alloc_np[name]):
+                    if target is not None:
+                        target[0] += row[0]
+                        target[1] += row[1]
+                        target[2] += row[2]
         for node in touched.values():
             node.recount()
             self._index(node)
