@@ -31,6 +31,7 @@ from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import queue_usage
 from gpupool.gpu import GpuProvider
 from gpupool.spec import parse_gpu_request
+from gpupool.spec.views import queue_view
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc, utcnow
@@ -680,28 +681,9 @@ class Reconciler:
         self.telemetry.put(self.settings.node_name, samples)
 
 
-def _share(spec: dict[str, Any], resource: str) -> scheduler.Share:
-    row = (spec.get("resources") or {}).get(resource) or {}
-    limit = row.get("limit")
-    return scheduler.Share(
-        float(row.get("quota") or 0.0),
-        None if limit is None else float(limit),
-        float(row.get("over_quota_weight", 1.0)),
-    )
-
-
 def _queue_view(queue: Queue) -> scheduler.QueueView:
-    spec = queue.spec or {}
-    return scheduler.QueueView(
-        name=queue.name,
-        parent=queue.parent,
-        priority=queue.priority,
-        gpu=_share(spec, "gpu"),
-        cpu=_share(spec, "cpu"),
-        memory=_share(spec, "memory"),
-        ordering=spec.get("ordering"),
-        min_runtime_preempt=spec.get("min_runtime_preempt"),
-        min_runtime_reclaim=spec.get("min_runtime_reclaim"),
+    return queue_view(
+        {**(queue.spec or {}), "name": queue.name, "parent": queue.parent, "priority": queue.priority}
     )
 
 

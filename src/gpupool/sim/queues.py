@@ -13,6 +13,7 @@ from gpupool.scheduler import QueueView, Share
 from gpupool.sim.errors import SimError
 from gpupool.sim.trace import TraceJob
 from gpupool.spec import SpecError, parse_queue_spec
+from gpupool.spec.views import queue_view
 
 
 def auto_queues(jobs: Sequence[TraceJob], cluster_gpus: int) -> tuple[QueueView, ...]:
@@ -67,31 +68,6 @@ def load_queue_file(path: Path) -> tuple[QueueView, ...]:
             raise SimError("--queues", f"{path}, queue {i + 1}: {exc}") from None
         views.append(queue_view(spec.model_dump(mode="json")))
     return tuple(views)
-
-
-def queue_view(spec: Mapping[str, Any]) -> QueueView:
-    """A QueueView from a queue spec as a mapping (as files and the API show it)."""
-    return QueueView(
-        name=str(spec["name"]),
-        parent=spec.get("parent"),
-        priority=int(spec.get("priority") or 0),
-        gpu=_share(spec, "gpu"),
-        cpu=_share(spec, "cpu"),
-        memory=_share(spec, "memory"),
-        ordering=spec.get("ordering"),
-        min_runtime_preempt=spec.get("min_runtime_preempt"),
-        min_runtime_reclaim=spec.get("min_runtime_reclaim"),
-    )
-
-
-def _share(spec: Mapping[str, Any], resource: str) -> Share:
-    row = (spec.get("resources") or {}).get(resource) or {}
-    limit = row.get("limit")
-    return Share(
-        float(row.get("quota") or 0.0),
-        None if limit is None else float(limit),
-        float(row.get("over_quota_weight", 1.0)),
-    )
 
 
 def resolve_queues(value: str, jobs: Sequence[TraceJob], cluster_gpus: int) -> tuple[QueueView, ...]:
