@@ -16,10 +16,12 @@ def _queues(server: ServerProcess) -> dict[str, dict[str, object]]:
         return {q["name"]: q for q in client.get("/api/v1/queues").json()}
 
 
-def _fair(server: ServerProcess, name: str) -> float:
-    share = _queues(server)[name]["fair_share"]
-    assert isinstance(share, dict)
-    return float(share["gpu"])
+def _fair(server: ServerProcess) -> tuple[float, float, float]:
+    """Fair shares of heavy and light, and pending GPUs of both, from one read (one scheduler cycle)."""
+    queues = _queues(server)
+    shares = [queues[name]["fair_share"] for name in ("heavy", "light")]
+    pending = sum(float(queues[name]["gpus_pending"]) for name in ("heavy", "light"))
+    return float(shares[0].get("gpu", 0.0)), float(shares[1].get("gpu", 0.0)), pending
 
 
 def _run_history_then_compete(server: ServerProcess) -> tuple[float, float]:
@@ -36,8 +38,9 @@ def _run_history_then_compete(server: ServerProcess) -> tuple[float, float]:
             server.submit({"queue": name, "resources": {"gpu": 8}, "commands": ["sleep 30"]})
     deadline = time.time() + 20
     while time.time() < deadline:
-        heavy, light = _fair(server, "heavy"), _fair(server, "light")
-        if heavy > 0 and light > 0 and heavy + light > 7.9:  # the loop has seen both queues' demand
+        heavy, light, pending = _fair(server)
+        # Every job submitted is pending or running and the loop has computed shares for both queues.
+        if pending >= 16 and heavy > 0 and light > 0 and heavy + light > 7.9:
             return heavy, light
         time.sleep(0.2)
     raise AssertionError(f"no fair shares computed: {_queues(server)}")
