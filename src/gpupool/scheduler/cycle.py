@@ -278,16 +278,22 @@ class Cycle:
         )
         if ends_in_time and reservation is not None and not reservation.relative:
             self.state.expires(reservation.start - (w.max_duration or 0.0))
-        return (w.gpus, w.cpus, w.memory_bytes, w.nodes, w.topology, w.topology_preferred, ends_in_time)
+        demand = w.gpus
+        return (
+            demand.count, demand.models, demand.min_memory_bytes, w.cpus, w.memory_bytes, w.nodes,
+            w.topology, w.topology_preferred, ends_in_time,
+        )  # fmt: skip
 
     def _admission(self, w: WorkloadView) -> Explanation | None:
         """Queue limits, the quota rule for non-preemptible work, and whether it could ever fit."""
         state = self.state
-        for name, position, limit in self._limits(w.queue):
-            demand = w.demand(RESOURCES[position])
-            allocated = state.alloc[name][position]
-            if allocated + demand > limit + EPSILON:
-                return explain.queue_limit(name, RESOURCES[position], allocated, limit)
+        limits = self._limits(w.queue)
+        if limits:
+            wants = (w.gpus.count * w.nodes, w.cpus * w.nodes, float(w.memory_bytes * w.nodes))
+            for name, position, limit in limits:
+                allocated = state.alloc[name][position]
+                if allocated + wants[position] > limit + EPSILON:
+                    return explain.queue_limit(name, RESOURCES[position], allocated, limit)
         if not w.preemptible and w.gpu_units > 0:
             for name in state.chain(w.queue):
                 queue = self.queues.get(name)
@@ -316,7 +322,8 @@ class Cycle:
         return found
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
-        key = (w.gpus, w.nodes)
+        demand = w.gpus
+        key = (demand.count, demand.models, demand.min_memory_bytes, w.nodes)  # plain values hash fast
         if key not in self._never:
             self._never[key] = self._never_fits_shape(w)
         return self._never[key]
