@@ -87,6 +87,7 @@ class Reconciler:
         self._scheduler = scheduler.Scheduler()
         self._config = scheduler.SchedulerConfig(usage_weight=settings.usage_weight)
         self._usage_cache: tuple[float, dict[str, float]] | None = None
+        self._node_views: dict[str, scheduler.NodeView] = {}
         self.fair_shares: dict[str, dict[str, float]] = {}
         self.explanations: dict[int, scheduler.Explanation] = {}
         self._explained_at = 0.0
@@ -430,6 +431,7 @@ class Reconciler:
         )
         if self._inventory_generation:
             nodes = inventory.with_foreign_use(s, nodes, running)
+        nodes = tuple(self._same_view(view) for view in nodes)
         queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
         usage = self._usage(s, {q.name: q.parent for q in queue_rows})
         queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
@@ -441,6 +443,15 @@ class Reconciler:
             for wid, priority in pending
         )
         return scheduler.Snapshot(nodes, views, queues, tuple(running), self._config)
+
+    def _same_view(self, view: scheduler.NodeView) -> scheduler.NodeView:
+        """The view of the last pass when nothing changed: the scheduler then recognises the node (and an
+        unchanged snapshot) by identity, which is cheaper than by value."""
+        last = self._node_views.get(view.name)
+        if last is not None and last == view:
+            return last
+        self._node_views[view.name] = view
+        return view
 
     def _usage(self, s: Session, parents: dict[str, str | None]) -> dict[str, float]:
         """Decayed GPU-seconds per queue, recomputed from the attempts at most every USAGE_REFRESH s or a

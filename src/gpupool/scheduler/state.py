@@ -77,7 +77,7 @@ class _NodeTemplate:
 # objects cycle after cycle): a pure cache, bounded, that changes no result.
 _TEMPLATES: dict[int, _NodeTemplate] = {}
 _SIGNATURES: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
-MAX_TEMPLATES = 200_000
+MAX_TEMPLATES = 20_000  # a caller that builds new views every cycle only churns it, in bounded memory
 
 
 def _template(view: NodeView) -> _NodeTemplate:
