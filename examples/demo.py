@@ -71,7 +71,8 @@ def submit(*args: str) -> int:
 
 def main() -> None:
     shutil.rmtree(DEMO, ignore_errors=True)
-    shutil.copytree(ROOT / "examples" / "jobs", JOBS)
+    # A checkpoint left in examples/jobs by trying the jobs by hand must not make the demo's fine-tune resume.
+    shutil.copytree(ROOT / "examples" / "jobs", JOBS, ignore=shutil.ignore_patterns("ckpt", "__pycache__"))
     port = free_port()
     ENV.update({"GPUPOOL_HOME": str(DEMO / "home"), "GPUPOOL_SERVER": f"http://127.0.0.1:{port}"})
 
