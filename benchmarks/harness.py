@@ -252,6 +252,32 @@ class RawConnection:
         self._reader = self._writer = None
 
 
+async def submit_jobs(
+    server: BenchServer, body: bytes, count: int, clients: int, ids: list[int], errors: list[str]
+) -> None:
+    """POST `body` to /api/v1/workloads `count` times over `clients` connections; the ids of accepted
+    workloads go to `ids` as they are answered, failures to `errors`."""
+    remaining = iter(range(count))
+
+    async def worker() -> None:
+        conn = RawConnection(HOST, server.port, server.token)
+        try:
+            for _ in remaining:
+                try:
+                    status, data = await conn.request("POST", "/api/v1/workloads", body)
+                except (HttpError, OSError) as exc:
+                    errors.append(repr(exc))
+                    continue
+                if status == 201:
+                    ids.append(int(json.loads(data)["id"]))
+                else:
+                    errors.append(f"http {status}")
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(clients)))
+
+
 # -- statistics and reports --------------------------------------------------------------------------------
 
 

@@ -26,7 +26,6 @@ from harness import (
     HOST,
     BenchServer,
     Column,
-    HttpError,
     RawConnection,
     add_run_options,
     console,
@@ -34,6 +33,7 @@ from harness import (
     percentile,
     print_runs,
     save_report,
+    submit_jobs,
     verdict,
     warn_shared_db,
 )
@@ -52,25 +52,7 @@ async def submit_all(
 ) -> float:
     """Submit every job over --clients connections; returns perf_counter() when the last submit returned."""
     body = json.dumps({"commands": [args.command], "resources": {"gpu": 1}}).encode()
-    remaining = iter(range(args.jobs))
-
-    async def worker() -> None:
-        conn = RawConnection(HOST, server.port, server.token)
-        try:
-            for _ in remaining:
-                try:
-                    status, data = await conn.request("POST", "/api/v1/workloads", body)
-                except (HttpError, OSError) as exc:
-                    errors.append(repr(exc))
-                    continue
-                if status == 201:
-                    ids.append(int(json.loads(data)["id"]))
-                else:
-                    errors.append(f"http {status}")
-        finally:
-            await conn.close()
-
-    await asyncio.gather(*(worker() for _ in range(args.clients)))
+    await submit_jobs(server, body, args.jobs, args.clients, ids, errors)
     return time.perf_counter()
 
 

@@ -32,13 +32,13 @@ from harness import (
     HOST,
     BenchServer,
     Column,
-    HttpError,
     RawConnection,
     add_run_options,
     console,
     median_of_runs,
     print_runs,
     save_report,
+    submit_jobs,
     verdict,
     warn_shared_db,
 )
@@ -112,30 +112,13 @@ async def through_gpupool(server: BenchServer, args: argparse.Namespace) -> dict
     body = json.dumps({"commands": [args.command], "resources": {"gpu": 1}}).encode()
     ids: list[int] = []
     errors: list[str] = []
-    remaining = iter(range(args.jobs))
-
-    async def worker() -> None:
-        conn = RawConnection(HOST, server.port, server.token)
-        try:
-            for _ in remaining:
-                try:
-                    status, data = await conn.request("POST", "/api/v1/workloads", body)
-                except (HttpError, OSError) as exc:
-                    errors.append(repr(exc))
-                    continue
-                if status == 201:
-                    ids.append(int(json.loads(data)["id"]))
-                else:
-                    errors.append(f"http {status}")
-        finally:
-            await conn.close()
 
     conn = RawConnection(HOST, server.port, server.token)
     explained = unexplained = 0
     rows: dict[int, dict[str, Any]] = {}
     done = None
     t0 = time.perf_counter()
-    submitting = asyncio.gather(*(worker() for _ in range(args.clients)))
+    submitting = asyncio.ensure_future(submit_jobs(server, body, args.jobs, args.clients, ids, errors))
     try:
         while time.perf_counter() - t0 < args.max_seconds:
             await asyncio.sleep(args.poll_s)
