@@ -51,10 +51,6 @@ class NodeState:
             else self.whole
         )
 
-    def whole_after_release(self) -> int:
-        """GPUs entirely free once stopping work has released what it holds."""
-        return self.released
-
 
 @dataclass(frozen=True, slots=True)
 class _NodeTemplate:
@@ -129,7 +125,6 @@ class ClusterState:
         self.free_total = 0.0  # free GPUs on schedulable nodes
         self.held_total = 0.0  # GPUs on schedulable nodes that stopping work holds
         self.held_generation = 0  # bumped whenever GPUs become held (an eviction)
-        self.version = 0  # bumped on every change of any node's free or held GPUs
         self.domain_rooms: dict[str, dict[str, list[float]]] = {}  # see track()
         self.generation = 0  # bumped whenever capacity is given back, so cached "does not fit" expires
         self._log: list[Callable[[], None]] = []
@@ -207,7 +202,6 @@ class ClusterState:
         return found
 
     def _index(self, node: NodeState) -> None:
-        self.version += 1
         if not node.schedulable:
             return
         for label, rooms in self.domain_rooms.items():
