@@ -1,9 +1,9 @@
 """Node health on a real server with simulated GPUs: faults injected through the CLI, verdicts that drain
 a node, and a node that returns only after passing its active checks.
 
-One node (the head's local GPUs): the drained job waits, requeued, and resumes from its checkpoint on the
-same node once it passes the active checks. Moving work to a second node needs node agents, whose GPUs the
-head cannot inject faults into yet (docs/telemetry.md)."""
+On the head's own node (one node: the drained job waits, requeued, and resumes on the same node once it
+passes), and on a pool of two real agent processes, where the head reaches the agents' GPUs through the
+heartbeat protocol (fault injection, active checks) and the drained job resumes on the other node."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_preemption import CHECKPOINTING, _log
+from tests.support.agent import start_pool
 from tests.support.server import ServerProcess
 
 
@@ -116,7 +117,7 @@ def test_warnings_keep_the_node_in_service_and_faults_need_a_simulated_gpu(
     none = server.cli("node", "inject-fault", "node-1", "--gpu", "0")
     assert none.returncode == 1 and "give exactly one of --xid" in none.stderr
     elsewhere = server.cli("node", "inject-fault", "node-9", "--gpu", "0", "--xid", "79")
-    assert elsewhere.returncode == 1 and "head's own simulated GPUs only" in elsewhere.stderr
+    assert elsewhere.returncode == 1 and "no node named 'node-9' (nodes: node-1)" in elsewhere.stderr
     bad = server.cli("node", "inject-fault", "node-1", "--gpu", "8", "--xid", "79")
     assert bad.returncode == 1 and "node node-1 has GPUs 0..7" in bad.stderr
     server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--fall-off-bus", check=True)
@@ -126,3 +127,91 @@ def test_warnings_keep_the_node_in_service_and_faults_need_a_simulated_gpu(
     assert failed.returncode == 2 and "GPU 1: does not answer" in failed.stdout
     top = server.cli("top", "--once", check=True).stdout
     assert "lost" in top and "unhealthy" in top
+
+
+def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_from_its_checkpoint(
+    tmp_path: Path, job_dir: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "health.yaml").write_text("schedule: {recheck_interval: 2, idle_interval: 0}\n")
+    pool = start_pool(tmp_path, 2)
+    server = pool.server
+
+    def agent_node(name: str) -> dict[str, Any]:
+        return dict(pool.nodes()[name])
+
+    def agent_health(name: str) -> dict[str, Any]:
+        with server.http() as client:
+            return dict(client.get(f"/api/v1/health/{name}").json())
+
+    try:
+        (job_dir / "train.py").write_text(CHECKPOINTING)
+        job = server.submit(
+            {"resources": {"gpu": 1}, "workdir": str(job_dir), "commands": ["python3 train.py"],
+             "env": {"STEPS": 3000}, "checkpoint": "ckpt", "grace_period": "5s"}
+        )  # fmt: skip
+        server.wait_for(job["id"], ("running",))
+        ckpt = job_dir / "ckpt" / "step"
+        until("the job to checkpoint", lambda: ckpt.exists() and int(ckpt.read_text() or 0) >= 5)
+        sick_name = server.workload(job["id"])["node"]
+        (other,) = {"agent-0", "agent-1"} - {sick_name}
+        until(
+            "both agent nodes healthy",
+            lambda: all(agent_node(n)["health"] == "healthy" for n in pool.nodes()),
+        )
+
+        # Through the CLI, as an operator would; the head hands each fault to the node's agent.
+        xid = server.cli("node", "inject-fault", sick_name, "--gpu", "0", "--xid", "79", check=True)
+        assert f"node {sick_name}: GPU 0: Xid 79 reported" in xid.stdout
+        server.cli("node", "inject-fault", sick_name, "--gpu", "0", "--slow", "0.5", check=True)
+
+        sick = until(
+            "the node to be unhealthy", lambda: (n := agent_node(sick_name))["state"] == "unhealthy" and n
+        )
+        assert sick["health"] == "unhealthy"
+        assert "GPU 0: Xid 79 (hardware): GPU has fallen off the bus" in sick["health_evidence"]
+        assert "GPU 0: Xid 79" in sick["state_reason"]
+
+        # Evicted with its grace period (it wrote a checkpoint on SIGTERM), then resumed on the other node.
+        moved = until(
+            "the job running again on the other node",
+            lambda: (w := server.workload(job["id"]))["state"] == "running" and w["attempts"] == 2 and w,
+            timeout=60,
+        )
+        first, second = moved["attempt_list"]
+        assert (first["node"], first["state"]) == (sick_name, "evicted")
+        assert second["node"] == other and moved["restarts"] == 0
+        assert "checkpointed at step" in _log(server, job["id"], attempt=0)
+        log = until("the resumed attempt's log", lambda: _log(server, job["id"], attempt=1))
+        resumed_at = int(log.split("attempt 1 starts at step ")[1].split()[0])
+        assert resumed_at >= 5, log
+
+        # Its agent runs the active checks every 2 s: GPU 0 computes at half speed, so the node stays out.
+        failed = until("a failed recheck", lambda: (h := agent_health(sick_name)).get("active") and h)
+        assert failed["active"]["health"] == "unhealthy"
+        assert "GPU 0: BF16 GEMM 396 TFLOPS < 692" in failed["active"]["evidence"]
+        assert failed["active"]["result"]["runner"] == "simulated"
+        ran = server.cli("health", "run", "--node", sick_name)
+        assert ran.returncode == 2 and "BF16 GEMM 396 TFLOPS < 692" in ran.stdout, ran.stdout + ran.stderr
+        time.sleep(3)
+        assert agent_node(sick_name)["state"] == "unhealthy"
+
+        server.cli("node", "inject-fault", sick_name, "--gpu", "0", "--clear", check=True)
+        back = until(
+            "the node back in service", lambda: (n := agent_node(sick_name))["state"] == "ready" and n
+        )
+        assert back["health"] == "healthy"
+        events = [(e["from"], e["to"], e["actor"]) for e in agent_health(sick_name)["events"]]
+        assert ("ready", "unhealthy", "health") in events and ("unhealthy", "ready", "health") in events
+        shown = server.cli("node", "show", sick_name, check=True).stdout
+        assert "passed the quick active checks" in shown
+        full = server.cli("health", "run", "--node", other, "--level", "full", "--json", check=True)
+        assert json.loads(full.stdout)[0]["health"] == "healthy"
+        assert server.workload(job["id"])["attempt_list"][-1]["node"] == other
+
+        bad = server.cli("node", "inject-fault", sick_name, "--gpu", "1", "--xid", "79")
+        assert bad.returncode == 1 and f"node {sick_name} has GPUs 0..0" in bad.stderr
+        server.cli("cancel", str(job["id"]), check=True)
+    finally:
+        pool.stop()

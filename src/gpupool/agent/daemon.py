@@ -27,6 +27,7 @@ from gpupool.agent.attempts import NodeAttempts
 from gpupool.gpu import GpuProvider
 from gpupool.gpu.catalog import lookup_model
 from gpupool.gpu.errors import UnknownGpuModel
+from gpupool.health.node_tasks import NodeTasks
 
 log = logging.getLogger("gpupool.agent")
 
@@ -58,6 +59,8 @@ class Agent:
         self._exited = threading.Event()
         self.attempts = NodeAttempts(settings.state_dir, on_exit=self._exited.set)
         self.attempts.load()
+        # The head's instructions (active health checks, fault injection); a reply is sent at once.
+        self.tasks = NodeTasks(gpus, settings.name, on_done=self._exited.set)
         self._credential = self._load_credential()
         self._http = httpx.Client(base_url=settings.server.rstrip("/"), timeout=30.0)
         self._report_http = httpx.Client(base_url=settings.server.rstrip("/"), timeout=10.0)
@@ -137,6 +140,9 @@ class Agent:
             for device in self.gpus.devices():
                 self.gpus.attach(device.index, held.get(device.index, []))
             body["telemetry"] = [s.to_dict() for s in self.gpus.sample()]
+        replies = self.tasks.results()
+        if replies:
+            body["instruction_results"] = replies
         headers = {"Authorization": f"Bearer {self._credential}"}
         response = client.post(f"{API}/heartbeat", json=body, headers=headers, timeout=wait + 10.0)
         if response.status_code == 409:
@@ -145,8 +151,10 @@ class Agent:
         if response.status_code == 401:
             raise AgentRefused(_message(response))
         response.raise_for_status()
+        answer = response.json()
         with self._send_lock:
-            self.attempts.apply(response.json())
+            self.attempts.apply(answer)
+        self.tasks.take(answer.get("instructions") or [])
         self.last_contact = time.monotonic()
         if self._orphaned:
             self._orphaned = False

@@ -11,7 +11,7 @@ from pathlib import Path
 from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
 from gpupool.control import service
-from gpupool.control.health import HealthMonitor
+from gpupool.control.health import AgentNodes, HealthMonitor
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.metrics import Metrics
 from gpupool.control.telemetry import StoreAllocations, TelemetryCache
@@ -73,6 +73,7 @@ class Runtime:
             health_config,
             local_node=settings.node_name,
             local_gpus=self.gpus,
+            agents=self._agent_nodes(),
             wake=self._wake,
         )
         self.metrics = Metrics(self.store, self.telemetry, self.health, lambda: self.reconciler.fair_shares)
@@ -98,6 +99,12 @@ class Runtime:
 
             return SlurmBackend(partition=self.settings.partition, on_change=self._wake)
         return LocalBackend(on_exit=self._wake)
+
+    def _agent_nodes(self) -> AgentNodes | None:
+        """The agent backend, through which health checks and faults reach agent nodes."""
+        from gpupool.backends.agent import AgentBackend
+
+        return self.backend if isinstance(self.backend, AgentBackend) else None
 
     def _wake(self) -> None:
         self.reconciler.wake()

@@ -4,7 +4,9 @@ The head never connects to a node. Each agent long-polls the head (`POST /api/v1
 reporting what it runs (per attempt and rank: running, exited with a code, vanished), shipping its logs
 and GPU samples; the answer is the node's desired state: every attempt rank the head wants running there,
 with its fencing token, a signal level, and the launch itself when the agent does not know it yet. The
-agent starts what is listed and kills at once whatever is not (fencing). Everything is level-triggered:
+agent starts what is listed and kills at once whatever is not (fencing). The answer also lists the head's
+instructions for the node (run the active health checks, inject a fault) until the agent's reply comes back
+on a heartbeat (`ask`; the agent's side is health/node_tasks.py). Everything is level-triggered:
 a lost answer, an agent restart or a head restart is repaired by the next heartbeat.
 
 This backend keeps that desired state. It is durable where it must be: each attempt's launch is written
@@ -91,6 +93,14 @@ class AgentAttempt:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _Reply:
+    """Where the reply to one instruction goes (`AgentBackend.ask` waits on `done`)."""
+
+    done: threading.Event
+    reply: dict[str, Any] = field(default_factory=dict)
+
+
 class UnknownNode(LookupError):
     """A heartbeat from a node this head has no registration of (it restarted): the agent registers again."""
 
@@ -124,6 +134,8 @@ class AgentBackend:
         self._inventory: Inventory | None = None
         self._stored_at = 0.0
         self._known = set(known_nodes)  # agent nodes of the store at start (a head restart): awaited
+        self._asked: dict[str, dict[str, dict[str, Any]]] = {}  # node -> instruction id -> instruction
+        self._replies: dict[str, _Reply] = {}  # instruction id -> where its reply goes
 
     # -- registration and heartbeats (called by the API) ------------------------------------------------
 
@@ -179,6 +191,8 @@ class AgentBackend:
         samples = report.get("telemetry")
         if samples and self._on_telemetry is not None:
             self._on_telemetry(name, list(samples))
+        for reply in report.get("instruction_results") or []:  # after the samples: a reply sees them
+            self._take_reply(name, reply)
         if settled and self._on_change is not None:
             self._on_change()
         answer, version = self.desired(name, known)
@@ -204,7 +218,11 @@ class AgentBackend:
                     if (attempt_id, rank) not in known and pod.exit_code is None and not pod.vanished:
                         entry["launch"] = attempt.launches[rank]
                     listed.append(entry)
-        return {"attempts": listed, "interval": self.interval, "lease": self.lease}, version
+            answer: dict[str, Any] = {"attempts": listed, "interval": self.interval, "lease": self.lease}
+            asked = self._asked.get(name)
+            if asked:
+                answer["instructions"] = list(asked.values())
+        return answer, version
 
     async def wait_for_change(self, name: str, version: int, timeout: float) -> None:
         """Hold a long-poll until the node's desired state changes past `version`, or `timeout`."""
@@ -292,6 +310,44 @@ class AgentBackend:
                 fh.write(data[size - offset :])
                 size = offset + len(data)
         return size
+
+    # -- instructions: the head asks a node's agent to do something once (health/node_tasks.py) --------
+
+    def ask(self, name: str, instruction: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Have node `name`'s agent carry out `instruction` (run its active health checks, inject a fault)
+        and return its reply: `{"result": ...}` or `{"error": ...}`. The instruction is listed in the node's
+        heartbeat answers (its long-poll is woken) until the reply comes back on a heartbeat. Raises
+        UnknownNode for a node with no agent registered here, TimeoutError when no reply came in time."""
+        ident = secrets.token_hex(8)
+        waiter = _Reply(threading.Event())
+        with self._lock:
+            if name not in self._nodes:
+                raise UnknownNode(name)
+            self._asked.setdefault(name, {})[ident] = {"id": ident, **instruction}
+            self._replies[ident] = waiter
+            self._bump({name})
+        try:
+            if not waiter.done.wait(timeout):
+                raise TimeoutError(
+                    f"no reply from its agent within {timeout:g}s (an agent older than the head ignores "
+                    "instructions; a lost node answers nothing)"
+                )
+            return waiter.reply
+        finally:
+            with self._lock:
+                self._asked.get(name, {}).pop(ident, None)
+                self._replies.pop(ident, None)
+
+    def _take_reply(self, name: str, reply: dict[str, Any]) -> None:
+        ident = str(reply.get("id"))
+        with self._lock:
+            if ident not in self._asked.get(name, {}):
+                return  # answered already, or the asker stopped waiting
+            self._asked[name].pop(ident)
+            waiter = self._replies.get(ident)
+        if waiter is not None:
+            waiter.reply = dict(reply)
+            waiter.done.set()
 
     # -- the Backend interface (called by the reconcile loop) --------------------------------------------
 

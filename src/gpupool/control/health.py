@@ -7,7 +7,11 @@ the reconcile loop to stop its attempts (`stop_reason` "drain": SIGTERM, SIGKILL
 requeued to resume from the checkpoint). An unhealthy node gets the active checks every
 `schedule.recheck_interval` seconds; it returns to `ready` when they pass and no passive fault remains.
 Idle ready nodes get the active checks every `schedule.idle_interval` seconds, cordoned while they run.
+Checks the loop schedules run in a thread of their own, so a slow node never holds up the others.
 Every change of state or verdict is an `Event` on the node (actor "health").
+
+The head runs the active checks and injects faults itself for its own GPUs; for an agent node it asks the
+node's agent (`AgentNodes.ask`, carried by the heartbeats; health/node_tasks.py is the agent's side).
 """
 
 from __future__ import annotations
@@ -18,15 +22,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import select
 
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.gpu import GpuProvider, NvmlProvider, SimulatedProvider
-from gpupool.health import checks
-from gpupool.health.active import ActiveCheckError, ActiveRunner, SimulatedRunner, TorchRunner
+from gpupool.gpu import GpuProvider
+from gpupool.health import checks, faults
+from gpupool.health.active import ActiveCheckError, ActiveRunner, AgentRunner, runner_for_gpus
 from gpupool.health.checks import Baseline, Finding, Verdict
 from gpupool.health.thresholds import LEVELS, HealthConfig
 from gpupool.store.db import Store
@@ -39,7 +43,16 @@ ACTOR = "health"
 STOP_DRAIN = "drain"  # the reconcile loop's stop reason for work leaving a node (control.loop.STOP_DRAIN)
 CHECKING = "health: active checks running"  # state_reason while an idle node is cordoned for its checks
 STALE_AFTER = 30.0  # seconds without samples after which a node's last samples are not judged
-FAULTS = ("xid", "ecc", "throttle", "slow", "fall_off_bus", "clear")
+FAULTS = faults.FAULTS
+FAULT_TIMEOUT = 15.0  # seconds an agent node has to apply an injected fault and say so
+
+
+class AgentNodes(Protocol):
+    """The agent nodes this head hears from, and a way to ask their agents (backends.agent.AgentBackend)."""
+
+    def knows(self, name: str) -> bool: ...
+
+    def ask(self, name: str, instruction: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -59,11 +72,12 @@ class HealthMonitor:
         *,
         local_node: str,
         local_gpus: GpuProvider | None,
+        agents: AgentNodes | None = None,
         wake: Callable[[], None] = lambda: None,
         interval: float = 1.0,
     ) -> None:
         self.store, self.telemetry, self.config = store, telemetry, config
-        self.local_node, self.local_gpus = local_node, local_gpus
+        self.local_node, self.local_gpus, self.agents = local_node, local_gpus, agents
         self.wake, self.interval = wake, interval
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeHealth] = {}
@@ -103,12 +117,12 @@ class HealthMonitor:
                 with self._lock:
                     since = self._unhealthy_since.setdefault(name, now)
                 if not busy and self._due(name, now, schedule.recheck_interval, since=since):
-                    self.check(name, schedule.recheck_level)
+                    self._check_later(name, schedule.recheck_level)
             elif state == "ready" and not busy and schedule.idle_interval > 0:
                 # A node never checked counts from the monitor's start: a restart does not test them all.
                 due = self._due(name, now, schedule.idle_interval, since=self._started)
                 if due and self.runner_for(name) is not None:
-                    self.check(name, schedule.idle_level, cordon=True)
+                    self._check_later(name, schedule.idle_level, cordon=True)
             elif state == "cordoned" and reason == CHECKING and not self._busy(name):
                 self._set_state(name, "ready", "health: active checks interrupted; back in service")
 
@@ -127,14 +141,30 @@ class HealthMonitor:
     # -- checks ---------------------------------------------------------------------------------------
 
     def runner_for(self, name: str) -> ActiveRunner | None:
-        """Who runs the active checks of a node: the head for its own GPUs; agent nodes have none yet."""
-        if name != self.local_node or self.local_gpus is None:
-            return None
-        if isinstance(self.local_gpus, SimulatedProvider):
-            return SimulatedRunner(self.local_gpus)
-        if isinstance(self.local_gpus, NvmlProvider):
-            return TorchRunner()
+        """Who runs the active checks of a node: the head for its own GPUs, the node's agent for its GPUs."""
+        if name == self.local_node and self.local_gpus is not None:
+            return runner_for_gpus(self.local_gpus)
+        if self.agents is not None and self.agents.knows(name):
+            return AgentRunner(self.agents, name)
         return None
+
+    def _check_later(self, name: str, level: str, *, cordon: bool = False) -> None:
+        """Run the checks of one node in a thread of its own, unless they run already."""
+        lock = self._running.setdefault(name, threading.Lock())
+        if lock.locked():
+            return
+
+        def run() -> None:
+            if not lock.acquire(blocking=False):
+                return
+            try:
+                self._check_locked(name, level, cordon=cordon)
+            except Exception:  # the next due pass retries; the API's `health run` shows the error
+                log.exception("event=health_check_failed node=%s level=%s", name, level)
+            finally:
+                lock.release()
+
+        threading.Thread(target=run, name=f"health-{name}", daemon=True).start()
 
     def _passive(self, name: str) -> Verdict | None:
         age = self.telemetry.age(name)
@@ -161,68 +191,71 @@ class HealthMonitor:
         """Passive and active checks of one node now; acts on the verdict; returns the report."""
         if level not in LEVELS:
             raise Invalid(f"level {level!r}: one of {', '.join(LEVELS)}", field="level", example="quick")
-        state = self._node_state(name)
-        runner = self.runner_for(name)
         lock = self._running.setdefault(name, threading.Lock())
         with lock:
-            passive = self._passive(name) or checks.verdict([], [])
-            if runner is None:
-                raise Conflict(
-                    f"node {name}: active checks run on the head's own GPUs only (node {self.local_node}); "
-                    "agent nodes cannot run them yet (docs/telemetry.md)"
-                )
-            if cordon:
-                self._set_state(name, "cordoned", CHECKING, only_from="ready")
-            began = time.time()
-            try:
-                result = runner.run(level)
-                active = checks.active(result, self.config)
-                active_view: dict[str, Any] = {"result": result.to_dict(), **active.to_dict()}
-            except ActiveCheckError as exc:
-                active = checks.verdict([Finding("active", checks.UNHEALTHY, str(exc))], ["active"])
-                active_view = {"result": None, **active.to_dict()}
-            # A node that passes is judged with what it shows now acknowledged (old Xids, ECC counts).
-            samples = self.telemetry.node_samples(name)
-            tentative = Baseline()
-            tentative.acknowledge(samples)
-            expected, models = self._inventory(name)
-            after = (
-                checks.passive(
-                    samples, expected_gpus=expected, models=models, config=self.config, baseline=tentative
-                )
-                if samples
-                else passive
+            return self._check_locked(name, level, cordon=cordon)
+
+    def _check_locked(self, name: str, level: str, *, cordon: bool = False) -> dict[str, Any]:
+        state = self._node_state(name)
+        runner = self.runner_for(name)
+        passive = self._passive(name) or checks.verdict([], [])
+        if runner is None:
+            raise Conflict(
+                f"node {name}: no GPUs to check here: not the head's own node ({self.local_node}) and "
+                "no agent connected for it (`gpupool nodes` shows its state)"
             )
-            overall = checks.combine(after if active.health != checks.UNHEALTHY else passive, active)
+        if cordon:
+            self._set_state(name, "cordoned", CHECKING, only_from="ready")
+        began = time.time()
+        try:
+            result = runner.run(level)
+            active = checks.active(result, self.config)
+            active_view: dict[str, Any] = {"result": result.to_dict(), **active.to_dict()}
+        except ActiveCheckError as exc:
+            active = checks.verdict([Finding("active", checks.UNHEALTHY, str(exc))], ["active"])
+            active_view = {"result": None, **active.to_dict()}
+        # A node that passes is judged with what it shows now acknowledged (old Xids, ECC counts).
+        samples = self.telemetry.node_samples(name)
+        tentative = Baseline()
+        tentative.acknowledge(samples)
+        expected, models = self._inventory(name)
+        after = (
+            checks.passive(
+                samples, expected_gpus=expected, models=models, config=self.config, baseline=tentative
+            )
+            if samples
+            else passive
+        )
+        overall = checks.combine(after if active.health != checks.UNHEALTHY else passive, active)
+        with self._lock:
+            entry = self._nodes.setdefault(name, NodeHealth(overall, began))
+            entry.active, entry.active_at = active_view, began
+        self._record(name, state, overall, began)
+        if overall.health == checks.UNHEALTHY:
+            self._mark_unhealthy(name, overall)
+        else:
             with self._lock:
-                entry = self._nodes.setdefault(name, NodeHealth(overall, began))
-                entry.active, entry.active_at = active_view, began
-            self._record(name, state, overall, began)
-            if overall.health == checks.UNHEALTHY:
-                self._mark_unhealthy(name, overall)
-            else:
-                with self._lock:
-                    self._baselines[name] = tentative
-                with self._lock:
-                    self._unhealthy_since.pop(name, None)
-                if state == "unhealthy" or cordon:
-                    level_text = f"passed the {level} active checks"
-                    self._set_state(name, "ready", f"health: {level_text} ({overall.health})", only_from=None)
-                    self.wake()
-            log.info(
-                "event=health_checked node=%s level=%s health=%s evidence=%r",
-                name,
-                level,
-                overall.health,
-                overall.evidence,
-            )
-            return {
-                "node": name,
-                "level": level,
-                **overall.to_dict(),
-                "active": active_view,
-                "state": self._node_state(name),
-            }
+                self._baselines[name] = tentative
+            with self._lock:
+                self._unhealthy_since.pop(name, None)
+            if state == "unhealthy" or cordon:
+                level_text = f"passed the {level} active checks"
+                self._set_state(name, "ready", f"health: {level_text} ({overall.health})", only_from=None)
+                self.wake()
+        log.info(
+            "event=health_checked node=%s level=%s health=%s evidence=%r",
+            name,
+            level,
+            overall.health,
+            overall.evidence,
+        )
+        return {
+            "node": name,
+            "level": level,
+            **overall.to_dict(),
+            "active": active_view,
+            "state": self._node_state(name),
+        }
 
     def _record(self, name: str, state: str, verdict: Verdict, now: float) -> None:
         """Keep the verdict; a changed one is counted and logged, and warnings (and their end) are events."""
@@ -322,6 +355,36 @@ class HealthMonitor:
                 for n in s.scalars(select(Node).order_by(Node.name))
             ]
 
+    # -- fault injection (simulated GPUs) ------------------------------------------------------------
+
+    def inject_fault(self, name: str, gpu: int, fault: str, value: Any = None) -> str:
+        """Inject a fault into a simulated GPU of the head's own node or of an agent node (its agent applies
+        it); anything else is refused with the reason. Returns what was done, in words."""
+        if fault not in FAULTS:
+            raise Invalid(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}", field="fault")
+        if name == self.local_node and self.local_gpus is not None:
+            try:
+                return faults.inject(self.local_gpus, name, gpu, fault, value)
+            except faults.FaultRefused as exc:
+                raise _service_error(exc.message, exc.kind, exc.field) from exc
+        if self.agents is None or not self.agents.knows(name):
+            self._node_state(name)  # NotFound (naming the nodes) for a node that does not exist
+            where = f"the head's own node ({self.local_node})" if self.local_gpus is not None else "none here"
+            raise Conflict(
+                f"node {name}: faults go into simulated GPUs of the head's own node or of a connected agent "
+                f"node; {name} is neither ({where})",
+                field="node",
+            )
+        instruction = {"kind": "inject_fault", "gpu": gpu, "fault": fault, "value": value}
+        try:
+            reply = self.agents.ask(name, instruction, FAULT_TIMEOUT)
+        except (TimeoutError, LookupError) as exc:
+            raise Conflict(f"node {name}: its agent did not apply the fault: {exc}", field="node") from exc
+        if reply.get("error"):
+            raise _service_error(str(reply["error"]), str(reply.get("kind")), reply.get("field"))
+        log.warning("event=fault_injected node=%s gpu=%d fault=%s value=%r", name, gpu, fault, value)
+        return str(reply.get("result"))
+
     # -- what the API shows ---------------------------------------------------------------------------
 
     def view(self, name: str, state: str, state_reason: str) -> dict[str, Any]:
@@ -383,51 +446,8 @@ def node_events(store: Store, name: str, limit: int = 50) -> list[dict[str, Any]
         ]
 
 
-def inject_fault(
-    gpus: GpuProvider | None, local_node: str, name: str, gpu: int, fault: str, value: Any = None
-) -> str:
-    """Fault injection on the head's own simulated GPUs; anything else is refused with the reason."""
-    if fault not in FAULTS:
-        raise Invalid(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}", field="fault")
-    if name != local_node:
-        raise Conflict(
-            f"node {name}: faults go into the head's own simulated GPUs only (node {local_node})",
-            field="node",
-        )
-    if gpus is None:
-        raise Conflict(f"node {name} has no local GPUs to inject faults into", field="node")
-    if not isinstance(gpus, SimulatedProvider):
-        raise Conflict(
-            f"node {name} has real GPUs ({gpus.description}); fault injection works on simulated GPUs only "
-            "(start a server with --gpus sim:8xH100 to try it)",
-            field="node",
-        )
-    count = len(gpus.devices())
-    if not 0 <= gpu < count:
-        raise Invalid(f"gpu {gpu}: node {name} has GPUs 0..{count - 1}", field="gpu", example="3")
-    try:
-        if fault == "xid":
-            gpus.inject_xid(gpu, int(value))
-            return f"GPU {gpu}: Xid {int(value)} reported"
-        if fault == "ecc":
-            if value != "uncorrectable":
-                raise Invalid(
-                    f"ecc {value!r}: only 'uncorrectable' can be injected",
-                    field="ecc",
-                    example="uncorrectable",
-                )
-            gpus.inject_ecc_errors(gpu, 1)
-            return f"GPU {gpu}: 1 uncorrectable ECC error, row remap pending"
-        if fault == "throttle":
-            gpus.inject_throttle(gpu, str(value))
-            return f"GPU {gpu}: {value} throttling"
-        if fault == "slow":
-            gpus.inject_slowdown(gpu, float(value))
-            return f"GPU {gpu}: active checks measure {float(value):g} of the expected figures"
-        if fault == "fall_off_bus":
-            gpus.fall_off_bus(gpu)
-            return f"GPU {gpu}: fallen off the bus (Xid 79)"
-        gpus.clear_faults(gpu)
-        return f"GPU {gpu}: faults cleared (repaired); the node returns after passing the active checks"
-    except (TypeError, ValueError) as exc:
-        raise Invalid(str(exc), field=fault) from exc
+def _service_error(message: str, kind: str, field: str | None) -> Invalid | Conflict:
+    """A refused fault as the API shows it: 409 when the GPUs cannot take faults, 422 for bad input."""
+    if kind == "conflict":
+        return Conflict(message, field=field)
+    return Invalid(message, field=field)

@@ -5,6 +5,8 @@ Two runners behind one interface. `TorchRunner` runs `python -m gpupool.health.a
 all-reduce over every GPU through `gpupool bench collective`). `SimulatedRunner` serves simulated GPUs:
 it reports the model's typical figures (below) times the slowdown injected with `gpupool node inject-fault
 --slow`, and an error for a GPU that fell off the bus, so every path of the verdicts is exercised here.
+The head runs them for its own GPUs; for an agent node, `AgentRunner` asks the node's agent, which runs the
+runner for its GPUs (health/node_tasks.py) and sends the result back on a heartbeat.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import json
 import subprocess
 import sys
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
+from gpupool.gpu import GpuProvider, NvmlProvider
 from gpupool.gpu.simulated import PCIE_GEN, SimulatedProvider
 from gpupool.health.checks import ActiveResult, GpuMeasurement
 from gpupool.health.thresholds import LEVELS
@@ -24,6 +27,7 @@ SIM_GEMM_FRACTION = 0.8  # large BF16 GEMMs on H100/A100 reach 75-85% of the den
 SIM_COPY_GBPS = {5: 55.0, 4: 26.0, 3: 12.5}  # pinned copies over x16 links of each PCIe generation
 SIM_ALLREDUCE_GBPS = {"H100": 480.0, "H200": 480.0, "B200": 700.0, "A100": 235.0}  # 8-GPU NVLink busbw
 TORCH_TIMEOUT = {"quick": 300.0, "full": 900.0}
+AGENT_MARGIN = 30.0  # seconds an agent node's checks may take beyond the torch timeout (heartbeat trips)
 
 
 class ActiveCheckError(RuntimeError):
@@ -34,6 +38,21 @@ class ActiveRunner(Protocol):
     kind: str
 
     def run(self, level: str) -> ActiveResult: ...
+
+
+class NodeAsker(Protocol):
+    """Who carries an instruction to a node's agent and returns its reply (backends.agent.AgentBackend)."""
+
+    def ask(self, name: str, instruction: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+
+def runner_for_gpus(gpus: GpuProvider | None) -> ActiveRunner | None:
+    """The runner for this machine's GPUs: simulated figures for simulated GPUs, torch for real ones."""
+    if isinstance(gpus, SimulatedProvider):
+        return SimulatedRunner(gpus)
+    if isinstance(gpus, NvmlProvider):
+        return TorchRunner()
+    return None
 
 
 def _check_level(level: str) -> None:
@@ -121,3 +140,25 @@ class TorchRunner:
             notes=tuple(data.get("notes", ())),
             seconds=time.monotonic() - began,
         )
+
+
+class AgentRunner:
+    """Active checks of an agent node: its agent runs them on its GPUs when the head asks."""
+
+    kind = "agent"
+
+    def __init__(self, asker: NodeAsker, node: str) -> None:
+        self.asker, self.node = asker, node
+
+    def run(self, level: str) -> ActiveResult:
+        _check_level(level)
+        timeout = TORCH_TIMEOUT[level] + AGENT_MARGIN
+        try:
+            reply = self.asker.ask(self.node, {"kind": "health_check", "level": level}, timeout)
+        except TimeoutError as exc:
+            raise ActiveCheckError(f"node {self.node}: {exc}") from exc
+        except LookupError as exc:
+            raise ActiveCheckError(f"node {self.node}: its agent is not connected to this head") from exc
+        if reply.get("error"):
+            raise ActiveCheckError(f"node {self.node}'s agent: {reply['error']}")
+        return ActiveResult.from_dict(reply["result"])

@@ -221,6 +221,18 @@ class ActiveResult:
             "seconds": round(self.seconds, 3),
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ActiveResult:
+        """The inverse of `to_dict` (a node agent's active checks reach the head this way)."""
+        return cls(
+            str(data["level"]),
+            tuple(GpuMeasurement(**g) for g in data.get("gpus") or ()),
+            data.get("allreduce_busbw_gbps"),
+            runner=str(data.get("runner") or ""),
+            notes=tuple(str(n) for n in data.get("notes") or ()),
+            seconds=float(data.get("seconds") or 0.0),
+        )
+
 
 def active(result: ActiveResult, config: HealthConfig) -> Verdict:
     """Judge active measurements against the model's thresholds."""

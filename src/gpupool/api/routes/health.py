@@ -81,5 +81,5 @@ def inject_fault(
         raise ApiError(422, "invalid", f"gpu: {gpu!r} is not a GPU index; e.g. 3", field="gpu")
     runtime = request.app.state.runtime
     fault = chosen[0]
-    done = node_health.inject_fault(runtime.gpus, runtime.settings.node_name, name, gpu, fault, body[fault])
+    done = runtime.health.inject_fault(name, gpu, fault, body[fault])
     return {"node": name, "gpu": gpu, "fault": fault, "result": done}
