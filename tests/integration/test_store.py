@@ -48,10 +48,11 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "api_tokens",
         "foreign_jobs",
         "join_tokens",
+        "bench_results",
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0004"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0005"
     again.close()
 
 

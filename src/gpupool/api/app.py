@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpupool import __version__
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, require_token
-from gpupool.api.routes import agents, foreign, health, metrics, nodes, queues, workloads
+from gpupool.api.routes import agents, bench, foreign, health, metrics, nodes, queues, workloads
 from gpupool.api.runtime import Runtime
 
 MAX_BODY_BYTES = 1 << 20
@@ -69,6 +69,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(foreign.router)
     api.include_router(agents.admin_router)
     api.include_router(health.router)
+    api.include_router(bench.router)
     app.include_router(api)
     app.include_router(agents.agent_router)
     app.include_router(metrics.router)

@@ -5,6 +5,9 @@ node starts one rank per GPU and joins the others at the job contract's MASTER_A
 sees torchrun's RANK/WORLD_SIZE and runs as that rank. The job runs `python -m gpupool.main` with this
 interpreter's path, which holds on the head's own machine (local backend) and on nodes that install
 gpupool at the same path.
+
+`--emit-result` makes the bench print its report as one marked line in the job's log; when the job ends,
+the head reads it there and records it for the nodes the job ran on (gpupool.control.bench).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def job_spec(
         "queue": queue,
         "nodes": nodes,
         "resources": {"gpu": gpus},
-        "commands": [f'{launch} --json "{out}"'],
+        "commands": [f'{launch} --json "{out}" --emit-result'],
         "workdir": workdir,
     }
     return spec

@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,78 @@ _NODES = typer.Option(1, "--nodes", help="with --submit: nodes in the job (a gan
 _GPUS = typer.Option(None, "--gpus", help="with --submit: GPUs per node, e.g. 8 or H100:8 (required)")
 _QUEUE = typer.Option("default", "--queue", "-q", help="with --submit: the queue")
 _NAME = typer.Option(None, "--name", help="with --submit: the job name (default bench-<kind>)")
+_RECORD = typer.Option(
+    False,
+    "--record",
+    help="record the result on the head for this node (--node; admin token); --submit always does",
+)
+_NODE = typer.Option(
+    None, "--node", help="the node the result is recorded for (implies --record; default: this host's name)"
+)
+_EMIT = typer.Option(
+    False, "--emit-result", hidden=True, help="print the result line a bench job's log carries"
+)
+
+
+def _report(kind: str, payload: dict[str, Any], json_out: Path | None, *, record: bool, node: str | None,
+            emit: bool) -> None:  # fmt: skip
+    """Write --json, print the job's result line (--emit-result), and record the result on the head."""
+    from gpupool.bench.results import result_line
+
+    _write_json(json_out, payload)
+    if emit:
+        print(result_line(payload), flush=True)
+    if not (record or node):
+        return
+    from gpupool.cli.app import client  # the global --server/--token options live there
+    from gpupool.client import GpupoolError
+
+    name = node or socket.gethostname()
+    try:
+        stored = client().record_bench(name, payload, kind=kind)
+    except GpupoolError as exc:
+        saved = json_out if json_out is not None and str(json_out) != "-" else None
+        if saved is None:  # nothing is lost: keep the result where `bench record` can send it later
+            saved = Path(f"gpupool-bench-{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+            saved.write_text(json.dumps(payload, indent=2) + "\n")
+        raise BenchError(
+            f"--record: the head did not take the result ({exc}); it is in {saved}: "
+            f"send it with `gpupool bench record {saved} --node {name}`"
+        ) from exc
+    for r in stored:
+        err_console.print(f"recorded for node {r['node']}: {describe(r)}", highlight=False, soft_wrap=True)
+
+
+def describe(result: dict[str, Any]) -> str:
+    """One stored result as one line: the figures a person compares, then what they were measured with."""
+    f, p, key = result["figures"], result["parameters"], result["key"]
+    if result["kind"] == "collective":
+        busbw = "-" if f.get("busbw") is None else f"{f['busbw']:.4g}"
+        size = f.get("max_bytes") or 0
+        return (
+            f"collective {key}: busbw {busbw} GB/s at {_size_text(size)}, avg {f['avg_busbw']:.4g} GB/s, "
+            f"#wrong {f['wrong']} ({f['nranks']} ranks, {p.get('dtype')}, {p.get('backend')})"
+        )
+    if result["kind"] == "gemm":
+        fraction = f.get("worst_gpu_fraction_of_peak")
+        share = f" = {fraction:.0%} of peak" if fraction is not None else ""
+        return (
+            f"gemm {key}: best {f['best_tflops']:.4g} TFLOPS, slowest GPU {f['worst_gpu']} "
+            f"{f['worst_gpu_tflops']:.4g} TFLOPS{share} ({p.get('devices')} x {p.get('device_name')})"
+        )
+    mfu = "-" if f.get("mfu") is None else f"{f['mfu']:.1%}"
+    params = (p.get("model") or {}).get("parameters") or 0
+    return (
+        f"train {key}: {f['tokens_per_s']:.4g} tokens/s, {f['tflops_per_gpu']:.4g} TFLOP/s per GPU, "
+        f"MFU {mfu} ({params / 1e6:.1f}M parameters, {f['world_size']} ranks, {p.get('parallel')})"
+    )
+
+
+def _size_text(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
 
 
 def _submit(
@@ -77,8 +151,16 @@ def _submit(
     queue: str,
     name: str | None,
     print_spec: bool,
+    node: str | None = None,
 ) -> None:
     from gpupool.bench.submit import job_spec, json_name
+
+    if node is not None:
+        raise BenchError(
+            f"--node {node} with --submit: a workload spec cannot name its node yet (gpupool has no node "
+            "selector), so the job cannot be pinned; run the bench on that machine with --node "
+            f"{node} (it records the result), or --submit with --gpus MODEL:N"
+        )
     from gpupool.spec import parse_workload_spec
 
     spec = job_spec(
@@ -137,6 +219,9 @@ def collective(
     gpus: str | None = _GPUS,
     queue: str = _QUEUE,
     name: str | None = _NAME,
+    record: bool = _RECORD,
+    node: str | None = _NODE,
+    emit_result: bool = _EMIT,
 ) -> None:
     """Collective bandwidth with nccl-tests' table, formulas and #wrong check (torch.distributed)."""
     from gpupool.bench.collective import DTYPES, parse_dtype, parse_ops, parse_size, size_steps
@@ -155,7 +240,7 @@ def collective(
             forward += ["-w", str(warmup_iters), "--dtype", dtype] + (["--blocking"] if blocking else [])
             forward += ([] if check else ["--no-check"]) + (["--backend", backend] if backend else [])
             _submit("collective", forward, distributed=True, nodes=nodes, gpus=gpus, queue=queue,
-                    name=name, print_spec=print_spec)  # fmt: skip
+                    name=name, print_spec=print_spec, node=node)  # fmt: skip
             return
         from gpupool.bench import launch_torch
         from gpupool.bench.collective_torch import CollectiveConfig, run_collective
@@ -178,7 +263,8 @@ def collective(
         reports = launch_torch.run(run_collective, (cfg,), nproc=count, backend=chosen)
         if reports is None:  # a torchrun rank other than 0: rank 0 reports
             return
-        _write_json(json_out, reports[0] if len(reports) == 1 else {"ops": reports})
+        payload = reports[0] if len(reports) == 1 else {"ops": reports}
+        _report("collective", payload, json_out, record=record, node=node, emit=emit_result)
         if any(r["wrong"] for r in reports):
             raise BenchError("some results were wrong (see #wrong): the collective returned bad data")
 
@@ -209,6 +295,9 @@ def gemm(
     gpus: str | None = _GPUS,
     queue: str = _QUEUE,
     name: str | None = _NAME,
+    record: bool = _RECORD,
+    node: str | None = _NODE,
+    emit_result: bool = _EMIT,
 ) -> None:
     """Matmul TFLOPS by dtype and size, as a fraction of the GPU model's dense peak (gpupool.gpu.catalog)."""
     from gpupool.bench.gemm import DEFAULT_CPU_SIZES, DEFAULT_GPU_SIZES, parse_gemm_dtype, parse_shapes
@@ -231,7 +320,7 @@ def gemm(
             ]
             forward += (["--dtype", dtype] if dtype else []) + (["--sizes", sizes] if sizes else [])
             _submit("gemm", forward, distributed=False, nodes=nodes, gpus=gpus, queue=queue, name=name,
-                    print_spec=print_spec)  # fmt: skip
+                    print_spec=print_spec, node=node)  # fmt: skip
             return
         from gpupool.bench import gemm_torch
 
@@ -241,7 +330,8 @@ def gemm(
         shapes = parse_shapes(sizes or (DEFAULT_GPU_SIZES if on_gpu else DEFAULT_CPU_SIZES))
         with contextlib.redirect_stdout(sys.stderr if str(json_out) == "-" else sys.stdout):
             rows, notes = gemm_torch.run_gemm(devices, shapes, chosen, iters, warmup_iters)
-        _write_json(json_out, gemm_torch.report(rows, notes, iters, warmup_iters))
+        payload = gemm_torch.report(rows, notes, iters, warmup_iters)
+        _report("gemm", payload, json_out, record=record, node=node, emit=emit_result)
 
 
 # -- train --------------------------------------------------------------------------------------------------
@@ -283,6 +373,9 @@ def train(
     gpus: str | None = _GPUS,
     queue: str = _QUEUE,
     name: str | None = _NAME,
+    record: bool = _RECORD,
+    node: str | None = _NODE,
+    emit_result: bool = _EMIT,
 ) -> None:
     """GPT training throughput: tokens/s, TFLOP/s per GPU by Megatron-LM's formula, and MFU."""
     from gpupool.bench.gpt import GptShape
@@ -320,7 +413,7 @@ def train(
             forward += ["--data", str(data.resolve())] if data else []
             forward += ["--backend", backend] if backend else []
             _submit("train", forward, distributed=True, nodes=nodes, gpus=gpus, queue=queue, name=name,
-                    print_spec=print_spec)  # fmt: skip
+                    print_spec=print_spec, node=node)  # fmt: skip
             return
         from gpupool.bench.gpt import Batching
         from gpupool.bench.launch import torchrun_world_size
@@ -350,7 +443,7 @@ def train(
         )
         result = launch_torch.run(run_train, (cfg,), nproc=count, backend=chosen)
         if result is not None:
-            _write_json(json_out, result)
+            _report("train", result, json_out, record=record, node=node, emit=emit_result)
 
 
 # -- prepare-data -------------------------------------------------------------------------------------------
@@ -393,3 +486,64 @@ def prepare_data(
             f"end-of-document id {index.eod}): {bin_path}, {idx_path}",
             highlight=False,
         )
+
+
+# -- results on the head ------------------------------------------------------------------------------------
+
+
+@bench_app.command("record")
+def record_file(
+    path: Path = typer.Argument(..., help="a JSON result a bench wrote with --json"),
+    node: str | None = typer.Option(None, "--node", help="the node it was measured on (default: this host)"),
+) -> None:
+    """Record a saved bench result on the head for a node (admin token)."""
+    from gpupool.bench.results import BenchResultError, kind_of
+
+    with _bench_errors():
+        try:
+            payload = json.loads(path.read_text())
+        except OSError as exc:
+            raise BenchError(f"cannot read {path}: {exc.strerror}") from exc
+        except ValueError as exc:
+            raise BenchError(f"{path}: not JSON ({exc}); give the file a bench wrote with --json") from exc
+        try:
+            kind = kind_of(payload)
+        except BenchResultError as exc:
+            raise BenchError(f"{path}: {exc}") from exc
+        from gpupool.cli.app import client
+
+        stored = client().record_bench(node or socket.gethostname(), payload, kind=kind, source="file")
+        for r in stored:
+            console.print(f"recorded for node {r['node']}: {describe(r)}", highlight=False, soft_wrap=True)
+
+
+@bench_app.command("results")
+def results(
+    node: str | None = typer.Argument(None, help="one node's results (default: every node)"),
+    kind: str | None = typer.Option(None, "--kind", help="collective, gemm or train"),
+    history: bool = typer.Option(False, "--history", help="every stored result, not only the newest of each"),
+    limit: int = typer.Option(50, "--limit", help="at most this many results"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Bench results stored on the head: the newest of each node, kind and series (op, dtype, precision)."""
+    from gpupool.cli.app import client
+
+    rows = client().bench_results(node=node, kind=kind, latest=not history, limit=limit)
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        where = f" for node {node}" if node else ""
+        console.print(f"no bench results{where}; record one with `gpupool bench ... --record --node NAME`")
+        return
+    for line in result_lines(rows, with_node=node is None):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def result_lines(rows: list[dict[str, Any]], *, with_node: bool = False) -> list[str]:
+    """Stored results as lines (`bench results`, `node show`): when, where from, then the figures."""
+    lines = []
+    for r in rows:
+        where = f"{r['node']:<12s} " if with_node else ""
+        lines.append(f"  {where}{r['measured_at'][:19].replace('T', ' ')}  {r['source']:<8s} {describe(r)}")
+    return lines

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpupool.cli.app import CliError, app, client, node_app
+from gpupool.cli.bench import result_lines as bench_result_lines
 from gpupool.cli.render import console, err_console, human_bytes, print_json, styled
 from gpupool.spec import SpecError, parse_duration
 
@@ -127,8 +128,9 @@ def node_show(
     node = nodes[name]
     health = c.node_health(name)
     telemetry = c.telemetry(name, seconds)
+    bench = c.bench_results(node=name, latest=True)  # the newest of each series (docs/bench.md)
     if as_json:
-        print_json({"node": node, "health": health, "telemetry": telemetry})
+        print_json({"node": node, "health": health, "telemetry": telemetry, "bench": bench})
         return
     console.print(
         f"[bold]{name}[/bold]  {styled(node['state'])}  health {health_styled(health['health'])}  "
@@ -180,6 +182,10 @@ def node_show(
         console.print(
             f"[bold]active checks[/bold] ({at}): {health_styled(active['health'])} {active['evidence']}"
         )
+    if bench:
+        console.print("[bold]bench[/bold] (newest of each series; `gpupool bench results NAME --history`)")
+        for line in bench_result_lines(bench):
+            console.print(line, highlight=False, soft_wrap=True)
     if health.get("events"):
         console.print("[bold]events[/bold]")
         for e in health["events"][-10:]:

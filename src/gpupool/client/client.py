@@ -199,6 +199,32 @@ class Client:
         )
         return result
 
+    # -- bench results (docs/bench.md) --------------------------------------------------------------------
+    def record_bench(
+        self, node: str, report: dict[str, Any], *, kind: str | None = None, source: str = "cli"
+    ) -> list[dict[str, Any]]:
+        """Record a bench's JSON report for a node (admin); one stored result per series (op, dtype)."""
+        body = {"node": node, "report": report, "source": source, **({"kind": kind} if kind else {})}
+        result: list[dict[str, Any]] = self._call("POST", "/api/v1/bench-results", json=body)
+        return result
+
+    def bench_results(
+        self,
+        *,
+        node: str | None = None,
+        kind: str | None = None,
+        key: str | None = None,
+        latest: bool = False,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Stored bench results, newest first; `latest`: the newest of each node, kind and key."""
+        params: dict[str, Any] = {"latest": latest}
+        for name, value in (("node", node), ("kind", kind), ("key", key), ("limit", limit)):
+            if value is not None:
+                params[name] = value
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/bench-results", params=params)
+        return result
+
     # -- queues ---------------------------------------------------------------------------------------
     def queues(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/queues")

@@ -26,11 +26,13 @@ from typing import Any, Protocol
 
 from sqlalchemy import select
 
+from gpupool.control.bench import BenchBook
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu import GpuProvider
 from gpupool.health import checks, faults
 from gpupool.health.active import ActiveCheckError, ActiveRunner, AgentRunner, runner_for_gpus
+from gpupool.health.bench import judge as judge_bench
 from gpupool.health.checks import Baseline, Finding, Verdict
 from gpupool.health.thresholds import LEVELS, HealthConfig
 from gpupool.store.db import Store
@@ -87,6 +89,7 @@ class HealthMonitor:
         self._started = time.time()
         self.verdicts_total: Counter[tuple[str, str]] = Counter()  # (node, health) -> verdicts that changed
         self.failed_checks_total: Counter[str] = Counter()  # check -> findings that set a verdict
+        self.bench = BenchBook(store)  # stored bench results, judged with the other checks (docs/bench.md)
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -101,10 +104,11 @@ class HealthMonitor:
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         schedule = self.config.schedule
+        self.bench.refresh()
         for name, state, reason, busy in self._nodes_now():
             if state == "lost":
                 continue
-            verdict = self._passive(name)
+            verdict = self._with_bench(name, self._passive(name), now)
             if verdict is not None:
                 self._record(name, state, verdict, now)
                 if verdict.health == checks.UNHEALTHY:
@@ -176,6 +180,13 @@ class HealthMonitor:
             samples, expected_gpus=expected, models=models, config=self.config, baseline=self._baseline(name)
         )
 
+    def _with_bench(self, name: str, verdict: Verdict | None, now: float) -> Verdict | None:
+        """The verdict with the node's stored bench results judged in (None stays None if none are)."""
+        judged = judge_bench(self.bench.latest(name), self.config, now)
+        if not judged.checks:
+            return verdict
+        return judged if verdict is None else checks.combine(verdict, judged)
+
     def _baseline(self, name: str) -> Baseline:
         with self._lock:
             return self._baselines.setdefault(name, Baseline())
@@ -227,6 +238,7 @@ class HealthMonitor:
             else passive
         )
         overall = checks.combine(after if active.health != checks.UNHEALTHY else passive, active)
+        overall = self._with_bench(name, overall, began) or overall
         with self._lock:
             entry = self._nodes.setdefault(name, NodeHealth(overall, began))
             entry.active, entry.active_at = active_view, began

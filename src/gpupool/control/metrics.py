@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from gpupool.control import service
+from gpupool.control import bench, service
 from gpupool.control.health import HealthMonitor
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu.types import THROTTLE
@@ -170,6 +170,7 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._gpus()
         yield from self._pool()
+        yield from bench.metric_families(self.store)  # newest bench results per node (docs/bench.md)
 
     def _gpus(self) -> Iterator[Metric]:
         with self.store.read() as s:

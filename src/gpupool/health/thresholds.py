@@ -45,6 +45,15 @@ class Thresholds:
     d2h_min_gbps: float | None = None  # active: device-to-host copy GB/s per GPU
     allreduce_min_busbw_gbps: float | None = None  # active, full level, 8 GPUs: all-reduce bus bandwidth
     allreduce_gpus: int = 8  # the GPU count the all-reduce figure is for; other counts are not judged
+    # Stored bench results (`gpupool bench ... --record` or --submit; docs/bench.md), judged with the action
+    # of the `bench` section. None: the figure above applies, or (no figure above) it is not judged.
+    # all_reduce busbw (GB/s) at the run's largest size, judged for runs over allreduce_gpus ranks
+    bench_allreduce_min_busbw_gbps: float | None = None  # None: allreduce_min_busbw_gbps
+    bench_allreduce_min_bytes: int = 1 << 30  # runs whose largest size is smaller are not judged (latency)
+    bench_gemm_min_fraction: float | None = None  # slowest GPU's best TFLOPS / peak; None: gemm_min_fraction
+    bench_gemm_min_tflops: float | None = None  # the slowest GPU's best TFLOPS, any dtype (CPUs too)
+    bench_gemm_min_size: int = 4096  # runs with no shape this large in every dimension are not judged
+    bench_train_min_mfu: float | None = None  # training MFU (no published per-model floor: off by default)
     source: str = "gpupool defaults"
 
 
@@ -75,11 +84,23 @@ class Schedule:
     idle_level: str = "quick"
 
 
+BENCH_ACTIONS = ("warning", "unhealthy")
+
+
+@dataclass(frozen=True)
+class BenchPolicy:
+    """What a bench result below its threshold does to the node."""
+
+    action: str = "warning"  # warning: flagged, schedulable; unhealthy: drained until a newer result passes
+    max_age: float = 30 * 86400.0  # seconds; older results are not judged (0: judge them whatever their age)
+
+
 @dataclass(frozen=True)
 class HealthConfig:
     overrides: dict[str, dict[str, Any]]  # model family (or "*") -> fields
     schedule: Schedule = Schedule()
     path: str | None = None
+    bench: BenchPolicy = BenchPolicy()
 
     def for_model(self, model: str) -> Thresholds:
         family = model.upper()
@@ -92,6 +113,7 @@ class HealthConfig:
 
 _THRESHOLD_FIELDS = {f.name: f for f in fields(Thresholds) if f.name != "source"}
 _SCHEDULE_FIELDS = {f.name for f in fields(Schedule)}
+_BENCH_FIELDS = {f.name for f in fields(BenchPolicy)}
 
 
 def _number(where: str, key: str, value: Any, *, allow_none: bool) -> float | int | None:
@@ -107,10 +129,12 @@ def parse_config(data: Any, path: str = "health config") -> HealthConfig:
     if data is None:
         return HealthConfig({}, Schedule(), path)
     if not isinstance(data, dict):
-        raise HealthConfigError(f"{path}: expected a mapping with 'thresholds' and/or 'schedule'")
-    unknown = set(data) - {"thresholds", "schedule"}
+        raise HealthConfigError(f"{path}: expected a mapping with 'thresholds', 'schedule' and/or 'bench'")
+    unknown = set(data) - {"thresholds", "schedule", "bench"}
     if unknown:
-        raise HealthConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}; use 'thresholds' or 'schedule'")
+        raise HealthConfigError(
+            f"{path}: unknown key {sorted(unknown)[0]!r}; use 'thresholds', 'schedule' or 'bench'"
+        )
     overrides: dict[str, dict[str, Any]] = {}
     for model, values in (data.get("thresholds") or {}).items():
         where = f"{path}: thresholds.{model}"
@@ -139,7 +163,30 @@ def parse_config(data: Any, path: str = "health config") -> HealthConfig:
         else:
             _number(f"{path}: schedule", key, value, allow_none=False)
         schedule = replace(schedule, **{key: value})
-    return HealthConfig(overrides, schedule, path)
+    return HealthConfig(overrides, schedule, path, _bench_policy(data.get("bench"), path))
+
+
+def _bench_policy(data: Any, path: str) -> BenchPolicy:
+    if data is None:
+        return BenchPolicy()
+    if not isinstance(data, dict):
+        raise HealthConfigError(f"{path}: bench: expected a mapping, e.g. action: unhealthy")
+    policy = BenchPolicy()
+    for key, value in data.items():
+        if key not in _BENCH_FIELDS:
+            raise HealthConfigError(
+                f"{path}: bench.{key}: unknown field; fields: {', '.join(sorted(_BENCH_FIELDS))}"
+            )
+        if key == "action":
+            if value not in BENCH_ACTIONS:
+                raise HealthConfigError(
+                    f"{path}: bench.action: {value!r}; one of {', '.join(BENCH_ACTIONS)} "
+                    "(warning flags the node, unhealthy drains it)"
+                )
+        else:
+            _number(f"{path}: bench", key, value, allow_none=False)
+        policy = replace(policy, **{key: value})
+    return policy
 
 
 def _family(model: str, where: str) -> str:

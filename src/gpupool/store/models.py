@@ -231,3 +231,25 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[str] = mapped_column(String(16), default="admin")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class BenchResult(Base):
+    """One series of a bench result on a node (gpupool.bench.results): the newest HISTORY_PER_SERIES are
+    kept per (node, kind, key), so a slowdown shows against the node's own history."""
+
+    __tablename__ = "bench_results"
+    __table_args__ = (Index("ix_bench_results_series", "node_name", "kind", "key", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_name: Mapped[str] = mapped_column(String(253))
+    kind: Mapped[str] = mapped_column(String(16))  # collective | gemm | train
+    key: Mapped[str] = mapped_column(String(64))  # collective: the op; gemm: the dtype; train: the precision
+    gpu_model: Mapped[str] = mapped_column(String(64), default="")  # the node's GPU model when recorded
+    nodes: Mapped[list[Any]] = mapped_column(JSON, default=list)  # every node the run measured together
+    workload_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the bench job, if one ran it
+    source: Mapped[str] = mapped_column(String(64), default="")  # "job 12", "cli", "file"
+    actor: Mapped[str] = mapped_column(String(63), default="system")
+    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    figures: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

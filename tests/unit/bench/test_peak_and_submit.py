@@ -45,7 +45,8 @@ def test_single_node_job_runs_the_same_bench_with_one_process_per_gpu() -> None:
     )
     assert spec["commands"] == [
         "/venv/bin/python -m gpupool.main bench collective --op all_reduce -b 8 "
-        '--nproc $GPUPOOL_GPUS_PER_NODE --json "gpupool-bench-collective-job${GPUPOOL_JOB_ID}.json"'
+        '--nproc $GPUPOOL_GPUS_PER_NODE --json "gpupool-bench-collective-job${GPUPOOL_JOB_ID}.json" '
+        "--emit-result"
     ]
 
 

@@ -1,0 +1,351 @@
+"""Bench results on the head: recorded per node (from `gpupool bench --record` and from bench jobs' logs),
+kept as a bounded history per series, read back for `node show`, /metrics and the health checks.
+
+A bench submitted with `gpupool bench ... --submit` prints its report as one marked line in its log
+(gpupool.bench.results.RESULT_MARKER); when the job ends the head reads it from the attempt's rank logs,
+which every backend delivers to the head, and records it for the node each rank ran on (gemm: every node
+its own; collective and train: the gang's result, from global rank 0, for every node of the gang). No
+credential is needed inside the job, and the node is the one the head placed the rank on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from gpupool.backends.agent import rank_log_path
+from gpupool.bench.results import (
+    HISTORY_PER_SERIES,
+    BenchResultError,
+    BenchSummary,
+    reports_in_log,
+    summarize,
+)
+from gpupool.control.errors import Invalid, NotFound
+from gpupool.store.db import Store
+from gpupool.store.models import BenchResult, Node, Workload
+from gpupool.timeutil import as_utc, utcnow
+
+log = logging.getLogger("gpupool.bench")
+
+BENCH_COMMAND = "-m gpupool.main bench "  # what gpupool.bench.submit puts in a bench job's command
+EMIT_FLAG = "--emit-result"
+LOG_TAIL_BYTES = 4 << 20  # the result lines are at the end of a bench job's log
+INGEST_LOOKBACK = timedelta(days=1)  # bench jobs that ended longer ago than this are not read at start
+SETTLE = timedelta(seconds=2)  # a job's logs are read this long after it ended (agents ship the tail late)
+SETTLE_MARGIN = timedelta(seconds=10)
+GIVE_UP = 60.0  # seconds after it ended: a bench job whose logs still hold no result reported none
+
+
+def result_view(row: BenchResult) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "node": row.node_name,
+        "kind": row.kind,
+        "key": row.key,
+        "gpu_model": row.gpu_model,
+        "nodes": list(row.nodes or []),
+        "workload_id": row.workload_id,
+        "source": row.source,
+        "actor": row.actor,
+        "measured_at": (as_utc(row.measured_at) or utcnow()).isoformat(),
+        "measured_at_unix": (as_utc(row.measured_at) or utcnow()).timestamp(),
+        "parameters": row.parameters,
+        "figures": row.figures,
+    }
+
+
+def _check_nodes(s: Session, names: Sequence[str]) -> dict[str, str]:
+    """Each node's GPU model (its first GPU's; "" without GPUs); NotFound naming the nodes there are."""
+    found = {n.name: n for n in s.scalars(select(Node).where(Node.name.in_(list(names))))}
+    for name in names:
+        if name not in found:
+            known = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
+            raise NotFound(f"no node named {name!r} (nodes: {known}); name one with --node", field="node")
+    return {name: (found[name].gpus[0].model if found[name].gpus else "") for name in names}
+
+
+def record(
+    store: Store,
+    summaries: Sequence[BenchSummary],
+    nodes: Sequence[str],
+    *,
+    source: str,
+    actor: str,
+    workload_id: int | None = None,
+    measured_together: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Store each series for each node; keeps the newest HISTORY_PER_SERIES per (node, kind, key)."""
+    if not nodes:
+        raise Invalid("node: give the node the bench ran on, e.g. node-1", field="node")
+    together = list(measured_together or nodes)
+    with store.session() as s:
+        models = _check_nodes(s, nodes)
+        rows = []
+        for name in nodes:
+            for summary in summaries:
+                row = BenchResult(
+                    node_name=name, kind=summary.kind, key=summary.key[:64], gpu_model=models[name],
+                    nodes=together, workload_id=workload_id, source=source, actor=actor,
+                    parameters=summary.parameters, figures=summary.figures, report=summary.report,
+                    measured_at=utcnow(),
+                )  # fmt: skip
+                s.add(row)
+                rows.append(row)
+        s.flush()
+        for name in nodes:
+            for summary in summaries:
+                _prune(s, name, summary.kind, summary.key[:64])
+        views = [result_view(r) for r in rows]
+    for v in views:
+        log.info(
+            "event=bench_recorded node=%s kind=%s key=%s source=%r figures=%r",
+            v["node"], v["kind"], v["key"], v["source"], v["figures"],
+        )  # fmt: skip
+    return views
+
+
+def _prune(s: Session, node: str, kind: str, key: str) -> None:
+    series = (BenchResult.node_name == node, BenchResult.kind == kind, BenchResult.key == key)
+    keep = select(BenchResult.id).where(*series).order_by(BenchResult.id.desc()).limit(HISTORY_PER_SERIES)
+    s.execute(delete(BenchResult).where(*series, BenchResult.id.not_in(keep)))
+
+
+def history(
+    store: Store,
+    *,
+    node: str | None = None,
+    kind: str | None = None,
+    key: str | None = None,
+    latest: bool = False,
+    limit: int = HISTORY_PER_SERIES,
+) -> list[dict[str, Any]]:
+    """Results newest first; `latest`: only the newest of each (node, kind, key)."""
+    with store.read() as s:
+        if node is not None:
+            _check_nodes(s, [node])
+        query = select(BenchResult)
+        if node is not None:
+            query = query.where(BenchResult.node_name == node)
+        if kind is not None:
+            query = query.where(BenchResult.kind == kind)
+        if key is not None:
+            query = query.where(BenchResult.key == key)
+        if latest:
+            newest = select(func.max(BenchResult.id)).group_by(
+                BenchResult.node_name, BenchResult.kind, BenchResult.key
+            )
+            query = query.where(BenchResult.id.in_(newest))
+        rows = s.scalars(query.order_by(BenchResult.id.desc()).limit(limit)).all()
+        return [result_view(r) for r in rows]
+
+
+def latest_by_node(store: Store) -> dict[str, list[dict[str, Any]]]:
+    """The newest result of every series, grouped by node (one query; the health loop reads it)."""
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for r in history(store, latest=True, limit=1_000_000):
+        by_node.setdefault(r["node"], []).append(r)
+    return by_node
+
+
+class BenchBook:
+    """What the health loop asks of bench results: record newly ended bench jobs, then the newest result
+    of every series per node, read once per pass."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.jobs = JobResults(store)
+        self._latest: dict[str, list[dict[str, Any]]] = {}
+
+    def refresh(self) -> None:
+        self.jobs.sweep()
+        self._latest = latest_by_node(self.store)
+
+    def latest(self, node: str) -> list[dict[str, Any]]:
+        return self._latest.get(node, [])
+
+
+# -- bench jobs ------------------------------------------------------------------------------------------
+
+
+class JobResults:
+    """Records the results of bench jobs once they end (the health loop calls `sweep` every second)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._since: datetime | None = None  # jobs that ended before this were read (or are too old)
+        self._done: dict[int, datetime] = {}  # workload id -> when it ended, for jobs read since `_since`
+
+    def sweep(self, now: datetime | None = None) -> int:
+        """Read every newly ended bench job's logs and record what they report; returns results recorded."""
+        now = now or utcnow()
+        with self.store.read() as s:
+            if self._since is None:
+                self._since = now - INGEST_LOOKBACK
+                read = s.scalars(select(BenchResult.workload_id).where(BenchResult.workload_id.is_not(None)))
+                self._done = dict.fromkeys((int(w) for w in read), now)
+            ended = s.execute(
+                select(Workload.id, Workload.spec, Workload.finished_at).where(
+                    Workload.state.in_(("succeeded", "failed")),
+                    Workload.finished_at >= self._since,
+                    Workload.finished_at <= now - SETTLE,
+                )
+            ).all()
+        recorded = 0
+        waiting: list[datetime] = []
+        for workload_id, spec, finished in ended:
+            finished = as_utc(finished) or now
+            if workload_id in self._done or not _is_bench_job(spec):
+                continue
+            try:
+                found = self._ingest(workload_id)
+            except Exception:  # one unreadable job must not stop the others; it is logged with its id
+                log.exception("event=bench_ingest_failed workload=%s", workload_id)
+                found = -1
+            recorded += max(0, found)
+            if found or (now - finished).total_seconds() > GIVE_UP:
+                self._done[workload_id] = finished
+            else:
+                waiting.append(finished)  # its last log lines may not have reached the head yet
+        # Rows commit a moment after their finished_at: look back a little further than the newest seen.
+        self._since = min([*waiting, now - SETTLE]) - SETTLE_MARGIN
+        self._done = {w: t for w, t in self._done.items() if t >= self._since}
+        return recorded
+
+    def _ingest(self, workload_id: int) -> int:
+        with self.store.read() as s:
+            workload = s.get(Workload, workload_id)
+            if workload is None or not workload.attempts:
+                return 0
+            attempt = workload.attempts[-1]
+            pods = attempt.pods or [{"node": attempt.node_name}]
+            log_path = Path(attempt.log_path)
+        gang = [str(p["node"]) for p in pods]
+        recorded = 0
+        for rank, node in enumerate(gang):
+            for report in reports_in_log(_tail(rank_log_path(log_path, rank))):
+                try:
+                    summaries = summarize(report)
+                except BenchResultError as exc:
+                    log.warning(
+                        "event=bench_result_refused workload=%s rank=%d error=%r", workload_id, rank, str(exc)
+                    )
+                    continue
+                # gemm measures each node's own GPUs; a collective or training run measures the gang.
+                targets = [node] if summaries[0].kind == "gemm" else gang
+                try:
+                    recorded += len(
+                        record(self.store, summaries, targets, source=f"job {workload_id}", actor="bench-job",
+                               workload_id=workload_id, measured_together=gang)
+                    )  # fmt: skip
+                except NotFound as exc:  # the node left the pool since
+                    log.warning("event=bench_result_refused workload=%s error=%r", workload_id, exc.message)
+        return recorded
+
+
+def _is_bench_job(spec: dict[str, Any]) -> bool:
+    commands = spec.get("commands") or []
+    return bool(commands) and BENCH_COMMAND in commands[0] and EMIT_FLAG in commands[0]
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - LOG_TAIL_BYTES))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+# -- /metrics ------------------------------------------------------------------------------------------
+
+
+def metric_families(store: Store) -> Iterator[Metric]:
+    """The newest result of every series as gauges (docs/bench.md lists them)."""
+    base = ["node", "gpu_model"]
+    coll = [*base, "op", "dtype", "nranks", "backend"]
+    busbw = GaugeMetricFamily(
+        "gpupool_bench_busbw_gbps",
+        "Collective bus bandwidth at the largest size measured (GB/s).",
+        labels=coll,
+    )
+    avg = GaugeMetricFamily(
+        "gpupool_bench_avg_busbw_gbps",
+        "Collective bus bandwidth averaged over every size (GB/s).",
+        labels=coll,
+    )
+    wrong = GaugeMetricFamily(
+        "gpupool_bench_wrong", "Collective results that were wrong (#wrong).", labels=coll
+    )
+    gemm = GaugeMetricFamily(
+        "gpupool_bench_gemm_tflops", "Matmul TFLOPS per GPU, dtype and size (m x n x k).",
+        labels=[*base, "device", "dtype", "size"],
+    )  # fmt: skip
+    fraction = GaugeMetricFamily(
+        "gpupool_bench_gemm_fraction_of_peak", "Matmul TFLOPS over the GPU model's dense peak.",
+        labels=[*base, "device", "dtype", "size"],
+    )  # fmt: skip
+    train_labels = [*base, "precision", "parallel", "parameters", "world_size"]
+    tokens = GaugeMetricFamily(
+        "gpupool_bench_train_tokens_per_second", "GPT training tokens/s.", labels=train_labels
+    )
+    tflops = GaugeMetricFamily(
+        "gpupool_bench_train_tflops_per_gpu", "GPT training TFLOP/s per GPU (Megatron-LM formula).",
+        labels=train_labels,
+    )  # fmt: skip
+    mfu = GaugeMetricFamily(
+        "gpupool_bench_train_mfu", "GPT training model FLOPs utilization.", labels=train_labels
+    )
+    when = GaugeMetricFamily(
+        "gpupool_bench_result_timestamp_seconds", "When the newest result of the series was recorded (unix).",
+        labels=[*base, "kind", "key"],
+    )  # fmt: skip
+    with store.read() as s:
+        newest = select(func.max(BenchResult.id)).group_by(
+            BenchResult.node_name, BenchResult.kind, BenchResult.key
+        )
+        rows = s.scalars(select(BenchResult).where(BenchResult.id.in_(newest)).order_by(BenchResult.id)).all()
+        for r in rows:
+            p, f = r.parameters, r.figures
+            head = [r.node_name, r.gpu_model]
+            when.add_metric([*head, r.kind, r.key], (as_utc(r.measured_at) or utcnow()).timestamp())
+            if r.kind == "collective":
+                labels = [
+                    *head,
+                    r.key,
+                    str(p.get("dtype", "")),
+                    str(p.get("nranks", "")),
+                    str(p.get("backend", "")),
+                ]
+                if f.get("busbw") is not None:
+                    busbw.add_metric(labels, float(f["busbw"]))
+                avg.add_metric(labels, float(f.get("avg_busbw") or 0.0))
+                wrong.add_metric(labels, float(f.get("wrong") or 0))
+            elif r.kind == "gemm":
+                for row in r.report.get("rows", []):
+                    labels = [
+                        *head,
+                        str(row["device"]),
+                        str(row["dtype"]),
+                        f"{row['m']}x{row['n']}x{row['k']}",
+                    ]
+                    gemm.add_metric(labels, float(row["tflops"]))
+                    if row.get("fraction_of_peak") is not None:
+                        fraction.add_metric(labels, float(row["fraction_of_peak"]))
+            elif r.kind == "train":
+                model = p.get("model") or {}
+                labels = [*head, r.key, str(p.get("parallel", "")), str(model.get("parameters", "")),
+                          str(p.get("world_size", ""))]  # fmt: skip
+                tokens.add_metric(labels, float(f["tokens_per_s"]))
+                tflops.add_metric(labels, float(f["tflops_per_gpu"]))
+                if f.get("mfu") is not None:
+                    mfu.add_metric(labels, float(f["mfu"]))
+    yield from (busbw, avg, wrong, gemm, fraction, tokens, tflops, mfu, when)

@@ -1,0 +1,150 @@
+"""Bench results stored per node on a real head: from a real CPU bench run here and from a submitted bench
+job, shown by `node show`, exported on /metrics, judged by the health checks, and kept across a restart."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.server import ServerProcess
+
+pytest.importorskip("torch")
+
+SMALL = ["--backend", "gloo", "--nproc", "2", "-b", "1K", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
+# Impossible on any machine, so the verdict shows; allreduce_gpus 2 and min_bytes 0 make a 2-rank run at
+# 64 KiB comparable with it (the defaults judge 8-GPU runs of 1 GiB and more only).
+HEALTH_YAML = """\
+thresholds:
+  '*': {bench_allreduce_min_busbw_gbps: 1000000, allreduce_gpus: 2, bench_allreduce_min_bytes: 0}
+"""
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> Iterator[ServerProcess]:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "health.yaml").write_text(HEALTH_YAML)
+    proc = ServerProcess(home=home, gpus="sim:2xH100").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def poll(read: Any, ok: Any, timeout: float = 30.0) -> Any:
+    deadline = time.time() + timeout
+    while True:
+        value = read()
+        if ok(value):
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"still {value!r} after {timeout}s")
+        time.sleep(0.2)
+
+
+def test_a_recorded_cpu_bench_shows_in_node_show_metrics_and_the_health_verdict(
+    head: ServerProcess, tmp_path: Path
+) -> None:
+    out = tmp_path / "allreduce.json"
+    run = head.cli("bench", "collective", *SMALL, "--json", str(out), "--node", "node-1", check=True)
+    report = json.loads(out.read_text())
+    busbw = report["rows"][-1]["in_place"]["busbw"]
+    assert f"recorded for node node-1: collective all_reduce: busbw {busbw:.4g} GB/s at 64 KiB" in run.stderr
+
+    def health() -> dict[str, Any]:
+        with head.http() as h:
+            return dict(h.get("/api/v1/health/node-1").json())
+
+    verdict = poll(health, lambda v: v["health"] == "warning")
+    assert verdict["evidence"].startswith(
+        f"bench all_reduce over 2 ranks: busbw {busbw:.3g} GB/s at 64 KiB "
+        "< 1e+06 GB/s expected for H100 (cli, "
+    )
+    assert [f["check"] for f in verdict["findings"]] == ["bench_collective"]
+    assert any(e["reason"].startswith("health warning: bench all_reduce") for e in verdict["events"])
+
+    shown = head.cli("node", "show", "node-1", check=True).stdout
+    assert "health warning" in shown
+    assert f"cli      collective all_reduce: busbw {busbw:.4g} GB/s at 64 KiB" in shown
+    as_json = json.loads(head.cli("node", "show", "node-1", "--json", check=True).stdout)
+    [stored] = as_json["bench"]
+    assert stored["figures"]["busbw"] == pytest.approx(busbw) and stored["parameters"]["backend"] == "gloo"
+
+    with head.http() as h:
+        metrics = h.get("/metrics").text
+    line = next(x for x in metrics.splitlines() if x.startswith("gpupool_bench_busbw_gbps{"))
+    assert 'node="node-1"' in line and 'op="all_reduce"' in line and 'gpu_model="H100"' in line
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(busbw)
+    assert 'gpupool_node_health{health="warning",node="node-1"} 1.0' in metrics
+
+    # Nothing recorded is lost when the head restarts; the verdict comes back from the stored result.
+    head.kill9()
+    head.start()
+    assert poll(health, lambda v: v["health"] == "warning")["findings"][0]["check"] == "bench_collective"
+    again = json.loads(head.cli("bench", "results", "node-1", "--json", check=True).stdout)
+    assert [r["id"] for r in again] == [stored["id"]]
+
+
+def test_a_submitted_bench_job_is_recorded_by_the_head_for_the_node_it_ran_on(
+    head: ServerProcess, job_dir: Path
+) -> None:
+    args = [
+        "bench",
+        "gemm",
+        "--device",
+        "cpu",
+        "--sizes",
+        "32",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--submit",
+        "--gpus",
+        "1",
+    ]
+    assert "submitted 1 (bench-gemm)" in head.cli(*args, cwd=job_dir, check=True).stdout
+    assert head.wait_for(1, timeout=60)["state"] == "succeeded", head.cli("logs", "1").stdout
+
+    def recorded() -> list[dict[str, Any]]:
+        return list(json.loads(head.cli("bench", "results", "--kind", "gemm", "--json", check=True).stdout))
+
+    [result] = poll(recorded, bool)
+    assert result["node"] == "node-1" and result["source"] == "job 1" and result["workload_id"] == 1
+    written = json.loads((job_dir / "gpupool-bench-gemm-job1-node0.json").read_text())
+    assert result["figures"]["best_tflops"] == pytest.approx(written["best_tflops"])
+    listed = head.cli("bench", "results", check=True).stdout
+    assert "node-1" in listed and "job 1    gemm float: best" in listed
+
+
+def test_bad_results_and_unpinnable_jobs_are_refused_with_one_line(
+    head: ServerProcess, tmp_path: Path
+) -> None:
+    not_bench = tmp_path / "other.json"
+    not_bench.write_text('{"hello": 1}')
+    bad = head.cli("bench", "record", str(not_bench), "--node", "node-1")
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == (
+        f"error: {not_bench}: report: not a bench result (no 'op', 'ops' or 'benchmark' field); give the "
+        "file that `gpupool bench collective|gemm|train --json FILE` wrote"
+    )
+    gemm = tmp_path / "gemm.json"
+    head.cli("bench", "gemm", "--device", "cpu", "--sizes", "32", "-n", "1", "-w", "0", "--json", str(gemm),
+             check=True)  # fmt: skip
+    unknown = head.cli("bench", "record", str(gemm), "--node", "node-9")
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip() == "error: no node named 'node-9' (nodes: node-1); name one with --node"
+    with head.http() as h:
+        response = h.post("/api/v1/bench-results", json={"node": "node-1", "report": {"op": "all_reduce"}})
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == "report.nranks"
+    assert head.cli("bench", "results", "--json", check=True).stdout.strip() == "[]"  # nothing half-stored
+
+    pinned = head.cli("bench", "gemm", "--submit", "--gpus", "1", "--node", "node-1")
+    assert pinned.returncode == 1 and "a workload spec cannot name its node yet" in pinned.stderr
+    assert head.cli("ps", "--all", "--json", check=True).stdout.strip() == "[]"
