@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import httpx
+import psutil
 from harness import (
     HOST,
     BenchServer,
@@ -62,6 +63,12 @@ def _samples(gpus: int, node: int) -> list[dict[str, Any]]:
         }
         for i in range(gpus)
     ]
+
+
+def _own_cpu_seconds() -> float:
+    """This harness's own CPU (it shares the machine with the head; reported apart from the head's)."""
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system)
 
 
 async def register(server: BenchServer, agents: int, gpus: int, token: str) -> list[str]:
@@ -137,8 +144,10 @@ async def heartbeats(
     async def meter() -> None:
         await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
         cpu["start"], cpu["t0"] = server.cpu_seconds(), time.monotonic()
+        cpu["harness_start"] = _own_cpu_seconds()
         await asyncio.sleep(max(0.0, measure_to - time.monotonic()))
         cpu["end"], cpu["t1"] = server.cpu_seconds(), time.monotonic()
+        cpu["harness_end"] = _own_cpu_seconds()
 
     await asyncio.gather(meter(), *(agent(i, c) for i, c in enumerate(credentials)))
     return {
@@ -150,6 +159,7 @@ async def heartbeats(
         "errors": errors,
         "late": late,
         "head_cpu_share": (cpu["end"] - cpu["start"]) / (cpu["t1"] - cpu["t0"]),
+        "harness_cpu_share": (cpu["harness_end"] - cpu["harness_start"]) / (cpu["t1"] - cpu["t0"]),
     }
 
 
@@ -193,6 +203,7 @@ def main() -> None:
         "p99_ms",
         "max_ms",
         "head_cpu_share",
+        "harness_cpu_share",
         "errors",
         "late",
         "nodes_ready",
@@ -204,6 +215,7 @@ def main() -> None:
         Column("p99_ms", "p99 ms"),
         Column("max_ms", "max ms"),
         Column("head_cpu_share", "head CPU (cores)", lambda v: f"{v:.2f}"),
+        Column("harness_cpu_share", "harness CPU", lambda v: f"{v:.2f}"),
         Column("errors", "errors", lambda v: f"{v:.0f}"),
         Column("late", "late >1s", lambda v: f"{v:.0f}"),
         Column("nodes_ready", "nodes ready", lambda v: f"{v:.0f}"),

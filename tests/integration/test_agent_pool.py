@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from tests.support.agent import AgentProcess, join_token, start_pool
 
 
@@ -173,5 +175,37 @@ def test_rolling_drain_moves_work_one_node_at_a_time_and_resumes_it(tmp_path: Pa
             assert done["state"] == "succeeded", done
             assert done["attempts"] >= 2 and done["attempt_list"][0]["state"] == "evicted"
             assert "node drained" in done["attempt_list"][0]["reason"]
+    finally:
+        pool.stop()
+
+
+def test_heartbeats_with_a_bad_credential_or_body_get_the_api_error_with_the_fix(tmp_path: Path) -> None:
+    pool = start_pool(tmp_path, 0)
+    server = pool.server
+    try:
+        token = join_token(server)
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            joined = client.post(
+                "/api/v1/agents/register",
+                json={"name": "probe", "join_token": token, "info": {"gpus": [["H100", 1]], "cpus": 4}},
+            )
+            assert joined.status_code == 200, joined.text
+            good = {"Authorization": f"Bearer {joined.json()['credential']}"}
+            path = "/api/v1/agents/heartbeat"
+
+            answer = client.post(path, json={"attempts": [], "wait": 0}, headers=good)
+            assert answer.status_code == 200 and answer.json()["attempts"] == []
+
+            missing = client.post(path, json={"attempts": []})
+            assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+            assert "register with a join token" in missing.json()["error"]["message"]
+            wrong = client.post(path, json={}, headers={"Authorization": "Bearer gpn_nope"})
+            assert wrong.status_code == 401 and "new --join-token" in wrong.json()["error"]["message"]
+            garbled = client.post(path, content=b"{not json", headers=good)
+            assert garbled.status_code == 422 and "not JSON" in garbled.json()["error"]["message"]
+            listed = client.post(path, json=[1, 2], headers=good)
+            assert listed.status_code == 422 and "JSON object" in listed.json()["error"]["message"]
+            huge = client.post(path, content=b" " * (2 << 20), headers=good)
+            assert huge.status_code == 413 and huge.json()["error"]["code"] == "too_large"
     finally:
         pool.stop()

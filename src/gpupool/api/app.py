@@ -57,6 +57,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     errors.install(app)
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(agents.HeartbeatEndpoint, limit=MAX_BODY_BYTES)  # outermost: the agents' hot path
 
     @app.get("/healthz", tags=["health"], summary="Liveness: answers without a token")
     def healthz() -> dict[str, Any]:
