@@ -192,13 +192,16 @@ def _number(obj: Mapping[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
-def result_line(report: Mapping[str, Any]) -> str:
-    """The log line that carries a report to the head (one line, no spaces inside the JSON)."""
-    return RESULT_MARKER + json.dumps(report, separators=(",", ":"), default=str)
+def result_line(report: Mapping[str, Any], node_rank: int | None = None) -> str:
+    """The log line that carries a report to the head: `{"node_rank": R, "report": {...}}` on one line.
+    The node rank (the job contract's GPUPOOL_NODE_RANK) names the node even where a backend writes every
+    node's output into one file (Slurm's --output)."""
+    return RESULT_MARKER + json.dumps({"node_rank": node_rank, "report": report}, separators=(",", ":"))
 
 
-def reports_in_log(text: str) -> Iterator[dict[str, Any]]:
-    """The reports a job printed with `result_line`, in order; lines that do not parse are skipped."""
+def reports_in_log(text: str) -> Iterator[tuple[int | None, dict[str, Any]]]:
+    """(node rank or None, report) for each line a job printed with `result_line`, in order; lines that
+    do not parse are skipped."""
     for line in text.splitlines():
         if not line.startswith(RESULT_MARKER):
             continue
@@ -206,5 +209,7 @@ def reports_in_log(text: str) -> Iterator[dict[str, Any]]:
             value = json.loads(line[len(RESULT_MARKER) :])
         except ValueError:
             continue
-        if isinstance(value, dict):
-            yield value
+        if not isinstance(value, dict) or not isinstance(value.get("report"), dict):
+            continue
+        rank = value.get("node_rank")
+        yield (rank if isinstance(rank, int) and not isinstance(rank, bool) else None), value["report"]

@@ -87,7 +87,8 @@ def _report(kind: str, payload: dict[str, Any], json_out: Path | None, *, record
 
     _write_json(json_out, payload)
     if emit:
-        print(result_line(payload), flush=True)
+        rank = os.environ.get("GPUPOOL_NODE_RANK", "")
+        print(result_line(payload, int(rank) if rank.isdigit() else None), flush=True)
     if not (record or node):
         return
     from gpupool.cli.app import client  # the global --server/--token options live there

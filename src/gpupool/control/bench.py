@@ -165,8 +165,12 @@ class BenchBook:
         self._latest: dict[str, list[dict[str, Any]]] = {}
 
     def refresh(self) -> None:
-        self.jobs.sweep()
-        self._latest = latest_by_node(self.store)
+        """Never raises: a failed pass keeps the last results, so the health loop goes on judging."""
+        try:
+            self.jobs.sweep()
+            self._latest = latest_by_node(self.store)
+        except Exception:
+            log.exception("event=bench_refresh_failed")
 
     def latest(self, node: str) -> list[dict[str, Any]]:
         return self._latest.get(node, [])
@@ -229,8 +233,10 @@ class JobResults:
             log_path = Path(attempt.log_path)
         gang = [str(p["node"]) for p in pods]
         recorded = 0
-        for rank, node in enumerate(gang):
-            for report in reports_in_log(_tail(rank_log_path(log_path, rank))):
+        for rank in range(len(gang)):
+            for said, report in reports_in_log(_tail(rank_log_path(log_path, rank))):
+                # The rank the line names wins: a backend may write every node's output into one file.
+                node = gang[said] if said is not None and 0 <= said < len(gang) else gang[rank]
                 try:
                     summaries = summarize(report)
                 except BenchResultError as exc:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from gpupool.backends.agent import rank_log_path
 from gpupool.bench import results
-from gpupool.bench.results import summarize
+from gpupool.bench.results import result_line, summarize
 from gpupool.control import bench
 from gpupool.control.errors import NotFound
 from gpupool.store.db import Store
-from gpupool.store.models import Gpu, Node
+from gpupool.store.models import Attempt, Gpu, Node, Workload
+from gpupool.timeutil import utcnow
 from tests.unit.bench.test_results import collective
 
 
@@ -56,3 +59,50 @@ def test_a_result_for_an_unknown_node_is_refused_naming_the_nodes(store: Store) 
 
 def test_the_default_history_is_fifty_results_per_series() -> None:
     assert results.HISTORY_PER_SERIES == bench.HISTORY_PER_SERIES == 50
+
+
+def ended_bench_job(store: Store, tmp_path: Path, logs: dict[int, str], *, command: str) -> int:
+    """A two-node job that ended two minutes ago, with the given text in each rank's log."""
+    log_path = tmp_path / "logs" / "attempt-0.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    for rank, text in logs.items():
+        rank_log_path(log_path, rank).write_text(text)
+    ended = utcnow() - timedelta(minutes=2)
+    with store.session() as s:
+        w = Workload(name="bench", queue="default", spec={"commands": [command]}, nodes=2, state="succeeded",
+                     finished_at=ended)  # fmt: skip
+        s.add(w)
+        s.flush()
+        pods = [{"node": "node-1", "gpu_indices": [0]}, {"node": "node-2", "gpu_indices": [0]}]
+        s.add(Attempt(workload_id=w.id, number=0, state="succeeded", node_name="node-1", pods=pods,
+                      log_path=str(log_path), finished_at=ended))  # fmt: skip
+        return w.id
+
+
+BENCH = "py -m gpupool.main bench {} --json out.json --emit-result"
+
+
+def test_the_head_records_a_bench_jobs_results_for_the_nodes_its_ranks_ran_on(
+    store: Store, tmp_path: Path
+) -> None:
+    from tests.unit.bench.test_results import gemm, gemm_row
+
+    # gemm: each node its own result, found by the rank the line names even in one shared file (Slurm).
+    shared = "\n".join(result_line(gemm(gemm_row("cuda:0", 64, float(r + 1))), r) for r in (0, 1))
+    gemm_job = ended_bench_job(store, tmp_path / "g", {0: shared}, command=BENCH.format("gemm"))
+    # collective: one result from global rank 0 for the gang.
+    coll_job = ended_bench_job(store, tmp_path / "c", {0: result_line(collective(), 0), 1: "rank 1\n"},
+                               command=BENCH.format("collective"))  # fmt: skip
+    # a job that is not a bench job: its marker lines are not read.
+    ended_bench_job(store, tmp_path / "o", {0: result_line(collective(), 0)}, command="echo hi")
+    jobs = bench.JobResults(store)
+    assert jobs.sweep() == 4
+    assert jobs.sweep() == 0  # read once
+    got = {(r["node"], r["kind"], r["workload_id"]): r for r in bench.history(store)}
+    assert sorted(got) == [
+        ("node-1", "collective", coll_job), ("node-1", "gemm", gemm_job),
+        ("node-2", "collective", coll_job), ("node-2", "gemm", gemm_job),
+    ]  # fmt: skip
+    assert got[("node-2", "gemm", gemm_job)]["figures"]["best_tflops"] == 2.0
+    assert got[("node-2", "collective", coll_job)]["nodes"] == ["node-1", "node-2"]
+    assert bench.JobResults(store).sweep() == 0  # a restarted head does not record them again

@@ -115,5 +115,11 @@ def test_a_kind_that_disagrees_with_the_report_is_refused() -> None:
 
 def test_a_report_survives_the_trip_through_a_job_log() -> None:
     report = copy.deepcopy(TRAIN)
-    log = f"rank 0 says hi\n{result_line(report)}\n{RESULT_MARKER}{{not json\ntail\n"
-    assert list(reports_in_log(log)) == [report]
+    lines = [
+        "rank 0 says hi",
+        result_line(report),
+        result_line(report, 1),
+        RESULT_MARKER + "{not json",
+        RESULT_MARKER + '{"node_rank": 0}',
+    ]
+    assert list(reports_in_log("\n".join(lines))) == [(None, report), (1, report)]
