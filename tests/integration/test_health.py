@@ -215,3 +215,27 @@ def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_f
         server.cli("cancel", str(job["id"]), check=True)
     finally:
         pool.stop()
+
+
+def test_gpu_history_survives_a_restart_of_the_head(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+
+    def history(server: ServerProcess) -> list[list[float]]:
+        shown = server.cli("node", "show", "node-1", "--history", "2h", "--json", check=True).stdout
+        gpus = json.loads(shown)["telemetry"]["gpus"]
+        return list(gpus[0]["history"]["points"]) if gpus else []
+
+    first = ServerProcess(home=home).start()
+    try:
+        before = until("a 10 s history point", lambda: history(first), timeout=40)
+    finally:
+        first.stop()
+    stopped_at = time.time()
+    assert list((home / "telemetry").glob("history-*.jsonl"))
+
+    second = ServerProcess(home=home).start()
+    try:
+        after = until("history after the restart", lambda: history(second), timeout=20)
+        assert after[0] == pytest.approx(before[0], abs=1e-3) and after[0][0] < stopped_at  # 3 decimals kept
+    finally:
+        second.stop()

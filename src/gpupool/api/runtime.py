@@ -14,7 +14,8 @@ from gpupool.control import service
 from gpupool.control.health import AgentNodes, HealthMonitor
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.metrics import Metrics
-from gpupool.control.telemetry import StoreAllocations, TelemetryCache
+from gpupool.control.telemetry import SAVED_FROM, StoreAllocations, TelemetryCache
+from gpupool.control.telemetry_log import open_log, restore, save_loop
 from gpupool.gpu import GpuProvider, open_provider
 from gpupool.health.thresholds import load_config
 from gpupool.store.db import Store
@@ -44,7 +45,9 @@ class Runtime:
         self.settings = settings
         self.store = store or Store(settings.db_url)
         service.ensure_default_queue(self.store)
-        self.telemetry = TelemetryCache(allocations=StoreAllocations(self.store))
+        self.telemetry = TelemetryCache(allocations=StoreAllocations(self.store), saved_from=SAVED_FROM)
+        self.telemetry_log = open_log(settings.home)  # history on disk, bounded (control/telemetry_log.py)
+        restore(self.telemetry, self.telemetry_log)
         health_config = load_config(settings.home)  # HealthConfigError (a ValueError) names the file and key
         if settings.backend not in BACKENDS:
             raise ValueError(f"--backend {settings.backend}: unknown backend; one of {', '.join(BACKENDS)}")
@@ -81,6 +84,7 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._health_thread: threading.Thread | None = None
+        self._save_thread: threading.Thread | None = None
 
     def _open_backend(self) -> Backend:
         if self.settings.backend == "agent":
@@ -124,6 +128,11 @@ class Runtime:
             target=self.health.run, args=(self._stop,), name="health", daemon=True
         )
         self._health_thread.start()
+        self._save_thread = threading.Thread(
+            target=save_loop, args=(self.telemetry, self.telemetry_log, self._stop), name="telemetry-save",
+            daemon=True,
+        )  # fmt: skip
+        self._save_thread.start()
         log.info(
             "event=control_started backend=%s node=%s gpus=%s",
             self.backend.name,
@@ -142,6 +151,8 @@ class Runtime:
             self._thread.join(timeout=10)
         if self._health_thread is not None:
             self._health_thread.join(timeout=10)
+        if self._save_thread is not None:
+            self._save_thread.join(timeout=10)
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()

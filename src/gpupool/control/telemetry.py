@@ -9,6 +9,11 @@ History is kept per GPU in tiers of rising resolution (1 s for 10 minutes, 10 s 
 24 hours by default): a tier's bucket is averaged when time leaves it. Each tier is a bounded deque and the
 number of GPUs is capped (`max_series`, the oldest-seen series go first), so memory stays bounded however
 long the head runs. Prometheus is the long-term store; this history serves `gpupool node show` and `top`.
+
+The points of the coarser tiers (10 s and 1 min) also go to disk, so history survives a restart of the head:
+each completed point waits in a bounded queue (`take_unsaved`) until control/telemetry_log.py appends it to
+its log, which `restore` reads back at start. The 1 s tier is not saved (one write per GPU per second); a
+read over a window the 1 s tier does not reach back to fills in from the coarser tiers.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select
 
@@ -28,6 +33,8 @@ from gpupool.store.models import Attempt, Workload
 HISTORY_FIELDS = ("utilization_pct", "memory_used_bytes", "temperature_c", "power_w")
 DEFAULT_TIERS: tuple[tuple[float, int], ...] = ((1.0, 600), (10.0, 720), (60.0, 1440))
 MAX_SERIES = 65536  # GPUs whose history is kept (8192 nodes of 8); beyond it the least recently seen go
+SAVED_FROM = 10.0  # tiers at least this coarse are saved to disk (control/telemetry_log.py)
+UNSAVED_MAX = 500_000  # points waiting to be saved; beyond it (a stalled disk) the oldest are dropped
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,15 @@ class Holder:
 
 Allocations = Mapping[tuple[str, int], list[Holder]]  # (node, GPU index) -> holders
 Point = tuple[float, float, float, float, float]  # (time, *HISTORY_FIELDS)
+
+
+class SavedPoint(NamedTuple):
+    """A completed point of one GPU's history at one resolution, as saved to disk and restored."""
+
+    node: str
+    gpu: int  # the GPU's index on the node
+    resolution: float
+    point: Point
 
 
 class StoreAllocations:
@@ -87,24 +103,32 @@ class _Tier:
         self._sums = [0.0, 0.0, 0.0, 0.0]
         self._count = 0
 
-    def add(self, at: float, values: tuple[float, float, float, float]) -> None:
+    def add(self, at: float, values: tuple[float, float, float, float]) -> Point | None:
+        """Add a reading; returns the point it completed, if time left the bucket being averaged."""
         bucket = at - at % self.resolution
+        done = None
         if self._bucket is not None and bucket != self._bucket:
-            self._flush()
+            done = self._flush()
         self._bucket = bucket
         for i, value in enumerate(values):
             self._sums[i] += value
         self._count += 1
+        return done
 
-    def _flush(self) -> None:
+    def _flush(self) -> Point | None:
         if self._bucket is None or not self._count:
-            return
+            return None
         n = self._count
-        self.points.append(
-            (self._bucket, self._sums[0] / n, self._sums[1] / n, self._sums[2] / n, self._sums[3] / n)
-        )
+        point = (self._bucket, self._sums[0] / n, self._sums[1] / n, self._sums[2] / n, self._sums[3] / n)
+        self.points.append(point)
         self._sums = [0.0, 0.0, 0.0, 0.0]
         self._count = 0
+        return point
+
+    def restore(self, point: Point) -> None:
+        """Put back a saved point (oldest first; one not newer than the last point held is skipped)."""
+        if not self.points or point[0] > self.points[-1][0]:
+            self.points.append(point)
 
     def read(self, since: float) -> list[Point]:
         return [p for p in self.points if p[0] >= since]
@@ -116,7 +140,8 @@ class GpuHistory:
     def __init__(self, tiers: tuple[tuple[float, int], ...] = DEFAULT_TIERS) -> None:
         self.tiers = [_Tier(resolution, capacity) for resolution, capacity in tiers]
 
-    def add(self, sample: Mapping[str, Any]) -> None:
+    def add(self, sample: Mapping[str, Any]) -> list[tuple[float, Point]]:
+        """Add a sample; returns the points it completed, with their tier's resolution."""
         at = float(sample["at"])
         values = (
             float(sample.get("utilization_pct", 0.0)),
@@ -124,20 +149,32 @@ class GpuHistory:
             float(sample.get("temperature_c", 0.0)),
             float(sample.get("power_w", 0.0)),
         )
+        done = []
         for tier in self.tiers:
-            tier.add(at, values)
+            point = tier.add(at, values)
+            if point is not None:
+                done.append((tier.resolution, point))
+        return done
 
     def points(self) -> int:
         return sum(len(t.points) for t in self.tiers)
 
     def read(self, seconds: float, now: float) -> tuple[float, list[Point]]:
-        """The finest tier that covers the last `seconds`: (its resolution, its points in that window)."""
+        """The finest tier that covers the last `seconds`: (its resolution, its points in that window).
+        Where that tier does not reach back (a restarted head restores only the coarser tiers), the
+        coarser tiers' older points come first."""
         since = now - seconds
-        for tier in self.tiers:
-            span = tier.resolution * tier.capacity
-            if span >= seconds or tier is self.tiers[-1]:
-                return tier.resolution, tier.read(since)
-        raise AssertionError("unreachable: the last tier always answers")
+        chosen = next(
+            (i for i, t in enumerate(self.tiers) if t.resolution * t.capacity >= seconds), len(self.tiers) - 1
+        )
+        points = self.tiers[chosen].read(since)
+        first = points[0][0] if points else now
+        for tier in self.tiers[chosen + 1 :]:
+            older = [p for p in tier.read(since) if p[0] + tier.resolution <= first]
+            if older:
+                points = older + points
+                first = older[0][0]
+        return self.tiers[chosen].resolution, points
 
 
 class TelemetryCache:
@@ -149,8 +186,12 @@ class TelemetryCache:
         tiers: tuple[tuple[float, int], ...] = DEFAULT_TIERS,
         max_series: int = MAX_SERIES,
         allocations: Callable[[], Allocations] | None = None,
+        saved_from: float | None = None,
     ) -> None:
+        """`saved_from`: completed points of tiers at least this coarse are queued for saving (None: none)."""
         self._lock = threading.Lock()
+        self._saved_from = saved_from
+        self._unsaved: deque[SavedPoint] = deque(maxlen=UNSAVED_MAX)
         self._latest: dict[tuple[str, int], dict[str, Any]] = {}
         self._history: dict[tuple[str, int], GpuHistory] = {}
         self._tiers = tiers
@@ -188,7 +229,33 @@ class TelemetryCache:
                     if len(self._history) >= self._max_series:
                         self._evict_oldest()
                     history = self._history[key] = GpuHistory(self._tiers)
-                history.add(row)
+                for resolution, point in history.add(row):
+                    if self._saved_from is not None and resolution >= self._saved_from:
+                        self._unsaved.append(SavedPoint(node, key[1], resolution, point))
+
+    def take_unsaved(self) -> list[SavedPoint]:
+        """The completed points not yet saved, oldest first; they are handed over once."""
+        with self._lock:
+            taken = list(self._unsaved)
+            self._unsaved.clear()
+        return taken
+
+    def restore(self, saved: Iterable[SavedPoint]) -> int:
+        """Put saved points (oldest first) back into the histories, as at a start; returns how many."""
+        count = 0
+        with self._lock:
+            for item in saved:
+                key = (item.node, item.gpu)
+                history = self._history.get(key)
+                if history is None:
+                    if len(self._history) >= self._max_series:
+                        continue
+                    history = self._history[key] = GpuHistory(self._tiers)
+                for tier in history.tiers:
+                    if tier.resolution == item.resolution:
+                        tier.restore(item.point)
+                        count += 1
+        return count
 
     def _evict_oldest(self) -> None:
         oldest = min(self._history, key=lambda k: float(self._latest.get(k, {}).get("at", 0.0)))

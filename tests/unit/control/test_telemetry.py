@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import tracemalloc
+from pathlib import Path
 
 from gpupool.control.telemetry import Holder, TelemetryCache
+from gpupool.control.telemetry_log import TelemetryLog
 from gpupool.gpu.simulated import SimulatedProvider
 
 TIERS = ((1.0, 60), (10.0, 60), (60.0, 60))
@@ -59,3 +61,52 @@ def test_beyond_its_cap_on_gpus_the_least_recently_seen_series_goes() -> None:
     cache.put("n2", [{"index": 0, "uuid": "c", "at": 6.0}])
     assert cache.series() == 2
     assert cache.get("old", 0) is None and cache.get("n2", 0) is not None
+
+
+def _feed(cache: TelemetryCache, start: int, stop: int, step: int = 1, gpus: int = 1) -> None:
+    for second in range(start, stop, step):
+        cache.put("n1", [{"index": i, "uuid": f"GPU-{i}", "at": float(second), "utilization_pct": 40.0 + i}
+                         for i in range(gpus)])  # fmt: skip
+
+
+def test_the_coarser_tiers_are_saved_and_a_restarted_head_shows_them(tmp_path: Path) -> None:
+    before = TelemetryCache(saved_from=10.0)
+    history = TelemetryLog(tmp_path / "telemetry")
+    _feed(before, 0, 1800)  # half an hour at 1 Hz
+    saved = before.take_unsaved()
+    assert {p.resolution for p in saved} == {10.0, 60.0} and before.take_unsaved() == []
+    history.append(saved, now=1800.0)
+
+    after = TelemetryCache(saved_from=10.0)
+    assert after.restore(history.load(now=1800.0)) == len(saved)
+    _feed(after, 1900, 1960)  # the restarted head's first minute
+    hour = after.history("n1", 0, 3600, now=1960.0)
+    assert hour["resolution"] == 10.0 and hour["points"][0][0] == 0.0 and hour["points"][0][1] == 40.0
+    # The last 10 minutes: the 1 s tier since the restart, the 10 s points before it.
+    recent = after.history("n1", 0, 600, now=1960.0)
+    times = [p[0] for p in recent["points"]]
+    assert times == sorted(times) and times[0] == 1360.0 and times[-1] == 1958.0
+    assert 1780.0 in times and 1900.0 in times
+    assert 1790.0 not in times  # the bucket still open when the head stopped is not saved
+
+
+def test_the_history_on_disk_stays_within_its_size_cap_and_retention_over_a_long_run(tmp_path: Path) -> None:
+    """Three simulated days of 8 GPUs: the log never passes its cap, keeps no point older
+    than its retention, and still holds the most recent history."""
+    cap = 256 * 1024
+    capped = TelemetryLog(tmp_path / "capped", max_bytes=cap, segment_seconds=600.0)
+    dated = TelemetryLog(tmp_path / "dated", max_bytes=1 << 30, retention=6 * 3600.0, segment_seconds=600.0)
+    cache = TelemetryCache(saved_from=10.0, tiers=((10.0, 60), (60.0, 60)))
+    largest = 0
+    for block in range(0, 3 * 86400, 60):  # saved every minute (the head saves every 10 s) to run faster
+        _feed(cache, block, block + 60, step=10, gpus=8)
+        points = cache.take_unsaved()
+        capped.append(points, now=block + 60.0)
+        dated.append(points, now=block + 60.0)
+        largest = max(largest, capped.size())
+    assert largest <= cap
+    kept = list(capped.load(now=3 * 86400.0))
+    assert kept and max(p.point[0] for p in kept) >= 3 * 86400 - 30
+    dated_times = [p.point[0] for p in dated.load(now=3 * 86400.0)]
+    assert min(dated_times) >= 3 * 86400 - 6 * 3600 - 600  # retention, give or take one segment
+    assert len(dated.segments()) <= 6 * 3600 / 600 + 2
