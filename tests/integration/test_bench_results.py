@@ -148,3 +148,38 @@ def test_bad_results_and_unpinnable_jobs_are_refused_with_one_line(
     pinned = head.cli("bench", "gemm", "--submit", "--gpus", "1", "--node", "node-1")
     assert pinned.returncode == 1 and "a workload spec cannot name its node yet" in pinned.stderr
     assert head.cli("ps", "--all", "--json", check=True).stdout.strip() == "[]"
+
+
+def test_with_action_unhealthy_a_slow_result_drains_the_node_until_a_newer_one_passes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "health.yaml").write_text(
+        "thresholds:\n  '*': {bench_gemm_min_tflops: 5}\n"
+        "bench: {action: unhealthy}\nschedule: {recheck_interval: 1}\n"
+    )
+    head = ServerProcess(home=home, gpus="sim:2xH100").start()
+    try:
+        slow = tmp_path / "slow.json"
+        gemm = ["bench", "gemm", "--device", "cpu", "--sizes", "32", "-n", "1", "-w", "0"]
+        head.cli(*gemm, "--json", str(slow), "--node", "node-1", check=True)
+
+        def node() -> dict[str, Any]:
+            with head.http() as h:
+                return next(n for n in h.get("/api/v1/nodes").json() if n["name"] == "node-1")
+
+        down = poll(node, lambda n: n["state"] == "unhealthy")
+        assert down["state_reason"].startswith("health: bench gemm float: cpu ")
+        assert "TFLOPS < 5 TFLOPS expected for H100" in down["state_reason"]
+        time.sleep(3)  # rechecks pass the active checks, but the bench result still keeps it out
+        assert node()["state"] == "unhealthy"
+
+        # A newer result of the same series that meets the threshold (as a faster machine would give).
+        fast = json.loads(slow.read_text())
+        for row in fast["rows"]:
+            row["tflops"] = 50.0
+        (tmp_path / "fast.json").write_text(json.dumps(fast))
+        head.cli("bench", "record", str(tmp_path / "fast.json"), "--node", "node-1", check=True)
+        back = poll(node, lambda n: n["state"] == "ready")
+        assert back["state_reason"].startswith("health: passed the quick active checks")
+    finally:
+        head.stop()
