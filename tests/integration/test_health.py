@@ -7,7 +7,9 @@ heartbeat protocol (fault injection, active checks) and the drained job resumes 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -120,8 +122,12 @@ def test_warnings_keep_the_node_in_service_and_faults_need_a_simulated_gpu(
     assert elsewhere.returncode == 1 and "no node named 'node-9' (nodes: node-1)" in elsewhere.stderr
     bad = server.cli("node", "inject-fault", "node-1", "--gpu", "8", "--xid", "79")
     assert bad.returncode == 1 and "node node-1 has GPUs 0..7" in bad.stderr
-    server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--fall-off-bus", check=True)
+    ecc = server.cli("node", "inject-fault", "node-1", "--gpu", "2", "--ecc", "uncorrectable", check=True)
+    assert "GPU 2: 1 uncorrectable ECC error, row remap pending" in ecc.stdout
     sick = until("unhealthy", lambda: (n := node(server))["state"] == "unhealthy" and n)
+    assert "GPU 2: 1 new uncorrectable ECC error(s)" in sick["health_evidence"]
+    server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--fall-off-bus", check=True)
+    sick = until("GPU 1 lost", lambda: "7 of 8 GPUs answer" in (n := node(server))["health_evidence"] and n)
     assert "7 of 8 GPUs answer (lost: GPU 1)" in sick["health_evidence"]
     failed = server.cli("health", "run", "--node", "node-1")
     assert failed.returncode == 2 and "GPU 1: does not answer" in failed.stdout
@@ -239,3 +245,49 @@ def test_gpu_history_survives_a_restart_of_the_head(tmp_path: Path) -> None:
         assert after[0] == pytest.approx(before[0], abs=1e-3) and after[0][0] < stopped_at  # 3 decimals kept
     finally:
         second.stop()
+
+
+def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out(tmp_path: Path) -> None:
+    """Scheduled checks on idle nodes find what passive checks cannot (a GPU computing at half speed);
+    the verdict is a metric; fault injection is for admins only."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "health.yaml").write_text("schedule: {recheck_interval: 2, idle_interval: 3}\n")
+    pool = start_pool(tmp_path, 2)
+    server = pool.server
+
+    def events(name: str) -> list[tuple[str, str, str]]:
+        with server.http() as client:
+            rows = client.get(f"/api/v1/health/{name}").json()["events"]
+        return [(e["from"], e["to"], e["reason"]) for e in rows]
+
+    try:
+        checked = ("cordoned", "ready", "health: passed the quick active checks (healthy)")
+        until("idle checks on both nodes", lambda: all(checked in events(n) for n in ("agent-0", "agent-1")))
+        assert ("ready", "cordoned", "health: active checks running") in events("agent-0")
+
+        user = "gpu_user_token_for_the_test"
+        with sqlite3.connect(home / "gpupool.db") as db:
+            db.execute(
+                "INSERT INTO api_tokens (name, token_hash, role, created_at) VALUES (?, ?, 'user', ?)",
+                ("alice", hashlib.sha256(user.encode()).hexdigest(), "2026-01-01 00:00:00"),
+            )
+        with server.http(token=user) as client:
+            refused = client.post("/api/v1/nodes/agent-0/faults", json={"gpu": 0, "slow": 0.5})
+        assert refused.status_code == 403 and "admins only" in refused.json()["error"]["message"]
+
+        server.cli("node", "inject-fault", "agent-0", "--gpu", "0", "--slow", "0.5", check=True)
+        sick = until(
+            "agent-0 out of service", lambda: (n := pool.nodes()["agent-0"])["state"] == "unhealthy" and n
+        )
+        assert "GPU 0: BF16 GEMM 396 TFLOPS < 692" in sick["health_evidence"]
+        assert pool.nodes()["agent-1"]["state"] in ("ready", "cordoned")
+        with server.http() as client:
+            metrics = client.get("/metrics").text
+        assert 'gpupool_node_health{health="unhealthy",node="agent-0"} 1.0' in metrics
+        assert 'gpupool_health_check_failures_total{check="gemm"}' in metrics
+
+        server.cli("node", "inject-fault", "agent-0", "--gpu", "0", "--clear", check=True)
+        until("agent-0 back", lambda: pool.nodes()["agent-0"]["state"] == "ready")
+    finally:
+        pool.stop()
