@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpupool.backends.base import Handle, Launch, Pod
 from tests.support.server import ServerProcess
 from tests.support.slurm import SlurmCluster, missing_binaries
 
@@ -252,6 +253,53 @@ def test_a_health_verdict_drains_the_slurm_node_and_resuming_returns_it(
         slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
     _wait(lambda: _node(server, slurm.node)["state"] == "ready", 10, "the node back in service")
     backend.close()
+
+
+def test_a_finished_job_keeps_its_gpus_until_the_job_placed_on_them_is_queued_in_slurm(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The hand-off: so that Slurm starts a successor as the GPUs free up (docs/slurm.md)."""
+    from gpupool.backends.slurm import SlurmBackend
+    from gpupool.backends.slurm_commands import SlurmCommands
+
+    def launch(number: int, gpu: int) -> Launch:
+        return Launch(
+            attempt_id=number,
+            workload_id=number,
+            attempt_number=0,
+            script=f"echo job {number}\n",
+            env=dict(slurm.env),
+            workdir=tmp_path,
+            run_dir=tmp_path / "runs" / str(number),
+            log_path=tmp_path / "logs" / f"{number}.log",
+            pods=(Pod(slurm.node, (gpu,)),),
+        )
+
+    def state(handle: Handle) -> str:
+        return slurm.job_state(str(handle.pid))
+
+    def finished(number: int) -> bool:
+        return (tmp_path / "runs" / str(number) / "exit_code").exists()
+
+    backend = SlurmBackend(partition=slurm.partition, commands=SlurmCommands(slurm.env))
+    try:
+        first = backend.start(launch(1, 0))
+        _wait(lambda: finished(1), 30, "the first job's commands to end")
+        backend.cleanup(first)  # the control loop settles the attempt: exit code 0
+        assert state(first) == "RUNNING", "settled, it still holds GPU 0 for its successor"
+
+        second = backend.start(launch(2, 0))  # placed on GPU 0: the first job lets go
+        _wait(lambda: state(first) not in ("RUNNING", "COMPLETING"), 20, "the first job to end in Slurm")
+        assert state(first) == "COMPLETED"
+        _wait(lambda: finished(2), 30, "the second job to run")
+
+        backend.cleanup(second)
+        assert state(second) == "RUNNING"
+        backend.pass_finished()  # the pass placed nothing on GPU 0: the second job lets go at once
+        _wait(lambda: state(second) not in ("RUNNING", "COMPLETING"), 20, "the second job to end in Slurm")
+        assert "job 2" in (tmp_path / "logs" / "2.log").read_text()
+    finally:
+        backend.close()
 
 
 def test_a_foreign_sbatch_job_is_accounted_for(slurm: SlurmCluster, server: ServerProcess) -> None:

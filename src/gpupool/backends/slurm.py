@@ -49,11 +49,12 @@ HOLDING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPP
 NODE_LOST = frozenset({"DOWN", "FUTURE", "UNKNOWN", "INVAL", "POWERED_DOWN", "POWERING_UP", "POWER_DOWN"})
 FINAL_NODE_FAILURE = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 DRAIN_PREFIX = "gpupool: "
-# Hand-off: a finished job keeps its allocation until gpupool has submitted what it placed on the freed
-# GPUs (or RELEASE_AFTER seconds pass with nothing to submit; HANDOFF_MAX if the head is gone), so Slurm
-# starts the successor the moment it frees the GPUs, instead of in its next batch-scheduling round (up to
-# `batch_sched_delay`, 3 s by default, later).
-RELEASE_AFTER = 0.25
+# Hand-off: a finished job keeps its allocation until gpupool has submitted the job it placed on the
+# same GPUs (or the control loop's pass ends with nothing placed there; RELEASE_AFTER if the loop stalls;
+# HANDOFF_MAX if the head is gone), so that the successor is already pending when Slurm frees the GPUs
+# and a scheduling pass that the completion triggers starts it, instead of Slurm's next periodic pass
+# (up to `batch_sched_delay`, 3 s by default, later). See docs/slurm.md.
+RELEASE_AFTER = 1.0
 HANDOFF_MAX = 2.0
 
 # The batch script: a POSIX shell that outlasts SIGTERM (the job checkpoints under it), then writes
@@ -103,7 +104,9 @@ class SlurmBackend:
         self._submitted: dict[str, float] = {}  # job id -> monotonic time we submitted it
         self._run_dirs: dict[str, Path] = {}  # our jobs' run dirs, until the loop settles them
         self._exited: set[str] = set()  # of those, the ones whose exit_code the poller has seen
-        self._handing_off: dict[str, tuple[Path, float]] = {}  # settled jobs still holding their GPUs
+        self._slots: dict[str, frozenset[tuple[str, int]]] = {}  # our jobs' (node, GPU index) as placed
+        # settled jobs still holding their GPUs: run dir, when settled, the (node, GPU index) they hold
+        self._handing_off: dict[str, tuple[Path, float, frozenset[tuple[str, int]]]] = {}
         self._finals: dict[str, dict[str, str]] = {}  # scontrol records of our jobs that left squeue
         self._foreign_indices: dict[str, dict[str, tuple[int, ...]]] = {}
         self._nodes: dict[str, InventoryNode] = {}
@@ -143,6 +146,8 @@ class SlurmBackend:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        calls = " ".join(f"{name}={n}" for name, n in sorted(self.commands.calls.items()))
+        log.info("event=slurm_commands_run %s", calls)
 
     def _poll(self) -> None:
         refreshed = time.monotonic()
@@ -167,11 +172,20 @@ class SlurmBackend:
                 self._exited.update(done)
         return bool(done)
 
-    def _release(self, older_than: float = 0.0) -> None:
-        """End the hand-off of settled jobs (all of them, or those waiting longer than `older_than`)."""
+    def pass_finished(self) -> None:
+        """The control loop ended a pass: a settled job whose GPUs it placed nothing on lets go now."""
+        self._release()
+
+    def _release(self, older_than: float = 0.0, taken: frozenset[tuple[str, int]] | None = None) -> None:
+        """End the hand-off of settled jobs: those waiting longer than `older_than`, or (with `taken`)
+        those holding any of these (node, GPU index) slots, which a just-submitted job was placed on."""
         now = time.monotonic()
         with self._lock:
-            due = [(j, d) for j, (d, at) in self._handing_off.items() if now - at >= older_than]
+            due = [
+                (j, d)
+                for j, (d, at, slots) in self._handing_off.items()
+                if (slots & taken if taken is not None else now - at >= older_than)
+            ]
             for job_id, _ in due:
                 self._handing_off.pop(job_id, None)
         for _, run_dir in due:
@@ -321,10 +335,12 @@ class SlurmBackend:
         except SlurmError as exc:
             raise LaunchError(str(exc)) from exc
         (run_dir / "slurm_job_id").write_text(job_id + "\n")
+        slots = _slots(pods)
         with self._lock:
             self._submitted[job_id] = time.monotonic()
             self._run_dirs[job_id] = run_dir
-        self._release()  # the successors are queued in Slurm: the finished jobs may let go now
+            self._slots[job_id] = slots
+        self._release(taken=slots)  # this job is pending in Slurm: the jobs whose GPUs it takes let go
         log.info("event=slurm_submitted workload=%d job=%s nodes=%s", launch.workload_id, job_id, args[3])
         return Handle(int(job_id), 0.0)
 
@@ -417,10 +433,11 @@ class SlurmBackend:
             self._exited.discard(job_id)
             self._submitted.pop(job_id, None)
             self._finals.pop(job_id, None)
+            slots = self._slots.pop(job_id, frozenset())
             still_there = job_id in self._jobs
             ended = run_dir is not None and (run_dir / "exit_code").exists()
             if ended and run_dir is not None:
-                self._handing_off[job_id] = (run_dir, time.monotonic())
+                self._handing_off[job_id] = (run_dir, time.monotonic(), slots)
         # A batch script that wrote its exit status is ending on its own (after the hand-off); Slurm reaps
         # whatever it leaves behind.
         if still_there and not ended:
@@ -477,6 +494,11 @@ def _final_status(job_id: str, record: dict[str, str], run_dir: Path) -> Status:
     if state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE"):
         return Status(Phase.EXITED, exited or 1, detail=said)
     return Status(Phase.EXITED, exited, detail=said)
+
+
+def _slots(pods: tuple[Pod, ...]) -> frozenset[tuple[str, int]]:
+    """The (node, GPU index) pairs a placement takes; a pod without GPUs takes its node's slot -1."""
+    return frozenset((p.node, i) for p in pods for i in (p.gpu_indices or (-1,)))
 
 
 def _kind_of(kinds: tuple[tuple[str, int], ...], index: int) -> str:

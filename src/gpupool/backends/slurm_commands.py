@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,10 +52,12 @@ class SlurmCommands:
     def __init__(self, env: Mapping[str, str] | None = None, timeout: float = COMMAND_TIMEOUT) -> None:
         self.env = dict(os.environ if env is None else env)
         self.timeout = timeout
+        self.calls: Counter[str] = Counter()  # commands run, by name ("squeue", "sbatch", ...)
 
     def run(
         self, *argv: str, env: Mapping[str, str] | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
+        self.calls[argv[0]] += 1
         try:
             result = subprocess.run(
                 list(argv),
