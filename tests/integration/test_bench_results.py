@@ -120,6 +120,11 @@ def test_a_submitted_bench_job_is_recorded_by_the_head_for_the_node_it_ran_on(
     assert result["figures"]["best_tflops"] == pytest.approx(written["best_tflops"])
     listed = head.cli("bench", "results", check=True).stdout
     assert "node-1" in listed and "job 1    gemm float: best" in listed
+    with head.http() as h:
+        metrics = h.get("/metrics").text
+    labels = 'device="cpu",dtype="float",gpu_model="H100",node="node-1",size="32x32x32"'
+    line = next(x for x in metrics.splitlines() if x.startswith(f"gpupool_bench_gemm_tflops{{{labels}}} "))
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(written["rows"][0]["tflops"])
 
 
 def test_bad_results_and_unpinnable_jobs_are_refused_with_one_line(

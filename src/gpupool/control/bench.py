@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import delete, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from gpupool.backends.agent import rank_log_path
 from gpupool.bench.results import (
@@ -131,7 +131,7 @@ def history(
     with store.read() as s:
         if node is not None:
             _check_nodes(s, [node])
-        query = select(BenchResult)
+        query = select(BenchResult).options(defer(BenchResult.report))  # views never show the report
         if node is not None:
             query = query.where(BenchResult.node_name == node)
         if kind is not None:
@@ -163,12 +163,16 @@ class BenchBook:
         self.store = store
         self.jobs = JobResults(store)
         self._latest: dict[str, list[dict[str, Any]]] = {}
+        self._seen: tuple[Any, ...] | None = None  # (newest id, rows) when _latest was read
 
     def refresh(self) -> None:
         """Never raises: a failed pass keeps the last results, so the health loop goes on judging."""
         try:
             self.jobs.sweep()
-            self._latest = latest_by_node(self.store)
+            with self.store.read() as s:
+                seen = tuple(s.execute(select(func.max(BenchResult.id), func.count(BenchResult.id))).one())
+            if seen != self._seen:  # rows are only ever added (and the oldest pruned with an addition)
+                self._latest, self._seen = latest_by_node(self.store), seen
         except Exception:
             log.exception("event=bench_refresh_failed")
 
@@ -318,7 +322,15 @@ def metric_families(store: Store) -> Iterator[Metric]:
         newest = select(func.max(BenchResult.id)).group_by(
             BenchResult.node_name, BenchResult.kind, BenchResult.key
         )
-        rows = s.scalars(select(BenchResult).where(BenchResult.id.in_(newest)).order_by(BenchResult.id)).all()
+        rows = s.scalars(
+            select(BenchResult)
+            .options(defer(BenchResult.report))
+            .where(BenchResult.id.in_(newest))
+            .order_by(BenchResult.id)
+        ).all()
+        gemm_ids = [r.id for r in rows if r.kind == "gemm"]  # only gemm's series need the report's rows
+        found = s.execute(select(BenchResult.id, BenchResult.report).where(BenchResult.id.in_(gemm_ids)))
+        reports = {ident: report for ident, report in found}
         for r in rows:
             p, f = r.parameters, r.figures
             head = [r.node_name, r.gpu_model]
@@ -336,7 +348,7 @@ def metric_families(store: Store) -> Iterator[Metric]:
                 avg.add_metric(labels, float(f.get("avg_busbw") or 0.0))
                 wrong.add_metric(labels, float(f.get("wrong") or 0))
             elif r.kind == "gemm":
-                for row in r.report.get("rows", []):
+                for row in reports.get(r.id, {}).get("rows", []):
                     labels = [
                         *head,
                         str(row["device"]),

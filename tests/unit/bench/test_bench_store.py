@@ -106,3 +106,26 @@ def test_the_head_records_a_bench_jobs_results_for_the_nodes_its_ranks_ran_on(
     assert got[("node-2", "gemm", gemm_job)]["figures"]["best_tflops"] == 2.0
     assert got[("node-2", "collective", coll_job)]["nodes"] == ["node-1", "node-2"]
     assert bench.JobResults(store).sweep() == 0  # a restarted head does not record them again
+
+
+def test_metrics_export_the_newest_result_of_every_series(store: Store) -> None:
+    from tests.unit.bench.test_results import TRAIN, gemm, gemm_row
+
+    for report in (collective(), gemm(gemm_row("cuda:0", 8192, 700.0)), TRAIN):
+        bench.record(store, summarize(report), ["node-1"], source="cli", actor="admin")
+    samples = {
+        (m.name, s.labels.get("op") or s.labels.get("size") or s.labels.get("precision")): s.value
+        for m in bench.metric_families(store)
+        for s in m.samples
+        if s.labels["node"] == "node-1" and m.name != "gpupool_bench_result_timestamp_seconds"
+    }
+    assert samples == {
+        ("gpupool_bench_busbw_gbps", "all_reduce"): 470.5,
+        ("gpupool_bench_avg_busbw_gbps", "all_reduce"): 287.0,
+        ("gpupool_bench_wrong", "all_reduce"): 0.0,
+        ("gpupool_bench_gemm_tflops", "8192x8192x8192"): 700.0,
+        ("gpupool_bench_gemm_fraction_of_peak", "8192x8192x8192"): pytest.approx(700.0 / 989.0),
+        ("gpupool_bench_train_tokens_per_second", "bf16"): 65536.0,
+        ("gpupool_bench_train_tflops_per_gpu", "bf16"): 400.0,
+        ("gpupool_bench_train_mfu", "bf16"): pytest.approx(400.0 / 989.0),
+    }
