@@ -163,6 +163,11 @@ def agent(
     address: str | None = typer.Option(
         None, "--address", help="address other nodes reach this one at (default: as the head sees it)"
     ),
+    rendezvous_ports: str = typer.Option(
+        "29500-29999",
+        "--rendezvous-ports",
+        help="ports kept free on this node for MASTER_PORT of the multi-node jobs whose rank 0 runs here",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the node agent: join the head and run the work it places on this node (docs/agents.md)."""
@@ -180,6 +185,9 @@ def agent(
             raise CliError(f"--labels {labels}: {item!r} is not key=value; e.g. --labels zone=a,rack=r1")
         parsed[key.strip()] = value.strip()
     grace = parse_duration(orphan_grace, "--orphan-grace")
+    low, sep, high = rendezvous_ports.partition("-")
+    if not (sep and low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high) <= 65535):
+        raise CliError(f"--rendezvous-ports {rendezvous_ports}: give a port range LOW-HIGH, e.g. 29500-29999")
     node = name or _hostname()
     try:
         provider = open_provider(gpus, seed=node)
@@ -193,6 +201,7 @@ def agent(
         labels=parsed,
         orphan_grace=grace,
         address=address,
+        rendezvous_ports=(int(low), int(high)),
     )
     runner = Agent(settings, provider)
     err_console.print(

@@ -45,6 +45,9 @@ def test_agents_join_run_single_and_gang_jobs_and_ship_every_ranks_log(tmp_path:
         assert "rank=1 of 2 master=127.0.0.1:" in logs[1]
         port = logs[0].split("master=127.0.0.1:")[1].split()[0]
         assert f"127.0.0.1:{port}" in logs[1], "every rank must see the same MASTER_PORT"
+        rank0 = next(p["node"] for p in attempt["pods"])
+        low, high = map(int, pool.agent(rank0).rendezvous_ports.split("-"))
+        assert low <= int(port) <= high, "MASTER_PORT comes from rank 0's node's --rendezvous-ports"
         assert "hello from 0" in server.cli("logs", str(single["id"]), check=True).stdout
         missing = server.cli("logs", str(gang["id"]), "--rank", "2")
         assert missing.returncode == 1 and "no rank 2" in missing.stderr
@@ -191,6 +194,15 @@ def test_heartbeats_with_a_bad_credential_or_body_get_the_api_error_with_the_fix
             )
             assert joined.status_code == 200, joined.text
             good = {"Authorization": f"Bearer {joined.json()['credential']}"}
+            for info, field in (
+                ({"rendezvous_ports": [30000, 20000]}, "info.rendezvous_ports"),
+                ({"devices": [{"index": 0}]}, "info.devices[0]"),
+            ):
+                refused = client.post(
+                    "/api/v1/agents/register", json={"name": "odd", "join_token": token, "info": info}
+                )
+                assert refused.status_code == 422 and refused.json()["error"]["field"] == field
+            assert "odd" not in pool.nodes(), "a refused registration leaves no node behind"
             path = "/api/v1/agents/heartbeat"
 
             answer = client.post(path, json={"attempts": [], "wait": 0}, headers=good)
@@ -207,5 +219,35 @@ def test_heartbeats_with_a_bad_credential_or_body_get_the_api_error_with_the_fix
             assert listed.status_code == 422 and "JSON object" in listed.json()["error"]["message"]
             huge = client.post(path, content=b" " * (2 << 20), headers=good)
             assert huge.status_code == 413 and huge.json()["error"]["code"] == "too_large"
+    finally:
+        pool.stop()
+
+
+def test_agent_nodes_keep_their_gpu_uuids_and_nvlink_islands_and_a_job_stays_on_one_island(
+    tmp_path: Path,
+) -> None:
+    # Two NVLink islands of two GPUs each (a simulated machine with two NVLink pairs).
+    pool = start_pool(tmp_path, 1, gpus="sim:2xH100,2xH100")
+    server = pool.server
+    try:
+        agent = pool.agents[0]
+        gpus = pool.nodes()["agent-0"]["gpus"]
+        assert [g["nvlink_island"] for g in gpus] == [0, 0, 1, 1]
+        assert all(g["uuid"].startswith("GPU-") for g in gpus) and len({g["uuid"] for g in gpus}) == 4
+        deadline = time.time() + 10  # telemetry is labelled with the same UUIDs
+        while any(g["sample"] is None for g in gpus) and time.time() < deadline:
+            time.sleep(0.5)
+            gpus = pool.nodes()["agent-0"]["gpus"]
+        assert [g["sample"]["uuid"] for g in gpus] == [g["uuid"] for g in gpus], agent.log()[-2000:]
+
+        holder = server.submit({"resources": {"gpu": 1}, "commands": ["sleep 30"]})
+        held = server.wait_for(holder["id"], states=("running",))["attempt_list"][0]["gpu_indices"]
+        pair = server.submit({"resources": {"gpu": 2}, "commands": ["echo gpus=$CUDA_VISIBLE_DEVICES"]})
+        done = server.wait_for(pair["id"])
+        assert done["state"] == "succeeded", done
+        indices = done["attempt_list"][0]["gpu_indices"]
+        islands = {gpus[i]["nvlink_island"] for i in indices}
+        assert len(islands) == 1, f"held {held}, the pair got {indices}: across NVLink islands"
+        server.cli("cancel", str(holder["id"]), check=True)
     finally:
         pool.stop()

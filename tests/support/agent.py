@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import signal
 import subprocess
 import sys
@@ -11,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.server import ServerProcess
+
+
+def _port_block(size: int = 20) -> str:
+    """A random block of ports below Linux's ephemeral range, for one agent's --rendezvous-ports."""
+    low = random.randrange(20000, 32000 - size, size)
+    return f"{low}-{low + size - 1}"
 
 
 def agent_head(home: Path, lease: str = "3s", extra: list[str] | None = None) -> ServerProcess:
@@ -36,6 +43,8 @@ class AgentProcess:
     orphan_grace: str = "60s"
     proc: subprocess.Popen[bytes] | None = None
     extra_args: list[str] = field(default_factory=list)
+    # Several agents share this machine (and other test runs): each gets its own rendezvous ports.
+    rendezvous_ports: str = field(default_factory=lambda: _port_block())
 
     @property
     def log_path(self) -> Path:
@@ -47,6 +56,7 @@ class AgentProcess:
             sys.executable, "-m", "gpupool.main", "agent",
             "--server", self.server.url, "--name", self.name, "--gpus", self.gpus,
             "--state-dir", str(self.state_dir), "--orphan-grace", self.orphan_grace,
+            "--rendezvous-ports", self.rendezvous_ports,
         ]  # fmt: skip
         if self.token:
             argv += ["--join-token", self.token]

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,6 +175,8 @@ class NodeAttempts:
         proc = RankProcess(key[0], key[1], str(entry["token"]), run_dir, gpu_indices=indices)
         self._ranks[key] = proc
         try:
+            if key[1] == 0 and int(env.get("GPUPOOL_NUM_NODES") or 1) > 1:
+                _check_rendezvous_port(int(env.get("MASTER_PORT") or 0))
             proc.handle = self.local.start(
                 Launch(
                     attempt_id=key[0],
@@ -262,3 +265,17 @@ def _write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _check_rendezvous_port(port: int) -> None:
+    """Rank 0 of a gang listens on MASTER_PORT: fail its start with the fix when another program holds it
+    (the gang is retried per its policy, and the head hands the next port of the range)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            raise LaunchError(
+                f"rendezvous port {port} (MASTER_PORT) is in use on this node ({exc.strerror}); keep the "
+                "agent's --rendezvous-ports range free for gpupool's multi-node jobs"
+            ) from exc

@@ -49,6 +49,7 @@ class AgentSettings:
     orphan_grace: float = 60.0
     address: str | None = None  # what other nodes dial for this one (rank 0 is MASTER_ADDR); default: as
     # the head sees it
+    rendezvous_ports: tuple[int, int] = (29500, 29999)  # kept free here for MASTER_PORT of gangs' rank 0
 
 
 class Agent:
@@ -106,7 +107,8 @@ class Agent:
             "cpus": float(psutil.cpu_count() or 1),
             "memory_bytes": int(psutil.virtual_memory().total),
             "gpus": sorted(counts.items()),
-            "devices": [d.to_dict() for d in devices],
+            "devices": [{**d.to_dict(), "kind": _catalog_kind(d.model, d.memory_bytes)} for d in devices],
+            "rendezvous_ports": list(self.settings.rendezvous_ports),
             "labels": self.settings.labels,
             "agent_version": __version__,
         }

@@ -34,7 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupool.backends.base import Handle, Inventory, InventoryNode, Launch, LaunchError, Phase, Status
+from gpupool.backends.base import (
+    Handle,
+    Inventory,
+    InventoryGpu,
+    InventoryNode,
+    Launch,
+    LaunchError,
+    Phase,
+    Status,
+)
 
 log = logging.getLogger("gpupool.agents")
 
@@ -45,6 +54,64 @@ HEARTBEAT_STORE_INTERVAL = 5.0
 LOG_CHUNK_MAX = 256 * 1024  # bytes of one rank's log per heartbeat
 # Variables that always travel with a launch (the job contract), even when the head's own value is equal.
 CONTRACT_PREFIXES = ("GPUPOOL_", "MASTER_", "NNODES", "NODE_RANK", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")
+# Ports a node keeps free for the rendezvous of the attempts whose rank 0 it runs (MASTER_PORT), unless its
+# agent registers its own range (`gpupool agent --rendezvous-ports`); below Linux's ephemeral ports.
+DEFAULT_RENDEZVOUS_PORTS = (29500, 29999)
+
+
+class BadRegistration(ValueError):
+    """An agent's registration describes its node in a way the head cannot use."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def parse_devices(raw: Any) -> tuple[InventoryGpu, ...]:
+    """The node's GPUs device by device, as the agent registers them (`GpuDevice.to_dict()` plus `kind`)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise BadRegistration("info.devices", "must be a list of GPUs, each {index, uuid, kind, ...}")
+    devices = []
+    for i, item in enumerate(raw):
+        try:
+            devices.append(
+                InventoryGpu(
+                    index=int(item["index"]),
+                    uuid=str(item["uuid"])[:64],
+                    kind=str(item.get("kind") or item.get("model") or ""),
+                    product_name=str(item.get("name") or "")[:128],
+                    memory_bytes=int(item.get("memory_bytes") or 0),
+                    nvlink_island=int(item.get("nvlink_island") or 0),
+                    simulated=bool(item.get("simulated")),
+                )
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BadRegistration(
+                f"info.devices[{i}]", f"{exc!r}; each GPU needs an integer index and a uuid"
+            ) from exc
+    if len({d.index for d in devices}) != len(devices):
+        raise BadRegistration("info.devices", "two GPUs with the same index")
+    return tuple(sorted(devices, key=lambda d: d.index))
+
+
+def parse_ports(raw: Any) -> tuple[int, int]:
+    """The node's rendezvous port range `[low, high]`; the default for an agent that sends none."""
+    if raw is None:
+        return DEFAULT_RENDEZVOUS_PORTS
+    try:
+        low, high = (int(p) for p in raw)
+    except (TypeError, ValueError) as exc:
+        raise BadRegistration(
+            "info.rendezvous_ports",
+            f"{raw!r} is not [low, high]; e.g. gpupool agent --rendezvous-ports 29500-29999",
+        ) from exc
+    if not 1 <= low <= high <= 65535:
+        raise BadRegistration(
+            "info.rendezvous_ports", f"{low}-{high} is not a range of ports (1-65535, low <= high)"
+        )
+    return low, high
 
 
 def rank_log_path(log_path: Path, rank: int) -> Path:
@@ -67,6 +134,8 @@ class AgentNode:
     last_seen: float
     session: str = ""
     version: int = 0  # bumped whenever the node's desired state changes (wakes its long-poll)
+    devices: tuple[InventoryGpu, ...] = ()  # each GPU's UUID and NVLink island (stored, seen by placement)
+    ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS  # rendezvous ports for gangs whose rank 0 runs here
 
 
 @dataclass
@@ -89,6 +158,7 @@ class AgentAttempt:
     launches: list[dict[str, Any]]  # per rank: what the agent needs to start it
     ranks: list[Rank]
     signal: int = 0  # 0, SIGTERM or SIGKILL: the strongest signal asked for so far
+    master_port: int = 0  # from rank 0's node's rendezvous range
     dropped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -134,15 +204,18 @@ class AgentBackend:
         self._inventory: Inventory | None = None
         self._stored_at = 0.0
         self._known = set(known_nodes)  # agent nodes of the store at start (a head restart): awaited
+        self._next_port: dict[str, int] = {}  # node -> where its next rendezvous port is looked for
         self._asked: dict[str, dict[str, dict[str, Any]]] = {}  # node -> instruction id -> instruction
         self._replies: dict[str, _Reply] = {}  # instruction id -> where its reply goes
 
     # -- registration and heartbeats (called by the API) ------------------------------------------------
 
     def register(self, name: str, info: dict[str, Any], address: str) -> dict[str, Any]:
-        """Record (or refresh) a node's description; the answer tells the agent how often to call."""
+        """Record (or refresh) a node's description; the answer tells the agent how often to call.
+        Raises BadRegistration (naming the field) for a description the head cannot use."""
         gpus = tuple((str(kind), int(count)) for kind, count in info.get("gpus") or [])
         labels = tuple(sorted((str(k), str(v)) for k, v in (info.get("labels") or {}).items()))
+        devices, ports = parse_devices(info.get("devices")), parse_ports(info.get("rendezvous_ports"))
         with self._lock:
             previous = self._nodes.get(name)
             node = AgentNode(
@@ -155,9 +228,14 @@ class AgentBackend:
                 last_seen=self._clock(),
                 session=secrets.token_hex(8),
                 version=(previous.version + 1) if previous else 0,
+                devices=devices,
+                ports=ports,
             )
             self._nodes[name] = node
-        log.info("event=agent_registered node=%s address=%s gpus=%s", name, node.address, gpus)
+        log.info(
+            "event=agent_registered node=%s address=%s gpus=%s rendezvous_ports=%d-%d",
+            name, node.address, gpus, *ports,
+        )  # fmt: skip
         self._changed()
         return {"node": name, "session": node.session, "interval": self.interval, "lease": self.lease}
 
@@ -357,6 +435,7 @@ class AgentBackend:
             raise LaunchError("the agent backend needs the scheduler's placement (Launch.pods)")
         with self._lock:
             addresses = [self._nodes[p.node].address if p.node in self._nodes else p.node for p in pods]
+            port = self._rendezvous_port(pods[0].node)
         head_env = os.environ
         overlay = {
             k: v for k, v in launch.env.items() if head_env.get(k) != v or k.startswith(CONTRACT_PREFIXES)
@@ -374,6 +453,8 @@ class AgentBackend:
                     "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in pod.gpu_indices),
                     "GPUPOOL_MASTER_ADDR": addresses[0],
                     "MASTER_ADDR": addresses[0],
+                    "GPUPOOL_MASTER_PORT": str(port),
+                    "MASTER_PORT": str(port),
                     "GPUPOOL_NODE_IPS": ",".join(addresses),
                 }
             )
@@ -390,6 +471,7 @@ class AgentBackend:
             "attempt_id": launch.attempt_id,
             "token": launch.fencing_token or secrets.token_hex(16),
             "log_path": str(launch.log_path),
+            "master_port": port,
             "pods": [
                 {"node": p.node, "gpu_indices": list(p.gpu_indices), "gpu_fraction": p.gpu_fraction}
                 for p in pods
@@ -428,6 +510,7 @@ class AgentBackend:
             launches=list(record["launches"]),
             ranks=ranks,
             signal=int(level) if level and level.isdigit() else 0,
+            master_port=int(record.get("master_port") or 0),
         )
         with self._lock:
             self._attempts[attempt.attempt_id] = attempt
@@ -436,6 +519,24 @@ class AgentBackend:
                 self._by_node.setdefault(node, set()).add(attempt.attempt_id)
             self._bump(names)
         return attempt
+
+    def _rendezvous_port(self, name: str) -> int:
+        """A port of node `name`'s rendezvous range that no attempt listed here holds, taken in turn (so a
+        retried gang gets another one); lock held by the caller."""
+        node = self._nodes.get(name)
+        low, high = node.ports if node is not None else DEFAULT_RENDEZVOUS_PORTS
+        held = {a.master_port for a in self._attempts.values() if a.ranks and a.ranks[0].node == name}
+        span = high - low + 1
+        first = self._next_port.get(name, low)
+        for step in range(span):
+            port = low + (first - low + step) % span
+            if port not in held:
+                self._next_port[name] = port + 1
+                return port
+        raise LaunchError(
+            f"no free rendezvous port on node {name}: all {span} ports of its range {low}-{high} are held "
+            "by running attempts; start its agent with a wider --rendezvous-ports"
+        )
 
     def _get(self, handle: Handle, run_dir: Path) -> AgentAttempt | None:
         with self._lock:
@@ -527,6 +628,7 @@ class AgentBackend:
                     memory_bytes=n.memory_bytes,
                     gpus=n.gpus,
                     labels=n.labels,
+                    devices=n.devices,
                 )
                 for n in sorted(self._nodes.values(), key=lambda n: n.name)
             )

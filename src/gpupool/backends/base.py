@@ -62,11 +62,25 @@ class Status:
 
 
 @dataclass(frozen=True, slots=True)
+class InventoryGpu:
+    """One GPU of an inventory node, when the backend knows it device by device (a node agent does)."""
+
+    index: int
+    uuid: str
+    kind: str  # as the catalog names it ("H100"), like InventoryNode.gpus
+    product_name: str
+    memory_bytes: int  # 0: take the catalog's
+    nvlink_island: int  # GPUs in one NVLink/NVSwitch domain share an id
+    simulated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class InventoryNode:
     """A node as a backend with its own inventory (Slurm) reports it.
 
     `state` is gpupool's word for it: ready | cordoned | unhealthy | lost; `state_reason` says why in the
-    backend's words. `gpus` lists (type, count) as the backend names them ("h100", or "" when untyped)."""
+    backend's words. `gpus` lists (type, count) as the backend names them ("h100", or "" when untyped);
+    `devices`, when the backend knows them (agents), gives each GPU's UUID and NVLink island too."""
 
     name: str
     address: str
@@ -76,6 +90,7 @@ class InventoryNode:
     memory_bytes: int
     gpus: tuple[tuple[str, int], ...]
     labels: tuple[tuple[str, str], ...] = ()
+    devices: tuple[InventoryGpu, ...] = ()  # when known, they describe the GPUs instead of `gpus`
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,26 +64,42 @@ def _apply_node(s: Session, backend: str, item: InventoryNode) -> None:
     _apply_gpus(node, item)
 
 
+def _model(kind: str) -> tuple[str, int]:
+    """The catalog's family and memory for a GPU type as a backend names it."""
+    if not kind:
+        return UNTYPED_MODEL, 0
+    try:
+        info = lookup_model(kind)
+    except UnknownGpuModel:
+        return kind.upper(), 0
+    return info.family, info.memory_bytes
+
+
 def _apply_gpus(node: Node, item: InventoryNode) -> None:
-    wanted = []
-    for kind, count in item.gpus:
-        model, memory = UNTYPED_MODEL, 0
-        if kind:
-            try:
-                info = lookup_model(kind)
-                model, memory = info.family, info.memory_bytes
-            except UnknownGpuModel:
-                model = kind.upper()
-        wanted.extend([(kind, model, memory)] * count)
     by_index = {g.index: g for g in node.gpus}
-    for index, (kind, model, memory) in enumerate(wanted):
-        gpu = by_index.pop(index, None)
-        if gpu is None:
-            gpu = Gpu(index=index)
-            node.gpus.append(gpu)
-        gpu.uuid = f"{node.backend}:{node.name}:{index}"
-        gpu.model, gpu.product_name, gpu.memory_bytes = model, kind or "gpu", memory
-        gpu.nvlink_island, gpu.simulated = 0, False
+    if item.devices:  # device by device (agents): their own UUIDs and NVLink islands
+        for device in item.devices:
+            model, memory = _model(device.kind)
+            gpu = by_index.pop(device.index, None)
+            if gpu is None:
+                gpu = Gpu(index=device.index)
+                node.gpus.append(gpu)
+            gpu.uuid, gpu.model, gpu.product_name = device.uuid, model, device.product_name or device.kind
+            gpu.memory_bytes = device.memory_bytes or memory
+            gpu.nvlink_island, gpu.simulated = device.nvlink_island, device.simulated
+    else:  # counts per type (Slurm's GRES): made-up UUIDs, one island
+        wanted = []
+        for kind, count in item.gpus:
+            model, memory = _model(kind)
+            wanted.extend([(kind, model, memory)] * count)
+        for index, (kind, model, memory) in enumerate(wanted):
+            gpu = by_index.pop(index, None)
+            if gpu is None:
+                gpu = Gpu(index=index)
+                node.gpus.append(gpu)
+            gpu.uuid = f"{node.backend}:{node.name}:{index}"
+            gpu.model, gpu.product_name, gpu.memory_bytes = model, kind or "gpu", memory
+            gpu.nvlink_island, gpu.simulated = 0, False
     for gone in by_index.values():
         node.gpus.remove(gone)
 

@@ -16,7 +16,7 @@ from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool.api.errors import ApiError
-from gpupool.backends.agent import AgentBackend, UnknownNode
+from gpupool.backends.agent import AgentBackend, BadRegistration, UnknownNode, parse_devices, parse_ports
 from gpupool.control import agents, service
 from gpupool.spec import parse_duration
 
@@ -72,6 +72,14 @@ def _node(state: State, authorization: str) -> str:
 def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
     backend = _backend(request)
     name = str(body.get("name") or "")
+    info = body.get("info") or {}
+    try:  # before the store admits the node: a refused description changes nothing
+        if not isinstance(info, dict):
+            raise BadRegistration("info", "must be an object describing the node (cpus, gpus, devices, ...)")
+        parse_devices(info.get("devices"))
+        parse_ports(info.get("rendezvous_ports"))
+    except BadRegistration as exc:
+        raise ApiError(422, "invalid_request", str(exc), field=exc.field) from exc
     credential = agents.register(
         request.app.state.runtime.store,
         name,
@@ -79,7 +87,7 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
         credential=body.get("credential") or None,
     )
     address = request.client.host if request.client else "127.0.0.1"
-    answer = backend.register(name, dict(body.get("info") or {}), address)
+    answer = backend.register(name, dict(info), address)
     if credential is not None:
         answer["credential"] = credential
     return answer
