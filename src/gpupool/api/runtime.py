@@ -15,7 +15,7 @@ from gpupool.control.health import AgentNodes, HealthMonitor
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.metrics import Metrics
 from gpupool.control.telemetry import SAVED_FROM, StoreAllocations, TelemetryCache
-from gpupool.control.telemetry_log import open_log, restore, save_loop
+from gpupool.control.telemetry_log import open_log, save_loop
 from gpupool.gpu import GpuProvider, open_provider
 from gpupool.health.thresholds import load_config
 from gpupool.store.db import Store
@@ -47,7 +47,6 @@ class Runtime:
         service.ensure_default_queue(self.store)
         self.telemetry = TelemetryCache(allocations=StoreAllocations(self.store), saved_from=SAVED_FROM)
         self.telemetry_log = open_log(settings.home)  # history on disk, bounded (control/telemetry_log.py)
-        restore(self.telemetry, self.telemetry_log)
         health_config = load_config(settings.home)  # HealthConfigError (a ValueError) names the file and key
         if settings.backend not in BACKENDS:
             raise ValueError(f"--backend {settings.backend}: unknown backend; one of {', '.join(BACKENDS)}")

@@ -12,8 +12,9 @@ long the head runs. Prometheus is the long-term store; this history serves `gpup
 
 The points of the coarser tiers (10 s and 1 min) also go to disk, so history survives a restart of the head:
 each completed point waits in a bounded queue (`take_unsaved`) until control/telemetry_log.py appends it to
-its log, which `restore` reads back at start. The 1 s tier is not saved (one write per GPU per second); a
-read over a window the 1 s tier does not reach back to fills in from the coarser tiers.
+its log, which `restore` reads back at start (merged under what arrived meanwhile). The 1 s tier is not
+saved (one write per GPU per second); a read over a window the 1 s tier does not reach back to fills in
+from the coarser tiers.
 """
 
 from __future__ import annotations
@@ -94,41 +95,56 @@ class StoreAllocations:
 class _Tier:
     """Points at one resolution: a bounded deque plus the bucket being averaged."""
 
-    __slots__ = ("_bucket", "_count", "_sums", "capacity", "points", "resolution")
+    # The sums of the bucket being averaged are four plain floats: this runs for every sample of every
+    # GPU, three times (one per tier).
+    __slots__ = (
+        "_bucket", "_count", "_memory", "_power", "_temperature", "_util", "capacity", "points", "resolution",
+    )  # fmt: skip
 
     def __init__(self, resolution: float, capacity: int) -> None:
         self.resolution, self.capacity = resolution, capacity
         self.points: deque[Point] = deque(maxlen=capacity)
-        self._bucket: float | None = None
-        self._sums = [0.0, 0.0, 0.0, 0.0]
+        self._bucket = -1.0
+        self._util = self._memory = self._temperature = self._power = 0.0
         self._count = 0
 
-    def add(self, at: float, values: tuple[float, float, float, float]) -> Point | None:
+    def add(self, at: float, util: float, memory: float, temperature: float, power: float) -> Point | None:
         """Add a reading; returns the point it completed, if time left the bucket being averaged."""
         bucket = at - at % self.resolution
         done = None
-        if self._bucket is not None and bucket != self._bucket:
-            done = self._flush()
-        self._bucket = bucket
-        for i, value in enumerate(values):
-            self._sums[i] += value
+        if bucket != self._bucket:
+            if self._count:
+                n = self._count
+                done = (
+                    self._bucket,
+                    self._util / n,
+                    self._memory / n,
+                    self._temperature / n,
+                    self._power / n,
+                )
+                self.points.append(done)
+                self._util = self._memory = self._temperature = self._power = 0.0
+                self._count = 0
+            self._bucket = bucket
+        self._util += util
+        self._memory += memory
+        self._temperature += temperature
+        self._power += power
         self._count += 1
         return done
-
-    def _flush(self) -> Point | None:
-        if self._bucket is None or not self._count:
-            return None
-        n = self._count
-        point = (self._bucket, self._sums[0] / n, self._sums[1] / n, self._sums[2] / n, self._sums[3] / n)
-        self.points.append(point)
-        self._sums = [0.0, 0.0, 0.0, 0.0]
-        self._count = 0
-        return point
 
     def restore(self, point: Point) -> None:
         """Put back a saved point (oldest first; one not newer than the last point held is skipped)."""
         if not self.points or point[0] > self.points[-1][0]:
             self.points.append(point)
+
+    def prepend(self, older: deque[Point]) -> None:
+        """Put restored points before the ones held (those older than the first held point)."""
+        if older:
+            first = self.points[0][0] if self.points else float("inf")
+            merged = [p for p in older if p[0] < first]
+            merged.extend(self.points)
+            self.points = deque(merged[-self.capacity :], maxlen=self.capacity)
 
     def read(self, since: float) -> list[Point]:
         return [p for p in self.points if p[0] >= since]
@@ -140,19 +156,17 @@ class GpuHistory:
     def __init__(self, tiers: tuple[tuple[float, int], ...] = DEFAULT_TIERS) -> None:
         self.tiers = [_Tier(resolution, capacity) for resolution, capacity in tiers]
 
-    def add(self, sample: Mapping[str, Any]) -> list[tuple[float, Point]]:
-        """Add a sample; returns the points it completed, with their tier's resolution."""
+    def add(self, sample: Mapping[str, Any]) -> list[tuple[float, Point]] | None:
+        """Add a sample; returns the points it completed, with their tier's resolution (None: none)."""
         at = float(sample["at"])
-        values = (
-            float(sample.get("utilization_pct", 0.0)),
-            float(sample.get("memory_used_bytes", 0)),
-            float(sample.get("temperature_c", 0.0)),
-            float(sample.get("power_w", 0.0)),
-        )
-        done = []
+        get = sample.get
+        util, memory = float(get("utilization_pct", 0.0)), float(get("memory_used_bytes", 0))
+        temperature, power = float(get("temperature_c", 0.0)), float(get("power_w", 0.0))
+        done = None
         for tier in self.tiers:
-            point = tier.add(at, values)
+            point = tier.add(at, util, memory, temperature, power)
             if point is not None:
+                done = done or []
                 done.append((tier.resolution, point))
         return done
 
@@ -209,15 +223,15 @@ class TelemetryCache:
         rows = []
         for sample in samples:
             row = dict(sample)
-            if held is not None:
-                holders = held.get((node, int(row["index"])), [])
+            holders = held.get((node, int(row["index"]))) if held is not None else None
+            if holders:
                 row["workloads"] = [h.workload_id for h in holders]
                 row["holders"] = [
                     {"workload": h.workload_id, "name": h.name, "queue": h.queue, "user": h.user}
                     for h in holders
                 ]
-            row.setdefault("workloads", [])
-            row.setdefault("holders", [])
+            else:
+                row["workloads"], row["holders"] = [], []
             rows.append(row)
         with self._lock:
             self._received[node] = time.monotonic()
@@ -229,9 +243,11 @@ class TelemetryCache:
                     if len(self._history) >= self._max_series:
                         self._evict_oldest()
                     history = self._history[key] = GpuHistory(self._tiers)
-                for resolution, point in history.add(row):
-                    if self._saved_from is not None and resolution >= self._saved_from:
-                        self._unsaved.append(SavedPoint(node, key[1], resolution, point))
+                completed = history.add(row)
+                if completed is not None and self._saved_from is not None:
+                    for resolution, point in completed:
+                        if resolution >= self._saved_from:
+                            self._unsaved.append(SavedPoint(node, key[1], resolution, point))
 
     def take_unsaved(self) -> list[SavedPoint]:
         """The completed points not yet saved, oldest first; they are handed over once."""
@@ -241,20 +257,30 @@ class TelemetryCache:
         return taken
 
     def restore(self, saved: Iterable[SavedPoint]) -> int:
-        """Put saved points (oldest first) back into the histories, as at a start; returns how many."""
+        """Put saved points (oldest first per resolution) back into the histories, before what arrived
+        since the start (the head serves while it reads them); returns how many were read."""
+        built: dict[tuple[str, int], GpuHistory] = {}
         count = 0
+        for item in saved:  # outside the lock: reading a large log takes seconds
+            key = (item.node, item.gpu)
+            history = built.get(key)
+            if history is None:
+                if len(built) >= self._max_series:
+                    continue
+                history = built[key] = GpuHistory(self._tiers)
+            for tier in history.tiers:
+                if tier.resolution == item.resolution:
+                    tier.restore(item.point)
+                    count += 1
         with self._lock:
-            for item in saved:
-                key = (item.node, item.gpu)
-                history = self._history.get(key)
-                if history is None:
-                    if len(self._history) >= self._max_series:
-                        continue
-                    history = self._history[key] = GpuHistory(self._tiers)
-                for tier in history.tiers:
-                    if tier.resolution == item.resolution:
-                        tier.restore(item.point)
-                        count += 1
+            for key, history in built.items():
+                held = self._history.get(key)
+                if held is None:
+                    if len(self._history) < self._max_series:
+                        self._history[key] = history
+                    continue
+                for restored, tier in zip(history.tiers, held.tiers, strict=True):
+                    tier.prepend(restored.points)
         return count
 
     def _evict_oldest(self) -> None:

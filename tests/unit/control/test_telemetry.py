@@ -78,8 +78,8 @@ def test_the_coarser_tiers_are_saved_and_a_restarted_head_shows_them(tmp_path: P
     history.append(saved, now=1800.0)
 
     after = TelemetryCache(saved_from=10.0)
-    assert after.restore(history.load(now=1800.0)) == len(saved)
-    _feed(after, 1900, 1960)  # the restarted head's first minute
+    _feed(after, 1900, 1960)  # the restarted head's first minute, taken in while it reads its log
+    assert after.restore(history.load(now=1960.0)) == len(saved)
     hour = after.history("n1", 0, 3600, now=1960.0)
     assert hour["resolution"] == 10.0 and hour["points"][0][0] == 0.0 and hour["points"][0][1] == 40.0
     # The last 10 minutes: the 1 s tier since the restart, the 10 s points before it.
@@ -91,11 +91,12 @@ def test_the_coarser_tiers_are_saved_and_a_restarted_head_shows_them(tmp_path: P
 
 
 def test_the_history_on_disk_stays_within_its_size_cap_and_retention_over_a_long_run(tmp_path: Path) -> None:
-    """Three simulated days of 8 GPUs: the log never passes its cap, keeps no point older
-    than its retention, and still holds the most recent history."""
+    """Three simulated days of 8 GPUs: the log never passes its cap, keeps no point older than its
+    retention (per resolution), and still holds the most recent history."""
     cap = 256 * 1024
-    capped = TelemetryLog(tmp_path / "capped", max_bytes=cap, segment_seconds=600.0)
-    dated = TelemetryLog(tmp_path / "dated", max_bytes=1 << 30, retention=6 * 3600.0, segment_seconds=600.0)
+    capped = TelemetryLog(tmp_path / "capped", max_bytes=cap)
+    keep = {10.0: 2 * 3600.0, 60.0: 6 * 3600.0}
+    dated = TelemetryLog(tmp_path / "dated", max_bytes=1 << 30, retention=keep)
     cache = TelemetryCache(saved_from=10.0, tiers=((10.0, 60), (60.0, 60)))
     largest = 0
     for block in range(0, 3 * 86400, 60):  # saved every minute (the head saves every 10 s) to run faster
@@ -104,9 +105,25 @@ def test_the_history_on_disk_stays_within_its_size_cap_and_retention_over_a_long
         capped.append(points, now=block + 60.0)
         dated.append(points, now=block + 60.0)
         largest = max(largest, capped.size())
+    end = 3 * 86400.0
     assert largest <= cap
-    kept = list(capped.load(now=3 * 86400.0))
-    assert kept and max(p.point[0] for p in kept) >= 3 * 86400 - 30
-    dated_times = [p.point[0] for p in dated.load(now=3 * 86400.0)]
-    assert min(dated_times) >= 3 * 86400 - 6 * 3600 - 600  # retention, give or take one segment
-    assert len(dated.segments()) <= 6 * 3600 / 600 + 2
+    kept = list(capped.load(now=end))
+    assert kept and max(p.point[0] for p in kept) >= end - 120
+    for resolution, span in keep.items():
+        times = [p.point[0] for p in dated.load(now=end) if p.resolution == resolution]
+        assert min(times) >= end - span and max(times) >= end - 2 * resolution
+        on_disk = [p for p in dated.segments() if p.name.startswith(f"history-{resolution:g}s-")]
+        assert len(on_disk) <= 12 + 2  # a segment per twelfth of the retention
+
+
+def test_a_line_torn_by_a_killed_head_costs_that_point_only(tmp_path: Path) -> None:
+    history = TelemetryLog(tmp_path / "telemetry")
+    cache = TelemetryCache(saved_from=10.0)
+    _feed(cache, 0, 125)
+    saved = cache.take_unsaved()
+    history.append(saved, now=125.0)
+    (segment,) = [p for p in history.segments() if p.name.startswith("history-10s-")]
+    with open(segment, "a") as fh:
+        fh.write('["n1",0,10.0,120.0,4')  # kill -9 in the middle of a write
+    loaded = TelemetryLog(tmp_path / "telemetry").load(now=125.0)
+    assert sorted(loaded) == sorted(saved) and len(saved) == 14  # twelve 10 s points, two 1 min points
