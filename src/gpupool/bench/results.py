@@ -8,7 +8,7 @@ that make two results comparable, and the figures the health checks and /metrics
   out-of-place all-reduce), `max_bytes` (that size), `avg_busbw` (nccl-tests' footer), `wrong`, `nranks`;
 - gemm: `best_tflops`; per GPU its best TFLOPS, and `worst_gpu_tflops` / `worst_gpu_fraction_of_peak`
   (the slowest GPU's best, so one slow GPU of eight shows), `largest_size` (smallest of m, n, k of the
-  largest shape);
+  largest shape), `by_size` (each row's device, `MxNxK`, TFLOPS and fraction of peak);
 - train: `tokens_per_s`, `tflops_per_gpu`, `mfu`, `iteration_time_s`, `world_size`.
 
 Pure: no I/O, no torch. Also the line a bench run as a gpupool job prints so the head can read its
@@ -114,6 +114,7 @@ def _gemm(report: Mapping[str, Any]) -> BenchSummary:
         raise BenchResultError("report.rows: empty; a gemm result has at least one row")
     best: dict[str, tuple[float, float | None]] = {}  # device -> its best (tflops, fraction of peak)
     dtypes, shapes, names = set(), [], set()
+    by_size: list[dict[str, Any]] = []  # every row: /metrics exports each GPU and size
     for i, row in enumerate(rows):
         here = f"report.rows[{i}]"
         if not isinstance(row, Mapping):
@@ -130,6 +131,14 @@ def _gemm(report: Mapping[str, Any]) -> BenchSummary:
             shapes.append(dims)
         if device not in best or tflops > best[device][0]:
             best[device] = (tflops, fraction)
+        by_size.append(
+            {
+                "device": device,
+                "size": "x".join(map(str, dims)),
+                "tflops": tflops,
+                "fraction_of_peak": fraction,
+            }
+        )
     if len(dtypes) != 1:
         raise BenchResultError(f"report.rows: one dtype per gemm result, found {sorted(dtypes)}")
     slowest = min(best, key=lambda d: best[d][0])
@@ -148,6 +157,7 @@ def _gemm(report: Mapping[str, Any]) -> BenchSummary:
         "worst_gpu": slowest,
         "gpu_tflops": {d: t for d, (t, _) in sorted(best.items())},
         "largest_size": max(min(s) for s in shapes),
+        "by_size": by_size,
     }
     return BenchSummary("gemm", str(parameters["dtype"]), parameters, figures, dict(report))
 

@@ -11,7 +11,7 @@ credential is needed inside the job, and the node is the one the head placed the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -156,28 +156,62 @@ def latest_by_node(store: Store) -> dict[str, list[dict[str, Any]]]:
 
 
 class BenchBook:
-    """What the health loop asks of bench results: record newly ended bench jobs, then the newest result
-    of every series per node, read once per pass."""
+    """What the health loop and /metrics ask of bench results: newly ended bench jobs recorded, and the
+    newest result of every series per node, kept in memory and read incrementally (rows are only ever
+    added; pruning drops old rows of a series, never its newest)."""
+
+    OVERLAP = 1000  # ids read again each time: a concurrent writer may commit a lower id after a higher one
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.jobs = JobResults(store)
+        self._series: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._latest: dict[str, list[dict[str, Any]]] = {}
-        self._seen: tuple[Any, ...] | None = None  # (newest id, rows) when _latest was read
+        self._newest: int | None = None  # the highest id read; None: nothing read yet
+        self._read: set[int] = set()  # ids read within OVERLAP of the newest
 
     def refresh(self) -> None:
         """Never raises: a failed pass keeps the last results, so the health loop goes on judging."""
         try:
             self.jobs.sweep()
-            with self.store.read() as s:
-                seen = tuple(s.execute(select(func.max(BenchResult.id), func.count(BenchResult.id))).one())
-            if seen != self._seen:  # rows are only ever added (and the oldest pruned with an addition)
-                self._latest, self._seen = latest_by_node(self.store), seen
+            self._read_new()
         except Exception:
             log.exception("event=bench_refresh_failed")
 
+    def _read_new(self) -> None:
+        with self.store.read() as s:
+            newest = s.scalar(select(func.max(BenchResult.id)))
+        if newest is None or newest == self._newest:
+            return
+        if self._newest is None:
+            views = history(self.store, latest=True, limit=1 << 40)
+        else:
+            with self.store.read() as s:
+                window = s.scalars(select(BenchResult.id).where(BenchResult.id > self._newest - self.OVERLAP))
+                unread = [i for i in window if i not in self._read]
+                rows = s.scalars(
+                    select(BenchResult).options(defer(BenchResult.report)).where(BenchResult.id.in_(unread))
+                ).all()
+                views = [result_view(r) for r in rows]
+        series = dict(self._series)
+        for v in sorted(views, key=lambda v: int(v["id"])):
+            here = (v["node"], v["kind"], v["key"])
+            if here not in series or series[here]["id"] <= v["id"]:
+                series[here] = v
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for v in series.values():
+            by_node.setdefault(v["node"], []).append(v)
+        self._series, self._latest = series, by_node
+        self._newest = max([newest, *(int(v["id"]) for v in views)])
+        self._read = {
+            i for i in (*self._read, *(int(v["id"]) for v in views)) if i > self._newest - self.OVERLAP
+        }
+
     def latest(self, node: str) -> list[dict[str, Any]]:
         return self._latest.get(node, [])
+
+    def every_latest(self) -> list[dict[str, Any]]:
+        return list(self._series.values())
 
 
 # -- bench jobs ------------------------------------------------------------------------------------------
@@ -278,8 +312,8 @@ def _tail(path: Path) -> str:
 # -- /metrics ------------------------------------------------------------------------------------------
 
 
-def metric_families(store: Store) -> Iterator[Metric]:
-    """The newest result of every series as gauges (docs/bench.md lists them)."""
+def metric_families(results: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
+    """The newest result of every series (BenchBook.every_latest) as gauges (docs/bench.md lists them)."""
     base = ["node", "gpu_model"]
     coll = [*base, "op", "dtype", "nranks", "backend"]
     busbw = GaugeMetricFamily(
@@ -296,7 +330,7 @@ def metric_families(store: Store) -> Iterator[Metric]:
         "gpupool_bench_wrong", "Collective results that were wrong (#wrong).", labels=coll
     )
     gemm = GaugeMetricFamily(
-        "gpupool_bench_gemm_tflops", "Matmul TFLOPS per GPU, dtype and size (m x n x k).",
+        "gpupool_bench_gemm_tflops", "Each GPU's best matmul TFLOPS and the size (m x n x k) of it.",
         labels=[*base, "device", "dtype", "size"],
     )  # fmt: skip
     fraction = GaugeMetricFamily(
@@ -318,52 +352,38 @@ def metric_families(store: Store) -> Iterator[Metric]:
         "gpupool_bench_result_timestamp_seconds", "When the newest result of the series was recorded (unix).",
         labels=[*base, "kind", "key"],
     )  # fmt: skip
-    with store.read() as s:
-        newest = select(func.max(BenchResult.id)).group_by(
-            BenchResult.node_name, BenchResult.kind, BenchResult.key
-        )
-        rows = s.scalars(
-            select(BenchResult)
-            .options(defer(BenchResult.report))
-            .where(BenchResult.id.in_(newest))
-            .order_by(BenchResult.id)
-        ).all()
-        gemm_ids = [r.id for r in rows if r.kind == "gemm"]  # only gemm's series need the report's rows
-        found = s.execute(select(BenchResult.id, BenchResult.report).where(BenchResult.id.in_(gemm_ids)))
-        reports = {ident: report for ident, report in found}
-        for r in rows:
-            p, f = r.parameters, r.figures
-            head = [r.node_name, r.gpu_model]
-            when.add_metric([*head, r.kind, r.key], (as_utc(r.measured_at) or utcnow()).timestamp())
-            if r.kind == "collective":
-                labels = [
-                    *head,
-                    r.key,
-                    str(p.get("dtype", "")),
-                    str(p.get("nranks", "")),
-                    str(p.get("backend", "")),
-                ]
-                if f.get("busbw") is not None:
-                    busbw.add_metric(labels, float(f["busbw"]))
-                avg.add_metric(labels, float(f.get("avg_busbw") or 0.0))
-                wrong.add_metric(labels, float(f.get("wrong") or 0))
-            elif r.kind == "gemm":
-                for row in reports.get(r.id, {}).get("rows", []):
-                    labels = [
-                        *head,
-                        str(row["device"]),
-                        str(row["dtype"]),
-                        f"{row['m']}x{row['n']}x{row['k']}",
-                    ]
-                    gemm.add_metric(labels, float(row["tflops"]))
-                    if row.get("fraction_of_peak") is not None:
-                        fraction.add_metric(labels, float(row["fraction_of_peak"]))
-            elif r.kind == "train":
-                model = p.get("model") or {}
-                labels = [*head, r.key, str(p.get("parallel", "")), str(model.get("parameters", "")),
-                          str(p.get("world_size", ""))]  # fmt: skip
-                tokens.add_metric(labels, float(f["tokens_per_s"]))
-                tflops.add_metric(labels, float(f["tflops_per_gpu"]))
-                if f.get("mfu") is not None:
-                    mfu.add_metric(labels, float(f["mfu"]))
+    for r in sorted(results, key=lambda r: int(r["id"])):
+        p, f, key = r["parameters"], r["figures"], str(r["key"])
+        head = [str(r["node"]), str(r["gpu_model"])]
+        when.add_metric([*head, str(r["kind"]), key], float(r["measured_at_unix"]))
+        if r["kind"] == "collective":
+            labels = [
+                *head,
+                key,
+                str(p.get("dtype", "")),
+                str(p.get("nranks", "")),
+                str(p.get("backend", "")),
+            ]
+            if f.get("busbw") is not None:
+                busbw.add_metric(labels, float(f["busbw"]))
+            avg.add_metric(labels, float(f.get("avg_busbw") or 0.0))
+            wrong.add_metric(labels, float(f.get("wrong") or 0))
+        elif r["kind"] == "gemm":
+            best: dict[str, Mapping[str, Any]] = {}  # each GPU's best size: 8 series a node, not 8 x sizes
+            for row in f.get("by_size") or []:
+                if row["device"] not in best or row["tflops"] > best[row["device"]]["tflops"]:
+                    best[row["device"]] = row
+            for row in best.values():
+                labels = [*head, str(row["device"]), str(p.get("dtype", key)), str(row["size"])]
+                gemm.add_metric(labels, float(row["tflops"]))
+                if row.get("fraction_of_peak") is not None:
+                    fraction.add_metric(labels, float(row["fraction_of_peak"]))
+        elif r["kind"] == "train":
+            model = p.get("model") or {}
+            labels = [*head, key, str(p.get("parallel", "")), str(model.get("parameters", "")),
+                      str(p.get("world_size", ""))]  # fmt: skip
+            tokens.add_metric(labels, float(f["tokens_per_s"]))
+            tflops.add_metric(labels, float(f["tflops_per_gpu"]))
+            if f.get("mfu") is not None:
+                mfu.add_metric(labels, float(f["mfu"]))
     yield from (busbw, avg, wrong, gemm, fraction, tokens, tflops, mfu, when)

@@ -170,7 +170,8 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._gpus()
         yield from self._pool()
-        yield from bench.metric_families(self.store)  # newest bench results per node (docs/bench.md)
+        if self.health is not None:  # the newest bench results per node, as the health loop read them
+            yield from bench.metric_families(self.health.bench.every_latest())
 
     def _gpus(self) -> Iterator[Metric]:
         with self.store.read() as s:

@@ -111,11 +111,16 @@ def test_the_head_records_a_bench_jobs_results_for_the_nodes_its_ranks_ran_on(
 def test_metrics_export_the_newest_result_of_every_series(store: Store) -> None:
     from tests.unit.bench.test_results import TRAIN, gemm, gemm_row
 
+    book = bench.BenchBook(store)
+    bench.record(store, summarize(gemm(gemm_row("cuda:0", 8192, 1.0))), ["node-1"], source="cli", actor="a")
+    book.refresh()
     for report in (collective(), gemm(gemm_row("cuda:0", 8192, 700.0)), TRAIN):
         bench.record(store, summarize(report), ["node-1"], source="cli", actor="admin")
+    book.refresh()  # reads only what was added since
+    assert sorted(r["key"] for r in book.latest("node-1")) == ["all_reduce", "bf16", "bf16"]
     samples = {
         (m.name, s.labels.get("op") or s.labels.get("size") or s.labels.get("precision")): s.value
-        for m in bench.metric_families(store)
+        for m in bench.metric_families(book.every_latest())
         for s in m.samples
         if s.labels["node"] == "node-1" and m.name != "gpupool_bench_result_timestamp_seconds"
     }
