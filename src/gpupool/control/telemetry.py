@@ -207,6 +207,7 @@ class TelemetryCache:
         self._saved_from = saved_from
         self._unsaved: deque[SavedPoint] = deque(maxlen=UNSAVED_MAX)
         self._latest: dict[tuple[str, int], dict[str, Any]] = {}
+        self._by_node: dict[str, dict[int, dict[str, Any]]] = {}  # the same rows, by node and GPU index
         self._history: dict[tuple[str, int], GpuHistory] = {}
         self._tiers = tiers
         self._max_series = max_series
@@ -238,6 +239,7 @@ class TelemetryCache:
             for row in rows:
                 key = (node, int(row["index"]))
                 self._latest[key] = row
+                self._by_node.setdefault(node, {})[key[1]] = row
                 history = self._history.get(key)
                 if history is None:
                     if len(self._history) >= self._max_series:
@@ -287,6 +289,10 @@ class TelemetryCache:
         oldest = min(self._history, key=lambda k: float(self._latest.get(k, {}).get("at", 0.0)))
         self._history.pop(oldest, None)
         self._latest.pop(oldest, None)
+        rows = self._by_node.get(oldest[0], {})
+        rows.pop(oldest[1], None)
+        if not rows:
+            self._by_node.pop(oldest[0], None)
 
     def get(self, node: str, index: int) -> dict[str, Any] | None:
         with self._lock:
@@ -295,7 +301,8 @@ class TelemetryCache:
     def node_samples(self, node: str) -> list[dict[str, Any]]:
         """The latest sample of each GPU of `node`, by index."""
         with self._lock:
-            return [row for (n, _), row in sorted(self._latest.items()) if n == node]
+            rows = self._by_node.get(node, {})
+            return [rows[index] for index in sorted(rows)]
 
     def latest(self) -> dict[tuple[str, int], dict[str, Any]]:
         with self._lock:
