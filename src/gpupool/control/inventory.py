@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from gpupool import scheduler
 from gpupool.backends.base import Inventory, InventoryNode
@@ -32,27 +32,33 @@ UNTYPED_MODEL = "GPU"  # the model of a GRES without a type (`Gres=gpu:8`): matc
 
 def apply(store: Store, backend: str, inventory: Inventory) -> None:
     """Make the store's nodes and foreign jobs of `backend` what the inventory says."""
-    with store.session() as s:
+    # Every node is read in one query and written in one flush (of what changed): a pool of a thousand
+    # agents applies its inventory whenever one node comes or goes, on the reconcile loop.
+    with store.session() as s, s.no_autoflush:
+        gpus = selectinload(Node.gpus).defer(Gpu.last_sample)  # not needed here, and costly to decode
+        rows = {n.name: n for n in s.scalars(select(Node).options(gpus))}
         seen = set()
         for item in inventory.nodes:
             seen.add(item.name)
-            _apply_node(s, backend, item)
-        for node in s.scalars(select(Node).where(Node.backend == backend)):
-            if node.name not in seen and node.state != "lost":
+            _apply_node(s, backend, item, rows.get(item.name))
+        for node in rows.values():
+            if node.backend == backend and node.name not in seen and node.state != "lost":
                 _set_state(s, node, "lost", f"{backend}: no longer in the {backend} inventory")
         _apply_foreign(s, backend, inventory)
 
 
-def _apply_node(s: Session, backend: str, item: InventoryNode) -> None:
-    node = s.scalar(select(Node).where(Node.name == item.name))
+def _apply_node(s: Session, backend: str, item: InventoryNode, node: Node | None) -> None:
     if node is None:
         node = Node(name=item.name, state="ready", state_reason="", labels={})
         s.add(node)
-    node.backend = backend
-    node.address = item.address
-    node.cpus = item.cpus
-    node.memory_bytes = item.memory_bytes
-    node.labels = dict(item.labels)
+    _assign(
+        node,
+        backend=backend,
+        address=item.address,
+        cpus=item.cpus,
+        memory_bytes=item.memory_bytes,
+        labels=dict(item.labels),
+    )
     node.last_heartbeat = utcnow()
     mine = node.state_reason.startswith(f"{backend}: ")
     if item.state != "ready":
@@ -84,9 +90,15 @@ def _apply_gpus(node: Node, item: InventoryNode) -> None:
             if gpu is None:
                 gpu = Gpu(index=device.index)
                 node.gpus.append(gpu)
-            gpu.uuid, gpu.model, gpu.product_name = device.uuid, model, device.product_name or device.kind
-            gpu.memory_bytes = device.memory_bytes or memory
-            gpu.nvlink_island, gpu.simulated = device.nvlink_island, device.simulated
+            _assign(
+                gpu,
+                uuid=device.uuid,
+                model=model,
+                product_name=device.product_name or device.kind,
+                memory_bytes=device.memory_bytes or memory,
+                nvlink_island=device.nvlink_island,
+                simulated=device.simulated,
+            )
     else:  # counts per type (Slurm's GRES): made-up UUIDs, one island
         wanted = []
         for kind, count in item.gpus:
@@ -97,11 +109,24 @@ def _apply_gpus(node: Node, item: InventoryNode) -> None:
             if gpu is None:
                 gpu = Gpu(index=index)
                 node.gpus.append(gpu)
-            gpu.uuid = f"{node.backend}:{node.name}:{index}"
-            gpu.model, gpu.product_name, gpu.memory_bytes = model, kind or "gpu", memory
-            gpu.nvlink_island, gpu.simulated = 0, False
+            _assign(
+                gpu,
+                uuid=f"{node.backend}:{node.name}:{index}",
+                model=model,
+                product_name=kind or "gpu",
+                memory_bytes=memory,
+                nvlink_island=0,
+                simulated=False,
+            )
     for gone in by_index.values():
         node.gpus.remove(gone)
+
+
+def _assign(row: Node | Gpu, **values: object) -> None:
+    """Set only the attributes that differ: an unchanged node of a large inventory costs no ORM events."""
+    for key, value in values.items():
+        if getattr(row, key) != value:
+            setattr(row, key, value)
 
 
 def _set_state(s: Session, node: Node, state: str, reason: str) -> None:
