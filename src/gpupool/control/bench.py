@@ -11,6 +11,7 @@ credential is needed inside the job, and the node is the one the head placed the
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -29,6 +30,9 @@ from gpupool.bench.results import (
     summarize,
 )
 from gpupool.control.errors import Invalid, NotFound
+from gpupool.health.bench import judge
+from gpupool.health.checks import Verdict
+from gpupool.health.thresholds import HealthConfig
 from gpupool.store.db import Store
 from gpupool.store.models import BenchResult, Node, Workload
 from gpupool.timeutil import as_utc, utcnow
@@ -169,6 +173,8 @@ class BenchBook:
         self._latest: dict[str, list[dict[str, Any]]] = {}
         self._newest: int | None = None  # the highest id read; None: nothing read yet
         self._read: set[int] = set()  # ids read within OVERLAP of the newest
+        # node -> (config, valid until (unix), verdict); dropped when the node's newest results change
+        self._verdicts: dict[str, tuple[HealthConfig, float, Verdict]] = {}
 
     def refresh(self) -> None:
         """Never raises: a failed pass keeps the last results, so the health loop goes on judging."""
@@ -202,6 +208,8 @@ class BenchBook:
         for v in series.values():
             by_node.setdefault(v["node"], []).append(v)
         self._series, self._latest = series, by_node
+        for v in views:
+            self._verdicts.pop(str(v["node"]), None)
         self._newest = max([newest, *(int(v["id"]) for v in views)])
         self._read = {
             i for i in (*self._read, *(int(v["id"]) for v in views)) if i > self._newest - self.OVERLAP
@@ -209,6 +217,19 @@ class BenchBook:
 
     def latest(self, node: str) -> list[dict[str, Any]]:
         return self._latest.get(node, [])
+
+    def verdict(self, node: str, config: HealthConfig, now: float) -> Verdict:
+        """health.bench.judge of the node's newest results, judged again only when they change or one of
+        them reaches `bench.max_age` (the health loop asks for every node every second)."""
+        hit = self._verdicts.get(node)
+        if hit is not None and hit[0] is config and now < hit[1]:
+            return hit[2]
+        results = self.latest(node)
+        judged = judge(results, config, now)
+        ages = [float(r["measured_at_unix"]) + config.bench.max_age for r in results]
+        until = min([t for t in ages if t > now], default=math.inf) if config.bench.max_age else math.inf
+        self._verdicts[node] = (config, until, judged)
+        return judged
 
     def every_latest(self) -> list[dict[str, Any]]:
         return list(self._series.values())

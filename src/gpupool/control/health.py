@@ -32,11 +32,10 @@ from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu import GpuProvider
 from gpupool.health import checks, faults
 from gpupool.health.active import ActiveCheckError, ActiveRunner, AgentRunner, runner_for_gpus
-from gpupool.health.bench import judge as judge_bench
 from gpupool.health.checks import Baseline, Finding, Verdict
 from gpupool.health.thresholds import LEVELS, HealthConfig
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Event, Gpu, Node
+from gpupool.store.models import Attempt, Event, Node
 from gpupool.timeutil import as_utc, utcnow
 
 log = logging.getLogger("gpupool.health")
@@ -86,7 +85,6 @@ class HealthMonitor:
         self._baselines: dict[str, Baseline] = {}
         self._running: dict[str, threading.Lock] = {}
         self._unhealthy_since: dict[str, float] = {}
-        self._gpus_now: dict[str, dict[int, str]] = {}  # node -> GPU index -> model, as the last pass read
         self._started = time.time()
         self.verdicts_total: Counter[tuple[str, str]] = Counter()  # (node, health) -> verdicts that changed
         self.failed_checks_total: Counter[str] = Counter()  # check -> findings that set a verdict
@@ -109,7 +107,7 @@ class HealthMonitor:
         for name, state, reason, busy in self._nodes_now():
             if state == "lost":
                 continue
-            verdict = self._with_bench(name, self._passive(name, fresh=True), now)
+            verdict = self._with_bench(name, self._passive(name), now)
             if verdict is not None:
                 self._record(name, state, verdict, now)
                 if verdict.health == checks.UNHEALTHY:
@@ -171,26 +169,19 @@ class HealthMonitor:
 
         threading.Thread(target=run, name=f"health-{name}", daemon=True).start()
 
-    def _passive(self, name: str, *, fresh: bool = False) -> Verdict | None:
-        """The passive verdict from the node's latest samples; `fresh`: its GPUs as `_nodes_now` just read
-        them (the loop's pass), rather than from the store."""
+    def _passive(self, name: str) -> Verdict | None:
         age = self.telemetry.age(name)
         samples = self.telemetry.node_samples(name)
         if age is None or age > STALE_AFTER or not samples:
             return None
-        if fresh:
-            with self._lock:
-                models = self._gpus_now.get(name, {})
-            expected = len(models)
-        else:
-            expected, models = self._inventory(name)
+        expected, models = self._inventory(name)
         return checks.passive(
             samples, expected_gpus=expected, models=models, config=self.config, baseline=self._baseline(name)
         )
 
     def _with_bench(self, name: str, verdict: Verdict | None, now: float) -> Verdict | None:
         """The verdict with the node's stored bench results judged in (None stays None if none are)."""
-        judged = judge_bench(self.bench.latest(name), self.config, now)
+        judged = self.bench.verdict(name, self.config, now)
         if not judged.checks:
             return verdict
         return judged if verdict is None else checks.combine(verdict, judged)
@@ -364,23 +355,16 @@ class HealthMonitor:
             return node.state
 
     def _nodes_now(self) -> list[tuple[str, str, str, bool]]:
-        """Every node: (name, state, state reason, whether work runs on it); its GPUs go to `_gpus_now`."""
         with self.store.read() as s:
             busy: set[str] = set()
             for node_name, pods in s.execute(
                 select(Attempt.node_name, Attempt.pods).where(Attempt.state == "running")
             ):
                 busy.update(str(p["node"]) for p in pods or [{"node": node_name}])
-            # Plain rows, not ORM objects (this runs every second over every node and GPU).
-            gpus: dict[str, dict[int, str]] = {}
-            for node_name, index, model in s.execute(
-                select(Node.name, Gpu.index, Gpu.model).join(Gpu, Gpu.node_id == Node.id)
-            ):
-                gpus.setdefault(node_name, {})[index] = model
-            rows = s.execute(select(Node.name, Node.state, Node.state_reason).order_by(Node.name)).all()
-        with self._lock:
-            self._gpus_now = gpus
-        return [(name, state, reason, name in busy) for name, state, reason in rows]
+            return [
+                (n.name, n.state, n.state_reason, n.name in busy)
+                for n in s.scalars(select(Node).order_by(Node.name))
+            ]
 
     # -- fault injection (simulated GPUs) ------------------------------------------------------------
 

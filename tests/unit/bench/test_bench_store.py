@@ -134,3 +134,22 @@ def test_metrics_export_the_newest_result_of_every_series(store: Store) -> None:
         ("gpupool_bench_train_tflops_per_gpu", "bf16"): 400.0,
         ("gpupool_bench_train_mfu", "bf16"): pytest.approx(400.0 / 989.0),
     }
+
+
+def test_a_nodes_bench_verdict_is_judged_again_when_its_results_change_or_age_out(store: Store) -> None:
+    from gpupool.health.thresholds import parse_config
+
+    config = parse_config({"thresholds": {"*": {"allreduce_gpus": 8}}, "bench": {"max_age": 100}})
+    book = bench.BenchBook(store)
+    slow = collective()
+    slow["rows"][-1]["out_of_place"]["busbw"] = 300.0  # below H100's 460 GB/s
+    bench.record(store, summarize(slow), ["node-1"], source="cli", actor="admin")
+    book.refresh()
+    measured = book.latest("node-1")[0]["measured_at_unix"]
+    assert book.verdict("node-1", config, measured + 1).health == "warning"
+    assert book.verdict("node-2", config, measured + 1).checks == ()  # no results: nothing judged
+    assert book.verdict("node-1", config, measured + 101).checks == ()  # aged out
+    bench.record(store, summarize(collective()), ["node-1"], source="cli", actor="admin")
+    book.refresh()
+    now = book.latest("node-1")[0]["measured_at_unix"] + 1
+    assert book.verdict("node-1", config, now).health == "healthy"
