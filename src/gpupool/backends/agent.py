@@ -205,6 +205,8 @@ class AgentBackend:
         self._stored_at = 0.0
         self._known = set(known_nodes)  # agent nodes of the store at start (a head restart): awaited
         self._next_port: dict[str, int] = {}  # node -> where its next rendezvous port is looked for
+        self._registrations = 0  # registrations so far (a node's description may have changed)
+        self._inventory_key: tuple[int, frozenset[str]] | None = None
         self._asked: dict[str, dict[str, dict[str, Any]]] = {}  # node -> instruction id -> instruction
         self._replies: dict[str, _Reply] = {}  # instruction id -> where its reply goes
 
@@ -232,6 +234,7 @@ class AgentBackend:
                 ports=ports,
             )
             self._nodes[name] = node
+            self._registrations += 1
         log.info(
             "event=agent_registered node=%s address=%s gpus=%s rendezvous_ports=%d-%d",
             name, node.address, gpus, *ports,
@@ -616,22 +619,13 @@ class AgentBackend:
                     return None
         lost = self._lost_nodes()
         with self._lock:
-            nodes = tuple(
-                InventoryNode(
-                    name=n.name,
-                    address=n.address,
-                    state="lost" if n.name in lost else "ready",
-                    state_reason=f"agent: no heartbeat within the node lease ({self.lease:g}s)"
-                    if n.name in lost
-                    else "",
-                    cpus=n.cpus,
-                    memory_bytes=n.memory_bytes,
-                    gpus=n.gpus,
-                    labels=n.labels,
-                    devices=n.devices,
-                )
-                for n in sorted(self._nodes.values(), key=lambda n: n.name)
-            )
+            # Rebuilt only when a node registered, or was lost or came back (each reconcile pass asks).
+            key = (self._registrations, frozenset(name for name in lost if name in self._nodes))
+            if self._inventory is not None and key == self._inventory_key:
+                nodes = self._inventory.nodes
+            else:
+                nodes = self._inventory_nodes(lost)
+            self._inventory_key = key
         previous = self._inventory
         if previous is None or previous.nodes != nodes:
             self._inventory = Inventory(nodes, (), (previous.generation + 1) if previous else 1)
@@ -642,6 +636,25 @@ class AgentBackend:
                 seen = {n.name: wall - (now - n.last_seen) for n in self._nodes.values()}
             self._on_heartbeats(seen)
         return self._inventory
+
+    def _inventory_nodes(self, lost: dict[str, float]) -> tuple[InventoryNode, ...]:
+        """Every registered node, the lost ones marked so (lock held by the caller)."""
+        return tuple(
+            InventoryNode(
+                name=n.name,
+                address=n.address,
+                state="lost" if n.name in lost else "ready",
+                state_reason=f"agent: no heartbeat within the node lease ({self.lease:g}s)"
+                if n.name in lost
+                else "",
+                cpus=n.cpus,
+                memory_bytes=n.memory_bytes,
+                gpus=n.gpus,
+                labels=n.labels,
+                devices=n.devices,
+            )
+            for n in sorted(self._nodes.values(), key=lambda n: n.name)
+        )
 
     def _lost_nodes(self) -> dict[str, float]:
         """Nodes past their lease, with how long they have been silent. Nodes registered before a head
