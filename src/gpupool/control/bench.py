@@ -151,14 +151,6 @@ def history(
         return [result_view(r) for r in rows]
 
 
-def latest_by_node(store: Store) -> dict[str, list[dict[str, Any]]]:
-    """The newest result of every series, grouped by node (one query; the health loop reads it)."""
-    by_node: dict[str, list[dict[str, Any]]] = {}
-    for r in history(store, latest=True, limit=1_000_000):
-        by_node.setdefault(r["node"], []).append(r)
-    return by_node
-
-
 class BenchBook:
     """What the health loop and /metrics ask of bench results: newly ended bench jobs recorded, and the
     newest result of every series per node, kept in memory and read incrementally (rows are only ever
@@ -191,6 +183,10 @@ class BenchBook:
             return
         if self._newest is None:
             views = history(self.store, latest=True, limit=1 << 40)
+            with self.store.read() as s:  # the older rows of the window need no reading either
+                self._read = set(
+                    s.scalars(select(BenchResult.id).where(BenchResult.id > newest - self.OVERLAP))
+                )
         else:
             with self.store.read() as s:
                 window = s.scalars(select(BenchResult.id).where(BenchResult.id > self._newest - self.OVERLAP))
@@ -252,7 +248,9 @@ class JobResults:
         with self.store.read() as s:
             if self._since is None:
                 self._since = now - INGEST_LOOKBACK
-                read = s.scalars(select(BenchResult.workload_id).where(BenchResult.workload_id.is_not(None)))
+                read = s.scalars(
+                    select(BenchResult.workload_id).where(BenchResult.workload_id.is_not(None)).distinct()
+                )
                 self._done = dict.fromkeys((int(w) for w in read), now)
             ended = s.execute(
                 select(Workload.id, Workload.spec, Workload.finished_at).where(

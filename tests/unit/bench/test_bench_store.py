@@ -41,12 +41,17 @@ def test_history_is_bounded_per_series_and_latest_is_the_newest_of_each(
                  actor="bench-job", workload_id=4)  # fmt: skip
     kept = bench.history(store, node="node-1", key="all_reduce")
     assert [r["figures"]["avg_busbw"] for r in kept] == [500.0, 400.0, 300.0]  # the oldest two dropped
-    latest = bench.latest_by_node(store)
-    assert sorted((r["key"], r["figures"]["avg_busbw"]) for r in latest["node-1"]) == [
+    book = bench.BenchBook(store)
+    book.refresh()
+    assert sorted((r["key"], r["figures"]["avg_busbw"]) for r in book.latest("node-1")) == [
         ("all_gather", 287.0),
         ("all_reduce", 500.0),
     ]
-    [other] = latest["node-2"]
+    assert [r["key"] for r in bench.history(store, node="node-1", latest=True)] == [
+        "all_gather",
+        "all_reduce",
+    ]
+    [other] = book.latest("node-2")
     assert other["gpu_model"] == "H100" and other["nodes"] == ["node-1", "node-2"]
     assert other["source"] == "job 4" and other["workload_id"] == 4
 
