@@ -4,6 +4,8 @@ job, shown by `node show`, exported on /metrics, judged by the health checks, an
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,3 +190,34 @@ def test_with_action_unhealthy_a_slow_result_drains_the_node_until_a_newer_one_p
         assert back["state_reason"].startswith("health: passed the quick active checks")
     finally:
         head.stop()
+
+
+def test_results_are_stored_bounded_and_read_back_on_postgresql(postgres: Any, tmp_path: Path) -> None:
+    import uuid
+
+    from gpupool.bench.results import summarize
+    from gpupool.control import bench
+    from gpupool.store.db import Store
+    from gpupool.store.models import Gpu, Node
+
+    store = Store(postgres.new_database(f"bench_{uuid.uuid4().hex[:12]}"))
+    try:
+        with store.session() as s:
+            node = Node(name="node-1")
+            node.gpus = [Gpu(index=0, uuid="GPU-1", model="H100")]
+            s.add(node)
+        out = tmp_path / "gemm.json"
+        gemm = ["gemm", "--device", "cpu", "--sizes", "32", "-n", "1", "-w", "0", "--json", str(out)]
+        bench_cmd = [sys.executable, "-m", "gpupool.main", "bench", *gemm]
+        subprocess.run(bench_cmd, check=True, capture_output=True, timeout=120)
+        report = json.loads(out.read_text())
+        book = bench.BenchBook(store)
+        for _ in range(bench.HISTORY_PER_SERIES + 2):
+            bench.record(store, summarize(report), ["node-1"], source="cli", actor="admin")
+        book.refresh()
+        assert len(bench.history(store, node="node-1", limit=1000)) == bench.HISTORY_PER_SERIES
+        [latest] = book.latest("node-1")
+        assert latest["figures"]["best_tflops"] == pytest.approx(report["best_tflops"])
+        assert latest["id"] == bench.history(store, latest=True)[0]["id"]
+    finally:
+        store.close()
