@@ -27,12 +27,14 @@ from gpupool.scheduler import (
     WorkloadView,
     decide,
 )
+from gpupool.scheduler.fairshare import fair_shares
 from gpupool.scheduler.placement import gpu_matches
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.policies import POOL, Policy
 from gpupool.sim.trace import TraceJob
 
 EPS = 1e-9
+SLACK = 1e-6  # float slack of the exact skip tests, on the side of running the cycle
 ARRIVAL, FINISH, BAND, TICK = 0, 1, 2, 3
 MAX_ROUNDS = 4  # cycles at one instant (evictions release at once; the gainers bind in the next round)
 TIMELINE_POINTS = 600
@@ -178,6 +180,10 @@ class Simulation:
         self._sample_every = max(self.options.cycle, last_arrival / TIMELINE_POINTS)
         self._next_sample = 0.0
         self.settled = 0  # jobs finished or dropped
+        # GPUs of schedulable nodes, as the scheduler counts them for fair share
+        self._gpu_capacity = sum(g.free for n in cluster.nodes if n.schedulable for g in n.gpus)
+        self.shortcuts = True  # skip cycles that provably change nothing (off only to test that claim)
+        self.skipped = 0
         self._dirty = False
 
     def _policy_queues(self, queues: Sequence[QueueView], jobs: Sequence[TraceJob]) -> tuple[QueueView, ...]:
@@ -352,6 +358,8 @@ class Simulation:
             return False
         if self._nothing_can_change():
             self._reset_triggers()
+            self.skipped += 1
+            self._sample()
             return False
         clock = False
         for _ in range(MAX_ROUNDS):
@@ -369,10 +377,14 @@ class Simulation:
     def _nothing_can_change(self) -> bool:
         """Whether `decide` is sure to return no binds and no evictions, so the cycle can be skipped.
 
-        Exact, for policies without reclaim or consolidation: nothing pending fits the free GPUs in total
-        (for strict FIFO, the head of the line does not), and no pending work outranks running work that
-        preempt could take."""
-        if "reclaim" in self.config.actions or "consolidate" in self.config.actions:
+        Exact (each test is a necessary condition of an action doing anything, checked the way the cycle
+        checks it, with float slack on the permissive side):
+        - allocate and consolidate need a pending workload no larger than the free GPUs in total (for
+          strict FIFO: the head of the line);
+        - preempt needs pending work that outranks running work of its own queue;
+        - reclaim needs a pending workload that stays within its queue's fair share when it starts,
+          while the other queues hold at least its GPUs above their fair shares, or free."""
+        if not self.shortcuts:
             return False
         free = self.cluster.gpus - self.used + EPS
         if self._strict_fifo():
@@ -381,9 +393,43 @@ class Simulation:
                 return False
         elif any(j.gpus <= free for j in self.pending.values()):
             return False
-        if "preempt" in self.config.actions and self.running:
-            lowest = min(j.priority for j in self.running.values())
-            if any(j.priority > lowest for j in self.pending.values()):
+        actions = self.config.actions
+        if "preempt" in actions and self.running:
+            lowest: dict[str, int] = {}
+            for j in self.running.values():
+                if j.priority < lowest.get(j.queue, j.priority + 1):
+                    lowest[j.queue] = j.priority
+            if any(j.priority > lowest.get(j.queue, j.priority) for j in self.pending.values()):
+                return False
+        return "reclaim" not in actions or not self.running or self._reclaim_is_futile(free)
+
+    def _reclaim_is_futile(self, free: float) -> bool:
+        """No pending workload could reclaim: see `_nothing_can_change`."""
+        demand: dict[str, float] = {}
+        alloc: dict[str, float] = {}
+        smallest: dict[str, float] = {}
+        for j in self.pending.values():
+            demand[j.queue] = demand.get(j.queue, 0.0) + j.gpus
+            if j.gpus < smallest.get(j.queue, math.inf):
+                smallest[j.queue] = j.gpus
+        for j in self.running.values():
+            demand[j.queue] = demand.get(j.queue, 0.0) + j.gpus
+            alloc[j.queue] = alloc.get(j.queue, 0.0) + j.gpus
+        queues = list(self._queues_for_cycle())
+        known = {q.name for q in queues}
+        queues.extend(QueueView(name) for name in sorted(demand) if name not in known)
+        capacity = {"gpu": self._gpu_capacity}
+        shares = fair_shares(queues, {q: {"gpu": d} for q, d in demand.items()}, capacity,
+                             self.config.usage_weight)  # fmt: skip
+        fair = {q: s.get("gpu", 0.0) for q, s in shares.items()}
+        if self.policy.queues != POOL:
+            self.fair = fair  # what the skipped cycle would have reported
+        above = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
+        surplus = sum(above.values())
+        for queue, gpus in smallest.items():
+            if alloc.get(queue, 0.0) + gpus > fair.get(queue, 0.0) + SLACK:
+                continue  # the reclaimer may not end above its fair share
+            if surplus - max(0.0, above.get(queue, 0.0)) + free + SLACK >= gpus:
                 return False
         return True
 
@@ -427,10 +473,7 @@ class Simulation:
     def _cycle(self) -> Decisions:
         pending = self._pending_for_cycle()
         running = tuple(self._running_view(j) for j in self.running.values())
-        queues = self.queues
-        if self.usage:
-            queues = tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in queues)
-        snapshot = Snapshot(self.cluster.nodes, pending, queues, running, self.config)
+        snapshot = Snapshot(self.cluster.nodes, pending, self._queues_for_cycle(), running, self.config)
         began = time.perf_counter()
         decisions = decide(snapshot, self.now)
         self.result.decide_s += time.perf_counter() - began
@@ -442,6 +485,11 @@ class Simulation:
         for bind in decisions.binds:
             self._start(self.pending[bind.workload_id], bind.pods)
         return decisions
+
+    def _queues_for_cycle(self) -> tuple[QueueView, ...]:
+        if not self.usage:
+            return self.queues
+        return tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in self.queues)
 
     def _pending_view(self, job: _Job) -> WorkloadView:
         estimate = self._estimate(job)
@@ -464,11 +512,18 @@ class Simulation:
     def _running_view(self, job: _Job) -> WorkloadView:
         view = job.view
         if view is None or self.now >= job.ckpt_at:
+            # The view must not depend on when it is built (cycles are skipped when nothing can change):
+            # the attempt's last checkpoint, else its start; with no checkpoint interval, now (nothing is
+            # lost), rebuilt at any later cycle.
             interval = self.options.checkpoint_interval
-            began = job.start + job.overhead
-            done = max(0.0, self.now - began)
-            last = began + (done // interval) * interval if interval > 0 else self.now
-            job.ckpt_at = last + interval if interval > 0 else math.inf
+            if interval > 0:
+                began = job.start + job.overhead
+                saved = (max(0.0, self.now - began) // interval) * interval
+                last = began + saved if saved > 0 else job.start
+                job.ckpt_at = began + saved + interval
+            else:
+                last = self.now
+                job.ckpt_at = math.nextafter(self.now, math.inf)
             view = job.view = WorkloadView(
                 id=job.idx,
                 queue=job.queue,
@@ -481,7 +536,7 @@ class Simulation:
                 attained_service=job.attained,
                 placement=job.placement,
                 start_time=job.start,
-                last_checkpoint_time=min(last, self.now),
+                last_checkpoint_time=last,
             )
         return view
 

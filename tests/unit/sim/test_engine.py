@@ -122,3 +122,28 @@ def test_unknown_policies_are_refused_before_anything_runs() -> None:
         resolve_policies("fifo,lottery")
     assert [p.name for p in resolve_policies("las,fifo,las")] == ["las", "fifo"]
     assert len(resolve_policies("all")) == len(POLICIES)
+
+
+@pytest.mark.parametrize("policy", [p.name for p in POLICIES])
+def test_skipping_cycles_that_cannot_change_anything_leaves_every_figure_as_it_was(policy: str) -> None:
+    jobs = [
+        TraceJob(
+            i, float(i * 53 % 1920), float(30 + (i * 7919) % 9000), [1, 1, 1, 2, 4, 8, 16][i % 7], f"q{i % 4}"
+        )
+        for i in range(120)
+    ]
+    queues = (
+        QueueView("q0", gpu=Share(quota=4.0)),
+        QueueView("q1", gpu=Share(quota=8.0, weight=2.0)),
+        QueueView("q2", gpu=Share(quota=12.0)),
+        QueueView("q3", gpu=Share(quota=8.0, limit=16.0)),
+    )
+    built = load_cluster("4x8")
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs, 0.0, built, queues, BY_NAME[policy], SimOptions())
+        sim.shortcuts = shortcuts
+        result = sim.run()
+        runs.append(([(j.id, j.start, j.finish, j.preemptions, j.queued) for j in result.jobs], sim.skipped))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] > 0 == runs[1][1]  # cycles were skipped, and only with the shortcuts on
