@@ -66,13 +66,13 @@ def result_view(row: BenchResult) -> dict[str, Any]:
     }
 
 
-def _check_nodes(s: Session, names: Sequence[str]) -> dict[str, str]:
+def _check_nodes(s: Session, names: Sequence[str], hint: str = "; name one with --node") -> dict[str, str]:
     """Each node's GPU model (its first GPU's; "" without GPUs); NotFound naming the nodes there are."""
     found = {n.name: n for n in s.scalars(select(Node).where(Node.name.in_(list(names))))}
     for name in names:
         if name not in found:
             known = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
-            raise NotFound(f"no node named {name!r} (nodes: {known}); name one with --node", field="node")
+            raise NotFound(f"no node named {name!r} (nodes: {known}){hint}", field="node")
     return {name: (found[name].gpus[0].model if found[name].gpus else "") for name in names}
 
 
@@ -134,7 +134,7 @@ def history(
     """Results newest first; `latest`: only the newest of each (node, kind, key)."""
     with store.read() as s:
         if node is not None:
-            _check_nodes(s, [node])
+            _check_nodes(s, [node], hint="")
         query = select(BenchResult).options(defer(BenchResult.report))  # views never show the report
         if node is not None:
             query = query.where(BenchResult.node_name == node)
