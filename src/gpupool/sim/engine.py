@@ -184,6 +184,8 @@ class Simulation:
         self._gpu_capacity = sum(g.free for n in cluster.nodes if n.schedulable for g in n.gpus)
         self.shortcuts = True  # skip cycles that provably change nothing (off only to test that claim)
         self.skipped = 0
+        self._running_tuple: tuple[WorkloadView, ...] | None = None
+        self._running_until = math.inf
         self._dirty = False
 
     def _policy_queues(self, queues: Sequence[QueueView], jobs: Sequence[TraceJob]) -> tuple[QueueView, ...]:
@@ -300,6 +302,7 @@ class Simulation:
 
     def _release(self, job: _Job) -> None:
         del self.running[job.idx]
+        self._running_tuple = None
         self.used -= job.gpus
         self.alloc[job.trace.queue] -= job.gpus
         self.attained_update(job)
@@ -315,6 +318,7 @@ class Simulation:
         if priority != job.priority:
             job.priority = priority
             job.view = None
+            self._running_tuple = None
             self._dirty = True
         self._schedule_band(job)
 
@@ -472,7 +476,7 @@ class Simulation:
 
     def _cycle(self) -> Decisions:
         pending = self._pending_for_cycle()
-        running = tuple(self._running_view(j) for j in self.running.values())
+        running = self._running_views()
         snapshot = Snapshot(self.cluster.nodes, pending, self._queues_for_cycle(), running, self.config)
         began = time.perf_counter()
         decisions = decide(snapshot, self.now)
@@ -508,6 +512,15 @@ class Simulation:
                 duration_estimate=estimate,
             )
         return view
+
+    def _running_views(self) -> tuple[WorkloadView, ...]:
+        """The running workloads' views; the tuple is kept until one starts, stops or changes priority,
+        or the next checkpoint of one of them passes."""
+        views = self._running_tuple
+        if views is None or self.now >= self._running_until:
+            views = self._running_tuple = tuple(self._running_view(j) for j in self.running.values())
+            self._running_until = min((j.ckpt_at for j in self.running.values()), default=math.inf)
+        return views
 
     def _running_view(self, job: _Job) -> WorkloadView:
         view = job.view
@@ -564,6 +577,7 @@ class Simulation:
         job.view = None
         job.ckpt_at = math.inf
         self.running[job.idx] = job
+        self._running_tuple = None
         self.used += job.gpus
         self.alloc[job.trace.queue] += job.gpus
         self._push(self.now + job.overhead + job.remaining, FINISH, job.idx, job.attempt)
