@@ -62,6 +62,9 @@ def server(
     new_admin_token: bool = typer.Option(
         False, "--new-admin-token", help="replace the admin token and print it"
     ),
+    telemetry_interval: str = typer.Option(
+        "1s", "--telemetry-interval", help="how often this machine's GPUs are sampled (0.2s to 15s)"
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the gpupool head: API server, scheduler loop and the executor (local processes or Slurm jobs)."""
@@ -108,6 +111,7 @@ def server(
         )
     if half_life <= 0:
         raise CliError(f"--usage-half-life {usage_half_life}: must be longer than 0 (e.g. 7d)")
+    sample_every = _telemetry_interval(telemetry_interval)
     settings = ServerSettings(
         usage_weight=usage_weight,
         usage_half_life=half_life,
@@ -118,6 +122,7 @@ def server(
         backend=backend,
         partition=partition,
         node_lease=lease,
+        telemetry_interval=sample_every,
     )
     try:
         runtime = Runtime(settings, store=store)
@@ -168,6 +173,11 @@ def agent(
         "--rendezvous-ports",
         help="ports kept free on this node for MASTER_PORT of the multi-node jobs whose rank 0 runs here",
     ),
+    telemetry_interval: str = typer.Option(
+        "1s",
+        "--telemetry-interval",
+        help="how often the GPUs are sampled and sent (0.2s to 15s; at most once a heartbeat)",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the node agent: join the head and run the work it places on this node (docs/agents.md)."""
@@ -188,6 +198,7 @@ def agent(
     low, sep, high = rendezvous_ports.partition("-")
     if not (sep and low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high) <= 65535):
         raise CliError(f"--rendezvous-ports {rendezvous_ports}: give a port range LOW-HIGH, e.g. 29500-29999")
+    sample_every = _telemetry_interval(telemetry_interval)
     node = name or _hostname()
     try:
         provider = open_provider(gpus, seed=node)
@@ -202,6 +213,7 @@ def agent(
         orphan_grace=grace,
         address=address,
         rendezvous_ports=(int(low), int(high)),
+        telemetry_interval=sample_every,
     )
     runner = Agent(settings, provider)
     err_console.print(
@@ -213,6 +225,17 @@ def agent(
         raise CliError(f"the head refused this agent: {exc}") from exc
     finally:
         runner.close()
+
+
+def _telemetry_interval(text: str) -> float:
+    """--telemetry-interval, bounded: the health checks judge only samples under 30 s old."""
+    seconds = parse_duration(text, "--telemetry-interval")
+    if not 0.2 <= seconds <= 15:
+        raise CliError(
+            f"--telemetry-interval {text}: between 0.2s and 15s (the health checks judge only samples under "
+            "30 s old); e.g. --telemetry-interval 5s"
+        )
+    return seconds
 
 
 def _hostname() -> str:

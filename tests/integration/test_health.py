@@ -8,8 +8,11 @@ heartbeat protocol (fault injection, active checks) and the drained job resumes 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_preemption import CHECKPOINTING, _log
-from tests.support.agent import start_pool
+from tests.support.agent import AgentProcess, join_token, start_pool
 from tests.support.server import ServerProcess
 
 
@@ -289,5 +292,37 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
 
         server.cli("node", "inject-fault", "agent-0", "--gpu", "0", "--clear", check=True)
         until("agent-0 back", lambda: pool.nodes()["agent-0"]["state"] == "ready")
+    finally:
+        pool.stop()
+
+
+def test_the_sampling_interval_is_configurable_and_bounded(tmp_path: Path) -> None:
+    pool = start_pool(tmp_path, 0)
+    server = pool.server
+    slow = AgentProcess(server, "slow", tmp_path / "agents" / "slow", join_token(server))
+    slow.extra_args = ["--telemetry-interval", "3s"]
+    pool.agents.append(slow.start())
+    try:
+        pool.wait_for_nodes(["slow"])
+        seen: list[float] = []
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            with server.http() as client:
+                gpus = client.get("/api/v1/telemetry/slow").json()["gpus"]
+            if gpus and (not seen or gpus[0]["latest"]["at"] != seen[-1]):
+                seen.append(gpus[0]["latest"]["at"])
+            time.sleep(0.2)
+        gaps = [b - a for a, b in itertools.pairwise(seen)]
+        assert len(seen) >= 3 and min(gaps) >= 2.5, seen  # every 3 s, not every heartbeat
+
+        argv = ["agent", "--server", server.url, "--telemetry-interval", "60s"]
+        bad = subprocess.run(
+            [sys.executable, "-m", "gpupool.main", *argv],
+            env=server.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert bad.returncode == 1 and "--telemetry-interval 60s: between 0.2s and 15s" in bad.stderr
     finally:
         pool.stop()

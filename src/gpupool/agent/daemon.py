@@ -47,6 +47,7 @@ class AgentSettings:
     join_token: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     orphan_grace: float = 60.0
+    telemetry_interval: float = 1.0  # seconds between GPU samples sent (at most one per heartbeat)
     address: str | None = None  # what other nodes dial for this one (rank 0 is MASTER_ADDR); default: as
     # the head sees it
     rendezvous_ports: tuple[int, int] = (29500, 29999)  # kept free here for MASTER_PORT of gangs' rank 0
@@ -68,6 +69,7 @@ class Agent:
         self._send_lock = threading.Lock()
         self.interval = 1.0
         self.last_contact = time.monotonic()
+        self._sampled_at = float("-inf")  # when GPU samples were last sent
         self._orphaned = False
         self._stop = threading.Event()
 
@@ -137,7 +139,10 @@ class Agent:
         with self._send_lock:
             attempts, logs = self.attempts.report()
         body: dict[str, Any] = {"attempts": attempts, "logs": logs, "wait": wait}
-        if self.gpus is not None:
+        now = time.monotonic()
+        # 0.9: heartbeats come about a second apart, a little early or late; 1 s means every heartbeat.
+        if self.gpus is not None and now - self._sampled_at >= 0.9 * self.settings.telemetry_interval:
+            self._sampled_at = now
             held = self.attempts.pids_by_gpu()
             for device in self.gpus.devices():
                 self.gpus.attach(device.index, held.get(device.index, []))
