@@ -35,7 +35,7 @@ from gpupool.health.active import ActiveCheckError, ActiveRunner, AgentRunner, r
 from gpupool.health.checks import Baseline, Finding, Verdict
 from gpupool.health.thresholds import LEVELS, HealthConfig
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Event, Node
+from gpupool.store.models import Attempt, Event, Gpu, Node
 from gpupool.timeutil import as_utc, utcnow
 
 log = logging.getLogger("gpupool.health")
@@ -46,6 +46,7 @@ CHECKING = "health: active checks running"  # state_reason while an idle node is
 STALE_AFTER = 30.0  # seconds without samples after which a node's last samples are not judged
 FAULTS = faults.FAULTS
 FAULT_TIMEOUT = 15.0  # seconds an agent node has to apply an injected fault and say so
+PARALLEL_CHECKS = 64  # scheduled checks running at once (each a thread, mostly waiting on a node)
 
 
 class AgentNodes(Protocol):
@@ -85,6 +86,8 @@ class HealthMonitor:
         self._baselines: dict[str, Baseline] = {}
         self._running: dict[str, threading.Lock] = {}
         self._unhealthy_since: dict[str, float] = {}
+        self._gpus_now: dict[str, dict[int, str]] = {}  # node -> GPU index -> model, as the last pass read
+        self._parallel = threading.BoundedSemaphore(PARALLEL_CHECKS)
         self._started = time.time()
         self.verdicts_total: Counter[tuple[str, str]] = Counter()  # (node, health) -> verdicts that changed
         self.failed_checks_total: Counter[str] = Counter()  # check -> findings that set a verdict
@@ -107,7 +110,7 @@ class HealthMonitor:
         for name, state, reason, busy in self._nodes_now():
             if state == "lost":
                 continue
-            verdict = self._with_bench(name, self._passive(name), now)
+            verdict = self._with_bench(name, self._passive(name, fresh=True), now)
             if verdict is not None:
                 self._record(name, state, verdict, now)
                 if verdict.health == checks.UNHEALTHY:
@@ -152,29 +155,40 @@ class HealthMonitor:
         return None
 
     def _check_later(self, name: str, level: str, *, cordon: bool = False) -> None:
-        """Run the checks of one node in a thread of its own, unless they run already."""
+        """Run the checks of one node in a thread of its own, unless they run already or PARALLEL_CHECKS
+        others do (a later pass starts it: many idle nodes fall due at once)."""
         lock = self._running.setdefault(name, threading.Lock())
-        if lock.locked():
+        if lock.locked() or not self._parallel.acquire(blocking=False):
             return
 
         def run() -> None:
-            if not lock.acquire(blocking=False):
-                return
             try:
-                self._check_locked(name, level, cordon=cordon)
-            except Exception:  # the next due pass retries; the API's `health run` shows the error
-                log.exception("event=health_check_failed node=%s level=%s", name, level)
+                if not lock.acquire(blocking=False):
+                    return
+                try:
+                    self._check_locked(name, level, cordon=cordon)
+                except Exception:  # the next due pass retries; the API's `health run` shows the error
+                    log.exception("event=health_check_failed node=%s level=%s", name, level)
+                finally:
+                    lock.release()
             finally:
-                lock.release()
+                self._parallel.release()
 
         threading.Thread(target=run, name=f"health-{name}", daemon=True).start()
 
-    def _passive(self, name: str) -> Verdict | None:
+    def _passive(self, name: str, *, fresh: bool = False) -> Verdict | None:
+        """The passive verdict from the node's latest samples; `fresh`: its GPUs as `_nodes_now` just read
+        them (the loop's pass), rather than from the store."""
         age = self.telemetry.age(name)
         samples = self.telemetry.node_samples(name)
         if age is None or age > STALE_AFTER or not samples:
             return None
-        expected, models = self._inventory(name)
+        if fresh:
+            with self._lock:
+                models = self._gpus_now.get(name, {})
+            expected = len(models)
+        else:
+            expected, models = self._inventory(name)
         return checks.passive(
             samples, expected_gpus=expected, models=models, config=self.config, baseline=self._baseline(name)
         )
@@ -355,16 +369,23 @@ class HealthMonitor:
             return node.state
 
     def _nodes_now(self) -> list[tuple[str, str, str, bool]]:
+        """Every node: (name, state, state reason, whether work runs on it); its GPUs go to `_gpus_now`."""
         with self.store.read() as s:
             busy: set[str] = set()
             for node_name, pods in s.execute(
                 select(Attempt.node_name, Attempt.pods).where(Attempt.state == "running")
             ):
                 busy.update(str(p["node"]) for p in pods or [{"node": node_name}])
-            return [
-                (n.name, n.state, n.state_reason, n.name in busy)
-                for n in s.scalars(select(Node).order_by(Node.name))
-            ]
+            # Plain rows, not ORM objects (this runs every second over every node and GPU).
+            gpus: dict[str, dict[int, str]] = {}
+            for node_name, index, model in s.execute(
+                select(Node.name, Gpu.index, Gpu.model).join(Gpu, Gpu.node_id == Node.id)
+            ):
+                gpus.setdefault(node_name, {})[index] = model
+            rows = s.execute(select(Node.name, Node.state, Node.state_reason).order_by(Node.name)).all()
+        with self._lock:
+            self._gpus_now = gpus
+        return [(name, state, reason, name in busy) for name, state, reason in rows]
 
     # -- fault injection (simulated GPUs) ------------------------------------------------------------
 
