@@ -292,6 +292,8 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
 
         server.cli("node", "inject-fault", "agent-0", "--gpu", "0", "--clear", check=True)
         until("agent-0 back", lambda: pool.nodes()["agent-0"]["state"] == "ready")
+        every = json.loads(server.cli("health", "run", "--json", check=True).stdout)  # every node, together
+        assert [(r["node"], r["health"]) for r in every] == [("agent-0", "healthy"), ("agent-1", "healthy")]
     finally:
         pool.stop()
 

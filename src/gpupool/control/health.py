@@ -21,6 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -218,6 +219,13 @@ class HealthMonitor:
         lock = self._running.setdefault(name, threading.Lock())
         with lock:
             return self._check_locked(name, level, cordon=cordon)
+
+    def check_many(self, names: list[str], level: str) -> list[dict[str, Any]]:
+        """`check` of several nodes at once (up to PARALLEL_CHECKS together), reports in the order given."""
+        if len(names) <= 1:
+            return [self.check(name, level) for name in names]
+        with ThreadPoolExecutor(min(PARALLEL_CHECKS, len(names)), thread_name_prefix="health-run") as pool:
+            return list(pool.map(lambda name: self.check(name, level), names))
 
     def _check_locked(self, name: str, level: str, *, cordon: bool = False) -> dict[str, Any]:
         state = self._node_state(name)

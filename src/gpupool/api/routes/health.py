@@ -45,7 +45,7 @@ def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> li
         raise ApiError(
             409, "conflict", "no node here can run active checks; name one with --node", field="node"
         )
-    return [runtime.health.check(name, level) for name in names]
+    return runtime.health.check_many(names, level)
 
 
 @router.get("/telemetry/{name}", summary="A node's GPUs: latest sample and downsampled history")
