@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -289,6 +290,16 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
             metrics = client.get("/metrics").text
         assert 'gpupool_node_health{health="unhealthy",node="agent-0"} 1.0' in metrics
         assert 'gpupool_health_check_failures_total{check="gemm"}' in metrics
+
+        # Lost (its agent stopped past the 3 s lease) and back: still out until it passes the checks.
+        pool.agent("agent-0").signal(signal.SIGSTOP)
+        until("agent-0 lost", lambda: pool.nodes()["agent-0"]["state"] == "lost")
+        pool.agent("agent-0").signal(signal.SIGCONT)
+        until(
+            "agent-0 back from lost", lambda: ("lost", "ready") in [(f, t) for f, t, _ in events("agent-0")]
+        )
+        held = until("agent-0 held out", lambda: (n := pool.nodes()["agent-0"])["state"] == "unhealthy" and n)
+        assert "not back in service until it passes the active checks" in held["state_reason"]
 
         server.cli("node", "inject-fault", "agent-0", "--gpu", "0", "--clear", check=True)
         until("agent-0 back", lambda: pool.nodes()["agent-0"]["state"] == "ready")

@@ -87,6 +87,9 @@ class HealthMonitor:
         self._baselines: dict[str, Baseline] = {}
         self._running: dict[str, threading.Lock] = {}
         self._unhealthy_since: dict[str, float] = {}
+        # Nodes taken out and not yet back through passing checks, with the evidence: one that left state
+        # `unhealthy` another way (lost, then its agent came back) is taken out again.
+        self._held_out: dict[str, str] = {}
         self._gpus_now: dict[str, dict[int, str]] = {}  # node -> GPU index -> model, as the last pass read
         self._parallel = threading.BoundedSemaphore(PARALLEL_CHECKS)
         self._started = time.time()
@@ -117,6 +120,13 @@ class HealthMonitor:
                 if verdict.health == checks.UNHEALTHY:
                     self._mark_unhealthy(name, verdict)
                     state = "unhealthy"
+            with self._lock:
+                held = self._held_out.get(name)
+            if held is not None and state == "ready":
+                evidence = f"{held} (not back in service until it passes the active checks)"
+                finding = Finding("active", checks.UNHEALTHY, evidence)
+                self._mark_unhealthy(name, checks.verdict([finding], []))
+                state = "unhealthy"
             if state == "unhealthy":
                 self._drain(name)
                 # Rechecked once its work has left and the interval has passed since it fell (or was last
@@ -271,6 +281,7 @@ class HealthMonitor:
                 self._baselines[name] = tentative
             with self._lock:
                 self._unhealthy_since.pop(name, None)
+                self._held_out.pop(name, None)
             if state == "unhealthy" or cordon:
                 level_text = f"passed the {level} active checks"
                 self._set_state(name, "ready", f"health: {level_text} ({overall.health})", only_from=None)
@@ -327,6 +338,7 @@ class HealthMonitor:
         changed = self._set_state(name, "unhealthy", reason, only_from=None)
         with self._lock:
             self._unhealthy_since.setdefault(name, time.time())
+            self._held_out.setdefault(name, verdict.evidence)
         if changed:
             log.warning("event=node_unhealthy node=%s evidence=%r", name, verdict.evidence)
         self._drain(name)
