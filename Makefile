@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-unit lint bench clean
+.PHONY: demo test test-unit lint bench clean native
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,18 +12,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The scheduler core compiled with mypyc (tools/build_native.py compiles only when a scheduler source
+# changed). Without a C compiler the pure-Python scheduler runs; gpupool.scheduler.NATIVE says which.
+native: $(STAMP)
+	$(BIN)/python tools/build_native.py
+
+demo: $(STAMP) native
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP) lint
+test: $(STAMP) native lint
 	$(BIN)/python -m pytest -q
 
-test-unit: $(STAMP)
+test-unit: $(STAMP) native
 	$(BIN)/python -m pytest -q tests/unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests examples
+	$(BIN)/ruff check src tests benchmarks examples tools
+	$(BIN)/ruff format --check src tests examples tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -33,4 +38,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/job_throughput.py
 
 clean:
-	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .demo build src/gpupool/scheduler/_native *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -49,6 +49,7 @@ from harness import RESULTS_DIR, console, machine, percentile, write_results
 from rich.table import Table
 from synthetic_cluster import NOW, ApplyReport, ClusterSpec, ClusterStats, apply_decisions, build_snapshot
 
+import gpupool.scheduler as scheduler
 from gpupool.scheduler import Scheduler, decide
 from gpupool.scheduler.snapshot import Decisions, Snapshot
 
@@ -444,6 +445,7 @@ def print_table(args: argparse.Namespace, figures: dict[str, Any], result: Resul
     console.print(table)
     build_p50 = percentile(result.build_s, 50) if result.build_s else float("nan")
     console.print(
+        f"scheduler: {'compiled (mypyc)' if scheduler.NATIVE else 'pure Python'}; "
         f"snapshot build (not in the cycle): p50 {build_p50:.2f}s over {len(result.build_s)} builds; "
         f"RSS after the first build {result.rss_after_build_mb:.0f} MB"
     )
@@ -533,6 +535,7 @@ def main() -> int:
             "queues": args.queues,
             "cycles": args.cycles,
             "seed": args.seed,
+            "native": scheduler.NATIVE,  # the mypyc-compiled scheduler (tools/build_native.py) or the source
             **figures,
             "cycle_ms": [round(v, 3) for v in result.cycle_ms],
             "steady_ms": [round(v, 3) for v in result.steady_ms],

@@ -100,11 +100,13 @@ class Cycle:
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted: set[int] = set()
         self._old: dict[tuple[int, str], bool] = {}
-        # (id of a candidates dict, GPUs needed) -> (generation, able nodes, the dict: keeps its id alive)
-        self._able_cache: dict[tuple[int, float], tuple[int, dict[str, list[WorkloadView]], object]] = {}
+        # (ids of a candidates and a units dict, GPUs needed) -> (able nodes, how much of state.freed they
+        # have seen, the dicts: they keep their ids alive)
+        self._able_cache: dict[tuple[int, int, float], tuple[dict[str, list[WorkloadView]], int, object]] = {}
         self._victim_units: dict[str, float] = {}  # GPUs of every victim in the index, by node
         self._victim_queue_names: list[str] | None = None
-        self._surplus: dict[str, float] = {}
+        self._surplus: dict[str, float] = {}  # victim queue -> GPUs above its fair share
+        self._surplus_total = 0.0
         self._surplus_stamp: tuple[int, int] | None = None
         self._node_kinds: list[list[NodeState]] | None = None
         self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes if n.schedulable), default=0)
@@ -463,7 +465,7 @@ class Cycle:
         code: str,
         reason: Callable[[WorkloadView], str],
         allowed: Callable[[WorkloadView], bool],
-        budget: Callable[[list[WorkloadView]], bool] | None = None,
+        budget: _Budget | None = None,
         units: dict[str, float] | None = None,
     ) -> bool:
         """Evict the fewest, cheapest victims that let `w` fit; all or nothing.
@@ -471,25 +473,29 @@ class Cycle:
         `candidates`: possible victims by node, each list in victim order (fewest GPUs, lowest priority,
         least work lost, newest); gangs are not among them."""
         state = self.state
-        key = (code, w.queue, w.priority, self._shape(w))
+        # Whose victims a search may take: for preempt the lower-priority work of w's own queue; for
+        # reclaim, what queues outside w's line hold above their fair share. Every reclaimer is below its
+        # own fair share, so reclaimers under the same parents may take the very same victims and share
+        # their misses.
+        who: object = (w.queue, w.priority) if code != "reclaim" else state.chain(w.queue)[1:]
+        key = (code, who, self._shape(w))
         # A search that found nothing stays a miss for the rest of the cycle unless capacity is given
         # back: other evictions only take victims away (their gainers take the GPUs they free). What
         # this might miss, the next cycle finds.
         stamp = (state.generation, 0)
         if self._no_victims.get(key) == stamp:
             return False
-        # Needing more of the same GPUs can only be harder: a miss for a smaller count covers this one.
-        family = (
-            code, w.queue, w.priority if code == "preempt" else None, w.gpus.models, w.gpus.min_memory_bytes,
-            w.nodes, w.topology, w.topology_preferred, self._shape(w)[-1],
-        )  # fmt: skip
+        # Needing more of the same GPUs can only be harder: a single pod's miss covers any larger pod, and
+        # any gang of them (one of its pods would need victims that a single pod could have had).
+        family = (code, who, w.gpus.models, w.gpus.min_memory_bytes, self._shape(w)[-1])
         smallest = self._smallest_miss.get(family)
         if smallest is not None and smallest[0] == stamp and w.gpus.count >= smallest[1]:
             return False
         units = self._victim_units if units is None else units
         if self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget, units):
             return True
-        if smallest is None or smallest[0] != stamp or w.gpus.count < smallest[1]:
+        single = w.nodes == 1 and not (w.topology or w.topology_preferred)
+        if single and (smallest is None or smallest[0] != stamp or w.gpus.count < smallest[1]):
             self._smallest_miss[family] = (stamp, w.gpus.count)
         return False
 
@@ -502,7 +508,7 @@ class Cycle:
         allowed: Callable[[WorkloadView], bool],
         key: tuple[object, ...],
         stamp: tuple[int, int],
-        budget: Callable[[list[WorkloadView]], bool] | None,
+        budget: _Budget | None,
         units: dict[str, float],
     ) -> bool:
         """Per node, the cheapest victims there that make room for one pod, counted without touching the
@@ -513,7 +519,7 @@ class Cycle:
         more room first), and the search stops once a choice is found and either no later node can be
         cheaper in GPUs or SEARCH_LIMIT_AFTER_PICK more nodes were examined."""
         state = self.state
-        if not w.gpus.is_fractional and w.gpus.count > 1:
+        if not w.gpus.is_fractional and w.gpus.count >= 1:
             candidates = self._able(candidates, units, w.gpus.count)
         options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
         picked: list[str] | None = None
@@ -538,7 +544,7 @@ class Cycle:
             victims = [v for v in candidates.get(node.name, ()) if v.id not in state.evicted and allowed(v)]
             if not victims and w.nodes == 1:
                 continue  # a single pod fitting with no victims would have fitted after release already
-            if whole_pod and node.released + sum(v.gpus.count for v in victims) + EPSILON < need:
+            if whole_pod and node.released + sum((v.gpus.count for v in victims), 0.0) + EPSILON < need:
                 continue
             chosen = self._cheapest_room(node, w, victims, budget)
             if chosen is None:
@@ -557,7 +563,7 @@ class Cycle:
             self._no_victims[key] = stamp
             return False
         victims = [v for name in picked for v in options[name][1]]
-        if budget is not None and not budget(victims):
+        if budget is not None and not budget.admits(victims):
             self._no_victims[key] = stamp
             return False
         checkpoint, generation = state.checkpoint(), state.generation
@@ -605,22 +611,42 @@ class Cycle:
     def _able(
         self, candidates: dict[str, list[WorkloadView]], units: dict[str, float], need: float
     ) -> dict[str, list[WorkloadView]]:
-        """The candidate nodes where `need` whole GPUs could be freed at all: GPUs free or released there
-        plus every candidate victim's GPUs. Kept for the cycle (until capacity is given back): evictions
-        only move victims' GPUs to released, so a node left out stays out, but for leftovers of other
-        queues' evictions, which the next cycle sees."""
-        key = (id(candidates), need)
+        """The candidate nodes with victims where `need` whole GPUs could be freed at all: GPUs free or
+        released there plus the victims' GPUs (`units`, an upper bound). A node with room but no victims
+        is left out: a single pod would have fitted there after release already, and a gang's search
+        walks the nodes with room first anyway. Kept for the cycle: evictions only move victims' GPUs to
+        released, so a node left out stays out until capacity is given back on it (state.freed), when
+        it is looked at again; a node in it that no longer qualifies is skipped by the search."""
+        key = (id(candidates), id(units), need)
         found = self._able_cache.get(key)
-        if found is not None and found[0] == self.state.generation:
-            return found[1]
-        nodes = self.state.nodes
-        able = {
-            name: victims
-            for name, victims in candidates.items()
-            if name in nodes and nodes[name].released + units.get(name, 0.0) + EPSILON >= need
-        }
-        self._able_cache[key] = (self.state.generation, able, candidates)
-        return able
+        freed = self.state.freed
+        if found is None:
+            able: dict[str, list[WorkloadView]] = {}
+            for name in units:
+                self._add_if_able(able, name, candidates, units, need)
+            found = self._able_cache[key] = (able, len(freed), (candidates, units))
+        elif found[1] < len(freed):
+            able = found[0]
+            for name in freed[found[1] :]:
+                if name not in able:
+                    self._add_if_able(able, name, candidates, units, need)
+            found = self._able_cache[key] = (able, len(freed), found[2])
+        return found[0]
+
+    def _add_if_able(
+        self,
+        able: dict[str, list[WorkloadView]],
+        name: str,
+        candidates: dict[str, list[WorkloadView]],
+        units: dict[str, float],
+        need: float,
+    ) -> None:
+        node = self.state.nodes.get(name)
+        gpus = units.get(name, 0.0)
+        if node is not None and gpus > 0.0 and node.released + gpus + EPSILON >= need:
+            victims = candidates.get(name)
+            if victims:
+                able[name] = victims
 
     def _search_order(
         self, w: WorkloadView, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
@@ -688,9 +714,9 @@ class Cycle:
         if not victims:
             return (0.0, float("-inf"), 0.0, 0.0)
         return (
-            sum(v.gpu_units for v in victims),
+            sum((v.gpu_units for v in victims), 0.0),
             float(max(v.priority for v in victims)),
-            sum(self._victim_key(v)[2] for v in victims),
+            sum((self._victim_key(v)[2] for v in victims), 0.0),
             float(len(victims)),
         )
 
@@ -702,7 +728,9 @@ class Cycle:
                 return None
             ranked = sorted(names, key=lambda n: (options[n][0], n))[: w.nodes]
             costs = [options[n][0] for n in ranked]
-            total = tuple(sum(c[i] for c in costs) if i != 1 else max(c[1] for c in costs) for i in range(4))
+            total = tuple(
+                sum((c[i] for c in costs), 0.0) if i != 1 else max(c[1] for c in costs) for i in range(4)
+            )
             return total, ranked
 
         label = w.topology or w.topology_preferred
@@ -727,7 +755,7 @@ class Cycle:
         node: NodeState,
         w: WorkloadView,
         victims: list[WorkloadView],
-        budget: Callable[[list[WorkloadView]], bool] | None = None,
+        budget: _Budget | None = None,
     ) -> list[WorkloadView] | None:
         """The shortest prefix of `victims` (in victim order) whose GPUs make room for `w` on `node`,
         without the ones it turns out not to need."""
@@ -753,8 +781,9 @@ class Cycle:
         if fits([]):
             return []
         chosen: list[WorkloadView] = []
+        taken: dict[str, float] = {}
         for v in victims:
-            if budget is not None and not budget([*chosen, v]):
+            if budget is not None and not budget.take(taken, v):
                 continue
             chosen.append(v)
             if fits(chosen):
@@ -849,7 +878,7 @@ class Cycle:
                     pool[w.id] = replace(w, placement=bind.pods, start_time=self.now)
             self._index = _by_node(sorted(pool.values(), key=self._victim_key))
             for name, victims in self._index.items():
-                self._victim_units[name] = sum(v.gpus.count for v in victims)
+                self._victim_units[name] = sum((v.gpus.count for v in victims), 0.0)
         return self._index
 
     def _wants_room(self, w: WorkloadView) -> bool:
@@ -862,6 +891,8 @@ class Cycle:
 
     def reclaim(self) -> None:
         index: dict[str, list[WorkloadView]] | None = None
+        by_queue: dict[str, dict[str, float]] = {}
+        lines: dict[tuple[str, ...], dict[str, float]] = {}
         for w in list(self.ordered_pending()):
             if not self._wants_room(w):
                 continue
@@ -872,12 +903,17 @@ class Cycle:
                 continue
             if index is None:
                 index = self._victim_index()  # built only once someone could gain from it
+                by_queue = self._gpus_by_queue(index)
             if not index:
                 return
             state = self.state
             if self._surplus_elsewhere(queue) + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
                 continue
             mine = frozenset(state.chain(queue))
+            line = state.chain(queue)[1:]
+            units = lines.get(line)
+            if units is None:
+                units = lines[line] = self._reclaimable(by_queue, mine)
             headroom: dict[str, float] = {}
 
             def allowed(
@@ -896,48 +932,53 @@ class Cycle:
                     f"by workload {w.id}; queue {v.queue} stays at or above its fair share"
                 )
 
-            self._evict_for(w, index, "reclaim", reason, allowed, self._reclaim_budget(queue))
+            self._evict_for(w, index, "reclaim", reason, allowed, _Budget(self, queue), units)
+
+    def _gpus_by_queue(self, index: dict[str, list[WorkloadView]]) -> dict[str, dict[str, float]]:
+        """The GPUs of the victims reclaim could take at all (past their queue's minimum runtime for
+        reclaim), by queue, then by node."""
+        out: dict[str, dict[str, float]] = {}
+        for name, victims in index.items():
+            for v in victims:
+                if self._old_enough(v, "reclaim"):
+                    nodes = out.setdefault(v.queue, {})
+                    nodes[name] = nodes.get(name, 0.0) + v.gpus.count
+        return out
+
+    def _reclaimable(self, by_queue: dict[str, dict[str, float]], mine: frozenset[str]) -> dict[str, float]:
+        """Per node, an upper bound on the GPUs reclaim may free there for a reclaimer whose line is
+        `mine`: from each queue, the GPUs of its victims there, but no more than its headroom (the least
+        that any level of it outside that line holds above its fair share: what the budget lets reclaim
+        take from it). Reclaimers under the same parents get the same answer (each is below its own
+        fair share, so none of their own work is ever a victim), and it stays an upper bound while
+        reclaim runs: evictions only lower the victims' queues, and a gainer never ends above its share."""
+        units: dict[str, float] = {}
+        for queue, nodes in by_queue.items():
+            room = self._headroom(queue, mine)
+            if room <= EPSILON:
+                continue
+            for name, gpus in nodes.items():
+                units[name] = units.get(name, 0.0) + min(gpus, room)
+        return units
 
     def _surplus_elsewhere(self, queue: str) -> float:
         """GPUs the queues outside `queue`'s line hold above their fair share: the most reclaim could
-        free for it (an upper bound; cached until the state changes)."""
+        free for it (an upper bound). The sum over every victim queue is kept until the state changes;
+        the line's own part is taken off it."""
         state = self.state
         stamp = (state.generation, state.held_generation)
         if self._surplus_stamp != stamp:
-            self._surplus_stamp, self._surplus = stamp, {}
-        found = self._surplus.get(queue)
-        if found is None:
-            mine = set(state.chain(queue))
-            found = sum(
-                max(0.0, state.allocated(name) - self.fair(name))
-                for name in self._victim_queues()
-                if name not in mine
-            )
-            self._surplus[queue] = found
-        return found
+            self._surplus_stamp = stamp
+            self._surplus = {
+                name: max(0.0, state.allocated(name) - self.fair(name)) for name in self._victim_queues()
+            }
+            self._surplus_total = sum(self._surplus.values(), 0.0)
+        return self._surplus_total - sum((self._surplus.get(name, 0.0) for name in state.chain(queue)), 0.0)
 
     def _victim_queues(self) -> list[str]:
         if self._victim_queue_names is None:
             self._victim_queue_names = sorted({v.queue for vs in self._victim_index().values() for v in vs})
         return self._victim_queue_names
-
-    def _reclaim_budget(self, queue: str) -> Callable[[list[WorkloadView]], bool]:
-        """Whether a set of victims, taken together, leaves every victim queue (and its ancestors outside
-        the reclaimer's line) at or above its fair share."""
-        mine = set(self.state.chain(queue))
-
-        def within(victims: list[WorkloadView]) -> bool:
-            taken: dict[str, float] = {}
-            for v in victims:
-                for level in self.state.chain(v.queue):
-                    if level not in mine:
-                        taken[level] = taken.get(level, 0.0) + v.gpu_units
-            return all(
-                self.state.allocated(level) - amount >= self.fair(level) - EPSILON
-                for level, amount in taken.items()
-            )
-
-        return within
 
     def _headroom(self, queue: str, mine: frozenset[str]) -> float:
         """GPUs reclaim may take from `queue` for a reclaimer whose line is `mine`: the least that any
@@ -951,7 +992,7 @@ class Cycle:
 
     def preempt(self) -> None:
         by_queue: dict[str, dict[str, list[WorkloadView]]] | None = None
-        queue_units: dict[str, dict[str, float]] = {}
+        lower: dict[tuple[str, int], tuple[dict[str, list[WorkloadView]], dict[str, float]]] = {}
         lowest: dict[str, int] = {}
         for w in list(self.ordered_pending()):
             if not self._wants_room(w):
@@ -962,10 +1003,12 @@ class Cycle:
                     for v in victims:
                         by_queue.setdefault(v.queue, {}).setdefault(name, []).append(v)
                         lowest[v.queue] = min(lowest.get(v.queue, v.priority), v.priority)
-                        per_node = queue_units.setdefault(v.queue, {})
-                        per_node[name] = per_node.get(name, 0.0) + v.gpus.count
             if lowest.get(w.queue, w.priority) >= w.priority or self._fits_after_release(w):
                 continue
+            key = (w.queue, w.priority)
+            found = lower.get(key)
+            if found is None:
+                found = lower[key] = _below(by_queue[w.queue], w.priority)
 
             def reason(v: WorkloadView, w: WorkloadView = w) -> str:
                 return f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}"
@@ -973,7 +1016,7 @@ class Cycle:
             def allowed(v: WorkloadView, w: WorkloadView = w) -> bool:
                 return v.priority < w.priority and self._old_enough(v, "preempt")
 
-            self._evict_for(w, by_queue[w.queue], "preempt", reason, allowed, units=queue_units[w.queue])
+            self._evict_for(w, found[0], "preempt", reason, allowed, units=found[1])
 
     # -- consolidate ----------------------------------------------------------------------------------
 
@@ -1046,6 +1089,21 @@ class Cycle:
         return True
 
 
+def _below(
+    by_node: dict[str, list[WorkloadView]], priority: int
+) -> tuple[dict[str, list[WorkloadView]], dict[str, float]]:
+    """A queue's victims of lower priority than `priority`, by node (keeping their order), and their GPUs
+    per node: all that preempt may take there for work of that priority."""
+    victims: dict[str, list[WorkloadView]] = {}
+    units: dict[str, float] = {}
+    for name, candidates in by_node.items():
+        low = [v for v in candidates if v.priority < priority]
+        if low:
+            victims[name] = low
+            units[name] = sum((v.gpus.count for v in low), 0.0)
+    return victims, units
+
+
 def _by_node(victims: list[WorkloadView]) -> dict[str, list[WorkloadView]]:
     """Single-pod victims by the node they run on, keeping their order."""
     out: dict[str, list[WorkloadView]] = {}
@@ -1053,3 +1111,29 @@ def _by_node(victims: list[WorkloadView]) -> dict[str, list[WorkloadView]]:
         if len(v.placement) == 1:
             out.setdefault(v.placement[0].node, []).append(v)
     return out
+
+
+class _Budget:
+    """What reclaim may take from the queues outside a reclaimer's line, in total: every level of them
+    keeps at least its fair share."""
+
+    def __init__(self, cycle: Cycle, queue: str) -> None:
+        self.cycle = cycle
+        self.mine = frozenset(cycle.state.chain(queue))
+
+    def take(self, taken: dict[str, float], v: WorkloadView) -> bool:
+        """Add `v` to `taken` (GPUs taken per level so far, all within budget) if that stays within budget;
+        only `v`'s own levels change, so only they are checked."""
+        state, cycle = self.cycle.state, self.cycle
+        levels = [level for level in state.chain(v.queue) if level not in self.mine]
+        units = v.gpu_units
+        for level in levels:
+            if state.allocated(level) - taken.get(level, 0.0) - units < cycle.fair(level) - EPSILON:
+                return False
+        for level in levels:
+            taken[level] = taken.get(level, 0.0) + units
+        return True
+
+    def admits(self, victims: list[WorkloadView]) -> bool:
+        taken: dict[str, float] = {}
+        return all(self.take(taken, v) for v in victims)

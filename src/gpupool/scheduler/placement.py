@@ -143,8 +143,10 @@ class Placer:
         domain: frozenset[str] | None = None,
         avoid: frozenset[str] = frozenset(),
     ) -> PodPlacement | None:
-        # A multi-GPU pod first looks for a node where its GPUs can share one NVLink island.
-        passes = (True, False) if w.gpus.count >= 2 and not w.gpus.is_fractional else (False,)
+        # A multi-GPU pod first looks for a node where its GPUs can share one NVLink island (a pass that
+        # is skipped where no island is that large; the nodes it would walk are counted all the same).
+        whole = int(w.gpus.count) if not w.gpus.is_fractional else 0
+        passes = (True, False) if whole >= 2 and self.state.island >= whole else (False,)
         for one_island in passes:
             seen: set[str] = set(avoid)
             for node in self._candidates(w, after_release, domain):
@@ -153,7 +155,7 @@ class Placer:
                 seen.add(node.name)
                 if one_island and len(seen) > ONE_ISLAND_LOOKAHEAD + len(avoid):
                     break
-                if not self._node_fits(node, w, after_release):
+                if not self._node_fits(node, w, after_release) or (one_island and node.island < whole):
                     continue
                 chosen = self.choose_gpus(node, w.gpus, after_release, one_island=one_island)
                 if chosen is not None:

@@ -38,12 +38,13 @@ class NodeState:
     holding: bool = False  # some GPU is held by stopping work
     released: int = 0  # GPUs entirely free once stopping work has released them
     signature: tuple[tuple[str, int], ...] = ()  # (model, memory) per GPU: nodes alike share match results
+    island: int = 0  # GPUs in the node's largest NVLink island: no pod wanting more fits in one island
 
     def recount(self) -> None:
         self.whole = sum(1 for f in self.free if f >= 1.0 - EPSILON)
         self.partial = any(EPSILON < f < 1.0 - EPSILON for f in self.free)
-        self.free_sum = sum(self.free)
-        self.held_sum = sum(self.held)
+        self.free_sum = sum(self.free, 0.0)
+        self.held_sum = sum(self.held, 0.0)
         self.holding = self.held_sum > EPSILON
         self.released = (
             sum(1 for f, h in zip(self.free, self.held, strict=True) if f + h >= 1.0 - EPSILON)
@@ -67,6 +68,7 @@ class _NodeTemplate:
     whole: int
     partial: bool
     free_sum: float
+    island: int
 
 
 # Memoized per NodeView object (callers such as the simulator and the control loop pass the same view
@@ -83,6 +85,9 @@ def _template(view: NodeView) -> _NodeTemplate:
     if len(_TEMPLATES) >= MAX_TEMPLATES:
         _TEMPLATES.clear()
     models = {g.model for g in view.gpus}
+    islands: dict[int, int] = {}
+    for g in view.gpus:
+        islands[g.nvlink_island] = islands.get(g.nvlink_island, 0) + 1
     free = tuple(max(0.0, 1.0 - g.allocated) for g in view.gpus)
     signature = tuple((g.model.upper(), g.memory_bytes) for g in view.gpus)
     if len(_SIGNATURES) >= MAX_TEMPLATES:
@@ -99,7 +104,8 @@ def _template(view: NodeView) -> _NodeTemplate:
         signature=_SIGNATURES.setdefault(signature, signature),
         whole=sum(1 for f in free if f >= 1.0 - EPSILON),
         partial=any(EPSILON < f < 1.0 - EPSILON for f in free),
-        free_sum=sum(free),
+        free_sum=sum(free, 0.0),
+        island=max(islands.values(), default=0),
     )
     return found
 
@@ -127,11 +133,13 @@ class ClusterState:
         self.held_generation = 0  # bumped whenever GPUs become held (an eviction)
         self.domain_rooms: dict[str, dict[str, list[float]]] = {}  # see track()
         self.generation = 0  # bumped whenever capacity is given back, so cached "does not fit" expires
+        self.freed: list[str] = []  # the nodes where capacity was given back, in order (may repeat)
         self._log: list[Callable[[], None]] = []
         self.reservation: Reservation | None = None
         # The earliest time at which a time-dependent test this cycle made (a minimum runtime reached, a
         # backfill window closed) would come out otherwise; until then the same snapshot decides the same.
         self.horizon = float("inf")
+        self.island = 0  # GPUs in the largest NVLink island of any schedulable node
         self.running: dict[int, WorkloadView] = {}
         self.evicted: dict[int, str] = {}
         queues = list(queues)
@@ -180,8 +188,11 @@ class ClusterState:
             free_sum=t.free_sum,
             released=t.whole,
             signature=t.signature,
+            island=t.island,
         )
         self.nodes[view.name] = node
+        if view.schedulable and t.island > self.island:
+            self.island = t.island
         self._index(node)
         if view.schedulable:
             self.capacity[0] += t.free_sum
@@ -307,6 +318,7 @@ class ClusterState:
             self._restore(taken)
             self._account(workload, -1.0)
             self.generation += 1
+            self.freed.extend(pod.node for pod in pods)
 
         self._log.append(undo)
 
@@ -330,6 +342,7 @@ class ClusterState:
         freed = self._apply(workload, pods, sign=1.0)
         self._account(workload, -1.0)
         self.generation += 1
+        self.freed.extend(pod.node for pod in pods)
 
         def undo() -> None:
             self._restore(freed)
