@@ -19,6 +19,7 @@ from the coarser tiers.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -30,6 +31,8 @@ from sqlalchemy import select
 
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Workload
+
+log = logging.getLogger("gpupool.telemetry")
 
 HISTORY_FIELDS = ("utilization_pct", "memory_used_bytes", "temperature_c", "power_w")
 DEFAULT_TIERS: tuple[tuple[float, int], ...] = ((1.0, 600), (10.0, 720), (60.0, 1440))
@@ -62,34 +65,60 @@ class SavedPoint(NamedTuple):
 
 
 class StoreAllocations:
-    """Who holds which GPU, from the running attempts in the store; re-read at most every `ttl` seconds."""
+    """Who holds which GPU, from the running attempts in the store, re-read every `ttl` seconds in the
+    background: an agent's heartbeat (on the API's event loop) never waits on the store for it."""
 
     def __init__(self, store: Store, ttl: float = 1.0) -> None:
         self.store, self.ttl = store, ttl
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[tuple[str, int], list[Holder]]] | None = None
+        self._refreshing = False
 
     def __call__(self) -> Allocations:
         with self._lock:
-            if self._cached is not None and time.monotonic() - self._cached[0] < self.ttl:
-                return self._cached[1]
-            held: dict[tuple[str, int], list[Holder]] = {}
-            with self.store.read() as s:
-                rows = s.execute(
-                    select(
-                        Attempt.workload_id, Attempt.node_name, Attempt.gpu_indices, Attempt.pods,
-                        Workload.name, Workload.queue, Workload.user,
-                    )
-                    .join(Workload, Attempt.workload_id == Workload.id)
-                    .where(Attempt.state == "running")
-                ).all()  # fmt: skip
-            for wid, node, indices, pods, name, queue, user in rows:
-                holder = Holder(int(wid), name, queue, user)
-                for pod in pods or [{"node": node, "gpu_indices": indices}]:
-                    for index in pod["gpu_indices"]:
-                        held.setdefault((str(pod["node"]), int(index)), []).append(holder)
-            self._cached = (time.monotonic(), held)
+            cached = self._cached
+            if cached is not None:
+                if time.monotonic() - cached[0] >= self.ttl and not self._refreshing:
+                    self._refreshing = True
+                    threading.Thread(
+                        target=self._refresh_quietly, name="telemetry-allocations", daemon=True
+                    ).start()
+                return cached[1]
+        return self._refresh()  # the first time: nothing to answer with yet
+
+    def _refresh(self) -> Allocations:
+        try:
+            held = self._read()
+            with self._lock:
+                self._cached = (time.monotonic(), held)
             return held
+        finally:
+            with self._lock:
+                self._refreshing = False
+
+    def _refresh_quietly(self) -> None:
+        try:
+            self._refresh()
+        except Exception:  # the samples keep the last known holders; the next call tries again
+            log.exception("event=telemetry_allocations_failed")
+
+    def _read(self) -> dict[tuple[str, int], list[Holder]]:
+        held: dict[tuple[str, int], list[Holder]] = {}
+        with self.store.read() as s:
+            rows = s.execute(
+                select(
+                    Attempt.workload_id, Attempt.node_name, Attempt.gpu_indices, Attempt.pods,
+                    Workload.name, Workload.queue, Workload.user,
+                )
+                .join(Workload, Attempt.workload_id == Workload.id)
+                .where(Attempt.state == "running")
+            ).all()  # fmt: skip
+        for wid, node, indices, pods, name, queue, user in rows:
+            holder = Holder(int(wid), name, queue, user)
+            for pod in pods or [{"node": node, "gpu_indices": indices}]:
+                for index in pod["gpu_indices"]:
+                    held.setdefault((str(pod["node"]), int(index)), []).append(holder)
+        return held
 
 
 class _Tier:
