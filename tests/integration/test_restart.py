@@ -12,12 +12,13 @@ from tests.support.server import ServerProcess
 
 def test_kill9_server_readopts_running_jobs_and_keeps_pending_ones(tmp_path: Path) -> None:
     server = ServerProcess(home=tmp_path / "home").start()
+    gate = tmp_path / "gate"  # the job runs until the test opens it: no race with a slow restart
     try:
         running = server.submit(
             {
                 "name": "long",
                 "resources": {"gpu": 8},
-                "commands": ["echo started", "sleep 4", "echo finished"],
+                "commands": ["echo started", f"while [ ! -e {gate} ]; do sleep 0.1; done", "echo finished"],
             }
         )
         server.wait_for(running["id"], states=("running",))
@@ -32,6 +33,7 @@ def test_kill9_server_readopts_running_jobs_and_keeps_pending_ones(tmp_path: Pat
         assert after["state"] == "running" and after["attempts"] == 1
         assert server.workload(queued["id"])["state"] == "pending"
 
+        gate.touch()
         done = server.wait_for(running["id"], timeout=30)
         assert done["state"] == "succeeded" and done["exit_code"] == 0
         assert done["attempts"] == 1, "a re-adopted job must not be started twice"
