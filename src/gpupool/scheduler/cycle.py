@@ -519,8 +519,9 @@ class Cycle:
         more room first), and the search stops once a choice is found and either no later node can be
         cheaper in GPUs or SEARCH_LIMIT_AFTER_PICK more nodes were examined."""
         state = self.state
+        able: dict[str, list[WorkloadView]] | None = None
         if not w.gpus.is_fractional and w.gpus.count >= 1:
-            candidates = self._able(candidates, units, w.gpus.count)
+            candidates = able = self._able(candidates, units, w.gpus.count)
         options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
         picked: list[str] | None = None
         worst = 0.0  # most GPUs disrupted on one node of the current pick
@@ -542,6 +543,11 @@ class Cycle:
             if whole_pod and node.released + units.get(node.name, 0.0) + EPSILON < need:
                 continue  # even every victim there would not make room
             victims = [v for v in candidates.get(node.name, ()) if v.id not in state.evicted and allowed(v)]
+            if not victims and able is not None:
+                # Later searches of the same taker skip the node: victims only go, minimum runtimes are
+                # the cycle's, and headroom shrinks as reclaim evicts (a parent queue that the gainers'
+                # binds lift above its share is the exception; what that misses, the next cycle finds).
+                able.pop(node.name, None)
             if not victims and w.nodes == 1:
                 continue  # a single pod fitting with no victims would have fitted after release already
             if whole_pod and node.released + sum((v.gpus.count for v in victims), 0.0) + EPSILON < need:
@@ -950,8 +956,9 @@ class Cycle:
         `mine`: from each queue, the GPUs of its victims there, but no more than its headroom (the least
         that any level of it outside that line holds above its fair share: what the budget lets reclaim
         take from it). Reclaimers under the same parents get the same answer (each is below its own
-        fair share, so none of their own work is ever a victim), and it stays an upper bound while
-        reclaim runs: evictions only lower the victims' queues, and a gainer never ends above its share."""
+        fair share, so none of their own work is ever a victim). It is kept while reclaim runs: evictions
+        only lower the victims' queues, and a gainer never ends above its own share (its parent may: then
+        this misses what the next cycle finds)."""
         units: dict[str, float] = {}
         for queue, nodes in by_queue.items():
             room = self._headroom(queue, mine)
