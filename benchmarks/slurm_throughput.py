@@ -386,6 +386,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--partition", default=None, help="the partition to use (default: the testbed's, gpu)"
     )
+    parser.add_argument(
+        "--slurm-option",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="one more slurm.conf line for the testbed, for both phases (e.g. Epilog=/bin/true); repeatable",
+    )
     add_run_options(parser, NAME, max_seconds=900.0, max_seconds_help="give up on a phase after this long")
     return parser.parse_args()
 
@@ -395,8 +402,11 @@ def main() -> None:
     warn_shared_db(args.db, args.repeat)
     testbed = None
     conf = args.slurm_conf
+    if conf is not None and args.slurm_option:
+        raise SystemExit("--slurm-option applies to the testbed this script starts; drop --slurm-conf")
     if conf is None:
-        testbed = SlurmCluster(Path(tempfile.mkdtemp(prefix="gpupool-bench-slurmd-"))).start()
+        base = Path(tempfile.mkdtemp(prefix="gpupool-bench-slurmd-"))
+        testbed = SlurmCluster(base, options=tuple(args.slurm_option)).start()
         conf = testbed.conf
         args.partition = args.partition or testbed.partition
     try:

@@ -110,7 +110,8 @@ class Runtime:
         return self.backend if isinstance(self.backend, AgentBackend) else None
 
     def _wake(self) -> None:
-        self.reconciler.wake()
+        """What the backend and the health monitor call when they observe a change."""
+        self.reconciler.wake(observed=True)
 
     def start(self) -> None:
         self.reconciler.register_node()

@@ -48,11 +48,20 @@ def _free_port() -> int:
 class SlurmCluster:
     """slurmctld + slurmd for one node named after `hostname -s`, with `gpus` GPUs and `cpus` CPUs."""
 
-    def __init__(self, base: Path, *, gpus: int = 8, cpus: int = 8, partition: str = "gpu") -> None:
+    def __init__(
+        self,
+        base: Path,
+        *,
+        gpus: int = 8,
+        cpus: int = 8,
+        partition: str = "gpu",
+        options: tuple[str, ...] = (),
+    ) -> None:
         self.base = base
         self.gpus = gpus
         self.cpus = cpus
         self.partition = partition
+        self.options = options  # more slurm.conf lines (keys not set above), e.g. "Epilog=/bin/true"
         self.node = socket.gethostname().split(".")[0]
         self.conf = base / "slurm.conf"
         self._pids: dict[str, int] = {}
@@ -118,6 +127,7 @@ class SlurmCluster:
                     "AccountingStorageType=accounting_storage/none",
                     "MailProg=/bin/true",
                     "KillWait=5",
+                    *self.options,
                     f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={memory_mb} "
                     f"Gres=gpu:{self.gpus} State=UNKNOWN",
                     f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",

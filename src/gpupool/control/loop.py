@@ -79,6 +79,8 @@ class Reconciler:
         self.settings = settings
         self.telemetry = telemetry or TelemetryCache()
         self._wake = threading.Event()
+        self._prompt = threading.Event()  # an observed change: cut the pacing pause short (see run)
+        self._stopping: threading.Event | None = None
         self._last_sample = 0.0
         self._reasons: dict[int, scheduler.Explanation] = {}
         self._attached: dict[int, tuple[int, ...]] = {}
@@ -96,26 +98,37 @@ class Reconciler:
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
-    def wake(self) -> None:
+    def wake(self, *, observed: bool = False) -> None:
+        """Ask for a pass: for new desired state (a submit), the next paced one; for a change a backend
+        or the health checks observed (an attempt exited, a node changed), one as soon as the CPU the
+        last pass used allows (see run)."""
         self._wake.set()
+        if observed or (self._stopping is not None and self._stopping.is_set()):
+            self._prompt.set()
 
     def run(self, stop: threading.Event) -> None:
+        self._stopping = stop
         while not stop.is_set():
             started, cpu = time.monotonic(), time.thread_time()
             try:
                 self.tick()
             except Exception:  # one bad pass must not stop the pool; the next pass retries
                 log.exception("event=reconcile_failed")
-            took = time.thread_time() - cpu
+            took, used = time.monotonic() - started, time.thread_time() - cpu
             self._wake.wait(self.settings.tick)
             self._wake.clear()
-            # A burst of events (many submits) is served by one pass, not one pass per event; and a pass
-            # that used much CPU (many pending workloads) is followed by a proportionate pause so the API
-            # keeps the CPU. Time a pass spends waiting (on a backend's command such as sbatch, on the
-            # store's lock) takes no CPU from the API and earns no pause.
-            spare = max(MIN_PASS_INTERVAL, PASS_DUTY * took) - (time.monotonic() - started)
+            # A burst of events (many submits) is served by one pass, not one pass per event; and a long
+            # pass (many pending workloads) is followed by a proportionate pause so the API keeps the CPU.
+            # An observed change (an attempt exited: its GPUs wait for the next job) cuts the pause down
+            # to PASS_DUTY times the CPU the pass used: the time it spent waiting (on Slurm's sbatch, on
+            # the API's threads) took no CPU from the API.
+            spare = max(MIN_PASS_INTERVAL, PASS_DUTY * used) - (time.monotonic() - started)
             if spare > 0:
                 stop.wait(spare)
+            spare = max(MIN_PASS_INTERVAL, PASS_DUTY * took) - (time.monotonic() - started)
+            if spare > 0 and not self._prompt.is_set():
+                self._prompt.wait(spare)
+            self._prompt.clear()
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -709,6 +722,7 @@ def _workload_view(
     workload_id: int, queue: str, nodes: int, created_at: datetime, preemptible: bool, spec: dict[str, Any]
 ) -> scheduler.WorkloadView:
     resources = spec.get("resources") or {}
+    placement = spec.get("placement") or {}
     request = parse_gpu_request(resources.get("gpu", 0))
     created = as_utc(created_at) or utcnow()
     return scheduler.WorkloadView(
@@ -721,5 +735,8 @@ def _workload_view(
         cpus=float(resources.get("cpu") or 0.0),
         memory_bytes=int(resources.get("memory") or 0),
         preemptible=preemptible,
+        topology=placement.get("topology"),
+        topology_preferred=placement.get("topology_preferred"),
+        node_names=frozenset(placement.get("nodes") or ()),
         max_duration=spec.get("max_duration"),
     )
