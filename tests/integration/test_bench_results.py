@@ -109,8 +109,11 @@ def test_a_submitted_bench_job_is_recorded_by_the_head_for_the_node_it_ran_on(
         "--submit",
         "--gpus",
         "1",
+        "--node",
+        "node-1",
     ]
     assert "submitted 1 (bench-gemm)" in head.cli(*args, cwd=job_dir, check=True).stdout
+    assert head.workload(1)["spec"]["placement"]["nodes"] == ["node-1"]
     assert head.wait_for(1, timeout=60)["state"] == "succeeded", head.cli("logs", "1").stdout
 
     def recorded() -> list[dict[str, Any]]:
@@ -152,9 +155,19 @@ def test_bad_results_and_unpinnable_jobs_are_refused_with_one_line(
     assert response.json()["error"]["field"] == "report.nranks"
     assert head.cli("bench", "results", "--json", check=True).stdout.strip() == "[]"  # nothing half-stored
 
-    pinned = head.cli("bench", "gemm", "--submit", "--gpus", "1", "--node", "node-1")
-    assert pinned.returncode == 1 and "a workload spec cannot name its node yet" in pinned.stderr
     assert head.cli("ps", "--all", "--json", check=True).stdout.strip() == "[]"
+    gang = head.cli("bench", "collective", "--submit", "--gpus", "1", "--nodes", "2", "--node", "node-1")
+    assert gang.returncode == 1
+    assert "placement.nodes: ['node-1'] lists 1 node(s) but the gang needs 2" in gang.stderr
+    assert head.cli("ps", "--all", "--json", check=True).stdout.strip() == "[]"
+    elsewhere = head.cli("bench", "gemm", "--submit", "--gpus", "1", "--node", "node-9", check=True)
+    assert "submitted 1 (bench-gemm)" in elsewhere.stdout
+    why = poll(lambda: json.loads(head.cli("why", "1", "--json").stdout), lambda w: w["reason"])
+    assert why["state"] == "pending" and why["reason_code"] == "no-capacity"
+    assert (
+        why["reason"]
+        == "needs 1 schedulable node(s) among its placement.nodes (node-9): node-9 is not in the pool"
+    )
 
 
 def test_with_action_unhealthy_a_slow_result_drains_the_node_until_a_newer_one_passes(tmp_path: Path) -> None:

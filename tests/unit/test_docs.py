@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from gpupool.spec import (
     CheckpointSpec,
+    PlacementSpec,
     QueueResources,
     QueueSpec,
     Resources,
@@ -26,6 +27,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
         (WorkloadSpec, ""),
         (Resources, "resources."),
         (CheckpointSpec, "checkpoint."),
+        (PlacementSpec, "placement."),
         (RetrySpec, "retry."),
         (QueueSpec, ""),
         (QueueResources, "resources."),

@@ -39,8 +39,10 @@ def job_spec(
     name: str | None,
     workdir: str,
     python: str | None = None,
+    node_names: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The workload spec (as `gpupool submit` takes it) for `gpupool bench KIND FORWARD...` as a job."""
+    """The workload spec (as `gpupool submit` takes it) for `gpupool bench KIND FORWARD...` as a job;
+    `node_names` pins it to those nodes (placement.nodes)."""
     if kind not in KINDS:
         raise BenchError(f"--submit works for {', '.join(KINDS)}, not {kind}")
     if not gpus:
@@ -69,4 +71,6 @@ def job_spec(
         "commands": [f'{launch} --json "{out}" --emit-result'],
         "workdir": workdir,
     }
+    if node_names:
+        spec["placement"] = {"nodes": list(node_names)}
     return spec

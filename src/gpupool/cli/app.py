@@ -98,6 +98,9 @@ def run(
     ),
     max_duration: str | None = typer.Option(None, "--max-duration", help="e.g. 90s, 30m, 12h"),
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir"),
+    node: list[str] = typer.Option(
+        [], "--node", help="only on this node (repeat for several; like Slurm's --nodelist)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
@@ -115,6 +118,8 @@ def run(
         data["max_duration"] = max_duration
     if checkpoint_dir:
         data["checkpoint"] = {"dir": checkpoint_dir}
+    if node:
+        data["placement"] = {"nodes": node}
     parse_workload_spec(data)
     _created(client().submit(data), as_json)
 

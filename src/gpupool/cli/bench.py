@@ -155,13 +155,6 @@ def _submit(
     node: str | None = None,
 ) -> None:
     from gpupool.bench.submit import job_spec, json_name
-
-    if node is not None:
-        raise BenchError(
-            f"--node {node} with --submit: a workload spec cannot name its node yet (gpupool has no node "
-            "selector), so the job cannot be pinned; run the bench on that machine with --node "
-            f"{node} (it records the result), or --submit with --gpus MODEL:N"
-        )
     from gpupool.spec import parse_workload_spec
 
     spec = job_spec(
@@ -173,6 +166,7 @@ def _submit(
         queue=queue,
         name=name,
         workdir=os.getcwd(),
+        node_names=[node] if node is not None else None,
     )
     parse_workload_spec(spec)
     if print_spec:

@@ -283,7 +283,7 @@ class Cycle:
         demand = w.gpus
         return (
             demand.count, demand.models, demand.min_memory_bytes, w.cpus, w.memory_bytes, w.nodes,
-            w.topology, w.topology_preferred, ends_in_time,
+            w.topology, w.topology_preferred, ends_in_time, w.node_names,
         )  # fmt: skip
 
     def _admission(self, w: WorkloadView) -> Explanation | None:
@@ -325,12 +325,14 @@ class Cycle:
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
         demand = w.gpus
-        key = (demand.count, demand.models, demand.min_memory_bytes, w.nodes)  # plain values hash fast
+        key = (demand.count, demand.models, demand.min_memory_bytes, w.nodes, w.node_names)
         if key not in self._never:
             self._never[key] = self._never_fits_shape(w)
         return self._never[key]
 
     def _never_fits_shape(self, w: WorkloadView) -> Explanation | None:
+        if w.node_names:
+            return self._never_fits_named(w)
         if w.nodes > len(self.snapshot.nodes):
             return explain.too_large(w, f"needs {w.nodes} nodes; the pool has {len(self.snapshot.nodes)}")
         if w.nodes > self.schedulable_nodes:
@@ -348,6 +350,27 @@ class Cycle:
         if w.nodes > able:
             return explain.too_large(
                 w, f"needs {w.nodes} nodes with {w.gpus.count:g} matching GPUs; {able} have them"
+            )
+        return None
+
+    def _never_fits_named(self, w: WorkloadView) -> Explanation | None:
+        """The same questions for a workload that may run only on the nodes it names."""
+        names = sorted(w.node_names)
+        listed = _listed(w.node_names)
+        views = {n.name: n for n in self.snapshot.nodes if n.name in w.node_names}
+        usable = [self.state.nodes[name] for name in names if name in views and views[name].schedulable]
+        if len(usable) < w.nodes:
+            why = [f"{name} is not in the pool" for name in names if name not in views]
+            why += [f"{name} is {views[name].state}" for name in names if name in views and name not in
+                    {n.name for n in usable}]  # fmt: skip
+            return explain.named_nodes(w, listed, "; ".join(why[:5]))
+        if w.gpus.count <= 0:
+            return None
+        able = sum(1 for node in usable if sum(self.placer.matches(node, w.gpus)) >= w.gpus.count)
+        if able < w.nodes:
+            return explain.too_large(
+                w,
+                f"needs {w.nodes} of its named nodes ({listed}) with {explain.gpu_text(w)}; {able} have them",
             )
         return None
 
@@ -374,6 +397,10 @@ class Cycle:
                 if self.now < reservation.start < float("inf"):
                     self.state.expires(reservation.start)  # from then on the sentence says "from now"
                 return explain.reserved(reservation.workload_id, reservation.start, self.now)
+        if w.node_names:
+            named = [self.state.nodes[n] for n in sorted(w.node_names) if n in self.state.nodes]
+            free = sum((node.free_sum for node in named if node.schedulable), 0.0)
+            return explain.named_nodes_full(w, _listed(w.node_names), free)
         free_matching = self.state.whole_free(families(w.gpus))
         if not w.gpus.is_fractional and w.gpu_units > 0 and free_matching + EPSILON >= w.gpu_units:
             block, node = self.state.largest_free_block()
@@ -399,7 +426,7 @@ class Cycle:
         need = int(w.gpus.count)
         ready: list[tuple[float, str]] = []
         for node in self.state.nodes.values():
-            if not node.schedulable:
+            if not node.schedulable or (w.node_names and node.name not in w.node_names):
                 continue
             suits = self.placer.matches(node, w.gpus)
             matching = [i for i, ok in enumerate(suits) if ok]
@@ -487,7 +514,7 @@ class Cycle:
             return False
         # Needing more of the same GPUs can only be harder: a single pod's miss covers any larger pod, and
         # any gang of them (one of its pods would need victims that a single pod could have had).
-        family = (code, who, w.gpus.models, w.gpus.min_memory_bytes, self._shape(w)[-1])
+        family = (code, who, w.gpus.models, w.gpus.min_memory_bytes, w.node_names, self._shape(w)[-2])
         smallest = self._smallest_miss.get(family)
         if smallest is not None and smallest[0] == stamp and w.gpus.count >= smallest[1]:
             return False
@@ -1094,6 +1121,11 @@ class Cycle:
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
         return True
+
+
+def _listed(names: frozenset[str]) -> str:
+    ordered = sorted(names)
+    return ", ".join(ordered[:5]) + (f" and {len(ordered) - 5} more" if len(ordered) > 5 else "")
 
 
 def _below(

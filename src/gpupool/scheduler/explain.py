@@ -74,6 +74,20 @@ def unschedulable_nodes(w: WorkloadView, nodes: Sequence[NodeView]) -> Explanati
     )
 
 
+def named_nodes(w: WorkloadView, listed: str, why: str) -> Explanation:
+    return Explanation(
+        NO_CAPACITY, f"needs {w.nodes} schedulable node(s) among its placement.nodes ({listed}): {why}"
+    )
+
+
+def named_nodes_full(w: WorkloadView, listed: str, free: float) -> Explanation:
+    return Explanation(
+        NO_CAPACITY,
+        f"needs {gpu_text(w)} free on {w.nodes} of its placement.nodes ({listed}); they have {free:g} GPUs "
+        "free",
+    )
+
+
 def no_matching_gpu(w: WorkloadView) -> Explanation:
     return Explanation(NO_MATCHING_GPU, f"no schedulable node has GPUs matching {gpu_text(w)}")
 

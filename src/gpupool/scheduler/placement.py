@@ -83,7 +83,7 @@ class Placer:
         return self._node_fits(node, w, after_release=True)
 
     def _node_fits(self, node: NodeState, w: WorkloadView, after_release: bool) -> bool:
-        if not node.schedulable:
+        if not node.schedulable or (w.node_names and node.name not in w.node_names):
             return False
         if not after_release and (node.cpus_free + EPSILON < w.cpus or node.memory_free < w.memory_bytes):
             return False
@@ -150,7 +150,7 @@ class Placer:
         for one_island in passes:
             seen: set[str] = set(avoid)
             for node in self._candidates(w, after_release, domain):
-                if node.name in seen:
+                if node.name in seen or (w.node_names and node.name not in w.node_names):
                     continue
                 seen.add(node.name)
                 if one_island and len(seen) > ONE_ISLAND_LOOKAHEAD + len(avoid):

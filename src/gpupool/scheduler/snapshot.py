@@ -123,6 +123,7 @@ class WorkloadView:
     preemptible: bool = True
     topology: str | None = None  # node label (e.g. "rack") every pod must share
     topology_preferred: str | None = None  # node label the pods should share when they can
+    node_names: frozenset[str] = frozenset()  # only these nodes (empty: any), like Slurm's --nodelist
     max_duration: float | None = None  # declared limit in seconds; lets backfill reason about end times
     attained_service: float = 0.0  # GPU-seconds received so far (Tiresias' attained service)
     duration_estimate: float | None = None  # seconds, from a predictor (or an oracle in simulation)

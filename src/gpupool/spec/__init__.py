@@ -16,6 +16,7 @@ from gpupool.spec.queue import QueueResources, QueueSpec, ResourceShare, parse_q
 from gpupool.spec.workload import (
     PRIORITY_CLASSES,
     CheckpointSpec,
+    PlacementSpec,
     Resources,
     RetrySpec,
     WorkloadSpec,
@@ -26,6 +27,7 @@ __all__ = [
     "PRIORITY_CLASSES",
     "CheckpointSpec",
     "GpuRequest",
+    "PlacementSpec",
     "QueueResources",
     "QueueSpec",
     "ResourceShare",

@@ -74,6 +74,10 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "retry.on": "[preemption, node-failure]",
     "max_duration": "12h",
     "grace_period": "30s",
+    "placement": "{nodes: [node-3], topology: rack}",
+    "placement.nodes": "[node-3, node-4]",
+    "placement.topology": "rack",
+    "placement.topology_preferred": "zone",
 }
 """A valid example for each field path, shown in every error about that field."""
 
@@ -159,6 +163,45 @@ class RetrySpec(BaseModel):
     @classmethod
     def _once_each(cls, value: list[RetryReason]) -> list[RetryReason]:
         return list(dict.fromkeys(value))
+
+
+class PlacementSpec(BaseModel):
+    """Where the workload may run, and how its pods are grouped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[str] = Field(
+        default_factory=list,
+        description="Only these nodes, by the names `gpupool nodes` shows (like Slurm's --nodelist); "
+        "default [] = any node.",
+    )
+    topology: str | None = Field(
+        default=None,
+        description="A node label every pod of the gang must share, e.g. rack; default null: none.",
+    )
+    topology_preferred: str | None = Field(
+        default=None,
+        description="A node label the pods should share when they can, e.g. zone; default null: none.",
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        field = field_name(info, "nodes")
+        for index, name in enumerate(value):
+            if not name.strip() or any(c.isspace() for c in name):
+                raise SpecError(f"{field}[{index}]", name, "is not a node name (no blanks)", "node-3")
+        duplicates = sorted({n for n in value if value.count(n) > 1})
+        if duplicates:
+            raise SpecError(field, value, f"names {', '.join(duplicates)} more than once", "[node-3, node-4]")
+        return value
+
+    @field_validator("topology", "topology_preferred")
+    @classmethod
+    def _label(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise SpecError(field_name(info, str(info.field_name)), value, "is not a node label name", "rack")
+        return value
 
 
 class WorkloadSpec(BaseModel):
@@ -248,6 +291,11 @@ class WorkloadSpec(BaseModel):
         description="Seconds between SIGTERM and SIGKILL when stopping, 0..3600 (input like max_duration); "
         "default 30s.",
     )
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec,
+        description="Where it may run: named nodes, a topology domain its gang must (or should) share; "
+        "default: anywhere.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -292,6 +340,14 @@ class WorkloadSpec(BaseModel):
                 str(gpu),
                 f"is a fraction of one GPU, which only works on a single node (nodes is {self.nodes})",
                 "'1' with nodes: 2, or nodes: 1",
+            )
+        named = self.placement.nodes
+        if named and len(named) < self.nodes:
+            raise SpecError(
+                "placement.nodes",
+                named,
+                f"lists {len(named)} node(s) but the gang needs {self.nodes} (one pod per node)",
+                f"{self.nodes} names, or nodes: {len(named)}",
             )
         if self.max_duration is not None and self.max_duration <= 0:
             raise SpecError("max_duration", self.max_duration, "must be longer than 0 seconds", "")
@@ -411,6 +467,7 @@ __all__ = [
     "PREEMPTIBLE_AT_OR_BELOW",
     "PRIORITY_CLASSES",
     "CheckpointSpec",
+    "PlacementSpec",
     "Resources",
     "RetrySpec",
     "WorkloadSpec",

@@ -96,6 +96,7 @@ _WORKLOAD_KEYS = frozenset(
         "preemptible",
         "topology",
         "topology_preferred",
+        "only_on",
         "max_duration",
         "attained",
         "estimate",
@@ -245,6 +246,12 @@ class _Where:
         if not isinstance(value, bool):
             raise self.error(field, value, "must be true or false")
         return value
+
+
+def _names(data: object, at: _Where) -> list[str]:
+    if not isinstance(data, list) or not all(isinstance(n, str) and n for n in data):
+        raise at.error("only_on", data, "must be a list of node names, e.g. [n1, n2]")
+    return data
 
 
 def _mapping(data: object, file: str, field: str, allowed: frozenset[str]) -> dict[str, Any]:
@@ -463,6 +470,7 @@ def _workload(item: object, at: _Where, running: bool) -> WorkloadView:
             if raw.get("topology_preferred")
             else None
         ),
+        node_names=frozenset(_names(raw.get("only_on", []), at)),
         max_duration=_optional_seconds(raw, "max_duration", at),
         attained_service=at.number("attained", raw.get("attained", 0.0)),
         duration_estimate=_optional_seconds(raw, "estimate", at),

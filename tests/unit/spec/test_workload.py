@@ -392,3 +392,28 @@ def test_json_schema_describes_inputs_and_outputs(mode: Any) -> None:
     else:
         assert {"type": "string"} in gpu["anyOf"]
         assert any("enum" in choice for choice in schema["properties"]["priority"]["anyOf"])
+
+
+def test_placement_names_nodes_and_a_topology_domain() -> None:
+    spec = parse_workload_spec(
+        {"commands": ["x"], "nodes": 2, "placement": {"nodes": ["node-3", "node-4"], "topology": "rack"}}
+    )
+    assert spec.placement.nodes == ["node-3", "node-4"] and spec.placement.topology == "rack"
+    assert parse_workload_spec({"commands": ["x"]}).placement.nodes == []
+
+
+@pytest.mark.parametrize(
+    "placement,nodes,field,words",
+    [
+        ({"nodes": ["node-3"]}, 2, "placement.nodes", "gang needs 2"),
+        ({"nodes": ["node 3"]}, 1, "placement.nodes[0]", "not a node name"),
+        ({"nodes": ["a", "a"]}, 1, "placement.nodes", "more than once"),
+        ({"topology": " "}, 1, "placement.topology", "not a node label"),
+        ({"rack": "r1"}, 1, "placement.rack", "not a field"),
+    ],
+)
+def test_bad_placement_names_the_field(placement: dict[str, Any], nodes: int, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_workload_spec({"commands": ["x"], "nodes": nodes, "placement": placement})
+    assert caught.value.field == field
+    assert words in caught.value.message
