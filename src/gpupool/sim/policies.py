@@ -18,6 +18,11 @@ from gpupool.sim.errors import SimError
 HOUR = 3600.0
 # Tiresias' discretized 2D-LAS: a job moves down one band when its attained GPU-service passes a threshold.
 LAS_BANDS = (1 * HOUR, 16 * HOUR)
+# gpupool's bands inside a queue: a short first band lets a new job start at once by preempting work of its
+# own queue that has had more than 2 GPU-minutes, so short jobs finish before long ones in a busy queue
+# (most of a queue's slowdown) while a preempted job loses little; 16 GPU-hours as Tiresias' second
+# threshold. Chosen on the Philly week (docs/simulator.md: 1, 2, 5 and 15 minutes tried).
+GPUPOOL_BANDS = (2 * 60.0, 16 * HOUR)
 # Remaining GPU-time bands for the preemptive SRTF reference (shorter remaining work = higher band).
 SRTF_BANDS = (0.25 * HOUR, 1 * HOUR, 4 * HOUR, 16 * HOUR, 64 * HOUR)
 ALLOCATE_ONLY = ("allocate",)
@@ -100,23 +105,32 @@ POLICIES: tuple[Policy, ...] = (
     ),
     Policy(
         "gpupool",
-        "the product's default: quotas, fair share by water-filling, reclaim, consolidation; inside a "
-        "queue shortest learned GPU-time estimate first (QSSF-style, learned online)",
-        SchedulerConfig(ordering="estimate", blocking="skip", fair_share=True),
-        estimate="learned",
+        "the product's default actions: quotas, fair share by water-filling, reclaim, consolidation; inside "
+        "a queue least attained GPU-service first, preemptive, in bands at 2 GPU-minutes and 16 GPU-hours "
+        "(Tiresias' discretized LAS with a short first band), FIFO inside a band",
+        SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS),
+        bands=GPUPOOL_BANDS,
     ),
     Policy(
         "gpupool-usage",
         "gpupool with usage_weight 1: a queue's over-quota weight halves for each doubling of its decayed "
         "GPU usage over its share (Slurm's classic fair-share factor), half-life 1 day",
-        SchedulerConfig(ordering="estimate", blocking="skip", fair_share=True, usage_weight=1.0),
-        estimate="learned",
+        SchedulerConfig(
+            ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS, usage_weight=1.0
+        ),
+        bands=GPUPOOL_BANDS,
         usage_half_life=86400.0,
     ),
     Policy(
+        "gpupool-estimate",
+        "quotas, fair share, reclaim, consolidation; inside a queue shortest learned GPU-time estimate "
+        "first (QSSF-style, learned online from the queue's finished jobs), no preemption inside a queue",
+        SchedulerConfig(ordering="estimate", blocking="skip", fair_share=True),
+        estimate="learned",
+    ),
+    Policy(
         "gpupool-las",
-        "gpupool with Tiresias' bands as workload priority: quotas, fair share, reclaim between queues, "
-        "preemption inside a queue by attained-service band (bands at 1 and 16 GPU-hours)",
+        "gpupool with Tiresias' own bands (1 and 16 GPU-hours) inside a queue",
         SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=LAS_BANDS),
         bands=LAS_BANDS,
     ),
