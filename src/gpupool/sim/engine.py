@@ -167,7 +167,8 @@ class Simulation:
         self.alloc = dict.fromkeys(tenants, 0.0)
         self.demand = dict.fromkeys(tenants, 0.0)
         self.fair: dict[str, float] = {}
-        self.usage = {q.name: 0.0 for q in self.queues} if policy.queues != POOL else {}
+        # decayed GPU-seconds per queue, kept only for policies that tilt fair share by it
+        self.usage = {q.name: 0.0 for q in self.queues} if self.config.usage_weight > 0 else {}
         self._est_sum: dict[object, list[float]] = {}
         self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
