@@ -43,8 +43,12 @@ def create_app(runtime: Runtime) -> FastAPI:
         runtime.start()
         # What exists now (modules, the app, ORM mappings: most of the heap) lives as long as the server:
         # moved out of the garbage collector's reach, a full collection, which stops every thread, walks
-        # only what came later (with 1,000 agents, ~120 ms every 2 s before, ~30 ms after; docs/benchmarks.md#agents).
+        # only what came later (with 1,000 agents, ~120 ms every 2 s before, ~30 ms after). With so few
+        # long-lived objects left, CPython's own brake on full collections (a quarter of them new) no
+        # longer holds, and the reconcile pass's ORM objects set one off every second: a tenth as often.
         gc.freeze()
+        first, second, _ = gc.get_threshold()
+        gc.set_threshold(first, second, 100)  # docs/benchmarks.md#agents
         try:
             yield
         finally:
