@@ -103,7 +103,11 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
                     "name": "node-loss",
                     "resources": {"gpu": 1},
                     "retry": {"max_restarts": 3, "on": ["node-failure"]},
-                    "commands": [f"date +%s.%N > {marks}/attempt-$GPUPOOL_ATTEMPT", "sleep 600"],
+                    "commands": [  # written whole, then renamed: the harness never reads half a marker
+                        f"date +%s.%N > {marks}/.attempt-$GPUPOOL_ATTEMPT",
+                        f"mv {marks}/.attempt-$GPUPOOL_ATTEMPT {marks}/attempt-$GPUPOOL_ATTEMPT",
+                        "sleep 600",
+                    ],
                 }
                 wid = client.post("/api/v1/workloads", json=spec).raise_for_status().json()["id"]
                 _wait(lambda: (marks / "attempt-0").exists(), "attempt 0 to start", 60, poll)
