@@ -23,7 +23,7 @@ UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 BUSY_LOOP = "while True: pass"
 # A GPU with a busy loop attached reads as busy as the CPU share the loop really got (about 100% on an idle
 # core, less when other work shares the cores), within this many points; idle GPUs read 0.
-TRACKS = 25.0
+TRACKS = 40.0
 
 
 def start(code: str) -> subprocess.Popen[bytes]:
