@@ -62,7 +62,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     )
     app.state.runtime = runtime
     app.state.tokens = TokenCache()
-    app.state.node_credentials = {}
+    app.state.node_credentials = agents.NodeCredentials()
     errors.install(app)
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)

@@ -152,14 +152,18 @@ def register(store: Store, name: str, *, join_token: str | None, credential: str
         return issued
 
 
-def node_for_credential(store: Store, credential: str) -> str | None:
-    """The name of the agent node this credential belongs to, or None."""
+def credential_names(store: Store) -> dict[str, str]:
+    """Every agent node's credential hash -> its name, in one query."""
     with store.read() as s:
-        return s.scalar(
-            select(Node.name).where(
-                Node.credential_hash == hash_token(credential), Node.backend == AGENT_BACKEND
+        return {
+            digest: name
+            for digest, name in s.execute(
+                select(Node.credential_hash, Node.name).where(
+                    Node.backend == AGENT_BACKEND, Node.credential_hash.is_not(None)
+                )
             )
-        )
+            if digest
+        }
 
 
 def agent_node_names(store: Store) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ the API-token dependency; `admin_router` is mounted inside it.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -18,12 +19,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpupool.api.errors import ApiError
 from gpupool.backends.agent import AgentBackend, BadRegistration, UnknownNode, parse_devices, parse_ports
 from gpupool.control import agents, service
+from gpupool.control.service import hash_token
 from gpupool.spec import parse_duration
+from gpupool.store.db import Store
 
 agent_router = APIRouter(prefix="/api/v1/agents", tags=["agents"])
 admin_router = APIRouter(tags=["agents"])
 
 CREDENTIAL_CACHE_SECONDS = 30.0
+MISS_RELOAD_SECONDS = 1.0
 MAX_WAIT = 5.0  # seconds a heartbeat may be held
 HEARTBEAT_PATH = agent_router.prefix + "/heartbeat"
 
@@ -44,28 +48,62 @@ def _agent_backend(state: State) -> AgentBackend:
     return backend
 
 
+class NodeCredentials:
+    """Which agent node each credential belongs to, for the heartbeat path: all of them read in one query,
+    again every CREDENTIAL_CACHE_SECONDS and, at most once a second, when an unknown credential shows up
+    (a node that just joined through another head process, or a bad credential). A node that registers
+    through this head is updated at once, so its old credential stops working at once. One query per
+    refresh instead of one per agent: the agents' entries no longer expire together in a burst."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+        self._loaded = float("-inf")
+        self._lock = threading.Lock()
+
+    def name(self, store: Store, credential: str) -> str | None:
+        digest = hash_token(credential)
+        now = time.monotonic()
+        if now - self._loaded > CREDENTIAL_CACHE_SECONDS:
+            self._reload(store, now)
+        found = self._names.get(digest)
+        if found is None and now - self._loaded > MISS_RELOAD_SECONDS:
+            self._reload(store, now)
+            found = self._names.get(digest)
+        return found
+
+    def registered(self, name: str, credential: str | None) -> None:
+        """`name` registered: a newly issued credential replaces its old one."""
+        if credential is None:
+            return
+        with self._lock:
+            names = {digest: node for digest, node in self._names.items() if node != name}
+            names[hash_token(credential)] = name
+            self._names = names
+
+    def _reload(self, store: Store, now: float) -> None:
+        with self._lock:
+            if now - self._loaded <= MISS_RELOAD_SECONDS:
+                return  # another request just did
+            self._names = agents.credential_names(store)
+            self._loaded = time.monotonic()
+
+
 def _node(state: State, authorization: str) -> str:
-    """The agent node a bearer node credential belongs to (cached briefly: heartbeats come every second)."""
+    """The agent node a bearer node credential belongs to (see NodeCredentials)."""
     scheme, _, credential = authorization.partition(" ")
     credential = credential.strip()
     if scheme.lower() != "bearer" or not credential:
         raise ApiError(401, "unauthorized", "missing node credential: register with a join token first")
-    cache: dict[str, tuple[str | None, float]] = state.node_credentials
-    now = time.monotonic()
-    hit = cache.get(credential)
-    if hit is None or now - hit[1] > CREDENTIAL_CACHE_SECONDS:
-        hit = (agents.node_for_credential(state.runtime.store, credential), now)
-        if len(cache) > 100_000:
-            cache.clear()
-        cache[credential] = hit
-    if hit[0] is None:
+    credentials: NodeCredentials = state.node_credentials
+    name = credentials.name(state.runtime.store, credential)
+    if name is None:
         raise ApiError(
             401,
             "unauthorized",
             "invalid node credential: it matches no node of this head; "
             "start the agent again with a new --join-token",
         )
-    return hit[0]
+    return name
 
 
 @agent_router.post("/register", summary="An agent joins (join token) or comes back (node credential)")
@@ -86,6 +124,7 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
         join_token=body.get("join_token") or None,
         credential=body.get("credential") or None,
     )
+    request.app.state.node_credentials.registered(name, credential)
     address = request.client.host if request.client else "127.0.0.1"
     answer = backend.register(name, dict(info), address)
     if credential is not None:
