@@ -55,6 +55,7 @@ from gpupool.scheduler.snapshot import Decisions, Snapshot
 
 Decider = Callable[[Snapshot, float], Decisions]
 NAME = "scheduler_cycle"
+NATIVE: bool = getattr(scheduler, "NATIVE", False)  # False also for sources from before the compiled build
 # (nodes, pending, running, queues) at 8 GPUs per node -> the limits.
 TARGETS: dict[tuple[int, int, int, int], dict[str, float]] = {
     (1000, 5000, 4000, 50): {"cycle_ms_p50": 100.0, "steady_ms_p50": 20.0},
@@ -445,7 +446,7 @@ def print_table(args: argparse.Namespace, figures: dict[str, Any], result: Resul
     console.print(table)
     build_p50 = percentile(result.build_s, 50) if result.build_s else float("nan")
     console.print(
-        f"scheduler: {'compiled (mypyc)' if scheduler.NATIVE else 'pure Python'}; "
+        f"scheduler: {'compiled (mypyc)' if NATIVE else 'pure Python'}; "
         f"snapshot build (not in the cycle): p50 {build_p50:.2f}s over {len(result.build_s)} builds; "
         f"RSS after the first build {result.rss_after_build_mb:.0f} MB"
     )
@@ -535,7 +536,7 @@ def main() -> int:
             "queues": args.queues,
             "cycles": args.cycles,
             "seed": args.seed,
-            "native": scheduler.NATIVE,  # the mypyc-compiled scheduler (tools/build_native.py) or the source
+            "native": NATIVE,  # the mypyc-compiled scheduler (tools/build_native.py) or its source
             **figures,
             "cycle_ms": [round(v, 3) for v in result.cycle_ms],
             "steady_ms": [round(v, 3) for v in result.steady_ms],
