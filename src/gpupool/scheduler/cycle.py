@@ -608,6 +608,16 @@ class Cycle:
             state.generation = generation
             self._no_victims[key] = stamp
             return False
+        if not any(victim.id in self._tentative for victim in victims):
+            # The trial is the outcome: the same evictions and the same room after release that doing it
+            # again would give. Only a bind of this cycle among the victims is taken back differently.
+            for victim in victims:
+                self.decisions.evictions.append(Eviction(victim.id, code, reason(victim), w.id))
+            if state.reservation is not None and state.reservation.workload_id == w.id:
+                state.reservation = None
+            self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+            del self.unplaced[w.id]
+            return True
         state.rollback(trial)
         state.rollback(checkpoint)
         state.generation = generation
