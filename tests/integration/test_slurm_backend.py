@@ -281,21 +281,27 @@ def test_a_finished_job_keeps_its_gpus_until_the_job_placed_on_them_is_queued_in
     def finished(number: int) -> bool:
         return (tmp_path / "runs" / str(number) / "exit_code").exists()
 
+    def let_go(number: int) -> bool:  # what the batch script waits for (or for 2 s, if the head is gone)
+        return (tmp_path / "runs" / str(number) / "released").exists()
+
     backend = SlurmBackend(partition=slurm.partition, commands=SlurmCommands(slurm.env))
     try:
         first = backend.start(launch(1, 0))
         _wait(lambda: finished(1), 30, "the first job's commands to end")
         backend.cleanup(first)  # the control loop settles the attempt: exit code 0
         assert state(first) == "RUNNING", "settled, it still holds GPU 0 for its successor"
+        assert not let_go(1)
 
         second = backend.start(launch(2, 0))  # placed on GPU 0: the first job lets go
+        assert let_go(1), "the second job's sbatch ends the first one's hand-off"
         _wait(lambda: state(first) not in ("RUNNING", "COMPLETING"), 20, "the first job to end in Slurm")
         assert state(first) == "COMPLETED"
         _wait(lambda: finished(2), 30, "the second job to run")
 
         backend.cleanup(second)
-        assert state(second) == "RUNNING"
+        assert state(second) == "RUNNING" and not let_go(2)
         backend.pass_finished()  # the pass placed nothing on GPU 0: the second job lets go at once
+        assert let_go(2)
         _wait(lambda: state(second) not in ("RUNNING", "COMPLETING"), 20, "the second job to end in Slurm")
         assert "job 2" in (tmp_path / "logs" / "2.log").read_text()
     finally:
