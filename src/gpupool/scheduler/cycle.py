@@ -103,7 +103,6 @@ class Cycle:
         # (ids of a candidates and a units dict, GPUs needed) -> (able nodes, how much of state.freed they
         # have seen, the dicts: they keep their ids alive)
         self._able_cache: dict[tuple[int, int, float], tuple[dict[str, list[WorkloadView]], int, object]] = {}
-        self._victim_units: dict[str, float] = {}  # GPUs of every victim in the index, by node
         self._victim_queue_names: list[str] | None = None
         self._surplus: dict[str, float] = {}  # victim queue -> GPUs above its fair share
         self._surplus_total = 0.0
@@ -492,10 +491,11 @@ class Cycle:
         code: str,
         reason: Callable[[WorkloadView], str],
         allowed: Callable[[WorkloadView], bool],
+        units: dict[str, float],
         budget: _Budget | None = None,
-        units: dict[str, float] | None = None,
     ) -> bool:
-        """Evict the fewest, cheapest victims that let `w` fit; all or nothing.
+        """Evict the fewest, cheapest victims that let `w` fit; all or nothing. `units`: an upper bound,
+        per node, on the GPUs the taker's victims there hold.
 
         `candidates`: possible victims by node, each list in victim order (fewest GPUs, lowest priority,
         least work lost, newest); gangs are not among them."""
@@ -518,7 +518,6 @@ class Cycle:
         smallest = self._smallest_miss.get(family)
         if smallest is not None and smallest[0] == stamp and w.gpus.count >= smallest[1]:
             return False
-        units = self._victim_units if units is None else units
         if self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget, units):
             return True
         single = w.nodes == 1 and not (w.topology or w.topology_preferred)
@@ -920,8 +919,6 @@ class Cycle:
                     self._tentative[w.id] = w
                     pool[w.id] = replace(w, placement=bind.pods, start_time=self.now)
             self._index = _by_node(sorted(pool.values(), key=self._victim_key))
-            for name, victims in self._index.items():
-                self._victim_units[name] = sum((v.gpus.count for v in victims), 0.0)
         return self._index
 
     def _wants_room(self, w: WorkloadView) -> bool:
@@ -975,7 +972,7 @@ class Cycle:
                     f"by workload {w.id}; queue {v.queue} stays at or above its fair share"
                 )
 
-            self._evict_for(w, index, "reclaim", reason, allowed, _Budget(self, queue), units)
+            self._evict_for(w, index, "reclaim", reason, allowed, units, _Budget(self, queue))
 
     def _gpus_by_queue(self, index: dict[str, list[WorkloadView]]) -> dict[str, dict[str, float]]:
         """The GPUs of the victims reclaim could take at all (past their queue's minimum runtime for
@@ -1060,7 +1057,7 @@ class Cycle:
             def allowed(v: WorkloadView, w: WorkloadView = w) -> bool:
                 return v.priority < w.priority and self._old_enough(v, "preempt")
 
-            self._evict_for(w, found[0], "preempt", reason, allowed, units=found[1])
+            self._evict_for(w, found[0], "preempt", reason, allowed, found[1])
 
     # -- consolidate ----------------------------------------------------------------------------------
 
