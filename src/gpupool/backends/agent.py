@@ -339,13 +339,8 @@ class AgentBackend:
         kills them."""
         attempt_id, rank = int(item["attempt_id"]), int(item["rank"])
         with self._lock:
-            attempt = self._attempts.get(attempt_id)
-            if (
-                attempt is None
-                or attempt.token != item.get("token")
-                or rank >= len(attempt.ranks)
-                or attempt.ranks[rank].node != name
-            ):
+            attempt = self._fenced(name, item, attempt_id, rank)
+            if attempt is None:
                 return False
             pod = attempt.ranks[rank]
             pod.seen = True
@@ -369,17 +364,26 @@ class AgentBackend:
         )  # fmt: skip
         return True
 
+    def _fenced(self, name: str, item: dict[str, Any], attempt_id: int, rank: int) -> AgentAttempt | None:
+        """The attempt a report or log chunk from node `name` speaks for, or None when it is stale: the
+        attempt moved away, the fencing token is not the attempt's, or that rank runs elsewhere. Under
+        the lock."""
+        attempt = self._attempts.get(attempt_id)
+        if (
+            attempt is None
+            or attempt.token != item.get("token")
+            or rank >= len(attempt.ranks)
+            or attempt.ranks[rank].node != name
+        ):
+            return None
+        return attempt
+
     def _take_log(self, name: str, chunk: dict[str, Any]) -> int | None:
         """Append a shipped log chunk at its offset (idempotent); the answer is the head's size of it."""
         attempt_id, rank = int(chunk["attempt_id"]), int(chunk["rank"])
         with self._lock:
-            attempt = self._attempts.get(attempt_id)
-            if (
-                attempt is None
-                or attempt.token != chunk.get("token")
-                or rank >= len(attempt.ranks)
-                or attempt.ranks[rank].node != name
-            ):
+            attempt = self._fenced(name, chunk, attempt_id, rank)
+            if attempt is None:
                 return None
             path = rank_log_path(attempt.log_path, rank)
         data = base64.b64decode(chunk.get("data") or "")

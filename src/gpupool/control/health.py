@@ -367,18 +367,7 @@ class HealthMonitor:
                 return False
             if state == "ready" and node.state == "cordoned" and node.state_reason != CHECKING:
                 return False  # an operator's cordon is the operator's to lift
-            s.add(
-                Event(
-                    object_kind="node",
-                    object_id=name,
-                    from_state=node.state,
-                    to_state=state,
-                    reason=reason,
-                    actor=ACTOR,
-                )
-            )
-            node.state, node.state_reason = state, reason
-            return True
+            return node.change_state(state, reason, ACTOR)
 
     def _node_state(self, name: str) -> str:
         with self.store.read() as s:

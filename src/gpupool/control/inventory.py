@@ -22,7 +22,7 @@ from gpupool.backends.base import Inventory, InventoryNode
 from gpupool.gpu.catalog import lookup_model
 from gpupool.gpu.errors import UnknownGpuModel
 from gpupool.store.db import Store
-from gpupool.store.models import Event, ForeignJob, Gpu, Node
+from gpupool.store.models import ForeignJob, Gpu, Node
 from gpupool.timeutil import utcnow
 
 log = logging.getLogger("gpupool.control")
@@ -130,19 +130,9 @@ def _assign(row: Node | Gpu, **values: object) -> None:
 
 
 def _set_state(s: Session, node: Node, state: str, reason: str) -> None:
-    if node.state != state:
-        s.add(
-            Event(
-                object_kind="node",
-                object_id=node.name,
-                from_state=node.state,
-                to_state=state,
-                reason=reason,
-                actor=node.backend,
-            )
-        )
-        log.info("event=node_state node=%s from=%s to=%s reason=%r", node.name, node.state, state, reason)
-    node.state, node.state_reason = state, reason
+    before = node.state
+    if node.change_state(state, reason, node.backend):
+        log.info("event=node_state node=%s from=%s to=%s reason=%r", node.name, before, state, reason)
 
 
 def _apply_foreign(s: Session, backend: str, inventory: Inventory) -> None:

@@ -502,17 +502,7 @@ def drain_node(store: Store, name: str, reason: str, *, actor: str = "admin") ->
             names = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
             raise NotFound(f"no node named {name!r} (nodes: {names})")
         if node.state != "draining":
-            s.add(
-                Event(
-                    object_kind="node",
-                    object_id=name,
-                    from_state=node.state,
-                    to_state="draining",
-                    reason=reason,
-                    actor=actor,
-                )
-            )
-            node.state, node.state_reason = "draining", reason
+            node.change_state("draining", reason, actor)
         for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
             pods = attempt.pods or [{"node": attempt.node_name}]
             if attempt.stop_requested_at is None and any(p["node"] == name for p in pods):
@@ -531,15 +521,5 @@ def set_node_state(
         if node.state in ("lost", "unhealthy") and state == "ready":
             raise Conflict(f"node {name} is {node.state}; it returns to service when it is healthy again")
         if node.state != state:
-            s.add(
-                Event(
-                    object_kind="node",
-                    object_id=name,
-                    from_state=node.state,
-                    to_state=state,
-                    reason=reason,
-                    actor=actor,
-                )
-            )
-            node.state, node.state_reason = state, reason
+            node.change_state(state, reason, actor)
     return next(n for n in list_nodes(store, TelemetryCache()) if n["name"] == name)

@@ -22,7 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, object_session, relationship
 
 from gpupool.timeutil import utcnow
 
@@ -53,6 +53,26 @@ class Node(Base):
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", order_by="Gpu.index", cascade="all, delete-orphan", lazy="selectin"
     )
+
+    def change_state(self, state: str, reason: str, actor: str) -> bool:
+        """Set the state and its reason; a change of state is also recorded as an Event in the node's
+        session. True when the state changed."""
+        changed = self.state != state
+        if changed:
+            session = object_session(self)
+            assert session is not None, "change_state needs a node loaded in a session"
+            session.add(
+                Event(
+                    object_kind="node",
+                    object_id=self.name,
+                    from_state=self.state,
+                    to_state=state,
+                    reason=reason,
+                    actor=actor,
+                )
+            )
+        self.state, self.state_reason = state, reason
+        return changed
 
 
 class Gpu(Base):
