@@ -59,6 +59,28 @@ def health(server: ServerProcess) -> dict[str, Any]:
         return dict(client.get("/api/v1/health/node-1").json())
 
 
+def out_of_service(n: dict[str, Any]) -> bool:
+    """Unhealthy, or cordoned for a moment while its check job runs (it holds every GPU of the node)."""
+    return n["health"] == "unhealthy" and (
+        n["state"] == "unhealthy"
+        or (n["state"] == "cordoned" and "active checks running" in n["state_reason"])
+    )
+
+
+def check_job(server: ServerProcess, workload_id: int, node_name: str, gpus: int) -> dict[str, Any]:
+    """The check job as any job is seen: in `gpupool ps`, in the system queue, on the node, holding all its
+    GPUs, with its figures in its log."""
+    listed = json.loads(server.cli("ps", "--all", "--queue", "gpupool-system", "--json", check=True).stdout)
+    assert workload_id in [row["id"] for row in listed]
+    job = server.workload(workload_id)
+    assert (job["queue"], job["user"], job["state"]) == ("gpupool-system", "health", "succeeded"), job
+    attempt = job["attempt_list"][-1]
+    assert attempt["node"] == node_name and attempt["gpu_indices"] == list(range(gpus))
+    log = server.cli("logs", str(workload_id), check=True).stdout
+    assert "GEMM TFLOPS" in log and "# gpupool-bench-result " in log
+    return job
+
+
 def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_checks(
     health_server: ServerProcess, job_dir: Path
 ) -> None:
@@ -83,12 +105,15 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     assert drained["attempt_list"][0]["state"] == "evicted"
     assert "checkpointed at step" in _log(server, job["id"], attempt=0)
 
-    # Rechecked every 2 s: GPU 3 still computes at half speed, so the node stays out and the job waits.
+    # Rechecked every 2 s by a check job holding all 8 GPUs: GPU 3 still computes at half speed, so the node
+    # stays out and the job waits.
     failed = until("a failed recheck", lambda: (h := health(server)).get("active") and h)
     assert failed["active"]["health"] == "unhealthy"
     assert "GPU 3: BF16 GEMM 396 TFLOPS < 692" in failed["active"]["evidence"]
+    check = check_job(server, failed["active"]["job"], "node-1", 8)
+    assert "  395.6  " in server.cli("logs", str(check["id"]), check=True).stdout  # GPU 3 at half speed
     time.sleep(3)
-    assert node(server)["state"] == "unhealthy"
+    assert out_of_service(node(server))
     assert server.workload(job["id"])["state"] == "pending"
 
     server.cli("node", "inject-fault", "node-1", "--gpu", "3", "--clear", check=True)
@@ -102,12 +127,22 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     assert "attempt 1 starts at step" in log and "attempt 1 starts at step 0\n" not in log
 
     events = [(e["from"], e["to"], e["actor"]) for e in health(server)["events"]]
-    assert ("ready", "unhealthy", "health") in events and ("unhealthy", "ready", "health") in events
+    assert ("ready", "unhealthy", "health") in events and ("unhealthy", "cordoned", "health") in events
+    assert events[-1] == ("cordoned", "ready", "health")  # back after its last check job passed
     shown = server.cli("node", "show", "node-1", check=True).stdout
-    assert "unhealthy -> ready" in shown and "passed the quick active checks" in shown
+    assert "cordoned -> ready" in shown and "passed the quick active checks" in shown
+
+    # A check holds every GPU of the node: not while the resumed job runs there.
+    if server.workload(job["id"])["state"] == "running":
+        refused = server.cli("health", "run", "--node", "node-1")
+        assert refused.returncode == 1 and f"node node-1 runs workload {job['id']}" in refused.stderr
+        server.cli("cancel", str(job["id"]), check=True)
+        server.wait_for(job["id"], ("cancelled", "succeeded"))
     ran = server.cli("health", "run", "--node", "node-1", "--level", "full", "--json")
     assert ran.returncode == 0, ran.stderr
-    assert json.loads(ran.stdout)[0]["active"]["result"]["allreduce_busbw_gbps"] == 480.0
+    (report,) = json.loads(ran.stdout)
+    assert report["active"]["result"]["allreduce_busbw_gbps"] == 480.0
+    check_job(server, report["active"]["job"], "node-1", 8)
 
 
 def test_warnings_keep_the_node_in_service_and_faults_need_a_simulated_gpu(
@@ -202,10 +237,12 @@ def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_f
         assert failed["active"]["health"] == "unhealthy"
         assert "GPU 0: BF16 GEMM 396 TFLOPS < 692" in failed["active"]["evidence"]
         assert failed["active"]["result"]["runner"] == "simulated"
+        check_job(server, failed["active"]["job"], sick_name, 1)  # ran on the sick node, through its agent
         ran = server.cli("health", "run", "--node", sick_name)
         assert ran.returncode == 2 and "BF16 GEMM 396 TFLOPS < 692" in ran.stdout, ran.stdout + ran.stderr
+        assert "check job" in ran.stdout
         time.sleep(3)
-        assert agent_node(sick_name)["state"] == "unhealthy"
+        assert out_of_service(agent_node(sick_name))
 
         server.cli("node", "inject-fault", sick_name, "--gpu", "0", "--clear", check=True)
         back = until(
@@ -213,11 +250,15 @@ def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_f
         )
         assert back["health"] == "healthy"
         events = [(e["from"], e["to"], e["actor"]) for e in agent_health(sick_name)["events"]]
-        assert ("ready", "unhealthy", "health") in events and ("unhealthy", "ready", "health") in events
+        assert ("ready", "unhealthy", "health") in events and events[-1] == ("cordoned", "ready", "health")
         shown = server.cli("node", "show", sick_name, check=True).stdout
         assert "passed the quick active checks" in shown
-        full = server.cli("health", "run", "--node", other, "--level", "full", "--json", check=True)
-        assert json.loads(full.stdout)[0]["health"] == "healthy"
+        full = server.cli("health", "run", "--node", sick_name, "--level", "full", "--json", check=True)
+        (report,) = json.loads(full.stdout)
+        assert report["health"] == "healthy" and report["active"]["result"]["allreduce_busbw_gbps"] is None
+        check_job(server, report["active"]["job"], sick_name, 1)
+        busy = server.cli("health", "run", "--node", other)  # the resumed job holds its GPU
+        assert busy.returncode == 1 and f"node {other} runs workload {job['id']}" in busy.stderr
         assert server.workload(job["id"])["attempt_list"][-1]["node"] == other
 
         bad = server.cli("node", "inject-fault", sick_name, "--gpu", "1", "--xid", "79")
@@ -266,9 +307,16 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
         return [(e["from"], e["to"], e["reason"]) for e in rows]
 
     try:
-        checked = ("cordoned", "ready", "health: passed the quick active checks (healthy)")
-        until("idle checks on both nodes", lambda: all(checked in events(n) for n in ("agent-0", "agent-1")))
-        assert ("ready", "cordoned", "health: active checks running") in events("agent-0")
+
+        def active(name: str) -> dict[str, Any]:
+            with server.http() as client:
+                return dict(client.get(f"/api/v1/health/{name}").json().get("active") or {})
+
+        until("idle checks on both nodes", lambda: all(active(n).get("job") for n in ("agent-0", "agent-1")))
+        for name in ("agent-0", "agent-1"):
+            assert active(name)["health"] == "healthy"
+            check_job(server, active(name)["job"], name, 1)
+        assert not [e for e in events("agent-0") if e[1] != "ready"]  # ready throughout: the job held the GPU
 
         user = "gpu_user_token_for_the_test"
         with sqlite3.connect(home / "gpupool.db") as db:

@@ -80,6 +80,7 @@ class Runtime:
         )
         self.metrics = Metrics(self.store, self.telemetry, self.health, lambda: self.reconciler.fair_shares)
         self.reconciler.cycle_observer = self.metrics.cycle_seconds.observe
+        self.reconciler.direct_binds = self.health.jobs.binds  # check jobs (control/health_jobs.py)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._health_thread: threading.Thread | None = None

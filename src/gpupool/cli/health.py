@@ -179,8 +179,9 @@ def node_show(
     active = health.get("active")
     if active:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(health["active_at"]))
+        job = f", job {active['job']}" if active.get("job") is not None else ""
         console.print(
-            f"[bold]active checks[/bold] ({at}): {health_styled(active['health'])} {active['evidence']}"
+            f"[bold]active checks[/bold] ({at}{job}): {health_styled(active['health'])} {active['evidence']}"
         )
     if bench:
         console.print("[bold]bench[/bold] (newest of each series; `gpupool bench results NAME --history`)")
@@ -240,7 +241,8 @@ def health_run(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run the passive and active checks now; an unhealthy node is drained, a passing one returns to service.
-    Exit status 2 when a node is unhealthy."""
+    The active checks run as a job on the node holding all its GPUs (queue gpupool-system), so a node that
+    runs other work is refused (--node) or skipped. Exit status 2 when a node is unhealthy."""
     if level not in ("quick", "full"):
         raise CliError(f"--level {level}: one of quick, full")
     with err_console.status(f"running the {level} health checks on {node or 'every node'}..."):
@@ -254,6 +256,11 @@ def health_run(
                 f"{r['evidence']}",
                 highlight=False,
             )
+            if r.get("skipped"):
+                console.print(f"  not checked now: {r['skipped']}", highlight=False)
+            job = (r.get("active") or {}).get("job")
+            if job is not None:
+                console.print(f"  check job {job} (`gpupool logs {job}`)", highlight=False)
             result = (r.get("active") or {}).get("result")
             if result:
                 table = Table(box=None, header_style="bold")

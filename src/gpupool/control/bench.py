@@ -290,27 +290,33 @@ class JobResults:
             log_path = Path(attempt.log_path)
         gang = [str(p["node"]) for p in pods]
         recorded = 0
-        for rank in range(len(gang)):
-            for said, report in reports_in_log(_tail(rank_log_path(log_path, rank))):
-                # The rank the line names wins: a backend may write every node's output into one file.
-                node = gang[said] if said is not None and 0 <= said < len(gang) else gang[rank]
-                try:
-                    summaries = summarize(report)
-                except BenchResultError as exc:
-                    log.warning(
-                        "event=bench_result_refused workload=%s rank=%d error=%r", workload_id, rank, str(exc)
-                    )
-                    continue
-                # gemm measures each node's own GPUs; a collective or training run measures the gang.
-                targets = [node] if summaries[0].kind == "gemm" else gang
-                try:
-                    recorded += len(
-                        record(self.store, summaries, targets, source=f"job {workload_id}", actor="bench-job",
-                               workload_id=workload_id, measured_together=gang)
-                    )  # fmt: skip
-                except NotFound as exc:  # the node left the pool since
-                    log.warning("event=bench_result_refused workload=%s error=%r", workload_id, exc.message)
+        for node, report in job_reports(log_path, gang):
+            try:
+                summaries = summarize(report)
+            except BenchResultError as exc:
+                log.warning(
+                    "event=bench_result_refused workload=%s node=%s error=%r", workload_id, node, str(exc)
+                )
+                continue
+            # gemm measures each node's own GPUs; a collective or training run measures the gang.
+            targets = [node] if summaries[0].kind == "gemm" else gang
+            try:
+                recorded += len(
+                    record(self.store, summaries, targets, source=f"job {workload_id}", actor="bench-job",
+                           workload_id=workload_id, measured_together=gang)
+                )  # fmt: skip
+            except NotFound as exc:  # the node left the pool since
+                log.warning("event=bench_result_refused workload=%s error=%r", workload_id, exc.message)
         return recorded
+
+
+def job_reports(log_path: Path, gang: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(node, report) for every result line (bench.results.result_line) in an attempt's rank logs on the
+    head, in rank order; `gang` is the node of each rank. Health check jobs report this way too."""
+    for rank in range(len(gang)):
+        for said, report in reports_in_log(_tail(rank_log_path(log_path, rank))):
+            # The rank the line names wins: a backend may write every node's output into one file.
+            yield (gang[said] if said is not None and 0 <= said < len(gang) else gang[rank]), report
 
 
 def _is_bench_job(spec: dict[str, Any]) -> bool:

@@ -6,12 +6,14 @@ Each pass (every second, in its own thread): the passive checks read the latest 
 the reconcile loop to stop its attempts (`stop_reason` "drain": SIGTERM, SIGKILL after the grace period,
 requeued to resume from the checkpoint). An unhealthy node gets the active checks every
 `schedule.recheck_interval` seconds; it returns to `ready` when they pass and no passive fault remains.
-Idle ready nodes get the active checks every `schedule.idle_interval` seconds, cordoned while they run.
+Idle ready nodes get the active checks every `schedule.idle_interval` seconds.
 Checks the loop schedules run in a thread of their own, so a slow node never holds up the others.
 Every change of state or verdict is an `Event` on the node (actor "health").
 
-The head runs the active checks and injects faults itself for its own GPUs; for an agent node it asks the
-node's agent (`AgentNodes.ask`, carried by the heartbeats; health/node_tasks.py is the agent's side).
+The active checks run as a gpupool job on the node, holding all its GPUs (control/health_jobs.py), on the
+head's own node and on agent nodes alike. Faults are injected by the head into its own simulated GPUs, and
+for an agent node by its agent when asked (`AgentNodes.ask`, carried by the heartbeats;
+health/node_tasks.py is the agent's side).
 """
 
 from __future__ import annotations
@@ -29,21 +31,25 @@ from sqlalchemy import select
 
 from gpupool.control.bench import BenchBook
 from gpupool.control.errors import Conflict, Invalid, NotFound
+from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckJobFailed, CheckJobs, require_free
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.gpu import GpuProvider
-from gpupool.health import checks, faults
-from gpupool.health.active import ActiveCheckError, ActiveRunner, AgentRunner, runner_for_gpus
+from gpupool.gpu import GpuProvider, SimulatedProvider
+from gpupool.health import checks, faults, simulated_state
+from gpupool.health.active import ActiveCheckError
 from gpupool.health.checks import Baseline, Finding, Verdict
 from gpupool.health.thresholds import LEVELS, HealthConfig
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Event, Gpu, Node
+from gpupool.store.models import Attempt, Event, Gpu, Node, Workload
 from gpupool.timeutil import as_utc, utcnow
 
 log = logging.getLogger("gpupool.health")
 
 ACTOR = "health"
 STOP_DRAIN = "drain"  # the reconcile loop's stop reason for work leaving a node (control.loop.STOP_DRAIN)
-CHECKING = "health: active checks running"  # state_reason while an idle node is cordoned for its checks
+CHECKING = "health: active checks running"  # state_reason of a node cordoned for its checks (older heads)
+# state_reason of an unhealthy node while its check job runs, then "; " and its reason as unhealthy. Cordoned,
+# not unhealthy, meanwhile: the scheduler restarts whatever runs on an unhealthy node (its stale-gang step).
+RECHECKING = "health: unhealthy, active checks running"
 STALE_AFTER = 30.0  # seconds without samples after which a node's last samples are not judged
 FAULTS = faults.FAULTS
 FAULT_TIMEOUT = 15.0  # seconds an agent node has to apply an injected fault and say so
@@ -78,6 +84,7 @@ class HealthMonitor:
         agents: AgentNodes | None = None,
         wake: Callable[[], None] = lambda: None,
         interval: float = 1.0,
+        jobs: CheckJobs | None = None,
     ) -> None:
         self.store, self.telemetry, self.config = store, telemetry, config
         self.local_node, self.local_gpus, self.agents = local_node, local_gpus, agents
@@ -96,6 +103,10 @@ class HealthMonitor:
         self.verdicts_total: Counter[tuple[str, str]] = Counter()  # (node, health) -> verdicts that changed
         self.failed_checks_total: Counter[str] = Counter()  # check -> findings that set a verdict
         self.bench = BenchBook(store)  # stored bench results, judged with the other checks (docs/bench.md)
+        # The active checks as jobs; the reconcile loop starts them (Reconciler.direct_binds = jobs.binds).
+        self.jobs = jobs or CheckJobs(store, wake=wake)
+        if isinstance(local_gpus, SimulatedProvider):  # where this head's check jobs find its GPUs
+            simulated_state.publish(local_gpus, local_node)
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -114,10 +125,14 @@ class HealthMonitor:
         for name, state, reason, busy in self._nodes_now():
             if state == "lost":
                 continue
+            rechecking = _rechecking(state, reason)
+            if rechecking and not self._busy(name):  # left so by a head that stopped during the checks
+                self._set_state(name, "unhealthy", _reason_before_recheck(reason), only_from="cordoned")
+                state, rechecking = "unhealthy", False
             verdict = self._with_bench(name, self._passive(name, fresh=True), now)
             if verdict is not None:
                 self._record(name, state, verdict, now)
-                if verdict.health == checks.UNHEALTHY:
+                if verdict.health == checks.UNHEALTHY and not rechecking:  # its check job decides
                     self._mark_unhealthy(name, verdict)
                     state = "unhealthy"
             with self._lock:
@@ -138,8 +153,8 @@ class HealthMonitor:
             elif state == "ready" and not busy and schedule.idle_interval > 0:
                 # A node never checked counts from the monitor's start: a restart does not test them all.
                 due = self._due(name, now, schedule.idle_interval, since=self._started)
-                if due and self.runner_for(name) is not None:
-                    self._check_later(name, schedule.idle_level, cordon=True)
+                if due and self.can_check(name):
+                    self._check_later(name, schedule.idle_level)
             elif state == "cordoned" and reason == CHECKING and not self._busy(name):
                 self._set_state(name, "ready", "health: active checks interrupted; back in service")
 
@@ -157,15 +172,14 @@ class HealthMonitor:
 
     # -- checks ---------------------------------------------------------------------------------------
 
-    def runner_for(self, name: str) -> ActiveRunner | None:
-        """Who runs the active checks of a node: the head for its own GPUs, the node's agent for its GPUs."""
+    def can_check(self, name: str) -> bool:
+        """Whether a check job can run on the node: the head's own node (its GPUs, the local backend) or a
+        connected agent's node (the agent backend). Slurm nodes are checked by Slurm's own health checks."""
         if name == self.local_node and self.local_gpus is not None:
-            return runner_for_gpus(self.local_gpus)
-        if self.agents is not None and self.agents.knows(name):
-            return AgentRunner(self.agents, name)
-        return None
+            return True
+        return self.agents is not None and self.agents.knows(name)
 
-    def _check_later(self, name: str, level: str, *, cordon: bool = False) -> None:
+    def _check_later(self, name: str, level: str) -> None:
         """Run the checks of one node in a thread of its own, unless they run already or PARALLEL_CHECKS
         others do (a later pass starts it: many idle nodes fall due at once)."""
         lock = self._running.setdefault(name, threading.Lock())
@@ -177,7 +191,9 @@ class HealthMonitor:
                 if not lock.acquire(blocking=False):
                     return
                 try:
-                    self._check_locked(name, level, cordon=cordon)
+                    self._check_locked(name, level)
+                except Conflict as exc:  # work started there, or the job was stopped: the next pass decides
+                    log.info("event=health_check_skipped node=%s level=%s why=%r", name, level, exc.message)
                 except Exception:  # the next due pass retries; the API's `health run` shows the error
                     log.exception("event=health_check_failed node=%s level=%s", name, level)
                 finally:
@@ -222,40 +238,56 @@ class HealthMonitor:
                 return 0, {}
             return len(node.gpus), {g.index: g.model for g in node.gpus}
 
-    def check(self, name: str, level: str, *, cordon: bool = False) -> dict[str, Any]:
-        """Passive and active checks of one node now; acts on the verdict; returns the report."""
+    def check(self, name: str, level: str) -> dict[str, Any]:
+        """Passive and active checks of one node now (its check job runs and is waited for); acts on the
+        verdict; returns the report. Conflict when the node runs other work (the job holds every GPU)."""
         if level not in LEVELS:
             raise Invalid(f"level {level!r}: one of {', '.join(LEVELS)}", field="level", example="quick")
         lock = self._running.setdefault(name, threading.Lock())
         with lock:
-            return self._check_locked(name, level, cordon=cordon)
+            return self._check_locked(name, level)
 
     def check_many(self, names: list[str], level: str) -> list[dict[str, Any]]:
-        """`check` of several nodes at once (up to PARALLEL_CHECKS together), reports in the order given."""
+        """`check` of several nodes at once (up to PARALLEL_CHECKS together), reports in the order given; a
+        node that cannot be checked now (it runs work) is reported as skipped, with why."""
         if len(names) <= 1:
             return [self.check(name, level) for name in names]
-        with ThreadPoolExecutor(min(PARALLEL_CHECKS, len(names)), thread_name_prefix="health-run") as pool:
-            return list(pool.map(lambda name: self.check(name, level), names))
 
-    def _check_locked(self, name: str, level: str, *, cordon: bool = False) -> dict[str, Any]:
+        def one(name: str) -> dict[str, Any]:
+            try:
+                return self.check(name, level)
+            except Conflict as exc:
+                return {"node": name, "level": level, **self.views().get(name, {}), "skipped": exc.message,
+                        "state": self._node_state(name)}  # fmt: skip
+
+        with ThreadPoolExecutor(min(PARALLEL_CHECKS, len(names)), thread_name_prefix="health-run") as pool:
+            return list(pool.map(one, names))
+
+    def _check_locked(self, name: str, level: str) -> dict[str, Any]:
         state = self._node_state(name)
-        runner = self.runner_for(name)
         passive = self._passive(name) or checks.verdict([], [])
-        if runner is None:
+        if not self.can_check(name):
             raise Conflict(
-                f"node {name}: no GPUs to check here: not the head's own node ({self.local_node}) and "
+                f"node {name}: no check job can run there: not the head's own node ({self.local_node}) and "
                 "no agent connected for it (`gpupool nodes` shows its state)"
             )
-        if cordon:
-            self._set_state(name, "cordoned", CHECKING, only_from="ready")
+        require_free(self.store, name)  # at once, rather than when the control loop would refuse the job
         began = time.time()
+        unhealthy_reason = self._recheck_begins(name) if state == "unhealthy" else None
         try:
-            result = runner.run(level)
-            active = checks.active(result, self.config)
-            active_view: dict[str, Any] = {"result": result.to_dict(), **active.to_dict()}
+            job = self.jobs.run(name, level)
+            active = checks.active(job.result, self.config)
+            active_view: dict[str, Any] = {
+                "job": job.workload_id, "result": job.result.to_dict(), **active.to_dict()
+            }  # fmt: skip
         except ActiveCheckError as exc:
             active = checks.verdict([Finding("active", checks.UNHEALTHY, str(exc))], ["active"])
-            active_view = {"result": None, **active.to_dict()}
+            job_id = exc.workload_id if isinstance(exc, CheckJobFailed) else None
+            active_view = {"job": job_id, "result": None, **active.to_dict()}
+        except BaseException:  # no verdict (the job was stopped, the node runs work): as it was
+            if unhealthy_reason is not None:
+                self._set_state(name, "unhealthy", unhealthy_reason, only_from="cordoned")
+            raise
         # A node that passes is judged with what it shows now acknowledged (old Xids, ECC counts).
         samples = self.telemetry.node_samples(name)
         tentative = Baseline()
@@ -282,17 +314,14 @@ class HealthMonitor:
             with self._lock:
                 self._unhealthy_since.pop(name, None)
                 self._held_out.pop(name, None)
-            if state == "unhealthy" or cordon:
+            if state == "unhealthy":
                 level_text = f"passed the {level} active checks"
                 self._set_state(name, "ready", f"health: {level_text} ({overall.health})", only_from=None)
                 self.wake()
         log.info(
-            "event=health_checked node=%s level=%s health=%s evidence=%r",
-            name,
-            level,
-            overall.health,
-            overall.evidence,
-        )
+            "event=health_checked node=%s level=%s job=%s health=%s evidence=%r",
+            name, level, active_view["job"], overall.health, overall.evidence,
+        )  # fmt: skip
         return {
             "node": name,
             "level": level,
@@ -333,6 +362,16 @@ class HealthMonitor:
 
     # -- acting on verdicts ---------------------------------------------------------------------------
 
+    def _recheck_begins(self, name: str) -> str | None:
+        """Cordon an unhealthy node for its check job (see RECHECKING); its reason as unhealthy, or None."""
+        with self.store.session() as s:
+            node = s.scalar(select(Node).where(Node.name == name))
+            if node is None or node.state != "unhealthy":
+                return None
+            before = node.state_reason
+            node.change_state("cordoned", f"{RECHECKING}; {before}", ACTOR)
+            return before
+
     def _mark_unhealthy(self, name: str, verdict: Verdict) -> None:
         reason = f"health: {verdict.evidence}"
         changed = self._set_state(name, "unhealthy", reason, only_from=None)
@@ -348,7 +387,13 @@ class HealthMonitor:
         marked = 0
         with self.store.session() as s:
             for attempt in s.scalars(
-                select(Attempt).where(Attempt.state == "running", Attempt.stop_requested_at.is_(None))
+                select(Attempt)
+                .join(Workload, Attempt.workload_id == Workload.id)
+                .where(
+                    Attempt.state == "running",
+                    Attempt.stop_requested_at.is_(None),
+                    Workload.queue != SYSTEM_QUEUE,  # a check job is what lets the node back
+                )
             ):
                 pods = attempt.pods or [{"node": attempt.node_name}]
                 if attempt.stop_reason != STOP_DRAIN and any(p["node"] == name for p in pods):
@@ -365,7 +410,7 @@ class HealthMonitor:
                 return False
             if state == "ready" and node.state not in ("unhealthy", "cordoned"):
                 return False
-            if state == "ready" and node.state == "cordoned" and node.state_reason != CHECKING:
+            if state == "ready" and node.state == "cordoned" and not _health_cordon(node.state_reason):
                 return False  # an operator's cordon is the operator's to lift
             return node.change_state(state, reason, ACTOR)
 
@@ -380,7 +425,7 @@ class HealthMonitor:
     def _nodes_now(self) -> list[tuple[str, str, str, bool]]:
         """Every node: (name, state, state reason, whether work runs on it); its GPUs go to `_gpus_now`."""
         with self.store.read() as s:
-            busy: set[str] = set()
+            busy: set[str] = set()  # nodes with running work; a check job counts too (one at a time)
             for node_name, pods in s.execute(
                 select(Attempt.node_name, Attempt.pods).where(Attempt.state == "running")
             ):
@@ -405,9 +450,12 @@ class HealthMonitor:
             raise Invalid(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}", field="fault")
         if name == self.local_node and self.local_gpus is not None:
             try:
-                return faults.inject(self.local_gpus, name, gpu, fault, value)
+                done = faults.inject(self.local_gpus, name, gpu, fault, value)
             except faults.FaultRefused as exc:
                 raise _service_error(exc.message, exc.kind, exc.field) from exc
+            if isinstance(self.local_gpus, SimulatedProvider):  # what this head's check jobs will read
+                simulated_state.publish(self.local_gpus, name)
+            return done
         if self.agents is None or not self.agents.knows(name):
             self._node_state(name)  # NotFound (naming the nodes) for a node that does not exist
             where = f"the head's own node ({self.local_node})" if self.local_gpus is not None else "none here"
@@ -446,11 +494,10 @@ class HealthMonitor:
                 "findings": [],
                 "checked_at": None,
             }
-        health = checks.UNHEALTHY if state == "unhealthy" else entry.verdict.health
+        out = state == "unhealthy" or _rechecking(state, state_reason)
+        health = checks.UNHEALTHY if out else entry.verdict.health
         evidence = (
-            state_reason
-            if state == "unhealthy" and entry.verdict.health != checks.UNHEALTHY
-            else entry.verdict.evidence
+            state_reason if out and entry.verdict.health != checks.UNHEALTHY else entry.verdict.evidence
         )
         return {
             "health": health,
@@ -485,6 +532,18 @@ def node_events(store: Store, name: str, limit: int = 50) -> list[dict[str, Any]
             }
             for e in reversed(rows)
         ]
+
+
+def _rechecking(state: str, reason: str) -> bool:
+    return state == "cordoned" and reason.startswith(RECHECKING)
+
+
+def _reason_before_recheck(reason: str) -> str:
+    return reason.partition("; ")[2] or "health: unhealthy"
+
+
+def _health_cordon(reason: str) -> bool:
+    return reason == CHECKING or reason.startswith(RECHECKING)
 
 
 def _service_error(message: str, kind: str, field: str | None) -> Invalid | Conflict:

@@ -95,6 +95,9 @@ class Reconciler:
         self._explained_at = 0.0
         self._inventory_generation = 0  # of the backend inventory last applied; 0: none (local backend)
         self.cycle_observer: Callable[[float], None] | None = None  # metrics: seconds of each schedule()
+        # Binds decided outside the scheduler (the health loop's check jobs, control/health_jobs.py), started
+        # before each pass schedules, so its snapshot sees them as running work.
+        self.direct_binds: Callable[[], list[scheduler.Bind]] | None = None
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -134,6 +137,8 @@ class Reconciler:
         now = time.time() if now is None else now
         self.sync_inventory()
         self.observe(now)
+        for bind in self.direct_binds() if self.direct_binds is not None else ():
+            self._start(bind)
         started = time.perf_counter()
         self.schedule(now)
         if self.cycle_observer is not None:

@@ -1,15 +1,16 @@
-"""What a node agent does when the head asks: run the active health checks on its GPUs, or inject a fault
-into its simulated GPUs.
+"""What a node agent does when the head asks: inject a fault into its simulated GPUs.
 
 The head lists its instructions in every heartbeat answer (`"instructions": [{"id", "kind", ...}]`) until
 the agent's reply reaches it (`"instruction_results"` in a heartbeat), so this is level-triggered like the
 rest of the protocol: a lost answer or reply is repaired by the next heartbeat. Each instruction is carried
-out once (its id is remembered), in a worker thread so a long check never holds up the heartbeats; its
+out once (its id is remembered), in a worker thread so it never holds up the heartbeats; its
 reply is kept and sent with every heartbeat until the head stops listing the instruction.
 
-Kinds: `health_check` (`level`: quick or full) replies `{"result": ActiveResult.to_dict()}`;
-`inject_fault` (`gpu`, `fault`, `value`) replies `{"result": "what was done"}`. A refusal or failure
-replies `{"error": message, "kind": ..., "field": ...}`.
+Kinds: `inject_fault` (`gpu`, `fault`, `value`) replies `{"result": "what was done"}`. A refusal or failure
+replies `{"error": message, "kind": ..., "field": ...}`. The active health checks are no instruction: they
+run as a gpupool job on the node like any other (control/health_jobs.py, health/check_job.py); for simulated
+GPUs the agent publishes their condition where its check jobs read it (health/simulated_state.py), at start
+and after every injected fault.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.gpu import GpuProvider
-from gpupool.health import faults
-from gpupool.health.active import ActiveCheckError, runner_for_gpus
+from gpupool.gpu import GpuProvider, SimulatedProvider
+from gpupool.health import faults, simulated_state
 
 log = logging.getLogger("gpupool.agent")
 
-KINDS = ("health_check", "inject_fault")
+KINDS = ("inject_fault",)
 REMEMBERED = 256  # instruction ids remembered as carried out (an answer listing one again does not rerun it)
 
 
@@ -41,6 +41,14 @@ class NodeTasks:
         self._seen: deque[str] = deque(maxlen=REMEMBERED)
         self._results: dict[str, dict[str, Any]] = {}
         self._worker: threading.Thread | None = None
+        self._publish()
+
+    def _publish(self) -> None:
+        if isinstance(self.gpus, SimulatedProvider):
+            try:
+                simulated_state.publish(self.gpus, self.node)
+            except OSError as exc:  # check jobs then fail and say so; the agent goes on
+                log.warning("event=simulated_state_unwritable node=%s error=%r", self.node, str(exc))
 
     def take(self, listed: list[dict[str, Any]]) -> None:
         """The instructions a heartbeat answer lists: new ones are queued; replies to instructions the head
@@ -74,15 +82,10 @@ class NodeTasks:
         kind = item.get("kind")
         log.info("event=instruction node=%s kind=%s id=%s", self.node, kind, item.get("id"))
         try:
-            if kind == "health_check":
-                runner = runner_for_gpus(self.gpus)
-                if runner is None:
-                    return {"error": f"node {self.node} has no GPUs to check", "kind": "conflict"}
-                return {"result": runner.run(str(item.get("level") or "quick")).to_dict()}
             if kind == "inject_fault":
-                done = faults.inject(
-                    self.gpus, self.node, item.get("gpu"), str(item.get("fault")), item.get("value")
-                )
+                gpu: Any = item.get("gpu")  # faults.inject refuses anything but a GPU index, naming it
+                done = faults.inject(self.gpus, self.node, gpu, str(item.get("fault")), item.get("value"))
+                self._publish()
                 log.warning("event=fault_injected node=%s result=%r", self.node, done)
                 return {"result": done}
             return {
@@ -92,7 +95,7 @@ class NodeTasks:
             }
         except faults.FaultRefused as exc:
             return exc.to_dict()
-        except (ActiveCheckError, ValueError) as exc:
+        except ValueError as exc:
             return {"error": str(exc), "kind": "failed"}
         except Exception as exc:  # one failed instruction must not end the agent; the head shows why
             log.exception("event=instruction_failed node=%s kind=%s", self.node, kind)

@@ -39,7 +39,7 @@ def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> li
     runtime = request.app.state.runtime
     node = body.get("node")
     names = (
-        [str(node)] if node else [n for n in sorted(runtime.health.views()) if runtime.health.runner_for(n)]
+        [str(node)] if node else [n for n in sorted(runtime.health.views()) if runtime.health.can_check(n)]
     )
     if not names:
         raise ApiError(

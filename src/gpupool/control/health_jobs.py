@@ -1,0 +1,294 @@
+"""Active health checks as gpupool jobs: submitted by the health loop, bound by the control loop, read back
+from the job's log.
+
+A check job is an ordinary workload (`gpupool jobs`, `gpupool why`, `gpupool logs` show it) in the system
+queue `gpupool-system` (quota 0, over-quota weight 0: it never takes a team's share), non-preemptible,
+pinned to the node it checks (placement.nodes) and holding every GPU of the node, so no other work shares
+the GPUs while it measures them. Its command is `python -m gpupool.health.check_job` (health/check_job.py).
+
+The scheduler never places a check job: the node may be unhealthy or cordoned, and non-preemptible work
+over its queue's quota (0) is never admitted. Like Slurm's HealthCheckProgram or Kubernetes'
+node-problem-detector, the checks run outside the scheduler, but through the same store and lifecycle path
+as its decisions: the health loop asks (`run`, in its own thread), and the reconcile loop, at the start of a
+pass and in its own thread, submits the job and starts it with the placement the health loop chose
+(`binds`, called by `Reconciler.tick`, which hands each Bind to the same `_start` as the scheduler's). So a
+check job is never started next to work the scheduler placed in the same pass, and the scheduler's next
+snapshot sees it as running work holding those GPUs.
+
+When the job ends, its result line is read from the attempt's log on the head with the reader bench jobs
+use (control.bench.job_reports); every backend delivers logs there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from gpupool import scheduler
+from gpupool.control import service
+from gpupool.control.bench import job_reports
+from gpupool.control.errors import Conflict, NotFound, ServiceError
+from gpupool.control.lifecycle import PENDING, RUNNING, TERMINAL
+from gpupool.health.active import TORCH_TIMEOUT, ActiveCheckError
+from gpupool.health.check_job import REPORT_KIND
+from gpupool.health.checks import ActiveResult
+from gpupool.spec import QueueSpec, WorkloadSpec
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Node, Queue, Workload
+
+log = logging.getLogger("gpupool.health")
+
+SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no quota
+USER = "health"  # the user check jobs are submitted as
+PRIORITY = "build"  # a named class above train; check jobs are non-preemptible in any case
+GRACE = 10.0  # seconds a check job gets between SIGTERM and SIGKILL
+BIND_TIMEOUT = 30.0  # seconds the reconcile loop has to take a requested check job
+WAIT_MARGIN = 60.0  # seconds beyond the job's max_duration before the health loop stops waiting
+LOG_WAIT = 15.0  # seconds a finished job's result line may take to reach the head (an agent ships it)
+POLL = 0.2  # seconds between looks at a running check job
+
+
+class CheckJobFailed(ActiveCheckError):
+    """The check job ran but reported no figures (it could not measure, or it died): the node fails."""
+
+    def __init__(self, message: str, workload_id: int | None) -> None:
+        super().__init__(message)
+        self.workload_id = workload_id
+
+
+class CheckInterrupted(Conflict):
+    """The check job was stopped before it reported (cancelled, or its node drained): no verdict."""
+
+
+@dataclass(frozen=True)
+class CheckJob:
+    workload_id: int
+    node: str
+    result: ActiveResult
+
+
+@dataclass
+class _Request:
+    node: str
+    level: str
+    taken: threading.Event = field(default_factory=threading.Event)
+    workload_id: int | None = None
+    refused: Exception | None = None
+
+
+def ensure_system_queue(store: Store) -> None:
+    """The queue check jobs are accounted to: no quota and no share of idle capacity."""
+    with store.session() as s:
+        if s.scalar(select(Queue).where(Queue.name == SYSTEM_QUEUE)) is None:
+            spec = QueueSpec.model_validate(
+                {
+                    "name": SYSTEM_QUEUE,
+                    "description": "gpupool's own work (node health checks); started by the head, not the "
+                    "scheduler, and never counted against a team",
+                    "resources": {"gpu": {"quota": 0, "over_quota_weight": 0}},
+                }
+            )
+            s.add(Queue(name=SYSTEM_QUEUE, parent=None, priority=0, spec=spec.model_dump(mode="json")))
+
+
+def job_spec(node: str, level: str, gpus: int, *, simulated: bool, python: str) -> dict[str, Any]:
+    """The workload spec of one node's check job (as `gpupool submit` takes it)."""
+    command = f"{shlex.quote(python)} -m gpupool.health.check_job --level {level}"
+    if simulated:
+        command += f" --simulated {shlex.quote(node)}"
+    return {
+        "kind": "job",
+        "name": f"health-{level}-{node}"[:63].rstrip("-."),
+        "queue": SYSTEM_QUEUE,
+        "priority": PRIORITY,
+        "preemptible": False,
+        "resources": {"gpu": gpus},
+        "commands": [command],
+        "workdir": "/",  # exists on every node; the job writes nothing there
+        "max_duration": TORCH_TIMEOUT[level],
+        "grace_period": GRACE,
+        "placement": {"nodes": [node]},
+    }
+
+
+def require_free(store: Store, node: str) -> None:
+    """Conflict, naming the work, when anything runs on the node: the check job needs every GPU of it."""
+    with store.read() as s:
+        rows = s.execute(
+            select(Attempt.workload_id, Workload.name, Attempt.node_name, Attempt.pods)
+            .join(Workload, Attempt.workload_id == Workload.id)
+            .where(Attempt.state == RUNNING)
+        ).all()
+    busy = [
+        (wid, name)
+        for wid, name, where, pods in rows
+        if node in {p["node"] for p in pods or [{"node": where}]}
+    ]
+    if busy:
+        work = ", ".join(f"workload {wid} ({name})" for wid, name in busy)
+        raise Conflict(
+            f"node {node} runs {work}: the active checks hold every GPU of the node; wait for that work to "
+            f"end or drain the node first (`gpupool node drain {node}`)",
+            field="node",
+        )
+
+
+class CheckJobs:
+    """Check jobs asked for by the health loop's threads and started by the reconcile loop; thread-safe."""
+
+    def __init__(
+        self, store: Store, *, wake: Callable[[], None] = lambda: None, python: str = sys.executable
+    ) -> None:
+        self.store, self.wake, self.python = store, wake, python
+        self._lock = threading.Lock()
+        self._asked: list[_Request] = []
+        ensure_system_queue(store)
+
+    # -- the health loop's side --------------------------------------------------------------------------
+
+    def run(self, node: str, level: str) -> CheckJob:
+        """Run the node's check job and wait for its result. Raises Conflict (the node runs other work, is
+        lost, or the job was stopped before it reported: no verdict) or CheckJobFailed (the node fails)."""
+        request = _Request(node, level)
+        with self._lock:
+            self._asked.append(request)
+        self.wake()
+        if not request.taken.wait(BIND_TIMEOUT):
+            with self._lock:
+                if request in self._asked:
+                    self._asked.remove(request)
+                    raise Conflict(
+                        f"node {node}: the control loop did not start the check job within {BIND_TIMEOUT:g}s "
+                        "(is the server's reconcile loop running?)"
+                    )
+            request.taken.wait()  # taken in the meantime: binds() is about to answer
+        if request.refused is not None:
+            raise request.refused
+        assert request.workload_id is not None
+        return self._outcome(request.workload_id, node, level)
+
+    def _outcome(self, workload_id: int, node: str, level: str) -> CheckJob:
+        deadline = time.monotonic() + TORCH_TIMEOUT[level] + GRACE + WAIT_MARGIN
+        state, reason, started = self._state(workload_id)
+        while state not in TERMINAL:
+            if state == PENDING and started:
+                # Stopped and requeued (its node drained): a check job is not resumed elsewhere.
+                self._cancel(workload_id)
+                raise CheckInterrupted(
+                    f"node {node}: check job {workload_id} was stopped before it reported ({reason}); "
+                    "the node's verdict is unchanged"
+                )
+            if time.monotonic() > deadline:
+                self._cancel(workload_id)
+                raise CheckJobFailed(
+                    f"check job {workload_id} did not end within {TORCH_TIMEOUT[level] + WAIT_MARGIN:g}s "
+                    f"(`gpupool logs {workload_id}`)",
+                    workload_id,
+                )
+            time.sleep(POLL)
+            state, reason, started = self._state(workload_id)
+        if state == "cancelled":
+            raise CheckInterrupted(
+                f"node {node}: check job {workload_id} was cancelled before it reported ({reason}); "
+                "the node's verdict is unchanged"
+            )
+        report = self._report(workload_id)
+        waited = time.monotonic() + LOG_WAIT
+        while report is None and time.monotonic() < waited:
+            time.sleep(POLL)
+            report = self._report(workload_id)
+        if report is None:
+            raise CheckJobFailed(
+                f"check job {workload_id} {state} ({reason}) without reporting figures "
+                f"(`gpupool logs {workload_id}`)",
+                workload_id,
+            )
+        if report.get("error") or not isinstance(report.get("result"), dict):
+            raise CheckJobFailed(
+                f"check job {workload_id}: {report.get('error') or 'no result in its report'}", workload_id
+            )
+        result = ActiveResult.from_dict(report["result"])
+        log.info(
+            "event=health_check_job_done node=%s workload=%d level=%s state=%s",
+            node,
+            workload_id,
+            level,
+            state,
+        )
+        return CheckJob(workload_id, node, result)
+
+    def _state(self, workload_id: int) -> tuple[str, str, bool]:
+        with self.store.read() as s:
+            row = s.execute(
+                select(Workload.state, Workload.reason, Workload.started_at).where(Workload.id == workload_id)
+            ).first()
+        if row is None:
+            raise CheckInterrupted(f"check job {workload_id} was deleted before it reported")
+        return str(row[0]), str(row[1]), row[2] is not None
+
+    def _report(self, workload_id: int) -> dict[str, Any] | None:
+        with self.store.read() as s:
+            attempt = s.scalars(
+                select(Attempt).where(Attempt.workload_id == workload_id).order_by(Attempt.number.desc())
+            ).first()
+            if attempt is None:
+                return None
+            gang = [str(p["node"]) for p in attempt.pods or [{"node": attempt.node_name}]]
+            log_path = Path(attempt.log_path)
+        found = [r for _, r in job_reports(log_path, gang) if r.get("kind") == REPORT_KIND]
+        return found[-1] if found else None
+
+    def _cancel(self, workload_id: int) -> None:
+        with contextlib.suppress(ServiceError):  # it ended meanwhile
+            service.cancel(self.store, workload_id, actor=USER)
+        self.wake()
+
+    # -- the reconcile loop's side -------------------------------------------------------------------------
+
+    def binds(self) -> list[scheduler.Bind]:
+        """Submit the check jobs asked for since the last pass and return their placements; the reconcile
+        loop starts each at once, before it schedules (Reconciler.tick)."""
+        with self._lock:
+            asked, self._asked = self._asked, []
+        placed = []
+        for request in asked:
+            try:
+                placed.append(self._submit(request))
+            except Exception as exc:  # the asking thread raises it; other requests go on
+                request.refused = exc
+            request.taken.set()
+        return placed
+
+    def _submit(self, request: _Request) -> scheduler.Bind:
+        name = request.node
+        with self.store.read() as s:
+            node = s.scalar(select(Node).where(Node.name == name))
+            if node is None:
+                raise NotFound(f"no node named {name!r}", field="node")
+            if node.state == "lost":
+                raise Conflict(
+                    f"node {name} is lost (no heartbeat); its checks run when it is back", field="node"
+                )
+            indices = sorted(g.index for g in node.gpus)
+            simulated = any(g.simulated for g in node.gpus)
+        if not indices:
+            raise Conflict(f"node {name} has no GPUs to check", field="node")
+        require_free(self.store, name)
+        spec = job_spec(name, request.level, len(indices), simulated=simulated, python=self.python)
+        view = service.submit(self.store, WorkloadSpec.model_validate(spec), user=USER)
+        request.workload_id = int(view["id"])
+        log.info(
+            "event=health_check_job_submitted node=%s workload=%d level=%s gpus=%d",
+            name, request.workload_id, request.level, len(indices),
+        )  # fmt: skip
+        return scheduler.Bind(request.workload_id, (scheduler.PodPlacement(name, tuple(indices), 1.0),))
