@@ -51,14 +51,18 @@ FINAL_NODE_FAILURE = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 DRAIN_PREFIX = "gpupool: "
 # Hand-off: a finished job keeps its allocation until gpupool has submitted the job it placed on the
 # same GPUs (or the control loop's pass ends with nothing placed there; RELEASE_AFTER if the loop stalls;
-# HANDOFF_MAX if the head is gone), so that the successor is already pending when Slurm frees the GPUs
-# and a scheduling pass that the completion triggers starts it, instead of Slurm's next periodic pass
-# (up to `batch_sched_delay`, 3 s by default, later). See docs/slurm.md.
+# HANDOFF_MAX if the head is gone), so that the successor is already pending when Slurm frees the GPUs.
+# The head then ends the finished job's allocation with libslurm's slurm_complete_job while its batch
+# script still runs: slurmd stops the script and reports with an epilog-complete message, on which
+# slurmctld schedules at once and starts the successor, instead of at its next periodic pass (up to
+# `batch_sched_delay`, 3 s by default, later). Without libslurm the head touches RUN_DIR/released and the
+# script ends by itself. See docs/slurm.md.
 RELEASE_AFTER = 1.0
 HANDOFF_MAX = 2.0
 
 # The batch script: a POSIX shell that outlasts SIGTERM (the job checkpoints under it), then writes
-# RUN_DIR/exit_code atomically, as the local backend's shim does, then waits for the hand-off (above).
+# RUN_DIR/exit_code atomically, as the local backend's shim does, then waits for the hand-off (above),
+# which ends with slurmd's SIGTERM or with RUN_DIR/released.
 # Where Slurm binds the GPUs itself it sets CUDA_VISIBLE_DEVICES and its choice stands; where it does not
 # (GRES without device files), gpupool's does.
 BATCH_SCRIPT = """#!/bin/sh
@@ -68,6 +72,7 @@ trap true TERM INT HUP
 unset GPUPOOL_DEVICES
 {run}; code=$?
 printf "%s\\n" "$code" > {run_dir}/exit_code.tmp && mv -f {run_dir}/exit_code.tmp {run_dir}/exit_code
+trap 'exit "$code"' TERM
 i=0
 while [ ! -e {run_dir}/released ] && [ "$i" -lt {handoff_ticks} ]; do sleep 0.05; i=$((i + 1)); done
 exit "$code"
@@ -146,6 +151,7 @@ class SlurmBackend:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.commands.close()
         calls = " ".join(f"{name}={n}" for name, n in sorted(self.commands.calls.items()))
         log.info("event=slurm_commands_run %s", calls)
 
@@ -188,7 +194,10 @@ class SlurmBackend:
             ]
             for job_id, _ in due:
                 self._handing_off.pop(job_id, None)
-        for _, run_dir in due:
+        for job_id, run_dir in due:
+            code = _read_exit_code(run_dir)
+            if code is not None and self.commands.complete_job(job_id, code):
+                continue
             try:
                 (run_dir / "released").touch()
             except OSError as exc:  # the script stops waiting by itself after HANDOFF_MAX

@@ -1,4 +1,5 @@
-"""Slurm's client commands (sbatch, squeue, scontrol, scancel) run and their output parsed.
+"""Slurm's client commands (sbatch, squeue, scontrol, scancel) run and their output parsed, and the one
+call of Slurm's C library (libslurm) that no command offers.
 
 Only the one-line (`-o`) and `squeue -o FORMAT` outputs are read: they are stable across Slurm versions
 from 20.11 on and need no JSON plugin on the head.
@@ -6,17 +7,49 @@ from 20.11 on and need no JSON plugin on the head.
 
 from __future__ import annotations
 
+import ctypes.util
+import logging
 import os
 import re
+import select
 import shutil
 import subprocess
+import sys
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
+
+log = logging.getLogger("gpupool.slurm")
 
 TOOLS = ("sbatch", "squeue", "scontrol", "scancel")
 COMMAND_TIMEOUT = 30.0  # seconds; slurmctld answers in milliseconds unless it is down
+
+# GPUPOOL_SLURM_LIBRARY: the libslurm to load (a path), or "none" to do without it; unset, it is looked up.
+LIBRARY_VARIABLE = "GPUPOOL_SLURM_LIBRARY"
+
+# libslurm's slurm_complete_job (what salloc calls when its shell exits) ends a running job's allocation
+# with an exit code, as the job's own end would (COMPLETED, or FAILED with that code). It runs in a child
+# process, so that the library's global symbols and threads stay out of the head: one line in
+# ("<job id> <exit code>"), one line out ("ok", or "error <why>").
+LIBRARY_CHILD = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # its plugins (auth/munge) link against it
+if hasattr(lib, "slurm_init"):
+    lib.slurm_init(None)  # slurm.conf from SLURM_CONF, or Slurm's default place
+lib.slurm_complete_job.argtypes = (ctypes.c_uint32, ctypes.c_uint32)
+lib.slurm_strerror.restype = ctypes.c_char_p
+lib.slurm_strerror.argtypes = (ctypes.c_int,)
+print("ready", flush=True)
+for line in sys.stdin:
+    job_id, code = line.split()
+    if lib.slurm_complete_job(int(job_id), (int(code) & 0xFF) << 8) == 0:  # a wait status: exited, code
+        print("ok", flush=True)
+    else:
+        print("error", lib.slurm_strerror(lib.slurm_get_errno()).decode(errors="replace"), flush=True)
+"""
 
 # squeue's fields, "|"-separated; the job name goes last because it may contain "|".
 SQUEUE_FORMAT = "%A|%T|%D|%C|%b|%u|%S|%N|%r|%j"
@@ -53,6 +86,9 @@ class SlurmCommands:
         self.env = dict(os.environ if env is None else env)
         self.timeout = timeout
         self.calls: Counter[str] = Counter()  # commands run, by name ("squeue", "sbatch", ...)
+        self._library: SlurmLibrary | None = None  # started at the first complete_job
+        self._library_failed = False
+        self._library_lock = threading.Lock()
 
     def run(
         self, *argv: str, env: Mapping[str, str] | None = None, check: bool = True
@@ -139,6 +175,117 @@ class SlurmCommands:
         if reason is not None:
             argv.append(f"reason={reason}")
         self.run(*argv)
+
+    def complete_job(self, job_id: str, exit_code: int) -> bool:
+        """End a running job's allocation with its exit code, through libslurm; False when libslurm is
+        not available here or slurmctld refused (the job then ends by itself)."""
+        with self._library_lock:
+            if self._library is None and not self._library_failed:
+                path = find_libslurm(self.env)
+                try:
+                    self._library = SlurmLibrary(path, self.env, self.timeout) if path else None
+                except SlurmError as exc:
+                    log.warning("event=slurm_library_unavailable path=%s error=%r", path, str(exc))
+                if self._library is None:
+                    self._library_failed = True
+                    log.info("event=slurm_library path=%s", path or "none")
+            if self._library is None:
+                return False
+            self.calls["slurm_complete_job"] += 1
+            try:
+                error = self._library.complete_job(job_id, exit_code)
+            except SlurmError as exc:
+                log.warning("event=slurm_library_failed job=%s error=%r", job_id, str(exc))
+                self._library.close()
+                self._library, self._library_failed = None, True
+                return False
+        if error:
+            log.info("event=slurm_complete_job_refused job=%s error=%r", job_id, error)
+        return not error
+
+    def close(self) -> None:
+        with self._library_lock:
+            if self._library is not None:
+                self._library.close()
+                self._library = None
+
+
+def find_libslurm(env: Mapping[str, str]) -> str | None:
+    """The libslurm to load: GPUPOOL_SLURM_LIBRARY, else the public libslurm.so.N (Debian: libslurm38,
+    RHEL: slurm), else the libslurmfull.so that Slurm's own commands use (Debian: slurm-client)."""
+    chosen = env.get(LIBRARY_VARIABLE, "").strip()
+    if chosen:
+        return None if chosen == "none" else chosen
+    found = ctypes.util.find_library("slurm")
+    if found:
+        return found
+    sbatch = shutil.which("sbatch", path=env.get("PATH"))
+    if sbatch is None:
+        return None
+    prefix = Path(os.path.realpath(sbatch)).parent.parent
+    for pattern in ("lib*/slurm*/libslurmfull.so", "lib*/*/slurm*/libslurmfull.so"):
+        for path in sorted(prefix.glob(pattern)):
+            return str(path)
+    return None
+
+
+class SlurmLibrary:
+    """A child process that calls libslurm (LIBRARY_CHILD) for the head."""
+
+    def __init__(self, path: str, env: Mapping[str, str], timeout: float) -> None:
+        self.timeout = timeout
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", LIBRARY_CHILD, path],
+            env=dict(env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        try:
+            answer = self._answer()
+        except SlurmError as exc:
+            self.close()
+            raise SlurmError(f"libslurm at {path} did not load: {exc}") from exc
+        if answer != "ready":
+            self.close()
+            raise SlurmError(f"libslurm at {path} did not load: {answer}")
+
+    def complete_job(self, job_id: str, exit_code: int) -> str:
+        """ "" when slurmctld took it, else why not."""
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(f"{int(job_id)} {int(exit_code)}\n")
+            self._proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            raise SlurmError(f"the libslurm child is gone: {exc}") from exc
+        answer = self._answer()
+        if answer == "ok":
+            return ""
+        if answer.startswith("error"):
+            return answer.removeprefix("error").strip() or "refused"
+        raise SlurmError(f"the libslurm child answered {answer!r}")
+
+    def _answer(self) -> str:
+        assert self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], self.timeout)
+        line = self._proc.stdout.readline() if ready else ""
+        if line:
+            return line.strip()
+        if self._proc.poll() is None:
+            raise SlurmError(f"the libslurm child did not answer in {self.timeout:g}s")
+        assert self._proc.stderr is not None
+        lines = self._proc.stderr.read().strip().splitlines()
+        raise SlurmError(lines[-1] if lines else f"the libslurm child exited ({self._proc.returncode})")
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 # -- parsing ----------------------------------------------------------------------------------------------
