@@ -78,6 +78,8 @@ def check_job(server: ServerProcess, workload_id: int, node_name: str, gpus: int
     assert attempt["node"] == node_name and attempt["gpu_indices"] == list(range(gpus))
     log = server.cli("logs", str(workload_id), check=True).stdout
     assert "GEMM TFLOPS" in log and "# gpupool-bench-result " in log
+    why = server.cli("why", str(workload_id), check=True).stdout
+    assert "succeeded" in why and "queue gpupool-system" in why and "quota 0" in why
     return job
 
 

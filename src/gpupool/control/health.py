@@ -122,6 +122,7 @@ class HealthMonitor:
         now = time.time() if now is None else now
         schedule = self.config.schedule
         self.bench.refresh()
+        self.jobs.sweep(now)
         for name, state, reason, busy in self._nodes_now():
             if state == "lost":
                 continue

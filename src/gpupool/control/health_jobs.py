@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,11 @@ from gpupool.health.checks import ActiveResult
 from gpupool.spec import QueueSpec, WorkloadSpec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Queue, Workload
+from gpupool.timeutil import utcnow
 
 log = logging.getLogger("gpupool.health")
 
-SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no quota
+SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no quota, made when first needed
 USER = "health"  # the user check jobs are submitted as
 PRIORITY = "build"  # a named class above train; check jobs are non-preemptible in any case
 GRACE = 10.0  # seconds a check job gets between SIGTERM and SIGKILL
@@ -56,6 +58,7 @@ BIND_TIMEOUT = 30.0  # seconds the reconcile loop has to take a requested check 
 WAIT_MARGIN = 60.0  # seconds beyond the job's max_duration before the health loop stops waiting
 LOG_WAIT = 15.0  # seconds a finished job's result line may take to reach the head (an agent ships it)
 POLL = 0.2  # seconds between looks at a running check job
+SWEEP_INTERVAL = 60.0  # seconds between looks for pending check jobs nobody waits for
 
 
 class CheckJobFailed(ActiveCheckError):
@@ -152,7 +155,8 @@ class CheckJobs:
         self.store, self.wake, self.python = store, wake, python
         self._lock = threading.Lock()
         self._asked: list[_Request] = []
-        ensure_system_queue(store)
+        self._waited: set[int] = set()  # check jobs a thread of this head waits for
+        self._swept = 0.0
 
     # -- the health loop's side --------------------------------------------------------------------------
 
@@ -175,7 +179,11 @@ class CheckJobs:
         if request.refused is not None:
             raise request.refused
         assert request.workload_id is not None
-        return self._outcome(request.workload_id, node, level)
+        try:
+            return self._outcome(request.workload_id, node, level)
+        finally:
+            with self._lock:
+                self._waited.discard(request.workload_id)
 
     def _outcome(self, workload_id: int, node: str, level: str) -> CheckJob:
         deadline = time.monotonic() + TORCH_TIMEOUT[level] + GRACE + WAIT_MARGIN
@@ -202,11 +210,16 @@ class CheckJobs:
                 f"node {node}: check job {workload_id} was cancelled before it reported ({reason}); "
                 "the node's verdict is unchanged"
             )
-        report = self._report(workload_id)
+        report, attempt_state = self._report(workload_id)
         waited = time.monotonic() + LOG_WAIT
-        while report is None and time.monotonic() < waited:
+        while report is None and attempt_state != "evicted" and time.monotonic() < waited:
             time.sleep(POLL)
-            report = self._report(workload_id)
+            report, attempt_state = self._report(workload_id)
+        if report is None and attempt_state == "evicted":  # its node turned unhealthy or was lost meanwhile
+            raise CheckInterrupted(
+                f"node {node}: check job {workload_id} was stopped before it reported ({reason}); "
+                "the node's verdict is unchanged"
+            )
         if report is None:
             raise CheckJobFailed(
                 f"check job {workload_id} {state} ({reason}) without reporting figures "
@@ -236,17 +249,38 @@ class CheckJobs:
             raise CheckInterrupted(f"check job {workload_id} was deleted before it reported")
         return str(row[0]), str(row[1]), row[2] is not None
 
-    def _report(self, workload_id: int) -> dict[str, Any] | None:
+    def _report(self, workload_id: int) -> tuple[dict[str, Any] | None, str]:
+        """The job's report from its last attempt's log (None: none yet), and that attempt's state."""
         with self.store.read() as s:
             attempt = s.scalars(
                 select(Attempt).where(Attempt.workload_id == workload_id).order_by(Attempt.number.desc())
             ).first()
             if attempt is None:
-                return None
+                return None, ""
             gang = [str(p["node"]) for p in attempt.pods or [{"node": attempt.node_name}]]
-            log_path = Path(attempt.log_path)
+            log_path, state = Path(attempt.log_path), attempt.state
         found = [r for _, r in job_reports(log_path, gang) if r.get("kind") == REPORT_KIND]
-        return found[-1] if found else None
+        return (found[-1] if found else None), state
+
+    def sweep(self, now: float) -> None:
+        """Cancel pending check jobs no thread of this head waits for (left by a head that stopped, then
+        requeued by a drain: the scheduler would never place them), at most every SWEEP_INTERVAL seconds."""
+        if now - self._swept < SWEEP_INTERVAL:
+            return
+        self._swept = now
+        with self.store.read() as s:
+            pending = s.scalars(
+                select(Workload.id).where(
+                    Workload.queue == SYSTEM_QUEUE,
+                    Workload.state == PENDING,
+                    Workload.updated_at < utcnow() - timedelta(seconds=SWEEP_INTERVAL),  # not one being bound
+                )
+            ).all()
+        with self._lock:
+            orphans = [wid for wid in pending if wid not in self._waited]
+        for wid in orphans:
+            log.info("event=health_check_job_orphaned workload=%d", wid)
+            self._cancel(wid)
 
     def _cancel(self, workload_id: int) -> None:
         with contextlib.suppress(ServiceError):  # it ended meanwhile
@@ -284,9 +318,12 @@ class CheckJobs:
         if not indices:
             raise Conflict(f"node {name} has no GPUs to check", field="node")
         require_free(self.store, name)
+        ensure_system_queue(self.store)  # with the first check job: a pool that never checks has none
         spec = job_spec(name, request.level, len(indices), simulated=simulated, python=self.python)
         view = service.submit(self.store, WorkloadSpec.model_validate(spec), user=USER)
         request.workload_id = int(view["id"])
+        with self._lock:
+            self._waited.add(request.workload_id)
         log.info(
             "event=health_check_job_submitted node=%s workload=%d level=%s gpus=%d",
             name, request.workload_id, request.level, len(indices),

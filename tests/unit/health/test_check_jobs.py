@@ -1,0 +1,161 @@
+"""Check jobs (control/health_jobs.py): what they ask for, that the control loop starts them only on a node
+with nothing running, and that the scheduler neither places nor evicts them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from gpupool import scheduler
+from gpupool.control.errors import Conflict
+from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckJobs, job_spec
+from gpupool.spec import WorkloadSpec
+from gpupool.spec.views import queue_view
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Gpu, Node, Queue, Workload
+from gpupool.timeutil import utcnow
+
+
+def _store(tmp_path: Path) -> Store:
+    store = Store(f"sqlite:///{tmp_path}/gpupool.db")
+    with store.session() as s:
+        for name in ("node-1", "node-2"):
+            node = Node(name=name, state="ready", state_reason="", labels={}, backend="local")
+            node.gpus = [
+                Gpu(index=i, uuid=f"GPU-{name}-{i}", model="H100", product_name="H100", memory_bytes=80 << 30,
+                    simulated=True)
+                for i in range(2)
+            ]  # fmt: skip
+            s.add(node)
+    return store
+
+
+def test_a_check_job_is_a_pinned_non_preemptible_job_of_the_system_queue_holding_every_gpu() -> None:
+    spec = WorkloadSpec.model_validate(
+        job_spec("node-1", "full", 8, simulated=True, python="/usr/bin/python3")
+    )
+    assert (spec.queue, spec.preemptible, spec.nodes, spec.placement.nodes) == (
+        SYSTEM_QUEUE,
+        False,
+        1,
+        ["node-1"],
+    )
+    assert spec.resources.gpu.count == 8 and spec.max_duration == 900.0
+    assert spec.commands == ["/usr/bin/python3 -m gpupool.health.check_job --level full --simulated node-1"]
+    real = job_spec("node-1", "quick", 8, simulated=False, python="/usr/bin/python3")
+    assert real["commands"] == ["/usr/bin/python3 -m gpupool.health.check_job --level quick"]
+
+
+def test_the_control_loop_starts_a_check_job_only_on_a_node_with_nothing_running(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    jobs = CheckJobs(store)
+    with store.session() as s:
+        user = Workload(name="train", queue="default", spec={}, state="running")
+        s.add(user)
+        s.flush()
+        s.add(Attempt(workload_id=user.id, number=0, state="running", node_name="node-2", gpu_indices=[0]))
+    refused: list[Exception] = []
+
+    def ask(node: str) -> threading.Thread:
+        def run() -> None:
+            try:
+                jobs.run(node, "quick")
+            except Exception as exc:
+                refused.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    asking = ask("node-2")
+    binds: list[scheduler.Bind] = []
+    while asking.is_alive():
+        binds += jobs.binds()
+        asking.join(0.05)
+    assert binds == []
+    (busy,) = refused
+    assert isinstance(busy, Conflict)
+    assert f"node node-2 runs workload {user.id} (train)" in busy.message
+    assert "gpupool node drain node-2" in busy.message
+
+    ask("node-1")
+    while not binds:
+        binds += jobs.binds()
+    (bind,) = binds
+    assert (bind.node, bind.gpu_indices) == ("node-1", (0, 1))
+    with store.read() as s:
+        job = s.get(Workload, bind.workload_id)
+        assert job is not None
+        assert (job.queue, job.user, job.state, job.preemptible) == (SYSTEM_QUEUE, "health", "pending", False)
+        queue = s.query(Queue).filter_by(name=SYSTEM_QUEUE).one()
+        assert queue.spec["resources"]["gpu"]["quota"] == 0
+    store.close()
+
+
+def _system_queue() -> scheduler.QueueView:
+    spec = {"name": SYSTEM_QUEUE, "resources": {"gpu": {"quota": 0, "over_quota_weight": 0}}}
+    return queue_view(spec)
+
+
+def _check_view(state: str = "pending") -> scheduler.WorkloadView:
+    view = scheduler.WorkloadView(
+        id=1, queue=SYSTEM_QUEUE, priority=100, submit_time=0.0, gpus=scheduler.GpuDemand(2.0),
+        preemptible=False, node_names=frozenset({"node-1"}), max_duration=300.0,
+    )  # fmt: skip
+    if state == "running":
+        view = replace(view, placement=(scheduler.PodPlacement("node-1", (0, 1)),), start_time=0.0)
+    return view
+
+
+NODE = scheduler.NodeView(
+    "node-1",
+    True,
+    tuple(scheduler.GpuView(i, "H100", 80 << 30) for i in range(2)),
+    cpus=8,
+    memory_bytes=1 << 36,
+)
+
+
+def test_the_scheduler_never_places_a_check_job_itself() -> None:
+    snapshot = scheduler.Snapshot((NODE,), (_check_view(),), (_system_queue(),))
+    decisions = scheduler.decide(snapshot, 1.0)
+    assert decisions.binds == []
+    assert decisions.explanations[1].code == "over-quota-nonpreemptible"
+
+
+@pytest.mark.parametrize("node_state", ["ready", "cordoned"])
+def test_a_running_check_job_keeps_its_gpus_from_a_team_with_quota(node_state: str) -> None:
+    team = queue_view({"name": "nlp", "resources": {"gpu": {"quota": 2}}})
+    wants = scheduler.WorkloadView(
+        id=2, queue="nlp", priority=50, submit_time=1.0, gpus=scheduler.GpuDemand(2.0)
+    )
+    node = scheduler.NodeView(
+        NODE.name, node_state == "ready", NODE.gpus, cpus=8, memory_bytes=1 << 36, state=node_state
+    )
+    snapshot = scheduler.Snapshot((node,), (wants,), (_system_queue(), team), (_check_view("running"),))
+    decisions = scheduler.decide(snapshot, 10.0)
+    assert decisions.evictions == [] and decisions.binds == []
+
+
+def test_a_pending_check_job_nobody_waits_for_is_cancelled(tmp_path: Path) -> None:
+    """Left by a head that stopped while it ran, then requeued by a drain: the scheduler would never place
+    it, so it would wait forever."""
+    store = _store(tmp_path)
+    jobs = CheckJobs(store)
+    long_ago = utcnow() - timedelta(minutes=5)
+    with store.session() as s:
+        for name in ("left", "fresh"):
+            s.add(Workload(name=name, queue=SYSTEM_QUEUE, spec={}, state="pending", updated_at=long_ago))
+    with jobs._lock:
+        jobs._waited.add(2)  # "fresh": a thread of this head waits for it
+    jobs.sweep(time.time())
+    with store.read() as s:
+        states = dict(s.execute(select(Workload.name, Workload.state)).all())
+    assert states == {"left": "cancelled", "fresh": "pending"}
+    store.close()
