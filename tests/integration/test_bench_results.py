@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.bench import tiny_gemm_submit
 from tests.support.server import ServerProcess
 
 pytest.importorskip("torch")
@@ -95,23 +96,7 @@ def test_a_recorded_cpu_bench_shows_in_node_show_metrics_and_the_health_verdict(
 def test_a_submitted_bench_job_is_recorded_by_the_head_for_the_node_it_ran_on(
     head: ServerProcess, job_dir: Path
 ) -> None:
-    args = [
-        "bench",
-        "gemm",
-        "--device",
-        "cpu",
-        "--sizes",
-        "32",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "--submit",
-        "--gpus",
-        "1",
-        "--node",
-        "node-1",
-    ]
+    args = tiny_gemm_submit("--node", "node-1")
     assert "submitted 1 (bench-gemm)" in head.cli(*args, cwd=job_dir, check=True).stdout
     assert head.workload(1)["spec"]["placement"]["nodes"] == ["node-1"]
     assert head.wait_for(1, timeout=60)["state"] == "succeeded", head.cli("logs", "1").stdout

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpupool.cli.app import app
+from tests.support.bench import tiny_gemm_submit
 from tests.support.server import ServerProcess
 
 pytest.importorskip("torch")
@@ -104,21 +105,7 @@ def test_train_refuses_a_global_batch_the_ranks_cannot_split() -> None:
 def test_a_submitted_bench_runs_as_a_job_and_writes_its_json_in_the_workdir(
     server: ServerProcess, job_dir: Path
 ) -> None:
-    args = [
-        "bench",
-        "gemm",
-        "--device",
-        "cpu",
-        "--sizes",
-        "32",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "--submit",
-        "--gpus",
-        "1",
-    ]
+    args = tiny_gemm_submit()
     spec = json.loads(server.cli(*args, "--print-spec", cwd=job_dir, check=True).stdout)
     assert spec["workdir"] == str(job_dir) and spec["resources"] == {"gpu": "1"}
     submitted = server.cli(*args, cwd=job_dir, check=True).stdout
