@@ -16,7 +16,8 @@ Where the time goes: after each phase, slurmctld's log (SlurmctldLogFile) gives 
 and completion; for gpupool, the API gives when each job was accepted, bound and seen finished. The medians
 of each step, the number of Slurm scheduling passes that started jobs (and how many of them came within
 0.2 s of a job's completion, i.e. were triggered by it rather than periodic), and the Slurm commands the
-head ran (squeue, sbatch, ...) are reported.
+head ran (squeue, sbatch, ... and libslurm's slurm_complete_job, which ends a finished job's hand-off) are
+reported. --gpupool-env GPUPOOL_SLURM_LIBRARY=none runs gpupool without libslurm (docs/slurm.md).
 
 Target (issue 8): gpupool's time within 10% of plain Slurm's.
 """
@@ -298,6 +299,16 @@ def commands_run(log_text: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", found[-1])} if found else {}
 
 
+def server_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--gpupool-env {pair!r}: write NAME=VALUE, e.g. GPUPOOL_SLURM_LIBRARY=none")
+        env[name] = value
+    return env
+
+
 def one_run(args: argparse.Namespace, conf: Path) -> dict[str, Any]:
     env = slurm_env(conf)
     wait_idle(env)
@@ -315,7 +326,7 @@ def one_run(args: argparse.Namespace, conf: Path) -> dict[str, Any]:
                     log_level=args.log_level,
                     keep_home=True,
                     extra_args=extra,
-                    extra_env={"SLURM_CONF": str(conf)},
+                    extra_env={"SLURM_CONF": str(conf), **server_env(args.gpupool_env)},
                 )
                 offset = log_size(ctld_log)
                 try:
@@ -332,6 +343,7 @@ def one_run(args: argparse.Namespace, conf: Path) -> dict[str, Any]:
                 result["gpupool_commands"] = calls
                 result["gpupool_sbatch_calls"] = calls.get("sbatch", 0)
                 result["gpupool_squeue_calls"] = calls.get("squeue", 0)
+                result["gpupool_complete_calls"] = calls.get("slurm_complete_job", 0)
             wait_idle(env)
     result["ratio"] = result["gpupool_seconds"] / result["plain_seconds"]
     return result
@@ -360,6 +372,7 @@ STEPS = [
     Column("gpupool_passes_after_completion", "of them after a completion", lambda v: f"{v:.0f}"),
     Column("gpupool_sbatch_calls", "sbatch calls", lambda v: f"{v:.0f}"),
     Column("gpupool_squeue_calls", "squeue calls", lambda v: f"{v:.0f}"),
+    Column("gpupool_complete_calls", "slurm_complete_job calls", lambda v: f"{v:.0f}"),
 ]
 
 
@@ -387,6 +400,13 @@ def parse_args() -> argparse.Namespace:
         "--partition", default=None, help="the partition to use (default: the testbed's, gpu)"
     )
     parser.add_argument(
+        "--gpupool-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more environment variable for the gpupool server (GPUPOOL_SLURM_LIBRARY=none); repeatable",
+    )
+    parser.add_argument(
         "--slurm-option",
         action="append",
         default=[],
@@ -399,6 +419,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    server_env(args.gpupool_env)  # a malformed one fails now, not after the plain phase
     warn_shared_db(args.db, args.repeat)
     testbed = None
     conf = args.slurm_conf

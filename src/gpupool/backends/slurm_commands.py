@@ -186,9 +186,8 @@ class SlurmCommands:
                     self._library = SlurmLibrary(path, self.env, self.timeout) if path else None
                 except SlurmError as exc:
                     log.warning("event=slurm_library_unavailable path=%s error=%r", path, str(exc))
-                if self._library is None:
-                    self._library_failed = True
-                    log.info("event=slurm_library path=%s", path or "none")
+                self._library_failed = self._library is None
+                log.info("event=slurm_library path=%s loaded=%s", path or "none", self._library is not None)
             if self._library is None:
                 return False
             self.calls["slurm_complete_job"] += 1
