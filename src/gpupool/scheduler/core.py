@@ -12,6 +12,7 @@ is always exactly what `decide` would give.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 from gpupool.scheduler import explain
@@ -27,13 +28,28 @@ def decide(snapshot: Snapshot, now: float) -> Decisions:
 
 
 def _run(snapshot: Snapshot, now: float) -> tuple[Decisions, float]:
-    """The decisions, and the time until which the same snapshot decides the same."""
-    cycle = Cycle(snapshot, now)
-    decisions = cycle.run()
-    for workload_id, workload in cycle.unplaced.items():
-        if workload_id not in decisions.explanations:
-            decisions.explanations[workload_id] = explain.no_capacity(workload, cycle.state.free_gpus(), 0)
-    return decisions, cycle.state.horizon
+    """The decisions, and the time until which the same snapshot decides the same.
+
+    Python's cyclic garbage collector is paused for the cycle. A cycle allocates hundreds of thousands
+    of short-lived containers, and each allocation burst set off collections that walked the whole
+    snapshot (two full passes and forty middle ones per 10,000-node cycle, a fifth of its time). A cycle
+    builds no reference cycles that outlive it (the undo log, whose entries refer back to the state, is
+    emptied at the end), so reference counting frees its garbage as it goes.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        cycle = Cycle(snapshot, now)
+        decisions = cycle.run()
+        explanations = decisions.explanations
+        for workload_id, workload in cycle.unplaced.items():
+            if workload_id not in explanations:
+                explanations[workload_id] = explain.no_capacity(workload, cycle.state.free_gpus(), 0)
+        cycle.state.commit()
+        return decisions, cycle.state.horizon
+    finally:
+        if collecting:
+            gc.enable()
 
 
 @dataclass(slots=True)

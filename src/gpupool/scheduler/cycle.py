@@ -40,6 +40,8 @@ MIN_MOVE_AGE = 60.0  # seconds a workload runs before consolidation may move it
 SEARCH_LIMIT = 128
 SEARCH_LIMIT_AFTER_PICK = 16
 SMALL_SEARCH = 64  # a search ranks up to this many candidate nodes outright
+# A node where victims might make room: the node, an upper bound on the GPUs they could free, the victims.
+_AbleNode = tuple[NodeState, float, list[WorkloadView]]
 GLOBAL = "*"
 NO_ROOM = Explanation(explain.NO_CAPACITY, "")  # a capacity miss whose sentence is written per workload
 
@@ -99,14 +101,20 @@ class Cycle:
         self._pending_by_id = dict(self.unplaced)
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted: set[int] = set()
+        self._retracted_now: set[int] = set()  # since the last pending_groups()
         self._old: dict[tuple[int, str], bool] = {}
         # (ids of a candidates and a units dict, GPUs needed) -> (able nodes, how much of state.freed they
         # have seen, the dicts: they keep their ids alive)
-        self._able_cache: dict[tuple[int, int, float], tuple[dict[str, list[WorkloadView]], int, object]] = {}
+        self._able_cache: dict[tuple[int, int, float], tuple[dict[str, _AbleNode], int, object]] = {}
+        # (ids of a candidates and a units dict) -> (see _able_base, the dicts: they keep their ids alive)
+        self._able_bases: dict[tuple[int, int], tuple[dict[str, _AbleNode], object]] = {}
         self._victim_queue_names: list[str] | None = None
+        self._least: dict[str, float] = {}
+        self._reclaim_gpus: dict[str, dict[str, float]] | None = None  # see _gpus_by_queue
+        self._by_queue: tuple[dict[str, dict[str, list[WorkloadView]]], dict[str, int]] | None = None
         self._surplus: dict[str, float] = {}  # victim queue -> GPUs above its fair share
         self._surplus_total = 0.0
-        self._surplus_stamp: tuple[int, int] | None = None
+        self._surplus_seen = -1  # how much of state.accounted `_surplus` has seen (-1: not built yet)
         self._node_kinds: list[list[NodeState]] | None = None
         self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes if n.schedulable), default=0)
         self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
@@ -142,18 +150,29 @@ class Cycle:
         return by_queue
 
     def fair(self, queue: str, resource: str = "gpu") -> float:
-        return self.shares.get(queue, {}).get(resource, 0.0)
+        shares = self.shares.get(queue)
+        return 0.0 if shares is None else shares.get(resource, 0.0)
 
-    def ordered_pending(self) -> Iterator[WorkloadView]:
-        """Still-unplaced workloads in allocation order, queue by queue (most under-served first)."""
-        names = sorted(
-            self.order,
-            key=self._queue_key,
-        )
-        for name in names:
-            for w in self.order[name]:
-                if w.id in self.unplaced:
-                    yield w
+    def pending_groups(self) -> list[tuple[str, Iterator[WorkloadView]]]:
+        """The workloads unplaced now, in allocation order, queue by queue (most under-served first), each
+        queue's in its own order (GLOBAL holds them all when fair share is off). Each queue's are read
+        when its turn comes: one placed since is skipped, and one whose bind is taken back since was not
+        unplaced now."""
+        self._retracted_now.clear()
+        return [(name, self._unplaced_of(name)) for name in sorted(self.order, key=self._queue_key)]
+
+    def _unplaced_of(self, name: str) -> Iterator[WorkloadView]:
+        unplaced, retracted = self.unplaced, self._retracted_now
+        for w in self.order[name]:
+            if w.id in unplaced and w.id not in retracted:
+                yield w
+
+    def _least_gpus(self, queue: str) -> float:
+        """The fewest GPUs any pending workload of `queue` asks for."""
+        found = self._least.get(queue)
+        if found is None:
+            found = self._least[queue] = min((w.gpu_units for w in self.order.get(queue, ())), default=0.0)
+        return found
 
     def _queue_key(self, queue: str) -> tuple[bool, int, float, str]:
         """Allocation order of queues: those below their fair share first, then by queue priority, then
@@ -545,15 +564,15 @@ class Cycle:
         more room first), and the search stops once a choice is found and either no later node can be
         cheaper in GPUs or SEARCH_LIMIT_AFTER_PICK more nodes were examined."""
         state = self.state
-        able: dict[str, list[WorkloadView]] | None = None
+        able: dict[str, _AbleNode] | None = None
         if not w.gpus.is_fractional and w.gpus.count >= 1:
-            candidates = able = self._able(candidates, units, w.gpus.count)
+            able = self._able(candidates, units, w.gpus.count)
         options: dict[str, tuple[tuple[float, ...], list[WorkloadView]]] = {}
         picked: list[str] | None = None
         worst = 0.0  # most GPUs disrupted on one node of the current pick
         since_pick = misses = 0
         whole_pod, need = not w.gpus.is_fractional, w.gpus.count
-        for bound, node in self._search_order(w, candidates, units):
+        for bound, node in self._search_order(w, candidates, able, units):
             if picked is not None:
                 since_pick += 1  # counted from the first feasible pick: later ones only refine it
                 if bound > worst + EPSILON or since_pick > SEARCH_LIMIT_AFTER_PICK:
@@ -568,7 +587,12 @@ class Cycle:
                 continue
             if whole_pod and node.released + units.get(node.name, 0.0) + EPSILON < need:
                 continue  # even every victim there would not make room
-            victims = [v for v in candidates.get(node.name, ()) if v.id not in state.evicted and allowed(v)]
+            if able is None:
+                pool = candidates.get(node.name, ())
+            else:
+                entry = able.get(node.name)
+                pool = entry[2] if entry is not None else ()
+            victims = [v for v in pool if v.id not in state.evicted and allowed(v)]
             if not victims and able is not None:
                 # Later searches of the same taker skip the node: victims only go, minimum runtimes are
                 # the cycle's, and headroom shrinks as reclaim evicts (a parent queue that the gainers'
@@ -645,6 +669,7 @@ class Cycle:
         original = self._tentative[v.id]
         self.state.release(original, v.placement)
         self._retracted.add(v.id)
+        self._retracted_now.add(v.id)
         self.unplaced[v.id] = original
         self.decisions.explanations[v.id] = self._capacity_explanation(
             original, explain.no_capacity(original, self.state.free_gpus(), 0)
@@ -652,7 +677,7 @@ class Cycle:
 
     def _able(
         self, candidates: dict[str, list[WorkloadView]], units: dict[str, float], need: float
-    ) -> dict[str, list[WorkloadView]]:
+    ) -> dict[str, _AbleNode]:
         """The candidate nodes with victims where `need` whole GPUs could be freed at all: GPUs free or
         released there plus the victims' GPUs (`units`, an upper bound). A node with room but no victims
         is left out: a single pod would have fitted there after release already, and a gang's search
@@ -663,39 +688,50 @@ class Cycle:
         found = self._able_cache.get(key)
         freed = self.state.freed
         if found is None:
-            able: dict[str, list[WorkloadView]] = {}
-            for name in units:
-                self._add_if_able(able, name, candidates, units, need)
+            able: dict[str, _AbleNode] = {}
+            for entry in self._able_base(candidates, units).values():
+                if entry[0].released + entry[1] + EPSILON >= need:
+                    able[entry[0].name] = entry
             found = self._able_cache[key] = (able, len(freed), (candidates, units))
         elif found[1] < len(freed):
             able = found[0]
+            base = self._able_base(candidates, units)
             for name in freed[found[1] :]:
-                if name not in able:
-                    self._add_if_able(able, name, candidates, units, need)
+                again = base.get(name)
+                if again is not None and name not in able and again[0].released + again[1] + EPSILON >= need:
+                    able[name] = again
             found = self._able_cache[key] = (able, len(freed), found[2])
         return found[0]
 
-    def _add_if_able(
-        self,
-        able: dict[str, list[WorkloadView]],
-        name: str,
-        candidates: dict[str, list[WorkloadView]],
-        units: dict[str, float],
-        need: float,
-    ) -> None:
-        node = self.state.nodes.get(name)
-        gpus = units.get(name, 0.0)
-        if node is not None and gpus > 0.0 and node.released + gpus + EPSILON >= need:
-            victims = candidates.get(name)
-            if victims:
-                able[name] = victims
+    def _able_base(
+        self, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
+    ) -> dict[str, _AbleNode]:
+        """The nodes of `units` with victims and GPUs to free, with both: what `_able` filters by the GPUs
+        needed and released there (built once per pair of dicts; neither changes in a cycle)."""
+        key = (id(candidates), id(units))
+        found = self._able_bases.get(key)
+        if found is None:
+            nodes = self.state.nodes
+            base: dict[str, _AbleNode] = {}
+            for name, gpus in units.items():
+                node = nodes.get(name)
+                victims = candidates.get(name)
+                if node is not None and gpus > 0.0 and victims:
+                    base[name] = (node, gpus, victims)
+            found = self._able_bases[key] = (base, (candidates, units))
+        return found[0]
 
     def _search_order(
-        self, w: WorkloadView, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
+        self,
+        w: WorkloadView,
+        candidates: dict[str, list[WorkloadView]],
+        able: dict[str, _AbleNode] | None,
+        units: dict[str, float],
     ) -> Iterator[tuple[float, NodeState]]:
-        """Nodes where room for one pod of `w` might be made, each with a lower bound on the GPUs that
-        must be freed there, bounds never decreasing: first, for a gang, nodes that already have room;
-        then nodes with candidate victims (those holding released GPUs first)."""
+        """Nodes where room for one pod of `w` might be made (those of `able` when given, else of
+        `candidates`), each with a lower bound on the GPUs that must be freed there, bounds never
+        decreasing: first, for a gang, nodes that already have room; then nodes with candidate victims
+        (those holding released GPUs first)."""
         state = self.state
         need = w.gpus.count if not w.gpus.is_fractional else 0.0
         seen: set[str] = set()
@@ -703,24 +739,33 @@ class Cycle:
             for node in self._nodes_with_room(w):
                 seen.add(node.name)
                 yield 0.0, node
-        if len(candidates) <= SMALL_SEARCH or len(candidates) * 8 <= len(state.nodes):
-            ranked = []
-            for name in candidates:
-                found = state.nodes.get(name)
-                if found is None or not found.schedulable or name in seen:
-                    continue
-                bound = max(0.0, need - found.released)
-                if bound <= units.get(name, 0.0) + EPSILON:  # its victims could make the room
-                    ranked.append((bound, name, found))
-            ranked.sort(key=lambda item: (item[0], item[1]))
-            for bound, _, found in ranked:
-                yield bound, found
+        among: dict[str, _AbleNode] | dict[str, list[WorkloadView]] = candidates if able is None else able
+        if len(among) <= SMALL_SEARCH or len(among) * 8 <= len(state.nodes):
+            ranked: list[tuple[float, str, NodeState]] = []
+            if able is not None:
+                for found, gpus, _ in able.values():
+                    if not found.schedulable or found.name in seen:
+                        continue
+                    bound = max(0.0, need - found.released)
+                    if bound <= gpus + EPSILON:  # its victims could make the room
+                        ranked.append((bound, found.name, found))
+            else:
+                for name in candidates:
+                    there = state.nodes.get(name)
+                    if there is None or not there.schedulable or name in seen:
+                        continue
+                    bound = max(0.0, need - there.released)
+                    if bound <= units.get(name, 0.0) + EPSILON:
+                        ranked.append((bound, name, there))
+            ranked.sort()  # names are unique: nodes are never compared
+            for bound, _, node in ranked:
+                yield bound, node
             return
         # The state does not change while a search runs, so its buckets are walked as they are.
         for count, names, holding in self._levels(w):
             bound = max(0.0, need - count)
             for name in names:
-                if name in candidates and name not in seen:
+                if name in among and name not in seen:
                     node = state.nodes[name]
                     if node.holding == holding:  # a holding node is ranked by its GPUs once released
                         yield bound, node
@@ -918,7 +963,15 @@ class Cycle:
                 if len(bind.pods) == 1 and w.preemptible and bind.workload_id not in self.state.evicted:
                     self._tentative[w.id] = w
                     pool[w.id] = replace(w, placement=bind.pods, start_time=self.now)
-            self._index = _by_node(sorted(pool.values(), key=self._victim_key))
+            # Sorted per node, and the nodes by their first victim: the same lists, in the same order, as
+            # sorting every victim at once and grouping them by node (keys are unique: they end in the id).
+            groups = _by_node(list(pool.values()))
+            firsts: list[tuple[tuple[float, ...], str]] = []
+            for name, victims in groups.items():
+                victims.sort(key=self._victim_key)
+                firsts.append((self._victim_key(victims[0]), name))
+            firsts.sort()
+            self._index = {name: groups[name] for _, name in firsts}
         return self._index
 
     def _wants_room(self, w: WorkloadView) -> bool:
@@ -930,49 +983,55 @@ class Cycle:
     # -- reclaim --------------------------------------------------------------------------------------
 
     def reclaim(self) -> None:
-        index: dict[str, list[WorkloadView]] | None = None
-        by_queue: dict[str, dict[str, float]] = {}
-        lines: dict[tuple[str, ...], dict[str, float]] = {}
-        for w in list(self.ordered_pending()):
-            if not self._wants_room(w):
+        lines: dict[tuple[str, ...], dict[str, float]] = {}  # reclaimer line -> GPUs it may free per node
+        for group, items in self.pending_groups():
+            if (
+                group != GLOBAL
+                and self.state.allocated(group) + self._least_gpus(group) > self.fair(group) + EPSILON
+            ):
+                # None of it may reclaim (see _reclaim_for); during its turn only its own gains change that.
                 continue
-            queue = w.queue
-            if self.state.allocated(queue) + w.gpu_units > self.fair(queue) + EPSILON:
-                continue  # the reclaimer may not end above its fair share
-            if self._fits_after_release(w):
-                continue
-            if index is None:
-                index = self._victim_index()  # built only once someone could gain from it
-                by_queue = self._gpus_by_queue(index)
-            if not index:
-                return
-            state = self.state
-            if self._surplus_elsewhere(queue) + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
-                continue
-            mine = frozenset(state.chain(queue))
-            line = state.chain(queue)[1:]
-            units = lines.get(line)
-            if units is None:
-                units = lines[line] = self._reclaimable(by_queue, mine)
-            headroom: dict[str, float] = {}
+            for w in items:
+                if self._wants_room(w) and not self._reclaim_for(w, lines):
+                    return
 
-            def allowed(
-                v: WorkloadView, mine: frozenset[str] = mine, headroom: dict[str, float] = headroom
-            ) -> bool:
-                if v.queue in mine or not self._old_enough(v, "reclaim"):
-                    return False
-                room = headroom.get(v.queue)
-                if room is None:
-                    room = headroom[v.queue] = self._headroom(v.queue, mine)
-                return room >= v.gpu_units - EPSILON
+    def _reclaim_for(self, w: WorkloadView, lines: dict[tuple[str, ...], dict[str, float]]) -> bool:
+        """Reclaim room for `w` where it may and can; False when nothing at all could be reclaimed."""
+        queue, state = w.queue, self.state
+        if state.allocated(queue) + w.gpu_units > self.fair(queue) + EPSILON:
+            return True  # the reclaimer may not end above its fair share
+        if self._fits_after_release(w):
+            return True
+        index = self._victim_index()  # built only once someone could gain from it
+        if not index:
+            return False
+        if self._surplus_elsewhere(queue) + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
+            return True
+        mine = frozenset(state.chain(queue))
+        line = state.chain(queue)[1:]
+        units = lines.get(line)
+        if units is None:
+            if self._reclaim_gpus is None:
+                self._reclaim_gpus = self._gpus_by_queue(index)
+            units = lines[line] = self._reclaimable(self._reclaim_gpus, mine)
+        headroom: dict[str, float] = {}
 
-            def reason(v: WorkloadView, w: WorkloadView = w) -> str:
-                return (
-                    f"reclaimed for queue {w.queue} (below its fair share of {self.fair(w.queue):.3g} GPUs) "
-                    f"by workload {w.id}; queue {v.queue} stays at or above its fair share"
-                )
+        def allowed(v: WorkloadView) -> bool:
+            if v.queue in mine or not self._old_enough(v, "reclaim"):
+                return False
+            room = headroom.get(v.queue)
+            if room is None:
+                room = headroom[v.queue] = self._headroom(v.queue, mine)
+            return room >= v.gpu_units - EPSILON
 
-            self._evict_for(w, index, "reclaim", reason, allowed, units, _Budget(self, queue))
+        def reason(v: WorkloadView) -> str:
+            return (
+                f"reclaimed for queue {queue} (below its fair share of {self.fair(queue):.3g} GPUs) "
+                f"by workload {w.id}; queue {v.queue} stays at or above its fair share"
+            )
+
+        self._evict_for(w, index, "reclaim", reason, allowed, units, _Budget(self, queue))
+        return True
 
     def _gpus_by_queue(self, index: dict[str, list[WorkloadView]]) -> dict[str, dict[str, float]]:
         """The GPUs of the victims reclaim could take at all (past their queue's minimum runtime for
@@ -1004,17 +1063,24 @@ class Cycle:
 
     def _surplus_elsewhere(self, queue: str) -> float:
         """GPUs the queues outside `queue`'s line hold above their fair share: the most reclaim could
-        free for it (an upper bound). The sum over every victim queue is kept until the state changes;
-        the line's own part is taken off it."""
+        free for it (an upper bound). Each victim queue's part is kept, and recomputed only when work of
+        its line was allocated or taken back; the line's own part is taken off the sum."""
         state = self.state
-        stamp = (state.generation, state.held_generation)
-        if self._surplus_stamp != stamp:
-            self._surplus_stamp = stamp
-            self._surplus = {
-                name: max(0.0, state.allocated(name) - self.fair(name)) for name in self._victim_queues()
-            }
-            self._surplus_total = sum(self._surplus.values(), 0.0)
-        return self._surplus_total - sum((self._surplus.get(name, 0.0) for name in state.chain(queue)), 0.0)
+        surplus = self._surplus
+        if self._surplus_seen < 0:
+            for name in self._victim_queues():
+                surplus[name] = max(0.0, state.allocated(name) - self.fair(name))
+            self._surplus_total = sum(surplus.values(), 0.0)
+            self._surplus_seen = len(state.accounted)
+        elif self._surplus_seen < len(state.accounted):
+            # Only the lines of queues whose work was allocated or taken back since have changed.
+            for changed in state.accounted[self._surplus_seen :]:
+                for name in state.chain(changed):
+                    if name in surplus:
+                        surplus[name] = max(0.0, state.allocated(name) - self.fair(name))
+            self._surplus_total = sum(surplus.values(), 0.0)
+            self._surplus_seen = len(state.accounted)
+        return self._surplus_total - sum((surplus.get(name, 0.0) for name in state.chain(queue)), 0.0)
 
     def _victim_queues(self) -> list[str]:
         if self._victim_queue_names is None:
@@ -1032,45 +1098,61 @@ class Cycle:
     # -- preempt --------------------------------------------------------------------------------------
 
     def preempt(self) -> None:
-        by_queue: dict[str, dict[str, list[WorkloadView]]] | None = None
         lower: dict[tuple[str, int], tuple[dict[str, list[WorkloadView]], dict[str, float]]] = {}
-        lowest: dict[str, int] = {}
-        for w in list(self.ordered_pending()):
-            if not self._wants_room(w):
-                continue
-            if by_queue is None:
-                by_queue = {}
-                for name, victims in self._victim_index().items():
-                    for v in victims:
-                        by_queue.setdefault(v.queue, {}).setdefault(name, []).append(v)
-                        lowest[v.queue] = min(lowest.get(v.queue, v.priority), v.priority)
-            if lowest.get(w.queue, w.priority) >= w.priority or self._fits_after_release(w):
-                continue
-            key = (w.queue, w.priority)
-            found = lower.get(key)
-            if found is None:
-                found = lower[key] = _below(by_queue[w.queue], w.priority)
+        for group, items in self.pending_groups():
+            for w in items:
+                if not self._wants_room(w):
+                    continue
+                by_queue, lowest = self._victims_by_queue()
+                if lowest.get(w.queue, w.priority) >= w.priority:
+                    if group != GLOBAL:
+                        break  # the rest of this queue is of no higher priority: none of it may preempt
+                    continue
+                if self._fits_after_release(w):
+                    continue
+                key = (w.queue, w.priority)
+                found = lower.get(key)
+                if found is None:
+                    found = lower[key] = _below(by_queue[w.queue], w.priority)
+                self._preempt_for(w, found[0], found[1])
 
-            def reason(v: WorkloadView, w: WorkloadView = w) -> str:
-                return f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}"
+    def _preempt_for(
+        self, w: WorkloadView, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
+    ) -> None:
+        def reason(v: WorkloadView) -> str:
+            return f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}"
 
-            def allowed(v: WorkloadView, w: WorkloadView = w) -> bool:
-                return v.priority < w.priority and self._old_enough(v, "preempt")
+        def allowed(v: WorkloadView) -> bool:
+            return v.priority < w.priority and self._old_enough(v, "preempt")
 
-            self._evict_for(w, found[0], "preempt", reason, allowed, found[1])
+        self._evict_for(w, candidates, "preempt", reason, allowed, units)
+
+    def _victims_by_queue(self) -> tuple[dict[str, dict[str, list[WorkloadView]]], dict[str, int]]:
+        """The victim index split by queue (each node's list in victim order), and each queue's lowest
+        victim priority (built once a cycle)."""
+        if self._by_queue is None:
+            by_queue: dict[str, dict[str, list[WorkloadView]]] = {}
+            lowest: dict[str, int] = {}
+            for name, victims in self._victim_index().items():
+                for v in victims:
+                    by_queue.setdefault(v.queue, {}).setdefault(name, []).append(v)
+                    lowest[v.queue] = min(lowest.get(v.queue, v.priority), v.priority)
+            self._by_queue = (by_queue, lowest)
+        return self._by_queue
 
     # -- consolidate ----------------------------------------------------------------------------------
 
     def consolidate(self) -> None:
         tries = 0
-        for w in list(self.ordered_pending()):
-            explanation = self.decisions.explanations.get(w.id)
-            if explanation is None or explanation.code != explain.FRAGMENTED:
-                continue
-            tries += 1
-            if tries > MAX_CONSOLIDATION_TRIES:
-                return
-            self._consolidate_for(w)
+        for _, items in self.pending_groups():
+            for w in items:
+                explanation = self.decisions.explanations.get(w.id)
+                if explanation is None or explanation.code != explain.FRAGMENTED:
+                    continue
+                tries += 1
+                if tries > MAX_CONSOLIDATION_TRIES:
+                    return
+                self._consolidate_for(w)
 
     def _consolidate_for(self, w: WorkloadView) -> bool:
         state = self.state

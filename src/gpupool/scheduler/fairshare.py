@@ -35,14 +35,17 @@ def subtree_demand(
 ) -> dict[str, float]:
     """Demand of every queue below and including `root`: its own plus all its descendants'."""
     out: dict[str, float] = {}
-
-    def visit(name: str) -> float:
-        total = own.get(name, 0.0) + sum(visit(child.name) for child in children.get(name, []))
-        out[name] = total
-        return total
-
-    visit(root)
+    _sum_subtree(children, own, root, out)
     return out
+
+
+def _sum_subtree(
+    children: Mapping[str | None, list[QueueView]], own: Mapping[str, float], name: str, out: dict[str, float]
+) -> float:
+    below = (_sum_subtree(children, own, child.name, out) for child in children.get(name, []))
+    total = own.get(name, 0.0) + sum(below, 0.0)
+    out[name] = total
+    return total
 
 
 def fair_shares(

@@ -12,7 +12,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from gpupool.scheduler.snapshot import GpuDemand, PodPlacement, WorkloadView
-from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, NodeState
+from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, Domain, NodeState
 
 _MEMORY_SUFFIX = re.compile(r"^(?P<family>.+?)-(?P<gb>\d+)GB$")
 
@@ -56,8 +56,6 @@ class Placer:
         self._matches: dict[tuple[tuple[tuple[str, int], ...], GpuDemand], tuple[bool, ...]] = {}
         self._by_identity: dict[tuple[int, int], tuple[bool, ...]] = {}
         self._alive: list[GpuDemand] = []
-        self._by_label: dict[str, dict[str, list[NodeState]]] = {}
-        self._domain_names: dict[tuple[str, str], frozenset[str]] = {}
 
     def matches(self, node: NodeState, demand: GpuDemand) -> tuple[bool, ...]:
         """Which of the node's GPUs suit `demand` (cached: nodes of one kind share the answer).
@@ -96,51 +94,51 @@ class Placer:
                 self.state.expires(reservation.start - (ends - self.now))
         return True
 
-    def _candidates(
-        self, w: WorkloadView, after_release: bool, domain: frozenset[str] | None
-    ) -> Iterator[NodeState]:
-        """Nodes to try for one pod, best first. The state's indexes are walked as they are: nothing
-        changes them while one pod is being placed."""
+    def _candidates(self, w: WorkloadView, after_release: bool, domain: Domain | None) -> Iterator[NodeState]:
+        """Nodes to try for one pod, best first (inside `domain` when given). The state's indexes are
+        walked as they are: nothing changes them while one pod is being placed."""
         state = self.state
         demand = w.gpus
         wanted = families(demand)
         need = int(demand.count) if not demand.is_fractional else 0
+        index = state if domain is None else domain
+        partial = index.partial_nodes
         if after_release:
             # Nodes where stopping work releases GPUs first (those with room for the pod once released),
             # then every node normal placement would try.
-            for count in sorted(state.holding_by_count, reverse=self.spread):
+            holding = index.holding_by_count
+            for count in sorted(holding, reverse=self.spread):
                 if count < need:
                     continue
-                for name in state.holding_by_count[count]:
-                    if domain is None or name in domain:
-                        yield state.nodes[name]
-        if demand.is_fractional and not self.spread:
-            for name in state.partial_nodes:
-                if domain is None or name in domain:
+                for name in holding[count]:
                     yield state.nodes[name]
-        for model, by_count in state.buckets.items():
+        if demand.is_fractional and not self.spread:
+            for name in partial:
+                yield state.nodes[name]
+        for model, everywhere in state.buckets.items():
             if wanted and model not in wanted and model != MIXED:
                 continue
             if demand.count > 0 and model == "":
+                continue
+            by_count = everywhere if domain is None else domain.buckets.get(model)
+            if by_count is None:
                 continue
             counts = sorted(
                 (c for c in by_count if c >= max(need, 1 if demand.count > 0 else 0)), reverse=self.spread
             )
             for count in counts:
                 for name in by_count.get(count, ()):
-                    if domain is None or name in domain:
-                        yield state.nodes[name]
-        if demand.is_fractional and self.spread:
-            for name in state.partial_nodes:
-                if domain is None or name in domain:
                     yield state.nodes[name]
+        if demand.is_fractional and self.spread:
+            for name in partial:
+                yield state.nodes[name]
 
     def find_pod(
         self,
         w: WorkloadView,
         *,
         after_release: bool = False,
-        domain: frozenset[str] | None = None,
+        domain: Domain | None = None,
         avoid: frozenset[str] = frozenset(),
     ) -> PodPlacement | None:
         # A multi-GPU pod first looks for a node where its GPUs can share one NVLink island (a pass that
@@ -224,7 +222,7 @@ class Placer:
         return self._place_pods(w, after_release, None)
 
     def _place_pods(
-        self, w: WorkloadView, after_release: bool, domain: frozenset[str] | None
+        self, w: WorkloadView, after_release: bool, domain: Domain | None
     ) -> tuple[PodPlacement, ...] | None:
         state = self.state
         if w.nodes == 1:
@@ -257,38 +255,22 @@ class Placer:
     def _in_some_domain(
         self, w: WorkloadView, label: str, after_release: bool
     ) -> tuple[PodPlacement, ...] | None:
-        domains = self._domains(label)
+        """The gang inside one domain of `label`: the fullest that has room (binpack) or the emptiest
+        (spread), ties by name."""
+        domains = self.state.track(label)
         need = w.gpu_units
-        rooms = self._rooms(label, after_release)
-        ordered = sorted(domains, key=lambda v: (-rooms[v] if self.spread else rooms[v], v))
-        for value in ordered:
-            if rooms[value] + EPSILON < need:
+        ordered: list[tuple[float, str, float]] = []
+        for value, domain in domains.items():
+            room = domain.free + domain.held if after_release else domain.free
+            ordered.append((-room if self.spread else room, value, room))
+        ordered.sort()
+        for _, value, room in ordered:
+            if room + EPSILON < need:
                 continue
-            placed = self._place_pods(w, after_release, self._domain_names[(label, value)])
+            placed = self._place_pods(w, after_release, domains[value])
             if placed is not None:
                 return placed
         return None
-
-    def _rooms(self, label: str, after_release: bool) -> dict[str, float]:
-        """GPUs free (or held, after release) in each domain of `label`, as the state is now."""
-        tracked = self.state.track(label)
-        if after_release:
-            return {value: room[0] + room[1] for value, room in tracked.items()}
-        return {value: room[0] for value, room in tracked.items()}
-
-    def _domains(self, label: str) -> dict[str, list[NodeState]]:
-        """Schedulable nodes by their value of `label` (computed once per cycle per label)."""
-        found = self._by_label.get(label)
-        if found is None:
-            found = {}
-            for node in self.state.nodes.values():
-                value = node.labels.get(label)
-                if value is not None and node.schedulable:
-                    found.setdefault(value, []).append(node)
-            self._by_label[label] = found
-            for value, nodes in found.items():
-                self._domain_names[(label, value)] = frozenset(n.name for n in nodes)
-        return found
 
 
 def _one_pod(w: WorkloadView) -> WorkloadView:

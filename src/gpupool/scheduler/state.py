@@ -111,6 +111,20 @@ def _template(view: NodeView) -> _NodeTemplate:
 
 
 @dataclass(slots=True)
+class Domain:
+    """One value of a topology label (a rack, a zone): its schedulable nodes' free and held GPUs, and the
+    state's placement indexes (see ClusterState) restricted to its nodes. Each index holds its nodes in
+    the same relative order as the state's own, so walking a domain visits the nodes that walking the
+    whole cluster and skipping the others would, in the same order."""
+
+    free: float = 0.0
+    held: float = 0.0
+    buckets: dict[str, dict[int, dict[str, None]]] = field(default_factory=dict)
+    partial_nodes: dict[str, None] = field(default_factory=dict)
+    holding_by_count: dict[int, dict[str, None]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class Reservation:
     """Backfill's promise to the highest blocked workload: these nodes, from `start` (seconds) on."""
 
@@ -131,7 +145,7 @@ class ClusterState:
         self.free_total = 0.0  # free GPUs on schedulable nodes
         self.held_total = 0.0  # GPUs on schedulable nodes that stopping work holds
         self.held_generation = 0  # bumped whenever GPUs become held (an eviction)
-        self.domain_rooms: dict[str, dict[str, list[float]]] = {}  # see track()
+        self.domains: dict[str, dict[str, Domain]] = {}  # label -> value -> Domain, see track()
         self.generation = 0  # bumped whenever capacity is given back, so cached "does not fit" expires
         self.freed: list[str] = []  # the nodes where capacity was given back, in order (may repeat)
         self._log: list[Callable[[], None]] = []
@@ -141,6 +155,7 @@ class ClusterState:
         self.horizon = float("inf")
         self.island = 0  # GPUs in the largest NVLink island of any schedulable node
         self.running: dict[int, WorkloadView] = {}
+        self.accounted: list[str] = []  # the queues whose work was allocated or taken back, in order
         self.evicted: dict[int, str] = {}
         queues = list(queues)
         self.parents = {q.name: q.parent for q in queues}
@@ -199,54 +214,90 @@ class ClusterState:
             self.capacity[1] += view.cpus - view.cpus_allocated
             self.capacity[2] += view.memory_bytes - view.memory_allocated
 
-    def track(self, label: str) -> dict[str, list[float]]:
-        """[free, held] GPUs of schedulable nodes per value of `label`, kept current from now on."""
-        found = self.domain_rooms.get(label)
+    def track(self, label: str) -> dict[str, Domain]:
+        """The domains of `label` (values on schedulable nodes), kept current from now on."""
+        found = self.domains.get(label)
         if found is None:
-            found = self.domain_rooms[label] = {}
+            found = self.domains[label] = {}
+            # Walk the state's indexes in their own order: each domain's indexes start in the same order.
+            for model, by_count in self.buckets.items():
+                for count, names in by_count.items():
+                    for name in names:
+                        domain = self._domain(found, label, name)
+                        if domain is not None:
+                            domain.buckets.setdefault(model, {}).setdefault(count, {})[name] = None
+            for name in self.partial_nodes:
+                domain = self._domain(found, label, name)
+                if domain is not None:
+                    domain.partial_nodes[name] = None
+            for count, names in self.holding_by_count.items():
+                for name in names:
+                    domain = self._domain(found, label, name)
+                    if domain is not None:
+                        domain.holding_by_count.setdefault(count, {})[name] = None
             for node in self.nodes.values():
-                value = node.labels.get(label)
-                if node.schedulable and value is not None:
-                    room = found.setdefault(value, [0.0, 0.0])
-                    room[0] += node.free_sum
-                    room[1] += node.held_sum
+                domain = self._domain(found, label, node.name) if node.schedulable else None
+                if domain is not None:
+                    domain.free += node.free_sum
+                    domain.held += node.held_sum
+        return found
+
+    def _domain(self, domains: dict[str, Domain], label: str, name: str) -> Domain | None:
+        value = self.nodes[name].labels.get(label)
+        if value is None:
+            return None
+        found = domains.get(value)
+        if found is None:
+            found = domains[value] = Domain()
         return found
 
     def _index(self, node: NodeState) -> None:
         if not node.schedulable:
             return
-        for label, rooms in self.domain_rooms.items():
-            value = node.labels.get(label)
-            if value is not None:
-                room = rooms.setdefault(value, [0.0, 0.0])
-                room[0] += node.free_sum
-                room[1] += node.held_sum
-        self.buckets.setdefault(node.model, {}).setdefault(node.whole, {})[node.name] = None
+        name = node.name
+        self.buckets.setdefault(node.model, {}).setdefault(node.whole, {})[name] = None
         if node.partial:
-            self.partial_nodes[node.name] = None
+            self.partial_nodes[name] = None
         if node.holding:
-            self.holding_nodes[node.name] = None
-            self.holding_by_count.setdefault(node.released, {})[node.name] = None
+            self.holding_nodes[name] = None
+            self.holding_by_count.setdefault(node.released, {})[name] = None
         self.free_total += node.free_sum
         self.held_total += node.held_sum
+        for label, domains in self.domains.items():
+            domain = self._domain(domains, label, name)
+            if domain is not None:
+                domain.free += node.free_sum
+                domain.held += node.held_sum
+                domain.buckets.setdefault(node.model, {}).setdefault(node.whole, {})[name] = None
+                if node.partial:
+                    domain.partial_nodes[name] = None
+                if node.holding:
+                    domain.holding_by_count.setdefault(node.released, {})[name] = None
 
     def _unindex(self, node: NodeState) -> None:
         if not node.schedulable:
             return
-        for label, rooms in self.domain_rooms.items():
-            value = node.labels.get(label)
-            if value is not None:
-                room = rooms[value]
-                room[0] -= node.free_sum
-                room[1] -= node.held_sum
+        name = node.name
         bucket = self.buckets.get(node.model, {}).get(node.whole)
         if bucket is not None:
-            bucket.pop(node.name, None)
-        self.partial_nodes.pop(node.name, None)
-        if self.holding_nodes.pop(node.name, 0) is None:
-            self.holding_by_count[node.released].pop(node.name, None)
+            bucket.pop(name, None)
+        self.partial_nodes.pop(name, None)
+        holding = self.holding_nodes.pop(name, 0) is None
+        if holding:
+            self.holding_by_count[node.released].pop(name, None)
         self.free_total -= node.free_sum
         self.held_total -= node.held_sum
+        for label, domains in self.domains.items():
+            domain = self._domain(domains, label, name)
+            if domain is not None:
+                domain.free -= node.free_sum
+                domain.held -= node.held_sum
+                bucket = domain.buckets.get(node.model, {}).get(node.whole)
+                if bucket is not None:
+                    bucket.pop(name, None)
+                domain.partial_nodes.pop(name, None)
+                if holding:
+                    domain.holding_by_count[node.released].pop(name, None)
 
     def load_running(self, workloads: Iterable[WorkloadView]) -> None:
         """Account the running workloads of the snapshot (no undo): one pass, then re-index once."""
@@ -304,6 +355,10 @@ class ClusterState:
     def rollback(self, checkpoint: int) -> None:
         while len(self._log) > checkpoint:
             self._log.pop()()
+
+    def commit(self) -> None:
+        """Keep everything done so far: the undo log is emptied (its entries refer back to the state)."""
+        self._log.clear()
 
     # -- tentative operations -------------------------------------------------------------------------
 
@@ -416,6 +471,7 @@ class ClusterState:
         gpu = workload.gpus.count * scale
         cpu = workload.cpus * scale
         memory = workload.memory_bytes * scale
+        self.accounted.append(workload.queue)
         for name in self.chain(workload.queue):
             row = self.alloc[name]
             row[0] += gpu
@@ -430,10 +486,16 @@ class ClusterState:
     # -- queries --------------------------------------------------------------------------------------
 
     def allocated(self, queue: str, resource: str = "gpu") -> float:
-        return self.alloc.get(queue, [0.0, 0.0, 0.0])[RESOURCES.index(resource)]
+        row = self.alloc.get(queue)
+        if row is None:
+            return 0.0
+        return row[0] if resource == "gpu" else row[RESOURCES.index(resource)]
 
     def allocated_np(self, queue: str, resource: str = "gpu") -> float:
-        return self.alloc_np.get(queue, [0.0, 0.0, 0.0])[RESOURCES.index(resource)]
+        row = self.alloc_np.get(queue)
+        if row is None:
+            return 0.0
+        return row[0] if resource == "gpu" else row[RESOURCES.index(resource)]
 
     def largest_free_block(self) -> tuple[int, str | None]:
         """The most whole free GPUs on one schedulable node, and that node."""
