@@ -13,7 +13,9 @@ It writes, under --out:
 - passive.json: the passive verdict of those samples.
 - active_quick.json / active_full.json: the active checks (GEMM, copies, memory test, all-reduce) with the
   verdict against gpupool's thresholds table (health/thresholds.py).
-- metrics.txt: /metrics of a real `gpupool server --gpus nvml` started for a few seconds on this machine.
+- metrics.txt: /metrics of a real `gpupool server --gpus nvml` started on this machine.
+- server_check_job.json: that server's `health run` of its node (quick): the check job it ran holding every
+  GPU, the verdict, the job and its log.
 - summary.json: every step's status, seconds and headline figures.
 A step that fails is recorded and the next steps still run.
 """
@@ -83,6 +85,16 @@ def metrics_from_a_real_server(out: Path) -> str:
                 timeout=10,
             ).json()
             (out / "server_health.json").write_text(json.dumps(health, indent=2))
+            # The active checks as the head runs them: a check job holding every GPU (control/health_jobs.py).
+            auth, api = {"Authorization": f"Bearer {token}"}, f"http://127.0.0.1:{port}/api/v1"
+            asked = {"node": health[0]["node"], "level": "quick"}
+            ran = httpx.post(f"{api}/health/run", json=asked, headers=auth, timeout=900).json()
+            job = ran[0]["active"]["job"] if isinstance(ran, list) and ran and ran[0].get("active") else None
+            if job is not None:
+                shown = httpx.get(f"{api}/workloads/{job}", headers=auth, timeout=10).json()
+                job_log = httpx.get(f"{api}/workloads/{job}/logs", headers=auth, timeout=10).json()
+                ran.append({"job": shown, "log": job_log})
+            (out / "server_check_job.json").write_text(json.dumps(ran, indent=2))
             return str(text)
         finally:
             proc.terminate()

@@ -19,7 +19,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from gpupool.gpu import GpuProvider, NvmlProvider
 from gpupool.gpu.simulated import SimulatedProvider
 from gpupool.health.checks import ActiveResult, GpuMeasurement
 from gpupool.health.simulated_state import conditions
@@ -40,15 +39,6 @@ class ActiveRunner(Protocol):
     kind: str
 
     def run(self, level: str) -> ActiveResult: ...
-
-
-def runner_for_gpus(gpus: GpuProvider | None) -> ActiveRunner | None:
-    """The runner for this machine's GPUs: simulated figures for simulated GPUs, torch for real ones."""
-    if isinstance(gpus, SimulatedProvider):
-        return SimulatedRunner(gpus)
-    if isinstance(gpus, NvmlProvider):
-        return TorchRunner()
-    return None
 
 
 def _check_level(level: str) -> None:
@@ -108,7 +98,7 @@ def simulated_result(level: str, gpus: Sequence[Mapping[str, Any]], seconds: flo
 
 
 class TorchRunner:
-    """Active checks of this machine's real GPUs, in a child process (CUDA state never enters the head)."""
+    """Active checks of this machine's real GPUs, in a child process (CUDA state never enters the caller)."""
 
     kind = "torch"
 
