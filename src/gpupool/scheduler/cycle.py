@@ -107,7 +107,7 @@ class Cycle:
         # have seen, the dicts: they keep their ids alive)
         self._able_cache: dict[tuple[int, int, float], tuple[dict[str, _AbleNode], int, object]] = {}
         # (ids of a candidates and a units dict) -> (see _able_base, the dicts: they keep their ids alive)
-        self._able_bases: dict[tuple[int, int], tuple[dict[str, _AbleNode], object]] = {}
+        self._able_bases: dict[tuple[int, int], tuple[dict[str, _AbleNode], list[_AbleNode], object]] = {}
         self._victim_queue_names: list[str] | None = None
         self._least: dict[str, float] = {}
         self._reclaim_gpus: dict[str, dict[str, float]] | None = None  # see _gpus_by_queue
@@ -153,19 +153,17 @@ class Cycle:
         shares = self.shares.get(queue)
         return 0.0 if shares is None else shares.get(resource, 0.0)
 
-    def pending_groups(self) -> list[tuple[str, Iterator[WorkloadView]]]:
-        """The workloads unplaced now, in allocation order, queue by queue (most under-served first), each
-        queue's in its own order (GLOBAL holds them all when fair share is off). Each queue's are read
-        when its turn comes: one placed since is skipped, and one whose bind is taken back since was not
-        unplaced now."""
+    def pending_groups(self) -> list[str]:
+        """Allocation order of the pending work's groups: queues, most under-served first (GLOBAL alone when
+        fair share is off). A phase walks them in this order, each group's `unplaced_in` read when its
+        turn comes, so that those placed since are skipped, and those whose binds are taken back since
+        are not unplaced in this phase."""
         self._retracted_now.clear()
-        return [(name, self._unplaced_of(name)) for name in sorted(self.order, key=self._queue_key)]
+        return sorted(self.order, key=self._queue_key)
 
-    def _unplaced_of(self, name: str) -> Iterator[WorkloadView]:
+    def unplaced_in(self, group: str) -> list[WorkloadView]:
         unplaced, retracted = self.unplaced, self._retracted_now
-        for w in self.order[name]:
-            if w.id in unplaced and w.id not in retracted:
-                yield w
+        return [w for w in self.order[group] if w.id in unplaced and w.id not in retracted]
 
     def _least_gpus(self, queue: str) -> float:
         """The fewest GPUs any pending workload of `queue` asks for."""
@@ -228,8 +226,10 @@ class Cycle:
         heap = [self._queue_key(q) for q in self.order]
         heapq.heapify(heap)
         cursor = dict.fromkeys(self.order, 0)
+        accounted = self.state.accounted
         while heap:
-            queue = heapq.heappop(heap)[-1]
+            key = heapq.heappop(heap)
+            queue = key[-1]
             items = self.order[queue]
             i = cursor[queue]
             while i < len(items) and items[i].id not in self.unplaced:
@@ -238,6 +238,7 @@ class Cycle:
                 continue
             w = items[i]
             cursor[queue] = i + 1
+            changes = len(accounted)
             placed = self._try_allocate(w)
             if (
                 not placed
@@ -248,7 +249,8 @@ class Cycle:
                     if rest.id in self.unplaced:
                         self.decisions.explanations[rest.id] = explain.blocked(w.id)
                 continue
-            heapq.heappush(heap, self._queue_key(queue))
+            # Its key moves only with its allocation: with nothing allocated or taken back, it is the same.
+            heapq.heappush(heap, key if len(accounted) == changes else self._queue_key(queue))
 
     def _try_allocate(self, w: WorkloadView) -> bool:
         refusal = self._admission(w)
@@ -688,14 +690,22 @@ class Cycle:
         found = self._able_cache.get(key)
         freed = self.state.freed
         if found is None:
+            base, most_first = self._able_base(candidates, units)
             able: dict[str, _AbleNode] = {}
-            for entry in self._able_base(candidates, units).values():
-                if entry[0].released + entry[1] + EPSILON >= need:
-                    able[entry[0].name] = entry
+            # Where the victims alone could free enough (most GPUs first, so this stops early); then the
+            # few nodes with GPUs free or released already, where less would do.
+            for entry in most_first:
+                if entry[1] + EPSILON < need:
+                    break
+                able[entry[0].name] = entry
+            for name in self.state.releasing():
+                there = base.get(name)
+                if there is not None and there[0].released + there[1] + EPSILON >= need:
+                    able[name] = there
             found = self._able_cache[key] = (able, len(freed), (candidates, units))
         elif found[1] < len(freed):
             able = found[0]
-            base = self._able_base(candidates, units)
+            base = self._able_base(candidates, units)[0]
             for name in freed[found[1] :]:
                 again = base.get(name)
                 if again is not None and name not in able and again[0].released + again[1] + EPSILON >= need:
@@ -705,9 +715,10 @@ class Cycle:
 
     def _able_base(
         self, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
-    ) -> dict[str, _AbleNode]:
-        """The nodes of `units` with victims and GPUs to free, with both: what `_able` filters by the GPUs
-        needed and released there (built once per pair of dicts; neither changes in a cycle)."""
+    ) -> tuple[dict[str, _AbleNode], list[_AbleNode]]:
+        """The nodes of `units` with victims and GPUs to free, with both, by name and most GPUs first:
+        what `_able` filters by the GPUs needed and released there (built once per pair of dicts;
+        neither changes in a cycle)."""
         key = (id(candidates), id(units))
         found = self._able_bases.get(key)
         if found is None:
@@ -718,8 +729,9 @@ class Cycle:
                 victims = candidates.get(name)
                 if node is not None and gpus > 0.0 and victims:
                     base[name] = (node, gpus, victims)
-            found = self._able_bases[key] = (base, (candidates, units))
-        return found[0]
+            most_first = sorted(base.values(), key=_able_gpus, reverse=True)
+            found = self._able_bases[key] = (base, most_first, (candidates, units))
+        return found[0], found[1]
 
     def _search_order(
         self,
@@ -984,14 +996,14 @@ class Cycle:
 
     def reclaim(self) -> None:
         lines: dict[tuple[str, ...], dict[str, float]] = {}  # reclaimer line -> GPUs it may free per node
-        for group, items in self.pending_groups():
+        for group in self.pending_groups():
             if (
                 group != GLOBAL
                 and self.state.allocated(group) + self._least_gpus(group) > self.fair(group) + EPSILON
             ):
                 # None of it may reclaim (see _reclaim_for); during its turn only its own gains change that.
                 continue
-            for w in items:
+            for w in self.unplaced_in(group):
                 if self._wants_room(w) and not self._reclaim_for(w, lines):
                     return
 
@@ -1099,8 +1111,8 @@ class Cycle:
 
     def preempt(self) -> None:
         lower: dict[tuple[str, int], tuple[dict[str, list[WorkloadView]], dict[str, float]]] = {}
-        for group, items in self.pending_groups():
-            for w in items:
+        for group in self.pending_groups():
+            for w in self.unplaced_in(group):
                 if not self._wants_room(w):
                     continue
                 by_queue, lowest = self._victims_by_queue()
@@ -1144,8 +1156,8 @@ class Cycle:
 
     def consolidate(self) -> None:
         tries = 0
-        for _, items in self.pending_groups():
-            for w in items:
+        for group in self.pending_groups():
+            for w in self.unplaced_in(group):
                 explanation = self.decisions.explanations.get(w.id)
                 if explanation is None or explanation.code != explain.FRAGMENTED:
                     continue
@@ -1230,6 +1242,10 @@ def _below(
             victims[name] = low
             units[name] = sum((v.gpus.count for v in low), 0.0)
     return victims, units
+
+
+def _able_gpus(entry: _AbleNode) -> float:
+    return entry[1]
 
 
 def _by_node(victims: list[WorkloadView]) -> dict[str, list[WorkloadView]]:

@@ -10,7 +10,7 @@ placement uses `free`; placement "after release" (for the beneficiaries of evict
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gpupool.scheduler.snapshot import RESOURCES, NodeView, PodPlacement, QueueView, WorkloadView
@@ -496,6 +496,19 @@ class ClusterState:
         if row is None:
             return 0.0
         return row[0] if resource == "gpu" else row[RESOURCES.index(resource)]
+
+    def releasing(self) -> Iterator[str]:
+        """Schedulable nodes with GPUs whole once stopping work has released them (free ones included),
+        each once."""
+        for by_count in self.buckets.values():
+            for count, names in by_count.items():
+                if count > 0:
+                    for name in names:
+                        if name not in self.holding_nodes:
+                            yield name
+        for count, names in self.holding_by_count.items():
+            if count > 0:
+                yield from names
 
     def largest_free_block(self) -> tuple[int, str | None]:
         """The most whole free GPUs on one schedulable node, and that node."""
