@@ -27,6 +27,7 @@ from gpupool import scheduler
 from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Phase, Pod, Status
 from gpupool.control import contract, inventory
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
+from gpupool.control.node_views import NodeViews
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import queue_usage
 from gpupool.gpu import GpuProvider
@@ -90,6 +91,7 @@ class Reconciler:
         self._config = scheduler.SchedulerConfig(usage_weight=settings.usage_weight)
         self._usage_cache: tuple[float, dict[str, float]] | None = None
         self._node_views: dict[str, scheduler.NodeView] = {}
+        self._nodes = NodeViews()  # read again only where a node changed (control/node_views.py)
         self.fair_shares: dict[str, dict[str, float]] = {}
         self.explanations: dict[int, scheduler.Explanation] = {}
         self._explained_at = 0.0
@@ -439,7 +441,7 @@ class Reconciler:
                     stopping=stopping is not None,
                 )
             )
-        nodes = _node_views(s)
+        nodes = self._nodes.read(self.store)
         if self._inventory_generation:
             nodes = inventory.with_foreign_use(s, nodes, running)
         nodes = tuple(self._same_view(view) for view in nodes)
@@ -459,7 +461,7 @@ class Reconciler:
         """The view of the last pass when nothing changed: the scheduler then recognises the node (and an
         unchanged snapshot) by identity, which is cheaper than by value."""
         last = self._node_views.get(view.name)
-        if last is not None and last == view:
+        if last is view or (last is not None and last == view):
             return last
         self._node_views[view.name] = view
         return view
@@ -701,34 +703,6 @@ class Reconciler:
             row["workloads"] = [wid for _, wid in holders.get(sample.index, [])]
             samples.append(row)
         self.telemetry.put(self.settings.node_name, samples)
-
-
-def _node_views(s: Session) -> tuple[scheduler.NodeView, ...]:
-    """Every node as the scheduler sees it, read as plain columns: no ORM objects, and none of the GPUs'
-    last telemetry samples (JSON) decoded, which at 1,000 nodes of 8 GPUs was most of a pass's time."""
-    gpus: dict[int, list[scheduler.GpuView]] = {}
-    for node_id, index, model, memory, island in s.execute(
-        select(Gpu.node_id, Gpu.index, Gpu.model, Gpu.memory_bytes, Gpu.nvlink_island).order_by(
-            Gpu.node_id, Gpu.index
-        )
-    ):
-        gpus.setdefault(node_id, []).append(scheduler.GpuView(index, model.upper(), memory, island))
-    return tuple(
-        scheduler.NodeView(
-            name=name,
-            schedulable=state == "ready",
-            state=state,
-            gpus=tuple(gpus.get(node_id, ())),
-            cpus=cpus,
-            memory_bytes=memory_bytes,
-            labels=tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items())),
-        )
-        for node_id, name, state, cpus, memory_bytes, labels in s.execute(
-            select(Node.id, Node.name, Node.state, Node.cpus, Node.memory_bytes, Node.labels).order_by(
-                Node.name
-            )
-        )
-    )
 
 
 def _queue_view(queue: Queue) -> scheduler.QueueView:

@@ -1,0 +1,158 @@
+"""The control loop keeps its node views between passes; every change of a node still reaches the
+scheduler in the very next pass: cordon, drain, loss, a health verdict, a node joining, GPUs removed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from gpupool.backends.agent import AgentBackend
+from gpupool.backends.base import Inventory, InventoryNode
+from gpupool.control import agents, inventory, service
+from gpupool.control.loop import ControlSettings, Reconciler
+from gpupool.control.node_views import NodeViews
+from gpupool.spec import parse_workload_spec
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Node, Workload
+
+LEASE = 10.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(f"sqlite:///{tmp_path / 'gpupool.db'}")
+    service.ensure_default_queue(store)
+    yield store
+    store.close()
+
+
+def _pool(store: Store, tmp_path: Path, clock: Clock) -> tuple[Reconciler, AgentBackend]:
+    """A head with two agent nodes of one GPU each, `a` and `b`, as their agents register them."""
+    backend = AgentBackend(lease=LEASE, clock=clock)
+    for name in ("a", "b"):
+        agents.register(store, name, join_token=_join_token(store), credential=None)
+        backend.register(name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]}, "127.0.0.1")
+    reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
+    return reconciler, backend
+
+
+def _join_token(store: Store) -> str:
+    return str(agents.create_join_token(store, 3600)["token"])
+
+
+def _submit(store: Store, **spec: object) -> int:
+    created = service.submit(store, parse_workload_spec({"commands": ["sleep 60"], **spec}))
+    return int(created["id"])
+
+
+def _node_of(store: Store, workload_id: int) -> str | None:
+    with store.read() as s:
+        attempt = s.scalar(select(Attempt).where(Attempt.workload_id == workload_id))
+        return attempt.node_name if attempt is not None else None
+
+
+def _state(store: Store, workload_id: int) -> str:
+    with store.read() as s:
+        workload = s.get(Workload, workload_id)
+        assert workload is not None
+        return workload.state
+
+
+def _cordon(store: Store, backend: AgentBackend, clock: Clock) -> None:
+    service.set_node_state(store, "b", "cordoned", "maintenance")
+
+
+def _drain(store: Store, backend: AgentBackend, clock: Clock) -> None:
+    service.drain_node(store, "b", "kernel upgrade")
+
+
+def _lose(store: Store, backend: AgentBackend, clock: Clock) -> None:
+    clock.now += LEASE + 1  # b falls silent past its lease; a keeps heartbeating
+    backend.heartbeat("a", {"attempts": []})
+
+
+def _fail_health(store: Store, backend: AgentBackend, clock: Clock) -> None:
+    with store.session() as s:  # what the health loop writes for an unhealthy verdict
+        node = s.scalar(select(Node).where(Node.name == "b"))
+        assert node is not None
+        node.change_state("unhealthy", "health: GPU 0 Xid 79", "health")
+
+
+@pytest.mark.parametrize("change", [_cordon, _drain, _lose, _fail_health], ids=lambda f: f.__name__[1:])
+def test_a_node_taken_out_of_service_gets_no_work_from_the_next_pass(
+    store: Store, tmp_path: Path, change: Callable[[Store, AgentBackend, Clock], None]
+) -> None:
+    clock = Clock()
+    reconciler, backend = _pool(store, tmp_path, clock)
+    reconciler.tick()  # the views of a and b are read and kept
+    first = _submit(store, resources={"gpu": 1})
+    reconciler.tick()
+    placed = _node_of(store, first)
+    assert placed is not None
+
+    if placed == "b":  # b must be free to show that nothing more is sent there
+        service.cancel(store, first)
+        with store.session() as s:
+            attempt = s.scalar(select(Attempt).where(Attempt.workload_id == first))
+            assert attempt is not None
+            attempt.state = "cancelled"
+        reconciler.tick()
+    change(store, backend, clock)
+    one, two = _submit(store, resources={"gpu": 1}), _submit(store, resources={"gpu": 1})
+    reconciler.tick()
+
+    assert _node_of(store, one) != "b" and _node_of(store, two) != "b"
+    assert "pending" in (_state(store, one), _state(store, two))
+
+
+def test_an_uncordoned_node_takes_work_at_the_next_pass(store: Store, tmp_path: Path) -> None:
+    clock = Clock()
+    reconciler, _ = _pool(store, tmp_path, clock)
+    service.set_node_state(store, "a", "cordoned", "maintenance")
+    service.set_node_state(store, "b", "cordoned", "maintenance")
+    job = _submit(store, resources={"gpu": 1})
+    reconciler.tick()
+    assert _state(store, job) == "pending"
+
+    service.set_node_state(store, "b", "ready", "maintenance done")
+    reconciler.tick()
+    assert _node_of(store, job) == "b"
+
+
+def test_views_are_read_again_only_for_nodes_that_changed(store: Store, tmp_path: Path) -> None:
+    clock = Clock()
+    _pool(store, tmp_path, clock)
+    views = NodeViews()
+    first = views.read(store)
+    assert [(v.name, v.state, len(v.gpus)) for v in first] == [("a", "ready", 0), ("b", "ready", 0)]
+    assert views.read(store) is first  # nothing written: the same views, not read again
+
+    agents.record_heartbeats(store, {"a": clock.now, "b": clock.now})  # no view reads last_heartbeat
+    assert views.read(store) is first
+
+    same_a = InventoryNode("a", "127.0.0.1", "ready", "", cpus=0.0, memory_bytes=0, gpus=())
+    new_b = InventoryNode("b", "127.0.0.1", "ready", "", 8.0, 1 << 34, (("H100", 2),), (("zone", "z1"),))
+    inventory.apply(store, "agent", Inventory((same_a, new_b), (), 1))
+    second = views.read(store)
+    assert second[0] is first[0]  # a: untouched, the same object
+    assert (second[1].name, len(second[1].gpus), second[1].labels) == ("b", 2, (("zone", "z1"),))
+
+    agents.register(store, "c", join_token=_join_token(store), credential=None)
+    assert [v.name for v in views.read(store)] == ["a", "b", "c"]
+
+    with store.session() as s:
+        node = s.scalar(select(Node).where(Node.name == "b"))
+        assert node is not None
+        node.gpus.remove(node.gpus[0])
+    assert len(views.read(store)[1].gpus) == 1
