@@ -317,7 +317,7 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
         for name in ("agent-0", "agent-1"):
             assert active(name)["health"] == "healthy"
             check_job(server, active(name)["job"], name, 1)
-        assert not [e for e in events("agent-0") if e[1] != "ready"]  # ready throughout: the job held the GPU
+        assert not [e for e in events("agent-0") if e[1] == "cordoned"]  # not cordoned: the job held the GPU
 
         user = "gpu_user_token_for_the_test"
         with sqlite3.connect(home / "gpupool.db") as db:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shlex
 import sys
 import threading
@@ -104,6 +105,12 @@ def ensure_system_queue(store: Store) -> None:
             s.add(Queue(name=SYSTEM_QUEUE, parent=None, priority=0, spec=spec.model_dump(mode="json")))
 
 
+def job_name(node: str, level: str) -> str:
+    """`health-<level>-<node>` as a workload name may read (lower case, digits, dashes; 63 at most)."""
+    text = "".join(c if c.isascii() and c.isalnum() else "-" for c in f"health-{level}-{node}".lower())
+    return re.sub("-+", "-", text)[:63].strip("-")
+
+
 def job_spec(node: str, level: str, gpus: int, *, simulated: bool, python: str) -> dict[str, Any]:
     """The workload spec of one node's check job (as `gpupool submit` takes it)."""
     command = f"{shlex.quote(python)} -m gpupool.health.check_job --level {level}"
@@ -111,7 +118,7 @@ def job_spec(node: str, level: str, gpus: int, *, simulated: bool, python: str) 
         command += f" --simulated {shlex.quote(node)}"
     return {
         "kind": "job",
-        "name": f"health-{level}-{node}"[:63].rstrip("-."),
+        "name": job_name(node, level),
         "queue": SYSTEM_QUEUE,
         "priority": PRIORITY,
         "preemptible": False,

@@ -50,6 +50,8 @@ def test_a_check_job_is_a_pinned_non_preemptible_job_of_the_system_queue_holding
     assert spec.commands == ["/usr/bin/python3 -m gpupool.health.check_job --level full --simulated node-1"]
     real = job_spec("node-1", "quick", 8, simulated=False, python="/usr/bin/python3")
     assert real["commands"] == ["/usr/bin/python3 -m gpupool.health.check_job --level quick"]
+    dotted = WorkloadSpec.model_validate(job_spec("GPU01.rack_2", "quick", 8, simulated=True, python="py"))
+    assert dotted.name == "health-quick-gpu01-rack-2" and dotted.placement.nodes == ["GPU01.rack_2"]
 
 
 def test_the_control_loop_starts_a_check_job_only_on_a_node_with_nothing_running(tmp_path: Path) -> None:
