@@ -95,9 +95,9 @@ class SimResult:
 
 
 class _Job:
-    __slots__ = ("attained", "attempt", "band_at", "ckpt_at", "demand", "est_key", "gpus", "idx", "nodes",
-                 "overhead", "pending_since", "placement", "priority", "queue", "record", "remaining",
-                 "start", "state", "trace", "view")  # fmt: skip
+    __slots__ = ("attained", "attempt", "band_at", "ckpt_at", "counted", "demand", "est_key", "gpus", "idx",
+                 "nodes", "overhead", "pending_since", "placement", "priority", "queue", "record",
+                 "remaining", "start", "state", "trace", "view")  # fmt: skip
 
     def __init__(self, idx: int, trace: TraceJob, queue: str, nodes: int, demand: GpuDemand) -> None:
         self.idx = idx  # the workload id the scheduler sees
@@ -117,6 +117,7 @@ class _Job:
         self.pending_since = 0.0
         self.ckpt_at = math.inf  # next checkpoint of the running attempt (its view is rebuilt then)
         self.band_at = math.inf
+        self.counted = False  # in its queue's count of jobs for the over-quota weight
         self.view: WorkloadView | None = None
         self.est_key = (trace.queue, trace.gpus)
         self.record = JobRecord(trace.id, trace.queue, 0.0, trace.duration, self.gpus)
@@ -169,6 +170,8 @@ class Simulation:
         self.fair: dict[str, float] = {}
         # decayed GPU-seconds per queue, kept only for policies that tilt fair share by it
         self.usage = {q.name: 0.0 for q in self.queues} if self.config.usage_weight > 0 else {}
+        # jobs in the top band per queue, kept only for policies whose over-quota weights count them
+        self.counts: dict[str, int] = {q.name: 0 for q in self.queues} if policy.weight_by == "young" else {}
         self._est_sum: dict[object, list[float]] = {}
         self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
@@ -186,6 +189,7 @@ class Simulation:
         self.shortcuts = True  # skip cycles that provably change nothing (off only to test that claim)
         self.skipped = 0
         self._running_tuple: tuple[WorkloadView, ...] | None = None
+        self._pending_tuple: tuple[WorkloadView, ...] | None = None  # kept until the pending set changes
         self._running_until = math.inf
         self._dirty = False
 
@@ -274,6 +278,8 @@ class Simulation:
         job.priority = self._priority(job, 0.0)
         self.pending[job.idx] = job
         self.demand[job.trace.queue] += job.gpus
+        self._recount(job)
+        self._pending_tuple = None
         self._dirty = True
 
     def _fits_empty(self, job: _Job) -> bool:
@@ -294,6 +300,9 @@ class Simulation:
         self.settled += 1
         job.record.finish = self.now
         self.demand[job.trace.queue] -= job.gpus
+        self._recount(job)
+        if self.policy.estimate == "learned":
+            self._pending_tuple = None  # the estimates learned from finished jobs change
         stats = self._est_sum.setdefault(job.est_key, [0.0, 0.0])
         stats[0] += job.trace.duration
         stats[1] += 1
@@ -320,6 +329,7 @@ class Simulation:
             job.priority = priority
             job.view = None
             self._running_tuple = None
+            self._recount(job)
             self._dirty = True
         self._schedule_band(job)
 
@@ -454,7 +464,9 @@ class Simulation:
         """The pending work the scheduler needs to see. Under strict FIFO that is the prefix of the line
         up to the first job that cannot fit the free GPUs: nothing behind it can start this cycle."""
         if not self._strict_fifo():
-            return tuple(self._pending_view(j) for j in self.pending.values())
+            if self._pending_tuple is None:
+                self._pending_tuple = tuple(self._pending_view(j) for j in self.pending.values())
+            return self._pending_tuple
         room = self.cluster.gpus - self.used + EPS
         views = []
         for job in self.pending.values():
@@ -492,9 +504,24 @@ class Simulation:
         return decisions
 
     def _queues_for_cycle(self) -> tuple[QueueView, ...]:
+        queues = self.queues
+        counts = self.counts
+        if counts:
+            queues = tuple(
+                replace(q, gpu=replace(q.gpu, weight=q.gpu.weight * counts.get(q.name, 0))) for q in queues
+            )
         if not self.usage:
-            return self.queues
-        return tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in self.queues)
+            return queues
+        return tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in queues)
+
+    def _recount(self, job: _Job) -> None:
+        """Keep `counts` (the jobs each queue's over-quota weight counts) up to date after `job` changed."""
+        if not self.counts:
+            return
+        counted = job.state in ("pending", "running") and job.priority == len(self.policy.bands)
+        if counted != job.counted:
+            job.counted = counted
+            self.counts[job.queue] = self.counts.get(job.queue, 0) + (1 if counted else -1)
 
     def _pending_view(self, job: _Job) -> WorkloadView:
         estimate = self._estimate(job)
@@ -568,6 +595,7 @@ class Simulation:
 
     def _start(self, job: _Job, pods: tuple[PodPlacement, ...]) -> None:
         del self.pending[job.idx]
+        self._pending_tuple = None
         job.record.queued += self.now - job.pending_since
         if job.record.start is None:
             job.record.start = self.now
@@ -581,6 +609,7 @@ class Simulation:
         self._running_tuple = None
         self.used += job.gpus
         self.alloc[job.trace.queue] += job.gpus
+        self._recount(job)
         self._push(self.now + job.overhead + job.remaining, FINISH, job.idx, job.attempt)
         self._schedule_band(job)
 
@@ -599,6 +628,8 @@ class Simulation:
         job.pending_since = self.now
         job.priority = self._priority(job, self.now)
         self.pending[job.idx] = job
+        self._pending_tuple = None
+        self._recount(job)
 
     def _sample(self) -> None:
         if self.now < self._next_sample:

@@ -40,6 +40,10 @@ class Policy:
     estimate: str = "none"  # duration_estimate: "none", "learned" (online, per queue) or "oracle" (the truth)
     oracle: bool = False  # reads true durations: a reference, not a real scheduler
     usage_half_life: float = 7 * 86400.0  # decay of queue usage when config.usage_weight > 0 (the server's)
+    # Over-quota weight of each queue: "fixed" (its spec's), or "young": its spec's weight times its number
+    # of jobs (pending or running) still in the top attained-service band, so that the GPUs left above the
+    # quotas go to queues in proportion to their new work (LAS across queues, above the quotas only)
+    weight_by: str = "fixed"
 
     def priority(self, attained: float, remaining_gpu_s: float) -> int:
         """The workload priority the scheduler sees (0 when the policy has no bands)."""
@@ -105,16 +109,24 @@ POLICIES: tuple[Policy, ...] = (
     ),
     Policy(
         "gpupool",
-        "the product's default actions: quotas, fair share by water-filling, reclaim, consolidation; inside "
-        "a queue least attained GPU-service first, preemptive, in bands at 2 GPU-minutes and 16 GPU-hours "
-        "(Tiresias' discretized LAS with a short first band), FIFO inside a band",
+        "the product's default actions: quotas, fair share by water-filling, reclaim, consolidation; a "
+        "queue's over-quota weight is its number of jobs with under 2 GPU-minutes of service (pending or "
+        "running); inside a queue least attained GPU-service first, preemptive, in bands at 2 GPU-minutes "
+        "and 16 GPU-hours (Tiresias' discretized LAS with a short first band), FIFO inside a band",
+        SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS),
+        bands=GPUPOOL_BANDS,
+        weight_by="young",
+    ),
+    Policy(
+        "gpupool-bands",
+        "gpupool with the queues' own over-quota weights (1 each with --queues auto): the bands alone",
         SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS),
         bands=GPUPOOL_BANDS,
     ),
     Policy(
         "gpupool-usage",
-        "gpupool with usage_weight 1: a queue's over-quota weight halves for each doubling of its decayed "
-        "GPU usage over its share (Slurm's classic fair-share factor), half-life 1 day",
+        "gpupool-bands with usage_weight 1: a queue's over-quota weight halves for each doubling of its "
+        "decayed GPU usage over its share (Slurm's classic fair-share factor), half-life 1 day",
         SchedulerConfig(
             ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS, usage_weight=1.0
         ),
@@ -130,7 +142,7 @@ POLICIES: tuple[Policy, ...] = (
     ),
     Policy(
         "gpupool-las",
-        "gpupool with Tiresias' own bands (1 and 16 GPU-hours) inside a queue",
+        "gpupool-bands with Tiresias' own bands (1 and 16 GPU-hours) inside a queue",
         SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=LAS_BANDS),
         bands=LAS_BANDS,
     ),
