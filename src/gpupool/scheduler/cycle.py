@@ -7,9 +7,9 @@ keeps only whole, feasible ones (see state.py's undo log). The cycle is pure: it
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.fairshare import fair_shares
@@ -155,15 +155,14 @@ class Cycle:
 
     def pending_groups(self) -> list[str]:
         """Allocation order of the pending work's groups: queues, most under-served first (GLOBAL alone when
-        fair share is off). A phase walks them in this order, each group's `unplaced_in` read when its
-        turn comes, so that those placed since are skipped, and those whose binds are taken back since
-        are not unplaced in this phase."""
+        fair share is off). A phase walks them in this order and each group's work in its own order,
+        reading whether a workload is still unplaced when its turn comes (see `unplaced`): one placed
+        since is skipped, and one whose bind was taken back during the phase was not unplaced in it."""
         self._retracted_now.clear()
         return sorted(self.order, key=self._queue_key)
 
-    def unplaced_in(self, group: str) -> list[WorkloadView]:
-        unplaced, retracted = self.unplaced, self._retracted_now
-        return [w for w in self.order[group] if w.id in unplaced and w.id not in retracted]
+    def still_unplaced(self, w: WorkloadView) -> bool:
+        return w.id in self.unplaced and w.id not in self._retracted_now
 
     def _least_gpus(self, queue: str) -> float:
         """The fewest GPUs any pending workload of `queue` asks for."""
@@ -690,18 +689,22 @@ class Cycle:
         found = self._able_cache.get(key)
         freed = self.state.freed
         if found is None:
-            base, most_first = self._able_base(candidates, units)
-            able: dict[str, _AbleNode] = {}
-            # Where the victims alone could free enough (most GPUs first, so this stops early); then the
-            # few nodes with GPUs free or released already, where less would do.
-            for entry in most_first:
-                if entry[1] + EPSILON < need:
-                    break
-                able[entry[0].name] = entry
-            for name in self.state.releasing():
-                there = base.get(name)
-                if there is not None and there[0].released + there[1] + EPSILON >= need:
-                    able[name] = there
+            base, fewest_first = self._able_base(candidates, units)
+            # From `cut` on, the victims alone could free enough; before it, a node qualifies only with
+            # GPUs free or released there already (few nodes have any by now).
+            cut = bisect.bisect_left(fewest_first, need, key=_able_gpus)
+            able: dict[str, _AbleNode]
+            if cut * 2 <= len(fewest_first):
+                able = dict(base)
+                for entry in fewest_first[:cut]:
+                    if entry[0].released + entry[1] + EPSILON < need:
+                        del able[entry[0].name]
+            else:
+                able = {entry[0].name: entry for entry in fewest_first[cut:]}
+                for name in self.state.releasing():
+                    there = base.get(name)
+                    if there is not None and there[0].released + there[1] + EPSILON >= need:
+                        able[name] = there
             found = self._able_cache[key] = (able, len(freed), (candidates, units))
         elif found[1] < len(freed):
             able = found[0]
@@ -716,7 +719,7 @@ class Cycle:
     def _able_base(
         self, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
     ) -> tuple[dict[str, _AbleNode], list[_AbleNode]]:
-        """The nodes of `units` with victims and GPUs to free, with both, by name and most GPUs first:
+        """The nodes of `units` with victims and GPUs to free, with both, by name and fewest GPUs first:
         what `_able` filters by the GPUs needed and released there (built once per pair of dicts;
         neither changes in a cycle)."""
         key = (id(candidates), id(units))
@@ -729,8 +732,8 @@ class Cycle:
                 victims = candidates.get(name)
                 if node is not None and gpus > 0.0 and victims:
                     base[name] = (node, gpus, victims)
-            most_first = sorted(base.values(), key=_able_gpus, reverse=True)
-            found = self._able_bases[key] = (base, most_first, (candidates, units))
+            fewest_first = sorted(base.values(), key=_able_gpus)
+            found = self._able_bases[key] = (base, fewest_first, (candidates, units))
         return found[0], found[1]
 
     def _search_order(
@@ -961,23 +964,23 @@ class Cycle:
         """Evictable running single-pod work on schedulable nodes, by node, each list in victim order
         (built once a cycle; callers skip what was evicted since). Gangs are never victims here."""
         if self._index is None:
-            pool = {}
-            for name, workloads in self.by_node.items():
-                node = self.state.nodes.get(name)
-                if node is None or not node.schedulable:
+            groups: dict[str, list[WorkloadView]] = {}
+            nodes = self.state.nodes
+            for v in self.snapshot.running:
+                if len(v.placement) != 1 or not self._evictable(v):
                     continue
-                for v in workloads:
-                    if v.running and len(v.placement) == 1 and self._evictable(v):
-                        pool[v.id] = v
+                name = v.placement[0].node
+                node = nodes.get(name)
+                if node is not None and node.schedulable:
+                    groups.setdefault(name, []).append(v)
             # This cycle's own binds give way first: they lose no work and nothing needs stopping.
             for bind in self.decisions.binds:
                 w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
                 if len(bind.pods) == 1 and w.preemptible and bind.workload_id not in self.state.evicted:
                     self._tentative[w.id] = w
-                    pool[w.id] = replace(w, placement=bind.pods, start_time=self.now)
+                    groups.setdefault(bind.pods[0].node, []).append(w.started(bind.pods, self.now))
             # Sorted per node, and the nodes by their first victim: the same lists, in the same order, as
             # sorting every victim at once and grouping them by node (keys are unique: they end in the id).
-            groups = _by_node(list(pool.values()))
             firsts: list[tuple[tuple[float, ...], str]] = []
             for name, victims in groups.items():
                 victims.sort(key=self._victim_key)
@@ -987,10 +990,11 @@ class Cycle:
         return self._index
 
     def _wants_room(self, w: WorkloadView) -> bool:
+        """Still unplaced in this phase (see pending_groups), for want of capacity."""
+        if w.id not in self.unplaced or w.id in self._retracted_now:
+            return False
         explanation = self.decisions.explanations.get(w.id)
-        return (
-            w.id in self.unplaced and explanation is not None and explanation.code in explain.CAPACITY_CODES
-        )
+        return explanation is not None and explanation.code in explain.CAPACITY_CODES
 
     # -- reclaim --------------------------------------------------------------------------------------
 
@@ -1003,7 +1007,7 @@ class Cycle:
             ):
                 # None of it may reclaim (see _reclaim_for); during its turn only its own gains change that.
                 continue
-            for w in self.unplaced_in(group):
+            for w in self.order[group]:
                 if self._wants_room(w) and not self._reclaim_for(w, lines):
                     return
 
@@ -1112,7 +1116,7 @@ class Cycle:
     def preempt(self) -> None:
         lower: dict[tuple[str, int], tuple[dict[str, list[WorkloadView]], dict[str, float]]] = {}
         for group in self.pending_groups():
-            for w in self.unplaced_in(group):
+            for w in self.order[group]:
                 if not self._wants_room(w):
                     continue
                 by_queue, lowest = self._victims_by_queue()
@@ -1157,7 +1161,9 @@ class Cycle:
     def consolidate(self) -> None:
         tries = 0
         for group in self.pending_groups():
-            for w in self.unplaced_in(group):
+            for w in self.order[group]:
+                if not self.still_unplaced(w):
+                    continue
                 explanation = self.decisions.explanations.get(w.id)
                 if explanation is None or explanation.code != explain.FRAGMENTED:
                     continue
@@ -1245,16 +1251,8 @@ def _below(
 
 
 def _able_gpus(entry: _AbleNode) -> float:
-    return entry[1]
-
-
-def _by_node(victims: list[WorkloadView]) -> dict[str, list[WorkloadView]]:
-    """Single-pod victims by the node they run on, keeping their order."""
-    out: dict[str, list[WorkloadView]] = {}
-    for v in victims:
-        if len(v.placement) == 1:
-            out.setdefault(v.placement[0].node, []).append(v)
-    return out
+    """What a node's victims could free, plus the tolerance `_able` compares with."""
+    return entry[1] + EPSILON
 
 
 class _Budget:

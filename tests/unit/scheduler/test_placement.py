@@ -149,3 +149,24 @@ def test_zero_gpu_jobs_run_without_gpus() -> None:
 def test_decide_is_deterministic() -> None:
     snapshot = Snapshot((node(), node("n2")), tuple(job(i, (i % 3) + 1) for i in range(1, 12)))
     assert decide(snapshot, 0) == decide(snapshot, 0)
+
+
+def test_a_started_view_keeps_every_other_field() -> None:
+    """`WorkloadView.started` writes its fields out by hand (for speed): a field added to the view and
+    left out there would silently fall back to its default for this cycle's binds seen as victims."""
+    import dataclasses
+
+    original = WorkloadView(
+        id=7, queue="q", priority=3, submit_time=1.5, nodes=2, gpus=GpuDemand(2, ("H100",), 40 * GB),
+        cpus=4.0, memory_bytes=GB, preemptible=False, topology="rack", topology_preferred="zone",
+        node_names=frozenset({"n1", "n2"}), max_duration=60.0, attained_service=9.0, duration_estimate=30.0,
+        placement=(PodPlacement("n9", (0,), 1.0),), start_time=2.0, last_checkpoint_time=2.5, stopping=True,
+    )  # fmt: skip
+    defaults = WorkloadView(id=0, queue="", priority=0, submit_time=0.0)
+    changed = {"placement", "start_time"}
+    for f in dataclasses.fields(WorkloadView):
+        if f.name not in changed:  # every other field is set apart from its default above
+            assert getattr(original, f.name) != getattr(defaults, f.name), f.name
+    pods = (PodPlacement("n1", (1,), 1.0), PodPlacement("n2", (1,), 1.0))
+    started = original.started(pods, 5.0)
+    assert started == dataclasses.replace(original, placement=pods, start_time=5.0)
