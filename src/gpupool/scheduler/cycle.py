@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import operator
 from collections.abc import Callable, Iterator
 
 from gpupool.scheduler import explain
@@ -102,7 +103,7 @@ class Cycle:
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted: set[int] = set()
         self._retracted_now: set[int] = set()  # since the last pending_groups()
-        self._old: dict[tuple[int, str], bool] = {}
+        self._old: dict[str, dict[int, bool]] = {"preempt": {}, "reclaim": {}}  # kind -> workload id -> old
         # (ids of a candidates and a units dict, GPUs needed) -> (able nodes, how much of state.freed they
         # have seen, the dicts: they keep their ids alive)
         self._able_cache: dict[tuple[int, int, float], tuple[dict[str, _AbleNode], int, object]] = {}
@@ -732,7 +733,7 @@ class Cycle:
                 victims = candidates.get(name)
                 if node is not None and gpus > 0.0 and victims:
                     base[name] = (node, gpus, victims)
-            fewest_first = sorted(base.values(), key=_able_gpus)
+            fewest_first = sorted(base.values(), key=operator.itemgetter(1))
             found = self._able_bases[key] = (base, fewest_first, (candidates, units))
         return found[0], found[1]
 
@@ -772,8 +773,11 @@ class Cycle:
                     bound = max(0.0, need - there.released)
                     if bound <= units.get(name, 0.0) + EPSILON:
                         ranked.append((bound, name, there))
-            ranked.sort()  # names are unique: nodes are never compared
-            for bound, _, node in ranked:
+            # Taken in order as the search asks (it often stops early); names are unique, so nodes are
+            # never compared.
+            heapq.heapify(ranked)
+            while ranked:
+                bound, _, node = heapq.heappop(ranked)
                 yield bound, node
             return
         # The state does not change while a search runs, so its buckets are walked as they are.
@@ -930,10 +934,10 @@ class Cycle:
         return 0.0
 
     def _old_enough(self, v: WorkloadView, kind: str) -> bool:
-        key = (v.id, kind)
-        found = self._old.get(key)
+        known = self._old[kind]
+        found = known.get(v.id)
         if found is None:
-            found = self._old[key] = self._past_min_runtime(v, kind)
+            found = known[v.id] = self._past_min_runtime(v, kind)
         return found
 
     def _past_min_runtime(self, v: WorkloadView, kind: str) -> bool:
