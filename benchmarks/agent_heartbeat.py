@@ -41,6 +41,9 @@ from harness import (
     verdict,
 )
 
+from gpupool.agent.daemon import telemetry_rows
+from gpupool.gpu.simulated import SimulatedProvider
+
 NAME = "agent_heartbeat"
 TARGET_P99_MS = 100.0
 TARGET_CPU = 1.0
@@ -65,6 +68,13 @@ def _samples(gpus: int, node: int) -> list[dict[str, Any]]:
         }
         for i in range(gpus)
     ]
+
+
+def _agent_samples(gpus: int, node: int) -> list[dict[str, Any]]:
+    """What `gpupool agent --gpus sim:NxH100` sends (all of GpuSample's fields, empty lists left out), read
+    once per agent: only `at` changes from one heartbeat to the next (`--sample-form agent`)."""
+    provider = SimulatedProvider(f"sim:{gpus}xH100", seed=f"bench-{node}") if gpus else None
+    return telemetry_rows(provider.sample(time.time())) if provider is not None else []
 
 
 def _renice(pid: int, niceness: int) -> None:
@@ -116,8 +126,16 @@ async def register(server: BenchServer, agents: int, gpus: int, token: str) -> l
 
 
 async def heartbeats(
-    server: BenchServer, credentials: list[str], gpus: int, warmup: float, duration: float
+    server: BenchServer,
+    credentials: list[str],
+    gpus: int,
+    warmup: float,
+    duration: float,
+    trace: list[tuple[float, float, int]] | None = None,
+    sample_form: str = "harness",
 ) -> dict[str, Any]:
+    """Run the agents; `trace`, when given, gets (epoch seconds sent, latency seconds, agent) of each
+    measured heartbeat."""
     latencies: list[float] = []
     errors = late = 0
     start = time.monotonic()
@@ -127,6 +145,7 @@ async def heartbeats(
     async def agent(i: int, credential: str) -> None:
         nonlocal errors, late
         conn = RawConnection(HOST, server.port, credential)
+        rows = _agent_samples(gpus, i) if sample_form == "agent" else None
         next_at = start + random.random()
         try:
             while True:
@@ -135,7 +154,9 @@ async def heartbeats(
                     return
                 if next_at > now:
                     await asyncio.sleep(next_at - now)
-                body = json.dumps({"attempts": [], "logs": [], "wait": 0, "telemetry": _samples(gpus, i)})
+                now = time.time()
+                samples = _samples(gpus, i) if rows is None else [{**row, "at": now} for row in rows]
+                body = json.dumps({"attempts": [], "logs": [], "wait": 0, "telemetry": samples})
                 sent = time.monotonic()
                 try:
                     status, _ = await conn.request("POST", "/api/v1/agents/heartbeat", body.encode())
@@ -144,6 +165,8 @@ async def heartbeats(
                 took = time.monotonic() - sent
                 if measure_from <= sent < measure_to:
                     latencies.append(took)
+                    if trace is not None:
+                        trace.append((time.time() - took, took, i))
                     if status != 200:
                         errors += 1
                     if took > 1.0:
@@ -185,7 +208,13 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         if args.nice is not None:
             _renice(server.pid, args.nice)
             _renice(os.getpid(), args.nice)
-        result = asyncio.run(heartbeats(server, credentials, args.gpus, args.warmup, args.duration))
+        trace: list[tuple[float, float, int]] | None = [] if args.trace else None
+        result = asyncio.run(
+            heartbeats(server, credentials, args.gpus, args.warmup, args.duration, trace, args.sample_form)
+        )
+        if args.trace and trace is not None:
+            with args.trace.open("a") as out:  # one line a heartbeat; runs of --repeat follow each other
+                out.writelines(f"{at:.4f} {took * 1000:.2f} {agent}\n" for at, took, agent in trace)
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}) as client:
             nodes = client.get("/api/v1/nodes", timeout=60).json()
         result["nodes_ready"] = sum(1 for n in nodes if n["state"] == "ready")
@@ -208,6 +237,20 @@ def main() -> None:
         default=None,
         help="run the head and this harness at this niceness, e.g. -10 (root): on a machine shared with "
         "other work, a stand-in for the dedicated machine a head runs on (default: unchanged)",
+    )
+    parser.add_argument(
+        "--sample-form",
+        choices=("harness", "agent"),
+        default="harness",
+        help="harness: the 13-field samples of the earlier runs (default, comparable with them); agent: "
+        "what `gpupool agent` sends, all 31 fields of a simulated GPU's sample (about 2.5x the bytes)",
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="append every measured heartbeat to this file: epoch seconds sent, latency ms, agent number "
+        "(to line spikes up with the head's log)",
     )
     add_run_options(
         parser,

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import psutil
 
 from gpupool import __version__
 from gpupool.agent.attempts import NodeAttempts
-from gpupool.gpu import GpuProvider
+from gpupool.gpu import GpuProvider, GpuSample
 from gpupool.gpu.catalog import lookup_model
 from gpupool.gpu.errors import UnknownGpuModel
 from gpupool.health.node_tasks import NodeTasks
@@ -146,7 +147,7 @@ class Agent:
             held = self.attempts.pids_by_gpu()
             for device in self.gpus.devices():
                 self.gpus.attach(device.index, held.get(device.index, []))
-            body["telemetry"] = [s.to_dict() for s in self.gpus.sample()]
+            body["telemetry"] = telemetry_rows(self.gpus.sample())
         replies = self.tasks.results()
         if replies:
             body["instruction_results"] = replies
@@ -218,6 +219,13 @@ class Agent:
         self._report_http.close()
         if self.gpus is not None:
             self.gpus.close()
+
+
+def telemetry_rows(samples: Iterable[GpuSample]) -> list[dict[str, object]]:
+    """Samples as a heartbeat carries them: `GpuSample.to_dict()` rows without their empty lists (no Xid
+    error, no throttling, second after second), which every reader takes as empty. A row with no list
+    is cheaper for the head to take in: its kept copy is no object the garbage collector tracks."""
+    return [{k: v for k, v in s.to_dict().items() if v != []} for s in samples]
 
 
 def _catalog_kind(model: str, memory_bytes: int) -> str:

@@ -19,11 +19,12 @@ from the coarser tiers.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -51,7 +52,8 @@ class Holder:
     user: str
 
 
-Allocations = Mapping[tuple[str, int], list[Holder]]  # (node, GPU index) -> holders
+Allocations = Mapping[tuple[str, int], Sequence[Holder]]  # (node, GPU index) -> holders
+Attribution = tuple[tuple[int, ...], tuple[dict[str, Any], ...]]  # a row's `workloads` and `holders`
 Point = tuple[float, float, float, float, float]  # (time, *HISTORY_FIELDS)
 
 
@@ -62,6 +64,13 @@ class SavedPoint(NamedTuple):
     gpu: int  # the GPU's index on the node
     resolution: float
     point: Point
+
+
+def _attribution(holders: Sequence[Holder]) -> Attribution:
+    return (
+        tuple(h.workload_id for h in holders),
+        tuple({"workload": h.workload_id, "name": h.name, "queue": h.queue, "user": h.user} for h in holders),
+    )
 
 
 class StoreAllocations:
@@ -242,43 +251,59 @@ class TelemetryCache:
         self._max_series = max_series
         self._allocations = allocations
         self._received: dict[str, float] = {}  # node -> monotonic time of its last samples
+        # The attribution rows of each held GPU, built once per allocations read (see put).
+        self._attributed: tuple[Allocations | None, dict[tuple[str, int], Attribution]] = (None, {})
 
     def attribute_with(self, allocations: Callable[[], Allocations]) -> None:
         """Attribute samples to the workloads `allocations()` says hold each GPU (set once at start)."""
         self._allocations = allocations
 
     def put(self, node: str, samples: Iterable[Mapping[str, Any]]) -> None:
-        """The one way samples enter the head, from the local sampler or an agent: attribute, keep, append."""
+        """The one way samples enter the head, from the local sampler or an agent: attribute, keep, append.
+
+        A kept row holds no list (a list an agent sent becomes a tuple), and an idle GPU's row holds no
+        container at all, so the garbage collector does not track it: 8,000 GPUs' rows replaced every
+        second were most of what each young collection walked, and what made full collections come often.
+        A held GPU's row shares its attribution's tuples, built once per read of the allocations."""
         held = self._allocations() if self._allocations is not None else None
+        memo = self._attributed
+        if memo[0] is not held:  # allocations re-read: attributions are built again as GPUs report
+            memo = self._attributed = (held, {})
         rows = []
         for sample in samples:
             row = dict(sample)
-            holders = held.get((node, int(row["index"]))) if held is not None else None
+            if gc.is_tracked(row):  # a list inside (xid_errors): the row as tuples instead
+                row = {key: tuple(value) if type(value) is list else value for key, value in row.items()}
+            index = int(row["index"])
+            holders = held.get((node, index)) if held else None
             if holders:
-                row["workloads"] = [h.workload_id for h in holders]
-                row["holders"] = [
-                    {"workload": h.workload_id, "name": h.name, "queue": h.queue, "user": h.user}
-                    for h in holders
-                ]
+                attribution = memo[1].get((node, index))
+                if attribution is None:
+                    attribution = memo[1][node, index] = _attribution(holders)
+                row["workloads"], row["holders"] = attribution
             else:
-                row["workloads"], row["holders"] = [], []
-            rows.append(row)
+                row["workloads"] = row["holders"] = ()
+            rows.append((index, row))
         with self._lock:
             self._received[node] = time.monotonic()
-            for row in rows:
-                key = (node, int(row["index"]))
+            by_node = self._by_node.get(node)
+            if by_node is None:
+                by_node = self._by_node[node] = {}
+            for index, row in rows:
+                key = (node, index)
                 self._latest[key] = row
-                self._by_node.setdefault(node, {})[key[1]] = row
+                by_node[index] = row
                 history = self._history.get(key)
                 if history is None:
                     if len(self._history) >= self._max_series:
                         self._evict_oldest()
+                        by_node = self._by_node.setdefault(node, by_node)
                     history = self._history[key] = GpuHistory(self._tiers)
                 completed = history.add(row)
                 if completed is not None and self._saved_from is not None:
                     for resolution, point in completed:
                         if resolution >= self._saved_from:
-                            self._unsaved.append(SavedPoint(node, key[1], resolution, point))
+                            self._unsaved.append(SavedPoint(node, index, resolution, point))
 
     def take_unsaved(self) -> list[SavedPoint]:
         """The completed points not yet saved, oldest first; they are handed over once."""

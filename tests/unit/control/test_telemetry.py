@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
 from pathlib import Path
 
@@ -16,10 +17,28 @@ def test_samples_are_attributed_to_the_workload_holding_the_gpu() -> None:
     held = {("n1", 1): [Holder(7, "train", "nlp", "alice")]}
     cache = TelemetryCache(allocations=lambda: held)
     cache.put("n1", [s.to_dict() for s in SimulatedProvider("sim:2xH100", seed="t").sample(10.0)])
-    assert cache.get("n1", 0)["workloads"] == []  # type: ignore[index]
-    assert cache.get("n1", 1)["holders"] == [  # type: ignore[index]
-        {"workload": 7, "name": "train", "queue": "nlp", "user": "alice"}
-    ]
+    assert cache.get("n1", 0)["workloads"] == ()  # type: ignore[index]
+    assert cache.get("n1", 1)["workloads"] == (7,)  # type: ignore[index]
+    assert cache.get("n1", 1)["holders"] == (  # type: ignore[index]
+        {"workload": 7, "name": "train", "queue": "nlp", "user": "alice"},
+    )
+
+
+def test_rows_of_idle_gpus_are_not_tracked_by_the_garbage_collector() -> None:
+    """Thousands of GPUs' rows replaced every second: untracked, they cost young collections nothing; a
+    held GPU's rows share their attribution instead of new lists each second."""
+    held = {("n1", 1): [Holder(7, "train", "nlp", "alice")]}
+    cache = TelemetryCache(allocations=lambda: held)
+    sample = {"index": 0, "uuid": "GPU-0", "at": 1.0, "xid_errors": [79], "throttle_reasons": []}
+    cache.put("n1", [sample, {**sample, "index": 1}])
+    first = cache.get("n1", 1)
+    assert first is not None and first["xid_errors"] == (79,)
+    quiet = {**sample, "xid_errors": [], "at": 2.0}  # what a healthy GPU reports second after second
+    cache.put("n1", [quiet, {**quiet, "index": 1}])
+    idle, busy = cache.get("n1", 0), cache.get("n1", 1)
+    assert idle is not None and busy is not None
+    assert idle["xid_errors"] == () and not gc.is_tracked(idle)
+    assert busy["holders"] is first["holders"] and busy["workloads"] is first["workloads"]
 
 
 def test_history_is_downsampled_into_coarser_tiers() -> None:
