@@ -29,7 +29,7 @@ from gpupool.control import contract, inventory
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.control.usage import queue_usage
+from gpupool.control.usage import AttainedService, queue_usage
 from gpupool.gpu import GpuProvider
 from gpupool.spec import parse_gpu_request
 from gpupool.spec.views import queue_view
@@ -90,6 +90,7 @@ class Reconciler:
         self._scheduler = scheduler.Scheduler()
         self._config = scheduler.SchedulerConfig(usage_weight=settings.usage_weight)
         self._usage_cache: tuple[float, dict[str, float]] | None = None
+        self._attained = AttainedService()  # earlier attempts' GPU-seconds, for least-attained-service order
         self._node_views: dict[str, scheduler.NodeView] = {}
         self._nodes = NodeViews()  # read again only where a node changed (control/node_views.py)
         self.fair_shares: dict[str, dict[str, float]] = {}
@@ -448,6 +449,10 @@ class Reconciler:
         queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
         usage = self._usage(s, {q.name: q.parent for q in queue_rows})
         queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
+        if self._config.ordering == "las" or any(q.ordering == "las" for q in queues):
+            for wid, attained in self._attained.of(s, [wid for wid, _ in pending]).items():
+                if self._views[wid].attained_service != attained:
+                    self._views[wid] = replace(self._views[wid], attained_service=attained)
         # Priority is read fresh each pass: it is the one field an operator may change while work waits.
         views = tuple(
             self._views[wid]

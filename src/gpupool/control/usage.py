@@ -12,6 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.store.models import Attempt
+from gpupool.timeutil import as_utc
 
 
 def decayed_gpu_seconds(gpus: float, start: float, end: float, now: float, half_life: float) -> float:
@@ -46,3 +53,40 @@ def queue_usage(
             usage[name] = usage.get(name, 0.0) + amount
             name = parents.get(name)
     return usage
+
+
+def attempt_gpus(indices: Iterable[object] | None, fraction: float | None, pods: list[Any] | None) -> float:
+    """GPUs an attempt held, over all its pods (a fraction of a GPU counts as that fraction)."""
+    if pods:
+        return sum(len(p.get("gpu_indices") or ()) * (p.get("gpu_fraction") or 1.0) for p in pods)
+    return len(list(indices or ())) * (fraction or 1.0)
+
+
+class AttainedService:
+    """GPU-seconds each pending workload received in its earlier attempts: the attained service that
+    least-attained-service ordering (a queue's or the scheduler's `ordering: las`, Tiresias) ranks by.
+
+    Read from the store for a workload when it becomes pending (its attempts cannot change while it
+    waits), and kept until it runs again, so an unchanged pass gives the scheduler the same views."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, float] = {}
+
+    def of(self, s: Session, pending: list[int]) -> dict[int, float]:
+        missing = [wid for wid in pending if wid not in self._known]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start : start + 500]
+            self._known.update(dict.fromkeys(chunk, 0.0))
+            rows = s.execute(
+                select(Attempt.workload_id, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods,
+                       Attempt.started_at, Attempt.finished_at)
+                .where(Attempt.workload_id.in_(chunk), Attempt.finished_at.is_not(None))
+            ).all()  # fmt: skip
+            for wid, indices, fraction, pods, started, finished in rows:
+                begin, end = as_utc(started), as_utc(finished)
+                if begin is not None and end is not None and end > begin:
+                    gpus = attempt_gpus(indices, fraction, pods)
+                    self._known[wid] += gpus * (end - begin).total_seconds()
+        wanted = set(pending)
+        self._known = {wid: value for wid, value in self._known.items() if wid in wanted}
+        return self._known
