@@ -50,6 +50,7 @@ EXPLAIN_BATCH = 200
 PASS_DUTY = 4.0  # after a pass of t seconds, the next starts no sooner than PASS_DUTY * t later
 USAGE_REFRESH = 30.0  # seconds between recomputations of the queues' decayed usage
 USAGE_HORIZON_HALF_LIVES = 10  # attempts that ended longer ago than this many half-lives are ignored
+BY_SERVICE = ("attained", "las")  # orderings that rank pending work by the service it already received
 
 
 @dataclass(frozen=True)
@@ -449,7 +450,7 @@ class Reconciler:
         queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
         usage = self._usage(s, {q.name: q.parent for q in queue_rows})
         queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
-        if self._config.ordering == "las" or any(q.ordering == "las" for q in queues):
+        if self._config.ordering in BY_SERVICE or any(q.ordering in BY_SERVICE for q in queues):
             for wid, attained in self._attained.of(s, [wid for wid, _ in pending]).items():
                 if self._views[wid].attained_service != attained:
                     self._views[wid] = replace(self._views[wid], attained_service=attained)
