@@ -156,6 +156,7 @@ class SlurmBackend:
         log.info("event=slurm_commands_run %s", calls)
 
     def _poll(self) -> None:
+        self.commands.load_library()  # here, so that no pass of the control loop waits for it
         refreshed = time.monotonic()
         while not self._stop.wait(self.exit_poll_interval):
             self._release(older_than=RELEASE_AFTER)

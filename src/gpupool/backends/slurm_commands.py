@@ -180,16 +180,9 @@ class SlurmCommands:
         """End a running job's allocation with its exit code, through libslurm; False when libslurm is
         not available here or slurmctld refused (the job then ends by itself)."""
         with self._library_lock:
-            if self._library is None and not self._library_failed:
-                path = find_libslurm(self.env)
-                try:
-                    self._library = SlurmLibrary(path, self.env, self.timeout) if path else None
-                except SlurmError as exc:
-                    log.warning("event=slurm_library_unavailable path=%s error=%r", path, str(exc))
-                self._library_failed = self._library is None
-                log.info("event=slurm_library path=%s loaded=%s", path or "none", self._library is not None)
-            if self._library is None:
+            if not self._load_library():
                 return False
+            assert self._library is not None
             self.calls["slurm_complete_job"] += 1
             try:
                 error = self._library.complete_job(job_id, exit_code)
@@ -201,6 +194,22 @@ class SlurmCommands:
         if error:
             log.info("event=slurm_complete_job_refused job=%s error=%r", job_id, error)
         return not error
+
+    def load_library(self) -> bool:
+        """Start the libslurm child now (it takes a moment) rather than at the first complete_job."""
+        with self._library_lock:
+            return self._load_library()
+
+    def _load_library(self) -> bool:
+        if self._library is None and not self._library_failed:
+            path = find_libslurm(self.env)
+            try:
+                self._library = SlurmLibrary(path, self.env, self.timeout) if path else None
+            except SlurmError as exc:
+                log.warning("event=slurm_library_unavailable path=%s error=%r", path, str(exc))
+            self._library_failed = self._library is None
+            log.info("event=slurm_library path=%s loaded=%s", path or "none", self._library is not None)
+        return self._library is not None
 
     def close(self) -> None:
         with self._library_lock:
