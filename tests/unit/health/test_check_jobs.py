@@ -1,5 +1,5 @@
 """Check jobs (control/health_jobs.py): what they ask for, that the control loop starts them only on a node
-with nothing running, and that the scheduler neither places nor evicts them."""
+with nothing running, that the scheduler neither places nor evicts them, and what a stopped head leaves."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from sqlalchemy import select
 
 from gpupool import scheduler
 from gpupool.control.errors import Conflict
+from gpupool.control.health import RECHECKING, HealthMonitor
 from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckJobs, job_spec
+from gpupool.control.telemetry import TelemetryCache
+from gpupool.health.thresholds import HealthConfig
 from gpupool.spec import WorkloadSpec
 from gpupool.spec.views import queue_view
 from gpupool.store.db import Store
@@ -160,4 +163,22 @@ def test_a_pending_check_job_nobody_waits_for_is_cancelled(tmp_path: Path) -> No
     with store.read() as s:
         states = dict(s.execute(select(Workload.name, Workload.state)).all())
     assert states == {"left": "cancelled", "fresh": "pending"}
+    store.close()
+
+
+def test_a_node_left_cordoned_for_its_recheck_by_a_stopped_head_goes_back_to_unhealthy(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    with store.session() as s:
+        node = s.query(Node).filter_by(name="node-1").one()
+        node.state, node.state_reason = "cordoned", f"{RECHECKING}; health: GPU 3: Xid 79 (hardware)"
+    monitor = HealthMonitor(
+        store, TelemetryCache(), HealthConfig(overrides={}), local_node="head", local_gpus=None
+    )
+    monitor.tick()
+    with store.read() as s:
+        node = s.query(Node).filter_by(name="node-1").one()
+        assert (node.state, node.state_reason) == ("unhealthy", "health: GPU 3: Xid 79 (hardware)")
+    assert monitor.view("node-1", "unhealthy", node.state_reason)["health"] == "unhealthy"
     store.close()
