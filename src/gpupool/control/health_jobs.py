@@ -1,7 +1,7 @@
 """Active health checks as gpupool jobs: submitted by the health loop, bound by the control loop, read back
 from the job's log.
 
-A check job is an ordinary workload (`gpupool jobs`, `gpupool why`, `gpupool logs` show it) in the system
+A check job is an ordinary workload (`gpupool ps`, `gpupool why`, `gpupool logs` show it) in the system
 queue `gpupool-system` (quota 0, over-quota weight 0: it never takes a team's share), non-preemptible,
 pinned to the node it checks (placement.nodes) and holding every GPU of the node, so no other work shares
 the GPUs while it measures them. Its command is `python -m gpupool.health.check_job` (health/check_job.py).
@@ -13,7 +13,8 @@ as its decisions: the health loop asks (`run`, in its own thread), and the recon
 pass and in its own thread, submits the job and starts it with the placement the health loop chose
 (`binds`, called by `Reconciler.tick`, which hands each Bind to the same `_start` as the scheduler's). So a
 check job is never started next to work the scheduler placed in the same pass, and the scheduler's next
-snapshot sees it as running work holding those GPUs.
+snapshot sees it as running work holding those GPUs. (The scheduler does restart work on a node in state
+`unhealthy`, so the health loop cordons an unhealthy node while its check job runs: control/health.py.)
 
 When the job ends, its result line is read from the attempt's log on the head with the reader bench jobs
 use (control.bench.job_reports); every backend delivers logs there.
