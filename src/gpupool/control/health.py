@@ -105,8 +105,7 @@ class HealthMonitor:
         self.bench = BenchBook(store)  # stored bench results, judged with the other checks (docs/bench.md)
         # The active checks as jobs; the reconcile loop starts them (Reconciler.direct_binds = jobs.binds).
         self.jobs = jobs or CheckJobs(store, wake=wake)
-        if isinstance(local_gpus, SimulatedProvider):  # where this head's check jobs find its GPUs
-            simulated_state.publish(local_gpus, local_node)
+        self._publish()
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -172,6 +171,14 @@ class HealthMonitor:
         return lock is not None and lock.locked()
 
     # -- checks ---------------------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        """Where this head's check jobs find its simulated GPUs as faults left them (simulated_state.py)."""
+        if isinstance(self.local_gpus, SimulatedProvider):
+            try:
+                simulated_state.publish(self.local_gpus, self.local_node)
+            except OSError as exc:  # its check jobs then fail and say why; the head goes on
+                log.warning("event=simulated_state_unwritable node=%s error=%r", self.local_node, str(exc))
 
     def can_check(self, name: str) -> bool:
         """Whether a check job can run on the node: the head's own node (its GPUs, the local backend) or a
@@ -454,8 +461,7 @@ class HealthMonitor:
                 done = faults.inject(self.local_gpus, name, gpu, fault, value)
             except faults.FaultRefused as exc:
                 raise _service_error(exc.message, exc.kind, exc.field) from exc
-            if isinstance(self.local_gpus, SimulatedProvider):  # what this head's check jobs will read
-                simulated_state.publish(self.local_gpus, name)
+            self._publish()
             return done
         if self.agents is None or not self.agents.knows(name):
             self._node_state(name)  # NotFound (naming the nodes) for a node that does not exist
