@@ -296,9 +296,12 @@ def test_a_finished_job_keeps_its_gpus_until_the_job_placed_on_them_is_queued_in
         time.sleep(0.5)
         assert state(first) == "RUNNING", "settled, it still holds GPU 0 for its successor"
 
-        second = backend.start(launch(2, 0, "echo job 2; exit 3\n"))  # placed on GPU 0: the first lets go
+        second = backend.start(
+            launch(2, 0, "echo job 2; echo trouble >&2; exit 3\n")
+        )  # placed on GPU 0: the first lets go
         _wait(lambda: ended(first), 20, "the first job to end in Slurm")
         assert state(first) == "COMPLETED"
+        assert (tmp_path / "logs" / "1.log").read_text() == "job 1\n", "nothing but the job's own output"
         _wait(lambda: finished(2), 30, "the second job to run")
 
         backend.cleanup(second)
@@ -308,7 +311,7 @@ def test_a_finished_job_keeps_its_gpus_until_the_job_placed_on_them_is_queued_in
         _wait(lambda: ended(second), 20, "the second job to end in Slurm")
         assert state(second) == "FAILED"
         assert "ExitCode=3:0" in slurm.run("scontrol", "show", "job", "-o", str(second.pid)).stdout
-        assert "job 2" in (tmp_path / "logs" / "2.log").read_text()
+        assert (tmp_path / "logs" / "2.log").read_text() == "job 2\ntrouble\n"
         # Debian's slurm-client ships the libslurmfull.so that Slurm's commands use: CI always finds one
         assert backend.commands.calls["slurm_complete_job"] == (2 if library == "found" else 0)
     finally:
