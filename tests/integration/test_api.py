@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import stat
+import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -148,3 +150,20 @@ def test_nodes_show_simulated_gpus_and_telemetry(server: ServerProcess) -> None:
     assert len(gpus) == 8 and {g["model"] for g in gpus} == {"H100"}
     assert all(g["simulated"] for g in gpus)
     assert gpus[0]["sample"] is not None and gpus[0]["sample"]["memory_total_bytes"] > 80e9
+
+
+def test_workloads_can_be_listed_from_a_time_on(server: ServerProcess) -> None:
+    with server.http() as client:
+        first = client.post("/api/v1/workloads", json={"commands": ["sleep 30"]}).json()["id"]
+        time.sleep(0.05)
+        since = datetime.now(UTC)
+        time.sleep(0.05)
+        second = client.post("/api/v1/workloads", json={"commands": ["sleep 30"]}).json()["id"]
+        listed = client.get("/api/v1/workloads", params={"all": True, "since": since.isoformat()}).json()
+        assert [w["id"] for w in listed] == [second]
+        everything = [w["id"] for w in client.get("/api/v1/workloads", params={"all": True}).json()]
+        assert everything.index(first) < everything.index(second)  # oldest first
+        bad = client.get("/api/v1/workloads", params={"since": "last tuesday"})
+        assert bad.status_code == 422 and "since" in bad.text
+        for workload_id in (first, second):
+            client.post(f"/api/v1/workloads/{workload_id}/cancel")

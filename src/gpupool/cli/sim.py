@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from gpupool.cli.render import console, err_console
 from gpupool.sim.errors import SimError
 from gpupool.spec import SpecError
 from gpupool.spec.quantities import parse_duration
+
+HISTORY_PAGE = 100_000  # the API's largest list
 
 sim_app = typer.Typer(
     help="Trace-driven simulator: compare scheduling policies, measure fragmentation, plan capacity.",
@@ -283,8 +286,18 @@ def whatif(
         period = _seconds(since, "--since")
         api = client()
         now = time.time()
-        # The API answers at most 1,000 workloads per list, newest first: one list per state that ran.
-        workloads = [w for state in (*wi.FINISHED, "running") for w in api.workloads(state=state)]
+        # One list per state that ran, of the period's submissions only; a list that fills the API's
+        # largest page (newest first) has lost its oldest jobs: say so.
+        start = datetime.fromtimestamp(now - period, UTC)
+        workloads = []
+        for state in (*wi.FINISHED, "running"):
+            found = api.workloads(state=state, since=start, limit=HISTORY_PAGE)
+            if len(found) >= HISTORY_PAGE:
+                console.print(
+                    f"[yellow]only the newest {HISTORY_PAGE:,} {state} jobs of the period are replayed; "
+                    "a shorter --since takes them all[/yellow]"
+                )
+            workloads.extend(found)
         nodes = wi.cluster_from_nodes(api.nodes())
         queues = [queue_view(q) for q in api.queues()]
         jobs = wi.history_jobs(workloads, now - period, now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,13 +108,24 @@ class Client:
         return result
 
     def workloads(
-        self, *, all: bool = False, state: str | None = None, queue: str | None = None
+        self,
+        *,
+        all: bool = False,
+        state: str | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
+        """Oldest first; the server gives the newest `limit` (1,000 unless said) of those that match."""
         params: dict[str, Any] = {"all": all}
         if state:
             params["state"] = state
         if queue:
             params["queue"] = queue
+        if since is not None:
+            params["since"] = since.isoformat()
+        if limit is not None:
+            params["limit"] = limit
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/workloads", params=params)
         return result
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -339,13 +340,17 @@ def list_workloads(
     include_finished: bool = False,
     state: str | None = None,
     queue: str | None = None,
+    since: datetime | None = None,
     limit: int = 1000,
     live: Live | None = None,
 ) -> list[dict[str, Any]]:
+    """Workloads oldest first: the newest `limit` of those matching (submitted at or after `since`)."""
     if state is not None and state not in STATES:
         raise Invalid(f"unknown state {state!r}; one of {', '.join(STATES)}", field="state")
     with store.read() as s:
         query = select(Workload).order_by(Workload.id.desc()).limit(limit)
+        if since is not None:
+            query = query.where(Workload.created_at >= as_utc(since))
         if state is not None:
             query = query.where(Workload.state == state)
         elif not include_finished:

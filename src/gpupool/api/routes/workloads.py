@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Body, Query, Request
@@ -30,11 +31,14 @@ def list_workloads(
     all: bool = Query(False, description="include finished workloads"),
     state: str | None = Query(None, description="only this state"),
     queue: str | None = Query(None, description="only this queue"),
+    since: datetime | None = Query(
+        None, description="only those submitted at or after this time (ISO 8601; without a zone, UTC)"
+    ),
     limit: int = Query(1000, ge=1, le=100_000, description="at most this many, newest first"),
 ) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
     return service.list_workloads(
-        runtime.store, include_finished=all, state=state, queue=queue, limit=limit,
+        runtime.store, include_finished=all, state=state, queue=queue, since=since, limit=limit,
         live=runtime.reconciler.explanations,
     )  # fmt: skip
 
