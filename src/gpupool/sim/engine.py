@@ -117,7 +117,7 @@ class _Job:
         self.pending_since = 0.0
         self.ckpt_at = math.inf  # next checkpoint of the running attempt (its view is rebuilt then)
         self.band_at = math.inf
-        self.counted = False  # in its queue's count of jobs for the over-quota weight
+        self.counted = 0.0  # what it adds to its queue's over-quota weight (policies that count young work)
         self.view: WorkloadView | None = None
         self.est_key = (trace.queue, trace.gpus)
         self.record = JobRecord(trace.id, trace.queue, 0.0, trace.duration, self.gpus)
@@ -171,7 +171,10 @@ class Simulation:
         # decayed GPU-seconds per queue, kept only for policies that tilt fair share by it
         self.usage = {q.name: 0.0 for q in self.queues} if self.config.usage_weight > 0 else {}
         # jobs in the top band per queue, kept only for policies whose over-quota weights count them
-        self.counts: dict[str, int] = {q.name: 0 for q in self.queues} if policy.weight_by == "young" else {}
+        self.counts: dict[str, float] = {q.name: 0.0 for q in self.queues} if policy.young else {}
+        # band thresholds, plus the service thresholds of young work's weights
+        young = {below for below, _ in policy.young}
+        self._thresholds = tuple(sorted(set(policy.bands) | young)) if policy.bands else ()
         self._est_sum: dict[object, list[float]] = {}
         self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
@@ -329,7 +332,8 @@ class Simulation:
             job.priority = priority
             job.view = None
             self._running_tuple = None
-            self._recount(job)
+            self._dirty = True
+        if self._recount(job):
             self._dirty = True
         self._schedule_band(job)
 
@@ -347,7 +351,7 @@ class Simulation:
         return self.policy.priority(attained, remaining)
 
     def _schedule_band(self, job: _Job) -> None:
-        bands = self.policy.bands
+        bands = self._thresholds
         if not bands or job.gpus <= 0:
             return
         now = self.now
@@ -514,14 +518,22 @@ class Simulation:
             return queues
         return tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in queues)
 
-    def _recount(self, job: _Job) -> None:
-        """Keep `counts` (the jobs each queue's over-quota weight counts) up to date after `job` changed."""
+    def _recount(self, job: _Job) -> bool:
+        """Keep `counts` (each queue's sum of its jobs' young weights) up to date after `job` changed;
+        whether it changed."""
         if not self.counts:
-            return
-        counted = job.state in ("pending", "running") and job.priority == len(self.policy.bands)
-        if counted != job.counted:
-            job.counted = counted
-            self.counts[job.queue] = self.counts.get(job.queue, 0) + (1 if counted else -1)
+            return False
+        weight = 0.0
+        if job.state in ("pending", "running"):
+            attained = job.attained + ((self.now - job.start) * job.gpus if job.state == "running" else 0.0)
+            for below, each in self.policy.young:
+                if attained < below - EPS:
+                    weight += each
+        if weight == job.counted:
+            return False
+        self.counts[job.queue] = self.counts.get(job.queue, 0.0) + weight - job.counted
+        job.counted = weight
+        return True
 
     def _pending_view(self, job: _Job) -> WorkloadView:
         estimate = self._estimate(job)

@@ -23,6 +23,9 @@ LAS_BANDS = (1 * HOUR, 16 * HOUR)
 # (most of a queue's slowdown) while a preempted job loses little; 16 GPU-hours as Tiresias' second
 # threshold. Chosen on the Philly week (docs/simulator.md: 1, 2, 5 and 15 minutes tried).
 GPUPOOL_BANDS = (2 * 60.0, 16 * HOUR)
+# gpupool's over-quota weights: a job under 2 GPU-minutes of service counts 4 + 1, one under 1 GPU-hour 1
+# (chosen on two Philly weeks, docs/simulator.md: the top band alone, 1 GPU-hour alone, and this).
+GPUPOOL_YOUNG = ((2 * 60.0, 4.0), (1 * HOUR, 1.0))
 # Remaining GPU-time bands for the preemptive SRTF reference (shorter remaining work = higher band).
 SRTF_BANDS = (0.25 * HOUR, 1 * HOUR, 4 * HOUR, 16 * HOUR, 64 * HOUR)
 ALLOCATE_ONLY = ("allocate",)
@@ -40,10 +43,11 @@ class Policy:
     estimate: str = "none"  # duration_estimate: "none", "learned" (online, per queue) or "oracle" (the truth)
     oracle: bool = False  # reads true durations: a reference, not a real scheduler
     usage_half_life: float = 7 * 86400.0  # decay of queue usage when config.usage_weight > 0 (the server's)
-    # Over-quota weight of each queue: "fixed" (its spec's), or "young": its spec's weight times its number
-    # of jobs (pending or running) still in the top attained-service band, so that the GPUs left above the
-    # quotas go to queues in proportion to their new work (LAS across queues, above the quotas only)
-    weight_by: str = "fixed"
+    # Over-quota weight of each queue by its young work: with (threshold GPU-seconds, weight) pairs, a
+    # pending or running job adds each weight whose threshold its attained service is still below, and
+    # the queue's over-quota weight is its spec's weight times that sum, so the GPUs left above the quotas
+    # go to the queues with new work (LAS across queues, above the quotas only). Empty: the spec's weights.
+    young: tuple[tuple[float, float], ...] = ()
 
     def priority(self, attained: float, remaining_gpu_s: float) -> int:
         """The workload priority the scheduler sees (0 when the policy has no bands)."""
@@ -110,12 +114,13 @@ POLICIES: tuple[Policy, ...] = (
     Policy(
         "gpupool",
         "the product's default actions: quotas, fair share by water-filling, reclaim, consolidation; a "
-        "queue's over-quota weight is its number of jobs with under 2 GPU-minutes of service (pending or "
-        "running); inside a queue least attained GPU-service first, preemptive, in bands at 2 GPU-minutes "
-        "and 16 GPU-hours (Tiresias' discretized LAS with a short first band), FIFO inside a band",
+        "queue's over-quota weight counts its young jobs, pending or running (5 for one under 2 "
+        "GPU-minutes of service, 1 under 1 GPU-hour); inside a queue least attained GPU-service first, "
+        "preemptive, in bands at 2 GPU-minutes and 16 GPU-hours (Tiresias' discretized LAS with a short "
+        "first band), FIFO inside a band",
         SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS),
         bands=GPUPOOL_BANDS,
-        weight_by="young",
+        young=GPUPOOL_YOUNG,
     ),
     Policy(
         "gpupool-bands",

@@ -105,13 +105,13 @@ def test_gpupool_reclaims_borrowed_gpus_for_a_queue_below_its_quota() -> None:
 def test_gpupool_lends_the_gpus_above_the_quotas_to_the_queue_with_new_work() -> None:
     queues = (QueueView("a", gpu=Share(quota=2.0)), QueueView("b", gpu=Share(quota=2.0)))
     jobs = [TraceJob(i, 0.0, 10_000.0, 1, "a") for i in range(8)]  # a borrows 6 GPUs above its quota
-    jobs += [TraceJob(8 + i, 1000.0, 100.0, 1, "b") for i in range(6)]  # then b's 6 new short jobs arrive
+    jobs += [TraceJob(8 + i, 4000.0, 100.0, 1, "b") for i in range(6)]  # then b's 6 new short jobs arrive
     young = by_id(simulate(jobs, "1x8", "gpupool", queues))
     fixed = by_id(simulate(jobs, "1x8", "gpupool-bands", queues))
-    # Weights by new work: a has none (its jobs have had more than 2 GPU-minutes), so all 6 GPUs above the
-    # quotas are b's fair share and all its jobs start at once; equal weights split them 2 + 2 (b: 4 GPUs).
-    assert sorted(young[i][0] or 0.0 for i in range(8, 14)) == [1000.0] * 6
-    assert sorted(fixed[i][0] or 0.0 for i in range(8, 14)) == [1000.0] * 4 + [1100.0] * 2
+    # Weights by young work: a has none (its jobs have had more than a GPU-hour each), so the 4 GPUs above
+    # the quotas are b's fair share and all its jobs start at once; equal weights split them 2 + 2.
+    assert sorted(young[i][0] or 0.0 for i in range(8, 14)) == [4000.0] * 6
+    assert sorted(fixed[i][0] or 0.0 for i in range(8, 14)) == [4000.0] * 4 + [4100.0] * 2
 
 
 def test_every_policy_finishes_every_job_without_overcommitting_gpus() -> None:
