@@ -94,6 +94,7 @@ class HealthMonitor:
         self._baselines: dict[str, Baseline] = {}
         self._running: dict[str, threading.Lock] = {}
         self._unhealthy_since: dict[str, float] = {}
+        self._failed_rechecks: dict[str, int] = {}  # node -> rechecks failed in a row (see _recheck_interval)
         # Nodes taken out and not yet back through passing checks, with the evidence: one that left state
         # `unhealthy` another way (lost, then its agent came back) is taken out again.
         self._held_out: dict[str, str] = {}
@@ -148,7 +149,7 @@ class HealthMonitor:
                 # checked), so a drain is never raced and a flapping GPU is not retried every second.
                 with self._lock:
                     since = self._unhealthy_since.setdefault(name, now)
-                if not busy and self._due(name, now, schedule.recheck_interval, since=since):
+                if not busy and self._due(name, now, self._recheck_interval(name), since=since):
                     self._check_later(name, schedule.recheck_level)
             elif state == "ready" and not busy and schedule.idle_interval > 0:
                 # A node never checked counts from the monitor's start: a restart does not test them all.
@@ -157,6 +158,16 @@ class HealthMonitor:
                     self._check_later(name, schedule.idle_level)
             elif state == "cordoned" and reason == CHECKING and not self._busy(name):
                 self._set_state(name, "ready", "health: active checks interrupted; back in service")
+
+    def _recheck_interval(self, name: str) -> float:
+        """`recheck_interval`, doubled after each recheck the node failed, up to `recheck_max_interval`:
+        a node that stays broken until someone repairs it is not checked (one more job, two more events)
+        every minute for days."""
+        schedule = self.config.schedule
+        with self._lock:
+            failed = self._failed_rechecks.get(name, 0)
+        longest = max(schedule.recheck_interval, schedule.recheck_max_interval)
+        return min(schedule.recheck_interval * 2.0 ** min(failed, 32), longest)
 
     def _due(self, name: str, now: float, interval: float, *, since: float | None = None) -> bool:
         """Whether `interval` seconds passed since the node's last active checks and since `since`."""
@@ -315,6 +326,9 @@ class HealthMonitor:
             entry.active, entry.active_at = active_view, began
         self._record(name, state, overall, began)
         if overall.health == checks.UNHEALTHY:
+            if state == "unhealthy":
+                with self._lock:
+                    self._failed_rechecks[name] = self._failed_rechecks.get(name, 0) + 1
             self._mark_unhealthy(name, overall)
         else:
             with self._lock:
@@ -322,6 +336,7 @@ class HealthMonitor:
             with self._lock:
                 self._unhealthy_since.pop(name, None)
                 self._held_out.pop(name, None)
+                self._failed_rechecks.pop(name, None)
             if state == "unhealthy":
                 level_text = f"passed the {level} active checks"
                 self._set_state(name, "ready", f"health: {level_text} ({overall.health})", only_from=None)

@@ -79,6 +79,7 @@ class Schedule:
     """When the head checks nodes by itself."""
 
     recheck_interval: float = 60.0  # seconds between active checks of an unhealthy node
+    recheck_max_interval: float = 3600.0  # each failed recheck doubles the interval, up to this
     recheck_level: str = "quick"  # level of those checks
     idle_interval: float = 86400.0  # seconds between active checks of an idle node (0: never)
     idle_level: str = "quick"

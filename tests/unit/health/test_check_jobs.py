@@ -17,7 +17,7 @@ from gpupool.control.errors import Conflict
 from gpupool.control.health import RECHECKING, HealthMonitor
 from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckJobs, job_spec
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.health.thresholds import HealthConfig
+from gpupool.health.thresholds import HealthConfig, Schedule
 from gpupool.spec import WorkloadSpec
 from gpupool.spec.views import queue_view
 from gpupool.store.db import Store
@@ -181,4 +181,17 @@ def test_a_node_left_cordoned_for_its_recheck_by_a_stopped_head_goes_back_to_unh
         node = s.query(Node).filter_by(name="node-1").one()
         assert (node.state, node.state_reason) == ("unhealthy", "health: GPU 3: Xid 79 (hardware)")
     assert monitor.view("node-1", "unhealthy", node.state_reason)["health"] == "unhealthy"
+    store.close()
+
+
+def test_rechecks_of_a_node_that_keeps_failing_back_off_to_the_longest_interval(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    config = HealthConfig(overrides={}, schedule=Schedule(recheck_interval=60.0, recheck_max_interval=300.0))
+    monitor = HealthMonitor(store, TelemetryCache(), config, local_node="head", local_gpus=None)
+    waits = []
+    for failed in range(5):
+        monitor._failed_rechecks["node-1"] = failed
+        waits.append(monitor._recheck_interval("node-1"))
+    assert waits == [60.0, 120.0, 240.0, 300.0, 300.0]
+    assert monitor._recheck_interval("node-2") == 60.0  # per node
     store.close()
