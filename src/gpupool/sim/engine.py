@@ -418,9 +418,41 @@ class Simulation:
             for j in self.running.values():
                 if j.priority < lowest.get(j.queue, j.priority + 1):
                     lowest[j.queue] = j.priority
-            if any(j.priority > lowest.get(j.queue, j.priority) for j in self.pending.values()):
+            outranking = [j for j in self.pending.values() if j.priority > lowest.get(j.queue, j.priority)]
+            if outranking and self._preempt_could_place(outranking):
                 return False
         return "reclaim" not in actions or not self.running or self._reclaim_is_futile(free)
+
+    def _preempt_could_place(self, outranking: list[_Job]) -> bool:
+        """Whether some pending job that outranks running work of its queue could be placed by evicting
+        that work: on enough nodes, the GPUs free there plus those of the queue's lower-priority single-pod
+        jobs there must cover its GPUs per pod (models and fractions ignored, on the permissive side)."""
+        room: dict[str, float] = {n.name: sum(g.free for g in n.gpus) for n in self.cluster.nodes}
+        lower: dict[str, list[tuple[int, str, float]]] = {}  # queue -> (priority, node, GPUs) of victims
+        for j in self.running.values():
+            for pod in j.placement:
+                room[pod.node] = room.get(pod.node, 0.0) - len(pod.gpu_indices) * pod.gpu_fraction
+            if len(j.placement) == 1:
+                pod = j.placement[0]
+                lower.setdefault(j.queue, []).append(
+                    (j.priority, pod.node, len(pod.gpu_indices) * pod.gpu_fraction)
+                )
+        seen: set[tuple[str, int, float, int]] = set()
+        for w in outranking:
+            key = (w.queue, w.priority, w.demand.count, w.nodes)
+            if key in seen:
+                continue
+            seen.add(key)
+            if w.demand.count <= 0:
+                return True
+            gain = dict(room)
+            for priority, node, gpus in lower.get(w.queue, ()):
+                if priority < w.priority:
+                    gain[node] += gpus
+            able = sum(1 for value in gain.values() if value + SLACK >= w.demand.count)
+            if able >= w.nodes:
+                return True
+        return False
 
     def _reclaim_is_futile(self, free: float) -> bool:
         """No pending workload could reclaim: see `_nothing_can_change`."""
