@@ -396,11 +396,12 @@ class Reconciler:
             return
         decisions = self._scheduler.decide(snapshot, now)
         self.fair_shares = decisions.fair_shares
+        # Reasons first: starting many binds can take a while, and work left pending says why meanwhile.
+        self._explain(decisions.explanations)
         if decisions.evictions:
             self._evict(decisions.evictions)
         for bind in decisions.binds:
             self._start(bind)
-        self._explain(decisions.explanations)
 
     def _snapshot(self, s: Session) -> scheduler.Snapshot:
         pending = [
