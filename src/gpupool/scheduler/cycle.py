@@ -157,7 +157,7 @@ class Cycle:
     def pending_groups(self) -> list[str]:
         """Allocation order of the pending work's groups: queues, most under-served first (GLOBAL alone when
         fair share is off). A phase walks them in this order and each group's work in its own order,
-        reading whether a workload is still unplaced when its turn comes (see `unplaced`): one placed
+        reading whether a workload is still unplaced when its turn comes (`still_unplaced`): one placed
         since is skipped, and one whose bind was taken back during the phase was not unplaced in it."""
         self._retracted_now.clear()
         return sorted(self.order, key=self._queue_key)
@@ -995,7 +995,7 @@ class Cycle:
 
     def _wants_room(self, w: WorkloadView) -> bool:
         """Still unplaced in this phase (see pending_groups), for want of capacity."""
-        if w.id not in self.unplaced or w.id in self._retracted_now:
+        if not self.still_unplaced(w):
             return False
         explanation = self.decisions.explanations.get(w.id)
         return explanation is not None and explanation.code in explain.CAPACITY_CODES

@@ -124,6 +124,36 @@ class Domain:
     holding_by_count: dict[int, dict[str, None]] = field(default_factory=dict)
 
 
+def _enter(
+    buckets: dict[str, dict[int, dict[str, None]]],
+    partial_nodes: dict[str, None],
+    holding_by_count: dict[int, dict[str, None]],
+    node: NodeState,
+) -> None:
+    """Put `node` in placement indexes (the state's own, or a domain's) as it is now."""
+    buckets.setdefault(node.model, {}).setdefault(node.whole, {})[node.name] = None
+    if node.partial:
+        partial_nodes[node.name] = None
+    if node.holding:
+        holding_by_count.setdefault(node.released, {})[node.name] = None
+
+
+def _leave(
+    buckets: dict[str, dict[int, dict[str, None]]],
+    partial_nodes: dict[str, None],
+    holding_by_count: dict[int, dict[str, None]],
+    node: NodeState,
+    holding: bool,
+) -> None:
+    """Take `node` out of placement indexes, as `_enter` put it there (`holding`: it was holding then)."""
+    bucket = buckets.get(node.model, {}).get(node.whole)
+    if bucket is not None:
+        bucket.pop(node.name, None)
+    partial_nodes.pop(node.name, None)
+    if holding:
+        holding_by_count[node.released].pop(node.name, None)
+
+
 @dataclass(slots=True)
 class Reservation:
     """Backfill's promise to the highest blocked workload: these nodes, from `start` (seconds) on."""
@@ -223,27 +253,27 @@ class ClusterState:
             for model, by_count in self.buckets.items():
                 for count, names in by_count.items():
                     for name in names:
-                        domain = self._domain(found, label, name)
+                        domain = self._domain(found, label, self.nodes[name])
                         if domain is not None:
                             domain.buckets.setdefault(model, {}).setdefault(count, {})[name] = None
             for name in self.partial_nodes:
-                domain = self._domain(found, label, name)
+                domain = self._domain(found, label, self.nodes[name])
                 if domain is not None:
                     domain.partial_nodes[name] = None
             for count, names in self.holding_by_count.items():
                 for name in names:
-                    domain = self._domain(found, label, name)
+                    domain = self._domain(found, label, self.nodes[name])
                     if domain is not None:
                         domain.holding_by_count.setdefault(count, {})[name] = None
             for node in self.nodes.values():
-                domain = self._domain(found, label, node.name) if node.schedulable else None
+                domain = self._domain(found, label, node) if node.schedulable else None
                 if domain is not None:
                     domain.free += node.free_sum
                     domain.held += node.held_sum
         return found
 
-    def _domain(self, domains: dict[str, Domain], label: str, name: str) -> Domain | None:
-        value = self.nodes[name].labels.get(label)
+    def _domain(self, domains: dict[str, Domain], label: str, node: NodeState) -> Domain | None:
+        value = node.labels.get(label)
         if value is None:
             return None
         found = domains.get(value)
@@ -254,50 +284,31 @@ class ClusterState:
     def _index(self, node: NodeState) -> None:
         if not node.schedulable:
             return
-        name = node.name
-        self.buckets.setdefault(node.model, {}).setdefault(node.whole, {})[name] = None
-        if node.partial:
-            self.partial_nodes[name] = None
+        _enter(self.buckets, self.partial_nodes, self.holding_by_count, node)
         if node.holding:
-            self.holding_nodes[name] = None
-            self.holding_by_count.setdefault(node.released, {})[name] = None
+            self.holding_nodes[node.name] = None
         self.free_total += node.free_sum
         self.held_total += node.held_sum
         for label, domains in self.domains.items():
-            domain = self._domain(domains, label, name)
+            domain = self._domain(domains, label, node)
             if domain is not None:
                 domain.free += node.free_sum
                 domain.held += node.held_sum
-                domain.buckets.setdefault(node.model, {}).setdefault(node.whole, {})[name] = None
-                if node.partial:
-                    domain.partial_nodes[name] = None
-                if node.holding:
-                    domain.holding_by_count.setdefault(node.released, {})[name] = None
+                _enter(domain.buckets, domain.partial_nodes, domain.holding_by_count, node)
 
     def _unindex(self, node: NodeState) -> None:
         if not node.schedulable:
             return
-        name = node.name
-        bucket = self.buckets.get(node.model, {}).get(node.whole)
-        if bucket is not None:
-            bucket.pop(name, None)
-        self.partial_nodes.pop(name, None)
-        holding = self.holding_nodes.pop(name, 0) is None
-        if holding:
-            self.holding_by_count[node.released].pop(name, None)
+        holding = self.holding_nodes.pop(node.name, 0) is None
+        _leave(self.buckets, self.partial_nodes, self.holding_by_count, node, holding)
         self.free_total -= node.free_sum
         self.held_total -= node.held_sum
         for label, domains in self.domains.items():
-            domain = self._domain(domains, label, name)
+            domain = self._domain(domains, label, node)
             if domain is not None:
                 domain.free -= node.free_sum
                 domain.held -= node.held_sum
-                bucket = domain.buckets.get(node.model, {}).get(node.whole)
-                if bucket is not None:
-                    bucket.pop(name, None)
-                domain.partial_nodes.pop(name, None)
-                if holding:
-                    domain.holding_by_count[node.released].pop(name, None)
+                _leave(domain.buckets, domain.partial_nodes, domain.holding_by_count, node, holding)
 
     def load_running(self, workloads: Iterable[WorkloadView]) -> None:
         """Account the running workloads of the snapshot (no undo): one pass, then re-index once."""
