@@ -29,7 +29,7 @@ from gpupool.control import contract, inventory
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.control.usage import AttainedService, queue_usage
+from gpupool.control.usage import AttainedService, attempt_gpus, queue_usage
 from gpupool.gpu import GpuProvider
 from gpupool.spec import parse_gpu_request
 from gpupool.spec.views import queue_view
@@ -486,15 +486,15 @@ class Reconciler:
             return self._usage_cache[1]
         horizon = datetime.fromtimestamp(now - USAGE_HORIZON_HALF_LIVES * settings.usage_half_life, UTC)
         rows = s.execute(
-            select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.started_at,
-                   Attempt.finished_at)
+            select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods,
+                   Attempt.started_at, Attempt.finished_at)
             .join(Workload, Attempt.workload_id == Workload.id)
             .where(or_(Attempt.finished_at.is_(None), Attempt.finished_at >= horizon))
         ).all()  # fmt: skip
         intervals = []
-        for queue, indices, fraction, started, finished in rows:
+        for queue, indices, fraction, pods, started, finished in rows:
             start, end = as_utc(started), as_utc(finished)
-            gpus = len(indices or ()) * (fraction or 1.0)
+            gpus = attempt_gpus(indices, fraction, pods)
             if start is not None:
                 intervals.append((queue, gpus, start.timestamp(), end.timestamp() if end else now))
         usage = queue_usage(intervals, parents, now, settings.usage_half_life)

@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from gpupool.control import bench, service
 from gpupool.control.health import HealthMonitor
 from gpupool.control.telemetry import TelemetryCache
+from gpupool.control.usage import attempt_gpus
 from gpupool.gpu.types import THROTTLE
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Gpu, Node, Workload
@@ -299,9 +300,9 @@ class PoolCollector(Collector):
                 start, end = as_utc(started), as_utc(finished)
                 if start is None:
                     continue
-                gpus = sum(len(p["gpu_indices"]) for p in pods) if pods else len(indices or ())
                 seconds = max(0.0, (end.timestamp() if end else now) - start.timestamp())
-                hours[queue] = hours.get(queue, 0.0) + gpus * (fraction or 1.0) * seconds / 3600.0
+                gpu_hours = attempt_gpus(indices, fraction, pods) * seconds / 3600.0
+                hours[queue] = hours.get(queue, 0.0) + gpu_hours
         self._gpu_hours = (now, hours)
         return hours
 

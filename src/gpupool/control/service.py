@@ -17,6 +17,7 @@ from gpupool.backends.agent import rank_log_path
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATES, TERMINAL, transition
 from gpupool.control.telemetry import TelemetryCache
+from gpupool.control.usage import attempt_gpus
 from gpupool.gpu.catalog import families
 from gpupool.scheduler import Explanation
 from gpupool.scheduler.placement import split_model
@@ -112,13 +113,13 @@ def _queue_usage(s: Session) -> dict[str, dict[str, float]]:
         .group_by(Workload.queue, Workload.state)
     ):
         usage.setdefault(queue, {})[state] = float(count)
-    for queue, indices, fraction in s.execute(
-        select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction)
+    for queue, indices, fraction, pods in s.execute(
+        select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods)
         .join(Workload, Attempt.workload_id == Workload.id)
         .where(Attempt.state == RUNNING)
     ):
         row = usage.setdefault(queue, {})
-        row["gpus"] = row.get("gpus", 0.0) + len(indices) * (fraction or 1.0)
+        row["gpus"] = row.get("gpus", 0.0) + attempt_gpus(indices, fraction, pods)
     for queue, gpus, nodes in s.execute(
         select(Workload.queue, Workload.gpus, Workload.nodes).where(Workload.state == PENDING)
     ):

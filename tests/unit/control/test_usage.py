@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.control.usage import decayed_gpu_seconds, queue_usage
+from gpupool.control.usage import attempt_gpus, decayed_gpu_seconds, queue_usage
 
 HOUR = 3600.0
 
@@ -42,3 +42,10 @@ def test_a_parent_queue_counts_its_children() -> None:
     )
     assert usage["research"] == pytest.approx(usage["nlp"] + usage["vision"])
     assert usage["nlp"] == pytest.approx(200.0) and usage["ops"] == pytest.approx(80.0)
+
+
+def test_an_attempt_counts_the_gpus_of_every_pod() -> None:
+    pods = [{"node": "a", "gpu_indices": [0, 1]}, {"node": "b", "gpu_indices": [0, 1], "gpu_fraction": 1.0}]
+    assert attempt_gpus([0, 1], 1.0, pods) == 4.0  # a 2-node gang of 2 GPUs each, not its first pod's 2
+    assert attempt_gpus([3], 0.5, []) == 0.5  # attempts recorded before pods: their one pod
+    assert attempt_gpus(None, None, None) == 0.0
