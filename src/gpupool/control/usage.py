@@ -1,5 +1,7 @@
-"""Decayed historical GPU usage per queue: what tilts the over-quota split of fair share toward queues
-that used less (the scheduler's `usage_weight`; see scheduler/fairshare.py).
+"""GPU use read from the attempts in the store: the GPUs an attempt held (`attempt_gpus`), each pending
+workload's attained service (`AttainedService`), and decayed historical usage per queue, which tilts the
+over-quota split of fair share toward queues that used less (the scheduler's `usage_weight`; see
+scheduler/fairshare.py).
 
 A GPU-second used `age` seconds ago counts 2^(-age / half_life), as in Slurm's fair-share decay
 (PriorityDecayHalfLife). For an attempt that held `gpus` GPUs from `start` to `end` the decayed usage
