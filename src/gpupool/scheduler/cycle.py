@@ -32,7 +32,11 @@ from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, NodeState, Res
 ACTIONS = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
 PLACEMENTS = ("binpack", "spread")
 BLOCKING = ("skip", "strict", "backfill")
-LOST_STATES = frozenset({"lost", "unhealthy"})
+# A pod on a lost node is gone. A pod on an unhealthy node still runs: the health loop drains such a node's
+# work gracefully (checkpoint, then stop), and its own check jobs run there; only a gang, whose other pods
+# cannot go on without it, is restarted whole at once.
+LOST_STATES = frozenset({"lost"})
+GANG_LOST_STATES = frozenset({"lost", "unhealthy"})
 MAX_CONSOLIDATION_TRIES = 8
 MAX_CONSOLIDATION_TARGETS = 8  # nodes per pod considered for emptying
 MIN_MOVE_AGE = 60.0  # seconds a workload runs before consolidation may move it
@@ -207,7 +211,8 @@ class Cycle:
         for w in self.snapshot.running:
             if w.stopping:
                 continue
-            lost = [p.node for p in w.placement if p.node not in nodes or nodes[p.node].state in LOST_STATES]
+            gone = GANG_LOST_STATES if len(w.placement) > 1 else LOST_STATES
+            lost = [p.node for p in w.placement if p.node not in nodes or nodes[p.node].state in gone]
             if lost or len(w.placement) < w.nodes:
                 where = ", ".join(sorted(set(lost))) or "a missing pod"
                 self._evict(
