@@ -49,10 +49,11 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "foreign_jobs",
         "join_tokens",
         "bench_results",
+        "retired_usage",
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0005"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0006"
     again.close()
 
 

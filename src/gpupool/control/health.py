@@ -123,6 +123,7 @@ class HealthMonitor:
         schedule = self.config.schedule
         self.bench.refresh()
         self.jobs.sweep(now)
+        self.jobs.prune(now, self.config.check_jobs, named=self._named_jobs())
         for name, state, reason, busy in self._nodes_now():
             if state == "lost":
                 continue
@@ -158,6 +159,12 @@ class HealthMonitor:
                     self._check_later(name, schedule.idle_level)
             elif state == "cordoned" and reason == CHECKING and not self._busy(name):
                 self._set_state(name, "ready", "health: active checks interrupted; back in service")
+
+    def _named_jobs(self) -> set[int]:
+        """The check jobs the nodes' health views name (their last active checks): kept by the pruning."""
+        with self._lock:
+            entries = list(self._nodes.values())
+        return {int(e.active["job"]) for e in entries if e.active and e.active.get("job") is not None}
 
     def _recheck_interval(self, name: str) -> float:
         """`recheck_interval`, doubled after each recheck the node failed, up to `recheck_max_interval`:

@@ -18,6 +18,9 @@ snapshot sees it as running work holding those GPUs. (The scheduler does restart
 
 When the job ends, its result line is read from the attempt's log on the head with the reader bench jobs
 use (control.bench.job_reports); every backend delivers logs there.
+
+Finished check jobs are deleted once past their retention (`prune`, health config `check_jobs`): the newest
+`keep_per_node` of each node, any younger than `max_age`, and any a node's health view names stay.
 """
 
 from __future__ import annotations
@@ -29,22 +32,24 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, or_, select
 
 from gpupool import scheduler
 from gpupool.control import service
 from gpupool.control.bench import job_reports
 from gpupool.control.errors import Conflict, NotFound, ServiceError
 from gpupool.control.lifecycle import PENDING, RUNNING, TERMINAL
+from gpupool.control.retention import delete_finished
 from gpupool.health.active import TORCH_TIMEOUT, ActiveCheckError
 from gpupool.health.check_job import REPORT_KIND
 from gpupool.health.checks import ActiveResult
+from gpupool.health.thresholds import CheckJobRetention
 from gpupool.spec import QueueSpec, WorkloadSpec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Queue, Workload
@@ -61,6 +66,9 @@ WAIT_MARGIN = 60.0  # seconds beyond the job's max_duration before the health lo
 LOG_WAIT = 15.0  # seconds a finished job's result line may take to reach the head (an agent ships it)
 POLL = 0.2  # seconds between looks at a running check job
 SWEEP_INTERVAL = 60.0  # seconds between looks for pending check jobs nobody waits for
+PRUNE_INTERVAL = 60.0  # seconds between deletions of finished check jobs past their retention
+PRUNE_LIMIT = 5000  # check jobs deleted at most per round (a backlog goes over several rounds)
+PRUNE_BATCH = 500  # check jobs deleted per write transaction
 
 
 class CheckJobFailed(ActiveCheckError):
@@ -165,6 +173,7 @@ class CheckJobs:
         self._asked: list[_Request] = []
         self._waited: set[int] = set()  # check jobs a thread of this head waits for
         self._swept = 0.0
+        self._pruned = 0.0
 
     # -- the health loop's side --------------------------------------------------------------------------
 
@@ -289,6 +298,55 @@ class CheckJobs:
         for wid in orphans:
             log.info("event=health_check_job_orphaned workload=%d", wid)
             self._cancel(wid)
+
+    def prune(self, now: float, retention: CheckJobRetention, *, named: Collection[int] = ()) -> int:
+        """Delete finished check jobs past their retention, at most every PRUNE_INTERVAL seconds and
+        PRUNE_LIMIT a round, in batches of PRUNE_BATCH; `named`: jobs a node's health view names, kept.
+        Returns how many were deleted."""
+        if now - self._pruned < PRUNE_INTERVAL or retention.max_age <= 0:
+            return 0
+        self._pruned = now
+        with self._lock:
+            keep = set(named) | self._waited
+        doomed = [
+            wid for wid in self.past_retention(now, retention, PRUNE_LIMIT + len(keep)) if wid not in keep
+        ]
+        deleted = 0
+        for start in range(0, min(len(doomed), PRUNE_LIMIT), PRUNE_BATCH):
+            deleted += len(delete_finished(self.store, doomed[start : min(start + PRUNE_BATCH, PRUNE_LIMIT)]))
+        if deleted:
+            log.info("event=health_check_jobs_pruned count=%d", deleted)
+        return deleted
+
+    def past_retention(self, now: float, retention: CheckJobRetention, limit: int) -> list[int]:
+        """Finished check jobs past their retention, oldest first: not among the newest `keep_per_node`
+        finished ones of their node (the node of their first attempt; one never started has none) and
+        finished over `max_age` seconds before `now`. One never started has no node and no result."""
+        node = func.coalesce(Attempt.node_name, "")
+        ranked = (
+            select(
+                Workload.id.label("id"),
+                func.coalesce(Workload.finished_at, Workload.updated_at).label("finished_at"),
+                func.row_number().over(partition_by=node, order_by=Workload.id.desc()).label("newer"),
+                Attempt.id.label("attempt"),
+            )
+            .outerjoin(Attempt, and_(Attempt.workload_id == Workload.id, Attempt.number == 0))
+            .where(Workload.queue == SYSTEM_QUEUE, Workload.state.in_(TERMINAL))
+            .subquery()
+        )
+        cutoff = datetime.fromtimestamp(now - retention.max_age, UTC)
+        with self.store.read() as s:
+            return list(
+                s.scalars(
+                    select(ranked.c.id)
+                    .where(
+                        or_(ranked.c.newer > retention.keep_per_node, ranked.c.attempt.is_(None)),
+                        ranked.c.finished_at < cutoff,
+                    )
+                    .order_by(ranked.c.id)
+                    .limit(limit)
+                )
+            )
 
     def _cancel(self, workload_id: int) -> None:
         with contextlib.suppress(ServiceError):  # it ended meanwhile

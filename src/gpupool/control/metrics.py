@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 
 from gpupool.control import bench, service
 from gpupool.control.health import HealthMonitor
+from gpupool.control.retention import retired_gpu_hours
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
 from gpupool.gpu.types import THROTTLE
@@ -303,6 +304,8 @@ class PoolCollector(Collector):
                 seconds = max(0.0, (end.timestamp() if end else now) - start.timestamp())
                 gpu_hours = attempt_gpus(indices, fraction, pods) * seconds / 3600.0
                 hours[queue] = hours.get(queue, 0.0) + gpu_hours
+            for queue, retired in retired_gpu_hours(s).items():  # deleted workloads' (control/retention.py)
+                hours[queue] = hours.get(queue, 0.0) + retired
         self._gpu_hours = (now, hours)
         return hours
 

@@ -97,11 +97,21 @@ class BenchPolicy:
 
 
 @dataclass(frozen=True)
+class CheckJobRetention:
+    """How long finished check jobs (workloads of queue gpupool-system) stay in the store, with their
+    attempts, events and logs; the head deletes the others (control/health_jobs.py, `CheckJobs.prune`)."""
+
+    keep_per_node: int = 10  # the newest finished check jobs of each node, kept whatever their age (>= 1)
+    max_age: float = 7 * 86400.0  # seconds after it finished that any other is deleted (0: kept forever)
+
+
+@dataclass(frozen=True)
 class HealthConfig:
     overrides: dict[str, dict[str, Any]]  # model family (or "*") -> fields
     schedule: Schedule = Schedule()
     path: str | None = None
     bench: BenchPolicy = BenchPolicy()
+    check_jobs: CheckJobRetention = CheckJobRetention()
 
     def for_model(self, model: str) -> Thresholds:
         family = model.upper()
@@ -115,6 +125,8 @@ class HealthConfig:
 _THRESHOLD_FIELDS = {f.name: f for f in fields(Thresholds) if f.name != "source"}
 _SCHEDULE_FIELDS = {f.name for f in fields(Schedule)}
 _BENCH_FIELDS = {f.name for f in fields(BenchPolicy)}
+_RETENTION_FIELDS = {f.name for f in fields(CheckJobRetention)}
+SECTIONS = ("thresholds", "schedule", "bench", "check_jobs")
 
 
 def _number(where: str, key: str, value: Any, *, allow_none: bool) -> float | int | None:
@@ -130,12 +142,11 @@ def parse_config(data: Any, path: str = "health config") -> HealthConfig:
     if data is None:
         return HealthConfig({}, Schedule(), path)
     if not isinstance(data, dict):
-        raise HealthConfigError(f"{path}: expected a mapping with 'thresholds', 'schedule' and/or 'bench'")
-    unknown = set(data) - {"thresholds", "schedule", "bench"}
+        raise HealthConfigError(f"{path}: expected a mapping with any of {', '.join(SECTIONS)}")
+    unknown = set(data) - set(SECTIONS)
     if unknown:
-        raise HealthConfigError(
-            f"{path}: unknown key {sorted(unknown)[0]!r}; use 'thresholds', 'schedule' or 'bench'"
-        )
+        named = ", ".join(repr(s) for s in SECTIONS[:-1]) + f" or {SECTIONS[-1]!r}"
+        raise HealthConfigError(f"{path}: unknown key {sorted(unknown)[0]!r}; use {named}")
     overrides: dict[str, dict[str, Any]] = {}
     for model, values in (data.get("thresholds") or {}).items():
         where = f"{path}: thresholds.{model}"
@@ -164,7 +175,13 @@ def parse_config(data: Any, path: str = "health config") -> HealthConfig:
         else:
             _number(f"{path}: schedule", key, value, allow_none=False)
         schedule = replace(schedule, **{key: value})
-    return HealthConfig(overrides, schedule, path, _bench_policy(data.get("bench"), path))
+    return HealthConfig(
+        overrides,
+        schedule,
+        path,
+        _bench_policy(data.get("bench"), path),
+        _retention(data.get("check_jobs"), path),
+    )
 
 
 def _bench_policy(data: Any, path: str) -> BenchPolicy:
@@ -188,6 +205,27 @@ def _bench_policy(data: Any, path: str) -> BenchPolicy:
             _number(f"{path}: bench", key, value, allow_none=False)
         policy = replace(policy, **{key: value})
     return policy
+
+
+def _retention(data: Any, path: str) -> CheckJobRetention:
+    if data is None:
+        return CheckJobRetention()
+    if not isinstance(data, dict):
+        raise HealthConfigError(f"{path}: check_jobs: expected a mapping, e.g. max_age: 604800")
+    retention = CheckJobRetention()
+    for key, value in data.items():
+        if key not in _RETENTION_FIELDS:
+            raise HealthConfigError(
+                f"{path}: check_jobs.{key}: unknown field; fields: {', '.join(sorted(_RETENTION_FIELDS))}"
+            )
+        if key == "keep_per_node" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise HealthConfigError(
+                f"{path}: check_jobs.keep_per_node: {value!r} is not a whole number >= 1 (a node's "
+                "newest check job is always kept); e.g. keep_per_node: 10"
+            )
+        _number(f"{path}: check_jobs", key, value, allow_none=False)
+        retention = replace(retention, **{key: value})
+    return retention
 
 
 def _family(model: str, where: str) -> str:

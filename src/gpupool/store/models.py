@@ -273,3 +273,15 @@ class BenchResult(Base):
     figures: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RetiredUsage(Base):
+    """The GPU-hours of a queue's workloads deleted from the store (finished check jobs past their retention,
+    control/retention.py), so GPU-hours counted from the attempts never go down."""
+
+    __tablename__ = "retired_usage"
+
+    queue: Mapped[str] = mapped_column(String(63), primary_key=True)
+    gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)
+    workloads: Mapped[int] = mapped_column(Integer, default=0)  # workloads deleted
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
