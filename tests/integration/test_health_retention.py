@@ -183,3 +183,12 @@ def test_a_backlog_is_deleted_in_bounded_rounds_and_batches(
     with store.read() as s:
         retired = s.get(RetiredUsage, SYSTEM_QUEUE)
         assert retired is not None and retired.workloads == 7 and retired.gpu_hours == pytest.approx(7.0)
+
+
+def test_the_newest_workload_is_never_deleted_so_sqlite_never_gives_its_id_again(
+    store: Store, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    ran, never_started = _job(store, home, "node-1", 20), _job(store, home, None, 20)
+    assert CheckJobs(store).prune(NOW, CheckJobRetention(keep_per_node=1, max_age=DAY)) == 0
+    assert _ids(store) == {ran, never_started}

@@ -320,8 +320,8 @@ class CheckJobs:
 
     def past_retention(self, now: float, retention: CheckJobRetention, limit: int) -> list[int]:
         """Finished check jobs past their retention, oldest first: not among the newest `keep_per_node`
-        finished ones of their node (the node of their first attempt; one never started has none) and
-        finished over `max_age` seconds before `now`. One never started has no node and no result."""
+        finished ones of their node (that of their first attempt; one never started has no node and no
+        result, so none is kept), finished over `max_age` seconds before `now`, not the newest workload."""
         node = func.coalesce(Attempt.node_name, "")
         ranked = (
             select(
@@ -342,6 +342,8 @@ class CheckJobs:
                     .where(
                         or_(ranked.c.newer > retention.keep_per_node, ranked.c.attempt.is_(None)),
                         ranked.c.finished_at < cutoff,
+                        # never the newest workload: SQLite would give its id to the next one submitted
+                        ranked.c.id < select(func.max(Workload.id)).scalar_subquery(),
                     )
                     .order_by(ranked.c.id)
                     .limit(limit)
