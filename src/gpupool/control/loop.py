@@ -28,6 +28,7 @@ from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Phase, P
 from gpupool.control import contract, inventory
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
 from gpupool.control.node_views import NodeViews
+from gpupool.control.policy import BandedPass, BandNotes, load_policy, reword_preemptions
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import AttainedService, attempt_gpus, queue_usage
 from gpupool.gpu import GpuProvider
@@ -64,6 +65,8 @@ class ControlSettings:
     # share (see scheduler/fairshare.py). Usage decays with this half-life (Slurm's default: 7 days).
     usage_weight: float = 0.0
     usage_half_life: float = 7 * 86400.0
+    # The scheduling policy; None: $GPUPOOL_HOME/scheduling.yaml, else gpupool's default (control/policy.py).
+    policy: scheduler.SchedulerConfig | None = None
 
 
 class Reconciler:
@@ -89,7 +92,9 @@ class Reconciler:
         self._views: dict[int, scheduler.WorkloadView] = {}
         # Answers an unchanged snapshot from memory (views above are reused, so comparing is cheap).
         self._scheduler = scheduler.Scheduler()
-        self._config = scheduler.SchedulerConfig(usage_weight=settings.usage_weight)
+        policy = settings.policy if settings.policy is not None else load_policy(settings.home)
+        self._config = replace(policy, usage_weight=settings.usage_weight)
+        self._band_notes = BandNotes(self._config)  # "why pending" in words, for work in a lower band
         self._usage_cache: tuple[float, dict[str, float]] | None = None
         self._attained = AttainedService()  # earlier attempts' GPU-seconds, for least-attained-service order
         self._node_views: dict[str, scheduler.NodeView] = {}
@@ -390,20 +395,25 @@ class Reconciler:
 
     def schedule(self, now: float) -> None:
         with self.store.read() as s:
-            snapshot = self._snapshot(s)
+            snapshot = self._snapshot(s, now)
         if not snapshot.pending and not snapshot.running:
             self.fair_shares = {}
             return
         decisions = self._scheduler.decide(snapshot, now)
         self.fair_shares = decisions.fair_shares
+        self._band_notes.add(decisions.explanations, snapshot.pending)
         # Reasons first: starting many binds can take a while, and work left pending says why meanwhile.
         self._explain(decisions.explanations)
         if decisions.evictions:
-            self._evict(decisions.evictions)
+            self._evict(
+                reword_preemptions(decisions.evictions, snapshot.pending, snapshot.running, self._config)
+            )
         for bind in decisions.binds:
             self._start(bind)
 
-    def _snapshot(self, s: Session) -> scheduler.Snapshot:
+    def _snapshot(self, s: Session, now: float | None = None) -> scheduler.Snapshot:
+        now = time.time() if now is None else now
+        config = self._config
         pending = [
             (int(wid), int(priority))
             for wid, priority in s.execute(
@@ -426,18 +436,40 @@ class Reconciler:
             .order_by(Attempt.workload_id)
         ).all()
         self._cache_views(s, [wid for wid, _ in pending] + [row[0] for row in attempts])
+        queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
+        usage = self._usage(s, {q.name: q.parent for q in queue_rows})
+        queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
+        # Attained service is read where something ranks or weighs by it: las / attained ordering, the
+        # policy's bands and young-work weights (control/policy.py).
+        by_service = (
+            bool(config.young_weights)
+            or config.ordering in BY_SERVICE
+            or any(q.ordering in BY_SERVICE for q in queues)
+        )
+        bands = BandedPass(config, queues) if by_service else None
+        started = [as_utc(row[5]) for row in attempts]
+        keys = [
+            (row[0], start.timestamp() if start else 0.0)
+            for row, start in zip(attempts, started, strict=True)
+        ]
+        earlier = self._attained.of_running(s, keys) if bands is not None else {}
         running = []
-        for wid, priority, node, indices, fraction, started, stopping, pods in attempts:
+        for row, start, key in zip(attempts, started, keys, strict=True):
+            wid, priority, node, indices, fraction, _, stopping, pods = row
             placement = tuple(
                 scheduler.PodPlacement(
                     p["node"], tuple(int(i) for i in p["gpu_indices"]), p.get("gpu_fraction") or 1.0
                 )
                 for p in pods or ()
             ) or (scheduler.PodPlacement(node, tuple(int(i) for i in indices), fraction or 1.0),)
-            start = as_utc(started)
+            view = self._views[wid]
+            if bands is not None:
+                # The running attempt's GPU-seconds so far count: its band and weight change as it runs.
+                ran = max(0.0, now - key[1]) * attempt_gpus(indices, fraction, pods) if start else 0.0
+                priority = bands.priority(priority, earlier[key] + ran, view.queue)
             running.append(
                 replace(
-                    self._views[wid],
+                    view,
                     priority=priority,
                     placement=placement,
                     start_time=start.timestamp() if start else None,
@@ -448,21 +480,22 @@ class Reconciler:
         if self._inventory_generation:
             nodes = inventory.with_foreign_use(s, nodes, running)
         nodes = tuple(self._same_view(view) for view in nodes)
-        queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
-        usage = self._usage(s, {q.name: q.parent for q in queue_rows})
-        queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
-        if self._config.ordering in BY_SERVICE or any(q.ordering in BY_SERVICE for q in queues):
+        if bands is not None:
             for wid, attained in self._attained.of(s, [wid for wid, _ in pending]).items():
                 if self._views[wid].attained_service != attained:
                     self._views[wid] = replace(self._views[wid], attained_service=attained)
         # Priority is read fresh each pass: it is the one field an operator may change while work waits.
-        views = tuple(
-            self._views[wid]
-            if self._views[wid].priority == priority
-            else replace(self._views[wid], priority=priority)
-            for wid, priority in pending
-        )
-        return scheduler.Snapshot(nodes, views, queues, tuple(running), self._config)
+        views = []
+        for wid, priority in pending:
+            view = self._views[wid]
+            if bands is not None:
+                priority = bands.priority(priority, view.attained_service, view.queue)
+            if view.priority != priority:
+                view = self._views[wid] = replace(view, priority=priority)
+            views.append(view)
+        if bands is not None:
+            queues = bands.queues(queues)
+        return scheduler.Snapshot(nodes, tuple(views), queues, tuple(running), config)
 
     def _same_view(self, view: scheduler.NodeView) -> scheduler.NodeView:
         """The view of the last pass when nothing changed: the scheduler then recognises the node (and an

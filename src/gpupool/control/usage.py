@@ -1,6 +1,6 @@
 """GPU use read from the attempts in the store: the GPUs an attempt held (`attempt_gpus`), each pending
-workload's attained service (`AttainedService`), and decayed historical usage per queue, which tilts the
-over-quota split of fair share toward queues that used less (the scheduler's `usage_weight`; see
+or running workload's attained service (`AttainedService`), and decayed historical usage per queue, which
+tilts the over-quota split of fair share toward queues that used less (the scheduler's `usage_weight`; see
 scheduler/fairshare.py).
 
 A GPU-second used `age` seconds ago counts 2^(-age / half_life), as in Slurm's fair-share decay
@@ -65,30 +65,50 @@ def attempt_gpus(indices: Iterable[object] | None, fraction: float | None, pods:
 
 
 class AttainedService:
-    """GPU-seconds each pending workload received in its earlier attempts: the attained service that
-    least-attained-service ordering (a queue's or the scheduler's `ordering: las`, Tiresias) ranks by.
+    """GPU-seconds each pending or running workload received in its earlier (ended) attempts: the attained
+    service that least-attained-service ordering (`ordering: las`, Tiresias) ranks by, and from which the
+    default policy's bands and young-work weights are computed (a running workload adds its current
+    attempt's GPU-seconds so far; see control/policy.py).
 
     Read from the store for a workload when it becomes pending (its attempts cannot change while it
-    waits), and kept until it runs again, so an unchanged pass gives the scheduler the same views."""
+    waits), and kept until it runs again, so an unchanged pass gives the scheduler the same views; for a
+    running workload when its attempt starts (keyed by the attempt's start), and kept while it runs."""
 
     def __init__(self) -> None:
         self._known: dict[int, float] = {}
+        self._running: dict[tuple[int, float], float] = {}
 
     def of(self, s: Session, pending: list[int]) -> dict[int, float]:
         missing = [wid for wid in pending if wid not in self._known]
-        for start in range(0, len(missing), 500):
-            chunk = missing[start : start + 500]
-            self._known.update(dict.fromkeys(chunk, 0.0))
-            rows = s.execute(
-                select(Attempt.workload_id, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods,
-                       Attempt.started_at, Attempt.finished_at)
-                .where(Attempt.workload_id.in_(chunk), Attempt.finished_at.is_not(None))
-            ).all()  # fmt: skip
-            for wid, indices, fraction, pods, started, finished in rows:
-                begin, end = as_utc(started), as_utc(finished)
-                if begin is not None and end is not None and end > begin:
-                    gpus = attempt_gpus(indices, fraction, pods)
-                    self._known[wid] += gpus * (end - begin).total_seconds()
+        self._known.update(_ended_attempts(s, missing))
         wanted = set(pending)
         self._known = {wid: value for wid, value in self._known.items() if wid in wanted}
         return self._known
+
+    def of_running(self, s: Session, running: list[tuple[int, float]]) -> dict[tuple[int, float], float]:
+        """The earlier attempts' GPU-seconds of running workloads, by (workload id, attempt start)."""
+        missing = [key for key in running if key not in self._running]
+        if missing:
+            ended = _ended_attempts(s, [wid for wid, _ in missing])
+            self._running.update({key: ended[key[0]] for key in missing})
+        if len(self._running) > len(running):
+            wanted = set(running)
+            self._running = {key: value for key, value in self._running.items() if key in wanted}
+        return self._running
+
+
+def _ended_attempts(s: Session, workloads: list[int]) -> dict[int, float]:
+    """GPU-seconds of the ended attempts of each workload (0 for one with none)."""
+    out = dict.fromkeys(workloads, 0.0)
+    for start in range(0, len(workloads), 500):
+        chunk = workloads[start : start + 500]
+        rows = s.execute(
+            select(Attempt.workload_id, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods,
+                   Attempt.started_at, Attempt.finished_at)
+            .where(Attempt.workload_id.in_(chunk), Attempt.finished_at.is_not(None))
+        ).all()  # fmt: skip
+        for wid, indices, fraction, pods, started, finished in rows:
+            begin, end = as_utc(started), as_utc(finished)
+            if begin is not None and end is not None and end > begin:
+                out[wid] += attempt_gpus(indices, fraction, pods) * (end - begin).total_seconds()
+    return out

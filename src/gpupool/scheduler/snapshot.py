@@ -7,7 +7,9 @@ and memory bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 RESOURCES = ("gpu", "cpu", "memory")
 
@@ -178,6 +180,12 @@ class SchedulerConfig:
     usage_weight: float = 0.0  # 0 ignores history; 1 halves over-quota weight for a queue at twice its share
     max_consolidation_moves: int = 16
     las_thresholds: tuple[float, ...] = ()  # discretized attained-service queues (GPU-seconds), for "las"
+    # Read by whoever builds the snapshot, not by `decide`, which sees only their effect (gpupool/spec/
+    # scheduling.py turns them into workload priorities and queue weights, for the server and the simulator):
+    las_preempt: bool = False  # in "las" queues a workload's priority includes its las band, so preempt
+    # lets new work evict work of its own queue that has had more GPU-time
+    young_weights: tuple[tuple[float, float], ...] = ()  # (GPU-seconds, weight): a queue's over-quota
+    # weight counts its young work
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,12 +230,46 @@ class Eviction:
     for_workload: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Explanation:
-    """Why a workload is still pending: a stable `code` for programs, a `message` for people."""
+    """Why a workload is still pending: a stable `code` for programs, a `message` for people.
 
-    code: str
-    message: str
+    The sentence may be given, or written when first read: `render(*args)`. A cycle explains every
+    workload it leaves pending, and a busy simulation reads none of the sentences; the control loop reads
+    them all. Two explanations are equal when their codes and sentences are.
+    """
+
+    __slots__ = ("code", "_message", "_render", "_args")
+
+    def __init__(
+        self, code: str, message: str = "", render: Callable[..., str] | None = None, args: tuple[Any, ...] = ()
+    ) -> None:
+        self.code = code
+        self._message = message
+        self._render = render
+        self._args = args
+
+    @property
+    def message(self) -> str:
+        render = self._render
+        if render is not None:
+            self._message = render(*self._args)
+            self._render = None
+            self._args = ()
+        return self._message
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Explanation):
+            return NotImplemented
+        return self.code == other.code and self.message == other.message
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.message))
+
+    def __repr__(self) -> str:
+        return f"Explanation(code={self.code!r}, message={self.message!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Explanation, (self.code, self.message))
 
 
 @dataclass(slots=True)

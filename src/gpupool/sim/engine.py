@@ -32,6 +32,7 @@ from gpupool.scheduler.placement import gpu_matches
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.policies import POOL, Policy
 from gpupool.sim.trace import TraceJob
+from gpupool.spec.scheduling import weighted_by_young, young_weight
 
 EPS = 1e-9
 SLACK = 1e-6  # float slack of the exact skip tests, on the side of running the cycle
@@ -170,11 +171,13 @@ class Simulation:
         self.fair: dict[str, float] = {}
         # decayed GPU-seconds per queue, kept only for policies that tilt fair share by it
         self.usage = {q.name: 0.0 for q in self.queues} if self.config.usage_weight > 0 else {}
-        # jobs in the top band per queue, kept only for policies whose over-quota weights count them
+        # each queue's sum of its jobs' young weights, kept only for policies whose weights count them
         self.counts: dict[str, float] = {q.name: 0.0 for q in self.queues} if policy.young else {}
+        # each queue's own ordering, where its spec gives one (bands apply in "las" queues only)
+        self._orderings = {q.name: q.ordering for q in self.queues if q.ordering is not None}
         # band thresholds, plus the service thresholds of young work's weights
         young = {below for below, _ in policy.young}
-        self._thresholds = tuple(sorted(set(policy.bands) | young)) if policy.bands else ()
+        self._thresholds = tuple(sorted(set(policy.bands) | young))
         self._est_sum: dict[object, list[float]] = {}
         self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
@@ -348,7 +351,7 @@ class Simulation:
             return 0
         attained = job.attained + ((now - job.start) * job.gpus if job.state == "running" else 0.0)
         remaining = (job.remaining - self._progress(job, now)) * job.gpus
-        return self.policy.priority(attained, remaining)
+        return self.policy.priority(attained, remaining, self._orderings.get(job.queue))
 
     def _schedule_band(self, job: _Job) -> None:
         bands = self._thresholds
@@ -541,11 +544,8 @@ class Simulation:
 
     def _queues_for_cycle(self) -> tuple[QueueView, ...]:
         queues = self.queues
-        counts = self.counts
-        if counts:
-            queues = tuple(
-                replace(q, gpu=replace(q.gpu, weight=q.gpu.weight * counts.get(q.name, 0))) for q in queues
-            )
+        if self.counts:
+            queues = weighted_by_young(queues, self.counts)
         if not self.usage:
             return queues
         return tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in queues)
@@ -558,9 +558,7 @@ class Simulation:
         weight = 0.0
         if job.state in ("pending", "running"):
             attained = job.attained + ((self.now - job.start) * job.gpus if job.state == "running" else 0.0)
-            for below, each in self.policy.young:
-                if attained < below - EPS:
-                    weight += each
+            weight = young_weight(attained, self.policy.young)
         if weight == job.counted:
             return False
         self.counts[job.queue] = self.counts.get(job.queue, 0.0) + weight - job.counted

@@ -3,29 +3,25 @@
 A policy is a `SchedulerConfig` plus how the simulator presents the trace to the scheduler: which queues
 (the given quotas, equal queues, or one shared pool), what each workload's priority is (fixed, or a band
 of attained / remaining GPU-service as Tiresias discretizes it), and what duration estimate it carries
-(none, a learned one, or the truth for the oracle references). The registry is an ordered list; an
-unknown name fails before anything runs.
+(none, a learned one, or the truth for the oracle references). Bands of attained service and over-quota
+weights by young work come from the config (`las_preempt`, `young_weights`) and are applied by the engine
+through the same functions as the server's control loop (gpupool/spec/scheduling.py); `gpupool` is the
+server's default policy itself (`DEFAULT_POLICY`). The registry is an ordered list; an unknown name fails
+before anything runs.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupool.scheduler import SchedulerConfig
 from gpupool.sim.errors import SimError
+from gpupool.spec.scheduling import DEFAULT_POLICY, effective_priority
 
 HOUR = 3600.0
 # Tiresias' discretized 2D-LAS: a job moves down one band when its attained GPU-service passes a threshold.
 LAS_BANDS = (1 * HOUR, 16 * HOUR)
-# gpupool's bands inside a queue: a short first band lets a new job start at once by preempting work of its
-# own queue that has had more than 2 GPU-minutes, so short jobs finish before long ones in a busy queue
-# (most of a queue's slowdown) while a preempted job loses little; 16 GPU-hours as Tiresias' second
-# threshold. Chosen on the Philly week (docs/simulator.md: 1, 2, 5 and 15 minutes tried).
-GPUPOOL_BANDS = (2 * 60.0, 16 * HOUR)
-# gpupool's over-quota weights: a job under 2 GPU-minutes of service counts 4 + 1, one under 1 GPU-hour 1
-# (chosen on two Philly weeks, docs/simulator.md: the top band alone, 1 GPU-hour alone, and this).
-GPUPOOL_YOUNG = ((2 * 60.0, 4.0), (1 * HOUR, 1.0))
 # Remaining GPU-time bands for the preemptive SRTF reference (shorter remaining work = higher band).
 SRTF_BANDS = (0.25 * HOUR, 1 * HOUR, 4 * HOUR, 16 * HOUR, 64 * HOUR)
 ALLOCATE_ONLY = ("allocate",)
@@ -38,23 +34,36 @@ class Policy:
     description: str
     config: SchedulerConfig
     queues: str = "quotas"  # "quotas": the given queues; "equal": one per tenant, no quota; "pool": one queue
-    bands: tuple[float, ...] = ()  # GPU-second thresholds turning service into priority bands (preemptive)
-    band_by: str = "attained"  # "attained": less service = higher band; "remaining": less work left = higher
+    # GPU-second thresholds of bands of remaining GPU-time (less left = higher), for the SRTF reference;
+    # bands of attained service come from the config (`las_preempt` with `las_thresholds`)
+    remaining_bands: tuple[float, ...] = ()
     estimate: str = "none"  # duration_estimate: "none", "learned" (online, per queue) or "oracle" (the truth)
     oracle: bool = False  # reads true durations: a reference, not a real scheduler
     usage_half_life: float = 7 * 86400.0  # decay of queue usage when config.usage_weight > 0 (the server's)
-    # Over-quota weight of each queue by its young work: with (threshold GPU-seconds, weight) pairs, a
-    # pending or running job adds each weight whose threshold its attained service is still below, and
-    # the queue's over-quota weight is its spec's weight times that sum, so the GPUs left above the quotas
-    # go to the queues with new work (LAS across queues, above the quotas only). Empty: the spec's weights.
-    young: tuple[tuple[float, float], ...] = ()
 
-    def priority(self, attained: float, remaining_gpu_s: float) -> int:
-        """The workload priority the scheduler sees (0 when the policy has no bands)."""
-        if not self.bands:
-            return 0
-        value = attained if self.band_by == "attained" else remaining_gpu_s
-        return len(self.bands) - bisect.bisect_right(self.bands, value)
+    @property
+    def band_by(self) -> str:
+        """Bands by "attained" service (less = higher) or by "remaining" work (less left = higher)."""
+        return "remaining" if self.remaining_bands else "attained"
+
+    @property
+    def bands(self) -> tuple[float, ...]:
+        """The GPU-second thresholds whose crossing can change a workload's priority (none: fixed)."""
+        if self.remaining_bands:
+            return self.remaining_bands
+        return self.config.las_thresholds if self.config.las_preempt else ()
+
+    @property
+    def young(self) -> tuple[tuple[float, float], ...]:
+        """Over-quota weight by young work (empty: the queues' own weights); see `young_weight`."""
+        return self.config.young_weights
+
+    def priority(self, attained: float, remaining_gpu_s: float, ordering: str | None = None) -> int:
+        """The workload priority the scheduler sees (0 when the policy has no bands) in a queue whose
+        ordering is `ordering` (None: the config's)."""
+        if self.remaining_bands:
+            return len(self.remaining_bands) - bisect.bisect_right(self.remaining_bands, remaining_gpu_s)
+        return effective_priority(0, attained, self.config, ordering)
 
 
 POLICIES: tuple[Policy, ...] = (
@@ -86,8 +95,7 @@ POLICIES: tuple[Policy, ...] = (
             actions=("allocate", "preempt"), ordering="srtf-oracle", blocking="skip", fair_share=False
         ),
         queues=POOL,
-        bands=SRTF_BANDS,
-        band_by="remaining",
+        remaining_bands=SRTF_BANDS,
         estimate="oracle",
         oracle=True,
     ),
@@ -101,9 +109,9 @@ POLICIES: tuple[Policy, ...] = (
             blocking="skip",
             fair_share=False,
             las_thresholds=LAS_BANDS,
+            las_preempt=True,
         ),
         queues=POOL,
-        bands=LAS_BANDS,
     ),
     Policy(
         "drf",
@@ -113,29 +121,24 @@ POLICIES: tuple[Policy, ...] = (
     ),
     Policy(
         "gpupool",
-        "the product's default actions: quotas, fair share by water-filling, reclaim, consolidation; a "
+        "the server's default policy (gpupool/spec/scheduling.py): quotas, fair share by water-filling, "
+        "reclaim, consolidation; a "
         "queue's over-quota weight counts its young jobs, pending or running (5 for one under 2 "
         "GPU-minutes of service, 1 under 1 GPU-hour); inside a queue least attained GPU-service first, "
         "preemptive, in bands at 2 GPU-minutes and 16 GPU-hours (Tiresias' discretized LAS with a short "
         "first band), FIFO inside a band",
-        SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS),
-        bands=GPUPOOL_BANDS,
-        young=GPUPOOL_YOUNG,
+        DEFAULT_POLICY,
     ),
     Policy(
         "gpupool-bands",
         "gpupool with the queues' own over-quota weights (1 each with --queues auto): the bands alone",
-        SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS),
-        bands=GPUPOOL_BANDS,
+        replace(DEFAULT_POLICY, young_weights=()),
     ),
     Policy(
         "gpupool-usage",
         "gpupool-bands with usage_weight 1: a queue's over-quota weight halves for each doubling of its "
         "decayed GPU usage over its share (Slurm's classic fair-share factor), half-life 1 day",
-        SchedulerConfig(
-            ordering="las", blocking="skip", fair_share=True, las_thresholds=GPUPOOL_BANDS, usage_weight=1.0
-        ),
-        bands=GPUPOOL_BANDS,
+        replace(DEFAULT_POLICY, young_weights=(), usage_weight=1.0),
         usage_half_life=86400.0,
     ),
     Policy(
@@ -148,8 +151,7 @@ POLICIES: tuple[Policy, ...] = (
     Policy(
         "gpupool-las",
         "gpupool-bands with Tiresias' own bands (1 and 16 GPU-hours) inside a queue",
-        SchedulerConfig(ordering="las", blocking="skip", fair_share=True, las_thresholds=LAS_BANDS),
-        bands=LAS_BANDS,
+        replace(DEFAULT_POLICY, young_weights=(), las_thresholds=LAS_BANDS),
     ),
 )
 BY_NAME = {p.name: p for p in POLICIES}

@@ -1,5 +1,6 @@
-"""The control loop gives a queue that orders by least attained service (`ordering: las`) each pending
-workload's GPU-seconds from its earlier attempts, read from the store (control/usage.py)."""
+"""The control loop gives a queue that orders by least attained service (`ordering: las`, the default
+policy's) each pending workload's GPU-seconds from its earlier attempts, read from the store
+(control/usage.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from gpupool.backends.agent import AgentBackend
 from gpupool.control import service
 from gpupool.control.loop import ControlSettings, Reconciler
-from gpupool.scheduler import Snapshot
+from gpupool.scheduler import SchedulerConfig, Snapshot
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Workload
@@ -53,8 +54,9 @@ def _set_state(store: Store, workload_id: int, state: str) -> None:
         workload.state = state
 
 
-def _reconciler(store: Store, home: Path) -> Reconciler:
-    return Reconciler(store, AgentBackend(lease=10.0), None, ControlSettings(home=home, node_name="head"))
+def _reconciler(store: Store, home: Path, policy: SchedulerConfig | None = None) -> Reconciler:
+    settings = ControlSettings(home=home, node_name="head", policy=policy)
+    return Reconciler(store, AgentBackend(lease=10.0), None, settings)
 
 
 def _snapshot(reconciler: Reconciler, store: Store) -> Snapshot:
@@ -91,9 +93,11 @@ def test_pending_work_carries_the_gpu_seconds_of_its_earlier_attempts(tmp_path: 
     assert _attained(_snapshot(reconciler, store))[ran] == pytest.approx(500.0)
 
 
-def test_nothing_is_read_while_no_queue_orders_by_attained_service(tmp_path: Path, store: Store) -> None:
+def test_nothing_is_read_while_nothing_orders_or_weighs_by_attained_service(
+    tmp_path: Path, store: Store
+) -> None:
     service.update_queue(store, "research", lambda spec: parse_queue_spec({**spec, "ordering": "fifo"}))
-    reconciler = _reconciler(store, tmp_path)
+    reconciler = _reconciler(store, tmp_path, SchedulerConfig())  # fifo, no bands, no young-work weights
     ran = _submit(store, "research")
     _ended_attempt(store, ran, [{"node": "a", "gpu_indices": [0]}], 100)
     assert _attained(_snapshot(reconciler, store))[ran] == 0.0

@@ -1,0 +1,263 @@
+"""The scheduling policy: gpupool's default, how an operator changes it, and how it reaches the scheduler.
+
+`DEFAULT_POLICY` is the one definition of the default policy: the server runs it (unless
+`$GPUPOOL_HOME/scheduling.yaml` changes it, see `SchedulingSpec`) and the simulator's `gpupool` policy is
+this very object, so what docs/benchmarks.md measures is what a server runs. It is the product's default
+actions (quotas, fair share by water-filling, reclaim, consolidation, preemption) with, inside each queue,
+least attained GPU-service first in bands (Tiresias' discretized LAS, Gu et al., NSDI'19, with a short first
+band), preemptive, and over-quota weights that follow each queue's young work.
+
+Two of its knobs are applied by whoever builds the scheduler's snapshot (the server's control loop and the
+simulator's engine), through the functions below, so that `decide` stays a pure function of priorities
+and weights:
+- `las_preempt`: a workload's priority becomes `effective_priority`: its own priority x (bands + 1) + its
+  band, so a higher user priority always outranks a lower one whatever the bands, and among equal user
+  priorities work that has had less GPU-time outranks work that has had more (and `preempt` acts on it).
+- `young_weights`: a queue's over-quota weight becomes its spec's weight x the sum of `young_weight` over
+  its pending and running workloads (`weighted_by_young`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+
+from gpupool.scheduler import QueueView, SchedulerConfig
+from gpupool.spec.document import validate_spec
+from gpupool.spec.errors import SpecError
+from gpupool.spec.fields import Number, Seconds
+from gpupool.spec.quantities import format_duration, parse_duration
+
+HOUR: Final = 3600.0
+EPSILON: Final = 1e-9
+# Bands inside a queue: a short first band lets a new job start at once by preempting work of its own queue
+# that has had more than 2 GPU-minutes, so short jobs finish before long ones in a busy queue while a
+# preempted job loses little; 16 GPU-hours as Tiresias' second threshold. Chosen on the Philly week
+# (docs/simulator.md: 1, 2, 5 and 15 minutes tried).
+DEFAULT_LAS_THRESHOLDS: Final = (2 * 60.0, 16 * HOUR)
+# A workload under 2 GPU-minutes of service counts 4 + 1 toward its queue's over-quota weight, one under 1
+# GPU-hour 1 (chosen on two Philly weeks, docs/simulator.md: the top band alone, 1 GPU-hour alone, and this).
+DEFAULT_YOUNG_WEIGHTS: Final = ((2 * 60.0, 4.0), (1 * HOUR, 1.0))
+
+DEFAULT_POLICY: Final = SchedulerConfig(
+    ordering="las",
+    blocking="skip",
+    fair_share=True,
+    las_thresholds=DEFAULT_LAS_THRESHOLDS,
+    las_preempt=True,
+    young_weights=DEFAULT_YOUNG_WEIGHTS,
+)
+"""gpupool's default scheduling policy: the server's unless scheduling.yaml says otherwise, and the
+simulator's `gpupool` policy."""
+
+
+# -- applied by the caller (control loop, simulator) ---------------------------------------------------
+
+
+def service_band(attained: float, thresholds: Sequence[float]) -> int:
+    """The band of `attained` GPU-seconds: len(thresholds) below the first threshold (the highest), one
+    less for each threshold reached, as `ordering: las` ranks them."""
+    return len(thresholds) - bisect.bisect_right(thresholds, attained)
+
+
+def banded(config: SchedulerConfig, ordering: str | None) -> bool:
+    """Whether the workloads of a queue with this `ordering` (None: the config's) get band priorities."""
+    return config.las_preempt and bool(config.las_thresholds) and (ordering or config.ordering) == "las"
+
+
+def effective_priority(priority: int, attained: float, config: SchedulerConfig, ordering: str | None) -> int:
+    """The priority the scheduler sees for a workload of user priority `priority` that has had `attained`
+    GPU-seconds, in a queue with `ordering`: priority x (bands + 1) + band where bands apply, so the user
+    priority dominates; a queue without bands has every workload in the top band; without `las_preempt`,
+    the user priority itself."""
+    if not config.las_preempt or not config.las_thresholds:
+        return priority
+    thresholds = config.las_thresholds
+    band = service_band(attained, thresholds) if banded(config, ordering) else len(thresholds)
+    return priority * (len(thresholds) + 1) + band
+
+
+def priority_parts(effective: int, config: SchedulerConfig) -> tuple[int, int | None]:
+    """(user priority, band) of an `effective_priority`; band None when the config has no bands."""
+    if not config.las_preempt or not config.las_thresholds:
+        return effective, None
+    user, band = divmod(effective, len(config.las_thresholds) + 1)
+    return user, band
+
+
+def young_weight(attained: float, young: Sequence[tuple[float, float]]) -> float:
+    """What a pending or running workload that has had `attained` GPU-seconds adds to its queue's over-quota
+    weight: each weight whose threshold it is still below."""
+    total = 0.0
+    for below, weight in young:
+        if attained < below - EPSILON:
+            total += weight
+    return total
+
+
+def weighted_by_young(queues: Sequence[QueueView], counts: Mapping[str, float]) -> tuple[QueueView, ...]:
+    """The queues with each GPU over-quota weight multiplied by the sum of the young weights of the
+    workloads in it or below it (`counts`: each queue's own workloads' sum, by queue name; a queue with
+    no young work gets weight 0: nothing above its quota while others want it). Queues whose weight would
+    not change are returned as they are."""
+    parents = {q.name: q.parent for q in queues}
+    total = dict(counts)
+    for name, count in counts.items():
+        seen = {name}
+        parent = parents.get(name)
+        while parent is not None and parent not in seen:  # a parent splits among its children's work
+            total[parent] = total.get(parent, 0.0) + count
+            seen.add(parent)
+            parent = parents.get(parent)
+    out = []
+    for q in queues:
+        weight = q.gpu.weight * total.get(q.name, 0)
+        out.append(q if weight == q.gpu.weight else replace(q, gpu=replace(q.gpu, weight=weight)))
+    return tuple(out)
+
+
+def band_text(thresholds: Sequence[float], band: int) -> str:
+    """What a band means in words: 'under 2m of GPU-time', 'at least 2m', 'at least 16h'."""
+    passed = len(thresholds) - band  # thresholds reached
+    if passed <= 0:
+        return f"under {gpu_time_text(thresholds[0])} of GPU-time"
+    return f"at least {gpu_time_text(thresholds[passed - 1])} of GPU-time"
+
+
+def gpu_time_text(seconds: float) -> str:
+    """GPU-seconds as people say them: '2 GPU-minutes', '16 GPU-hours', '90 GPU-seconds'."""
+    for unit, size in (("GPU-hour", HOUR), ("GPU-minute", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}" + ("s" if count != 1 else "")
+    return f"{seconds:g} GPU-seconds"
+
+
+# -- the operator's file ---------------------------------------------------------------------------------
+
+SCHEDULING_FIELD_EXAMPLES: Final[dict[str, str]] = {
+    "": "{ordering: las, las_thresholds: [2m, 16h], las_preempt: true}",
+    "ordering": "las",
+    "blocking": "skip",
+    "placement": "binpack",
+    "las_thresholds": "[2m, 16h]",
+    "las_preempt": "true (or false: las orders pending work but never preempts)",
+    "young_weights": "[{below: 2m, weight: 4}, {below: 1h, weight: 1}] (or [] for the queues' own weights)",
+    "young_weights.below": "2m",
+    "young_weights.weight": "4",
+}
+"""A valid example for each field path, shown in every error about that field."""
+
+PositiveSeconds = Annotated[Seconds, Field(gt=0)]
+
+
+class YoungWeight(BaseModel):
+    """One step of the over-quota weight by young work."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    below: PositiveSeconds = Field(description='GPU-time a workload is still below: GPU-seconds, or "2m".')
+    weight: Annotated[Number, Field(gt=0)] = Field(description="What each such workload adds to its queue.")
+
+
+class SchedulingSpec(BaseModel):
+    """The server's scheduling policy ($GPUPOOL_HOME/scheduling.yaml); every field defaults to gpupool's
+    default policy (`DEFAULT_POLICY`), so an empty file changes nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ordering: Literal["fifo", "attained", "las", "estimate"] = Field(
+        default="las",
+        description="Order of pending work inside a queue (after priority) where the queue's spec does not "
+        "say: fifo, attained, las (Tiresias' bands of attained GPU-service) or estimate; default las.",
+    )
+    blocking: Literal["skip", "backfill", "strict"] = Field(
+        default="skip",
+        description="A workload that does not fit: skip (others pass it), backfill (others pass unless they "
+        "would delay its reservation; needs max_duration) or strict (nothing passes); default skip.",
+    )
+    placement: Literal["binpack", "spread"] = Field(default="binpack", description="Default binpack.")
+    las_thresholds: list[float] = Field(
+        default_factory=lambda: list(DEFAULT_LAS_THRESHOLDS),
+        description='Band thresholds of attained GPU-time, increasing, e.g. ["2m", "16h"] (GPU-minutes, '
+        "GPU-hours); default [2m, 16h].",
+    )
+    las_preempt: StrictBool = Field(
+        default=True,
+        description="In queues ordered by las, work of a higher band preempts work of its own queue in a "
+        "lower one (among equal user priorities); default true.",
+    )
+    young_weights: list[YoungWeight] = Field(
+        default_factory=lambda: [YoungWeight(below=b, weight=w) for b, w in DEFAULT_YOUNG_WEIGHTS],
+        description="A queue's over-quota weight is its spec's weight x the sum, over its pending and "
+        "running workloads, of each weight whose `below` the workload's GPU-time is still under; [] uses "
+        "the queues' own weights; default [{below: 2m, weight: 4}, {below: 1h, weight: 1}].",
+    )
+
+    @field_validator("las_thresholds", mode="before")
+    @classmethod
+    def _gpu_times(cls, value: Any) -> Any:
+        """Each threshold as GPU-seconds ("2m" is 120), above 0."""
+        if not isinstance(value, list):
+            return value  # pydantic says it is not a list
+        out = []
+        for i, item in enumerate(value):
+            seconds = parse_duration(item, f"las_thresholds[{i}]")
+            if seconds <= 0:
+                raise SpecError(f"las_thresholds[{i}]", item, "must be above 0 GPU-seconds", "2m")
+            out.append(seconds)
+        return out
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SchedulingSpec:
+        for i in range(1, len(self.las_thresholds)):
+            if self.las_thresholds[i] <= self.las_thresholds[i - 1]:
+                raise SpecError(
+                    f"las_thresholds[{i}]",
+                    format_duration(self.las_thresholds[i]),
+                    f"is not above the threshold before it ({format_duration(self.las_thresholds[i - 1])}); "
+                    "list them in increasing order",
+                    "",
+                )
+        if self.las_preempt and not self.las_thresholds:
+            raise SpecError(
+                "las_preempt",
+                True,
+                "needs las_thresholds to make bands of; give them (e.g. las_thresholds: [2m, 16h]) or set "
+                "las_preempt: false",
+                "",
+            )
+        belows = [y.below for y in self.young_weights]
+        if len(set(belows)) != len(belows):
+            raise SpecError(
+                "young_weights",
+                [format_duration(b) for b in belows],
+                "gives one `below` twice; give each threshold once with the sum of its weights",
+                "",
+            )
+        return self
+
+    def config(self, usage_weight: float = 0.0) -> SchedulerConfig:
+        """The scheduler's config for this policy (`usage_weight` comes from `gpupool server`)."""
+        return replace(
+            DEFAULT_POLICY,
+            ordering=self.ordering,
+            blocking=self.blocking,
+            placement=self.placement,
+            las_thresholds=tuple(self.las_thresholds),
+            las_preempt=self.las_preempt,
+            young_weights=tuple(sorted((y.below, y.weight) for y in self.young_weights)),
+            usage_weight=usage_weight,
+        )
+
+
+def parse_scheduling_spec(data: object) -> SchedulingSpec:
+    """A SchedulingSpec from a mapping or YAML text (an empty file is the default policy); SpecError (the
+    first problem, with its field) if invalid."""
+    if data is None or (isinstance(data, str | bytes) and not data.strip()):
+        return SchedulingSpec()
+    return validate_spec(SchedulingSpec, data, SCHEDULING_FIELD_EXAMPLES, "scheduling policy")
