@@ -101,17 +101,22 @@ def fragmented(w: WorkloadView, block: int, node: str | None) -> Explanation:
 
 
 def no_capacity(w: WorkloadView, free: float, ahead: int) -> Explanation:
+    return Explanation(NO_CAPACITY, render=_no_capacity, args=(w, free, ahead))
+
+
+def _no_capacity(w: WorkloadView, free: float, ahead: int) -> str:
     pods = f"{w.nodes} x {gpu_text(w)}" if w.nodes > 1 else gpu_text(w)
     behind = f"; {ahead} workloads ahead in queue {w.queue}" if ahead else ""
-    return Explanation(NO_CAPACITY, f"needs {pods}; {free:g} GPUs free in the pool{behind}")
+    return f"needs {pods}; {free:g} GPUs free in the pool{behind}"
 
 
 def over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> Explanation:
+    return Explanation(OVER_FAIR_SHARE, render=_over_fair_share, args=(queue, allocated, fair, ahead))
+
+
+def _over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> str:
     behind = f"; {ahead} workloads ahead" if ahead else ""
-    return Explanation(
-        OVER_FAIR_SHARE,
-        f"queue {queue} is at or over its fair share ({allocated:g} >= {fair:.3g} GPUs){behind}",
-    )
+    return f"queue {queue} is at or over its fair share ({allocated:g} >= {fair:.3g} GPUs){behind}"
 
 
 def waiting_for_release(w: WorkloadView) -> Explanation:

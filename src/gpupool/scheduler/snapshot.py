@@ -238,10 +238,14 @@ class Explanation:
     them all. Two explanations are equal when their codes and sentences are.
     """
 
-    __slots__ = ("code", "_message", "_render", "_args")
+    __slots__ = ("_args", "_message", "_render", "code")
 
     def __init__(
-        self, code: str, message: str = "", render: Callable[..., str] | None = None, args: tuple[Any, ...] = ()
+        self,
+        code: str,
+        message: str = "",
+        render: Callable[..., str] | None = None,
+        args: tuple[Any, ...] = (),
     ) -> None:
         self.code = code
         self._message = message
