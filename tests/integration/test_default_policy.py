@@ -1,0 +1,88 @@
+"""The default policy on a real head: least-attained-service bands inside a queue (spec/scheduling.py),
+applied by the control loop to real processes, and switched off by the operator's scheduling.yaml."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_preemption import CHECKPOINTING
+from tests.support.server import ServerProcess
+
+# 8 GPUs for 16 s: 128 GPU-seconds, past the first band's 2 GPU-minutes.
+PAST_FIRST_BAND = 16.0
+
+
+@pytest.fixture
+def bands_off(tmp_path: Path) -> Iterator[ServerProcess]:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "scheduling.yaml").write_text("las_preempt: false\n")
+    proc = ServerProcess(home=home).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _log(server: ServerProcess, workload_id: int, attempt: int) -> str:
+    with server.http() as client:
+        response = client.get(f"/api/v1/workloads/{workload_id}/logs", params={"attempt": attempt})
+        return str(response.json()["data"])
+
+
+def _busy_queue(server: ServerProcess, job_dir: Path, steps: int) -> int:
+    """A queue whose 8 GPUs an older, checkpointing job has held past the first band."""
+    (job_dir / "train.py").write_text(CHECKPOINTING)
+    with server.http() as client:
+        response = client.post("/api/v1/queues", json={"name": "team", "resources": {"gpu": {"quota": 8}}})
+        assert response.status_code == 201, response.text
+    old = server.submit(
+        {
+            "queue": "team",
+            "resources": {"gpu": 8},
+            "workdir": str(job_dir),
+            "commands": ["python3 train.py"],
+            "env": {"STEPS": steps},
+            "checkpoint": "ckpt-old",
+        }
+    )
+    server.wait_for(old["id"], states=("running",))
+    time.sleep(PAST_FIRST_BAND)
+    return int(old["id"])
+
+
+def test_new_work_preempts_older_work_of_its_queue_and_the_old_job_resumes(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    old = _busy_queue(server, job_dir, steps=300)
+    new = server.submit({"queue": "team", "resources": {"gpu": 1}, "commands": ["echo quick"]})
+    assert server.wait_for(new["id"], timeout=60)["state"] == "succeeded"
+    victim = server.workload(old)
+    first = victim["attempt_list"][0]
+    assert first["state"] == "evicted"
+    assert "preempted by newer work of queue team" in first["reason"]
+    assert "least-attained-service bands" in first["reason"]
+    assert "checkpointed at step" in _log(server, old, 0)
+    done = server.wait_for(old, timeout=90)
+    assert done["state"] == "succeeded" and done["attempts"] == 2 and done["restarts"] == 0
+    assert "attempt 1 starts at step 0" not in _log(server, old, 1)
+
+
+def test_with_bands_off_new_work_waits_for_older_work_of_its_queue(
+    bands_off: ServerProcess, job_dir: Path
+) -> None:
+    old = _busy_queue(bands_off, job_dir, steps=100_000)
+    new = bands_off.submit({"queue": "team", "resources": {"gpu": 1}, "commands": ["echo quick"]})
+    waiting = bands_off.wait_for_reason(new["id"])
+    assert waiting["state"] == "pending" and waiting["reason_code"] == "over-fair-share"
+    time.sleep(2.0)  # several passes of the loop (every 0.5 s): still nothing is evicted for it
+    assert bands_off.workload(new["id"])["state"] == "pending"
+    running = bands_off.workload(old)
+    assert running["state"] == "running" and running["attempts"] == 1
+    with bands_off.http() as client:
+        client.post(f"/api/v1/workloads/{old}/cancel")
+    assert bands_off.wait_for(new["id"], timeout=60)["state"] == "succeeded"
