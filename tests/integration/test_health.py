@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,11 +61,38 @@ def health(server: ServerProcess) -> dict[str, Any]:
 
 
 def out_of_service(n: dict[str, Any]) -> bool:
-    """Unhealthy, or cordoned for a moment while its check job runs (it holds every GPU of the node)."""
-    return n["health"] == "unhealthy" and (
-        n["state"] == "unhealthy"
-        or (n["state"] == "cordoned" and "active checks running" in n["state_reason"])
-    )
+    """Unhealthy, in state and health (also while its check job runs there, holding every GPU of the node)."""
+    return n["health"] == "unhealthy" and n["state"] == "unhealthy"
+
+
+def failed_check_of_an_unhealthy_node(server: ServerProcess, name: str) -> subprocess.CompletedProcess[str]:
+    """`gpupool health run --node NAME` of an unhealthy node that still fails, with the node watched as
+    `gpupool nodes` shows it meanwhile: it never leaves `unhealthy`, also while its check job runs there
+    holding every GPU of the node (seen among the node's workloads)."""
+    seen: list[dict[str, Any]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        with server.http() as client:
+            while not done.is_set():
+                seen.append(next(n for n in client.get("/api/v1/nodes").json() if n["name"] == name))
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        ran = server.cli("health", "run", "--node", name)
+    finally:
+        done.set()
+        watcher.join(10)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert all(out_of_service(n) for n in seen), {(n["state"], n["health"]) for n in seen}
+    checking = [n for n in seen if n["workloads"]]
+    assert checking, f"no check job seen running on {name} in {len(seen)} looks"
+    job = server.workload(checking[0]["workloads"][0])
+    assert (job["queue"], job["user"]) == ("gpupool-system", "health")
+    assert checking[0]["gpus_allocated"] == checking[0]["gpus_total"]
+    return ran
 
 
 def check_job(server: ServerProcess, workload_id: int, node_name: str, gpus: int) -> dict[str, Any]:
@@ -114,7 +142,8 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     assert "GPU 3: BF16 GEMM 396 TFLOPS < 692" in failed["active"]["evidence"]
     check = check_job(server, failed["active"]["job"], "node-1", 8)
     assert "  395.6  " in server.cli("logs", str(check["id"]), check=True).stdout  # GPU 3 at half speed
-    time.sleep(3)
+    failed_check_of_an_unhealthy_node(server, "node-1")
+    time.sleep(3)  # and its scheduled rechecks
     assert out_of_service(node(server))
     assert server.workload(job["id"])["state"] == "pending"
 
@@ -129,10 +158,10 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     assert "attempt 1 starts at step" in log and "attempt 1 starts at step 0\n" not in log
 
     events = [(e["from"], e["to"], e["actor"]) for e in health(server)["events"]]
-    assert ("ready", "unhealthy", "health") in events and ("unhealthy", "cordoned", "health") in events
-    assert events[-1] == ("cordoned", "ready", "health")  # back after its last check job passed
+    # Out once, back once: no state change per recheck (the node stays unhealthy while its check job runs).
+    assert events == [("ready", "unhealthy", "health"), ("unhealthy", "ready", "health")]
     shown = server.cli("node", "show", "node-1", check=True).stdout
-    assert "cordoned -> ready" in shown and "passed the quick active checks" in shown
+    assert "unhealthy -> ready" in shown and "passed the quick active checks" in shown
 
     # A check holds every GPU of the node: not while the resumed job runs there.
     refused = server.cli("health", "run", "--node", "node-1")
@@ -239,10 +268,9 @@ def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_f
         assert "GPU 0: BF16 GEMM 396 TFLOPS < 692" in failed["active"]["evidence"]
         assert failed["active"]["result"]["runner"] == "simulated"
         check_job(server, failed["active"]["job"], sick_name, 1)  # ran on the sick node, through its agent
-        ran = server.cli("health", "run", "--node", sick_name)
-        assert ran.returncode == 2 and "BF16 GEMM 396 TFLOPS < 692" in ran.stdout, ran.stdout + ran.stderr
-        assert "check job" in ran.stdout
-        time.sleep(3)
+        ran = failed_check_of_an_unhealthy_node(server, sick_name)
+        assert "BF16 GEMM 396 TFLOPS < 692" in ran.stdout and "check job" in ran.stdout, ran.stdout
+        time.sleep(3)  # and its scheduled rechecks
         assert out_of_service(agent_node(sick_name))
 
         server.cli("node", "inject-fault", sick_name, "--gpu", "0", "--clear", check=True)
@@ -251,7 +279,8 @@ def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_f
         )
         assert back["health"] == "healthy"
         events = [(e["from"], e["to"], e["actor"]) for e in agent_health(sick_name)["events"]]
-        assert ("ready", "unhealthy", "health") in events and events[-1] == ("cordoned", "ready", "health")
+        assert ("ready", "unhealthy", "health") in events and events[-1] == ("unhealthy", "ready", "health")
+        assert not [e for e in events if "cordoned" in e]  # no state change per recheck
         shown = server.cli("node", "show", sick_name, check=True).stdout
         assert "passed the quick active checks" in shown
         full = server.cli("health", "run", "--node", sick_name, "--level", "full", "--json", check=True)

@@ -47,8 +47,9 @@ log = logging.getLogger("gpupool.health")
 ACTOR = "health"
 STOP_DRAIN = "drain"  # the reconcile loop's stop reason for work leaving a node (control.loop.STOP_DRAIN)
 CHECKING = "health: active checks running"  # state_reason of a node cordoned for its checks (older heads)
-# state_reason of an unhealthy node while its check job runs, then "; " and its reason as unhealthy. Cordoned,
-# not unhealthy, meanwhile: the scheduler restarts whatever runs on an unhealthy node (its stale-gang step).
+# state_reason of an unhealthy node that older heads cordoned while its check job ran (their scheduler
+# restarted any work on an unhealthy node), then "; " and its reason as unhealthy: such a node goes back to
+# unhealthy. An unhealthy node now stays so while its check job runs (the scheduler leaves single-pod work).
 RECHECKING = "health: unhealthy, active checks running"
 STALE_AFTER = 30.0  # seconds without samples after which a node's last samples are not judged
 FAULTS = faults.FAULTS
@@ -95,6 +96,7 @@ class HealthMonitor:
         self._running: dict[str, threading.Lock] = {}
         self._unhealthy_since: dict[str, float] = {}
         self._failed_rechecks: dict[str, int] = {}  # node -> rechecks failed in a row (see _recheck_interval)
+        self._checks_done: Counter[str] = Counter()  # node -> active checks ended (see _left_to_its_checks)
         # Nodes taken out and not yet back through passing checks, with the evidence: one that left state
         # `unhealthy` another way (lost, then its agent came back) is taken out again.
         self._held_out: dict[str, str] = {}
@@ -124,17 +126,19 @@ class HealthMonitor:
         self.bench.refresh()
         self.jobs.sweep(now)
         self.jobs.prune(now, self.config.check_jobs, named=self._named_jobs())
+        checking = self._checks_now()  # before the nodes are read: see _left_to_its_checks
         for name, state, reason, busy in self._nodes_now():
             if state == "lost":
                 continue
-            rechecking = _rechecking(state, reason)
-            if rechecking and not self._busy(name):  # left so by a head that stopped during the checks
+            if _rechecking(state, reason) and not self._busy(name):  # cordoned for a check by an older head
                 self._set_state(name, "unhealthy", _reason_before_recheck(reason), only_from="cordoned")
-                state, rechecking = "unhealthy", False
+                state = "unhealthy"
+            if state == "unhealthy" and self._left_to_its_checks(name, checking):
+                continue
             verdict = self._with_bench(name, self._passive(name, fresh=True), now)
             if verdict is not None:
                 self._record(name, state, verdict, now)
-                if verdict.health == checks.UNHEALTHY and not rechecking:  # its check job decides
+                if verdict.health == checks.UNHEALTHY:
                     self._mark_unhealthy(name, verdict)
                     state = "unhealthy"
             with self._lock:
@@ -159,6 +163,21 @@ class HealthMonitor:
                     self._check_later(name, schedule.idle_level)
             elif state == "cordoned" and reason == CHECKING and not self._busy(name):
                 self._set_state(name, "ready", "health: active checks interrupted; back in service")
+
+    def _checks_now(self) -> tuple[set[str], Counter[str]]:
+        """The nodes whose active checks run now, and how many checks of each node have ended."""
+        with self._lock:
+            return {n for n, lock in self._running.items() if lock.locked()}, self._checks_done.copy()
+
+    def _left_to_its_checks(self, name: str, before: tuple[set[str], Counter[str]]) -> bool:
+        """Whether the node's active checks ran when the pass began (`before`: `_checks_now`), run now, or
+        ended since: an unhealthy node is then left to their verdict this pass. The state the pass read may
+        be stale (a passing check returns the node to ready), and its passive verdict is still judged
+        against the baseline a passing check replaces: acting on it would take the node out again."""
+        running, done = before
+        with self._lock:
+            ended = self._checks_done[name] != done[name]
+        return name in running or ended or self._busy(name)
 
     def _named_jobs(self) -> set[int]:
         """The check jobs the nodes' health views name (their last active checks): kept by the pruning."""
@@ -290,6 +309,14 @@ class HealthMonitor:
             return list(pool.map(one, names))
 
     def _check_locked(self, name: str, level: str) -> dict[str, Any]:
+        try:
+            return self._check_held(name, level)
+        finally:
+            with self._lock:
+                self._checks_done[name] += 1
+
+    def _check_held(self, name: str, level: str) -> dict[str, Any]:
+        """The checks of one node, its lock held (`check`, `_check_later`)."""
         state = self._node_state(name)
         passive = self._passive(name) or checks.verdict([], [])
         if not self.can_check(name):
@@ -299,7 +326,6 @@ class HealthMonitor:
             )
         require_free(self.store, name)  # at once, rather than when the control loop would refuse the job
         began = time.time()
-        unhealthy_reason = self._recheck_begins(name) if state == "unhealthy" else None
         try:
             job = self.jobs.run(name, level)
             active = checks.active(job.result, self.config)
@@ -310,10 +336,6 @@ class HealthMonitor:
             active = checks.verdict([Finding("active", checks.UNHEALTHY, str(exc))], ["active"])
             job_id = exc.workload_id if isinstance(exc, CheckJobFailed) else None
             active_view = {"job": job_id, "result": None, **active.to_dict()}
-        except BaseException:  # no verdict (the job was stopped, the node runs work): as it was
-            if unhealthy_reason is not None:
-                self._set_state(name, "unhealthy", unhealthy_reason, only_from="cordoned")
-            raise
         # A node that passes is judged with what it shows now acknowledged (old Xids, ECC counts).
         samples = self.telemetry.node_samples(name)
         tentative = Baseline()
@@ -391,16 +413,6 @@ class HealthMonitor:
                 )  # fmt: skip
 
     # -- acting on verdicts ---------------------------------------------------------------------------
-
-    def _recheck_begins(self, name: str) -> str | None:
-        """Cordon an unhealthy node for its check job (see RECHECKING); its reason as unhealthy, or None."""
-        with self.store.session() as s:
-            node = s.scalar(select(Node).where(Node.name == name))
-            if node is None or node.state != "unhealthy":
-                return None
-            before = node.state_reason
-            node.change_state("cordoned", f"{RECHECKING}; {before}", ACTOR)
-            return before
 
     def _mark_unhealthy(self, name: str, verdict: Verdict) -> None:
         reason = f"health: {verdict.evidence}"

@@ -13,8 +13,9 @@ as its decisions: the health loop asks (`run`, in its own thread), and the recon
 pass and in its own thread, submits the job and starts it with the placement the health loop chose
 (`binds`, called by `Reconciler.tick`, which hands each Bind to the same `_start` as the scheduler's). So a
 check job is never started next to work the scheduler placed in the same pass, and the scheduler's next
-snapshot sees it as running work holding those GPUs. (The scheduler does restart work on a node in state
-`unhealthy`, so the health loop cordons an unhealthy node while its check job runs: control/health.py.)
+snapshot sees it as running work holding those GPUs. On a node in state `unhealthy` the scheduler leaves
+single-pod work running (the health loop drains it gracefully, except check jobs), so the node stays
+`unhealthy` while its check job runs there.
 
 When the job ends, its result line is read from the attempt's log on the head with the reader bench jobs
 use (control.bench.job_reports); every backend delivers logs there.

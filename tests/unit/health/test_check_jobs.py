@@ -166,9 +166,11 @@ def test_a_pending_check_job_nobody_waits_for_is_cancelled(tmp_path: Path) -> No
     store.close()
 
 
-def test_a_node_left_cordoned_for_its_recheck_by_a_stopped_head_goes_back_to_unhealthy(
+def test_a_node_left_cordoned_for_its_recheck_by_an_older_head_goes_back_to_unhealthy(
     tmp_path: Path,
 ) -> None:
+    """Heads before the scheduler left single-pod work on unhealthy nodes alone cordoned an unhealthy node
+    while its check job ran; one they left so (stopped meanwhile) is unhealthy again at the first pass."""
     store = _store(tmp_path)
     with store.session() as s:
         node = s.query(Node).filter_by(name="node-1").one()
@@ -194,4 +196,24 @@ def test_rechecks_of_a_node_that_keeps_failing_back_off_to_the_longest_interval(
         waits.append(monitor._recheck_interval("node-1"))
     assert waits == [60.0, 120.0, 240.0, 300.0, 300.0]
     assert monitor._recheck_interval("node-2") == 60.0  # per node
+    store.close()
+
+
+def test_a_pass_leaves_an_unhealthy_node_to_checks_that_run_or_ended_since_it_began(tmp_path: Path) -> None:
+    """The node's state as the pass read it may be stale (a passing check returns it to ready) and its
+    passive verdict is judged against the baseline a passing check replaces: the pass must not act on it."""
+    store = _store(tmp_path)
+    monitor = HealthMonitor(
+        store, TelemetryCache(), HealthConfig(overrides={}), local_node="head", local_gpus=None
+    )
+    began = monitor._checks_now()
+    assert not monitor._left_to_its_checks("node-1", began)
+    with pytest.raises(Conflict):  # no check job can run there (no agent), but a check began and ended
+        monitor.check("node-1", "quick")
+    assert monitor._left_to_its_checks("node-1", began)
+    assert not monitor._left_to_its_checks("node-2", began)
+    lock = monitor._running.setdefault("node-2", threading.Lock())
+    with lock:  # as a scheduled check's thread holds it while the check job runs
+        assert monitor._left_to_its_checks("node-2", monitor._checks_now())
+    assert not monitor._left_to_its_checks("node-1", monitor._checks_now())  # a later pass acts
     store.close()
