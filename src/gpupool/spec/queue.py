@@ -130,7 +130,7 @@ class QueueSpec(BaseModel):
         default=None,
         description="Order of its pending work after priority: fifo (submit time), attained (least GPU-time "
         "received first), las (Tiresias' banded attained service), estimate (shortest estimated GPU-time "
-        "first); default null: the server's policy (fifo).",
+        "first); default null: the server's policy (las, in preemptive bands; docs/scheduler.md).",
     )
     min_runtime_preempt: Seconds | None = Field(
         default=None,

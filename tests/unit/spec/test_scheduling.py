@@ -3,6 +3,8 @@ and young-work weights (spec/scheduling.py), and the operator's file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpupool.scheduler import QueueView, SchedulerConfig, Share
@@ -10,6 +12,7 @@ from gpupool.sim.policies import BY_NAME
 from gpupool.spec import SpecError
 from gpupool.spec.scheduling import (
     DEFAULT_POLICY,
+    SchedulingSpec,
     band_text,
     effective_priority,
     parse_scheduling_spec,
@@ -139,3 +142,9 @@ def test_a_bad_policy_names_the_field_and_the_fix(text: str, field: str, fix: st
         parse_scheduling_spec(text)
     assert caught.value.field == field
     assert fix in str(caught.value)
+
+
+def test_every_field_of_scheduling_yaml_is_in_docs_scheduler_md() -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "scheduler.md").read_text()
+    for name in SchedulingSpec.model_fields:
+        assert f"| `{name}` |" in text, f"docs/scheduler.md lacks scheduling.yaml's {name}"
