@@ -1,0 +1,113 @@
+"""The shipped Prometheus alert rules (docs/prometheus/alerts.yml) are valid, fire on what the issue names
+(a GPU too hot, a hardware Xid, a node lost, a queue starved below its quota) and not on what is normal,
+checked by Prometheus' own rule tester (`promtool test rules`) over series named as gpupool exports them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpupool.health.xid import HARDWARE, XIDS
+from tests.support.prometheus import CI_MESSAGE
+
+RULES = Path(__file__).resolve().parents[3] / "docs" / "prometheus" / "alerts.yml"
+LABELS = {"Hostname": "node-1", "gpu": "0", "UUID": "GPU-0", "modelName": "NVIDIA H100 80GB HBM3"}
+GPU = ",".join(f'{key}="{value}"' for key, value in LABELS.items())  # a GPU series' labels, as exported
+
+
+def fires(alert: str, labels: dict[str, str], value: str) -> list[dict[str, dict[str, str]]]:
+    """The one alert expected, its annotations as the rules file renders them for these labels and value."""
+    rules = yaml.safe_load(RULES.read_text())
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert]
+
+    def render(text: str) -> str:
+        text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+        return text.replace("{{ $value }}", value)
+
+    annotations = {k: render(v) for k, v in (rule.get("annotations") or {}).items()}
+    return [{"exp_labels": {**rule["labels"], **labels}, "exp_annotations": annotations}]
+
+
+TESTS = {
+    "rule_files": [str(RULES)],
+    "evaluation_interval": "1m",
+    "tests": [
+        {
+            "interval": "1m",
+            "input_series": [
+                {"series": f"DCGM_FI_DEV_GPU_TEMP{{{GPU}}}", "values": "70 90x10"},
+                {"series": f"DCGM_FI_DEV_XID_ERRORS{{{GPU}}}", "values": "0 13 79"},
+                {"series": 'gpupool_node_state{node="node-2",state="lost"}', "values": "0 1x5"},
+                {"series": 'gpupool_queue_quota_gpus{queue="nlp"}', "values": "8x20"},
+                {"series": 'gpupool_queue_allocated_gpus{queue="nlp"}', "values": "2x20"},
+                {"series": 'gpupool_queue_pending_gpus{queue="nlp"}', "values": "4x20"},
+                # gpupool's own queue: quota 0, so its pending check jobs never look starved
+                {"series": 'gpupool_queue_quota_gpus{queue="gpupool-system"}', "values": "0x20"},
+                {"series": 'gpupool_queue_allocated_gpus{queue="gpupool-system"}', "values": "0x20"},
+                {"series": 'gpupool_queue_pending_gpus{queue="gpupool-system"}', "values": "8x20"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "GpuTooHot", "exp_alerts": []},  # not yet 5 minutes
+                {"eval_time": "8m", "alertname": "GpuTooHot", "exp_alerts": fires("GpuTooHot", LABELS, "90")},
+                {"eval_time": "1m", "alertname": "GpuHardwareXid", "exp_alerts": []},  # Xid 13: the job's
+                {
+                    "eval_time": "2m",
+                    "alertname": "GpuHardwareXid",
+                    "exp_alerts": fires("GpuHardwareXid", LABELS, "79"),
+                },
+                {"eval_time": "1m", "alertname": "NodeLost", "exp_alerts": []},
+                {
+                    "eval_time": "3m",
+                    "alertname": "NodeLost",
+                    "exp_alerts": fires("NodeLost", {"node": "node-2", "state": "lost"}, "1"),
+                },
+                {
+                    "eval_time": "15m",
+                    "alertname": "QueueStarvedBelowQuota",
+                    "exp_alerts": fires("QueueStarvedBelowQuota", {"queue": "nlp"}, "2"),
+                },
+            ],
+        }
+    ],
+}
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(CI_MESSAGE)
+        pytest.skip("promtool not installed (Debian's prometheus package)")
+    return found
+
+
+def test_the_alert_rules_are_valid() -> None:
+    checked = subprocess.run(
+        [promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_alert_rules_fire_on_what_the_issue_names_and_not_on_a_jobs_own_xid(tmp_path: Path) -> None:
+    tests = tmp_path / "alerts_test.yml"
+    tests.write_text(yaml.safe_dump(TESTS))
+    ran = subprocess.run(
+        [promtool(), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+def test_the_hardware_xid_alert_names_every_xid_that_drains_a_node() -> None:
+    rules = yaml.safe_load(RULES.read_text())
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GpuHardwareXid"]
+    expr = rule["expr"]
+    codes = {int(c) for c in re.findall(r"== (\d+)", expr)}
+    for low, high in re.findall(r">= (\d+) and DCGM_FI_DEV_XID_ERRORS <= (\d+)", expr):
+        codes |= set(range(int(low), int(high) + 1))
+    assert codes == {code for code, info in XIDS.items() if info.kind == HARDWARE}
