@@ -54,6 +54,7 @@ RECHECKING = "health: unhealthy, active checks running"
 STALE_AFTER = 30.0  # seconds without samples after which a node's last samples are not judged
 FAULTS = faults.FAULTS
 FAULT_TIMEOUT = 15.0  # seconds an agent node has to apply an injected fault and say so
+HELD_OUT = " (not back in service until it passes the active checks)"  # ends a held-out node's evidence
 PARALLEL_CHECKS = 64  # scheduled checks running at once (each a thread, mostly waiting on a node)
 
 
@@ -98,8 +99,10 @@ class HealthMonitor:
         self._failed_rechecks: dict[str, int] = {}  # node -> rechecks failed in a row (see _recheck_interval)
         self._checks_done: Counter[str] = Counter()  # node -> active checks ended (see _left_to_its_checks)
         # Nodes taken out and not yet back through passing checks, with the evidence: one that left state
-        # `unhealthy` another way (lost, then its agent came back) is taken out again.
+        # `unhealthy` another way (lost, then its agent came back) is taken out again. Read back from the
+        # node events at the first pass (`_restore_held_out`), so a restart of the head lets none back.
         self._held_out: dict[str, str] = {}
+        self._restored = False
         self._gpus_now: dict[str, dict[int, str]] = {}  # node -> GPU index -> model, as the last pass read
         self._parallel = threading.BoundedSemaphore(PARALLEL_CHECKS)
         self._started = time.time()
@@ -126,6 +129,9 @@ class HealthMonitor:
         self.bench.refresh()
         self.jobs.sweep(now)
         self.jobs.prune(now, self.config.check_jobs, named=self._named_jobs())
+        if not self._restored:
+            self._restore_held_out()
+            self._restored = True
         checking = self._checks_now()  # before the nodes are read: see _left_to_its_checks
         for name, state, reason, busy in self._nodes_now():
             if state == "lost":
@@ -144,7 +150,7 @@ class HealthMonitor:
             with self._lock:
                 held = self._held_out.get(name)
             if held is not None and state == "ready":
-                evidence = f"{held} (not back in service until it passes the active checks)"
+                evidence = f"{held}{HELD_OUT}"
                 finding = Finding("active", checks.UNHEALTHY, evidence)
                 self._mark_unhealthy(name, checks.verdict([finding], []))
                 state = "unhealthy"
@@ -163,6 +169,28 @@ class HealthMonitor:
                     self._check_later(name, schedule.idle_level)
             elif state == "cordoned" and reason == CHECKING and not self._busy(name):
                 self._set_state(name, "ready", "health: active checks interrupted; back in service")
+
+    def _restore_held_out(self) -> None:
+        """The nodes an earlier head took out that have not passed their active checks since: the health
+        loop's last change of their state was to `unhealthy` (the node events keep it)."""
+        last: dict[str, str | None] = {}  # node -> evidence while held out; None once back
+        with self.store.read() as s:
+            for node, to_state, reason in s.execute(
+                select(Event.object_id, Event.to_state, Event.reason)
+                .where(
+                    Event.object_kind == "node",
+                    Event.actor == ACTOR,
+                    Event.to_state.in_(("unhealthy", "ready")),
+                    Event.from_state != Event.to_state,
+                )
+                .order_by(Event.id)
+            ):
+                evidence = reason.removeprefix("health: ").removesuffix(HELD_OUT)
+                last[node] = evidence if to_state == "unhealthy" else None
+        with self._lock:
+            for node, evidence in last.items():
+                if evidence is not None:
+                    self._held_out.setdefault(node, evidence)
 
     def _checks_now(self) -> tuple[set[str], Counter[str]]:
         """The nodes whose active checks run now, and how many checks of each node have ended."""

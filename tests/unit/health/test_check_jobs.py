@@ -21,7 +21,7 @@ from gpupool.health.thresholds import HealthConfig, Schedule
 from gpupool.spec import WorkloadSpec
 from gpupool.spec.views import queue_view
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Gpu, Node, Queue, Workload
+from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import utcnow
 
 
@@ -216,4 +216,39 @@ def test_a_pass_leaves_an_unhealthy_node_to_checks_that_run_or_ended_since_it_be
     with lock:  # as a scheduled check's thread holds it while the check job runs
         assert monitor._left_to_its_checks("node-2", monitor._checks_now())
     assert not monitor._left_to_its_checks("node-1", monitor._checks_now())  # a later pass acts
+    store.close()
+
+
+def test_a_node_an_earlier_head_took_out_stays_out_after_a_restart_until_it_passes_its_checks(
+    tmp_path: Path,
+) -> None:
+    """node-1 was taken out, then lost, and its agent came back (state ready) while the head was down: the
+    restarted head takes it out again. node-2 passed its checks before the restart: it stays in service."""
+    store = _store(tmp_path)
+    xid = "GPU 3: Xid 79 (hardware): GPU has fallen off the bus"
+    history = [
+        ("node-1", "ready", "unhealthy", f"health: {xid}", "health"),
+        ("node-1", "unhealthy", "unhealthy", "health warning: GPU 1: thermal throttling", "health"),
+        ("node-1", "unhealthy", "lost", "no heartbeat for 10s", "system"),
+        ("node-1", "lost", "ready", "agent reconnected", "system"),
+        ("node-2", "ready", "unhealthy", "health: GPU 0: BF16 GEMM 396 TFLOPS < 692", "health"),
+        ("node-2", "unhealthy", "ready", "health: passed the quick active checks (healthy)", "health"),
+    ]
+    with store.session() as s:
+        for node, before, after, reason, actor in history:
+            s.add(Event(object_kind="node", object_id=node, from_state=before, to_state=after, reason=reason,
+                        actor=actor))  # fmt: skip
+    for restart in range(2):  # a second restart finds the evidence as the first left it, not nested
+        monitor = HealthMonitor(
+            store, TelemetryCache(), HealthConfig(overrides={}), local_node="head", local_gpus=None
+        )
+        monitor.tick()
+        with store.read() as s:
+            states = {n.name: (n.state, n.state_reason) for n in s.scalars(select(Node))}
+        assert states == {
+            "node-1": ("unhealthy", f"health: {xid} (not back in service until it passes the active checks)"),
+            "node-2": ("ready", ""),
+        }, restart
+        with store.session() as s:  # lost and back again while the head is down
+            s.query(Node).filter_by(name="node-1").one().state = "ready"
     store.close()
