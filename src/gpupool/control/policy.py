@@ -71,14 +71,23 @@ class BandedPass:
         self.config = config
         self.orderings = {q.name: q.ordering for q in queues}
         self.counts: dict[str, float] = {}
+        # Pending work mostly shares a few (priority, attained, queue): most of it has had nothing yet.
+        self._known: dict[tuple[int, float, str], tuple[int, float]] = {}
 
     def priority(self, priority: int, attained: float, queue: str) -> int:
         """The priority the scheduler sees for a workload of `queue` that has had `attained` GPU-seconds,
         counting it toward its queue's young work."""
-        config = self.config
-        if config.young_weights:
-            self.counts[queue] = self.counts.get(queue, 0.0) + young_weight(attained, config.young_weights)
-        return effective_priority(priority, attained, config, self.orderings.get(queue))
+        key = (priority, attained, queue)
+        known = self._known.get(key)
+        if known is None:
+            config = self.config
+            known = self._known[key] = (
+                effective_priority(priority, attained, config, self.orderings.get(queue)),
+                young_weight(attained, config.young_weights),
+            )
+        if known[1]:
+            self.counts[queue] = self.counts.get(queue, 0.0) + known[1]
+        return known[0]
 
     def queues(self, queues: tuple[QueueView, ...]) -> tuple[QueueView, ...]:
         return weighted_by_young(queues, self.counts) if self.config.young_weights else queues
