@@ -401,7 +401,7 @@ class Reconciler:
             return
         decisions = self._scheduler.decide(snapshot, now)
         self.fair_shares = decisions.fair_shares
-        self._band_notes.add(decisions.explanations, snapshot.pending)
+        self._band_notes.add(decisions.explanations, snapshot.pending, snapshot.queues)
         # Reasons first: starting many binds can take a while, and work left pending says why meanwhile.
         self._explain(decisions.explanations)
         if decisions.evictions:

@@ -22,12 +22,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpupool.scheduler import Eviction, Explanation, QueueView, SchedulerConfig, WorkloadView
-from gpupool.scheduler.explain import CAPACITY_CODES
+from gpupool.scheduler.explain import CAPACITY_CODES, OVER_FAIR_SHARE
 from gpupool.spec import SpecError
 from gpupool.spec.scheduling import (
     DEFAULT_POLICY,
     band_text,
     effective_priority,
+    gpu_time_text,
     parse_scheduling_spec,
     priority_parts,
     weighted_by_young,
@@ -131,23 +132,34 @@ def reword_preemptions(
 
 
 class BandNotes:
-    """Adds to the explanation of a pending workload that has left the top band why newer work of its
-    queue goes first; remembers each note so that an unchanged pass builds nothing new."""
+    """Adds to a pending workload's explanation what the policy did to it, in words: that it has left the
+    top band, so newer work of its queue goes first; that its queue has no new work, so its fair share is
+    its quota (young-work weights). Remembers each note so that an unchanged pass builds nothing new."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self._notes: dict[int, tuple[Explanation, Explanation]] = {}
 
-    def add(self, explanations: dict[int, Explanation], pending: tuple[WorkloadView, ...]) -> None:
+    def add(
+        self,
+        explanations: dict[int, Explanation],
+        pending: tuple[WorkloadView, ...],
+        queues: tuple[QueueView, ...] = (),
+    ) -> None:
         config = self.config
-        if not config.las_preempt or not config.las_thresholds:
+        bands = config.las_preempt and bool(config.las_thresholds)
+        # Queues left without over-quota weight by young_weights: their fair share is their quota.
+        idle = {q.name for q in queues if q.gpu.weight == 0} if config.young_weights else set()
+        if not bands and not idle:
+            self._notes = {}
             return
         thresholds = config.las_thresholds
         top = len(thresholds)
         notes: dict[int, tuple[Explanation, Explanation]] = {}
         for w in pending:
-            band = w.priority % (top + 1)
-            if band == top:
+            band = w.priority % (top + 1) if bands else top
+            old = w.queue in idle
+            if band == top and not old:
                 continue
             given = explanations.get(w.id)
             if given is None or given.code not in CAPACITY_CODES:
@@ -156,11 +168,24 @@ class BandNotes:
             if known is not None and (known[0] is given or known[0] == given):
                 noted = known[1]
             else:
-                noted = Explanation(
-                    given.code,
-                    f"{given.message}; it has had {band_text(thresholds, band)}, so work of its queue that "
-                    "has had less goes first (least-attained-service bands)",
-                )
+                message = given.message
+                if band != top:
+                    message += (
+                        f"; it has had {band_text(thresholds, band)}, so work of its queue that has had less "
+                        "goes first (least-attained-service bands)"
+                    )
+                if old and given.code == OVER_FAIR_SHARE:
+                    message += (
+                        f"; its fair share is its quota: queue {w.queue} has no work under "
+                        f"{_youngest(config)} of GPU-time, and GPUs above the quotas go to queues with "
+                        "new work"
+                    )
+                noted = Explanation(given.code, message)
             notes[w.id] = (given, noted)
             explanations[w.id] = noted
         self._notes = notes
+
+
+def _youngest(config: SchedulerConfig) -> str:
+    """The largest young-work threshold in words: work under it still counts for its queue."""
+    return gpu_time_text(max(below for below, _ in config.young_weights))

@@ -19,9 +19,9 @@ from gpupool.control.policy import (
     load_policy,
     preemption_reason,
 )
-from gpupool.scheduler import Explanation, SchedulerConfig, Snapshot, WorkloadView
+from gpupool.scheduler import Explanation, QueueView, SchedulerConfig, Snapshot, WorkloadView
 from gpupool.spec import parse_queue_spec, parse_workload_spec
-from gpupool.spec.scheduling import DEFAULT_POLICY, effective_priority
+from gpupool.spec.scheduling import DEFAULT_POLICY, effective_priority, weighted_by_young
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Workload
 
@@ -224,3 +224,15 @@ def _reconciler_home(home: Path) -> Reconciler:
         return _reconciler(store, home)
     finally:
         store.close()
+
+
+def test_pending_work_of_a_queue_without_new_work_is_told_why_its_fair_share_is_its_quota() -> None:
+    notes = BandNotes(DEFAULT_POLICY)
+    waiting = _view(1, effective_priority(50, 2 * 3600.0, DEFAULT_POLICY, None))
+    queues = weighted_by_young((QueueView("team"),), {})
+    given = {1: Explanation("over-fair-share", "queue team is at or over its fair share (8 >= 0 GPUs)")}
+    notes.add(given, (waiting,), queues)
+    assert given[1].message.endswith(
+        "; its fair share is its quota: queue team has no work under 1 GPU-hour of GPU-time, and GPUs above "
+        "the quotas go to queues with new work"
+    )
