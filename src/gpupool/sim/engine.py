@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from gpupool.scheduler import (
     Decisions,
@@ -194,9 +195,17 @@ class Simulation:
         self._gpu_capacity = sum(g.free for n in cluster.nodes if n.schedulable for g in n.gpus)
         self.shortcuts = True  # skip cycles that provably change nothing (off only to test that claim)
         self.skipped = 0
+        # The views the scheduler sees, kept from cycle to cycle in the order of `running` / `pending`:
+        # a job's view is rebuilt only when it changed (`_stale`), or for a running job when its next
+        # checkpoint passes (`_checkpoints`: a heap of (time, job, attempt)).
+        self._running_views_by_job: dict[int, WorkloadView | None] = {}
+        self._pending_views_by_job: dict[int, WorkloadView | None] = {}
+        self._stale: list[_Job] = []
+        self._checkpoints: list[tuple[float, int, int]] = []
         self._running_tuple: tuple[WorkloadView, ...] | None = None
         self._pending_tuple: tuple[WorkloadView, ...] | None = None  # kept until the pending set changes
-        self._running_until = math.inf
+        self._queues_tuple: tuple[QueueView, ...] | None = None
+        self._queues_counts: tuple[float, ...] = ()
         self._dirty = False
 
     def _policy_queues(self, queues: Sequence[QueueView], jobs: Sequence[TraceJob]) -> tuple[QueueView, ...]:
@@ -282,10 +291,9 @@ class Simulation:
         job.state = "pending"
         job.pending_since = self.now
         job.priority = self._priority(job, 0.0)
-        self.pending[job.idx] = job
+        self._add_pending(job)
         self.demand[job.trace.queue] += job.gpus
         self._recount(job)
-        self._pending_tuple = None
         self._dirty = True
 
     def _fits_empty(self, job: _Job) -> bool:
@@ -318,6 +326,7 @@ class Simulation:
 
     def _release(self, job: _Job) -> None:
         del self.running[job.idx]
+        del self._running_views_by_job[job.idx]
         self._running_tuple = None
         self.used -= job.gpus
         self.alloc[job.trace.queue] -= job.gpus
@@ -334,6 +343,7 @@ class Simulation:
         if priority != job.priority:
             job.priority = priority
             job.view = None
+            self._stale.append(job)
             self._running_tuple = None
             self._dirty = True
         if self._recount(job):
@@ -504,7 +514,14 @@ class Simulation:
         up to the first job that cannot fit the free GPUs: nothing behind it can start this cycle."""
         if not self._strict_fifo():
             if self._pending_tuple is None:
-                self._pending_tuple = tuple(self._pending_view(j) for j in self.pending.values())
+                if self.policy.estimate == "none":
+                    by_job = self._pending_views_by_job
+                    for idx, view in by_job.items():
+                        if view is None:
+                            by_job[idx] = self._pending_view(self.jobs[idx])
+                    self._pending_tuple = cast(tuple[WorkloadView, ...], tuple(by_job.values()))
+                else:  # estimates move as jobs finish: each view is checked
+                    self._pending_tuple = tuple(self._pending_view(j) for j in self.pending.values())
             return self._pending_tuple
         room = self.cluster.gpus - self.used + EPS
         views = []
@@ -545,7 +562,11 @@ class Simulation:
     def _queues_for_cycle(self) -> tuple[QueueView, ...]:
         queues = self.queues
         if self.counts:
-            queues = weighted_by_young(queues, self.counts)
+            counts = tuple(self.counts.values())
+            if self._queues_tuple is None or counts != self._queues_counts:
+                self._queues_tuple = weighted_by_young(queues, self.counts)
+                self._queues_counts = counts
+            queues = self._queues_tuple
         if not self.usage:
             return queues
         return tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in queues)
@@ -585,11 +606,22 @@ class Simulation:
 
     def _running_views(self) -> tuple[WorkloadView, ...]:
         """The running workloads' views; the tuple is kept until one starts, stops or changes priority,
-        or the next checkpoint of one of them passes."""
+        or the next checkpoint of one of them passes, and then only those views are built again."""
         views = self._running_tuple
-        if views is None or self.now >= self._running_until:
-            views = self._running_tuple = tuple(self._running_view(j) for j in self.running.values())
-            self._running_until = min((j.ckpt_at for j in self.running.values()), default=math.inf)
+        checkpoints = self._checkpoints
+        if views is not None and not (checkpoints and checkpoints[0][0] <= self.now):
+            return views
+        by_job = self._running_views_by_job
+        while checkpoints and checkpoints[0][0] <= self.now:
+            at, idx, attempt = heapq.heappop(checkpoints)
+            job = self.jobs[idx]
+            if job.state == "running" and job.attempt == attempt and job.ckpt_at == at:
+                self._stale.append(job)
+        for job in self._stale:
+            if job.state == "running" and job.idx in by_job:
+                by_job[job.idx] = self._running_view(job)
+        self._stale.clear()
+        views = self._running_tuple = cast(tuple[WorkloadView, ...], tuple(by_job.values()))
         return views
 
     def _running_view(self, job: _Job) -> WorkloadView:
@@ -607,6 +639,7 @@ class Simulation:
             else:
                 last = self.now
                 job.ckpt_at = math.nextafter(self.now, math.inf)
+            heapq.heappush(self._checkpoints, (job.ckpt_at, job.idx, job.attempt))
             view = job.view = WorkloadView(
                 id=job.idx,
                 queue=job.queue,
@@ -635,8 +668,14 @@ class Simulation:
                     return stats[0] / stats[1]
         return None
 
+    def _add_pending(self, job: _Job) -> None:
+        self.pending[job.idx] = job
+        self._pending_views_by_job[job.idx] = None  # built at the next cycle
+        self._pending_tuple = None
+
     def _start(self, job: _Job, pods: tuple[PodPlacement, ...]) -> None:
         del self.pending[job.idx]
+        del self._pending_views_by_job[job.idx]
         self._pending_tuple = None
         job.record.queued += self.now - job.pending_since
         if job.record.start is None:
@@ -648,6 +687,8 @@ class Simulation:
         job.view = None
         job.ckpt_at = math.inf
         self.running[job.idx] = job
+        self._running_views_by_job[job.idx] = None
+        self._stale.append(job)
         self._running_tuple = None
         self.used += job.gpus
         self.alloc[job.trace.queue] += job.gpus
@@ -669,8 +710,7 @@ class Simulation:
         job.state = "pending"
         job.pending_since = self.now
         job.priority = self._priority(job, self.now)
-        self.pending[job.idx] = job
-        self._pending_tuple = None
+        self._add_pending(job)
         self._recount(job)
 
     def _sample(self) -> None:

@@ -66,6 +66,26 @@ def test_las_preempts_a_long_job_for_a_new_one_and_the_restart_costs_time() -> N
     assert metrics["lost_gpu_h"] == pytest.approx(8 * 1_000.0 / 3600.0)
 
 
+def test_las_preempts_the_job_that_loses_least_since_its_last_checkpoint() -> None:
+    # Two long 4-GPU jobs, started 1,000 s apart, checkpoint every 1,800 s. At 5,300 s the first has saved
+    # at 3,600 s (1,700 s to lose) and the second at 4,600 s (700 s to lose): the newcomer takes the
+    # second one's GPUs. At 5,500 s it would be the first (saved at 5,400 s). The views the scheduler sees
+    # must follow each job's checkpoints as they pass.
+    jobs = [
+        TraceJob(0, 0.0, 50_000.0, 4, "a"),
+        TraceJob(1, 1_000.0, 50_000.0, 4, "a"),
+        TraceJob(2, 5_300.0, 100.0, 4, "a"),
+    ]
+    options = SimOptions(restart_overhead=0.0, checkpoint_interval=1800.0)
+    result = simulate(jobs, "1x8", "las", options=options)
+    assert {j.id: j.preemptions for j in result.jobs} == {0: 0, 1: 1, 2: 0}
+    assert summarize(result)["lost_gpu_h"] == pytest.approx(4 * 700.0 / 3600.0)
+    jobs[2] = TraceJob(2, 5_500.0, 100.0, 4, "a")
+    result = simulate(jobs, "1x8", "las", options=options)
+    assert {j.id: j.preemptions for j in result.jobs} == {0: 1, 1: 0, 2: 0}
+    assert summarize(result)["lost_gpu_h"] == pytest.approx(4 * 100.0 / 3600.0)
+
+
 def test_fifo_never_preempts() -> None:
     jobs = [TraceJob(0, 0.0, 20_000.0, 8, "a"), TraceJob(1, 10_000.0, 100.0, 8, "a")]
     assert summarize(simulate(jobs, "1x8", "fifo"))["preemptions"] == 0
