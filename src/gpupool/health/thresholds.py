@@ -1,8 +1,9 @@
 """What a healthy GPU of each model must show: one thresholds table, and the config file that overrides it.
 
 Seeded from Azure's published node health checks (github.com/Azure/azurehpc-health-checks, `conf/`):
-- ND A100 v4 (`nd96asr_v4.conf`, `nd96amsr_a100_v4.conf`): `check_cuda_bw 24` (host<->device GB/s per
-  GPU), `check_nccl_allreduce 228.0` (8-GPU all-reduce bus bandwidth, GB/s).
+- ND A100 v4 (`nd96asr_v4.conf`, `nd96amsr_a100_v4.conf`): `check_gpu_bw 21 235` and `21 238` (host<->device
+  21 GB/s per GPU, measured by nvbandwidth; the files' earlier `check_cuda_bw 24` was replaced by it),
+  `check_nccl_allreduce 228.0` (8-GPU all-reduce bus bandwidth, GB/s).
 - ND H100 v5 (`nd96isr_h100_v5.conf`): `check_gpu_bw 48 335` (host<->device 48 GB/s, peer 335 GB/s),
   `check_nccl_allreduce 460.0`.
 - ND H200 v5 (`nd96isr_h200_v5.conf`): `check_gpu_bw 48 335`, `check_nccl_allreduce 431.0`.
@@ -59,7 +60,7 @@ class Thresholds:
 
 TABLE: dict[str, Thresholds] = {
     "A100": Thresholds(
-        h2d_min_gbps=24.0, d2h_min_gbps=24.0, allreduce_min_busbw_gbps=228.0,
+        h2d_min_gbps=21.0, d2h_min_gbps=21.0, allreduce_min_busbw_gbps=228.0,
         source="Azure HPC health checks, ND A100 v4 (nd96asr_v4.conf)",
     ),
     "H100": Thresholds(

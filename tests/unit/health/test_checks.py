@@ -152,10 +152,11 @@ def test_thresholds_are_azures_published_figures() -> None:
     assert TABLE["H100"].allreduce_min_busbw_gbps == 460.0
     assert TABLE["H200"].allreduce_min_busbw_gbps == 431.0
     assert (TABLE["A100"].h2d_min_gbps, TABLE["H100"].h2d_min_gbps, TABLE["H200"].h2d_min_gbps) == (
-        24,
+        21,
         48,
         48,
     )
+    assert TABLE["A100"].d2h_min_gbps == 21
 
 
 def test_a_config_file_overrides_one_model_and_every_model(tmp_path: Path) -> None:
@@ -166,7 +167,7 @@ def test_a_config_file_overrides_one_model_and_every_model(tmp_path: Path) -> No
     config = load_config(tmp_path)
     assert config.for_model("H100").h2d_min_gbps == 30
     assert config.for_model("H100").gpu_temp_warn_c == 80
-    assert config.for_model("A100").h2d_min_gbps == 24
+    assert config.for_model("A100").h2d_min_gbps == 21
     assert config.schedule.recheck_interval == 5
     assert "overridden by" in config.for_model("H100").source
 
