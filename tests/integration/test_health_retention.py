@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from gpupool.control import health_jobs, service
 from gpupool.control.errors import NotFound
@@ -192,3 +192,16 @@ def test_the_newest_workload_is_never_deleted_so_sqlite_never_gives_its_id_again
     ran, never_started = _job(store, home, "node-1", 20), _job(store, home, None, 20)
     assert CheckJobs(store).prune(NOW, CheckJobRetention(keep_per_node=1, max_age=DAY)) == 0
     assert _ids(store) == {ran, never_started}
+
+
+def test_a_finished_check_job_whose_attempt_is_not_settled_yet_is_not_deleted(
+    store: Store, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    unsettled, newest = _job(store, home, "node-1", 20), _job(store, home, "node-1", 19)
+    with store.session() as s:  # the workload ended, its attempt's end not yet recorded
+        s.execute(update(Attempt).where(Attempt.workload_id == unsettled).values(state="running"))
+    jobs = CheckJobs(store)
+    assert jobs.prune(NOW, CheckJobRetention(keep_per_node=1, max_age=DAY)) == 0
+    assert _ids(store) == {unsettled, newest}
+    assert (home / "logs" / str(unsettled) / "attempt-0.log").exists()
