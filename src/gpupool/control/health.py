@@ -215,7 +215,7 @@ class HealthMonitor:
 
     def _recheck_interval(self, name: str) -> float:
         """`recheck_interval`, doubled after each recheck the node failed, up to `recheck_max_interval`:
-        a node that stays broken until someone repairs it is not checked (one more job, two more events)
+        a node that stays broken until someone repairs it is not checked (one more check job each time)
         every minute for days."""
         schedule = self.config.schedule
         with self._lock:
