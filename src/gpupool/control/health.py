@@ -188,9 +188,9 @@ class HealthMonitor:
                 evidence = reason.removeprefix("health: ").removesuffix(HELD_OUT)
                 last[node] = evidence if to_state == "unhealthy" else None
         with self._lock:
-            for node, evidence in last.items():
-                if evidence is not None:
-                    self._held_out.setdefault(node, evidence)
+            for node, held in last.items():
+                if held is not None:
+                    self._held_out.setdefault(node, held)
 
     def _checks_now(self) -> tuple[set[str], Counter[str]]:
         """The nodes whose active checks run now, and how many checks of each node have ended."""
@@ -411,13 +411,12 @@ class HealthMonitor:
         }
 
     def _record(self, name: str, state: str, verdict: Verdict, now: float) -> None:
-        """Keep the verdict; a changed one is counted and logged, and warnings (and their end) are events."""
+        """Keep the verdict; a changed one is counted and logged, and warnings (and their end) are events.
+        Changed: another health, or other conditions setting it (`_conditions`), not other readings."""
         with self._lock:
             previous = self._nodes.get(name)
-            changed = previous is None or (previous.verdict.health, previous.verdict.evidence) != (
-                verdict.health,
-                verdict.evidence,
-            )
+            was = previous.verdict.health if previous is not None else None  # before it is replaced below
+            changed = previous is None or _conditions(previous.verdict) != _conditions(verdict)
             if previous is None:
                 self._nodes[name] = NodeHealth(verdict, now)
             else:
@@ -429,9 +428,7 @@ class HealthMonitor:
                 if finding.severity == verdict.health:
                     self.failed_checks_total[finding.check] += 1
         log.info("event=health_verdict node=%s health=%s evidence=%r", name, verdict.health, verdict.evidence)
-        if verdict.health == checks.WARNING or (
-            previous is not None and previous.verdict.health == checks.WARNING
-        ):
+        if checks.WARNING in (verdict.health, was):
             with self.store.session() as s:
                 s.add(
                     Event(
@@ -601,6 +598,17 @@ def node_events(store: Store, name: str, limit: int = 50) -> list[dict[str, Any]
             }
             for e in reversed(rows)
         ]
+
+
+def _conditions(verdict: Verdict) -> tuple[str, frozenset[tuple[str, int | None, str]]]:
+    """What a verdict says is wrong, without the readings that move from sample to sample: its health and
+    each finding that sets it as (check, GPU, and for an Xid its message, which names the code). A GPU at
+    86, 87, 86 C is one warm GPU, not three verdicts (an event and a count each, every second)."""
+    return verdict.health, frozenset(
+        (f.check, f.gpu, f.message if f.check == "xid" else "")
+        for f in verdict.findings
+        if f.severity == verdict.health
+    )
 
 
 def _rechecking(state: str, reason: str) -> bool:
