@@ -200,6 +200,7 @@ class Simulation:
         # checkpoint passes (`_checkpoints`: a heap of (time, job, attempt)).
         self._running_views_by_job: dict[int, WorkloadView | None] = {}
         self._pending_views_by_job: dict[int, WorkloadView | None] = {}
+        self._pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
         self._stale: list[_Job] = []
         self._checkpoints: list[tuple[float, int, int]] = []
         self._running_tuple: tuple[WorkloadView, ...] | None = None
@@ -423,7 +424,7 @@ class Simulation:
             head = next(iter(self.pending.values()))
             if head.gpus <= free:
                 return False
-        elif any(j.gpus <= free for j in self.pending.values()):
+        elif min(self._pending_sizes) <= free:
             return False
         actions = self.config.actions
         if "preempt" in actions and self.running:
@@ -672,11 +673,15 @@ class Simulation:
         self.pending[job.idx] = job
         self._pending_views_by_job[job.idx] = None  # built at the next cycle
         self._pending_tuple = None
+        self._pending_sizes[job.gpus] = self._pending_sizes.get(job.gpus, 0) + 1
 
     def _start(self, job: _Job, pods: tuple[PodPlacement, ...]) -> None:
         del self.pending[job.idx]
         del self._pending_views_by_job[job.idx]
         self._pending_tuple = None
+        left = self._pending_sizes.pop(job.gpus) - 1
+        if left:
+            self._pending_sizes[job.gpus] = left
         job.record.queued += self.now - job.pending_since
         if job.record.start is None:
             job.record.start = self.now
