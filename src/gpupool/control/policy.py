@@ -177,8 +177,7 @@ class BandNotes:
                 if old and given.code == OVER_FAIR_SHARE:
                     message += (
                         f"; its fair share is its quota: queue {w.queue} has no work under "
-                        f"{_youngest(config)} of GPU-time, and GPUs above the quotas go to queues with "
-                        "new work"
+                        f"{_youngest(config)}, and GPUs above the quotas go to queues with new work"
                     )
                 noted = Explanation(given.code, message)
             notes[w.id] = (given, noted)

@@ -121,11 +121,11 @@ def weighted_by_young(queues: Sequence[QueueView], counts: Mapping[str, float]) 
 
 
 def band_text(thresholds: Sequence[float], band: int) -> str:
-    """What a band means in words: 'under 2m of GPU-time', 'at least 2m', 'at least 16h'."""
+    """A band in words: 'under 2 GPU-minutes', 'at least 2 GPU-minutes', 'at least 16 GPU-hours'."""
     passed = len(thresholds) - band  # thresholds reached
     if passed <= 0:
-        return f"under {gpu_time_text(thresholds[0])} of GPU-time"
-    return f"at least {gpu_time_text(thresholds[passed - 1])} of GPU-time"
+        return f"under {gpu_time_text(thresholds[0])}"
+    return f"at least {gpu_time_text(thresholds[passed - 1])}"
 
 
 def gpu_time_text(seconds: float) -> str:

@@ -186,7 +186,7 @@ def test_pending_work_in_a_lower_band_is_told_why_newer_work_goes_first() -> Non
     notes.add(given, (waiting, fresh))
     assert given[1].code == "no-capacity"
     assert given[1].message == (
-        "needs 8 GPUs; 1 GPUs free in the pool; it has had at least 2 GPU-minutes of GPU-time, so work of "
+        "needs 8 GPUs; 1 GPUs free in the pool; it has had at least 2 GPU-minutes, so work of "
         "its queue that has had less goes first (least-attained-service bands)"
     )
     assert given[2].message == "x"  # top band: nothing to add
@@ -233,6 +233,6 @@ def test_pending_work_of_a_queue_without_new_work_is_told_why_its_fair_share_is_
     given = {1: Explanation("over-fair-share", "queue team is at or over its fair share (8 >= 0 GPUs)")}
     notes.add(given, (waiting,), queues)
     assert given[1].message.endswith(
-        "; its fair share is its quota: queue team has no work under 1 GPU-hour of GPU-time, and GPUs above "
-        "the quotas go to queues with new work"
+        "; its fair share is its quota: queue team has no work under 1 GPU-hour, and GPUs above the quotas "
+        "go to queues with new work"
     )

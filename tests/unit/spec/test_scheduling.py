@@ -103,9 +103,9 @@ def test_a_parent_queue_counts_the_young_work_below_it() -> None:
 
 def test_bands_are_said_in_gpu_time() -> None:
     thresholds = DEFAULT_POLICY.las_thresholds
-    assert band_text(thresholds, 2) == "under 2 GPU-minutes of GPU-time"
-    assert band_text(thresholds, 1) == "at least 2 GPU-minutes of GPU-time"
-    assert band_text(thresholds, 0) == "at least 16 GPU-hours of GPU-time"
+    assert band_text(thresholds, 2) == "under 2 GPU-minutes"
+    assert band_text(thresholds, 1) == "at least 2 GPU-minutes"
+    assert band_text(thresholds, 0) == "at least 16 GPU-hours"
 
 
 def test_an_operator_can_turn_bands_and_weights_off_or_change_them() -> None:
