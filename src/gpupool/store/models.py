@@ -49,6 +49,10 @@ class Node(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # Agent nodes only: SHA-256 of the node credential the agent got when it joined (never stored in clear).
     credential_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The GPUs the node is expected to have, [{index, uuid, model}]: those it first registered with, or
+    # as an operator last accepted them (`gpupool node accept-gpus`); None: not known yet. The health
+    # checks take a node with fewer out of service (control/health.py).
+    expected_gpus: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
 
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", order_by="Gpu.index", cascade="all, delete-orphan", lazy="selectin"
