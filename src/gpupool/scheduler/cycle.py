@@ -30,7 +30,7 @@ from gpupool.scheduler.snapshot import (
 from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, NodeState, Reservation
 
 ACTIONS = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
-PLACEMENTS = ("binpack", "spread")
+PLACEMENTS = ("binpack", "spread", "fragmentation")
 BLOCKING = ("skip", "strict", "backfill")
 # A pod on a lost node is gone. A pod on an unhealthy node still runs: the health loop drains such a node's
 # work gracefully (checkpoint, then stop), and its own check jobs run there; only a gang, whose other pods
@@ -84,7 +84,7 @@ class Cycle:
         self.queues = queues
         self.state = ClusterState(snapshot.nodes, queues.values())
         self._capacity = tuple(self.state.capacity)  # before running work is loaded
-        self.placer = Placer(self.state, self.config.placement, now)
+        self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.by_node: dict[str, list[WorkloadView]] = {}
         self.state.load_running(snapshot.running)
         for w in snapshot.running:

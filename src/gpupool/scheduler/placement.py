@@ -1,13 +1,24 @@
-"""Where pods go: node choice (binpack or spread), GPU choice (NVLink island first), gangs, topology.
+"""Where pods go: node choice (binpack, spread or fragmentation), GPU choice (NVLink island first), gangs,
+topology.
 
 Nodes are indexed by GPU model and number of whole free GPUs, so a pod needing k GPUs looks only at
 buckets that can hold it: binpack walks them from the fullest that fits, spread from the emptiest.
+
+`fragmentation` (after FGD, Weng et al., USENIX ATC'23) weighs every node that fits: it places a pod where
+it costs the least *usable capacity*, the GPUs that the workload's own pod shapes could still take there.
+A shape is a (GPU demand, CPUs, memory) seen among the snapshot's pending and running pods, weighted by how
+often; on a node, a shape could take as many pods as its GPUs, CPUs and memory all allow (a fraction
+packs `floor(free / fraction)` times into each GPU it suits). GPUs that no pod of a shape could use are
+that shape's fragments: a GPU left a sliver, GPUs stranded on a node whose CPUs or memory ran out, GPUs of
+a model the shape does not accept. FGD asks only whether one pod of a shape fits; counting how many fit
+also sees CPUs running out before GPUs do. Ties go to the best fit (least CPU and GPU left), then to
+binpack's order.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
@@ -44,15 +55,34 @@ def families(demand: GpuDemand) -> frozenset[str]:
 
 
 ONE_ISLAND_LOOKAHEAD = 64  # nodes examined for a one-island fit before any fit will do
+FRAGMENTATION = "fragmentation"
+MAX_SHAPES = 128  # the most frequent pod shapes the fragmentation placement weighs (the rest are rare)
+
+# One pod shape of the workload: (GPU demand, GPUs per pod, fraction per GPU or 0.0 for whole GPUs, CPUs,
+# memory bytes, weight: how many pods have it).
+_Shape = tuple[GpuDemand, int, float, float, float, float]
 
 
 class Placer:
     """Finds placements on a ClusterState; allocations are recorded in the state's undo log."""
 
-    def __init__(self, state: ClusterState, policy: str, now: float) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        policy: str,
+        now: float,
+        workloads: Sequence[Sequence[WorkloadView]] = (),
+    ) -> None:
         self.state = state
         self.spread = policy == "spread"
+        self.fragmentation = policy == FRAGMENTATION
         self.now = now
+        # The pods whose shapes the fragmentation placement weighs (the snapshot's pending and running
+        # work), read on its first use.
+        self._workloads = workloads
+        self._shapes: list[_Shape] | None = None
+        self._usable_memo: dict[tuple[object, ...], float] = {}
+        self._scale = (1.0, 1.0)  # the most GPUs and CPUs on one node, for the best-fit tie-break
         self._matches: dict[tuple[tuple[tuple[str, int], ...], GpuDemand], tuple[bool, ...]] = {}
         self._by_identity: dict[tuple[int, int], tuple[bool, ...]] = {}
         self._alive: list[GpuDemand] = []
@@ -144,6 +174,8 @@ class Placer:
         # A multi-GPU pod first looks for a node where its GPUs can share one NVLink island (a pass that
         # is skipped where no island is that large; the nodes it would walk are counted all the same).
         whole = int(w.gpus.count) if not w.gpus.is_fractional else 0
+        if self.fragmentation and not after_release:
+            return self._least_fragmenting(w, domain, avoid, whole)
         passes = (True, False) if whole >= 2 and self.state.island >= whole else (False,)
         for one_island in passes:
             seen: set[str] = set(avoid)
@@ -159,6 +191,130 @@ class Placer:
                 if chosen is not None:
                     return PodPlacement(node.name, chosen[0], chosen[1])
         return None
+
+    # -- fragmentation ----------------------------------------------------------------------------------
+
+    def _least_fragmenting(
+        self, w: WorkloadView, domain: Domain | None, avoid: frozenset[str], whole: int
+    ) -> PodPlacement | None:
+        """The fitting node (and GPU, for a fraction) where `w`'s pod costs the least usable capacity;
+        with a multi-GPU pod, nodes where its GPUs share one NVLink island first."""
+        shapes = self.shapes()
+        demand = w.gpus
+        island = whole >= 2 and self.state.island >= whole
+        max_gpus, max_cpus = self._scale
+        best: tuple[float, ...] | None = None
+        chosen: PodPlacement | None = None
+        seen: set[str] = set(avoid)
+        for node in self._candidates(w, False, domain):
+            if node.name in seen or (w.node_names and node.name not in w.node_names):
+                continue
+            seen.add(node.name)
+            if not self._node_fits(node, w, False):
+                continue
+            cpus_after = node.cpus_free - w.cpus
+            memory_after = node.memory_free - w.memory_bytes
+            before = self.usable(node, node.free, node.cpus_free, node.memory_free, shapes)
+            if demand.count <= 0:
+                options: list[tuple[tuple[int, ...], float, float]] = [
+                    ((), 1.0, self.usable(node, node.free, cpus_after, memory_after, shapes))
+                ]
+            elif demand.is_fractional:
+                options = []
+                suits = self.matches(node, demand)
+                for i, free in enumerate(node.free):
+                    if suits[i] and free + EPSILON >= demand.count:
+                        after = list(node.free)
+                        after[i] = free - demand.count
+                        usable = self.usable(node, after, cpus_after, memory_after, shapes)
+                        options.append(((node.view.gpus[i].index,), demand.count, usable))
+            else:
+                picked = self.choose_gpus(node, demand)
+                if picked is None:
+                    continue
+                after = list(node.free)
+                for index in picked[0]:
+                    after[node.position[index]] = 0.0
+                usable = self.usable(node, after, cpus_after, memory_after, shapes)
+                options = [(picked[0], 1.0, usable)]
+            for indices, fraction, usable in options:
+                split = 0.0
+                if island:
+                    split = float(len({node.view.gpus[node.position[i]].nvlink_island for i in indices}) > 1)
+                gpus_left = node.free_sum - demand.count
+                fit = gpus_left / max_gpus + (cpus_after / max_cpus if node.view.cpus else 0.0)
+                key = (split, round(before - usable, 9), fit)
+                if best is None or key < best:
+                    best, chosen = key, PodPlacement(node.name, indices, fraction)
+        return chosen
+
+    def shapes(self) -> list[_Shape]:
+        """The pod shapes of the workload, most frequent first (at most MAX_SHAPES); built once."""
+        if self._shapes is None:
+            counts: dict[tuple[GpuDemand, float, int], float] = {}
+            for group in self._workloads:
+                for w in group:
+                    if w.gpus.count > 0:
+                        key = (w.gpus, w.cpus, w.memory_bytes)
+                        counts[key] = counts.get(key, 0.0) + w.nodes
+            ranked = sorted(counts.items(), key=lambda item: -item[1])[:MAX_SHAPES]
+            self._shapes = [
+                (
+                    demand,
+                    1 if demand.is_fractional else int(demand.count),
+                    demand.count if demand.is_fractional else 0.0,
+                    cpus,
+                    float(memory),
+                    weight,
+                )
+                for (demand, cpus, memory), weight in ranked
+            ]
+            nodes = [n.view for n in self.state.nodes.values() if n.schedulable]
+            self._scale = (
+                float(max((len(v.gpus) for v in nodes), default=0) or 1),
+                float(max((v.cpus for v in nodes), default=0.0) or 1.0),
+            )
+        return self._shapes
+
+    def usable(
+        self,
+        node: NodeState,
+        free: Sequence[float],
+        cpus_free: float,
+        memory_free: float,
+        shapes: list[_Shape],
+    ) -> float:
+        """GPUs of `node` (with these free GPUs, CPUs and memory) that the workload's pods could still use:
+        per shape, the GPUs that as many of its pods as fit would take, weighted by its frequency."""
+        if node.model != MIXED:
+            free = sorted(free)  # GPUs alike: only how much each has free matters
+        key = (id(node.signature), tuple(free), cpus_free, memory_free)
+        found = self._usable_memo.get(key)
+        if found is not None:
+            return found
+        total = 0.0
+        if sum(free) > EPSILON:
+            for demand, per_pod, fraction, cpus, memory, weight in shapes:
+                suits = self.matches(node, demand)
+                if fraction > 0.0:
+                    slots = 0
+                    for i, f in enumerate(free):
+                        if suits[i if node.model == MIXED else 0] and f + EPSILON >= fraction:
+                            slots += int((f + EPSILON) // fraction)
+                else:
+                    whole = 0
+                    for i, f in enumerate(free):
+                        if suits[i if node.model == MIXED else 0] and f >= 1.0 - EPSILON:
+                            whole += 1
+                    slots = whole // per_pod
+                if slots and cpus > 0.0 and cpus_free + EPSILON < slots * cpus:  # CPUs run out first
+                    slots = int((cpus_free + EPSILON) // cpus)
+                if slots and memory > 0.0 and memory_free < slots * memory:  # memory runs out first
+                    slots = int(memory_free // memory)
+                if slots > 0:
+                    total += weight * slots * (fraction if fraction > 0.0 else per_pod)
+        self._usable_memo[key] = total
+        return total
 
     def choose_gpus(
         self,

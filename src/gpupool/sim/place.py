@@ -21,7 +21,7 @@ from gpupool.sim.cluster import Cluster
 from gpupool.sim.errors import SimError
 from gpupool.sim.trace import MIB, OPENB_POD_COLUMNS, number_field, read_rows
 
-PLACEMENTS = ("binpack", "spread")
+PLACEMENTS = ("binpack", "spread", "fragmentation")
 CURVE_POINTS = tuple(round(0.05 * i, 2) for i in range(1, 27))  # arrived demand 5% .. 130%
 
 

@@ -180,7 +180,9 @@ class SchedulingSpec(BaseModel):
         description="A workload that does not fit: skip (others pass it), backfill (others pass unless they "
         "would delay its reservation; needs max_duration) or strict (nothing passes); default skip.",
     )
-    placement: Literal["binpack", "spread"] = Field(default="binpack", description="Default binpack.")
+    placement: Literal["binpack", "spread", "fragmentation"] = Field(
+        default="binpack", description="binpack, spread or fragmentation (docs/scheduler.md); default binpack."
+    )
     las_thresholds: list[float] = Field(
         default_factory=lambda: list(DEFAULT_LAS_THRESHOLDS),
         description='Band thresholds of attained GPU-time, increasing, e.g. ["2m", "16h"] (GPU-minutes, '
