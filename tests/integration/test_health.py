@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +197,9 @@ def test_warnings_keep_the_node_in_service_and_faults_need_a_simulated_gpu(
     sick = until("unhealthy", lambda: (n := node(server))["state"] == "unhealthy" and n)
     assert "GPU 2: 1 new uncorrectable ECC error(s)" in sick["health_evidence"]
     server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--fall-off-bus", check=True)
-    sick = until("GPU 1 lost", lambda: "7 of 8 GPUs answer" in (n := node(server))["health_evidence"] and n)
-    assert "7 of 8 GPUs answer (lost: GPU 1)" in sick["health_evidence"]
+    sick = until("GPU 1 lost", lambda: "7 of 8 expected GPUs" in (n := node(server))["health_evidence"] and n)
+    lost = sick["gpus"][1]["uuid"]
+    assert f"7 of 8 expected GPUs answer; missing: GPU 1 {lost} (does not answer)" in sick["health_evidence"]
     failed = server.cli("health", "run", "--node", "node-1")
     assert failed.returncode == 2 and "GPU 1: does not answer" in failed.stdout
     top = server.cli("top", "--once", check=True).stdout
@@ -374,7 +376,8 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
         until("agent-0 lost", lambda: pool.nodes()["agent-0"]["state"] == "lost")
         pool.agent("agent-0").signal(signal.SIGCONT)
         until(
-            "agent-0 back from lost", lambda: ("lost", "ready") in [(f, t) for f, t, _ in events("agent-0")]
+            "agent-0 back from lost",
+            lambda: ("lost", "cordoned") in [(f, t) for f, t, _ in events("agent-0")],
         )
         held = until("agent-0 held out", lambda: (n := pool.nodes()["agent-0"])["state"] == "unhealthy" and n)
         assert "not back in service until it passes the active checks" in held["state_reason"]
@@ -383,6 +386,109 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
         until("agent-0 back", lambda: pool.nodes()["agent-0"]["state"] == "ready")
         every = json.loads(server.cli("health", "run", "--json", check=True).stdout)  # every node, together
         assert [(r["node"], r["health"]) for r in every] == [("agent-0", "healthy"), ("agent-1", "healthy")]
+    finally:
+        pool.stop()
+
+
+def test_a_node_back_from_lost_or_short_of_a_gpu_is_checked_and_only_an_admin_accepts_a_smaller_node(
+    tmp_path: Path,
+) -> None:
+    """An agent node back from `lost` takes no work until it passes the quick active checks. A GPU that fell
+    off the bus takes its node out; after a reboot the driver no longer lists it, and the node, though its
+    one GPU passes every check, stays out until an admin accepts it as a 1-GPU node."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "health.yaml").write_text("schedule: {recheck_interval: 2, idle_interval: 0}\n")
+    pool = start_pool(tmp_path, 1, gpus="sim:2xH100")
+    server, agent = pool.server, pool.agent("agent-0")
+
+    def agent_node() -> dict[str, Any]:
+        return dict(pool.nodes()["agent-0"])
+
+    def agent_health() -> dict[str, Any]:
+        with server.http() as client:
+            return dict(client.get("/api/v1/health/agent-0").json())
+
+    def at(iso: str) -> float:
+        return datetime.fromisoformat(iso).timestamp()
+
+    try:
+        until("agent-0 healthy", lambda: agent_node()["health"] == "healthy")
+        agent.signal(signal.SIGSTOP)
+        until("agent-0 lost", lambda: agent_node()["state"] == "lost")
+        job = server.submit({"resources": {"gpu": 2}, "commands": ["true"]})  # waits for the node
+        agent.signal(signal.SIGCONT)
+        done = server.wait_for(job["id"], ("succeeded",), timeout=60)
+        events = agent_health()["events"]
+        changes = [(e["from"], e["to"], e["reason"]) for e in events if e["from"] != e["to"]]
+        back = "health: back from lost; no new work until it passes the active checks"
+        assert changes[-2:] == [
+            ("lost", "cordoned", back),
+            ("cordoned", "ready", "health: back from lost, passed the quick active checks (healthy)"),
+        ]
+        checked = agent_health()["active"]
+        check_job(server, checked["job"], "agent-0", 2)
+        returned = next(e for e in reversed(events) if (e["from"], e["to"]) == ("cordoned", "ready"))
+        assert at(done["attempt_list"][0]["started_at"]) >= at(returned["at"])  # the job only after
+
+        server.cli("node", "inject-fault", "agent-0", "--gpu", "1", "--fall-off-bus", check=True)
+        sick = until("agent-0 out", lambda: (n := agent_node())["state"] == "unhealthy" and n)
+        gone = sick["gpus"][1]["uuid"]
+        assert (
+            f"1 of 2 expected GPUs answer; missing: GPU 1 {gone} (does not answer)" in sick["health_evidence"]
+        )
+        listed = server.cli("node", "accept-gpus", "agent-0")  # the driver still lists it: nothing to accept
+        assert listed.returncode == 1, listed.stdout
+        assert "already has the GPUs it is expected to have (2); nothing to accept; GPU 1 still listed" in (
+            listed.stderr
+        )
+
+        # Rebooted: the driver lists one GPU; its active checks pass, but a GPU it should have is missing.
+        agent.stop()
+        rebooted = time.time()
+        agent.gpus = "sim:1xH100"
+        agent.start()
+        until("agent-0 registered with 1 GPU", lambda: agent_node()["gpus_total"] == 1)
+        passed = until(
+            "a passing recheck of its one GPU",
+            lambda: (
+                (a := agent_health().get("active") or {}).get("health") == "healthy"
+                and a["result"]
+                and len(a["result"]["gpus"]) == 1
+                and agent_health()["active_at"] > rebooted
+            ),
+            timeout=60,
+        )
+        assert passed
+        still = agent_node()
+        assert still["state"] == "unhealthy"
+        assert (
+            f"1 of 2 expected GPUs answer; missing: GPU 1 {gone} (not listed by the driver)"
+            in (still["health_evidence"])
+        )
+
+        user = "gpu_user_token_for_the_test"
+        with sqlite3.connect(home / "gpupool.db") as db:
+            db.execute(
+                "INSERT INTO api_tokens (name, token_hash, role, created_at) VALUES (?, ?, 'user', ?)",
+                ("alice", hashlib.sha256(user.encode()).hexdigest(), "2026-01-01 00:00:00"),
+            )
+        with server.http(token=user) as client:
+            refused = client.post("/api/v1/nodes/agent-0/expected-gpus")
+        assert refused.status_code == 403 and "admins only" in refused.json()["error"]["message"]
+
+        accepted = server.cli("node", "accept-gpus", "agent-0", check=True)
+        assert f"expected GPUs 2 -> 1; no longer expected: GPU 1 {gone}" in accepted.stdout
+        ready = until("agent-0 back in service", lambda: (n := agent_node())["state"] == "ready" and n, 30)
+        assert ready["health"] == "healthy" and ready["gpus_total"] == 1
+        again = server.cli("node", "accept-gpus", "agent-0")
+        assert again.returncode == 1 and "already has the GPUs it is expected to have (1)" in again.stderr
+        shown = server.cli("node", "show", "agent-0", check=True).stdout
+        assert "accepted by admin: expected GPUs 2 -> 1" in shown
+        missing_node = server.cli("node", "accept-gpus", "agent-9")
+        assert (
+            missing_node.returncode == 1 and "no node named 'agent-9' (nodes: agent-0)" in missing_node.stderr
+        )
     finally:
         pool.stop()
 

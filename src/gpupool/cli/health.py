@@ -1,4 +1,5 @@
-"""`gpupool top`, `gpupool node show NAME`, `gpupool node inject-fault`, `gpupool health run|status`."""
+"""`gpupool top`, `gpupool node show NAME`, `gpupool node inject-fault`, `gpupool node accept-gpus`,
+`gpupool health run|status`."""
 
 from __future__ import annotations
 
@@ -228,6 +229,15 @@ def node_inject_fault(
             f"e.g. gpupool node inject-fault {name} --gpu {gpu} --xid 79"
         )
     done = client().inject_fault(name, gpu, **chosen)
+    console.print(f"node {name}: {done['result']}", highlight=False)
+
+
+@node_app.command("accept-gpus")
+def node_accept_gpus(
+    name: str = typer.Argument(..., help="the node, with the GPUs it has registered now"),
+) -> None:
+    """Expect the node to have the GPUs it has now (admin): after a GPU is gone for good, or one is added."""
+    done = client().accept_gpus(name)
     console.print(f"node {name}: {done['result']}", highlight=False)
 
 

@@ -211,6 +211,11 @@ class Client:
         )
         return result
 
+    def accept_gpus(self, node: str) -> dict[str, Any]:
+        """Accept the GPUs the node has registered now as the ones it is expected to have (admin)."""
+        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{node}/expected-gpus")
+        return result
+
     # -- bench results (docs/bench.md) --------------------------------------------------------------------
     def record_bench(
         self, node: str, report: dict[str, Any], *, kind: str | None = None, source: str = "cli"

@@ -6,7 +6,10 @@ Each pass (every second, in its own thread): the passive checks read the latest 
 the reconcile loop to stop its attempts (`stop_reason` "drain": SIGTERM, SIGKILL after the grace period,
 requeued to resume from the checkpoint). An unhealthy node gets the active checks every
 `schedule.recheck_interval` seconds; it returns to `ready` when they pass and no passive fault remains.
-Idle ready nodes get the active checks every `schedule.idle_interval` seconds.
+Idle ready nodes get the active checks every `schedule.idle_interval` seconds. An agent node back from
+`lost` comes back cordoned (control/inventory.py, BACK_FROM_LOST) and returns to `ready` when it passes the
+`schedule.after_lost_level` checks. A node with fewer GPUs than it is expected to have (`Node.expected_gpus`:
+those of its first registration, or as an operator accepted them, `accept_gpus`) is unhealthy.
 Checks the loop schedules run in a thread of their own, so a slow node never holds up the others.
 Every change of state or verdict is an `Event` on the node (actor "health").
 
@@ -32,6 +35,7 @@ from sqlalchemy import select
 from gpupool.control.bench import BenchBook
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckJobFailed, CheckJobs, require_free
+from gpupool.control.inventory import BACK_FROM_LOST
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu import GpuProvider, SimulatedProvider
 from gpupool.health import checks, faults, simulated_state
@@ -103,7 +107,9 @@ class HealthMonitor:
         # node events at the first pass (`_restore_held_out`), so a restart of the head lets none back.
         self._held_out: dict[str, str] = {}
         self._restored = False
-        self._gpus_now: dict[str, dict[int, str]] = {}  # node -> GPU index -> model, as the last pass read
+        self._gpus_now: dict[str, dict[int, tuple[str, str]]] = {}  # node -> index -> (model, UUID), as read
+        self._expected_now: dict[str, list[dict[str, Any]] | None] = {}  # node -> Node.expected_gpus, as read
+        self._back_since: dict[str, float] = {}  # node back from lost -> when this head first saw it so
         self._parallel = threading.BoundedSemaphore(PARALLEL_CHECKS)
         self._started = time.time()
         self.verdicts_total: Counter[tuple[str, str]] = Counter()  # (node, health) -> verdicts that changed
@@ -133,13 +139,22 @@ class HealthMonitor:
             self._restore_held_out()
             self._restored = True
         checking = self._checks_now()  # before the nodes are read: see _left_to_its_checks
-        for name, state, reason, busy in self._nodes_now():
+        nodes = self._nodes_now()
+        self._remember_expected()
+        for name, state, reason, busy in nodes:
             if state == "lost":
                 continue
             if _rechecking(state, reason) and not self._busy(name):  # cordoned for a check by an older head
                 self._set_state(name, "unhealthy", _reason_before_recheck(reason), only_from="cordoned")
                 state = "unhealthy"
-            if state == "unhealthy" and self._left_to_its_checks(name, checking):
+            back = state == "cordoned" and reason == BACK_FROM_LOST
+            if back and not schedule.after_lost:
+                why = "health: back from lost; in service at once (health.yaml schedule.after_lost: false)"
+                self._set_state(name, "ready", why, only_from="cordoned")
+                state, back = "ready", False
+            if not back:
+                self._back_since.pop(name, None)
+            if (state == "unhealthy" or back) and self._left_to_its_checks(name, checking):
                 continue
             verdict = self._with_bench(name, self._passive(name, fresh=True), now)
             if verdict is not None:
@@ -149,7 +164,7 @@ class HealthMonitor:
                     state = "unhealthy"
             with self._lock:
                 held = self._held_out.get(name)
-            if held is not None and state == "ready":
+            if held is not None and (state == "ready" or back):
                 evidence = f"{held}{HELD_OUT}"
                 finding = Finding("active", checks.UNHEALTHY, evidence)
                 self._mark_unhealthy(name, checks.verdict([finding], []))
@@ -162,6 +177,12 @@ class HealthMonitor:
                     since = self._unhealthy_since.setdefault(name, now)
                 if not busy and self._due(name, now, self._recheck_interval(name), since=since):
                     self._check_later(name, schedule.recheck_level)
+            elif back:
+                # Checked at once, and again each pass until a check gives a verdict (one that could not
+                # run, the node busy with work still settling, gives none).
+                since = self._back_since.setdefault(name, now)
+                if not busy and not self._checked_since(name, since) and self.can_check(name):
+                    self._check_later(name, schedule.after_lost_level)
             elif state == "ready" and not busy and schedule.idle_interval > 0:
                 # A node never checked counts from the monitor's start: a restart does not test them all.
                 due = self._due(name, now, schedule.idle_interval, since=self._started)
@@ -231,6 +252,28 @@ class HealthMonitor:
         marks = [t for t in (last, since) if t is not None]
         return not marks or now - max(marks) >= interval
 
+    def _checked_since(self, name: str, since: float) -> bool:
+        """Whether active checks that gave a verdict began at or after `since`."""
+        with self._lock:
+            entry = self._nodes.get(name)
+            return entry is not None and entry.active_at is not None and entry.active_at >= since
+
+    def _remember_expected(self) -> None:
+        """Nodes with GPUs and no expected GPUs yet (first registration) are expected to keep those."""
+        with self._lock:
+            unknown = [
+                n for n, listed in self._expected_now.items() if listed is None and self._gpus_now.get(n)
+            ]
+        if not unknown:
+            return
+        with self.store.session() as s:
+            for node in s.scalars(select(Node).where(Node.name.in_(unknown))):
+                if node.expected_gpus is None and node.gpus:
+                    node.expected_gpus = _listing(node.gpus)
+                    log.info("event=node_expected_gpus node=%s gpus=%d", node.name, len(node.gpus))
+                    with self._lock:
+                        self._expected_now[node.name] = node.expected_gpus
+
     def _busy(self, name: str) -> bool:
         lock = self._running.get(name)
         return lock is not None and lock.locked()
@@ -280,17 +323,35 @@ class HealthMonitor:
         """The passive verdict from the node's latest samples; `fresh`: its GPUs as `_nodes_now` just read
         them (the loop's pass), rather than from the store."""
         age = self.telemetry.age(name)
-        samples = self.telemetry.node_samples(name)
-        if age is None or age > STALE_AFTER or not samples:
+        if age is None or age > STALE_AFTER:
             return None
+        return self._judge(name, self._baseline(name), fresh=fresh)
+
+    def _judge(self, name: str, baseline: Baseline, *, fresh: bool = False) -> Verdict | None:
+        """The passive checks of the node's latest samples of the GPUs it has registered now (rows of a GPU
+        it no longer lists stay in the telemetry cache), against the GPUs it is expected to have."""
         if fresh:
             with self._lock:
-                models = self._gpus_now.get(name, {})
-            expected = len(models)
+                inventory, listed = self._gpus_now.get(name, {}), self._expected_now.get(name)
         else:
-            expected, models = self._inventory(name)
+            inventory, listed = self._inventory(name)
+        samples = [
+            row for row in self.telemetry.node_samples(name)
+            if inventory.get(int(row["index"]), ("", ""))[1] == str(row["uuid"])
+        ]  # fmt: skip
+        if not samples:
+            return None
+        if listed is None:  # not remembered yet: the GPUs it has
+            expected = {uuid: index for index, (_, uuid) in inventory.items()}
+        else:
+            expected = {str(g["uuid"]): int(g["index"]) for g in listed}
         return checks.passive(
-            samples, expected_gpus=expected, models=models, config=self.config, baseline=self._baseline(name)
+            samples,
+            expected_gpus=len(expected),
+            expected_uuids=expected,
+            models={index: model for index, (model, _) in inventory.items()},
+            config=self.config,
+            baseline=baseline,
         )
 
     def _with_bench(self, name: str, verdict: Verdict | None, now: float) -> Verdict | None:
@@ -304,12 +365,13 @@ class HealthMonitor:
         with self._lock:
             return self._baselines.setdefault(name, Baseline())
 
-    def _inventory(self, name: str) -> tuple[int, dict[int, str]]:
+    def _inventory(self, name: str) -> tuple[dict[int, tuple[str, str]], list[dict[str, Any]] | None]:
+        """The node's GPUs now, index -> (model, UUID), and the GPUs it is expected to have."""
         with self.store.read() as s:
             node = s.scalar(select(Node).where(Node.name == name))
             if node is None:
-                return 0, {}
-            return len(node.gpus), {g.index: g.model for g in node.gpus}
+                return {}, None
+            return {g.index: (g.model, g.uuid) for g in node.gpus}, node.expected_gpus
 
     def check(self, name: str, level: str) -> dict[str, Any]:
         """Passive and active checks of one node now (its check job runs and is waited for); acts on the
@@ -345,7 +407,8 @@ class HealthMonitor:
 
     def _check_held(self, name: str, level: str) -> dict[str, Any]:
         """The checks of one node, its lock held (`check`, `_check_later`)."""
-        state = self._node_state(name)
+        state, reason = self._node_state_and_reason(name)
+        back = state == "cordoned" and reason == BACK_FROM_LOST
         passive = self._passive(name) or checks.verdict([], [])
         if not self.can_check(name):
             raise Conflict(
@@ -365,17 +428,9 @@ class HealthMonitor:
             job_id = exc.workload_id if isinstance(exc, CheckJobFailed) else None
             active_view = {"job": job_id, "result": None, **active.to_dict()}
         # A node that passes is judged with what it shows now acknowledged (old Xids, ECC counts).
-        samples = self.telemetry.node_samples(name)
         tentative = Baseline()
-        tentative.acknowledge(samples)
-        expected, models = self._inventory(name)
-        after = (
-            checks.passive(
-                samples, expected_gpus=expected, models=models, config=self.config, baseline=tentative
-            )
-            if samples
-            else passive
-        )
+        tentative.acknowledge(self.telemetry.node_samples(name))
+        after = self._judge(name, tentative) or passive
         overall = checks.combine(after if active.health != checks.UNHEALTHY else passive, active)
         overall = self._with_bench(name, overall, began) or overall
         with self._lock:
@@ -394,8 +449,8 @@ class HealthMonitor:
                 self._unhealthy_since.pop(name, None)
                 self._held_out.pop(name, None)
                 self._failed_rechecks.pop(name, None)
-            if state == "unhealthy":
-                level_text = f"passed the {level} active checks"
+            if state == "unhealthy" or back:
+                level_text = ("back from lost, " if back else "") + f"passed the {level} active checks"
                 self._set_state(name, "ready", f"health: {level_text} ({overall.health})", only_from=None)
                 self.wake()
         log.info(
@@ -482,12 +537,15 @@ class HealthMonitor:
             return node.change_state(state, reason, ACTOR)
 
     def _node_state(self, name: str) -> str:
+        return self._node_state_and_reason(name)[0]
+
+    def _node_state_and_reason(self, name: str) -> tuple[str, str]:
         with self.store.read() as s:
             node = s.scalar(select(Node).where(Node.name == name))
             if node is None:
                 names = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
                 raise NotFound(f"no node named {name!r} (nodes: {names})")
-            return node.state
+            return node.state, node.state_reason
 
     def _nodes_now(self) -> list[tuple[str, str, str, bool]]:
         """Every node: (name, state, state reason, whether work runs on it); its GPUs go to `_gpus_now`."""
@@ -498,15 +556,77 @@ class HealthMonitor:
             ):
                 busy.update(str(p["node"]) for p in pods or [{"node": node_name}])
             # Plain rows, not ORM objects (this runs every second over every node and GPU).
-            gpus: dict[str, dict[int, str]] = {}
-            for node_name, index, model in s.execute(
-                select(Node.name, Gpu.index, Gpu.model).join(Gpu, Gpu.node_id == Node.id)
+            gpus: dict[str, dict[int, tuple[str, str]]] = {}
+            for node_name, index, model, uuid in s.execute(
+                select(Node.name, Gpu.index, Gpu.model, Gpu.uuid).join(Gpu, Gpu.node_id == Node.id)
             ):
-                gpus.setdefault(node_name, {})[index] = model
-            rows = s.execute(select(Node.name, Node.state, Node.state_reason).order_by(Node.name)).all()
+                gpus.setdefault(node_name, {})[index] = (model, uuid)
+            rows = s.execute(
+                select(Node.name, Node.state, Node.state_reason, Node.expected_gpus).order_by(Node.name)
+            ).all()
         with self._lock:
             self._gpus_now = gpus
-        return [(name, state, reason, name in busy) for name, state, reason in rows]
+            self._expected_now = {name: listed for name, _, _, listed in rows}
+        return [(name, state, reason, name in busy) for name, state, reason, _ in rows]
+
+    # -- expected GPUs ---------------------------------------------------------------------------------
+
+    def accept_gpus(self, name: str, *, actor: str = "admin") -> dict[str, Any]:
+        """An operator accepts the GPUs the node has registered now as the ones it is expected to have (a
+        node that lost a GPU for good, or got one more). Conflict when nothing differs, or the node is lost.
+        The node's state is not changed: one held out returns once it passes the active checks."""
+        with self.store.session() as s:
+            node = s.scalar(select(Node).where(Node.name == name))
+            if node is None:
+                names = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
+                raise NotFound(f"no node named {name!r} (nodes: {names})", field="node")
+            if node.state == "lost":
+                raise Conflict(
+                    f"node {name} is lost; accept its GPUs once its agent is back and has registered them",
+                    field="node",
+                )
+            now, before = _listing(node.gpus), node.expected_gpus
+            if before is not None and {g["uuid"] for g in before} == {g["uuid"] for g in now}:
+                silent = [
+                    f"GPU {int(row['index'])}"
+                    for row in self.telemetry.node_samples(name)
+                    if row.get("lost") and str(row["uuid"]) in {g["uuid"] for g in now}
+                ]
+                hint = (
+                    f"; {', '.join(silent)} still listed but not answering: reboot the node (its agent then "
+                    "registers the GPUs the driver lists) or repair the GPU"
+                    if silent
+                    else ""
+                )
+                raise Conflict(
+                    f"node {name} already has the GPUs it is expected to have ({len(now)}); nothing to accept"
+                    f"{hint}",
+                    field="node",
+                )
+            was = len(before) if before is not None else None
+            old = {g["uuid"]: g for g in before or []}
+            gone = [g for g in before or [] if g["uuid"] not in {n["uuid"] for n in now}]
+            added = [g for g in now if g["uuid"] not in old]
+            parts = [f"expected GPUs {was if was is not None else 'unknown'} -> {len(now)}"]
+            if gone:
+                parts.append(
+                    "no longer expected: " + ", ".join(f"GPU {g['index']} {g['uuid']}" for g in gone)
+                )
+            if added:
+                parts.append("newly expected: " + ", ".join(f"GPU {g['index']} {g['uuid']}" for g in added))
+            text = "; ".join(parts)
+            node.expected_gpus = now
+            s.add(
+                Event(
+                    object_kind="node", object_id=name, from_state=node.state, to_state=node.state,
+                    reason=f"accepted by {actor}: {text}", actor=actor,
+                )
+            )  # fmt: skip
+        with self._lock:
+            self._expected_now[name] = now
+            self._failed_rechecks.pop(name, None)  # its next recheck comes at the shortest interval
+        log.warning("event=node_gpus_accepted node=%s actor=%s change=%r", name, actor, text)
+        return {"node": name, "expected_gpus": len(now), "was": was, "gpus": now, "result": text}
 
     # -- fault injection (simulated GPUs) ------------------------------------------------------------
 
@@ -620,7 +740,12 @@ def _reason_before_recheck(reason: str) -> str:
 
 
 def _health_cordon(reason: str) -> bool:
-    return reason == CHECKING or reason.startswith(RECHECKING)
+    return reason in (CHECKING, BACK_FROM_LOST) or reason.startswith(RECHECKING)
+
+
+def _listing(gpus: list[Gpu]) -> list[dict[str, Any]]:
+    """GPUs as `Node.expected_gpus` keeps them."""
+    return [{"index": g.index, "uuid": g.uuid, "model": g.model} for g in sorted(gpus, key=lambda g: g.index)]
 
 
 def _service_error(message: str, kind: str, field: str | None) -> Invalid | Conflict:

@@ -5,6 +5,10 @@ foreign jobs it runs. `with_foreign_use` folds those foreign jobs into the sched
 GPUs and CPUs they hold are never handed out. A state the inventory sets carries the reason prefix
 `slurm: ` (the backend's name); when the backend reports the node healthy again, only such a state is
 lifted, so an operator's own `gpupool node cordon` survives.
+
+An agent node back from `lost` is cordoned with the reason BACK_FROM_LOST rather than made ready: the health
+loop (control/health.py) runs its active checks and returns it to service when they pass (health.yaml
+`schedule.after_lost`; off: at once). Slurm nodes return at once: Slurm's own health checks judge them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from gpupool.timeutil import utcnow
 log = logging.getLogger("gpupool.control")
 
 UNTYPED_MODEL = "GPU"  # the model of a GRES without a type (`Gres=gpu:8`): matches requests with no model
+# state_reason of an agent node back from `lost`, cordoned until it passes the active checks (the health
+# loop's to lift: its prefix is the health loop's).
+BACK_FROM_LOST = "health: back from lost; no new work until it passes the active checks"
+CHECKED_AFTER_LOST = ("agent",)  # backends whose nodes gpupool's check jobs reach
 
 
 def apply(store: Store, backend: str, inventory: Inventory) -> None:
@@ -64,6 +72,8 @@ def _apply_node(s: Session, backend: str, item: InventoryNode, node: Node | None
     if item.state != "ready":
         if node.state != item.state or node.state_reason != item.state_reason:
             _set_state(s, node, item.state, item.state_reason)
+    elif node.state == "lost" and backend in CHECKED_AFTER_LOST:
+        _set_state(s, node, "cordoned", BACK_FROM_LOST)
     elif mine or node.state == "lost":
         _set_state(s, node, "ready", f"{backend}: in service again")
         node.state_reason = ""

@@ -96,17 +96,13 @@ def passive(
     models: Mapping[int, str],
     config: HealthConfig,
     baseline: Baseline,
+    expected_uuids: Mapping[str, int] | None = None,
 ) -> Verdict:
-    """Check one node's latest samples (one per GPU)."""
+    """Check one node's latest samples (one per GPU). `expected_gpus`: how many GPUs the node is expected
+    to have; `expected_uuids`: those GPUs, UUID -> index when they were expected (names the missing ones)."""
     findings: list[Finding] = []
     checks = ["gpu_count", "xid", "ecc", "remapped_rows", "throttle", "temperature", "pcie", "nvlink"]
-    answering = [s for s in samples if not s.get("lost")]
-    if len(answering) < expected_gpus:
-        lost = sorted(int(s["index"]) for s in samples if s.get("lost"))
-        what = f" (lost: GPU {', '.join(map(str, lost))})" if lost else ""
-        findings.append(
-            Finding("gpu_count", UNHEALTHY, f"{len(answering)} of {expected_gpus} GPUs answer{what}")
-        )
+    findings.extend(_gpu_count(samples, expected_gpus, expected_uuids or {}))
     for s in samples:
         index, uuid = int(s["index"]), str(s["uuid"])
         limits = config.for_model(models.get(index, ""))
@@ -183,6 +179,38 @@ def passive(
                 Finding("nvlink", UNHEALTHY, f"GPU {index}: {total - up} of {total} NVLink links down", index)
             )
     return verdict(findings, checks)
+
+
+def _gpu_count(
+    samples: Sequence[Mapping[str, Any]], expected: int, uuids: Mapping[str, int]
+) -> list[Finding]:
+    """Fewer GPUs answer than the node is expected to have (unhealthy), or more (a warning until an operator
+    accepts them: `gpupool node accept-gpus`)."""
+    answering = {str(s["uuid"]): int(s["index"]) for s in samples if not s.get("lost")}
+    lost = {str(s["uuid"]) for s in samples if s.get("lost")}
+    if len(answering) < expected:
+        if uuids:
+            missing = sorted((index, uuid) for uuid, index in uuids.items() if uuid not in answering)
+            named = ", ".join(
+                f"GPU {index} {uuid} ({'does not answer' if uuid in lost else 'not listed by the driver'})"
+                for index, uuid in missing
+            )
+            what = f"; missing: {named}"
+        else:
+            gone = sorted(int(s["index"]) for s in samples if s.get("lost"))
+            what = f" (lost: GPU {', '.join(map(str, gone))})" if gone else ""
+        return [Finding("gpu_count", UNHEALTHY, f"{len(answering)} of {expected} expected GPUs answer{what}")]
+    if uuids and len(answering) > expected:
+        new = sorted((index, uuid) for uuid, index in answering.items() if uuid not in uuids)
+        named = ", ".join(f"GPU {index} {uuid}" for index, uuid in new)
+        return [
+            Finding(
+                "gpu_count", WARNING,
+                f"{len(answering)} GPUs answer, {expected} expected (new: {named}); to expect "
+                f"{len(answering)}: gpupool node accept-gpus",
+            )
+        ]  # fmt: skip
+    return []
 
 
 @dataclass(frozen=True)

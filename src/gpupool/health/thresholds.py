@@ -84,6 +84,10 @@ class Schedule:
     recheck_level: str = "quick"  # level of those checks
     idle_interval: float = 86400.0  # seconds between active checks of an idle node (0: never)
     idle_level: str = "quick"
+    # An agent node back from `lost` takes no new work (state cordoned) until it passes these checks;
+    # false: it returns to service at once, as before.
+    after_lost: bool = True
+    after_lost_level: str = "quick"
 
 
 BENCH_ACTIONS = ("warning", "unhealthy")
@@ -173,6 +177,11 @@ def parse_config(data: Any, path: str = "health config") -> HealthConfig:
         if key.endswith("_level"):
             if value not in LEVELS:
                 raise HealthConfigError(f"{path}: schedule.{key}: {value!r}; one of {', '.join(LEVELS)}")
+        elif key == "after_lost":
+            if not isinstance(value, bool):
+                raise HealthConfigError(
+                    f"{path}: schedule.after_lost: {value!r} is not true or false; e.g. after_lost: true"
+                )
         else:
             _number(f"{path}: schedule", key, value, allow_none=False)
         schedule = replace(schedule, **{key: value})

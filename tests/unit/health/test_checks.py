@@ -21,10 +21,18 @@ def node(provider: SimulatedProvider) -> list[dict[str, Any]]:
     return [s.to_dict() for s in provider.sample(1000.0)]
 
 
-def judge(provider: SimulatedProvider, baseline: Baseline | None = None) -> checks.Verdict:
+def judge(
+    provider: SimulatedProvider,
+    baseline: Baseline | None = None,
+    *,
+    expected: SimulatedProvider | None = None,
+) -> checks.Verdict:
+    """The passive verdict of the provider's GPUs, expected to be `expected`'s (default: its own)."""
+    devices = (expected or provider).devices()
     return checks.passive(
         node(provider),
-        expected_gpus=len(provider.devices()),
+        expected_gpus=len(devices),
+        expected_uuids={d.uuid: d.index for d in devices},
         models={d.index: d.model for d in provider.devices()},
         config=CONFIG,
         baseline=baseline or Baseline(),
@@ -74,7 +82,35 @@ def test_a_gpu_fallen_off_the_bus_fails_the_gpu_count() -> None:
     gpus.fall_off_bus(5)
     verdict = judge(gpus)
     assert verdict.health == checks.UNHEALTHY
-    assert "7 of 8 GPUs answer (lost: GPU 5)" in verdict.evidence
+    uuid = gpus.devices()[5].uuid
+    assert f"7 of 8 expected GPUs answer; missing: GPU 5 {uuid} (does not answer)" in verdict.evidence
+    count_only = checks.passive(node(gpus), expected_gpus=8, models={}, config=CONFIG, baseline=Baseline())
+    assert "7 of 8 expected GPUs answer (lost: GPU 5)" in count_only.evidence
+
+
+def test_a_node_that_comes_back_with_fewer_gpus_than_expected_is_unhealthy_naming_the_missing_one() -> None:
+    """After a reboot the driver no longer lists a GPU that fell off the bus: every GPU the node lists
+    answers, yet one it is expected to have is missing."""
+    before = SimulatedProvider("sim:8xH100", seed="t")
+    after = SimulatedProvider("sim:7xH100", seed="t")  # same seed: GPUs 0-6 keep their UUIDs
+    verdict = judge(after, expected=before)
+    assert verdict.health == checks.UNHEALTHY
+    assert [f.check for f in verdict.findings] == ["gpu_count"]
+    gone = before.devices()[7].uuid
+    assert (
+        verdict.evidence == f"7 of 8 expected GPUs answer; missing: GPU 7 {gone} (not listed by the driver)"
+    )
+
+
+def test_a_node_with_more_gpus_than_expected_is_a_warning_until_an_operator_accepts_them() -> None:
+    verdict = judge(
+        SimulatedProvider("sim:9xH100", seed="t"), expected=SimulatedProvider("sim:8xH100", seed="t")
+    )
+    assert verdict.health == checks.WARNING
+    new = SimulatedProvider("sim:9xH100", seed="t").devices()[8].uuid
+    assert verdict.evidence == (
+        f"9 GPUs answer, 8 expected (new: GPU 8 {new}); to expect 9: gpupool node accept-gpus"
+    )
 
 
 def test_uncorrectable_ecc_and_a_pending_row_remap_are_unhealthy() -> None:

@@ -1,4 +1,5 @@
-"""/api/v1/health (verdicts, checks on demand), /api/v1/telemetry (GPU history), node faults (admin)."""
+"""/api/v1/health (verdicts, checks on demand), /api/v1/telemetry (GPU history), node faults and expected
+GPUs (admin)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,14 @@ def inject_fault(
     fault = chosen[0]
     done = runtime.health.inject_fault(name, gpu, fault, body[fault])
     return {"node": name, "gpu": gpu, "fault": fault, "result": done}
+
+
+@router.post(
+    "/nodes/{name}/expected-gpus",
+    summary="Accept the GPUs the node has registered now as the ones it is expected to have (admin)",
+)
+def accept_gpus(request: Request, name: str, role: str = Depends(require_token)) -> dict[str, Any]:
+    if role != "admin":
+        raise ApiError(403, "forbidden", "accepting a node's GPUs is for admins only; use the admin token")
+    result: dict[str, Any] = request.app.state.runtime.health.accept_gpus(name)
+    return result
