@@ -1,0 +1,137 @@
+"""The GPUs a node is expected to have (remembered at first registration, accepted by an admin) and a node
+back from `lost`, which takes no new work until it passes its active checks (control/health.py,
+control/inventory.py). On a real SQLite store; the integration test runs them on a real head and agent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from gpupool.backends.base import Inventory, InventoryGpu, InventoryNode
+from gpupool.control import inventory
+from gpupool.control.errors import Conflict, NotFound
+from gpupool.control.health import HealthMonitor
+from gpupool.control.inventory import BACK_FROM_LOST
+from gpupool.control.telemetry import TelemetryCache
+from gpupool.health.thresholds import HealthConfig, Schedule, parse_config
+from gpupool.store.db import Store
+from gpupool.store.models import Event, Node
+
+
+def _devices(count: int) -> tuple[InventoryGpu, ...]:
+    return tuple(
+        InventoryGpu(i, f"GPU-{i}", "H100", "NVIDIA H100", 0, 0, simulated=True) for i in range(count)
+    )
+
+
+def _inventory(generation: int, *nodes: tuple[str, str, int]) -> Inventory:
+    """Agent nodes as (name, state, GPUs)."""
+    return Inventory(
+        tuple(
+            InventoryNode(
+                name,
+                "127.0.0.1",
+                state,
+                "agent: no heartbeat" if state == "lost" else "",
+                8.0,
+                1 << 30,
+                (("H100", gpus),),
+                devices=_devices(gpus),
+            )
+            for name, state, gpus in nodes
+        ),
+        (),
+        generation,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    store = Store(f"sqlite:///{tmp_path}/gpupool.db")
+    inventory.apply(store, "agent", _inventory(1, ("node-1", "ready", 2), ("node-2", "ready", 0)))
+    return store
+
+
+def _monitor(store: Store, **schedule: object) -> HealthMonitor:
+    config = HealthConfig(overrides={}, schedule=Schedule(**schedule))  # type: ignore[arg-type]
+    return HealthMonitor(store, TelemetryCache(), config, local_node="head", local_gpus=None)
+
+
+def _nodes(store: Store) -> dict[str, tuple[str, str, list[int] | None]]:
+    with store.read() as s:
+        return {
+            n.name: (n.state, n.state_reason, [g["index"] for g in n.expected_gpus or []] or None)
+            for n in s.scalars(select(Node))
+        }
+
+
+def test_a_node_is_expected_to_keep_the_gpus_of_its_first_registration(store: Store) -> None:
+    _monitor(store).tick()
+    assert _nodes(store) == {"node-1": ("ready", "", [0, 1]), "node-2": ("ready", "", None)}
+    inventory.apply(store, "agent", _inventory(2, ("node-1", "ready", 1), ("node-2", "ready", 0)))
+    _monitor(store).tick()  # registered again with one GPU: still expected to have two
+    assert _nodes(store)["node-1"][2] == [0, 1]
+
+
+def test_an_admin_accepts_a_smaller_node_and_is_refused_when_nothing_differs(store: Store) -> None:
+    monitor = _monitor(store)
+    monitor.tick()
+    with pytest.raises(Conflict, match=r"node node-1 already has the GPUs it is expected to have \(2\)"):
+        monitor.accept_gpus("node-1")
+    with pytest.raises(NotFound, match=r"no node named 'node-9' \(nodes: node-1, node-2\)"):
+        monitor.accept_gpus("node-9")
+    inventory.apply(store, "agent", _inventory(2, ("node-1", "ready", 1), ("node-2", "ready", 0)))
+    done = monitor.accept_gpus("node-1")
+    assert done["result"] == "expected GPUs 2 -> 1; no longer expected: GPU 1 GPU-1"
+    assert (done["expected_gpus"], done["was"]) == (1, 2)
+    assert _nodes(store)["node-1"][2] == [0]
+    with store.read() as s:
+        (event,) = s.scalars(select(Event).where(Event.object_id == "node-1", Event.actor == "admin"))
+        assert event.reason == "accepted by admin: expected GPUs 2 -> 1; no longer expected: GPU 1 GPU-1"
+    inventory.apply(store, "agent", _inventory(3, ("node-1", "lost", 1), ("node-2", "ready", 0)))
+    with pytest.raises(Conflict, match="node node-1 is lost"):
+        monitor.accept_gpus("node-1")
+
+
+def test_an_agent_node_back_from_lost_is_cordoned_until_its_checks_pass_and_a_slurm_node_is_not(
+    store: Store,
+) -> None:
+    inventory.apply(store, "agent", _inventory(2, ("node-1", "lost", 2), ("node-2", "ready", 0)))
+    inventory.apply(store, "agent", _inventory(3, ("node-1", "ready", 2), ("node-2", "ready", 0)))
+    assert _nodes(store)["node-1"][:2] == ("cordoned", BACK_FROM_LOST)
+    _monitor(store).tick()  # no check job can run here (no agent connected): it stays out
+    assert _nodes(store)["node-1"][:2] == ("cordoned", BACK_FROM_LOST)
+    _monitor(store, after_lost=False).tick()
+    assert _nodes(store)["node-1"][:2] == (
+        "ready",
+        "health: back from lost; in service at once (health.yaml schedule.after_lost: false)",
+    )
+
+    slurm = [("gpu-1", "ready", 2)]
+    inventory.apply(store, "slurm", _inventory(1, *slurm))
+    inventory.apply(store, "slurm", _inventory(2))
+    assert _nodes(store)["gpu-1"][0] == "lost"
+    inventory.apply(store, "slurm", _inventory(3, *slurm))
+    assert _nodes(store)["gpu-1"][:2] == ("ready", "")
+
+
+def test_a_node_taken_out_before_it_was_lost_goes_back_to_unhealthy_not_cordoned(store: Store) -> None:
+    with store.session() as s:
+        node = s.scalars(select(Node).where(Node.name == "node-1")).one()
+        node.change_state("unhealthy", "health: GPU 0: Xid 79 (hardware)", "health")
+    inventory.apply(store, "agent", _inventory(2, ("node-1", "lost", 2), ("node-2", "ready", 0)))
+    inventory.apply(store, "agent", _inventory(3, ("node-1", "ready", 2), ("node-2", "ready", 0)))
+    _monitor(store).tick()  # a restarted head: it reads the node events
+    state, reason, _ = _nodes(store)["node-1"]
+    assert state == "unhealthy" and reason.startswith("health: GPU 0: Xid 79 (hardware) (not back in service")
+
+
+def test_after_lost_in_health_yaml_is_true_or_false() -> None:
+    assert parse_config({"schedule": {"after_lost": False}}).schedule.after_lost is False
+    assert parse_config(None).schedule == Schedule(after_lost=True, after_lost_level="quick")
+    with pytest.raises(ValueError, match=r"schedule\.after_lost: 'off' is not true or false"):
+        parse_config({"schedule": {"after_lost": "off"}})
+    with pytest.raises(ValueError, match=r"schedule\.after_lost_level: 'slow'; one of quick, full"):
+        parse_config({"schedule": {"after_lost_level": "slow"}})
