@@ -206,28 +206,42 @@ class Placer:
         best: tuple[float, ...] | None = None
         chosen: PodPlacement | None = None
         seen: set[str] = set(avoid)
+        states: set[tuple[object, ...]] = set()  # node states already weighed for this pod
         for node in self._candidates(w, False, domain):
             if node.name in seen or (w.node_names and node.name not in w.node_names):
                 continue
             seen.add(node.name)
             if not self._node_fits(node, w, False):
                 continue
+            uniform = node.model != MIXED
+            state = tuple(sorted(node.free)) if uniform else tuple(node.free)
+            if not island:
+                # A node in the same state as one weighed already would cost the same and fit the same:
+                # it cannot beat the earlier one (ties go to the first).
+                alike = (id(node.signature), state, node.cpus_free, node.memory_free)
+                if alike in states:
+                    continue
+                states.add(alike)
             cpus_after = node.cpus_free - w.cpus
             memory_after = node.memory_free - w.memory_bytes
-            before = self.usable(node, node.free, node.cpus_free, node.memory_free, shapes)
+            before = self.usable(node, state, node.cpus_free, node.memory_free, shapes)
             if demand.count <= 0:
                 options: list[tuple[tuple[int, ...], float, float]] = [
-                    ((), 1.0, self.usable(node, node.free, cpus_after, memory_after, shapes))
+                    ((), 1.0, self.usable(node, state, cpus_after, memory_after, shapes))
                 ]
             elif demand.is_fractional:
                 options = []
                 suits = self.matches(node, demand)
+                tried: set[float] = set()
                 for i, free in enumerate(node.free):
-                    if suits[i] and free + EPSILON >= demand.count:
-                        after = list(node.free)
-                        after[i] = free - demand.count
-                        usable = self.usable(node, after, cpus_after, memory_after, shapes)
-                        options.append(((node.view.gpus[i].index,), demand.count, usable))
+                    if not suits[i] or free + EPSILON < demand.count or (uniform and free in tried):
+                        continue
+                    tried.add(free)  # GPUs alike with as much free leave the same node behind
+                    after = list(node.free)
+                    after[i] = free - demand.count
+                    left = tuple(sorted(after)) if uniform else tuple(after)
+                    usable = self.usable(node, left, cpus_after, memory_after, shapes)
+                    options.append(((node.view.gpus[i].index,), demand.count, usable))
             else:
                 picked = self.choose_gpus(node, demand)
                 if picked is None:
@@ -235,8 +249,8 @@ class Placer:
                 after = list(node.free)
                 for index in picked[0]:
                     after[node.position[index]] = 0.0
-                usable = self.usable(node, after, cpus_after, memory_after, shapes)
-                options = [(picked[0], 1.0, usable)]
+                left = tuple(sorted(after)) if uniform else tuple(after)
+                options = [(picked[0], 1.0, self.usable(node, left, cpus_after, memory_after, shapes))]
             for indices, fraction, usable in options:
                 split = 0.0
                 if island:
@@ -279,16 +293,15 @@ class Placer:
     def usable(
         self,
         node: NodeState,
-        free: Sequence[float],
+        free: tuple[float, ...],
         cpus_free: float,
         memory_free: float,
         shapes: list[_Shape],
     ) -> float:
         """GPUs of `node` (with these free GPUs, CPUs and memory) that the workload's pods could still use:
-        per shape, the GPUs that as many of its pods as fit would take, weighted by its frequency."""
-        if node.model != MIXED:
-            free = sorted(free)  # GPUs alike: only how much each has free matters
-        key = (id(node.signature), tuple(free), cpus_free, memory_free)
+        per shape, the GPUs that as many of its pods as fit would take, weighted by its frequency. `free`
+        is per GPU, sorted when the node's GPUs are alike (only how much each has free matters then)."""
+        key = (id(node.signature), free, cpus_free, memory_free)
         found = self._usable_memo.get(key)
         if found is not None:
             return found
