@@ -197,7 +197,9 @@ def place(
     nodes: str | None = typer.Option(None, "--nodes", help="alibaba-openb:NODES.csv (the node list)"),
     cluster: str | None = typer.Option(None, "--cluster", help="or a cluster spec such as 100x8:V100"),
     policy: str = typer.Option(
-        "binpack,spread", "--policy", help="placements, comma-separated: binpack, spread"
+        "binpack,spread,fragmentation",
+        "--policy",
+        help="placements, comma-separated: binpack, spread, fragmentation",
     ),
     seed: int = typer.Option(42, "--seed", help="seed of the random draw of pods"),
     stop: float = typer.Option(1.3, "--stop", help="stop when arrived GPU demand reaches this x capacity"),
