@@ -530,6 +530,8 @@ class HealthMonitor:
             node = s.scalar(select(Node).where(Node.name == name))
             if node is None or node.state == state or (only_from is not None and node.state != only_from):
                 return False
+            if node.state == "lost":  # the backend's to lift; a node taken out stays held out when back
+                return False
             if state == "ready" and node.state not in ("unhealthy", "cordoned"):
                 return False
             if state == "ready" and node.state == "cordoned" and not _health_cordon(node.state_reason):

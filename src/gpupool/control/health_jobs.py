@@ -70,6 +70,7 @@ SWEEP_INTERVAL = 60.0  # seconds between looks for pending check jobs nobody wai
 PRUNE_INTERVAL = 60.0  # seconds between deletions of finished check jobs past their retention
 PRUNE_LIMIT = 5000  # check jobs deleted at most per round (a backlog goes over several rounds)
 PRUNE_BATCH = 500  # check jobs deleted per write transaction
+NODE_LOST = "node-lost"  # in the reason of an attempt whose node was lost (backends.agent's status)
 
 
 class CheckJobFailed(ActiveCheckError):
@@ -228,15 +229,19 @@ class CheckJobs:
                 f"node {node}: check job {workload_id} was cancelled before it reported ({reason}); "
                 "the node's verdict is unchanged"
             )
-        report, attempt_state = self._report(workload_id)
+        report, attempt_state, attempt_reason = self._report(workload_id)
+        # Its node lost meanwhile (the agent backend's "node-lost"): no verdict on the GPUs; the node is
+        # checked when it is back (control/health.py).
+        stopped = attempt_state == "evicted" or NODE_LOST in attempt_reason
         waited = time.monotonic() + LOG_WAIT
-        while report is None and attempt_state != "evicted" and time.monotonic() < waited:
+        while report is None and not stopped and time.monotonic() < waited:
             time.sleep(POLL)
-            report, attempt_state = self._report(workload_id)
-        if report is None and attempt_state == "evicted":  # its node turned unhealthy or was lost meanwhile
+            report, attempt_state, attempt_reason = self._report(workload_id)
+            stopped = attempt_state == "evicted" or NODE_LOST in attempt_reason
+        if report is None and stopped:  # its node turned unhealthy or was lost meanwhile
             raise CheckInterrupted(
-                f"node {node}: check job {workload_id} was stopped before it reported ({reason}); "
-                "the node's verdict is unchanged"
+                f"node {node}: check job {workload_id} was stopped before it reported "
+                f"({attempt_reason or reason}); the node's verdict is unchanged"
             )
         if report is None:
             raise CheckJobFailed(
@@ -267,18 +272,19 @@ class CheckJobs:
             raise CheckInterrupted(f"check job {workload_id} was deleted before it reported")
         return str(row[0]), str(row[1]), row[2] is not None
 
-    def _report(self, workload_id: int) -> tuple[dict[str, Any] | None, str]:
-        """The job's report from its last attempt's log (None: none yet), and that attempt's state."""
+    def _report(self, workload_id: int) -> tuple[dict[str, Any] | None, str, str]:
+        """The job's report from its last attempt's log (None: none yet), and that attempt's state and
+        reason."""
         with self.store.read() as s:
             attempt = s.scalars(
                 select(Attempt).where(Attempt.workload_id == workload_id).order_by(Attempt.number.desc())
             ).first()
             if attempt is None:
-                return None, ""
+                return None, "", ""
             gang = [str(p["node"]) for p in attempt.pods or [{"node": attempt.node_name}]]
-            log_path, state = Path(attempt.log_path), attempt.state
+            log_path, state, reason = Path(attempt.log_path), attempt.state, attempt.reason or ""
         found = [r for _, r in job_reports(log_path, gang) if r.get("kind") == REPORT_KIND]
-        return (found[-1] if found else None), state
+        return (found[-1] if found else None), state, reason
 
     def sweep(self, now: float) -> None:
         """Cancel pending check jobs no thread of this head waits for (left by a head that stopped, then

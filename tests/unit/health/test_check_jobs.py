@@ -15,8 +15,9 @@ from sqlalchemy import select
 from gpupool import scheduler
 from gpupool.control.errors import Conflict
 from gpupool.control.health import RECHECKING, HealthMonitor
-from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckJobs, job_spec
+from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckInterrupted, CheckJobs, job_spec
 from gpupool.control.telemetry import TelemetryCache
+from gpupool.health import checks
 from gpupool.health.thresholds import HealthConfig, Schedule
 from gpupool.spec import WorkloadSpec
 from gpupool.spec.views import queue_view
@@ -251,4 +252,32 @@ def test_a_node_an_earlier_head_took_out_stays_out_after_a_restart_until_it_pass
         }, restart
         with store.session() as s:  # lost and back again while the head is down
             s.query(Node).filter_by(name="node-1").one().state = "ready"
+    store.close()
+
+
+def test_a_check_job_whose_node_was_lost_gives_no_verdict_and_a_lost_node_keeps_its_state(
+    tmp_path: Path,
+) -> None:
+    """Its agent stopped answering while the job ran: that says nothing of the GPUs (the node is checked
+    when it is back), and the health loop never moves a lost node (its backend lifts `lost`)."""
+    store = _store(tmp_path)
+    lost = "lost: node-lost: rank 0's node node-1 sent no heartbeat for 3.4s (node lease 3s)"
+    with store.session() as s:
+        job = Workload(name="health-quick-node-1", queue=SYSTEM_QUEUE, spec={}, state="failed", reason=lost,
+                       started_at=utcnow())  # fmt: skip
+        s.add(job)
+        s.flush()
+        s.add(Attempt(workload_id=job.id, number=0, state="failed", node_name="node-1", gpu_indices=[0, 1],
+                      reason=lost, log_path=str(tmp_path / "none.log")))  # fmt: skip
+        job_id = job.id
+        s.query(Node).filter_by(name="node-2").one().state = "lost"
+    with pytest.raises(CheckInterrupted, match="was stopped before it reported \\(lost: node-lost: rank 0"):
+        CheckJobs(store)._outcome(job_id, "node-1", "quick")
+    monitor = HealthMonitor(
+        store, TelemetryCache(), HealthConfig(overrides={}), local_node="head", local_gpus=None
+    )
+    monitor._mark_unhealthy("node-2", checks.verdict([checks.Finding("gemm", "unhealthy", "slow")], []))
+    with store.read() as s:
+        assert s.query(Node).filter_by(name="node-2").one().state == "lost"
+    assert monitor._held_out == {"node-2": "slow"}  # taken out again when it is back
     store.close()
