@@ -181,7 +181,8 @@ class SchedulingSpec(BaseModel):
         "would delay its reservation; needs max_duration) or strict (nothing passes); default skip.",
     )
     placement: Literal["binpack", "spread", "fragmentation"] = Field(
-        default="binpack", description="binpack, spread or fragmentation (docs/scheduler.md); default binpack."
+        default="binpack",
+        description="binpack, spread or fragmentation (docs/scheduler.md); default binpack.",
     )
     las_thresholds: list[float] = Field(
         default_factory=lambda: list(DEFAULT_LAS_THRESHOLDS),
