@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from gpupool.control.bench import BenchBook
 from gpupool.control.errors import Conflict, Invalid, NotFound
@@ -107,8 +107,12 @@ class HealthMonitor:
         # node events at the first pass (`_restore_held_out`), so a restart of the head lets none back.
         self._held_out: dict[str, str] = {}
         self._restored = False
-        self._gpus_now: dict[str, dict[int, tuple[str, str]]] = {}  # node -> index -> (model, UUID), as read
-        self._expected_now: dict[str, list[dict[str, Any]] | None] = {}  # node -> Node.expected_gpus, as read
+        # As the last pass read them: node -> GPU index -> model, node -> GPU index -> UUID, and node -> how
+        # many GPUs it is expected to have (None: not remembered yet; `Node.expected_gpus` read only when
+        # the GPUs that answer differ, to name them: decoding it for every node each second costs).
+        self._gpus_now: dict[str, dict[int, str]] = {}
+        self._uuids_now: dict[str, dict[int, str]] = {}
+        self._expected_now: dict[str, int | None] = {}
         self._back_since: dict[str, float] = {}  # node back from lost -> when this head first saw it so
         self._parallel = threading.BoundedSemaphore(PARALLEL_CHECKS)
         self._started = time.time()
@@ -272,7 +276,7 @@ class HealthMonitor:
                     node.expected_gpus = _listing(node.gpus)
                     log.info("event=node_expected_gpus node=%s gpus=%d", node.name, len(node.gpus))
                     with self._lock:
-                        self._expected_now[node.name] = node.expected_gpus
+                        self._expected_now[node.name] = len(node.gpus)
 
     def _busy(self, name: str) -> bool:
         lock = self._running.get(name)
@@ -332,24 +336,25 @@ class HealthMonitor:
         it no longer lists stay in the telemetry cache), against the GPUs it is expected to have."""
         if fresh:
             with self._lock:
-                inventory, listed = self._gpus_now.get(name, {}), self._expected_now.get(name)
+                models, uuids = self._gpus_now.get(name, {}), self._uuids_now.get(name, {})
+                count = self._expected_now.get(name)
         else:
-            inventory, listed = self._inventory(name)
-        samples = [
-            row for row in self.telemetry.node_samples(name)
-            if inventory.get(int(row["index"]), ("", ""))[1] == str(row["uuid"])
-        ]  # fmt: skip
+            models, uuids, listed = self._inventory(name)
+            count = len(listed) if listed is not None else None
+        samples = [row for row in self.telemetry.node_samples(name) if uuids.get(row["index"]) == row["uuid"]]
         if not samples:
             return None
-        if listed is None:  # not remembered yet: the GPUs it has
-            expected = {uuid: index for index, (_, uuid) in inventory.items()}
-        else:
+        expected: dict[str, int] = {}  # UUID -> index of the expected GPUs, to name the missing or new ones
+        if count is None:  # not remembered yet: the GPUs it has
+            count, expected = len(uuids), {uuid: index for index, uuid in uuids.items()}
+        elif sum(1 for row in samples if not row.get("lost")) != count:
+            listed = self._inventory(name)[2] or []
             expected = {str(g["uuid"]): int(g["index"]) for g in listed}
         return checks.passive(
             samples,
-            expected_gpus=len(expected),
+            expected_gpus=count,
             expected_uuids=expected,
-            models={index: model for index, (model, _) in inventory.items()},
+            models=models,
             config=self.config,
             baseline=baseline,
         )
@@ -365,13 +370,17 @@ class HealthMonitor:
         with self._lock:
             return self._baselines.setdefault(name, Baseline())
 
-    def _inventory(self, name: str) -> tuple[dict[int, tuple[str, str]], list[dict[str, Any]] | None]:
-        """The node's GPUs now, index -> (model, UUID), and the GPUs it is expected to have."""
+    def _inventory(self, name: str) -> tuple[dict[int, str], dict[int, str], list[dict[str, Any]] | None]:
+        """The node's GPUs now (index -> model, index -> UUID) and the GPUs it is expected to have."""
         with self.store.read() as s:
             node = s.scalar(select(Node).where(Node.name == name))
             if node is None:
-                return {}, None
-            return {g.index: (g.model, g.uuid) for g in node.gpus}, node.expected_gpus
+                return {}, {}, None
+            return (
+                {g.index: g.model for g in node.gpus},
+                {g.index: g.uuid for g in node.gpus},
+                node.expected_gpus,
+            )
 
     def check(self, name: str, level: str) -> dict[str, Any]:
         """Passive and active checks of one node now (its check job runs and is waited for); acts on the
@@ -558,17 +567,22 @@ class HealthMonitor:
             ):
                 busy.update(str(p["node"]) for p in pods or [{"node": node_name}])
             # Plain rows, not ORM objects (this runs every second over every node and GPU).
-            gpus: dict[str, dict[int, tuple[str, str]]] = {}
+            gpus: dict[str, dict[int, str]] = {}
+            uuids: dict[str, dict[int, str]] = {}
             for node_name, index, model, uuid in s.execute(
                 select(Node.name, Gpu.index, Gpu.model, Gpu.uuid).join(Gpu, Gpu.node_id == Node.id)
             ):
-                gpus.setdefault(node_name, {})[index] = (model, uuid)
+                gpus.setdefault(node_name, {})[index] = model
+                uuids.setdefault(node_name, {})[index] = uuid
+            # How many GPUs each node is expected to have, counted by the database (SQLite and PostgreSQL
+            # both have json_array_length): the list itself is read only where it is needed (_judge).
+            expected = func.json_array_length(Node.expected_gpus)
             rows = s.execute(
-                select(Node.name, Node.state, Node.state_reason, Node.expected_gpus).order_by(Node.name)
+                select(Node.name, Node.state, Node.state_reason, expected).order_by(Node.name)
             ).all()
         with self._lock:
-            self._gpus_now = gpus
-            self._expected_now = {name: listed for name, _, _, listed in rows}
+            self._gpus_now, self._uuids_now = gpus, uuids
+            self._expected_now = {name: count for name, _, _, count in rows}
         return [(name, state, reason, name in busy) for name, state, reason, _ in rows]
 
     # -- expected GPUs ---------------------------------------------------------------------------------
@@ -625,7 +639,7 @@ class HealthMonitor:
                 )
             )  # fmt: skip
         with self._lock:
-            self._expected_now[name] = now
+            self._expected_now[name] = len(now)
             self._failed_rechecks.pop(name, None)  # its next recheck comes at the shortest interval
         log.warning("event=node_gpus_accepted node=%s actor=%s change=%r", name, actor, text)
         return {"node": name, "expected_gpus": len(now), "was": was, "gpus": now, "result": text}

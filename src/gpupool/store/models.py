@@ -52,7 +52,7 @@ class Node(Base):
     # The GPUs the node is expected to have, [{index, uuid, model}]: those it first registered with, or
     # as an operator last accepted them (`gpupool node accept-gpus`); None: not known yet. The health
     # checks take a node with fewer out of service (control/health.py).
-    expected_gpus: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    expected_gpus: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
 
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", order_by="Gpu.index", cascade="all, delete-orphan", lazy="selectin"
