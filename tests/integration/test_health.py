@@ -484,7 +484,7 @@ def test_a_node_back_from_lost_or_short_of_a_gpu_is_checked_and_only_an_admin_ac
         again = server.cli("node", "accept-gpus", "agent-0")
         assert again.returncode == 1 and "already has the GPUs it is expected to have (1)" in again.stderr
         shown = server.cli("node", "show", "agent-0", check=True).stdout
-        assert "accepted by admin: expected GPUs 2 -> 1" in shown
+        assert "accepted by admin: expected GPUs 2 -> 1" in shown and "expected GPUs: 1" in shown
         missing_node = server.cli("node", "accept-gpus", "agent-9")
         assert (
             missing_node.returncode == 1 and "no node named 'agent-9' (nodes: agent-0)" in missing_node.stderr

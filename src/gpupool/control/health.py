@@ -682,6 +682,7 @@ class HealthMonitor:
         """The health of one node as the API shows it (a node marked unhealthy before a restart stays so)."""
         with self._lock:
             entry = self._nodes.get(name)
+            expected = self._expected_now.get(name)  # GPUs it is expected to have; None: not known yet
         if entry is None:
             if state == "unhealthy":
                 return {
@@ -689,12 +690,14 @@ class HealthMonitor:
                     "evidence": state_reason,
                     "findings": [],
                     "checked_at": None,
+                    "expected_gpus": expected,
                 }
             return {
                 "health": checks.UNKNOWN,
                 "evidence": "no telemetry yet",
                 "findings": [],
                 "checked_at": None,
+                "expected_gpus": expected,
             }
         out = state == "unhealthy" or _rechecking(state, state_reason)
         health = checks.UNHEALTHY if out else entry.verdict.health
@@ -708,6 +711,7 @@ class HealthMonitor:
             "checked_at": entry.checked_at,
             "active": entry.active,
             "active_at": entry.active_at,
+            "expected_gpus": expected,
         }
 
     def views(self) -> dict[str, dict[str, Any]]:
