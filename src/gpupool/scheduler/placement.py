@@ -82,6 +82,7 @@ class Placer:
         self._workloads = workloads
         self._shapes: list[_Shape] | None = None
         self._usable_memo: dict[tuple[object, ...], float] = {}
+        self._alike: dict[int, bool] = {}  # by id(node.signature): the node's GPUs are all alike
         self._scale = (1.0, 1.0)  # the most GPUs and CPUs on one node, for the best-fit tie-break
         self._matches: dict[tuple[tuple[tuple[str, int], ...], GpuDemand], tuple[bool, ...]] = {}
         self._by_identity: dict[tuple[int, int], tuple[bool, ...]] = {}
@@ -213,15 +214,15 @@ class Placer:
             seen.add(node.name)
             if not self._node_fits(node, w, False):
                 continue
-            uniform = node.model != MIXED
+            uniform = self.alike(node)
             state = tuple(sorted(node.free)) if uniform else tuple(node.free)
             if not island:
                 # A node in the same state as one weighed already would cost the same and fit the same:
                 # it cannot beat the earlier one (ties go to the first).
-                alike = (id(node.signature), state, node.cpus_free, node.memory_free)
-                if alike in states:
+                same = (id(node.signature), state, node.cpus_free, node.memory_free)
+                if same in states:
                     continue
-                states.add(alike)
+                states.add(same)
             cpus_after = node.cpus_free - w.cpus
             memory_after = node.memory_free - w.memory_bytes
             before = self.usable(node, state, node.cpus_free, node.memory_free, shapes)
@@ -290,6 +291,14 @@ class Placer:
             )
         return self._shapes
 
+    def alike(self, node: NodeState) -> bool:
+        """Whether all the node's GPUs are of one model and memory size (then only how much each has free
+        matters, not which has it)."""
+        found = self._alike.get(id(node.signature))
+        if found is None:
+            found = self._alike[id(node.signature)] = len(set(node.signature)) <= 1
+        return found
+
     def usable(
         self,
         node: NodeState,
@@ -300,11 +309,12 @@ class Placer:
     ) -> float:
         """GPUs of `node` (with these free GPUs, CPUs and memory) that the workload's pods could still use:
         per shape, the GPUs that as many of its pods as fit would take, weighted by its frequency. `free`
-        is per GPU, sorted when the node's GPUs are alike (only how much each has free matters then)."""
+        is per GPU, sorted when the node's GPUs are alike (see `alike`)."""
         key = (id(node.signature), free, cpus_free, memory_free)
         found = self._usable_memo.get(key)
         if found is not None:
             return found
+        alike = self.alike(node)
         total = 0.0
         if sum(free) > EPSILON:
             for demand, per_pod, fraction, cpus, memory, weight in shapes:
@@ -312,12 +322,12 @@ class Placer:
                 if fraction > 0.0:
                     slots = 0
                     for i, f in enumerate(free):
-                        if suits[i if node.model == MIXED else 0] and f + EPSILON >= fraction:
+                        if suits[0 if alike else i] and f + EPSILON >= fraction:
                             slots += int((f + EPSILON) // fraction)
                 else:
                     whole = 0
                     for i, f in enumerate(free):
-                        if suits[i if node.model == MIXED else 0] and f >= 1.0 - EPSILON:
+                        if suits[0 if alike else i] and f >= 1.0 - EPSILON:
                             whole += 1
                     slots = whole // per_pod
                 if slots and cpus > 0.0 and cpus_free + EPSILON < slots * cpus:  # CPUs run out first

@@ -146,3 +146,16 @@ def test_an_unknown_placement_names_the_three() -> None:
     config = SchedulerConfig(placement="tetris")
     with pytest.raises(ConfigError, match="one of binpack, spread, fragmentation"):
         decide(Snapshot((node("n", 1),), (pod(1, 1),), config=config), now=0.0)
+
+
+def test_gpus_of_one_model_but_two_memory_sizes_are_told_apart() -> None:
+    # GPU 0 has 40 GB, GPU 1 80 GB: a fraction that needs 80 GB can only go on GPU 1, and the 80-GB
+    # shape's room is counted on GPU 1 alone.
+    views = (GpuView(0, "A100", 40 * GB), GpuView(1, "A100", 80 * GB))
+    nodes = (NodeView("n", True, views, cpus=64.0, memory_bytes=512 * GIB),)
+    big = WorkloadView(1, "q", 0, 1.0, gpus=GpuDemand(0.5, (), 80 * GB), cpus=1.0, memory_bytes=GIB)
+    mix = [
+        WorkloadView(100 + i, "q", 0, 100.0 + i, gpus=GpuDemand(0.5, (), 80 * GB), cpus=1.0, memory_bytes=GIB)
+        for i in range(4)
+    ]
+    assert place(nodes, big, mix) == (PodPlacement("n", (1,), 0.5),)
