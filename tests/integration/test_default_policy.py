@@ -34,22 +34,22 @@ def _log(server: ServerProcess, workload_id: int, attempt: int) -> str:
         return str(response.json()["data"])
 
 
-def _busy_queue(server: ServerProcess, job_dir: Path, steps: int) -> int:
-    """A queue whose 8 GPUs an older, checkpointing job has held past the first band."""
+def _busy_queue(server: ServerProcess, job_dir: Path, steps: int, checkpoint: bool = True) -> int:
+    """A queue whose 8 GPUs an older job (declaring a checkpoint, or not) has held past the first band."""
     (job_dir / "train.py").write_text(CHECKPOINTING)
     with server.http() as client:
         response = client.post("/api/v1/queues", json={"name": "team", "resources": {"gpu": {"quota": 8}}})
         assert response.status_code == 201, response.text
-    old = server.submit(
-        {
-            "queue": "team",
-            "resources": {"gpu": 8},
-            "workdir": str(job_dir),
-            "commands": ["python3 train.py"],
-            "env": {"STEPS": steps},
-            "checkpoint": "ckpt-old",
-        }
-    )
+    spec = {
+        "queue": "team",
+        "resources": {"gpu": 8},
+        "workdir": str(job_dir),
+        "commands": ["python3 train.py"],
+        "env": {"STEPS": steps},
+    }
+    if checkpoint:
+        spec["checkpoint"] = "ckpt-old"
+    old = server.submit(spec)
     server.wait_for(old["id"], states=("running",))
     time.sleep(PAST_FIRST_BAND)
     return int(old["id"])
@@ -86,3 +86,20 @@ def test_with_bands_off_new_work_waits_for_older_work_of_its_queue(
     with bands_off.http() as client:
         client.post(f"/api/v1/workloads/{old}/cancel")
     assert bands_off.wait_for(new["id"], timeout=60)["state"] == "succeeded"
+
+
+def test_work_that_declares_no_checkpoint_is_not_preempted_for_newer_work(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    # Preempting it would throw all of its work away: it keeps the top band while it runs.
+    old = _busy_queue(server, job_dir, steps=100_000, checkpoint=False)
+    new = server.submit({"queue": "team", "resources": {"gpu": 1}, "commands": ["echo quick"]})
+    waiting = server.wait_for_reason(new["id"])
+    assert waiting["state"] == "pending"
+    time.sleep(2.0)  # several passes of the loop (every 0.5 s): still nothing is evicted for it
+    assert server.workload(new["id"])["state"] == "pending"
+    running = server.workload(old)
+    assert running["state"] == "running" and running["attempts"] == 1
+    with server.http() as client:
+        client.post(f"/api/v1/workloads/{old}/cancel")
+    assert server.wait_for(new["id"], timeout=60)["state"] == "succeeded"

@@ -90,6 +90,7 @@ class Reconciler:
         self._reasons: dict[int, scheduler.Explanation] = {}
         self._attached: dict[int, tuple[int, ...]] = {}
         self._views: dict[int, scheduler.WorkloadView] = {}
+        self._resumable: set[int] = set()  # cached workloads whose spec declares a checkpoint
         # Answers an unchanged snapshot from memory (views above are reused, so comparing is cheap).
         self._scheduler = scheduler.Scheduler()
         policy = settings.policy if settings.policy is not None else load_policy(settings.home)
@@ -466,7 +467,7 @@ class Reconciler:
             if bands is not None:
                 # The running attempt's GPU-seconds so far count: its band and weight change as it runs.
                 ran = max(0.0, now - key[1]) * attempt_gpus(indices, fraction, pods) if start else 0.0
-                priority = bands.priority(priority, earlier[key] + ran, view.queue)
+                priority = bands.priority(priority, earlier[key] + ran, view.queue, wid in self._resumable)
             running.append(
                 replace(
                     view,
@@ -553,9 +554,12 @@ class Reconciler:
                 self._views[wid] = replace(
                     _workload_view(wid, queue, nodes, created_at, preemptible, spec), priority=priority
                 )
+                if (spec or {}).get("checkpoint"):
+                    self._resumable.add(wid)
         if len(self._views) > 2 * len(ids) + 1000:
             wanted = set(ids)
             self._views = {wid: view for wid, view in self._views.items() if wid in wanted}
+            self._resumable &= wanted
 
     def _evict(self, evictions: list[scheduler.Eviction]) -> None:
         """Stop evicted work gracefully (SIGTERM, SIGKILL after the grace period); it is requeued on exit."""

@@ -73,17 +73,21 @@ class BandedPass:
         self.orderings = {q.name: q.ordering for q in queues}
         self.counts: dict[str, float] = {}
         # Pending work mostly shares a few (priority, attained, queue): most of it has had nothing yet.
-        self._known: dict[tuple[int, float, str], tuple[int, float]] = {}
+        self._known: dict[tuple[int, float, str, bool], tuple[int, float]] = {}
 
-    def priority(self, priority: int, attained: float, queue: str) -> int:
+    def priority(self, priority: int, attained: float, queue: str, resumable: bool = True) -> int:
         """The priority the scheduler sees for a workload of `queue` that has had `attained` GPU-seconds,
-        counting it toward its queue's young work."""
-        key = (priority, attained, queue)
+        counting it toward its queue's young work. Running work that is not `resumable` (its spec declares
+        no checkpoint) keeps the top band: preempting it for newer work would throw all of its work away,
+        so only a higher user priority or reclaim can take its GPUs."""
+        key = (priority, attained, queue, resumable)
         known = self._known.get(key)
         if known is None:
             config = self.config
             known = self._known[key] = (
-                effective_priority(priority, attained, config, self.orderings.get(queue)),
+                effective_priority(
+                    priority, attained if resumable else 0.0, config, self.orderings.get(queue)
+                ),
                 young_weight(attained, config.young_weights),
             )
         if known[1]:
