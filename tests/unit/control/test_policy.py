@@ -38,11 +38,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
     store.close()
 
 
-def _submit(store: Store, queue: str, gpus: int = 1, priority: str = "train") -> int:
-    spec = parse_workload_spec(
-        {"commands": ["sleep 60"], "queue": queue, "resources": {"gpu": gpus}, "priority": priority}
-    )
-    return int(service.submit(store, spec)["id"])
+def _submit(store: Store, queue: str, gpus: int = 1, priority: str = "train", checkpoint: bool = True) -> int:
+    fields = {"commands": ["sleep 60"], "queue": queue, "resources": {"gpu": gpus}, "priority": priority}
+    if checkpoint:
+        fields["checkpoint"] = "./ckpt"
+    return int(service.submit(store, parse_workload_spec(fields))["id"])
 
 
 def _run(store: Store, workload_id: int, gpus: list[int], since: datetime) -> None:
@@ -96,6 +96,14 @@ def test_running_work_leaves_the_top_band_as_its_service_passes_the_first_thresh
     )  # the scheduler answers from memory
     after = _snapshot(reconciler, store, T0 + timedelta(seconds=61))
     assert _priorities(after)[old] < _priorities(after)[new]  # preempt may now take it for the new work
+
+
+def test_running_work_that_declares_no_checkpoint_keeps_the_top_band(tmp_path: Path, store: Store) -> None:
+    old, new = _submit(store, "team", gpus=2, checkpoint=False), _submit(store, "team")
+    _run(store, old, [0, 1], T0)
+    after = _snapshot(_reconciler(store, tmp_path), store, T0 + timedelta(hours=5))
+    assert _priorities(after)[old] == _priorities(after)[new]  # preempt cannot take it for the new work
+    assert _weights(after)["team"] == 5.0  # its service still counts: only the new work is young
 
 
 def test_a_higher_user_priority_keeps_outranking_whatever_its_service(tmp_path: Path, store: Store) -> None:
