@@ -199,6 +199,10 @@ class Reconciler:
             return
         inventory.apply(self.store, self.backend.name, current)
         self._inventory_generation = current.generation
+        # A GPU its node no longer lists (fell off the bus, node back without it) leaves the telemetry too.
+        self.telemetry.keep_listed(
+            {n.name: [d.index for d in n.devices] or range(sum(c for _, c in n.gpus)) for n in current.nodes}
+        )
 
     # -- restart safety -------------------------------------------------------------------------------
 

@@ -339,6 +339,26 @@ class TelemetryCache:
                     tier.prepend(restored.points)
         return count
 
+    def keep_listed(self, listed: Mapping[str, Iterable[int]]) -> int:
+        """Drop the GPUs of each node in `listed` that it no longer lists (a GPU fell off the bus and the
+        node came back without it): their latest sample (so /metrics stops exporting them) and history.
+        Nodes not in `listed` are left alone. Returns how many GPUs were dropped."""
+        dropped = 0
+        with self._lock:
+            for node, indices in listed.items():
+                rows = self._by_node.get(node)
+                if not rows:
+                    continue
+                keep = set(indices)
+                for index in [i for i in rows if i not in keep]:
+                    del rows[index]
+                    self._latest.pop((node, index), None)
+                    self._history.pop((node, index), None)
+                    dropped += 1
+                if not rows:
+                    del self._by_node[node]
+        return dropped
+
     def _evict_oldest(self) -> None:
         oldest = min(self._history, key=lambda k: float(self._latest.get(k, {}).get("at", 0.0)))
         self._history.pop(oldest, None)

@@ -146,3 +146,16 @@ def test_a_line_torn_by_a_killed_head_costs_that_point_only(tmp_path: Path) -> N
         fh.write('["n1",0,10.0,120.0,4')  # kill -9 in the middle of a write
     loaded = TelemetryLog(tmp_path / "telemetry").load(now=125.0)
     assert sorted(loaded) == sorted(saved) and len(saved) == 14  # twelve 10 s points, two 1 min points
+
+
+def test_a_gpu_its_node_no_longer_lists_leaves_the_cache() -> None:
+    cache = TelemetryCache(tiers=TIERS)
+    cache.put("n1", [s.to_dict() for s in SimulatedProvider("sim:4xH100", seed="t").sample(10.0)])
+    cache.put("n2", [s.to_dict() for s in SimulatedProvider("sim:2xH100", seed="u").sample(10.0)])
+    assert cache.keep_listed({"n1": [0, 1, 2, 3], "n2": range(2)}) == 0
+    assert cache.keep_listed({"n1": [0, 2], "n9": [0]}) == 2  # GPUs 1 and 3 gone; n2 not listed: kept
+    assert [r["index"] for r in cache.node_samples("n1")] == [0, 2]
+    assert sorted(cache.latest()) == [("n1", 0), ("n1", 2), ("n2", 0), ("n2", 1)]
+    assert cache.get("n1", 3) is None and cache.history("n1", 3, 60.0, now=10.0)["points"] == []
+    assert cache.series() == 4
+    assert cache.keep_listed({"n2": []}) == 2 and cache.node_samples("n2") == []
