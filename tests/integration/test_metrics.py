@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.support.agent import start_pool
 from tests.support.prometheus import CI_MESSAGE, PrometheusProcess, find_prometheus
 from tests.support.server import ServerProcess
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def until(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.time() + timeout
+    while not (value := probe()):
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+    return value
 
 
 @pytest.fixture
@@ -93,3 +105,35 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
         for target in panel["targets"]:
             expr = target["expr"].replace("$node", ".*").replace("$queue", ".*")
             prometheus.query(expr)  # raises on a PromQL error
+
+
+def test_a_gpu_gone_from_its_node_stops_being_exported(tmp_path: Path) -> None:
+    """A GPU falls off the bus; the node reboots and its agent registers without it: /metrics stops
+    exporting its DCGM series and the node's telemetry no longer lists it."""
+    pool = start_pool(tmp_path, 1, gpus="sim:2xH100")
+    server, agent = pool.server, pool.agents[0]
+
+    def exported() -> set[str]:
+        with server.http() as client:
+            text = client.get("/metrics").text
+        return {
+            line.split('gpu="')[1].split('"')[0]
+            for line in text.splitlines()
+            if line.startswith("DCGM_FI_DEV_GPU_TEMP{") and 'Hostname="agent-0"' in line
+        }
+
+    def listed() -> list[int]:
+        with server.http() as client:
+            return [g["index"] for g in client.get("/api/v1/telemetry/agent-0").json()["gpus"]]
+
+    try:
+        until("both GPUs exported", lambda: exported() == {"0", "1"})
+        server.cli("node", "inject-fault", "agent-0", "--gpu", "1", "--fall-off-bus", check=True)
+        agent.stop()
+        agent.gpus = "sim:1xH100"  # rebooted: the driver lists one GPU
+        agent.start()
+        until("agent-0 registered with 1 GPU", lambda: pool.nodes()["agent-0"]["gpus_total"] == 1)
+        until("GPU 1 no longer exported", lambda: exported() == {"0"})
+        assert listed() == [0]
+    finally:
+        pool.stop()
