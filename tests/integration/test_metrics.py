@@ -6,8 +6,8 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
