@@ -101,6 +101,8 @@ class Reconciler:
         self._node_views: dict[str, scheduler.NodeView] = {}
         self._nodes = NodeViews()  # read again only where a node changed (control/node_views.py)
         self.fair_shares: dict[str, dict[str, float]] = {}
+        # The queues as the last pass weighed them (young-work weights applied): `gpupool queues` shows them.
+        self.pass_queues: tuple[scheduler.QueueView, ...] = ()
         self.explanations: dict[int, scheduler.Explanation] = {}
         self._explained_at = 0.0
         self._inventory_generation = 0  # of the backend inventory last applied; 0: none (local backend)
@@ -402,10 +404,10 @@ class Reconciler:
         with self.store.read() as s:
             snapshot = self._snapshot(s, now)
         if not snapshot.pending and not snapshot.running:
-            self.fair_shares = {}
+            self.fair_shares, self.pass_queues = {}, ()
             return
         decisions = self._scheduler.decide(snapshot, now)
-        self.fair_shares = decisions.fair_shares
+        self.fair_shares, self.pass_queues = decisions.fair_shares, snapshot.queues
         self._band_notes.add(decisions.explanations, snapshot.pending, snapshot.queues)
         # Reasons first: starting many binds can take a while, and work left pending says why meanwhile.
         self._explain(decisions.explanations)
