@@ -3,6 +3,7 @@ applied by the control loop to real processes, and switched off by the operator'
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,3 +104,30 @@ def test_work_that_declares_no_checkpoint_is_not_preempted_for_newer_work(
     with server.http() as client:
         client.post(f"/api/v1/workloads/{old}/cancel")
     assert server.wait_for(new["id"], timeout=60)["state"] == "succeeded"
+
+
+def test_gpupool_queues_shows_the_weight_the_last_pass_used_next_to_the_spec_weight(
+    server: ServerProcess,
+) -> None:
+    """Under young-work weights a queue's over-quota weight is its spec weight x its young-work count: two
+    new 1-GPU jobs in nlp (weight 1) count 4 + 1 each, so nlp weighs 10 now; cv (weight 2) has no work, 0."""
+    server.cli("queue", "create", "nlp", check=True)
+    server.cli("queue", "create", "cv", "--gpu-weight", "2", check=True)
+    for _ in range(2):
+        server.submit({"queue": "nlp", "resources": {"gpu": 1}, "commands": ["sleep 60"]})
+
+    def weights() -> dict[str, float | None]:
+        rows = json.loads(server.cli("queues", "--json", check=True).stdout)
+        return {q["name"]: q["gpu_weight_now"] for q in rows}
+
+    deadline = time.time() + 30
+    while weights().get("nlp") != 10 and time.time() < deadline:
+        time.sleep(0.2)
+    assert weights() == {"cv": 0, "default": 0, "nlp": 10}
+    table = server.cli("queues", check=True).stdout
+    assert "WEIGHT (NOW)" in table
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:] if line.strip()}
+    # NAME PARENT PRIORITY QUOTA LIMIT WEIGHT WEIGHT(NOW) ...
+    assert rows["nlp"][5:7] == ["1", "10"] and rows["cv"][5:7] == ["2", "0"]
+    with server.http() as client:
+        assert client.get("/api/v1/queues/nlp").json()["gpu_weight_now"] == 10

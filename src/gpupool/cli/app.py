@@ -310,7 +310,8 @@ def node_uncordon(name: str) -> None:
 
 @app.command()
 def queues(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Queues with their GPU quota, limit, weight and current use."""
+    """Queues with their GPU quota, limit, weight (the spec's, and the one the last scheduling pass used)
+    and current use."""
     rows = client().queues()
     if as_json:
         print_json(rows)
@@ -325,6 +326,7 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
         "GPU QUOTA",
         "GPU LIMIT",
         "WEIGHT",
+        "WEIGHT (NOW)",
         "FAIR SHARE",
         "ALLOCATED",
         "PENDING GPUS",
@@ -342,6 +344,7 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
             f"{gpu.get('quota', 0):g}",
             "-" if limit is None else f"{limit:g}",
             f"{gpu.get('over_quota_weight', 1):g}",
+            "-" if q.get("gpu_weight_now") is None else f"{q['gpu_weight_now']:.3g}",
             f"{q['fair_share'].get('gpu', 0):.3g}",
             f"{q['gpus_allocated']:g}",
             f"{q['gpus_pending']:g}",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
 
 from gpupool.control import service
+from gpupool.scheduler import QueueView
 from gpupool.spec import parse_queue_spec
 
 router = APIRouter(prefix="/queues", tags=["queues"])
@@ -22,13 +24,29 @@ def create(
 @router.get("", summary="Queues with quotas, limits and what they use now")
 def list_queues(request: Request) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
-    return service.list_queues(runtime.store, runtime.reconciler.fair_shares)
+    reconciler = runtime.reconciler
+    weights = _weights_now(reconciler.pass_queues)
+    return [_with_weight(row, weights) for row in service.list_queues(runtime.store, reconciler.fair_shares)]
 
 
 @router.get("/{name}", summary="One queue")
 def get_queue(request: Request, name: str) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    return service.get_queue(runtime.store, name, runtime.reconciler.fair_shares)
+    reconciler = runtime.reconciler
+    weights = _weights_now(reconciler.pass_queues)
+    return _with_weight(service.get_queue(runtime.store, name, reconciler.fair_shares), weights)
+
+
+def _weights_now(queues: Sequence[QueueView]) -> dict[str, float]:
+    """Each queue's GPU over-quota weight as the last scheduling pass used it: the spec's weight x its
+    young-work count under the default policy (control/policy.py); none when no pass had work to weigh."""
+    return {q.name: q.gpu.weight for q in queues}
+
+
+def _with_weight(row: dict[str, Any], weights: dict[str, float]) -> dict[str, Any]:
+    weight = weights.get(row["name"])
+    row["gpu_weight_now"] = None if weight is None else round(weight, 6)
+    return row
 
 
 @router.patch("/{name}", summary="Change some fields of a queue (merged into its spec)")
