@@ -27,7 +27,9 @@ def upgrade() -> None:
     )  # fmt: skip
     expected: dict[int, list[dict[str, object]]] = {}
     for node_id, index, uuid, model in bind.execute(
-        sa.select(gpus.c.node_id, gpus.c.index, gpus.c.uuid, gpus.c.model).order_by(gpus.c.node_id, gpus.c.index)
+        sa.select(gpus.c.node_id, gpus.c.index, gpus.c.uuid, gpus.c.model).order_by(
+            gpus.c.node_id, gpus.c.index
+        )
     ):
         expected.setdefault(node_id, []).append({"index": index, "uuid": uuid, "model": model})
     for node_id, listed in expected.items():
