@@ -75,25 +75,22 @@ def server(
     from gpupool.backends.slurm_commands import SlurmError
     from gpupool.client.client import save_credentials
     from gpupool.control import service
+    from gpupool.control.policy import load_policy
     from gpupool.gpu import GpuUnavailable
+    from gpupool.health.thresholds import load_config
     from gpupool.store.db import Store, StoreError
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     url = db or default_db_url()
     home = home_dir()
-    home.mkdir(parents=True, exist_ok=True)
+    # Everything that can refuse the start is checked before anything is created: the flags and the files
+    # of the home (scheduling.yaml, health.yaml), then the home, the store, the runtime, and the admin token
+    # last, so a server that refuses to start has written no token.
     try:
-        store = Store(url)
-    except StoreError as exc:
+        load_policy(home)  # SchedulingConfigError names the file, the field and the fix
+        load_config(home)  # HealthConfigError likewise
+    except ValueError as exc:
         raise CliError(str(exc)) from exc
-    public = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    server_url = f"http://{public}:{port}"
-    token = service.reset_admin_token(store) if new_admin_token else service.ensure_admin_token(store)
-    if token is not None:
-        path = save_credentials(server_url, token)
-        err_console.print(
-            f"[bold]admin token[/bold] (shown once; saved to {path}, mode 0600):\n  {token}", highlight=False
-        )
     if usage_weight < 0:
         raise CliError(f"--usage-weight {usage_weight:g}: must be 0 or more (0 turns history off; try 1)")
     half_life = parse_duration(usage_half_life, "--usage-half-life")
@@ -112,6 +109,11 @@ def server(
     if half_life <= 0:
         raise CliError(f"--usage-half-life {usage_half_life}: must be longer than 0 (e.g. 7d)")
     sample_every = _telemetry_interval(telemetry_interval)
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        store = Store(url)
+    except StoreError as exc:
+        raise CliError(str(exc)) from exc
     settings = ServerSettings(
         usage_weight=usage_weight,
         usage_half_life=half_life,
@@ -128,6 +130,14 @@ def server(
         runtime = Runtime(settings, store=store)
     except (GpuUnavailable, ValueError, SlurmError) as exc:
         raise CliError(str(exc)) from exc
+    public = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    server_url = f"http://{public}:{port}"
+    token = service.reset_admin_token(store) if new_admin_token else service.ensure_admin_token(store)
+    if token is not None:
+        path = save_credentials(server_url, token)
+        err_console.print(
+            f"[bold]admin token[/bold] (shown once; saved to {path}, mode 0600):\n  {token}", highlight=False
+        )
     where = (
         f"gpus {gpus}"
         if backend == "local"

@@ -4,6 +4,9 @@ applied by the control loop to real processes, and switched off by the operator'
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,3 +134,30 @@ def test_gpupool_queues_shows_the_weight_the_last_pass_used_next_to_the_spec_wei
     assert rows["nlp"][5:7] == ["1", "10"] and rows["cv"][5:7] == ["2", "0"]
     with server.http() as client:
         assert client.get("/api/v1/queues/nlp").json()["gpu_weight_now"] == 10
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("scheduling.yaml", "las_thresholds: [5m, 1m]\n", "las_thresholds[1]: '1m' is not above"),
+        ("health.yaml", "schedule: {recheck_interval: soon}\n", "recheck_interval"),
+    ],
+)
+def test_a_server_refused_for_a_bad_file_in_its_home_has_created_nothing(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    """The files of the home are checked before the home, the store or the admin token are created: the
+    one-line error, and the home holds only the bad file (no token, no store, no telemetry log)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_HOME"] = str(home)
+    started = subprocess.run(
+        [sys.executable, "-m", "gpupool.main", "server", "--port", "1", "--gpus", "sim:2xH100"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert started.returncode == 1, started.stderr
+    lines = started.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {home / name}: ") and message in lines[0], lines
+    assert sorted(p.name for p in home.iterdir()) == [name]
