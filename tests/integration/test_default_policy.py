@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,22 @@ def _busy_queue(server: ServerProcess, job_dir: Path, steps: int, checkpoint: bo
     return int(old["id"])
 
 
+def _new_work_waits_for(server: ServerProcess, old: int) -> dict[str, Any]:
+    """A new 1-GPU job of the busy queue waits, nothing is evicted for it, and it starts once the old
+    job is cancelled; its waiting view (state, reason) is returned."""
+    new = server.submit({"queue": "team", "resources": {"gpu": 1}, "commands": ["echo quick"]})
+    waiting = server.wait_for_reason(new["id"])
+    assert waiting["state"] == "pending"
+    time.sleep(2.0)  # several passes of the loop (every 0.5 s): still nothing is evicted for it
+    assert server.workload(new["id"])["state"] == "pending"
+    running = server.workload(old)
+    assert running["state"] == "running" and running["attempts"] == 1
+    with server.http() as client:
+        client.post(f"/api/v1/workloads/{old}/cancel")
+    assert server.wait_for(new["id"], timeout=60)["state"] == "succeeded"
+    return dict(waiting)
+
+
 def test_new_work_preempts_older_work_of_its_queue_and_the_old_job_resumes(
     server: ServerProcess, job_dir: Path
 ) -> None:
@@ -80,16 +97,7 @@ def test_with_bands_off_new_work_waits_for_older_work_of_its_queue(
     bands_off: ServerProcess, job_dir: Path
 ) -> None:
     old = _busy_queue(bands_off, job_dir, steps=100_000)
-    new = bands_off.submit({"queue": "team", "resources": {"gpu": 1}, "commands": ["echo quick"]})
-    waiting = bands_off.wait_for_reason(new["id"])
-    assert waiting["state"] == "pending" and waiting["reason_code"] == "over-fair-share"
-    time.sleep(2.0)  # several passes of the loop (every 0.5 s): still nothing is evicted for it
-    assert bands_off.workload(new["id"])["state"] == "pending"
-    running = bands_off.workload(old)
-    assert running["state"] == "running" and running["attempts"] == 1
-    with bands_off.http() as client:
-        client.post(f"/api/v1/workloads/{old}/cancel")
-    assert bands_off.wait_for(new["id"], timeout=60)["state"] == "succeeded"
+    assert _new_work_waits_for(bands_off, old)["reason_code"] == "over-fair-share"
 
 
 def test_work_that_declares_no_checkpoint_is_not_preempted_for_newer_work(
@@ -97,16 +105,7 @@ def test_work_that_declares_no_checkpoint_is_not_preempted_for_newer_work(
 ) -> None:
     # Preempting it would throw all of its work away: it keeps the top band while it runs.
     old = _busy_queue(server, job_dir, steps=100_000, checkpoint=False)
-    new = server.submit({"queue": "team", "resources": {"gpu": 1}, "commands": ["echo quick"]})
-    waiting = server.wait_for_reason(new["id"])
-    assert waiting["state"] == "pending"
-    time.sleep(2.0)  # several passes of the loop (every 0.5 s): still nothing is evicted for it
-    assert server.workload(new["id"])["state"] == "pending"
-    running = server.workload(old)
-    assert running["state"] == "running" and running["attempts"] == 1
-    with server.http() as client:
-        client.post(f"/api/v1/workloads/{old}/cancel")
-    assert server.wait_for(new["id"], timeout=60)["state"] == "succeeded"
+    _new_work_waits_for(server, old)
 
 
 def test_gpupool_queues_shows_the_weight_the_last_pass_used_next_to_the_spec_weight(

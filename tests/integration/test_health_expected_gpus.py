@@ -5,7 +5,6 @@ the missing GPU, until an admin accepts it."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,16 +18,12 @@ from gpupool.gpu.simulated import SimulatedProvider
 from gpupool.health.thresholds import HealthConfig
 from gpupool.store.db import Store, alembic_config
 from gpupool.store.models import Gpu, Node
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import database_url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        pg: PostgresServer = request.getfixturevalue("postgres")
-        yield pg.new_database(f"t_{uuid.uuid4().hex[:12]}")
+    yield database_url(request, tmp_path)
 
 
 def test_a_node_upgraded_from_0006_expects_its_gpus_and_one_registered_short_of_a_gpu_is_unhealthy(

@@ -6,7 +6,6 @@ work stay, and the system queue's GPU-hours counter does not go down."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ from gpupool.health.checks import verdict
 from gpupool.health.thresholds import CheckJobRetention, HealthConfig
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Event, RetiredUsage, Workload
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import database_url
 
 NOW = time.time()
 DAY = 86400.0
@@ -32,12 +31,7 @@ DAY = 86400.0
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        pg: PostgresServer = request.getfixturevalue("postgres")
-        url = pg.new_database(f"t_{uuid.uuid4().hex[:12]}")
-    s = Store(url)
+    s = Store(database_url(request, tmp_path))
     service.ensure_default_queue(s)
     ensure_system_queue(s)
     try:

@@ -16,18 +16,13 @@ from gpupool.control.lifecycle import transition
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Event, Workload
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresServer, database_url
 from tests.support.server import ServerProcess
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        pg: PostgresServer = request.getfixturevalue("postgres")
-        url = pg.new_database(f"t_{uuid.uuid4().hex[:12]}")
-    s = Store(url)
+    s = Store(database_url(request, tmp_path))
     service.ensure_default_queue(s)
     try:
         yield s

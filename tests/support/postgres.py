@@ -9,7 +9,10 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
+
+import pytest
 
 
 def find_bin(name: str) -> str | None:
@@ -78,3 +81,12 @@ class PostgresServer:
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run(self.pg_ctl, "-D", str(self.data), "-m", "immediate", "stop")
+
+
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database for a fixture parametrized over "sqlite" and "postgres": a SQLite file in
+    `tmp_path`, or a new database on the session's PostgreSQL server (the `postgres` fixture)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    pg: PostgresServer = request.getfixturevalue("postgres")
+    return pg.new_database(f"t_{uuid.uuid4().hex[:12]}")
