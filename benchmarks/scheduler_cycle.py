@@ -50,8 +50,9 @@ from rich.table import Table
 from synthetic_cluster import NOW, ApplyReport, ClusterSpec, ClusterStats, apply_decisions, build_snapshot
 
 import gpupool.scheduler as scheduler
-from gpupool.scheduler import Scheduler, decide
+from gpupool.scheduler import Scheduler, SchedulerConfig, decide
 from gpupool.scheduler.snapshot import Decisions, Snapshot
+from gpupool.spec.scheduling import DEFAULT_POLICY
 
 Decider = Callable[[Snapshot, float], Decisions]
 NAME = "scheduler_cycle"
@@ -146,6 +147,14 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=1, help="generator seed (default 1)")
     parser.add_argument(
+        "--policy",
+        choices=("plain", "default"),
+        default="plain",
+        help="the snapshot's scheduler config: plain SchedulerConfig() (fifo, backfill; the figures "
+        "recorded before the server's default changed) or the server's DEFAULT_POLICY (las, skip; band "
+        "priorities are the caller's and not applied here) (default plain)",
+    )
+    parser.add_argument(
         "--settle-rounds",
         type=int,
         default=5,
@@ -201,6 +210,7 @@ def spec_of(args: argparse.Namespace) -> ClusterSpec:
         running=args.running,
         queues=args.queues,
         seed=args.seed,
+        config=DEFAULT_POLICY if args.policy == "default" else SchedulerConfig(),
     )
 
 

@@ -32,6 +32,7 @@ from gpupool.scheduler.snapshot import (
     NodeView,
     PodPlacement,
     QueueView,
+    SchedulerConfig,
     Share,
     Snapshot,
     WorkloadView,
@@ -73,6 +74,7 @@ class ClusterSpec:
     queues: int = 50
     seed: int = 1
     now: float = NOW
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)  # the policy the snapshot carries
 
 
 @dataclass(slots=True)
@@ -109,6 +111,7 @@ def build_snapshot(spec: ClusterSpec) -> tuple[Snapshot, ClusterStats]:
         pending=tuple(replace(w, id=new_id[id(w)]) for w in pending),
         queues=tuple(queues),
         running=tuple(replace(w, id=new_id[id(w)]) for w in running),
+        config=spec.config,
     )
     return snapshot, stats
 
