@@ -96,6 +96,17 @@ def failed_check_of_an_unhealthy_node(server: ServerProcess, name: str) -> subpr
     return ran
 
 
+def user_token(home: Path) -> str:
+    """A token of the role `user` (not admin), written into the head's store."""
+    token = "gpu_user_token_for_the_test"
+    with sqlite3.connect(home / "gpupool.db") as db:
+        db.execute(
+            "INSERT INTO api_tokens (name, token_hash, role, created_at) VALUES (?, ?, 'user', ?)",
+            ("alice", hashlib.sha256(token.encode()).hexdigest(), "2026-01-01 00:00:00"),
+        )
+    return token
+
+
 def check_job(server: ServerProcess, workload_id: int, node_name: str, gpus: int) -> dict[str, Any]:
     """The check job as any job is seen: in `gpupool ps`, in the system queue, on the node, holding all its
     GPUs, with its figures in its log."""
@@ -350,12 +361,7 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
             check_job(server, active(name)["job"], name, 1)
         assert not [e for e in events("agent-0") if e[1] == "cordoned"]  # not cordoned: the job held the GPU
 
-        user = "gpu_user_token_for_the_test"
-        with sqlite3.connect(home / "gpupool.db") as db:
-            db.execute(
-                "INSERT INTO api_tokens (name, token_hash, role, created_at) VALUES (?, ?, 'user', ?)",
-                ("alice", hashlib.sha256(user.encode()).hexdigest(), "2026-01-01 00:00:00"),
-            )
+        user = user_token(home)
         with server.http(token=user) as client:
             refused = client.post("/api/v1/nodes/agent-0/faults", json={"gpu": 0, "slow": 0.5})
         assert refused.status_code == 403 and "admins only" in refused.json()["error"]["message"]
@@ -467,12 +473,7 @@ def test_a_node_back_from_lost_or_short_of_a_gpu_is_checked_and_only_an_admin_ac
             in (still["health_evidence"])
         )
 
-        user = "gpu_user_token_for_the_test"
-        with sqlite3.connect(home / "gpupool.db") as db:
-            db.execute(
-                "INSERT INTO api_tokens (name, token_hash, role, created_at) VALUES (?, ?, 'user', ?)",
-                ("alice", hashlib.sha256(user.encode()).hexdigest(), "2026-01-01 00:00:00"),
-            )
+        user = user_token(home)
         with server.http(token=user) as client:
             refused = client.post("/api/v1/nodes/agent-0/expected-gpus")
         assert refused.status_code == 403 and "admins only" in refused.json()["error"]["message"]
