@@ -16,7 +16,8 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import cast
+from operator import attrgetter
+from typing import TypeVar, cast
 
 from gpupool.scheduler import (
     Decisions,
@@ -33,13 +34,15 @@ from gpupool.scheduler.placement import gpu_matches
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.policies import POOL, Policy
 from gpupool.sim.trace import TraceJob
-from gpupool.spec.scheduling import weighted_by_young, young_weight
+from gpupool.spec.scheduling import young_totals, young_weight, young_weighted
 
 EPS = 1e-9
 SLACK = 1e-6  # float slack of the exact skip tests, on the side of running the cycle
 ARRIVAL, FINISH, BAND, TICK = 0, 1, 2, 3
 MAX_ROUNDS = 4  # cycles at one instant (evictions release at once; the gainers bind in the next round)
 TIMELINE_POINTS = 600
+_K = TypeVar("_K")
+_CODE = attrgetter("code")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,31 @@ class _Job:
         self.record = JobRecord(trace.id, trace.queue, 0.0, trace.duration, self.gpus)
 
 
+class _QueueTally:
+    """What the skip test (`_nothing_can_change`) reads of one queue, kept up to date as its jobs arrive,
+    start, stop and finish, so that the test never walks every job."""
+
+    __slots__ = ("active", "active_jobs", "pending_shapes", "pending_sizes", "priorities", "running",
+                 "victims")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.active = 0.0  # GPUs of its pending and running jobs (its demand for fair share)
+        self.active_jobs = 0  # its pending and running jobs
+        self.running = 0.0  # GPUs of its running jobs
+        self.pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
+        self.pending_shapes: dict[tuple[int, float, int], int] = {}  # (priority, GPUs per pod, pods) -> jobs
+        self.priorities: dict[int, int] = {}  # priority -> running jobs at it
+        self.victims: dict[int, _Job] = {}  # its running single-pod jobs, in start order
+
+
+def _count(counter: dict[_K, int], key: _K, step: int) -> None:
+    left = counter.get(key, 0) + step
+    if left:
+        counter[key] = left
+    else:
+        del counter[key]
+
+
 def shape(gpus: float, max_per_node: int, nodes_hint: int = 0) -> tuple[int, float]:
     """(pods, GPUs per pod) for a job of `gpus` GPUs: one pod up to a node's size, else whole nodes."""
     if nodes_hint > 1:
@@ -193,6 +221,9 @@ class Simulation:
         self.settled = 0  # jobs finished or dropped
         # GPUs of schedulable nodes, as the scheduler counts them for fair share
         self._gpu_capacity = sum(g.free for n in cluster.nodes if n.schedulable for g in n.gpus)
+        self._cluster_gpus = cluster.gpus
+        self._strict = self._strict_fifo()
+        self._positive_quotas = [(name, quota) for name, quota in self.quotas.items() if quota > 0]
         self.shortcuts = True  # skip cycles that provably change nothing (off only to test that claim)
         self.skipped = 0
         # The views the scheduler sees, kept from cycle to cycle in the order of `running` / `pending`:
@@ -201,12 +232,28 @@ class Simulation:
         self._running_views_by_job: dict[int, WorkloadView | None] = {}
         self._pending_views_by_job: dict[int, WorkloadView | None] = {}
         self._pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
+        # pending jobs whose view is still to be built, where views are kept (no estimates, not strict FIFO)
+        self._unbuilt: list[int] | None = [] if self.policy.estimate == "none" and not self._strict else None
+        self._tallies: dict[str, _QueueTally] = {}  # by the queue the scheduler sees
+        # GPUs free on each node, as the preempt skip test counts them: the empty node's, less the pods
+        # placed on it (`_on_node`: node -> job -> GPUs of its pods there, in start order), recomputed for
+        # the nodes in `_room_stale` only
+        self._empty_room = {n.name: sum(g.free for g in n.gpus) for n in cluster.nodes}
+        self._room = dict(self._empty_room)
+        self._on_node: dict[str, dict[int, tuple[float, ...]]] = {}
+        self._room_stale: set[str] = set()
         self._stale: list[_Job] = []
         self._checkpoints: list[tuple[float, int, int]] = []
         self._running_tuple: tuple[WorkloadView, ...] | None = None
         self._pending_tuple: tuple[WorkloadView, ...] | None = None  # kept until the pending set changes
         self._queues_tuple: tuple[QueueView, ...] | None = None
         self._queues_counts: tuple[float, ...] = ()
+        self._queues_totals: list[float] = []  # each queue's young total behind `_queues_tuple`
+        self._queues_nested = any(q.parent is not None for q in self.queues)
+        self._queues_weighted: dict[tuple[int, float], QueueView] = {}  # (queue, young total) -> its view
+        self._min_runtimes = any(
+            (q.min_runtime_preempt or 0) > 0 or (q.min_runtime_reclaim or 0) > 0 for q in self.queues
+        )
         self._dirty = False
 
     def _policy_queues(self, queues: Sequence[QueueView], jobs: Sequence[TraceJob]) -> tuple[QueueView, ...]:
@@ -264,12 +311,12 @@ class Simulation:
         dt = min(t, self.result.arrival_window) - min(self.now, self.result.arrival_window)
         if dt > 0:
             self.result.busy_gpu_s += self.used * dt
-            for name, quota in self.quotas.items():
-                if quota > 0:
-                    wanted = min(quota, self.demand.get(name, 0.0))
-                    got = self.alloc.get(name, 0.0)
-                    if got + EPS < wanted:
-                        self.result.shortfall_gpu_s[name] += (wanted - got) * dt
+            demand, alloc, shortfall = self.demand, self.alloc, self.result.shortfall_gpu_s
+            for name, quota in self._positive_quotas:
+                wanted = min(quota, demand.get(name, 0.0))
+                got = alloc.get(name, 0.0)
+                if got + EPS < wanted:
+                    shortfall[name] += (wanted - got) * dt
         self.now = t
 
     def _handle(self, kind: int, job: _Job, token: int) -> None:
@@ -294,8 +341,17 @@ class Simulation:
         job.priority = self._priority(job, 0.0)
         self._add_pending(job)
         self.demand[job.trace.queue] += job.gpus
+        tally = self._tally(job.queue)
+        tally.active += job.gpus
+        tally.active_jobs += 1
         self._recount(job)
         self._dirty = True
+
+    def _tally(self, queue: str) -> _QueueTally:
+        tally = self._tallies.get(queue)
+        if tally is None:
+            tally = self._tallies[queue] = _QueueTally()
+        return tally
 
     def _fits_empty(self, job: _Job) -> bool:
         key = (job.nodes, job.demand)
@@ -315,6 +371,9 @@ class Simulation:
         self.settled += 1
         job.record.finish = self.now
         self.demand[job.trace.queue] -= job.gpus
+        tally = self._tallies[job.queue]
+        tally.active -= job.gpus
+        tally.active_jobs -= 1
         self._recount(job)
         if self.policy.estimate == "learned":
             self._pending_tuple = None  # the estimates learned from finished jobs change
@@ -331,6 +390,13 @@ class Simulation:
         self._running_tuple = None
         self.used -= job.gpus
         self.alloc[job.trace.queue] -= job.gpus
+        tally = self._tallies[job.queue]
+        tally.running -= job.gpus
+        _count(tally.priorities, job.priority, -1)
+        tally.victims.pop(job.idx, None)
+        for pod in job.placement:
+            self._on_node[pod.node].pop(job.idx, None)
+            self._room_stale.add(pod.node)
         self.attained_update(job)
         job.placement = ()
         job.view = None
@@ -342,6 +408,9 @@ class Simulation:
     def _band(self, job: _Job) -> None:
         priority = self._priority(job, self.now)
         if priority != job.priority:
+            priorities = self._tallies[job.queue].priorities
+            _count(priorities, job.priority, -1)
+            _count(priorities, priority, 1)
             job.priority = priority
             job.view = None
             self._stale.append(job)
@@ -419,67 +488,75 @@ class Simulation:
           while the other queues hold at least its GPUs above their fair shares, or free."""
         if not self.shortcuts:
             return False
-        free = self.cluster.gpus - self.used + EPS
-        if self._strict_fifo():
+        free = self._cluster_gpus - self.used + EPS
+        if self._strict:
             head = next(iter(self.pending.values()))
             if head.gpus <= free:
                 return False
         elif min(self._pending_sizes) <= free:
             return False
         actions = self.config.actions
-        if "preempt" in actions and self.running:
-            lowest: dict[str, int] = {}
-            for j in self.running.values():
-                if j.priority < lowest.get(j.queue, j.priority + 1):
-                    lowest[j.queue] = j.priority
-            outranking = [j for j in self.pending.values() if j.priority > lowest.get(j.queue, j.priority)]
-            if outranking and self._preempt_could_place(outranking):
-                return False
+        if "preempt" in actions and self.running and self._preempt_could_place():
+            return False
         return "reclaim" not in actions or not self.running or self._reclaim_is_futile(free)
 
-    def _preempt_could_place(self, outranking: list[_Job]) -> bool:
+    def _preempt_could_place(self) -> bool:
         """Whether some pending job that outranks running work of its queue could be placed by evicting
         that work: on enough nodes, the GPUs free there plus those of the queue's lower-priority single-pod
-        jobs there must cover its GPUs per pod (models and fractions ignored, on the permissive side)."""
-        room: dict[str, float] = {n.name: sum(g.free for g in n.gpus) for n in self.cluster.nodes}
-        lower: dict[str, list[tuple[int, str, float]]] = {}  # queue -> (priority, node, GPUs) of victims
-        for j in self.running.values():
-            for pod in j.placement:
-                room[pod.node] = room.get(pod.node, 0.0) - len(pod.gpu_indices) * pod.gpu_fraction
-            if len(j.placement) == 1:
-                pod = j.placement[0]
-                lower.setdefault(j.queue, []).append(
-                    (j.priority, pod.node, len(pod.gpu_indices) * pod.gpu_fraction)
-                )
-        seen: set[tuple[str, int, float, int]] = set()
-        for w in outranking:
-            key = (w.queue, w.priority, w.demand.count, w.nodes)
-            if key in seen:
+        jobs there must cover its GPUs per pod (models and fractions ignored, on the permissive side).
+        Pending jobs of one queue, priority and shape are one case."""
+        room: dict[str, float] | None = None
+        able_empty: dict[float, int] = {}  # GPUs per pod -> nodes with that much room before evictions
+        for tally in self._tallies.values():
+            if not tally.priorities or not tally.pending_shapes:
                 continue
-            seen.add(key)
-            if w.demand.count <= 0:
-                return True
-            gain = dict(room)
-            for priority, node, gpus in lower.get(w.queue, ()):
-                if priority < w.priority:
-                    gain[node] += gpus
-            able = sum(1 for value in gain.values() if value + SLACK >= w.demand.count)
-            if able >= w.nodes:
-                return True
+            lowest = min(tally.priorities)
+            for priority, count, pods in tally.pending_shapes:
+                if priority <= lowest:
+                    continue  # outranks none of its queue's running work
+                if count <= 0:
+                    return True
+                if room is None:
+                    room = self._node_room()
+                gain: dict[str, float] = {}  # the nodes with victims: their room once those are evicted
+                for victim in tally.victims.values():
+                    if victim.priority < priority:
+                        pod = victim.placement[0]
+                        node = pod.node
+                        gain[node] = gain.get(node, room[node]) + len(pod.gpu_indices) * pod.gpu_fraction
+                able = able_empty.get(count)
+                if able is None:
+                    able = able_empty[count] = sum(1 for value in room.values() if value + SLACK >= count)
+                for node, value in gain.items():
+                    able += (value + SLACK >= count) - (room[node] + SLACK >= count)
+                if able >= pods:
+                    return True
         return False
+
+    def _node_room(self) -> dict[str, float]:
+        """GPUs free on each node: the empty node's less its pods', subtracted in start order."""
+        room = self._room
+        for name in self._room_stale:
+            value = self._empty_room[name]
+            for amounts in self._on_node[name].values():
+                for amount in amounts:
+                    value -= amount
+            room[name] = value
+        self._room_stale.clear()
+        return room
 
     def _reclaim_is_futile(self, free: float) -> bool:
         """No pending workload could reclaim: see `_nothing_can_change`."""
         demand: dict[str, float] = {}
         alloc: dict[str, float] = {}
         smallest: dict[str, float] = {}
-        for j in self.pending.values():
-            demand[j.queue] = demand.get(j.queue, 0.0) + j.gpus
-            if j.gpus < smallest.get(j.queue, math.inf):
-                smallest[j.queue] = j.gpus
-        for j in self.running.values():
-            demand[j.queue] = demand.get(j.queue, 0.0) + j.gpus
-            alloc[j.queue] = alloc.get(j.queue, 0.0) + j.gpus
+        for name, tally in self._tallies.items():
+            if tally.active_jobs:
+                demand[name] = tally.active
+            if tally.running:
+                alloc[name] = tally.running
+            if tally.pending_sizes:
+                smallest[name] = min(tally.pending_sizes)
         queues = list(self._queues_for_cycle())
         known = {q.name for q in queues}
         queues.extend(QueueView(name) for name in sorted(demand) if name not in known)
@@ -513,18 +590,19 @@ class Simulation:
     def _pending_for_cycle(self) -> tuple[WorkloadView, ...]:
         """The pending work the scheduler needs to see. Under strict FIFO that is the prefix of the line
         up to the first job that cannot fit the free GPUs: nothing behind it can start this cycle."""
-        if not self._strict_fifo():
+        if not self._strict:
             if self._pending_tuple is None:
-                if self.policy.estimate == "none":
+                if self._unbuilt is not None:
                     by_job = self._pending_views_by_job
-                    for idx, view in by_job.items():
-                        if view is None:
+                    for idx in self._unbuilt:
+                        if idx in by_job:
                             by_job[idx] = self._pending_view(self.jobs[idx])
+                    self._unbuilt.clear()
                     self._pending_tuple = cast(tuple[WorkloadView, ...], tuple(by_job.values()))
                 else:  # estimates move as jobs finish: each view is checked
                     self._pending_tuple = tuple(self._pending_view(j) for j in self.pending.values())
             return self._pending_tuple
-        room = self.cluster.gpus - self.used + EPS
+        room = self._cluster_gpus - self.used + EPS
         views = []
         for job in self.pending.values():
             views.append(self._pending_view(job))
@@ -538,10 +616,10 @@ class Simulation:
         consolidation's minimum age."""
         if not self.pending:
             return False
-        if any((q.min_runtime_preempt or 0) > 0 or (q.min_runtime_reclaim or 0) > 0 for q in self.queues):
+        if self._min_runtimes:
             return True
         if "consolidate" in self.config.actions:
-            return any(e.code == "fragmented" for e in decisions.explanations.values())
+            return "fragmented" in map(_CODE, decisions.explanations.values())
         return False
 
     def _cycle(self) -> Decisions:
@@ -565,12 +643,34 @@ class Simulation:
         if self.counts:
             counts = tuple(self.counts.values())
             if self._queues_tuple is None or counts != self._queues_counts:
-                self._queues_tuple = weighted_by_young(queues, self.counts)
+                self._queues_tuple = self._weighted_by_young()
                 self._queues_counts = counts
             queues = self._queues_tuple
         if not self.usage:
             return queues
         return tuple(replace(q, usage=self.usage.get(q.name, 0.0)) for q in queues)
+
+    def _weighted_by_young(self) -> tuple[QueueView, ...]:
+        """`weighted_by_young(self.queues, self.counts)`, equal to it, with only the views whose young
+        total changed since the last call built again."""
+        totals = young_totals(self.queues, self.counts) if self._queues_nested else self.counts
+        last = self._queues_totals
+        if not last:
+            views = [young_weighted(q, totals.get(q.name, 0)) for q in self.queues]
+            self._queues_totals = [totals.get(q.name, 0) for q in self.queues]
+            return tuple(views)
+        assert self._queues_tuple is not None
+        views = list(self._queues_tuple)
+        known = self._queues_weighted
+        for i, queue in enumerate(self.queues):
+            total = totals.get(queue.name, 0)
+            if total != last[i]:
+                view = known.get((i, total))
+                if view is None:
+                    view = known[(i, total)] = young_weighted(queue, total)
+                views[i] = view
+                last[i] = total
+        return tuple(views)
 
     def _recount(self, job: _Job) -> bool:
         """Keep `counts` (each queue's sum of its jobs' young weights) up to date after `job` changed;
@@ -672,16 +772,30 @@ class Simulation:
     def _add_pending(self, job: _Job) -> None:
         self.pending[job.idx] = job
         self._pending_views_by_job[job.idx] = None  # built at the next cycle
+        if self._unbuilt is not None:
+            self._unbuilt.append(job.idx)
         self._pending_tuple = None
-        self._pending_sizes[job.gpus] = self._pending_sizes.get(job.gpus, 0) + 1
+        _count(self._pending_sizes, job.gpus, 1)
+        tally = self._tally(job.queue)
+        _count(tally.pending_sizes, job.gpus, 1)
+        _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), 1)
 
     def _start(self, job: _Job, pods: tuple[PodPlacement, ...]) -> None:
         del self.pending[job.idx]
         del self._pending_views_by_job[job.idx]
         self._pending_tuple = None
-        left = self._pending_sizes.pop(job.gpus) - 1
-        if left:
-            self._pending_sizes[job.gpus] = left
+        _count(self._pending_sizes, job.gpus, -1)
+        tally = self._tallies[job.queue]
+        _count(tally.pending_sizes, job.gpus, -1)
+        _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), -1)
+        tally.running += job.gpus
+        _count(tally.priorities, job.priority, 1)
+        if len(pods) == 1:
+            tally.victims[job.idx] = job
+        for pod in pods:
+            on = self._on_node.setdefault(pod.node, {})
+            on[job.idx] = (*on.get(job.idx, ()), len(pod.gpu_indices) * pod.gpu_fraction)
+            self._room_stale.add(pod.node)
         job.record.queued += self.now - job.pending_since
         if job.record.start is None:
             job.record.start = self.now

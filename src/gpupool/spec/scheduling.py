@@ -104,6 +104,12 @@ def weighted_by_young(queues: Sequence[QueueView], counts: Mapping[str, float]) 
     workloads in it or below it (`counts`: each queue's own workloads' sum, by queue name; a queue with
     no young work gets weight 0: nothing above its quota while others want it). Queues whose weight would
     not change are returned as they are."""
+    total = young_totals(queues, counts)
+    return tuple(young_weighted(q, total.get(q.name, 0)) for q in queues)
+
+
+def young_totals(queues: Sequence[QueueView], counts: Mapping[str, float]) -> dict[str, float]:
+    """Each queue's young-work sum with its descendants' added (`counts`: each queue's own, by name)."""
     parents = {q.name: q.parent for q in queues}
     total = dict(counts)
     for name, count in counts.items():
@@ -113,11 +119,14 @@ def weighted_by_young(queues: Sequence[QueueView], counts: Mapping[str, float]) 
             total[parent] = total.get(parent, 0.0) + count
             seen.add(parent)
             parent = parents.get(parent)
-    out = []
-    for q in queues:
-        weight = q.gpu.weight * total.get(q.name, 0)
-        out.append(q if weight == q.gpu.weight else replace(q, gpu=replace(q.gpu, weight=weight)))
-    return tuple(out)
+    return total
+
+
+def young_weighted(queue: QueueView, total: float) -> QueueView:
+    """`queue` with its GPU over-quota weight multiplied by `total` (from `young_totals`); the queue
+    itself when that changes nothing."""
+    weight = queue.gpu.weight * total
+    return queue if weight == queue.gpu.weight else replace(queue, gpu=replace(queue.gpu, weight=weight))
 
 
 def band_text(thresholds: Sequence[float], band: int) -> str:

@@ -1,0 +1,61 @@
+"""The engine with a tree of queues (parents, a tenant no queue names) and fractional jobs: the figures do
+not depend on the cycles it skips, and the scheduler sees the weights the server would give it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool.scheduler import Decisions, QueueView, Share
+from gpupool.sim.cluster import load_cluster
+from gpupool.sim.engine import SimOptions, Simulation
+from gpupool.sim.policies import BY_NAME, POLICIES
+from gpupool.sim.trace import TraceJob
+from gpupool.spec.scheduling import weighted_by_young
+
+QUEUES = (
+    QueueView("research", gpu=Share(quota=16.0, weight=1.5)),
+    QueueView("product", gpu=Share(quota=12.0, weight=0.7)),
+    QueueView("nlp", parent="research", gpu=Share(quota=8.0, weight=2.0)),
+    QueueView("vision", parent="research", gpu=Share(quota=6.0, limit=20.0)),
+    QueueView("search", parent="product", gpu=Share(quota=10.0, weight=0.3)),
+)
+TENANTS = ("nlp", "vision", "search", "other")  # "other" has no queue of its own
+
+
+def jobs() -> list[TraceJob]:
+    sizes = [0.5, 1, 1, 2, 4, 8, 16, 0.25]
+    return [
+        TraceJob(i, float(i * 53 % 1920), float(30 + (i * 7919) % 9000), sizes[i % 8], TENANTS[i % 4])
+        for i in range(120)
+    ]
+
+
+@pytest.mark.parametrize("policy", [p.name for p in POLICIES])
+def test_skipped_cycles_leave_every_figure_as_it_was_with_a_tree_of_queues(policy: str) -> None:
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs(), 0.0, load_cluster("4x8"), QUEUES, BY_NAME[policy], SimOptions())
+        sim.shortcuts = shortcuts
+        result = sim.run()
+        records = [(j.id, j.start, j.finish, j.preemptions, j.queued, j.lost_gpu_s) for j in result.jobs]
+        runs.append((records, sim.skipped))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] > 0 == runs[1][1]
+
+
+class _Checked(Simulation):
+    """A simulation that checks, before each cycle, the queues it gives the scheduler."""
+
+    checked = 0
+
+    def _cycle(self) -> Decisions:
+        if self.counts:
+            assert self._queues_for_cycle() == weighted_by_young(self.queues, self.counts)
+            self.checked += 1
+        return super()._cycle()
+
+
+def test_the_scheduler_sees_each_queue_weighted_by_its_young_work_as_the_server_weighs_it() -> None:
+    sim = _Checked(jobs(), 0.0, load_cluster("4x8"), QUEUES, BY_NAME["gpupool"], SimOptions())
+    sim.run()
+    assert sim.checked > 100
