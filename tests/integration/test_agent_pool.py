@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -84,6 +85,51 @@ def test_a_failing_rank_stops_the_whole_gang_and_it_is_retried_as_one(tmp_path: 
         # Rank 0 (sleep 60) was stopped with the gang: nothing is left running on any agent.
         time.sleep(1.5)
         assert all(n["workloads"] == [] for n in pool.nodes().values())
+    finally:
+        pool.stop()
+
+
+def test_heartbeat_answers_carry_the_version_they_were_written_at_so_an_agent_can_order_them(
+    tmp_path: Path,
+) -> None:
+    # An agent has two heartbeats in flight (its long-poll, and a report when a process ends); it applies
+    # no answer older than one it has applied, or it would stop a rank started since and start it again.
+    pool = start_pool(tmp_path, 0)
+    server = pool.server
+    try:
+        info = {"gpus": [["H100", 1]], "cpus": 8, "memory_bytes": 64 << 30}
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            joined = client.post(
+                "/api/v1/agents/register",
+                json={"name": "probe", "join_token": join_token(server), "info": info},
+            )
+            assert joined.status_code == 200, joined.text
+            headers = {"Authorization": f"Bearer {joined.json()['credential']}"}
+
+            def beat(attempts: list[dict[str, Any]], wait: float) -> dict[str, Any]:
+                body = {"attempts": attempts, "wait": wait}
+                answer = client.post("/api/v1/agents/heartbeat", json=body, headers=headers)
+                assert answer.status_code == 200, answer.text
+                return dict(answer.json())
+
+            empty = beat([], 0)
+            assert empty["attempts"] == [] and isinstance(empty["version"], int)
+            job = server.submit({"resources": {"gpu": 1}, "commands": ["sleep 60"]})
+            offered = beat([], 1.0)
+            deadline = time.time() + 30
+            while not offered["attempts"] and time.time() < deadline:
+                offered = beat([], 1.0)
+            (entry,) = offered["attempts"]
+            assert "launch" in entry and offered["version"] > empty["version"], (empty, offered)
+            running = [{k: entry[k] for k in ("attempt_id", "rank", "token")} | {"state": "running"}]
+            again = beat(running, 0)
+            assert again["version"] >= offered["version"] and "launch" not in again["attempts"][0]
+            server.cli("cancel", str(job["id"]), check=True)
+            stopped = beat(running, 1.0)
+            deadline = time.time() + 30
+            while stopped["version"] == offered["version"] and time.time() < deadline:
+                stopped = beat(running, 1.0)
+            assert stopped["version"] > offered["version"], "asking the rank to stop is a newer answer"
     finally:
         pool.stop()
 

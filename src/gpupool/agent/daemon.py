@@ -73,6 +73,9 @@ class Agent:
         self._sampled_at = float("-inf")  # when GPU samples were last sent
         self._orphaned = False
         self._stop = threading.Event()
+        # The head's version of the newest answer applied (-1: none since joining). The long-poll and the
+        # exit report are two heartbeats that may be answered in one order and applied in the other.
+        self._applied_version = -1
 
     # -- credentials -----------------------------------------------------------------------------------
 
@@ -134,6 +137,8 @@ class Agent:
         if answer.get("credential"):
             self._save_credential(str(answer["credential"]))
         self.interval = float(answer.get("interval") or 1.0)
+        with self._send_lock:
+            self._applied_version = -1  # a restarted head counts its versions from 0 again
         log.info("event=agent_joined node=%s server=%s", self.settings.name, self.settings.server)
 
     def _heartbeat(self, client: httpx.Client, wait: float) -> None:
@@ -160,13 +165,28 @@ class Agent:
             raise AgentRefused(_message(response))
         response.raise_for_status()
         answer = response.json()
-        with self._send_lock:
-            self.attempts.apply(answer)
-        self.tasks.take(answer.get("instructions") or [])
+        if self.take_answer(answer):
+            self.tasks.take(answer.get("instructions") or [])
         self.last_contact = time.monotonic()
         if self._orphaned:
             self._orphaned = False
             log.info("event=head_reachable_again node=%s", self.settings.name)
+
+    def take_answer(self, answer: dict[str, Any]) -> bool:
+        """Run what a heartbeat answer lists, unless the head wrote it before an answer already applied
+        (False): applying it would kill a rank started since, and the next heartbeat would start it again."""
+        version = answer.get("version")
+        with self._send_lock:
+            if isinstance(version, int):
+                if version < self._applied_version:
+                    log.info(
+                        "event=stale_answer_ignored node=%s version=%d applied=%d",
+                        self.settings.name, version, self._applied_version,
+                    )  # fmt: skip
+                    return False
+                self._applied_version = version
+            self.attempts.apply(answer)
+        return True
 
     # -- the loops -------------------------------------------------------------------------------------
 

@@ -166,8 +166,12 @@ async def answer_heartbeat(state: State, authorization: str, raw: bytes) -> byte
         await backend.wait_for_change(name, version, wait)
         logs = answer["logs"]
         known = {(int(a["attempt_id"]), int(a["rank"])) for a in body.get("attempts") or []}
-        answer, _ = backend.desired(name, known)
+        answer, version = backend.desired(name, known)
         answer["logs"] = logs
+    # The node's version when the answer was written (it grows with every change of the node's desired
+    # state): an agent's long-poll and its exit report can be answered in one order and arrive in the
+    # other, and the agent applies no answer older than one it has applied.
+    answer["version"] = version
     return json.dumps(answer).encode()
 
 

@@ -1,0 +1,61 @@
+"""The agent sends two heartbeats at once (its long-poll, and a report when a process ends); their answers
+can come back in either order, and only the newer one the head wrote decides what runs on the node."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from gpupool.agent.daemon import Agent, AgentSettings
+
+
+def _head_answer(agent: Agent, version: int, launch: dict[str, Any] | None) -> dict[str, Any]:
+    """What the head answers when it lists attempt 7's rank 0 on this node: the launch goes only with a
+    rank the agent does not report yet (backends/agent.py, AgentBackend.desired)."""
+    reported, _ = agent.attempts.report()
+    entry: dict[str, Any] = {"attempt_id": 7, "rank": 0, "token": "tok", "signal": 0}
+    if launch is not None and not any((a["attempt_id"], a["rank"]) == (7, 0) for a in reported):
+        entry["launch"] = launch
+    return {"attempts": [entry], "version": version}
+
+
+def _starts(marks: Path, at_least: int) -> list[str]:
+    deadline = time.monotonic() + 20  # a bound on a shell starting, not a timing assertion
+    while time.monotonic() < deadline:
+        lines = marks.read_text().split() if marks.exists() else []
+        if len(lines) >= at_least:
+            return lines
+        time.sleep(0.05)
+    return marks.read_text().split() if marks.exists() else []
+
+
+def test_an_answer_older_than_one_applied_neither_stops_nor_restarts_a_rank(tmp_path: Path) -> None:
+    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=tmp_path / "state", name="n0"), None)
+    marks = tmp_path / "marks"
+    launch = {
+        "workload_id": 1,
+        "attempt_number": 1,
+        "script": f"echo started >> {marks}\nsleep 60\n",
+        "env": {"GPUPOOL_ATTEMPT": "1"},
+        "workdir": str(tmp_path),
+    }
+    try:
+        # The exit report's answer was written at version 4, before the attempt was offered; the long-poll's
+        # at version 5, with the attempt. The long-poll's is applied first.
+        written_first = {"attempts": [], "version": 4}
+        assert agent.take_answer(_head_answer(agent, 5, launch))
+        assert _starts(marks, 1) == ["started"]
+        taken = agent.take_answer(written_first)
+        assert agent.attempts.running_count() == 1, "the rank the older answer predates still runs"
+        assert not taken, "an answer older than one applied is ignored"
+        assert agent.take_answer(_head_answer(agent, 5, launch))  # the next heartbeat: no launch
+        assert agent.attempts.running_count() == 1
+        assert marks.read_text().split() == ["started"], "rank 0 of the attempt ran once"
+
+        assert agent.take_answer({"attempts": [], "version": 6})  # the head settled the attempt
+        assert agent.attempts.running_count() == 0
+        assert agent.take_answer({"attempts": []}), "a head that sends no version is always followed"
+    finally:
+        agent.attempts.stop_all("the test is over")
+        agent.close()
