@@ -24,6 +24,9 @@ HOUR = 3600.0
 LAS_BANDS = (1 * HOUR, 16 * HOUR)
 # Remaining GPU-time bands for the preemptive SRTF reference (shorter remaining work = higher band).
 SRTF_BANDS = (0.25 * HOUR, 1 * HOUR, 4 * HOUR, 16 * HOUR, 64 * HOUR)
+# Finer bands of remaining GPU-time for the oracle bound inside quotas (2 and 5 minutes up to 128 hours):
+# a band holds jobs of like remaining work, so the order inside the queues is close to exact SRTF.
+ORACLE_BANDS = tuple(hours * HOUR for hours in (1 / 30, 1 / 12, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128))
 ALLOCATE_ONLY = ("allocate",)
 POOL = "pool"  # the one queue of policies that ignore quotas
 
@@ -147,6 +150,17 @@ POLICIES: tuple[Policy, ...] = (
         "first (QSSF-style, learned online from the queue's finished jobs), no preemption inside a queue",
         SchedulerConfig(ordering="estimate", blocking="skip", fair_share=True),
         estimate="learned",
+    ),
+    Policy(
+        "gpupool-oracle",
+        "gpupool's quotas, fair share, reclaim and young-work weights, with true remaining durations inside "
+        "each queue: shortest remaining GPU-time band first, preemptive (12 bands, 2 minutes to 128 "
+        "GPU-hours). What any order inside the queues could reach while the quotas hold (knows durations: "
+        "reference only)",
+        replace(DEFAULT_POLICY, ordering="srtf-oracle", las_preempt=False),
+        remaining_bands=ORACLE_BANDS,
+        estimate="oracle",
+        oracle=True,
     ),
     Policy(
         "gpupool-las",

@@ -182,3 +182,23 @@ def test_skipping_cycles_that_cannot_change_anything_leaves_every_figure_as_it_w
         runs.append(([(j.id, j.start, j.finish, j.preemptions, j.queued) for j in result.jobs], sim.skipped))
     assert runs[0][0] == runs[1][0]
     assert runs[0][1] > 0 == runs[1][1]  # cycles were skipped, and only with the shortcuts on
+
+
+def test_the_oracle_bound_inside_quotas_lets_less_remaining_work_go_first_and_keeps_other_quotas() -> None:
+    queues = (QueueView("a", gpu=Share(quota=4.0)), QueueView("b", gpu=Share(quota=4.0)))
+    jobs = [
+        TraceJob(0, 0.0, 36_000.0, 4, "b"),  # inside b's quota the whole time
+        TraceJob(1, 0.0, 3_600.0, 4, "a"),
+        TraceJob(2, 3_000.0, 36_000.0, 4, "a"),  # arrives when job 1 has 10 minutes left
+        TraceJob(3, 4_000.0, 300.0, 4, "a"),  # arrives behind job 2 with far less to do
+    ]
+    oracle = simulate(jobs, "1x8", "gpupool-oracle", queues)
+    runs = by_id(oracle)
+    preempted = {j.id: j.preemptions for j in oracle.jobs}
+    # Job 1, nearly done, is not preempted for the new long job 2 (least attained service would: job 2
+    # has attained nothing); job 3, with 5 minutes to do, preempts job 2; b's job is never touched.
+    assert runs[1] == (0.0, 3_600.0)
+    assert runs[2][0] == 3_600.0 and runs[3] == (4_000.0, 4_300.0)
+    assert preempted == {0: 0, 1: 0, 2: 1, 3: 0}
+    las_like = {j.id: j.preemptions for j in simulate(jobs, "1x8", "gpupool", queues).jobs}
+    assert las_like[1] == 1 and las_like[0] == 0
