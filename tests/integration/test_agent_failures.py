@@ -123,7 +123,12 @@ def test_a_stale_agent_is_fenced_when_it_comes_back_after_its_work_moved(tmp_pat
             {
                 "resources": {"gpu": 1},
                 "retry": {"max_restarts": 1, "on": ["node-failure"]},
-                "commands": [f"echo $$ > {pid_dir}/attempt-$GPUPOOL_ATTEMPT", "sleep 6"],
+                # The first attempt runs until it is fenced (were it to end by itself first, there would
+                # be nothing to fence: the time a move takes under load is no part of the test).
+                "commands": [
+                    f"echo $$ > {pid_dir}/attempt-$GPUPOOL_ATTEMPT",
+                    'if [ "$GPUPOOL_ATTEMPT" = 0 ]; then sleep 120; fi',
+                ],
             }
         )
         server.wait_for(job["id"], states=("running",))
@@ -137,8 +142,12 @@ def test_a_stale_agent_is_fenced_when_it_comes_back_after_its_work_moved(tmp_pat
             assert _alive(stale_pid), "the stale attempt still runs while its agent is stopped"
         finally:
             stale.signal(signal.SIGCONT)
-        _wait(lambda: not _alive(stale_pid), "the stale attempt to be fenced and stopped", 15)
-        assert "event=attempt_fenced" in stale.log()
+        # The agent kills the rank, then logs it: wait for both.
+        _wait(
+            lambda: not _alive(stale_pid) and "event=attempt_fenced" in stale.log(),
+            "the stale attempt to be fenced and stopped",
+            15,
+        )
         done = server.wait_for(job["id"], timeout=30)
         assert done["state"] == "succeeded" and done["attempts"] == 2, done
         assert done["attempt_list"][1]["node"] != node
