@@ -19,38 +19,65 @@ EPSILON = 1e-9
 MIXED = "*"
 
 
-@dataclass(slots=True)
 class NodeState:
-    name: str
-    view: NodeView
-    position: dict[int, int]  # GPU index -> position in the lists below
-    free: list[float]
-    held: list[float]
-    cpus_free: float
-    memory_free: float
-    schedulable: bool
-    model: str  # the GPUs' family when uniform, MIXED otherwise, "" without GPUs
-    labels: dict[str, str] = field(default_factory=dict)
-    whole: int = 0  # GPUs entirely free (normal placement)
-    partial: bool = False  # some GPU is partly free (room for fractions)
-    free_sum: float = 0.0
-    held_sum: float = 0.0
-    holding: bool = False  # some GPU is held by stopping work
-    released: int = 0  # GPUs entirely free once stopping work has released them
-    signature: tuple[tuple[str, int], ...] = ()  # (model, memory) per GPU: nodes alike share match results
-    island: int = 0  # GPUs in the node's largest NVLink island: no pod wanting more fits in one island
+    """One node as a cycle sees it: its GPUs' free and held fractions and the counts derived from them.
+
+    A plain class, not a dataclass: a cycle builds one per node, and compiled with mypyc a dataclass's
+    generated `__init__` runs as interpreted Python (it was most of the cost of building the state).
+    """
+
+    __slots__ = (
+        "cpus_free", "free", "free_sum", "held", "held_sum", "holding", "island", "labels", "memory_free",
+        "model", "name", "partial", "position", "released", "schedulable", "signature", "view", "whole",
+    )  # fmt: skip
+
+    def __init__(self, view: NodeView, t: _NodeTemplate) -> None:
+        self.name = view.name
+        self.view = view
+        self.position: dict[int, int] = t.position  # GPU index -> position in the lists below (read only)
+        self.free: list[float] = list(t.free)
+        self.held: list[float] = [0.0] * len(t.free)
+        self.cpus_free = t.cpus_free
+        self.memory_free = t.memory_free
+        self.schedulable = view.schedulable
+        self.model = t.model  # the GPUs' family when uniform, MIXED otherwise, "" without GPUs
+        self.labels: dict[str, str] = t.labels  # read only
+        self.whole = t.whole  # GPUs entirely free (normal placement)
+        self.partial = t.partial  # some GPU is partly free (room for fractions)
+        self.free_sum = t.free_sum
+        self.held_sum = 0.0
+        self.holding = False  # some GPU is held by stopping work
+        self.released = t.whole  # GPUs entirely free once stopping work has released them
+        # (model, memory) per GPU: nodes alike share match results
+        self.signature: tuple[tuple[str, int], ...] = t.signature
+        self.island = t.island  # GPUs in the node's largest NVLink island: no pod wanting more fits in one
 
     def recount(self) -> None:
-        self.whole = sum(1 for f in self.free if f >= 1.0 - EPSILON)
-        self.partial = any(EPSILON < f < 1.0 - EPSILON for f in self.free)
-        self.free_sum = sum(self.free, 0.0)
-        self.held_sum = sum(self.held, 0.0)
-        self.holding = self.held_sum > EPSILON
-        self.released = (
-            sum(1 for f, h in zip(self.free, self.held, strict=True) if f + h >= 1.0 - EPSILON)
-            if self.holding
-            else self.whole
-        )
+        whole = 0
+        partial = False
+        free_sum = 0.0
+        for f in self.free:
+            if f >= 1.0 - EPSILON:
+                whole += 1
+            elif f > EPSILON:
+                partial = True
+            free_sum += f
+        held_sum = 0.0
+        for h in self.held:
+            held_sum += h
+        self.whole = whole
+        self.partial = partial
+        self.free_sum = free_sum
+        self.held_sum = held_sum
+        self.holding = held_sum > EPSILON
+        if self.holding:
+            released = 0
+            for f, h in zip(self.free, self.held, strict=True):
+                if f + h >= 1.0 - EPSILON:
+                    released += 1
+            self.released = released
+        else:
+            self.released = whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +158,20 @@ def _enter(
     node: NodeState,
 ) -> None:
     """Put `node` in placement indexes (the state's own, or a domain's) as it is now."""
-    buckets.setdefault(node.model, {}).setdefault(node.whole, {})[node.name] = None
+    by_count = buckets.get(node.model)
+    if by_count is None:
+        by_count = buckets[node.model] = {}
+    names = by_count.get(node.whole)
+    if names is None:
+        names = by_count[node.whole] = {}
+    names[node.name] = None
     if node.partial:
         partial_nodes[node.name] = None
     if node.holding:
-        holding_by_count.setdefault(node.released, {})[node.name] = None
+        holding = holding_by_count.get(node.released)
+        if holding is None:
+            holding = holding_by_count[node.released] = {}
+        holding[node.name] = None
 
 
 def _leave(
@@ -146,9 +182,11 @@ def _leave(
     holding: bool,
 ) -> None:
     """Take `node` out of placement indexes, as `_enter` put it there (`holding`: it was holding then)."""
-    bucket = buckets.get(node.model, {}).get(node.whole)
-    if bucket is not None:
-        bucket.pop(node.name, None)
+    by_count = buckets.get(node.model)
+    if by_count is not None:
+        bucket = by_count.get(node.whole)
+        if bucket is not None:
+            bucket.pop(node.name, None)
     partial_nodes.pop(node.name, None)
     if holding:
         holding_by_count[node.released].pop(node.name, None)
@@ -217,24 +255,7 @@ class ClusterState:
 
     def _add_node(self, view: NodeView) -> None:
         t = _template(view)
-        node = NodeState(
-            name=view.name,
-            view=view,
-            position=t.position,  # read only
-            free=list(t.free),
-            held=[0.0] * len(t.free),
-            cpus_free=t.cpus_free,
-            memory_free=t.memory_free,
-            schedulable=view.schedulable,
-            model=t.model,
-            labels=t.labels,  # read only
-            whole=t.whole,
-            partial=t.partial,
-            free_sum=t.free_sum,
-            released=t.whole,
-            signature=t.signature,
-            island=t.island,
-        )
+        node = NodeState(view, t)
         self.nodes[view.name] = node
         if view.schedulable and t.island > self.island:
             self.island = t.island
@@ -318,6 +339,7 @@ class ClusterState:
         running = self.running
         for workload in workloads:
             running[workload.id] = workload
+            stopping = workload.stopping
             for pod in workload.placement:
                 node = nodes.get(pod.node)
                 if node is None:
@@ -326,15 +348,17 @@ class ClusterState:
                     touched[node.name] = node
                     self._unindex(node)
                 fraction = pod.gpu_fraction
+                position = node.position
+                free = node.free
                 for index in pod.gpu_indices:
-                    pos = node.position.get(index)
+                    pos = position.get(index)
                     if pos is not None:
-                        node.free[pos] -= fraction
-                        if workload.stopping:
+                        free[pos] -= fraction
+                        if stopping:
                             node.held[pos] += fraction
                 node.cpus_free -= workload.cpus
                 node.memory_free -= workload.memory_bytes
-            if not workload.stopping:
+            if not stopping:
                 key = (workload.queue, workload.preemptible)
                 row = totals.get(key)
                 if row is None:
