@@ -26,7 +26,9 @@ def test_the_demo_runs_end_to_end_and_resumes_the_fine_tune_from_its_checkpoint(
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
-    first = (ROOT / ".demo" / "home" / "logs" / "1" / "attempt-0.log").read_text()
+    fine_tune = re.search(r"submitted (\d+) \(llama-finetune\)", out)
+    assert fine_tune, out[-3000:]
+    first = (ROOT / ".demo" / "home" / "logs" / fine_tune[1] / "attempt-0.log").read_text()
     assert "starting from step 0" in first, (
         "the first fine-tune must start fresh, not from a stale checkpoint"
     )
