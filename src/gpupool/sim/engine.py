@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import TypeVar, cast
@@ -232,6 +232,7 @@ class Simulation:
         self._running_views_by_job: dict[int, WorkloadView | None] = {}
         self._pending_views_by_job: dict[int, WorkloadView | None] = {}
         self._pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
+        self._pending_shapes: dict[tuple[float, int], int] = {}  # (GPUs per pod, pods) -> pending jobs
         # pending jobs whose view is still to be built, where views are kept (no estimates, not strict FIFO)
         self._unbuilt: list[int] | None = [] if self.policy.estimate == "none" and not self._strict else None
         self._tallies: dict[str, _QueueTally] = {}  # by the queue the scheduler sees
@@ -482,20 +483,23 @@ class Simulation:
         Exact (each test is a necessary condition of an action doing anything, checked the way the cycle
         checks it, with float slack on the permissive side):
         - allocate and consolidate need a pending workload no larger than the free GPUs in total (for
-          strict FIFO: the head of the line);
+          strict FIFO: the head of the line); allocate alone (no consolidate to move running work) needs
+          one whose pods each find a node with as many GPUs free;
         - preempt needs pending work that outranks running work of its own queue;
         - reclaim needs a pending workload that stays within its queue's fair share when it starts,
           while the other queues hold at least its GPUs above their fair shares, or free."""
         if not self.shortcuts:
             return False
         free = self._cluster_gpus - self.used + EPS
+        actions = self.config.actions
         if self._strict:
             head = next(iter(self.pending.values()))
-            if head.gpus <= free:
+            if head.gpus <= free and self._fits_nodes(((head.demand.count, head.nodes),)):
                 return False
-        elif min(self._pending_sizes) <= free:
+        elif min(self._pending_sizes) <= free and (
+            "consolidate" in actions or self._fits_nodes(self._pending_shapes)
+        ):
             return False
-        actions = self.config.actions
         if "preempt" in actions and self.running and self._preempt_could_place():
             return False
         return "reclaim" not in actions or not self.running or self._reclaim_is_futile(free)
@@ -531,6 +535,23 @@ class Simulation:
                     able += (value + SLACK >= count) - (room[node] + SLACK >= count)
                 if able >= pods:
                     return True
+        return False
+
+    def _fits_nodes(self, shapes: Iterable[tuple[float, int]]) -> bool:
+        """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that many
+        GPUs free, as they are now (models and fractions ignored, on the permissive side)."""
+        room: dict[str, float] | None = None
+        able: dict[float, int] = {}  # GPUs per pod -> nodes with that much room
+        for count, pods in shapes:
+            if count <= 0:
+                return True
+            nodes = able.get(count)
+            if nodes is None:
+                if room is None:
+                    room = self._node_room()
+                nodes = able[count] = sum(1 for value in room.values() if value + SLACK >= count)
+            if nodes >= pods:
+                return True
         return False
 
     def _node_room(self) -> dict[str, float]:
@@ -776,6 +797,7 @@ class Simulation:
             self._unbuilt.append(job.idx)
         self._pending_tuple = None
         _count(self._pending_sizes, job.gpus, 1)
+        _count(self._pending_shapes, (job.demand.count, job.nodes), 1)
         tally = self._tally(job.queue)
         _count(tally.pending_sizes, job.gpus, 1)
         _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), 1)
@@ -785,6 +807,7 @@ class Simulation:
         del self._pending_views_by_job[job.idx]
         self._pending_tuple = None
         _count(self._pending_sizes, job.gpus, -1)
+        _count(self._pending_shapes, (job.demand.count, job.nodes), -1)
         tally = self._tallies[job.queue]
         _count(tally.pending_sizes, job.gpus, -1)
         _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), -1)

@@ -1,5 +1,6 @@
-"""The engine with a tree of queues (parents, a tenant no queue names) and fractional jobs: the figures do
-not depend on the cycles it skips, and the scheduler sees the weights the server would give it."""
+"""The engine's skipped cycles with a tree of queues (parents, a tenant no queue names), fractional jobs
+and free GPUs scattered across nodes: the figures do not depend on the cycles it skips, and the scheduler
+sees the weights the server would give it."""
 
 from __future__ import annotations
 
@@ -59,3 +60,20 @@ def test_the_scheduler_sees_each_queue_weighted_by_its_young_work_as_the_server_
     sim = _Checked(jobs(), 0.0, load_cluster("4x8"), QUEUES, BY_NAME["gpupool"], SimOptions())
     sim.run()
     assert sim.checked > 100
+
+
+@pytest.mark.parametrize("policy", ["fifo", "fifo-backfill", "las"])
+def test_a_job_with_enough_free_gpus_only_across_nodes_waits_through_skipped_cycles(policy: str) -> None:
+    # Two 4-GPU jobs finish on each node at 100 s: 8 GPUs are free, 4 on each node, until 5,000 s.
+    jobs = [TraceJob(i, 0.0, [5000.0, 100.0][i % 2], 4, "a") for i in range(4)]
+    jobs += [TraceJob(4 + i, 200.0 + 100 * i, 100.0, 8, "a") for i in range(6)]  # a whole node each
+    built = load_cluster("2x8")
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs, 0.0, built, (QueueView("a", gpu=Share(quota=16.0)),), BY_NAME[policy])
+        sim.shortcuts = shortcuts
+        runs.append(([(j.id, j.start, j.finish) for j in sim.run().jobs], sim.skipped))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] > 0 == runs[1][1]
+    if policy != "las":  # las preempts the long jobs once they pass its first band
+        assert runs[0][0][4] == (4, 5000.0, 5100.0)
