@@ -233,8 +233,10 @@ class Simulation:
         self._pending_views_by_job: dict[int, WorkloadView | None] = {}
         self._pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
         self._pending_shapes: dict[tuple[float, int], int] = {}  # (GPUs per pod, pods) -> pending jobs
-        # pending jobs whose view is still to be built, where views are kept (no estimates, not strict FIFO)
-        self._unbuilt: list[int] | None = [] if self.policy.estimate == "none" and not self._strict else None
+        # pending jobs whose view is still to be built, where views are kept: not under strict FIFO, nor
+        # with learned estimates (they move as other jobs finish; an oracle's stays while a job waits)
+        keeps_views = self.policy.estimate != "learned" and not self._strict
+        self._unbuilt: list[int] | None = [] if keeps_views else None
         self._tallies: dict[str, _QueueTally] = {}  # by the queue the scheduler sees
         # GPUs free on each node, as the preempt skip test counts them: the empty node's, less the pods
         # placed on it (`_on_node`: node -> job -> GPUs of its pods there, in start order), recomputed for
@@ -620,7 +622,7 @@ class Simulation:
                             by_job[idx] = self._pending_view(self.jobs[idx])
                     self._unbuilt.clear()
                     self._pending_tuple = cast(tuple[WorkloadView, ...], tuple(by_job.values()))
-                else:  # estimates move as jobs finish: each view is checked
+                else:  # learned estimates move as jobs finish: each view is checked
                     self._pending_tuple = tuple(self._pending_view(j) for j in self.pending.values())
             return self._pending_tuple
         room = self._cluster_gpus - self.used + EPS
