@@ -238,6 +238,8 @@ class Simulation:
         keeps_views = self.policy.estimate != "learned" and not self._strict
         self._unbuilt: list[int] | None = [] if keeps_views else None
         self._tallies: dict[str, _QueueTally] = {}  # by the queue the scheduler sees
+        # the reclaim skip test's last fair shares: (queues, demand by queue, fair GPUs by queue)
+        self._fair_for: tuple[tuple[QueueView, ...], dict[str, float], dict[str, float]] | None = None
         # GPUs free on each node, as the preempt skip test counts them: the empty node's, less the pods
         # placed on it (`_on_node`: node -> job -> GPUs of its pods there, in start order), recomputed for
         # the nodes in `_room_stale` only
@@ -580,13 +582,19 @@ class Simulation:
                 alloc[name] = tally.running
             if tally.pending_sizes:
                 smallest[name] = min(tally.pending_sizes)
-        queues = list(self._queues_for_cycle())
-        known = {q.name for q in queues}
-        queues.extend(QueueView(name) for name in sorted(demand) if name not in known)
-        capacity = {"gpu": self._gpu_capacity}
-        shares = fair_shares(queues, {q: {"gpu": d} for q, d in demand.items()}, capacity,
-                             self.config.usage_weight)  # fmt: skip
-        fair = {q: s.get("gpu", 0.0) for q, s in shares.items()}
+        views = self._queues_for_cycle()
+        last = self._fair_for
+        if last is not None and views is last[0] and demand == last[1]:
+            fair = last[2]  # fair shares are a function of the queues and their demand
+        else:
+            queues = list(views)
+            known = {q.name for q in queues}
+            queues.extend(QueueView(name) for name in sorted(demand) if name not in known)
+            capacity = {"gpu": self._gpu_capacity}
+            shares = fair_shares(queues, {q: {"gpu": d} for q, d in demand.items()}, capacity,
+                                 self.config.usage_weight)  # fmt: skip
+            fair = {q: s.get("gpu", 0.0) for q, s in shares.items()}
+            self._fair_for = (views, demand, fair)
         if self.policy.queues != POOL:
             self.fair = fair  # what the skipped cycle would have reported
         above = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
