@@ -599,12 +599,45 @@ class Simulation:
             self.fair = fair  # what the skipped cycle would have reported
         above = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
         surplus = sum(above.values())
+        reclaimers = []
         for queue, gpus in smallest.items():
             if alloc.get(queue, 0.0) + gpus > fair.get(queue, 0.0) + SLACK:
                 continue  # the reclaimer may not end above its fair share
             if surplus - max(0.0, above.get(queue, 0.0)) + free + SLACK >= gpus:
-                return False
-        return True
+                reclaimers.append(queue)
+        if not reclaimers:
+            return True
+        if self._queues_nested:
+            return False  # a parent's share bounds reclaim too: the node test below reads leaf queues only
+        return not self._reclaim_could_place(reclaimers, above, alloc, fair)
+
+    def _reclaim_could_place(
+        self, reclaimers: list[str], above: dict[str, float], alloc: dict[str, float], fair: dict[str, float]
+    ) -> bool:
+        """Whether a pending job of one of these queues (flat queues) could be placed by reclaim: on enough
+        nodes, the GPUs free there plus those of the single-pod jobs there of queues above their fair
+        share must cover its GPUs per pod (a reclaimer is never above its own share, so none of its own
+        work counts; models, fractions and the budget ignored, on the permissive side)."""
+        room = self._node_room()
+        gain = dict(room)
+        for queue in above:
+            for victim in self._tallies[queue].victims.values():
+                pod = victim.placement[0]
+                gain[pod.node] += len(pod.gpu_indices) * pod.gpu_fraction
+        able: dict[float, int] = {}  # GPUs per pod -> nodes with that much room once victims are gone
+        for queue in reclaimers:
+            limit = fair.get(queue, 0.0) - alloc.get(queue, 0.0) + SLACK
+            for _, count, pods in self._tallies[queue].pending_shapes:
+                if count * pods > limit:
+                    continue  # would end above its fair share
+                if count <= 0:
+                    return True
+                nodes = able.get(count)
+                if nodes is None:
+                    nodes = able[count] = sum(1 for value in gain.values() if value + SLACK >= count)
+                if nodes >= pods:
+                    return True
+        return False
 
     def _strict_fifo(self) -> bool:
         """One queue in submit order that nothing may pass: only its head (and what fits before the first

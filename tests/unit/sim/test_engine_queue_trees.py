@@ -77,3 +77,21 @@ def test_a_job_with_enough_free_gpus_only_across_nodes_waits_through_skipped_cyc
     assert runs[0][1] > 0 == runs[1][1]
     if policy != "las":  # las preempts the long jobs once they pass its first band
         assert runs[0][0][4] == (4, 5000.0, 5100.0)
+
+
+def test_a_queue_below_its_share_waits_through_skipped_cycles_while_only_a_gang_holds_the_surplus() -> None:
+    # b's 16-GPU gang holds 12 GPUs above b's fair share, but reclaim never takes gangs: a's jobs wait
+    # for it to finish, and the cycles at their arrivals are skipped (reclaim could place nothing).
+    jobs = [
+        TraceJob(0, 0.0, 5000.0, 16, "b"),
+        TraceJob(1, 100.0, 100.0, 4, "a"),
+        TraceJob(2, 200.0, 50.0, 2, "a"),
+    ]
+    built = load_cluster("2x8")
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs, 0.0, built, (), BY_NAME["drf"], SimOptions())
+        sim.shortcuts = shortcuts
+        runs.append(([(j.id, j.start, j.finish) for j in sim.run().jobs], sim.skipped))
+    assert runs[0][0] == runs[1][0] == [(0, 0.0, 5000.0), (1, 5000.0, 5100.0), (2, 5000.0, 5050.0)]
+    assert runs[0][1] == 2 and runs[1][1] == 0
