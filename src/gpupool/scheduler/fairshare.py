@@ -59,11 +59,25 @@ def fair_shares(
     result: dict[str, dict[str, float]] = {q.name: {} for q in queues}
     for resource in RESOURCES:
         own = {q.name: demand.get(q.name, {}).get(resource, 0.0) for q in queues}
+        if _nothing_wanted(queues, own, resource):
+            for q in queues:  # what water-filling gives when no queue wants any of it, without the walk
+                result[q.name][resource] = 0.0
+            continue
         totals: dict[str, float] = {}
         for top in children.get(None, []):
             totals.update(subtree_demand(children, own, top.name))
         _split(children, None, capacity.get(resource, 0.0), resource, totals, usage_weight, result)
     return result
+
+
+def _nothing_wanted(queues: Sequence[QueueView], own: Mapping[str, float], resource: str) -> bool:
+    """No queue wants any of `resource` and no quota or limit is negative: every share is 0. (Traces without
+    CPU or memory requests, and clusters that do not count them, ask this for two resources of three.)"""
+    for q in queues:
+        share = q.share(resource)
+        if own[q.name] != 0.0 or share.quota < 0.0 or (share.limit is not None and share.limit < 0.0):
+            return False
+    return True
 
 
 def _split(

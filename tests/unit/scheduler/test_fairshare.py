@@ -1,0 +1,40 @@
+"""Fair shares: a resource that no queue wants gets 0 everywhere, as the full water-filling walk gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool.scheduler import QueueView, Share
+from gpupool.scheduler.fairshare import _split, children_of, fair_shares, subtree_demand
+
+QUEUES = [
+    QueueView("research", gpu=Share(quota=16.0, weight=1.5), cpu=Share(quota=64.0, limit=128.0)),
+    QueueView("nlp", parent="research", gpu=Share(quota=8.0), cpu=Share(quota=32.0, weight=2.0)),
+    QueueView("vision", parent="research", cpu=Share(quota=0.0, limit=0.0)),
+    QueueView("product", gpu=Share(quota=12.0), priority=1),
+    QueueView("orphan", parent="gone", memory=Share(quota=2.0**30)),
+]
+
+
+def walked(resource: str, capacity: float) -> dict[str, float]:
+    """The shares by the water-filling walk itself, with no queue wanting any of `resource`."""
+    children = children_of(QUEUES)
+    own = dict.fromkeys((q.name for q in QUEUES), 0.0)
+    totals: dict[str, float] = {}
+    for top in children.get(None, []):
+        totals.update(subtree_demand(children, own, top.name))
+    result: dict[str, dict[str, float]] = {q.name: {} for q in QUEUES}
+    _split(children, None, capacity, resource, totals, 0.0, result)
+    return {name: shares[resource] for name, shares in result.items()}
+
+
+@pytest.mark.parametrize("capacity", [0.0, 96.0])
+def test_a_resource_no_queue_wants_gets_a_share_of_zero_everywhere_as_water_filling_gives(
+    capacity: float,
+) -> None:
+    demand = {"nlp": {"gpu": 12.0}, "product": {"gpu": 20.0}}  # GPUs only: no CPU or memory asked
+    shares = fair_shares(QUEUES, demand, {"gpu": 32.0, "cpu": capacity, "memory": capacity})
+    for resource in ("cpu", "memory"):
+        got = {name: row[resource] for name, row in shares.items()}
+        assert got == walked(resource, capacity) == dict.fromkeys(got, 0.0)
+    assert shares["nlp"]["gpu"] == 12.0 and shares["product"]["gpu"] == 20.0  # GPUs shared as before
