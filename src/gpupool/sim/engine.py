@@ -153,6 +153,26 @@ def _count(counter: dict[_K, int], key: _K, step: int) -> None:
         del counter[key]
 
 
+def _nodes_with(room: dict[str, float], gpus: float) -> int:
+    """How many nodes have `gpus` GPUs of room (with the skip tests' slack)."""
+    return sum(1 for value in room.values() if value + SLACK >= gpus)
+
+
+def _fits_on(room: dict[str, float], shapes: Iterable[tuple[float, int]]) -> bool:
+    """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that much
+    `room` (GPUs by node)."""
+    able: dict[float, int] = {}  # GPUs per pod -> nodes with that much room
+    for count, pods in shapes:
+        if count <= 0:
+            return True
+        nodes = able.get(count)
+        if nodes is None:
+            nodes = able[count] = _nodes_with(room, count)
+        if nodes >= pods:
+            return True
+    return False
+
+
 def shape(gpus: float, max_per_node: int, nodes_hint: int = 0) -> tuple[int, float]:
     """(pods, GPUs per pod) for a job of `gpus` GPUs: one pod up to a node's size, else whole nodes."""
     if nodes_hint > 1:
@@ -534,7 +554,7 @@ class Simulation:
                         gain[node] = gain.get(node, room[node]) + len(pod.gpu_indices) * pod.gpu_fraction
                 able = able_empty.get(count)
                 if able is None:
-                    able = able_empty[count] = sum(1 for value in room.values() if value + SLACK >= count)
+                    able = able_empty[count] = _nodes_with(room, count)
                 for node, value in gain.items():
                     able += (value + SLACK >= count) - (room[node] + SLACK >= count)
                 if able >= pods:
@@ -544,19 +564,7 @@ class Simulation:
     def _fits_nodes(self, shapes: Iterable[tuple[float, int]]) -> bool:
         """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that many
         GPUs free, as they are now (models and fractions ignored, on the permissive side)."""
-        room: dict[str, float] | None = None
-        able: dict[float, int] = {}  # GPUs per pod -> nodes with that much room
-        for count, pods in shapes:
-            if count <= 0:
-                return True
-            nodes = able.get(count)
-            if nodes is None:
-                if room is None:
-                    room = self._node_room()
-                nodes = able[count] = sum(1 for value in room.values() if value + SLACK >= count)
-            if nodes >= pods:
-                return True
-        return False
+        return _fits_on(self._node_room(), shapes)
 
     def _node_room(self) -> dict[str, float]:
         """GPUs free on each node: the empty node's less its pods', subtracted in start order."""
@@ -618,26 +626,18 @@ class Simulation:
         nodes, the GPUs free there plus those of the single-pod jobs there of queues above their fair
         share must cover its GPUs per pod (a reclaimer is never above its own share, so none of its own
         work counts; models, fractions and the budget ignored, on the permissive side)."""
-        room = self._node_room()
-        gain = dict(room)
+        gain = dict(self._node_room())
         for queue in above:
             for victim in self._tallies[queue].victims.values():
                 pod = victim.placement[0]
                 gain[pod.node] += len(pod.gpu_indices) * pod.gpu_fraction
-        able: dict[float, int] = {}  # GPUs per pod -> nodes with that much room once victims are gone
-        for queue in reclaimers:
-            limit = fair.get(queue, 0.0) - alloc.get(queue, 0.0) + SLACK
-            for _, count, pods in self._tallies[queue].pending_shapes:
-                if count * pods > limit:
-                    continue  # would end above its fair share
-                if count <= 0:
-                    return True
-                nodes = able.get(count)
-                if nodes is None:
-                    nodes = able[count] = sum(1 for value in gain.values() if value + SLACK >= count)
-                if nodes >= pods:
-                    return True
-        return False
+        shapes = [
+            (count, pods)
+            for queue in reclaimers
+            for _, count, pods in self._tallies[queue].pending_shapes
+            if count * pods <= fair.get(queue, 0.0) - alloc.get(queue, 0.0) + SLACK  # stays within its share
+        ]
+        return _fits_on(gain, shapes)
 
     def _strict_fifo(self) -> bool:
         """One queue in submit order that nothing may pass: only its head (and what fits before the first
