@@ -625,12 +625,20 @@ class Simulation:
         """Whether a pending job of one of these queues (flat queues) could be placed by reclaim: on enough
         nodes, the GPUs free there plus those of the single-pod jobs there of queues above their fair
         share must cover its GPUs per pod (a reclaimer is never above its own share, so none of its own
-        work counts; models, fractions and the budget ignored, on the permissive side)."""
+        work counts). Reclaim's budget keeps every victim queue at or above its fair share: from a queue
+        `above` it by h GPUs, only jobs of at most h GPUs may go, and at most h GPUs in all (counted here
+        per node, so on the permissive side; models and fractions ignored too)."""
         gain = dict(self._node_room())
-        for queue in above:
+        for queue, headroom in above.items():
+            limit = headroom + SLACK
+            taken: dict[str, float] = {}  # node -> GPUs of this queue's victims there
             for victim in self._tallies[queue].victims.values():
                 pod = victim.placement[0]
-                gain[pod.node] += len(pod.gpu_indices) * pod.gpu_fraction
+                gpus = len(pod.gpu_indices) * pod.gpu_fraction
+                if gpus <= limit:
+                    taken[pod.node] = taken.get(pod.node, 0.0) + gpus
+            for node, gpus in taken.items():
+                gain[node] += min(gpus, limit)
         shapes = [
             (count, pods)
             for queue in reclaimers

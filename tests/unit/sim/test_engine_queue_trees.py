@@ -95,3 +95,24 @@ def test_a_queue_below_its_share_waits_through_skipped_cycles_while_only_a_gang_
         runs.append(([(j.id, j.start, j.finish) for j in sim.run().jobs], sim.skipped))
     assert runs[0][0] == runs[1][0] == [(0, 0.0, 5000.0), (1, 5000.0, 5100.0), (2, 5000.0, 5050.0)]
     assert runs[0][1] == 2 and runs[1][1] == 0
+
+
+def test_cycles_are_skipped_while_reclaim_could_only_take_a_victim_queue_below_its_share() -> None:
+    # b holds 12 GPUs, 2 above its fair share of 10 once a asks for 6; a's 6-GPU job would fit node 1 only
+    # by evicting b's 4-GPU job, which would leave b below its share: reclaim may not, so the cycle at its
+    # arrival is skipped. When a asks for more, b's share falls to 8 and the same eviction is allowed.
+    jobs = [
+        TraceJob(0, 0.0, 5000.0, 8, "b"),
+        TraceJob(1, 0.0, 5000.0, 4, "b"),
+        TraceJob(2, 100.0, 1000.0, 6, "a"),
+        TraceJob(3, 200.0, 1000.0, 8, "a"),
+    ]
+    built = load_cluster("2x8")
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs, 0.0, built, (), BY_NAME["drf"], SimOptions(checkpoint_interval=0.0))
+        sim.shortcuts = shortcuts
+        runs.append(([(j.id, j.start, j.finish, j.preemptions) for j in sim.run().jobs], sim.skipped))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][0][1][3] == 1 and runs[0][0][2][1] == 200.0  # reclaimed for a once its share allows
+    assert runs[0][1] == 1 and runs[1][1] == 0
