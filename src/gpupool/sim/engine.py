@@ -14,10 +14,10 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import TypeVar, cast
+from typing import cast
 
 from gpupool.scheduler import (
     Decisions,
@@ -29,19 +29,17 @@ from gpupool.scheduler import (
     WorkloadView,
     decide,
 )
-from gpupool.scheduler.fairshare import fair_shares
 from gpupool.scheduler.placement import gpu_matches
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.policies import POOL, Policy
+from gpupool.sim.skip import SkipTest
 from gpupool.sim.trace import TraceJob
 from gpupool.spec.scheduling import young_totals, young_weight, young_weighted
 
 EPS = 1e-9
-SLACK = 1e-6  # float slack of the exact skip tests, on the side of running the cycle
 ARRIVAL, FINISH, BAND, TICK = 0, 1, 2, 3
 MAX_ROUNDS = 4  # cycles at one instant (evictions release at once; the gainers bind in the next round)
 TIMELINE_POINTS = 600
-_K = TypeVar("_K")
 _CODE = attrgetter("code")
 
 
@@ -128,51 +126,6 @@ class _Job:
         self.record = JobRecord(trace.id, trace.queue, 0.0, trace.duration, self.gpus)
 
 
-class _QueueTally:
-    """What the skip test (`_nothing_can_change`) reads of one queue, kept up to date as its jobs arrive,
-    start, stop and finish, so that the test never walks every job."""
-
-    __slots__ = ("active", "active_jobs", "pending_shapes", "pending_sizes", "priorities", "running",
-                 "victims")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.active = 0.0  # GPUs of its pending and running jobs (its demand for fair share)
-        self.active_jobs = 0  # its pending and running jobs
-        self.running = 0.0  # GPUs of its running jobs
-        self.pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
-        self.pending_shapes: dict[tuple[int, float, int], int] = {}  # (priority, GPUs per pod, pods) -> jobs
-        self.priorities: dict[int, int] = {}  # priority -> running jobs at it
-        self.victims: dict[int, _Job] = {}  # its running single-pod jobs, in start order
-
-
-def _count(counter: dict[_K, int], key: _K, step: int) -> None:
-    left = counter.get(key, 0) + step
-    if left:
-        counter[key] = left
-    else:
-        del counter[key]
-
-
-def _nodes_with(room: dict[str, float], gpus: float) -> int:
-    """How many nodes have `gpus` GPUs of room (with the skip tests' slack)."""
-    return sum(1 for value in room.values() if value + SLACK >= gpus)
-
-
-def _fits_on(room: dict[str, float], shapes: Iterable[tuple[float, int]]) -> bool:
-    """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that much
-    `room` (GPUs by node)."""
-    able: dict[float, int] = {}  # GPUs per pod -> nodes with that much room
-    for count, pods in shapes:
-        if count <= 0:
-            return True
-        nodes = able.get(count)
-        if nodes is None:
-            nodes = able[count] = _nodes_with(room, count)
-        if nodes >= pods:
-            return True
-    return False
-
-
 def shape(gpus: float, max_per_node: int, nodes_hint: int = 0) -> tuple[int, float]:
     """(pods, GPUs per pod) for a job of `gpus` GPUs: one pod up to a node's size, else whole nodes."""
     if nodes_hint > 1:
@@ -239,8 +192,6 @@ class Simulation:
         self._sample_every = max(self.options.cycle, last_arrival / TIMELINE_POINTS)
         self._next_sample = 0.0
         self.settled = 0  # jobs finished or dropped
-        # GPUs of schedulable nodes, as the scheduler counts them for fair share
-        self._gpu_capacity = sum(g.free for n in cluster.nodes if n.schedulable for g in n.gpus)
         self._cluster_gpus = cluster.gpus
         self._strict = self._strict_fifo()
         self._positive_quotas = [(name, quota) for name, quota in self.quotas.items() if quota > 0]
@@ -251,22 +202,10 @@ class Simulation:
         # checkpoint passes (`_checkpoints`: a heap of (time, job, attempt)).
         self._running_views_by_job: dict[int, WorkloadView | None] = {}
         self._pending_views_by_job: dict[int, WorkloadView | None] = {}
-        self._pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
-        self._pending_shapes: dict[tuple[float, int], int] = {}  # (GPUs per pod, pods) -> pending jobs
         # pending jobs whose view is still to be built, where views are kept: not under strict FIFO, nor
         # with learned estimates (they move as other jobs finish; an oracle's stays while a job waits)
         keeps_views = self.policy.estimate != "learned" and not self._strict
         self._unbuilt: list[int] | None = [] if keeps_views else None
-        self._tallies: dict[str, _QueueTally] = {}  # by the queue the scheduler sees
-        # the reclaim skip test's last fair shares: (queues, demand by queue, fair GPUs by queue)
-        self._fair_for: tuple[tuple[QueueView, ...], dict[str, float], dict[str, float]] | None = None
-        # GPUs free on each node, as the preempt skip test counts them: the empty node's, less the pods
-        # placed on it (`_on_node`: node -> job -> GPUs of its pods there, in start order), recomputed for
-        # the nodes in `_room_stale` only
-        self._empty_room = {n.name: sum(g.free for g in n.gpus) for n in cluster.nodes}
-        self._room = dict(self._empty_room)
-        self._on_node: dict[str, dict[int, tuple[float, ...]]] = {}
-        self._room_stale: set[str] = set()
         self._stale: list[_Job] = []
         self._checkpoints: list[tuple[float, int, int]] = []
         self._running_tuple: tuple[WorkloadView, ...] | None = None
@@ -280,6 +219,10 @@ class Simulation:
             (q.min_runtime_preempt or 0) > 0 or (q.min_runtime_reclaim or 0) > 0 for q in self.queues
         )
         self._dirty = False
+        self.skip = SkipTest(
+            cluster, self.config, self._queues_for_cycle,
+            strict=self._strict, backfill=self._backfill_fifo(), nested=self._queues_nested,
+        )  # fmt: skip
 
     def _policy_queues(self, queues: Sequence[QueueView], jobs: Sequence[TraceJob]) -> tuple[QueueView, ...]:
         if self.policy.queues == POOL:
@@ -366,17 +309,9 @@ class Simulation:
         job.priority = self._priority(job, 0.0)
         self._add_pending(job)
         self.demand[job.trace.queue] += job.gpus
-        tally = self._tally(job.queue)
-        tally.active += job.gpus
-        tally.active_jobs += 1
+        self.skip.arrive(job)
         self._recount(job)
         self._dirty = True
-
-    def _tally(self, queue: str) -> _QueueTally:
-        tally = self._tallies.get(queue)
-        if tally is None:
-            tally = self._tallies[queue] = _QueueTally()
-        return tally
 
     def _fits_empty(self, job: _Job) -> bool:
         key = (job.nodes, job.demand)
@@ -396,9 +331,7 @@ class Simulation:
         self.settled += 1
         job.record.finish = self.now
         self.demand[job.trace.queue] -= job.gpus
-        tally = self._tallies[job.queue]
-        tally.active -= job.gpus
-        tally.active_jobs -= 1
+        self.skip.finish(job)
         self._recount(job)
         if self.policy.estimate == "learned":
             self._pending_tuple = None  # the estimates learned from finished jobs change
@@ -415,13 +348,7 @@ class Simulation:
         self._running_tuple = None
         self.used -= job.gpus
         self.alloc[job.trace.queue] -= job.gpus
-        tally = self._tallies[job.queue]
-        tally.running -= job.gpus
-        _count(tally.priorities, job.priority, -1)
-        tally.victims.pop(job.idx, None)
-        for pod in job.placement:
-            self._on_node[pod.node].pop(job.idx, None)
-            self._room_stale.add(pod.node)
+        self.skip.release(job)
         self.attained_update(job)
         job.placement = ()
         job.view = None
@@ -433,9 +360,7 @@ class Simulation:
     def _band(self, job: _Job) -> None:
         priority = self._priority(job, self.now)
         if priority != job.priority:
-            priorities = self._tallies[job.queue].priorities
-            _count(priorities, job.priority, -1)
-            _count(priorities, priority, 1)
+            self.skip.reband(job, priority)
             job.priority = priority
             job.view = None
             self._stale.append(job)
@@ -483,11 +408,15 @@ class Simulation:
         """Run the scheduler at this instant as often as evictions ask for; whether the clock matters."""
         if not (self._dirty or tick):
             return False
-        if self._nothing_can_change():
-            self._reset_triggers()
-            self.skipped += 1
-            self._sample()
-            return False
+        if self.shortcuts:
+            skip = self.skip.nothing_can_change(self.used, self.pending, bool(self.running))
+            if self.skip.fair is not None and self.policy.queues != POOL:
+                self.fair = self.skip.fair  # what a skipped cycle would have reported
+            if skip:
+                self._reset_triggers()
+                self.skipped += 1
+                self._sample()
+                return False
         clock = False
         for _ in range(MAX_ROUNDS):
             self._reset_triggers()
@@ -501,152 +430,6 @@ class Simulation:
     def _reset_triggers(self) -> None:
         self._dirty = False
 
-    def _nothing_can_change(self) -> bool:
-        """Whether `decide` is sure to return no binds and no evictions, so the cycle can be skipped.
-
-        Exact (each test is a necessary condition of an action doing anything, checked the way the cycle
-        checks it, with float slack on the permissive side):
-        - allocate and consolidate need a pending workload no larger than the free GPUs in total (for
-          strict FIFO: the head of the line); allocate alone (no consolidate to move running work) needs
-          one whose pods each find a node with as many GPUs free;
-        - preempt needs pending work that outranks running work of its own queue;
-        - reclaim needs a pending workload that stays within its queue's fair share when it starts,
-          while the other queues hold at least its GPUs above their fair shares, or free."""
-        if not self.shortcuts:
-            return False
-        free = self._cluster_gpus - self.used + EPS
-        actions = self.config.actions
-        if self._strict:
-            head = next(iter(self.pending.values()))
-            if head.gpus <= free and self._fits_nodes(((head.demand.count, head.nodes),)):
-                return False
-        elif min(self._pending_sizes) <= free and (
-            "consolidate" in actions or self._fits_nodes(self._pending_shapes)
-        ):
-            return False
-        if "preempt" in actions and self.running and self._preempt_could_place():
-            return False
-        return "reclaim" not in actions or not self.running or self._reclaim_is_futile(free)
-
-    def _preempt_could_place(self) -> bool:
-        """Whether some pending job that outranks running work of its queue could be placed by evicting
-        that work: on enough nodes, the GPUs free there plus those of the queue's lower-priority single-pod
-        jobs there must cover its GPUs per pod (models and fractions ignored, on the permissive side).
-        Pending jobs of one queue, priority and shape are one case."""
-        room: dict[str, float] | None = None
-        able_empty: dict[float, int] = {}  # GPUs per pod -> nodes with that much room before evictions
-        for tally in self._tallies.values():
-            if not tally.priorities or not tally.pending_shapes:
-                continue
-            lowest = min(tally.priorities)
-            for priority, count, pods in tally.pending_shapes:
-                if priority <= lowest:
-                    continue  # outranks none of its queue's running work
-                if count <= 0:
-                    return True
-                if room is None:
-                    room = self._node_room()
-                gain: dict[str, float] = {}  # the nodes with victims: their room once those are evicted
-                for victim in tally.victims.values():
-                    if victim.priority < priority:
-                        pod = victim.placement[0]
-                        node = pod.node
-                        gain[node] = gain.get(node, room[node]) + len(pod.gpu_indices) * pod.gpu_fraction
-                able = able_empty.get(count)
-                if able is None:
-                    able = able_empty[count] = _nodes_with(room, count)
-                for node, value in gain.items():
-                    able += (value + SLACK >= count) - (room[node] + SLACK >= count)
-                if able >= pods:
-                    return True
-        return False
-
-    def _fits_nodes(self, shapes: Iterable[tuple[float, int]]) -> bool:
-        """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that many
-        GPUs free, as they are now (models and fractions ignored, on the permissive side)."""
-        return _fits_on(self._node_room(), shapes)
-
-    def _node_room(self) -> dict[str, float]:
-        """GPUs free on each node: the empty node's less its pods', subtracted in start order."""
-        room = self._room
-        for name in self._room_stale:
-            value = self._empty_room[name]
-            for amounts in self._on_node[name].values():
-                for amount in amounts:
-                    value -= amount
-            room[name] = value
-        self._room_stale.clear()
-        return room
-
-    def _reclaim_is_futile(self, free: float) -> bool:
-        """No pending workload could reclaim: see `_nothing_can_change`."""
-        demand: dict[str, float] = {}
-        alloc: dict[str, float] = {}
-        smallest: dict[str, float] = {}
-        for name, tally in self._tallies.items():
-            if tally.active_jobs:
-                demand[name] = tally.active
-            if tally.running:
-                alloc[name] = tally.running
-            if tally.pending_sizes:
-                smallest[name] = min(tally.pending_sizes)
-        views = self._queues_for_cycle()
-        last = self._fair_for
-        if last is not None and views is last[0] and demand == last[1]:
-            fair = last[2]  # fair shares are a function of the queues and their demand
-        else:
-            queues = list(views)
-            known = {q.name for q in queues}
-            queues.extend(QueueView(name) for name in sorted(demand) if name not in known)
-            capacity = {"gpu": self._gpu_capacity}
-            shares = fair_shares(queues, {q: {"gpu": d} for q, d in demand.items()}, capacity,
-                                 self.config.usage_weight)  # fmt: skip
-            fair = {q: s.get("gpu", 0.0) for q, s in shares.items()}
-            self._fair_for = (views, demand, fair)
-        if self.policy.queues != POOL:
-            self.fair = fair  # what the skipped cycle would have reported
-        above = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
-        surplus = sum(above.values())
-        reclaimers = []
-        for queue, gpus in smallest.items():
-            if alloc.get(queue, 0.0) + gpus > fair.get(queue, 0.0) + SLACK:
-                continue  # the reclaimer may not end above its fair share
-            if surplus - max(0.0, above.get(queue, 0.0)) + free + SLACK >= gpus:
-                reclaimers.append(queue)
-        if not reclaimers:
-            return True
-        if self._queues_nested:
-            return False  # a parent's share bounds reclaim too: the node test below reads leaf queues only
-        return not self._reclaim_could_place(reclaimers, above, alloc, fair)
-
-    def _reclaim_could_place(
-        self, reclaimers: list[str], above: dict[str, float], alloc: dict[str, float], fair: dict[str, float]
-    ) -> bool:
-        """Whether a pending job of one of these queues (flat queues) could be placed by reclaim: on enough
-        nodes, the GPUs free there plus those of the single-pod jobs there of queues above their fair
-        share must cover its GPUs per pod (a reclaimer is never above its own share, so none of its own
-        work counts). Reclaim's budget keeps every victim queue at or above its fair share: from a queue
-        `above` it by h GPUs, only jobs of at most h GPUs may go, and at most h GPUs in all (counted here
-        per node, so on the permissive side; models and fractions ignored too)."""
-        gain = dict(self._node_room())
-        for queue, headroom in above.items():
-            limit = headroom + SLACK
-            taken: dict[str, float] = {}  # node -> GPUs of this queue's victims there
-            for victim in self._tallies[queue].victims.values():
-                pod = victim.placement[0]
-                gpus = len(pod.gpu_indices) * pod.gpu_fraction
-                if gpus <= limit:
-                    taken[pod.node] = taken.get(pod.node, 0.0) + gpus
-            for node, gpus in taken.items():
-                gain[node] += min(gpus, limit)
-        shapes = [
-            (count, pods)
-            for queue in reclaimers
-            for _, count, pods in self._tallies[queue].pending_shapes
-            if count * pods <= fair.get(queue, 0.0) - alloc.get(queue, 0.0) + SLACK  # stays within its share
-        ]
-        return _fits_on(gain, shapes)
-
     def _strict_fifo(self) -> bool:
         """One queue in submit order that nothing may pass: only its head (and what fits before the first
         blocked job) can start. Evictions never happen in it, so `pending` stays in submit order."""
@@ -654,6 +437,18 @@ class Simulation:
         return (
             self.policy.queues == POOL
             and config.blocking == "strict"
+            and config.ordering == "fifo"
+            and not self.policy.bands
+            and config.actions == ("allocate",)
+        )
+
+    def _backfill_fifo(self) -> bool:
+        """One queue in submit order under `blocking: backfill`, allocate only: the first job that
+        cannot start reserves nodes that nothing behind it may use (no workload declares a duration)."""
+        config = self.config
+        return (
+            self.policy.queues == POOL
+            and config.blocking == "backfill"
             and config.ordering == "fifo"
             and not self.policy.bands
             and config.actions == ("allocate",)
@@ -847,29 +642,13 @@ class Simulation:
         if self._unbuilt is not None:
             self._unbuilt.append(job.idx)
         self._pending_tuple = None
-        _count(self._pending_sizes, job.gpus, 1)
-        _count(self._pending_shapes, (job.demand.count, job.nodes), 1)
-        tally = self._tally(job.queue)
-        _count(tally.pending_sizes, job.gpus, 1)
-        _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), 1)
+        self.skip.add_pending(job)
 
     def _start(self, job: _Job, pods: tuple[PodPlacement, ...]) -> None:
         del self.pending[job.idx]
         del self._pending_views_by_job[job.idx]
         self._pending_tuple = None
-        _count(self._pending_sizes, job.gpus, -1)
-        _count(self._pending_shapes, (job.demand.count, job.nodes), -1)
-        tally = self._tallies[job.queue]
-        _count(tally.pending_sizes, job.gpus, -1)
-        _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), -1)
-        tally.running += job.gpus
-        _count(tally.priorities, job.priority, 1)
-        if len(pods) == 1:
-            tally.victims[job.idx] = job
-        for pod in pods:
-            on = self._on_node.setdefault(pod.node, {})
-            on[job.idx] = (*on.get(job.idx, ()), len(pod.gpu_indices) * pod.gpu_fraction)
-            self._room_stale.add(pod.node)
+        self.skip.start(job, pods)
         job.record.queued += self.now - job.pending_since
         if job.record.start is None:
             job.record.start = self.now

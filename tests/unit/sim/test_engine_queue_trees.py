@@ -116,3 +116,27 @@ def test_cycles_are_skipped_while_reclaim_could_only_take_a_victim_queue_below_i
     assert runs[0][0] == runs[1][0]
     assert runs[0][0][1][3] == 1 and runs[0][0][2][1] == 200.0  # reclaimed for a once its share allows
     assert runs[0][1] == 1 and runs[1][1] == 0
+
+
+def test_cycles_are_skipped_while_backfill_keeps_later_jobs_off_the_nodes_the_blocked_head_reserves() -> None:
+    # Node 0 has 4 GPUs free, node 1 has 2. The 8-GPU head of the line cannot start and reserves node 0
+    # (no node has 8 free; node 0 comes first by name), so the 4- and 3-GPU jobs behind it, which fit
+    # node 0 only, wait: the cycles at their arrivals (and at the 2-GPU job's finish) are skipped. The
+    # 2-GPU job fits node 1, outside the reservation, and starts at once.
+    jobs = [
+        TraceJob(0, 0.0, 5000.0, 4, "a"),
+        TraceJob(1, 0.0, 5000.0, 6, "a"),
+        TraceJob(2, 100.0, 1000.0, 8, "a"),
+        TraceJob(3, 200.0, 1000.0, 4, "a"),
+        TraceJob(4, 300.0, 1000.0, 3, "a"),
+        TraceJob(5, 400.0, 1000.0, 2, "a"),
+    ]
+    built = load_cluster("2x8")
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs, 0.0, built, (QueueView("a", gpu=Share(quota=16.0)),), BY_NAME["fifo-backfill"])
+        sim.shortcuts = shortcuts
+        runs.append(([(j.id, j.start, j.finish) for j in sim.run().jobs], sim.skipped))
+    assert runs[0][0] == runs[1][0]
+    assert [start for _, start, _ in runs[0][0]] == [0.0, 0.0, 5000.0, 5000.0, 5000.0, 400.0]
+    assert runs[0][1] == 4 and runs[1][1] == 0
