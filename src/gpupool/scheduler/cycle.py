@@ -27,7 +27,7 @@ from gpupool.scheduler.snapshot import (
     Snapshot,
     WorkloadView,
 )
-from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, NodeState, Reservation
+from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, NodeState, Reservation, Sums
 
 ACTIONS = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
 PLACEMENTS = ("binpack", "spread", "fragmentation")
@@ -128,15 +128,16 @@ class Cycle:
 
     def _fair_shares(self) -> dict[str, dict[str, float]]:
         capacity = dict(zip(RESOURCES, self._capacity, strict=True))
-        sums: dict[str, list[float]] = {}
-        for w in (*self.snapshot.pending, *self.snapshot.running):
-            row = sums.get(w.queue)
-            if row is None:
-                row = sums[w.queue] = [0.0, 0.0, 0.0]
-            row[0] += w.gpus.count * w.nodes
-            row[1] += w.cpus * w.nodes
-            row[2] += w.memory_bytes * w.nodes
-        demand = {queue: dict(zip(RESOURCES, row, strict=True)) for queue, row in sums.items()}
+        sums: dict[str, Sums] = {}
+        for workloads in (self.snapshot.pending, self.snapshot.running):
+            for w in workloads:
+                row = sums.get(w.queue)
+                if row is None:
+                    row = sums[w.queue] = Sums()
+                row.add(w)
+        demand = {
+            queue: {"gpu": row.gpu, "cpu": row.cpu, "memory": row.memory} for queue, row in sums.items()
+        }
         return fair_shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
 
     def _ordering_of(self, queue: str) -> str:
@@ -981,7 +982,10 @@ class Cycle:
                 name = v.placement[0].node
                 node = nodes.get(name)
                 if node is not None and node.schedulable:
-                    groups.setdefault(name, []).append(v)
+                    group = groups.get(name)
+                    if group is None:
+                        group = groups[name] = []
+                    group.append(v)
             # This cycle's own binds give way first: they lose no work and nothing needs stopping.
             for bind in self.decisions.binds:
                 w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
@@ -992,8 +996,10 @@ class Cycle:
             # sorting every victim at once and grouping them by node (keys are unique: they end in the id).
             firsts: list[tuple[tuple[float, ...], str]] = []
             for name, victims in groups.items():
-                victims.sort(key=self._victim_key)
-                firsts.append((self._victim_key(victims[0]), name))
+                keyed = [(self._victim_key(v), i, v) for i, v in enumerate(victims)]
+                keyed.sort()  # i breaks ties, so views are never compared (keys are unique anyway)
+                groups[name] = [v for _, _, v in keyed]
+                firsts.append((keyed[0][0], name))
             firsts.sort()
             self._index = {name: groups[name] for _, name in firsts}
         return self._index
@@ -1160,8 +1166,16 @@ class Cycle:
             lowest: dict[str, int] = {}
             for name, victims in self._victim_index().items():
                 for v in victims:
-                    by_queue.setdefault(v.queue, {}).setdefault(name, []).append(v)
-                    lowest[v.queue] = min(lowest.get(v.queue, v.priority), v.priority)
+                    nodes = by_queue.get(v.queue)
+                    if nodes is None:
+                        nodes = by_queue[v.queue] = {}
+                    listed = nodes.get(name)
+                    if listed is None:
+                        listed = nodes[name] = []
+                    listed.append(v)
+                    low = lowest.get(v.queue)
+                    if low is None or v.priority < low:
+                        lowest[v.queue] = v.priority
             self._by_queue = (by_queue, lowest)
         return self._by_queue
 

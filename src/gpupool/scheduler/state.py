@@ -80,6 +80,22 @@ class NodeState:
             self.released = whole
 
 
+class Sums:
+    """GPUs, CPUs and memory of some workloads, summed (a plain class: compiled, its floats stay unboxed)."""
+
+    __slots__ = ("cpu", "gpu", "memory")
+
+    def __init__(self) -> None:
+        self.gpu = 0.0
+        self.cpu = 0.0
+        self.memory = 0.0
+
+    def add(self, w: WorkloadView) -> None:
+        self.gpu += w.gpus.count * w.nodes
+        self.cpu += w.cpus * w.nodes
+        self.memory += w.memory_bytes * w.nodes
+
+
 @dataclass(frozen=True, slots=True)
 class _NodeTemplate:
     """What a NodeView always gives a fresh NodeState: built once per view object, then copied."""
@@ -334,7 +350,9 @@ class ClusterState:
     def load_running(self, workloads: Iterable[WorkloadView]) -> None:
         """Account the running workloads of the snapshot (no undo): one pass, then re-index once."""
         touched: dict[str, NodeState] = {}
-        totals: dict[tuple[str, bool], list[float]] = {}  # (queue, preemptible) -> GPUs, CPUs, memory
+        # each queue's running work, preemptible and not, summed in the order the pairs first appear
+        totals: list[tuple[str, bool, Sums]] = []
+        by_queue: tuple[dict[str, Sums], dict[str, Sums]] = ({}, {})  # [preemptible] queue -> its sums
         nodes = self.nodes
         running = self.running
         for workload in workloads:
@@ -359,20 +377,19 @@ class ClusterState:
                 node.cpus_free -= workload.cpus
                 node.memory_free -= workload.memory_bytes
             if not stopping:
-                key = (workload.queue, workload.preemptible)
-                row = totals.get(key)
+                rows = by_queue[1 if workload.preemptible else 0]
+                row = rows.get(workload.queue)
                 if row is None:
-                    row = totals[key] = [0.0, 0.0, 0.0]
-                row[0] += workload.gpus.count * workload.nodes
-                row[1] += workload.cpus * workload.nodes
-                row[2] += workload.memory_bytes * workload.nodes
-        for (queue, preemptible), row in totals.items():
+                    row = rows[workload.queue] = Sums()
+                    totals.append((workload.queue, workload.preemptible, row))
+                row.add(workload)
+        for queue, preemptible, row in totals:
             for name in self.chain(queue):
                 for target in (self.alloc[name], None if preemptible else self.alloc_np[name]):
                     if target is not None:
-                        target[0] += row[0]
-                        target[1] += row[1]
-                        target[2] += row[2]
+                        target[0] += row.gpu
+                        target[1] += row.cpu
+                        target[2] += row.memory
         for node in touched.values():
             node.recount()
             self._index(node)
