@@ -195,6 +195,7 @@ class Simulation:
         self._cluster_gpus = cluster.gpus
         self._strict = self._strict_fifo()
         self._positive_quotas = [(name, quota) for name, quota in self.quotas.items() if quota > 0]
+        self._gaps: list[tuple[str, float]] | None = None  # `_quota_gaps()` until demand or allocation moves
         self.shortcuts = True  # skip cycles that provably change nothing (off only to test that claim)
         self.skipped = 0
         # The views the scheduler sees, kept from cycle to cycle in the order of `running` / `pending`:
@@ -279,13 +280,24 @@ class Simulation:
         dt = min(t, self.result.arrival_window) - min(self.now, self.result.arrival_window)
         if dt > 0:
             self.result.busy_gpu_s += self.used * dt
-            demand, alloc, shortfall = self.demand, self.alloc, self.result.shortfall_gpu_s
-            for name, quota in self._positive_quotas:
-                wanted = min(quota, demand.get(name, 0.0))
-                got = alloc.get(name, 0.0)
-                if got + EPS < wanted:
-                    shortfall[name] += (wanted - got) * dt
+            gaps = self._gaps
+            if gaps is None:
+                gaps = self._gaps = self._quota_gaps()
+            shortfall = self.result.shortfall_gpu_s
+            for name, gap in gaps:
+                shortfall[name] += gap * dt
         self.now = t
+
+    def _quota_gaps(self) -> list[tuple[str, float]]:
+        """(queue, GPUs it wants within its quota but does not have) for each queue short of them."""
+        demand, alloc = self.demand, self.alloc
+        gaps = []
+        for name, quota in self._positive_quotas:
+            wanted = min(quota, demand.get(name, 0.0))
+            got = alloc.get(name, 0.0)
+            if got + EPS < wanted:
+                gaps.append((name, wanted - got))
+        return gaps
 
     def _handle(self, kind: int, job: _Job, token: int) -> None:
         if kind == ARRIVAL:
@@ -309,6 +321,7 @@ class Simulation:
         job.priority = self._priority(job, 0.0)
         self._add_pending(job)
         self.demand[job.trace.queue] += job.gpus
+        self._gaps = None
         self.skip.arrive(job)
         self._recount(job)
         self._dirty = True
@@ -331,6 +344,7 @@ class Simulation:
         self.settled += 1
         job.record.finish = self.now
         self.demand[job.trace.queue] -= job.gpus
+        self._gaps = None
         self.skip.finish(job)
         self._recount(job)
         if self.policy.estimate == "learned":
@@ -348,6 +362,7 @@ class Simulation:
         self._running_tuple = None
         self.used -= job.gpus
         self.alloc[job.trace.queue] -= job.gpus
+        self._gaps = None
         self.skip.release(job)
         self.attained_update(job)
         job.placement = ()
@@ -664,6 +679,7 @@ class Simulation:
         self._running_tuple = None
         self.used += job.gpus
         self.alloc[job.trace.queue] += job.gpus
+        self._gaps = None
         self._recount(job)
         self._push(self.now + job.overhead + job.remaining, FINISH, job.idx, job.attempt)
         self._schedule_band(job)

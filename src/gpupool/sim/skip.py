@@ -37,7 +37,7 @@ class QueueTally:
     """What the tests read of one queue, kept up to date as its jobs arrive, start, stop and finish."""
 
     __slots__ = ("active", "active_jobs", "pending_shapes", "pending_sizes", "priorities", "running",
-                 "victims")  # fmt: skip
+                 "victim_room", "victims")  # fmt: skip
 
     def __init__(self) -> None:
         self.active = 0.0  # GPUs of its pending and running jobs (its demand for fair share)
@@ -47,6 +47,24 @@ class QueueTally:
         self.pending_shapes: dict[tuple[int, float, int], int] = {}  # (priority, GPUs per pod, pods) -> jobs
         self.priorities: dict[int, int] = {}  # priority -> running jobs at it
         self.victims: dict[int, Work] = {}  # its running single-pod jobs, in start order
+        # the same jobs by priority and node: [jobs, GPUs of their pods]
+        self.victim_room: dict[int, dict[str, list[float]]] = {}
+
+    def add_victim(self, pod: PodPlacement, priority: int, step: int) -> None:
+        """Count a single-pod job on `pod` at `priority` (step 1) or no longer (step -1) in `victim_room`."""
+        on = self.victim_room.get(priority)
+        if on is None:
+            on = self.victim_room[priority] = {}
+        held = on.get(pod.node)
+        if held is None:
+            held = on[pod.node] = [0.0, 0.0]
+        held[0] += step
+        if held[0]:
+            held[1] += step * len(pod.gpu_indices) * pod.gpu_fraction
+        else:
+            del on[pod.node]
+            if not on:
+                del self.victim_room[priority]
 
 
 def _count(counter: dict[_K, int], key: _K, step: int) -> None:
@@ -59,7 +77,7 @@ def _count(counter: dict[_K, int], key: _K, step: int) -> None:
 
 def _nodes_with(room: Mapping[str, float], gpus: float) -> int:
     """How many nodes have `gpus` GPUs of room (with the tests' slack)."""
-    return sum(1 for value in room.values() if value + SLACK >= gpus)
+    return len([value for value in room.values() if value + SLACK >= gpus])
 
 
 def _fits_on(room: Mapping[str, float], shapes: Iterable[tuple[float, int]]) -> bool:
@@ -158,6 +176,7 @@ class SkipTest:
         _count(tally.priorities, job.priority, 1)
         if len(pods) == 1:
             tally.victims[job.idx] = job
+            tally.add_victim(pods[0], job.priority, 1)
         on_node = self._on_node
         for pod in pods:
             on = on_node.get(pod.node)
@@ -174,7 +193,8 @@ class SkipTest:
         tally = self.tallies[job.queue]
         tally.running -= job.gpus
         _count(tally.priorities, job.priority, -1)
-        tally.victims.pop(job.idx, None)
+        if tally.victims.pop(job.idx, None) is not None:
+            tally.add_victim(job.placement[0], job.priority, -1)
         for pod in job.placement:
             if pod.gpu_fraction != 1.0:
                 self._fractional_pods -= 1
@@ -189,9 +209,12 @@ class SkipTest:
 
     def reband(self, job: Work, priority: int) -> None:
         """Running `job` moves to `priority` (before `job.priority` is set to it)."""
-        priorities = self.tallies[job.queue].priorities
-        _count(priorities, job.priority, -1)
-        _count(priorities, priority, 1)
+        tally = self.tallies[job.queue]
+        _count(tally.priorities, job.priority, -1)
+        _count(tally.priorities, priority, 1)
+        if job.idx in tally.victims:
+            tally.add_victim(job.placement[0], job.priority, -1)
+            tally.add_victim(job.placement[0], priority, 1)
 
     # -- the tests ------------------------------------------------------------------------------------
 
@@ -296,11 +319,10 @@ class SkipTest:
                 gain = gains.get(priority)
                 if gain is None:
                     gain = gains[priority] = {}  # once those victims are evicted
-                    for victim in tally.victims.values():
-                        if victim.priority < priority:
-                            pod = victim.placement[0]
-                            node = pod.node
-                            gain[node] = gain.get(node, room[node]) + len(pod.gpu_indices) * pod.gpu_fraction
+                    for below, held in tally.victim_room.items():
+                        if below < priority:
+                            for node, (_, gpus) in held.items():
+                                gain[node] = gain.get(node, room[node]) + gpus
                 able = able_empty.get(count)
                 if able is None:
                     able = able_empty[count] = _nodes_with(room, count)
