@@ -87,9 +87,13 @@ class Cycle:
         self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.by_node: dict[str, list[WorkloadView]] = {}
         self.state.load_running(snapshot.running)
+        by_node = self.by_node
         for w in snapshot.running:
             for pod in w.placement:
-                self.by_node.setdefault(pod.node, []).append(w)
+                on_node = by_node.get(pod.node)
+                if on_node is None:
+                    on_node = by_node[pod.node] = []
+                on_node.append(w)
         self.shares = self._fair_shares()
         self.decisions.fair_shares = self.shares
         self.unplaced: dict[int, WorkloadView] = {w.id: w for w in snapshot.pending}
@@ -102,6 +106,7 @@ class Cycle:
         self._smallest_miss: dict[tuple[object, ...], tuple[tuple[int, int], float]] = {}
         self._runtime_floor: dict[tuple[str, str], float] = {}
         self._queue_limits: dict[str, list[tuple[str, int, float]]] = {}
+        self._groups: dict[str, list[WorkloadView]] | None = None  # see _victim_groups
         self._index: dict[str, list[WorkloadView]] | None = None
         self._pending_by_id = dict(self.unplaced)
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
@@ -116,12 +121,12 @@ class Cycle:
         self._victim_queue_names: list[str] | None = None
         self._least: dict[str, float] = {}
         self._reclaim_gpus: dict[str, dict[str, float]] | None = None  # see _gpus_by_queue
-        self._by_queue: tuple[dict[str, dict[str, list[WorkloadView]]], dict[str, int]] | None = None
+        self._by_queue: dict[str, dict[str, list[WorkloadView]]] | None = None
+        self._lowest: dict[str, int] | None = None
         self._surplus: dict[str, float] = {}  # victim queue -> GPUs above its fair share
         self._surplus_total = 0.0
         self._surplus_seen = -1  # how much of state.accounted `_surplus` has seen (-1: not built yet)
         self._node_kinds: list[list[NodeState]] | None = None
-        self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes if n.schedulable), default=0)
         self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
 
     # -- setup ----------------------------------------------------------------------------------------
@@ -146,13 +151,17 @@ class Cycle:
 
     def _pending_order(self) -> dict[str, list[WorkloadView]]:
         by_queue: dict[str, list[WorkloadView]] = {}
+        fair_share = self.config.fair_share
         for w in self.snapshot.pending:
-            key = w.queue if self.config.fair_share else GLOBAL
-            by_queue.setdefault(key, []).append(w)
+            key = w.queue if fair_share else GLOBAL
+            items = by_queue.get(key)
+            if items is None:
+                items = by_queue[key] = []
+            items.append(w)
         thresholds = self.config.las_thresholds
         for name, items in by_queue.items():
             key_of = order_key(self._ordering_of(name) if name != GLOBAL else self.config.ordering)
-            items.sort(key=lambda w: (-w.priority, *key_of(w, thresholds)))
+            items.sort(key=lambda w: key_of(w, thresholds))
         return by_queue
 
     def fair(self, queue: str, resource: str = "gpu") -> float:
@@ -213,7 +222,11 @@ class Cycle:
             if w.stopping:
                 continue
             gone = GANG_LOST_STATES if len(w.placement) > 1 else LOST_STATES
-            lost = [p.node for p in w.placement if p.node not in nodes or nodes[p.node].state in gone]
+            lost: list[str] = []
+            for pod in w.placement:
+                node = nodes.get(pod.node)
+                if node is None or node.state in gone:
+                    lost.append(pod.node)
             if lost or len(w.placement) < w.nodes:
                 where = ", ".join(sorted(set(lost))) or "a missing pod"
                 self._evict(
@@ -970,10 +983,13 @@ class Cycle:
     def _evictable(self, v: WorkloadView) -> bool:
         return v.preemptible and not v.stopping and v.id not in self.state.evicted
 
-    def _victim_index(self) -> dict[str, list[WorkloadView]]:
-        """Evictable running single-pod work on schedulable nodes, by node, each list in victim order
-        (built once a cycle; callers skip what was evicted since). Gangs are never victims here."""
-        if self._index is None:
+    def _victim_groups(self) -> dict[str, list[WorkloadView]]:
+        """Evictable running single-pod work on schedulable nodes, by node (gangs are never victims here),
+        and this cycle's single-pod binds so far: the victims of this cycle, taken once, at the first
+        question about them (callers skip what was evicted since). `_victim_index` orders them; the
+        questions that need no order (which queues have victims, their lowest priority) ask this, and a
+        cycle that never needs the order never sorts."""
+        if self._groups is None:
             groups: dict[str, list[WorkloadView]] = {}
             nodes = self.state.nodes
             for v in self.snapshot.running:
@@ -992,6 +1008,13 @@ class Cycle:
                 if len(bind.pods) == 1 and w.preemptible and bind.workload_id not in self.state.evicted:
                     self._tentative[w.id] = w
                     groups.setdefault(bind.pods[0].node, []).append(w.started(bind.pods, self.now))
+            self._groups = groups
+        return self._groups
+
+    def _victim_index(self) -> dict[str, list[WorkloadView]]:
+        """The victims (`_victim_groups`) by node, each list in victim order, the nodes by their first."""
+        if self._index is None:
+            groups = dict(self._victim_groups())
             # Sorted per node, and the nodes by their first victim: the same lists, in the same order, as
             # sorting every victim at once and grouping them by node (keys are unique: they end in the id).
             firsts: list[tuple[tuple[float, ...], str]] = []
@@ -1033,11 +1056,11 @@ class Cycle:
             return True  # the reclaimer may not end above its fair share
         if self._fits_after_release(w):
             return True
-        index = self._victim_index()  # built only once someone could gain from it
-        if not index:
+        if not self._victim_groups():  # taken only once someone could gain from them
             return False
         if self._surplus_elsewhere(queue) + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
             return True
+        index = self._victim_index()
         mine = frozenset(state.chain(queue))
         line = state.chain(queue)[1:]
         units = lines.get(line)
@@ -1115,7 +1138,7 @@ class Cycle:
 
     def _victim_queues(self) -> list[str]:
         if self._victim_queue_names is None:
-            self._victim_queue_names = sorted({v.queue for vs in self._victim_index().values() for v in vs})
+            self._victim_queue_names = sorted({v.queue for vs in self._victim_groups().values() for v in vs})
         return self._victim_queue_names
 
     def _headroom(self, queue: str, mine: frozenset[str]) -> float:
@@ -1134,8 +1157,7 @@ class Cycle:
             for w in self.order[group]:
                 if not self._wants_room(w):
                     continue
-                by_queue, lowest = self._victims_by_queue()
-                if lowest.get(w.queue, w.priority) >= w.priority:
+                if self._lowest_victims().get(w.queue, w.priority) >= w.priority:
                     if group != GLOBAL:
                         break  # the rest of this queue is of no higher priority: none of it may preempt
                     continue
@@ -1144,7 +1166,7 @@ class Cycle:
                 key = (w.queue, w.priority)
                 found = lower.get(key)
                 if found is None:
-                    found = lower[key] = _below(by_queue[w.queue], w.priority)
+                    found = lower[key] = _below(self._victims_by_queue()[w.queue], w.priority)
                 self._preempt_for(w, found[0], found[1])
 
     def _preempt_for(
@@ -1158,12 +1180,22 @@ class Cycle:
 
         self._evict_for(w, candidates, "preempt", reason, allowed, units)
 
-    def _victims_by_queue(self) -> tuple[dict[str, dict[str, list[WorkloadView]]], dict[str, int]]:
-        """The victim index split by queue (each node's list in victim order), and each queue's lowest
-        victim priority (built once a cycle)."""
+    def _lowest_victims(self) -> dict[str, int]:
+        """Each queue's lowest victim priority (built once a cycle)."""
+        if self._lowest is None:
+            lowest: dict[str, int] = {}
+            for victims in self._victim_groups().values():
+                for v in victims:
+                    low = lowest.get(v.queue)
+                    if low is None or v.priority < low:
+                        lowest[v.queue] = v.priority
+            self._lowest = lowest
+        return self._lowest
+
+    def _victims_by_queue(self) -> dict[str, dict[str, list[WorkloadView]]]:
+        """The victim index split by queue, each node's list in victim order (built once a cycle)."""
         if self._by_queue is None:
             by_queue: dict[str, dict[str, list[WorkloadView]]] = {}
-            lowest: dict[str, int] = {}
             for name, victims in self._victim_index().items():
                 for v in victims:
                     nodes = by_queue.get(v.queue)
@@ -1173,10 +1205,7 @@ class Cycle:
                     if listed is None:
                         listed = nodes[name] = []
                     listed.append(v)
-                    low = lowest.get(v.queue)
-                    if low is None or v.priority < low:
-                        lowest[v.queue] = v.priority
-            self._by_queue = (by_queue, lowest)
+            self._by_queue = by_queue
         return self._by_queue
 
     # -- consolidate ----------------------------------------------------------------------------------

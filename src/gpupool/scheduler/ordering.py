@@ -1,4 +1,5 @@
-"""Orders of pending work inside a queue (after priority), as named policies.
+"""Orders of pending work inside a queue, as named policies: each key starts with the negated priority
+(higher priority first), then:
 
 - fifo: submit time.
 - attained: least attained GPU-service first (GPU-seconds), then submit time.
@@ -21,32 +22,33 @@ OrderKey = tuple[float, ...]
 
 
 def _fifo(w: WorkloadView, _: tuple[float, ...]) -> OrderKey:
-    return (w.submit_time, w.id)
+    return (-w.priority, w.submit_time, w.id)
 
 
 def _attained(w: WorkloadView, _: tuple[float, ...]) -> OrderKey:
-    return (w.attained_service, w.submit_time, w.id)
+    return (-w.priority, w.attained_service, w.submit_time, w.id)
 
 
 def _las(w: WorkloadView, thresholds: tuple[float, ...]) -> OrderKey:
-    return (float(bisect.bisect_right(thresholds, w.attained_service)), w.submit_time, w.id)
+    return (-w.priority, float(bisect.bisect_right(thresholds, w.attained_service)), w.submit_time, w.id)
 
 
 def _estimate(w: WorkloadView, _: tuple[float, ...]) -> OrderKey:
     estimate = w.duration_estimate
     gpu_time = INFINITY if estimate is None else estimate * max(w.gpu_units, 1.0)
-    return (gpu_time, w.submit_time, w.id)
+    return (-w.priority, gpu_time, w.submit_time, w.id)
 
 
 def _sjf(w: WorkloadView, _: tuple[float, ...]) -> OrderKey:
-    return (INFINITY if w.duration_estimate is None else w.duration_estimate, w.submit_time, w.id)
+    estimate = INFINITY if w.duration_estimate is None else w.duration_estimate
+    return (-w.priority, estimate, w.submit_time, w.id)
 
 
 def _srtf(w: WorkloadView, _: tuple[float, ...]) -> OrderKey:
     if w.duration_estimate is None:
-        return (INFINITY, w.submit_time, w.id)
+        return (-w.priority, INFINITY, w.submit_time, w.id)
     ran = w.attained_service / w.gpu_units if w.gpu_units > 0 else 0.0
-    return (max(0.0, w.duration_estimate - ran), w.submit_time, w.id)
+    return (-w.priority, max(0.0, w.duration_estimate - ran), w.submit_time, w.id)
 
 
 ORDERINGS: dict[str, Callable[[WorkloadView, tuple[float, ...]], OrderKey]] = {
