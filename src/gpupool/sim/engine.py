@@ -170,7 +170,9 @@ class Simulation:
         tenants = {j.trace.queue for j in self.jobs} | set(self.quotas)
         self.alloc = dict.fromkeys(tenants, 0.0)
         self.demand = dict.fromkeys(tenants, 0.0)
-        self.fair: dict[str, float] = {}
+        self.fair: dict[str, float] = {}  # tenant -> fair GPUs, as last reported (see `_fair_shares`)
+        # the last cycle's fair shares by resource, turned into `fair` only when a sample reads it
+        self._fair_shares: dict[str, dict[str, float]] | None = None
         # decayed GPU-seconds per queue, kept only for policies that tilt fair share by it
         self.usage = {q.name: 0.0 for q in self.queues} if self.config.usage_weight > 0 else {}
         # each queue's sum of its jobs' young weights, kept only for policies whose weights count them
@@ -427,6 +429,7 @@ class Simulation:
             skip = self.skip.nothing_can_change(self.used, self.pending, bool(self.running))
             if self.skip.fair is not None and self.policy.queues != POOL:
                 self.fair = self.skip.fair  # what a skipped cycle would have reported
+                self._fair_shares = None
             if skip:
                 self._reset_triggers()
                 self.skipped += 1
@@ -513,7 +516,7 @@ class Simulation:
         self.result.decide_s += time.perf_counter() - began
         self.result.cycles += 1
         if decisions.fair_shares and self.policy.queues != POOL:
-            self.fair = {q: s.get("gpu", 0.0) for q, s in decisions.fair_shares.items()}
+            self._fair_shares = decisions.fair_shares
         for eviction in decisions.evictions:
             self._evict(self.running[eviction.workload_id])
         for bind in decisions.binds:
@@ -705,6 +708,9 @@ class Simulation:
         if self.now < self._next_sample:
             return
         self._next_sample = self.now + self._sample_every
+        if self._fair_shares is not None:
+            self.fair = {q: s.get("gpu", 0.0) for q, s in self._fair_shares.items()}
+            self._fair_shares = None
         self.result.timeline.append(
             Sample(self.now, len(self.pending), self.used, dict(self.alloc), dict(self.fair))
         )
