@@ -9,6 +9,7 @@ queue and each node's free GPUs and never walk every job.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol, TypeVar
 
@@ -379,9 +380,13 @@ class SkipTest:
         nodes, the GPUs free there plus those of the single-pod jobs there of queues above their fair
         share must cover its GPUs per pod (a reclaimer is never above its own share, so none of its own
         work counts). Reclaim's budget keeps every victim queue at or above its fair share: from a queue
-        `above` it by h GPUs, only jobs of at most h GPUs may go, and at most h GPUs in all (counted here
-        per node, so on the permissive side; models and fractions ignored too)."""
-        gain = dict(self._node_room())
+        `above` it by h GPUs, only jobs of at most h GPUs may go, and at most h GPUs in all (a whole number
+        when every running pod holds whole GPUs), so the GPUs missing on the nodes it would use must not
+        exceed what all those queues may give (models and fractions ignored, on the permissive side)."""
+        room = self._node_room()
+        gain = dict(room)
+        budget = 0.0  # GPUs reclaim may take in all
+        whole = not self._fractional_pods  # every victim holds whole GPUs
         for queue, headroom in above.items():
             limit = headroom + SLACK
             taken: dict[str, float] = {}  # node -> GPUs of this queue's victims there
@@ -390,12 +395,23 @@ class SkipTest:
                 gpus = len(pod.gpu_indices) * pod.gpu_fraction
                 if gpus <= limit:
                     taken[pod.node] = taken.get(pod.node, 0.0) + gpus
+            offered = 0.0
             for node, gpus in taken.items():
                 gain[node] += min(gpus, limit)
-        shapes = [
+                offered += gpus
+            budget += min(offered, math.floor(limit) if whole else limit)
+        shapes = {
             (count, pods)
             for queue in reclaimers
             for _, count, pods in self.tallies[queue].pending_shapes
             if count * pods <= fair.get(queue, 0.0) - alloc.get(queue, 0.0) + SLACK  # stays within its share
-        ]
-        return _fits_on(gain, shapes)
+        }
+        for count, pods in shapes:
+            if count <= 0:
+                return True
+            missing = sorted(
+                max(0.0, count - room[node]) for node, value in gain.items() if value + SLACK >= count
+            )
+            if len(missing) >= pods and sum(missing[:pods]) <= budget + SLACK:
+                return True
+        return False

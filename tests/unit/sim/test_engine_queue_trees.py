@@ -140,3 +140,22 @@ def test_cycles_are_skipped_while_backfill_keeps_later_jobs_off_the_nodes_the_bl
     assert runs[0][0] == runs[1][0]
     assert [start for _, start, _ in runs[0][0]] == [0.0, 0.0, 5000.0, 5000.0, 5000.0, 400.0]
     assert runs[0][1] == 4 and runs[1][1] == 0
+
+
+def test_a_gang_waits_through_skipped_cycles_while_reclaim_could_take_too_few_gpus_in_all() -> None:
+    # b's one-GPU jobs leave 2, 2, 1 and 1 GPUs free on the four nodes. a's 2 x 8 gang is within a's fair
+    # share of 16, and each node would have room for a pod once b's jobs there go; but b is only 10 GPUs
+    # above its share, and the two best nodes lack 12: reclaim can take nothing, and the cycle at the
+    # gang's arrival is skipped.
+    ending = {0, 1, 8, 9, 16, 24}  # two on nodes 0 and 1, one on nodes 2 and 3
+    jobs = [TraceJob(i, 0.0, 100.0 if i in ending else 5000.0, 1, "b") for i in range(32)]
+    jobs.append(TraceJob(32, 200.0, 1000.0, 16, "a"))
+    built = load_cluster("4x8")
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs, 0.0, built, (), BY_NAME["drf"], SimOptions())
+        sim.shortcuts = shortcuts
+        runs.append(([(j.id, j.start, j.finish, j.preemptions) for j in sim.run().jobs], sim.skipped))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][0][32] == (32, 5000.0, 6000.0, 0)
+    assert runs[0][1] == 1 and runs[1][1] == 0
