@@ -49,6 +49,7 @@ SMALL_SEARCH = 64  # a search ranks up to this many candidate nodes outright
 _AbleNode = tuple[NodeState, float, list[WorkloadView]]
 GLOBAL = "*"
 NO_ROOM = Explanation(explain.NO_CAPACITY, "")  # a capacity miss whose sentence is written per workload
+_UNKNOWN = Explanation("", "")  # not yet in a cache whose values may be None (compared by identity)
 
 
 class ConfigError(ValueError):
@@ -365,9 +366,10 @@ class Cycle:
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
         demand = w.gpus
         key = (demand.count, demand.models, demand.min_memory_bytes, w.nodes, w.node_names)
-        if key not in self._never:
-            self._never[key] = self._never_fits_shape(w)
-        return self._never[key]
+        found = self._never.get(key, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._never[key] = self._never_fits_shape(w)
+        return found
 
     def _never_fits_shape(self, w: WorkloadView) -> Explanation | None:
         if w.node_names:
