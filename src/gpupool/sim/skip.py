@@ -123,9 +123,10 @@ class SkipTest:
         self._consolidates = "consolidate" in config.actions
         self._preempts = "preempt" in config.actions
         self._reclaims = "reclaim" in config.actions
+        self._evicts = self._preempts or self._reclaims  # only their tests read the queues' tallies
         self.pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
         self.pending_shapes: dict[tuple[float, int], int] = {}  # (GPUs per pod, pods) -> pending jobs
-        self.tallies: dict[str, QueueTally] = {}  # by the queue the scheduler sees
+        self.tallies: dict[str, QueueTally] = {}  # by the queue the scheduler sees (kept where `_evicts`)
         # fair GPUs by queue as the last reclaim test computed them (None: not computed by the last test)
         self.fair: dict[str, float] | None = None
         # the reclaim test's last fair shares: (queues, demand by queue, fair GPUs by queue)
@@ -156,28 +157,31 @@ class SkipTest:
         """`job` waits (it arrived, or was evicted)."""
         _count(self.pending_sizes, job.gpus, 1)
         _count(self.pending_shapes, (job.demand.count, job.nodes), 1)
-        tally = self.tally(job.queue)
-        _count(tally.pending_sizes, job.gpus, 1)
-        _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), 1)
+        if self._evicts:
+            tally = self.tally(job.queue)
+            _count(tally.pending_sizes, job.gpus, 1)
+            _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), 1)
 
     def arrive(self, job: Work) -> None:
         """`job` arrived (after `add_pending`): its queue's demand grows."""
-        tally = self.tallies[job.queue]
-        tally.active += job.gpus
-        tally.active_jobs += 1
+        if self._evicts:
+            tally = self.tallies[job.queue]
+            tally.active += job.gpus
+            tally.active_jobs += 1
 
     def start(self, job: Work, pods: tuple[PodPlacement, ...]) -> None:
         """`job` starts on `pods` (its priority is the one it waited with)."""
         _count(self.pending_sizes, job.gpus, -1)
         _count(self.pending_shapes, (job.demand.count, job.nodes), -1)
-        tally = self.tallies[job.queue]
-        _count(tally.pending_sizes, job.gpus, -1)
-        _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), -1)
-        tally.running += job.gpus
-        _count(tally.priorities, job.priority, 1)
-        if len(pods) == 1:
-            tally.victims[job.idx] = job
-            tally.add_victim(pods[0], job.priority, 1)
+        if self._evicts:
+            tally = self.tallies[job.queue]
+            _count(tally.pending_sizes, job.gpus, -1)
+            _count(tally.pending_shapes, (job.priority, job.demand.count, job.nodes), -1)
+            tally.running += job.gpus
+            _count(tally.priorities, job.priority, 1)
+            if len(pods) == 1:
+                tally.victims[job.idx] = job
+                tally.add_victim(pods[0], job.priority, 1)
         on_node = self._on_node
         for pod in pods:
             on = on_node.get(pod.node)
@@ -191,11 +195,12 @@ class SkipTest:
 
     def release(self, job: Work) -> None:
         """`job` stops (finished or evicted; its placement is still set)."""
-        tally = self.tallies[job.queue]
-        tally.running -= job.gpus
-        _count(tally.priorities, job.priority, -1)
-        if tally.victims.pop(job.idx, None) is not None:
-            tally.add_victim(job.placement[0], job.priority, -1)
+        if self._evicts:
+            tally = self.tallies[job.queue]
+            tally.running -= job.gpus
+            _count(tally.priorities, job.priority, -1)
+            if tally.victims.pop(job.idx, None) is not None:
+                tally.add_victim(job.placement[0], job.priority, -1)
         for pod in job.placement:
             if pod.gpu_fraction != 1.0:
                 self._fractional_pods -= 1
@@ -204,18 +209,20 @@ class SkipTest:
 
     def finish(self, job: Work) -> None:
         """`job` finished (after `release`): its queue's demand shrinks."""
-        tally = self.tallies[job.queue]
-        tally.active -= job.gpus
-        tally.active_jobs -= 1
+        if self._evicts:
+            tally = self.tallies[job.queue]
+            tally.active -= job.gpus
+            tally.active_jobs -= 1
 
     def reband(self, job: Work, priority: int) -> None:
         """Running `job` moves to `priority` (before `job.priority` is set to it)."""
-        tally = self.tallies[job.queue]
-        _count(tally.priorities, job.priority, -1)
-        _count(tally.priorities, priority, 1)
-        if job.idx in tally.victims:
-            tally.add_victim(job.placement[0], job.priority, -1)
-            tally.add_victim(job.placement[0], priority, 1)
+        if self._evicts:
+            tally = self.tallies[job.queue]
+            _count(tally.priorities, job.priority, -1)
+            _count(tally.priorities, priority, 1)
+            if job.idx in tally.victims:
+                tally.add_victim(job.placement[0], job.priority, -1)
+                tally.add_victim(job.placement[0], priority, 1)
 
     # -- the tests ------------------------------------------------------------------------------------
 
