@@ -83,6 +83,10 @@ class Cycle:
             if name not in queues:
                 queues[name] = QueueView(name)  # work in an unknown queue: a queue with no quota
         self.queues = queues
+        # whether any queue sets a minimum runtime above zero (else work is old enough once it started)
+        self._floors = any(
+            (q.min_runtime_preempt or 0.0) > 0 or (q.min_runtime_reclaim or 0.0) > 0 for q in queues.values()
+        )
         self.state = ClusterState(snapshot.nodes, queues.values())
         self._capacity = tuple(self.state.capacity)  # before running work is loaded
         self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
@@ -955,6 +959,8 @@ class Cycle:
         return 0.0
 
     def _old_enough(self, v: WorkloadView, kind: str) -> bool:
+        if not self._floors and (v.start_time is None or v.start_time <= self.now):
+            return True  # what _past_min_runtime finds with every floor at zero or below
         known = self._old[kind]
         found = known.get(v.id)
         if found is None:
