@@ -451,22 +451,19 @@ class Simulation:
     def _strict_fifo(self) -> bool:
         """One queue in submit order that nothing may pass: only its head (and what fits before the first
         blocked job) can start. Evictions never happen in it, so `pending` stays in submit order."""
-        config = self.config
-        return (
-            self.policy.queues == POOL
-            and config.blocking == "strict"
-            and config.ordering == "fifo"
-            and not self.policy.bands
-            and config.actions == ("allocate",)
-        )
+        return self._one_fifo_line("strict")
 
     def _backfill_fifo(self) -> bool:
         """One queue in submit order under `blocking: backfill`, allocate only: the first job that
         cannot start reserves nodes that nothing behind it may use (no workload declares a duration)."""
+        return self._one_fifo_line("backfill")
+
+    def _one_fifo_line(self, blocking: str) -> bool:
+        """One queue in submit order, allocate only, with this blocking mode."""
         config = self.config
         return (
             self.policy.queues == POOL
-            and config.blocking == "backfill"
+            and config.blocking == blocking
             and config.ordering == "fifo"
             and not self.policy.bands
             and config.actions == ("allocate",)

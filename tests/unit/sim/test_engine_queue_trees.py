@@ -31,6 +31,27 @@ def jobs() -> list[TraceJob]:
     ]
 
 
+Outcome = tuple[int, float | None, float | None, int]
+
+
+def _both_ways(
+    jobs: list[TraceJob],
+    cluster: str,
+    queues: tuple[QueueView, ...],
+    policy: str,
+    options: SimOptions | None = None,
+) -> tuple[list[Outcome], int, int]:
+    """Replay with the engine's shortcuts on and off; each job's (id, start, finish, preemptions), which
+    must not depend on them, and the cycles skipped each way."""
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs, 0.0, load_cluster(cluster), queues, BY_NAME[policy], options or SimOptions())
+        sim.shortcuts = shortcuts
+        runs.append(([(j.id, j.start, j.finish, j.preemptions) for j in sim.run().jobs], sim.skipped))
+    assert runs[0][0] == runs[1][0]
+    return runs[0][0], runs[0][1], runs[1][1]
+
+
 @pytest.mark.parametrize("policy", [p.name for p in POLICIES])
 def test_skipped_cycles_leave_every_figure_as_it_was_with_a_tree_of_queues(policy: str) -> None:
     runs = []
@@ -67,16 +88,10 @@ def test_a_job_with_enough_free_gpus_only_across_nodes_waits_through_skipped_cyc
     # Two 4-GPU jobs finish on each node at 100 s: 8 GPUs are free, 4 on each node, until 5,000 s.
     jobs = [TraceJob(i, 0.0, [5000.0, 100.0][i % 2], 4, "a") for i in range(4)]
     jobs += [TraceJob(4 + i, 200.0 + 100 * i, 100.0, 8, "a") for i in range(6)]  # a whole node each
-    built = load_cluster("2x8")
-    runs = []
-    for shortcuts in (True, False):
-        sim = Simulation(jobs, 0.0, built, (QueueView("a", gpu=Share(quota=16.0)),), BY_NAME[policy])
-        sim.shortcuts = shortcuts
-        runs.append(([(j.id, j.start, j.finish) for j in sim.run().jobs], sim.skipped))
-    assert runs[0][0] == runs[1][0]
-    assert runs[0][1] > 0 == runs[1][1]
+    records, skipped, unskipped = _both_ways(jobs, "2x8", (QueueView("a", gpu=Share(quota=16.0)),), policy)
+    assert skipped > 0 == unskipped
     if policy != "las":  # las preempts the long jobs once they pass its first band
-        assert runs[0][0][4] == (4, 5000.0, 5100.0)
+        assert records[4][:3] == (4, 5000.0, 5100.0)
 
 
 def test_a_queue_below_its_share_waits_through_skipped_cycles_while_only_a_gang_holds_the_surplus() -> None:
@@ -87,14 +102,9 @@ def test_a_queue_below_its_share_waits_through_skipped_cycles_while_only_a_gang_
         TraceJob(1, 100.0, 100.0, 4, "a"),
         TraceJob(2, 200.0, 50.0, 2, "a"),
     ]
-    built = load_cluster("2x8")
-    runs = []
-    for shortcuts in (True, False):
-        sim = Simulation(jobs, 0.0, built, (), BY_NAME["drf"], SimOptions())
-        sim.shortcuts = shortcuts
-        runs.append(([(j.id, j.start, j.finish) for j in sim.run().jobs], sim.skipped))
-    assert runs[0][0] == runs[1][0] == [(0, 0.0, 5000.0), (1, 5000.0, 5100.0), (2, 5000.0, 5050.0)]
-    assert runs[0][1] == 2 and runs[1][1] == 0
+    records, skipped, unskipped = _both_ways(jobs, "2x8", (), "drf")
+    assert records == [(0, 0.0, 5000.0, 0), (1, 5000.0, 5100.0, 0), (2, 5000.0, 5050.0, 0)]
+    assert skipped == 2 and unskipped == 0
 
 
 def test_cycles_are_skipped_while_reclaim_could_only_take_a_victim_queue_below_its_share() -> None:
@@ -107,15 +117,9 @@ def test_cycles_are_skipped_while_reclaim_could_only_take_a_victim_queue_below_i
         TraceJob(2, 100.0, 1000.0, 6, "a"),
         TraceJob(3, 200.0, 1000.0, 8, "a"),
     ]
-    built = load_cluster("2x8")
-    runs = []
-    for shortcuts in (True, False):
-        sim = Simulation(jobs, 0.0, built, (), BY_NAME["drf"], SimOptions(checkpoint_interval=0.0))
-        sim.shortcuts = shortcuts
-        runs.append(([(j.id, j.start, j.finish, j.preemptions) for j in sim.run().jobs], sim.skipped))
-    assert runs[0][0] == runs[1][0]
-    assert runs[0][0][1][3] == 1 and runs[0][0][2][1] == 200.0  # reclaimed for a once its share allows
-    assert runs[0][1] == 1 and runs[1][1] == 0
+    records, skipped, unskipped = _both_ways(jobs, "2x8", (), "drf", SimOptions(checkpoint_interval=0.0))
+    assert records[1][3] == 1 and records[2][1] == 200.0  # reclaimed for a once its share allows
+    assert skipped == 1 and unskipped == 0
 
 
 def test_cycles_are_skipped_while_backfill_keeps_later_jobs_off_the_nodes_the_blocked_head_reserves() -> None:
@@ -131,15 +135,10 @@ def test_cycles_are_skipped_while_backfill_keeps_later_jobs_off_the_nodes_the_bl
         TraceJob(4, 300.0, 1000.0, 3, "a"),
         TraceJob(5, 400.0, 1000.0, 2, "a"),
     ]
-    built = load_cluster("2x8")
-    runs = []
-    for shortcuts in (True, False):
-        sim = Simulation(jobs, 0.0, built, (QueueView("a", gpu=Share(quota=16.0)),), BY_NAME["fifo-backfill"])
-        sim.shortcuts = shortcuts
-        runs.append(([(j.id, j.start, j.finish) for j in sim.run().jobs], sim.skipped))
-    assert runs[0][0] == runs[1][0]
-    assert [start for _, start, _ in runs[0][0]] == [0.0, 0.0, 5000.0, 5000.0, 5000.0, 400.0]
-    assert runs[0][1] == 4 and runs[1][1] == 0
+    queues = (QueueView("a", gpu=Share(quota=16.0)),)
+    records, skipped, unskipped = _both_ways(jobs, "2x8", queues, "fifo-backfill")
+    assert [start for _, start, _, _ in records] == [0.0, 0.0, 5000.0, 5000.0, 5000.0, 400.0]
+    assert skipped == 4 and unskipped == 0
 
 
 def test_a_gang_waits_through_skipped_cycles_while_reclaim_could_take_too_few_gpus_in_all() -> None:
@@ -150,12 +149,6 @@ def test_a_gang_waits_through_skipped_cycles_while_reclaim_could_take_too_few_gp
     ending = {0, 1, 8, 9, 16, 24}  # two on nodes 0 and 1, one on nodes 2 and 3
     jobs = [TraceJob(i, 0.0, 100.0 if i in ending else 5000.0, 1, "b") for i in range(32)]
     jobs.append(TraceJob(32, 200.0, 1000.0, 16, "a"))
-    built = load_cluster("4x8")
-    runs = []
-    for shortcuts in (True, False):
-        sim = Simulation(jobs, 0.0, built, (), BY_NAME["drf"], SimOptions())
-        sim.shortcuts = shortcuts
-        runs.append(([(j.id, j.start, j.finish, j.preemptions) for j in sim.run().jobs], sim.skipped))
-    assert runs[0][0] == runs[1][0]
-    assert runs[0][0][32] == (32, 5000.0, 6000.0, 0)
-    assert runs[0][1] == 1 and runs[1][1] == 0
+    records, skipped, unskipped = _both_ways(jobs, "4x8", (), "drf")
+    assert records[32] == (32, 5000.0, 6000.0, 0)
+    assert skipped == 1 and unskipped == 0
