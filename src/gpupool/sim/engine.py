@@ -32,11 +32,10 @@ from gpupool.scheduler import (
 from gpupool.scheduler.placement import gpu_matches
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.policies import POOL, Policy
-from gpupool.sim.skip import SkipTest
+from gpupool.sim.skip import EPS, SkipTest
 from gpupool.sim.trace import TraceJob
 from gpupool.spec.scheduling import young_totals, young_weight, young_weighted
 
-EPS = 1e-9
 ARRIVAL, FINISH, BAND, TICK = 0, 1, 2, 3
 MAX_ROUNDS = 4  # cycles at one instant (evictions release at once; the gainers bind in the next round)
 TIMELINE_POINTS = 600
