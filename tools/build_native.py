@@ -29,7 +29,10 @@ PACKAGE = ROOT / "src" / "gpupool" / "scheduler"
 NATIVE = PACKAGE / "_native"
 GROUP = "gpupool_scheduler"  # mypyc's shared library becomes the top-level module gpupool_scheduler__mypyc
 # Every module of the core but the package's __init__ (which chooses between compiled and source).
-MODULES = ("core", "cycle", "explain", "fairshare", "ordering", "placement", "snapshot", "state")
+MODULES = (
+    "allocate", "core", "cycle", "evict_search", "explain", "fairshare", "ordering", "placement", "prepare",
+    "snapshot", "state", "victims",
+)  # fmt: skip
 
 
 def digest(path: Path) -> str:

@@ -42,7 +42,7 @@ if _NATIVE_DIR is not None:
     sys.path.append(_NATIVE_DIR)  # where they find their shared runtime (gpupool_scheduler__mypyc)
 
 from gpupool.scheduler.core import Scheduler, decide
-from gpupool.scheduler.cycle import ConfigError
+from gpupool.scheduler.prepare import ConfigError
 from gpupool.scheduler.snapshot import (
     Bind,
     Decisions,

@@ -15,7 +15,7 @@ from gpupool.scheduler import (
     WorkloadView,
     decide,
 )
-from gpupool.scheduler.cycle import ConfigError
+from gpupool.scheduler.prepare import ConfigError
 
 GB = 1_000_000_000
 GIB = 1 << 30

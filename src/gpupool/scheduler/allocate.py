@@ -1,0 +1,257 @@
+"""The allocate action: pending work placed in queue order, each workload that stays pending given its
+reason; admission (limits, quotas, whether it could ever fit) and the backfill reservation."""
+
+from __future__ import annotations
+
+import heapq
+
+from gpupool.scheduler import explain
+from gpupool.scheduler.evict_search import EvictionSearch
+from gpupool.scheduler.placement import families
+from gpupool.scheduler.snapshot import RESOURCES, Explanation, WorkloadView
+from gpupool.scheduler.state import EPSILON, NodeState, Reservation
+
+NO_ROOM = Explanation(explain.NO_CAPACITY, "")  # a capacity miss whose sentence is written per workload
+_UNKNOWN = Explanation("", "")  # not yet in a cache whose values may be None (compared by identity)
+
+
+class Allocation(EvictionSearch):
+    """The allocate action and the reasons of the work it leaves pending."""
+
+    def allocate(self) -> None:
+        heap = [self._queue_key(q) for q in self.order]
+        heapq.heapify(heap)
+        cursor = dict.fromkeys(self.order, 0)
+        accounted = self.state.accounted
+        while heap:
+            key = heapq.heappop(heap)
+            queue = key[-1]
+            items = self.order[queue]
+            i = cursor[queue]
+            while i < len(items) and items[i].id not in self.unplaced:
+                i += 1
+            if i >= len(items):
+                continue
+            w = items[i]
+            cursor[queue] = i + 1
+            changes = len(accounted)
+            placed = self._try_allocate(w)
+            if (
+                not placed
+                and self.config.blocking == "strict"
+                and self.decisions.explanations[w.id].code in (explain.CAPACITY_CODES | {explain.QUEUE_LIMIT})
+            ):
+                for rest in items[i + 1 :]:
+                    if rest.id in self.unplaced:
+                        self.decisions.explanations[rest.id] = explain.blocked(w.id)
+                continue
+            # Its key moves only with its allocation: with nothing allocated or taken back, it is the same.
+            heapq.heappush(heap, key if len(accounted) == changes else self._queue_key(queue))
+
+    def _try_allocate(self, w: WorkloadView) -> bool:
+        refusal = self._admission(w)
+        if refusal is not None:
+            self.decisions.explanations[w.id] = refusal
+            return False
+        state = self.state
+        if w.gpu_units > state.free_total + EPSILON:
+            why = NO_ROOM  # what placing would conclude, sooner; the sentence is written below
+        elif (cached := self.failed.get(shape := self._shape(w))) is not None and cached[
+            0
+        ] == state.generation:
+            why = cached[1]
+        else:
+            placed = self.placer.place_gang(w)
+            if placed is not None:
+                self._bind(w, placed)
+                return True
+            why = self._why_not_placed(w)
+            self.failed[shape] = (self.state.generation, why)
+        # GPUs that stopping work releases go to waiting work in allocation order, like free ones: claimed
+        # here, before later work could take the free GPUs such a claim also needs.
+        if why.code in explain.CAPACITY_CODES and self._fits_after_release(w):
+            return False
+        self.decisions.explanations[w.id] = self._capacity_explanation(w, why)
+        if (
+            self.config.blocking == "backfill"
+            and self.state.reservation is None
+            and why.code != explain.TOO_LARGE
+        ):
+            self._reserve(w)
+        return False
+
+    def _admission(self, w: WorkloadView) -> Explanation | None:
+        """Queue limits, the quota rule for non-preemptible work, and whether it could ever fit."""
+        state = self.state
+        limits = self._limits(w.queue)
+        if limits:
+            wants = (w.gpus.count * w.nodes, w.cpus * w.nodes, float(w.memory_bytes * w.nodes))
+            for name, position, limit in limits:
+                allocated = state.alloc[name][position]
+                if allocated + wants[position] > limit + EPSILON:
+                    return explain.queue_limit(name, RESOURCES[position], allocated, limit)
+        if not w.preemptible and w.gpu_units > 0:
+            for name in state.chain(w.queue):
+                queue = self.queues.get(name)
+                if queue is None:
+                    continue
+                quota = queue.gpu.quota
+                would = state.allocated_np(name) + w.gpu_units
+                if would > quota + EPSILON:
+                    return explain.over_quota_nonpreemptible(name, would, quota)
+        return self._never_fits(w)
+
+    def _limits(self, queue: str) -> list[tuple[str, int, float]]:
+        """(queue, resource position, limit) for every limit set on `queue` or above it."""
+        found = self._queue_limits.get(queue)
+        if found is None:
+            found = []
+            for name in self.state.chain(queue):
+                q = self.queues.get(name)
+                if q is None:
+                    continue
+                for position, resource in enumerate(RESOURCES):
+                    limit = q.share(resource).limit
+                    if limit is not None:
+                        found.append((name, position, limit))
+            self._queue_limits[queue] = found
+        return found
+
+    def _never_fits(self, w: WorkloadView) -> Explanation | None:
+        demand = w.gpus
+        key = (demand.count, demand.models, demand.min_memory_bytes, w.nodes, w.node_names)
+        found = self._never.get(key, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._never[key] = self._never_fits_shape(w)
+        return found
+
+    def _never_fits_shape(self, w: WorkloadView) -> Explanation | None:
+        if w.node_names:
+            return self._never_fits_named(w)
+        if w.nodes > len(self.snapshot.nodes):
+            return explain.too_large(w, f"needs {w.nodes} nodes; the pool has {len(self.snapshot.nodes)}")
+        if w.nodes > self.schedulable_nodes:
+            return explain.unschedulable_nodes(w, self.snapshot.nodes)
+        if w.gpus.count <= 0:
+            return None
+        kinds = [(sum(self.placer.matches(group[0], w.gpus)), len(group)) for group in self._kinds()]
+        matching = [(count, many) for count, many in kinds if count > 0]
+        if not matching:
+            return explain.no_matching_gpu(w)
+        biggest = max(count for count, _ in matching)
+        if w.gpus.count > biggest:
+            return explain.too_large(w, f"needs {w.gpus.count:g} GPUs on one node; the largest has {biggest}")
+        able = sum(many for count, many in matching if count >= w.gpus.count)
+        if w.nodes > able:
+            return explain.too_large(
+                w, f"needs {w.nodes} nodes with {w.gpus.count:g} matching GPUs; {able} have them"
+            )
+        return None
+
+    def _never_fits_named(self, w: WorkloadView) -> Explanation | None:
+        """The same questions for a workload that may run only on the nodes it names."""
+        names = sorted(w.node_names)
+        listed = _listed(w.node_names)
+        views = {n.name: n for n in self.snapshot.nodes if n.name in w.node_names}
+        usable = [self.state.nodes[name] for name in names if name in views and views[name].schedulable]
+        if len(usable) < w.nodes:
+            why = [f"{name} is not in the pool" for name in names if name not in views]
+            why += [f"{name} is {views[name].state}" for name in names if name in views and name not in
+                    {n.name for n in usable}]  # fmt: skip
+            return explain.named_nodes(w, listed, "; ".join(why[:5]))
+        if w.gpus.count <= 0:
+            return None
+        able = sum(1 for node in usable if sum(self.placer.matches(node, w.gpus)) >= w.gpus.count)
+        if able < w.nodes:
+            return explain.too_large(
+                w,
+                f"needs {w.nodes} of its named nodes ({listed}) with {explain.gpu_text(w)}; {able} have them",
+            )
+        return None
+
+    def _kinds(self) -> list[list[NodeState]]:
+        """Schedulable nodes grouped by GPU make-up (nodes alike answer every GPU question alike)."""
+        if self._node_kinds is None:
+            groups: dict[tuple[tuple[str, int], ...], list[NodeState]] = {}
+            for node in self.state.nodes.values():
+                if node.schedulable:
+                    groups.setdefault(node.signature, []).append(node)
+            self._node_kinds = list(groups.values())
+        return self._node_kinds
+
+    def _why_not_placed(self, w: WorkloadView) -> Explanation:
+        reservation = self.state.reservation
+        if reservation is not None and reservation.workload_id != w.id:
+            saved, self.state.reservation = reservation, None
+            checkpoint, generation = self.state.checkpoint(), self.state.generation
+            fits = self.placer.place_gang(w) is not None
+            self.state.rollback(checkpoint)
+            self.state.generation = generation
+            self.state.reservation = saved
+            if fits:
+                if self.now < reservation.start < float("inf"):
+                    self.state.expires(reservation.start)  # from then on the sentence says "from now"
+                return explain.reserved(reservation.workload_id, reservation.start, self.now)
+        if w.node_names:
+            named = [self.state.nodes[n] for n in sorted(w.node_names) if n in self.state.nodes]
+            free = sum((node.free_sum for node in named if node.schedulable), 0.0)
+            return explain.named_nodes_full(w, _listed(w.node_names), free)
+        free_matching = self.state.whole_free(families(w.gpus))
+        if not w.gpus.is_fractional and w.gpu_units > 0 and free_matching + EPSILON >= w.gpu_units:
+            block, node = self.state.largest_free_block()
+            return explain.fragmented(w, block, node)
+        return explain.no_capacity(w, self.state.free_gpus(), 0)
+
+    # -- backfill reservation -------------------------------------------------------------------------
+
+    def _reserve(self, w: WorkloadView) -> None:
+        """Reserve the nodes where `w` could start soonest, judging by running work's declared ends."""
+        if w.gpus.is_fractional or w.gpus.count <= 0:
+            return
+        need = int(w.gpus.count)
+        ready: list[tuple[float, str]] = []
+        for node in self.state.nodes.values():
+            if not node.schedulable or (w.node_names and node.name not in w.node_names):
+                continue
+            suits = self.placer.matches(node, w.gpus)
+            matching = [i for i, ok in enumerate(suits) if ok]
+            if len(matching) < need:
+                continue
+            free_now = sum(1 for i in matching if node.free[i] >= 1 - EPSILON)
+            when = self.now
+            if free_now < need:
+                ends = sorted(
+                    (self._end(r), sum(1 for p in r.placement if p.node == node.name for _ in p.gpu_indices))
+                    for r in self.by_node.get(node.name, [])
+                    if r.id not in self.state.evicted
+                )
+                freed, when = free_now, float("inf")
+                for end, gpus in ends:
+                    freed += gpus
+                    if freed >= need:
+                        when = end
+                        break
+                if self.now < when < float("inf"):
+                    self.state.expires(when)  # from then on this node ranks as free now
+            ready.append((when, node.name))
+        if len(ready) < w.nodes:
+            return
+        ready.sort()
+        chosen = ready[: w.nodes]
+        start = max(t for t, _ in chosen)
+        self.state.reservation = Reservation(
+            w.id, frozenset(n for _, n in chosen), start, relative=start == self.now
+        )
+
+    def _end(self, w: WorkloadView) -> float:
+        if w.max_duration is None:
+            return float("inf")
+        if w.start_time is None:
+            self.state.expires(self.now)  # an end counted from the clock itself: nothing to remember
+            return self.now + w.max_duration
+        return w.start_time + w.max_duration
+
+
+def _listed(names: frozenset[str]) -> str:
+    ordered = sorted(names)
+    return ", ".join(ordered[:5]) + (f" and {len(ordered) - 5} more" if len(ordered) > 5 else "")

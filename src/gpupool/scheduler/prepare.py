@@ -1,0 +1,232 @@
+"""A scheduling cycle's inputs made ready, and the questions every action asks of them.
+
+A cycle is one chain of classes, a phase per module, each calling only what lies below it:
+`Prepared` (this file: queues, the tentative state with the running work loaded, fair shares, each queue's
+pending order) -> `Victims` (victims.py: what may be evicted, in what order) -> `EvictionSearch`
+(evict_search.py: making room for one pending workload) -> `Allocation` (allocate.py) -> `Cycle` (cycle.py:
+the pipeline of actions).
+"""
+
+from __future__ import annotations
+
+from gpupool.scheduler import explain
+from gpupool.scheduler.fairshare import fair_shares
+from gpupool.scheduler.ordering import order_key
+from gpupool.scheduler.placement import Placer
+from gpupool.scheduler.snapshot import (
+    RESOURCES,
+    Bind,
+    Decisions,
+    Eviction,
+    Explanation,
+    PodPlacement,
+    QueueView,
+    Snapshot,
+    WorkloadView,
+)
+from gpupool.scheduler.state import EPSILON, ClusterState, NodeState, Sums
+
+ACTIONS = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
+PLACEMENTS = ("binpack", "spread", "fragmentation")
+BLOCKING = ("skip", "strict", "backfill")
+# A node where victims might make room: the node, an upper bound on the GPUs they could free, the victims.
+AbleNode = tuple[NodeState, float, list[WorkloadView]]
+GLOBAL = "*"
+
+
+class ConfigError(ValueError):
+    """A scheduler configuration names an unknown action, placement, ordering or blocking mode."""
+
+
+def validate(snapshot: Snapshot) -> None:
+    config = snapshot.config
+    for action in config.actions:
+        if action not in ACTIONS:
+            raise ConfigError(f"unknown scheduler action {action!r}; known: {', '.join(ACTIONS)}")
+    if config.placement not in PLACEMENTS:
+        raise ConfigError(f"unknown placement {config.placement!r}; one of {', '.join(PLACEMENTS)}")
+    if config.blocking not in BLOCKING:
+        raise ConfigError(f"unknown blocking mode {config.blocking!r}; one of {', '.join(BLOCKING)}")
+    order_key(config.ordering)
+    for queue in snapshot.queues:
+        if queue.ordering is not None:
+            order_key(queue.ordering)
+
+
+class Prepared:
+    """The cycle's state before any action: see the module's docstring for the phases built on it."""
+
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        validate(snapshot)
+        self.snapshot = snapshot
+        self.config = snapshot.config
+        self.now = now
+        self.decisions = Decisions()
+        queues = {q.name: q for q in snapshot.queues}
+        for name in sorted({w.queue for w in snapshot.pending} | {w.queue for w in snapshot.running}):
+            if name not in queues:
+                queues[name] = QueueView(name)  # work in an unknown queue: a queue with no quota
+        self.queues = queues
+        # whether any queue sets a minimum runtime above zero (else work is old enough once it started)
+        self._floors = any(
+            (q.min_runtime_preempt or 0.0) > 0 or (q.min_runtime_reclaim or 0.0) > 0 for q in queues.values()
+        )
+        self.state = ClusterState(snapshot.nodes, queues.values())
+        self._capacity = tuple(self.state.capacity)  # before running work is loaded
+        self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
+        self.by_node: dict[str, list[WorkloadView]] = {}
+        self.state.load_running(snapshot.running)
+        by_node = self.by_node
+        for w in snapshot.running:
+            for pod in w.placement:
+                on_node = by_node.get(pod.node)
+                if on_node is None:
+                    on_node = by_node[pod.node] = []
+                on_node.append(w)
+        self.shares = self._fair_shares()
+        self.decisions.fair_shares = self.shares
+        self.unplaced: dict[int, WorkloadView] = {w.id: w for w in snapshot.pending}
+        self.order = self._pending_order()
+        self.rank = {w.id: i for ws in self.order.values() for i, w in enumerate(ws)}
+        self.failed: dict[tuple[object, ...], tuple[int, Explanation]] = {}
+        self._never: dict[tuple[object, ...], Explanation | None] = {}
+        self._no_release_fit: dict[tuple[object, ...], tuple[int, int]] = {}
+        self._no_victims: dict[tuple[object, ...], tuple[int, int]] = {}
+        self._smallest_miss: dict[tuple[object, ...], tuple[tuple[int, int], float]] = {}
+        self._runtime_floor: dict[tuple[str, str], float] = {}
+        self._queue_limits: dict[str, list[tuple[str, int, float]]] = {}
+        self._groups: dict[str, list[WorkloadView]] | None = None  # see _victim_groups
+        self._index: dict[str, list[WorkloadView]] | None = None
+        self._pending_by_id = dict(self.unplaced)
+        self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
+        self._retracted: set[int] = set()
+        self._retracted_now: set[int] = set()  # since the last pending_groups()
+        self._old: dict[str, dict[int, bool]] = {"preempt": {}, "reclaim": {}}  # kind -> workload id -> old
+        # (ids of a candidates and a units dict, GPUs needed) -> (able nodes, how much of state.freed they
+        # have seen, the dicts: they keep their ids alive)
+        self._able_cache: dict[tuple[int, int, float], tuple[dict[str, AbleNode], int, object]] = {}
+        # (ids of a candidates and a units dict) -> (see _able_base, the dicts: they keep their ids alive)
+        self._able_bases: dict[tuple[int, int], tuple[dict[str, AbleNode], list[AbleNode], object]] = {}
+        self._victim_queue_names: list[str] | None = None
+        self._least: dict[str, float] = {}
+        self._reclaim_gpus: dict[str, dict[str, float]] | None = None  # see _gpus_by_queue
+        self._by_queue: dict[str, dict[str, list[WorkloadView]]] | None = None
+        self._lowest: dict[str, int] | None = None
+        self._surplus: dict[str, float] = {}  # victim queue -> GPUs above its fair share
+        self._surplus_total = 0.0
+        self._surplus_seen = -1  # how much of state.accounted `_surplus` has seen (-1: not built yet)
+        self._node_kinds: list[list[NodeState]] | None = None
+        self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
+
+    # -- setup ----------------------------------------------------------------------------------------
+
+    def _fair_shares(self) -> dict[str, dict[str, float]]:
+        capacity = dict(zip(RESOURCES, self._capacity, strict=True))
+        sums: dict[str, Sums] = {}
+        for workloads in (self.snapshot.pending, self.snapshot.running):
+            for w in workloads:
+                row = sums.get(w.queue)
+                if row is None:
+                    row = sums[w.queue] = Sums()
+                row.add(w)
+        demand = {
+            queue: {"gpu": row.gpu, "cpu": row.cpu, "memory": row.memory} for queue, row in sums.items()
+        }
+        return fair_shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
+
+    def _ordering_of(self, queue: str) -> str:
+        q = self.queues.get(queue)
+        return q.ordering if q is not None and q.ordering is not None else self.config.ordering
+
+    def _pending_order(self) -> dict[str, list[WorkloadView]]:
+        by_queue: dict[str, list[WorkloadView]] = {}
+        fair_share = self.config.fair_share
+        for w in self.snapshot.pending:
+            key = w.queue if fair_share else GLOBAL
+            items = by_queue.get(key)
+            if items is None:
+                items = by_queue[key] = []
+            items.append(w)
+        thresholds = self.config.las_thresholds
+        for name, items in by_queue.items():
+            key_of = order_key(self._ordering_of(name) if name != GLOBAL else self.config.ordering)
+            items.sort(key=lambda w: key_of(w, thresholds))
+        return by_queue
+
+    def fair(self, queue: str, resource: str = "gpu") -> float:
+        shares = self.shares.get(queue)
+        return 0.0 if shares is None else shares.get(resource, 0.0)
+
+    def pending_groups(self) -> list[str]:
+        """Allocation order of the pending work's groups: queues, most under-served first (GLOBAL alone when
+        fair share is off). A phase walks them in this order and each group's work in its own order,
+        reading whether a workload is still unplaced when its turn comes (`still_unplaced`): one placed
+        since is skipped, and one whose bind was taken back during the phase was not unplaced in it."""
+        self._retracted_now.clear()
+        return sorted(self.order, key=self._queue_key)
+
+    def still_unplaced(self, w: WorkloadView) -> bool:
+        return w.id in self.unplaced and w.id not in self._retracted_now
+
+    def _least_gpus(self, queue: str) -> float:
+        """The fewest GPUs any pending workload of `queue` asks for."""
+        found = self._least.get(queue)
+        if found is None:
+            found = self._least[queue] = min((w.gpu_units for w in self.order.get(queue, ())), default=0.0)
+        return found
+
+    def _queue_key(self, queue: str) -> tuple[bool, int, float, str]:
+        """Allocation order of queues: those below their fair share first, then by queue priority, then
+        by allocated / fair share. A high-priority queue borrowing above its share never goes before a
+        queue still owed its share: what it took, reclaim would take back next cycle."""
+        ratio = self._ratio(queue)
+        return (ratio >= 1.0 - EPSILON, -self._priority(queue), ratio, queue)
+
+    def _priority(self, queue: str) -> int:
+        q = self.queues.get(queue)
+        return q.priority if q is not None else 0
+
+    def _ratio(self, queue: str) -> float:
+        if queue == GLOBAL:
+            return 0.0
+        share = self.fair(queue)
+        allocated = self.state.allocated(queue)
+        return allocated / share if share > EPSILON else (float("inf") if allocated > 0 else 1e9)
+
+    def _evict(self, w: WorkloadView, code: str, reason: str, for_workload: int | None = None) -> None:
+        if w.id in self.state.evicted:
+            return
+        self.state.evict(w, code)
+        self.decisions.evictions.append(Eviction(w.id, code, reason, for_workload))
+
+    def _bind(self, w: WorkloadView, placed: tuple[PodPlacement, ...]) -> None:
+        self.decisions.binds.append(Bind(w.id, placed))
+        del self.unplaced[w.id]
+        self.decisions.explanations.pop(w.id, None)
+        for pod in placed:
+            self.by_node.setdefault(pod.node, []).append(w)
+
+    def _shape(self, w: WorkloadView) -> tuple[object, ...]:
+        reservation = self.state.reservation
+        ends_in_time = (
+            reservation is not None
+            and w.max_duration is not None
+            and self.now + w.max_duration <= reservation.start
+        )
+        if ends_in_time and reservation is not None and not reservation.relative:
+            self.state.expires(reservation.start - (w.max_duration or 0.0))
+        demand = w.gpus
+        return (
+            demand.count, demand.models, demand.min_memory_bytes, w.cpus, w.memory_bytes, w.nodes,
+            w.topology, w.topology_preferred, ends_in_time, w.node_names,
+        )  # fmt: skip
+
+    def _capacity_explanation(self, w: WorkloadView, why: Explanation) -> Explanation:
+        """Personalise a (possibly cached) capacity explanation for this workload and its queue."""
+        if why.code == explain.NO_CAPACITY:
+            ahead = self.rank.get(w.id, 0)
+            allocated, fair = self.state.allocated(w.queue), self.fair(w.queue)
+            if self.config.fair_share and allocated + EPSILON >= fair:
+                return explain.over_fair_share(w.queue, allocated, fair, ahead)
+            return explain.no_capacity(w, self.state.free_gpus(), ahead)
+        return why
