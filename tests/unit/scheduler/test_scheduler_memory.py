@@ -58,6 +58,24 @@ def test_a_victim_reaching_its_minimum_runtime_is_reclaimed_on_time() -> None:
     assert scheduler.cycles == 2
 
 
+def test_work_started_ahead_of_the_clock_is_not_reclaimed_until_then() -> None:
+    # No queue sets a minimum runtime, but the victim's start (written by a clock ahead of the scheduler's)
+    # is still to come: it has not run at all yet, and the answer holds only until it has.
+    snapshot = Snapshot(
+        nodes=(node("n1"),),
+        queues=(QueueView("a", gpu=Share(quota=2)), QueueView("b")),
+        running=(running(1, "b", started=NOW + 30),),
+        pending=(pending(2, "a"),),
+    )
+    scheduler = Scheduler()
+    assert scheduler.decide(snapshot, NOW).evictions == []
+    assert scheduler.decide(snapshot, NOW + 29).evictions == []
+    assert scheduler.reused == 1
+    later = scheduler.decide(snapshot, NOW + 30)
+    assert [e.workload_id for e in later.evictions] == [1]
+    assert later == decide(snapshot, NOW + 30)
+
+
 def test_a_closing_backfill_window_is_noticed() -> None:
     # Workload 3 (4 GPUs) waits for workload 1 to end at NOW + 1000 and reserves n1 from then; workload 4
     # (2 GPUs, 600 s) may start beside it now, but not once it would run past the reservation's start.
