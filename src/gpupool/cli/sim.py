@@ -122,7 +122,7 @@ def run(
 ) -> None:
     """Replay a trace window through each policy and compare JCT, fairness, quotas and utilization."""
     from gpupool.sim import experiment as ex
-    from gpupool.sim.engine import SimOptions
+    from gpupool.sim.results import SimOptions
 
     with _sim_errors():
         options = SimOptions(

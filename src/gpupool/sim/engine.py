@@ -15,7 +15,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from operator import attrgetter
 from typing import cast
 
@@ -32,6 +32,7 @@ from gpupool.scheduler import (
 from gpupool.scheduler.placement import gpu_matches
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.policies import POOL, Policy
+from gpupool.sim.results import JobRecord, Sample, SimOptions, SimResult
 from gpupool.sim.skip import EPS, SkipTest
 from gpupool.sim.trace import TraceJob
 from gpupool.spec.scheduling import young_totals, young_weight, young_weighted
@@ -40,60 +41,6 @@ ARRIVAL, FINISH, BAND, TICK = 0, 1, 2, 3
 MAX_ROUNDS = 4  # cycles at one instant (evictions release at once; the gainers bind in the next round)
 TIMELINE_POINTS = 600
 _CODE = attrgetter("code")
-
-
-@dataclass(frozen=True, slots=True)
-class SimOptions:
-    cycle: float = 60.0  # seconds between periodic scheduler cycles
-    restart_overhead: float = 60.0  # seconds a restarted job spends before it progresses again
-    checkpoint_interval: float = 1800.0  # seconds of progress between checkpoints; 0 = nothing is lost
-    seed: int = 0  # kept for reproducibility records; the engine itself draws nothing at random
-
-
-@dataclass(slots=True)
-class JobRecord:
-    """What happened to one job (times in seconds since the window start)."""
-
-    id: int
-    queue: str  # the tenant
-    submit: float
-    duration: float
-    gpus: float
-    start: float | None = None  # first start
-    finish: float | None = None
-    queued: float = 0.0  # all time pending, time spent preempted included
-    preemptions: int = 0
-    lost_gpu_s: float = 0.0  # GPU-seconds of work lost since checkpoints, plus restart overheads paid
-
-    @property
-    def jct(self) -> float | None:
-        return None if self.finish is None else self.finish - self.submit
-
-
-@dataclass(slots=True)
-class Sample:
-    t: float
-    pending: int
-    used_gpus: float
-    allocated: dict[str, float]  # tenant -> GPUs
-    fair_share: dict[str, float]  # tenant -> GPUs (policies with tenant queues)
-
-
-@dataclass(slots=True)
-class SimResult:
-    policy: str
-    cluster_gpus: int
-    arrival_window: float  # seconds from time zero to the last arrival
-    jobs: list[JobRecord]
-    dropped: list[int]  # trace job ids larger than the cluster
-    quotas: dict[str, float]
-    busy_gpu_s: float = 0.0  # GPU-seconds in use during the arrival window
-    shortfall_gpu_s: dict[str, float] = field(default_factory=dict)  # wanted within quota, not given
-    timeline: list[Sample] = field(default_factory=list)
-    cycles: int = 0
-    decide_s: float = 0.0
-    wall_s: float = 0.0
-    unfinished: int = 0
 
 
 class _Job:

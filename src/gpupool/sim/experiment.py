@@ -9,11 +9,12 @@ from typing import Any
 
 from gpupool.scheduler import QueueView
 from gpupool.sim.cluster import Cluster, load_cluster
-from gpupool.sim.engine import SimOptions, SimResult, Simulation
+from gpupool.sim.engine import Simulation
 from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import summarize
 from gpupool.sim.policies import Policy, resolve_policies
 from gpupool.sim.queues import resolve_queues
+from gpupool.sim.results import SimOptions, SimResult
 from gpupool.sim.trace import Trace, TraceJob, load_trace, select
 
 Progress = Callable[[str, int, int], None]  # (policy, jobs settled, jobs in all)

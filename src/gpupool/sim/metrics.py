@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gpupool.sim.engine import SimResult
+from gpupool.sim.results import SimResult
 
 
 def percentile(values: Sequence[float], q: float) -> float:

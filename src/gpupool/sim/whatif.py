@@ -14,10 +14,11 @@ from typing import Any
 
 from gpupool.scheduler import GpuView, NodeView, QueueView
 from gpupool.sim.cluster import Cluster, parse_groups
-from gpupool.sim.engine import SimOptions, Simulation
+from gpupool.sim.engine import Simulation
 from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import summarize
 from gpupool.sim.policies import Policy
+from gpupool.sim.results import SimOptions
 from gpupool.sim.trace import TraceJob
 from gpupool.spec import SpecError
 from gpupool.spec.quantities import parse_gpu_request

@@ -6,11 +6,12 @@ import pytest
 
 from gpupool.scheduler import QueueView, Share
 from gpupool.sim.cluster import load_cluster
-from gpupool.sim.engine import SimOptions, SimResult, Simulation, shape
+from gpupool.sim.engine import Simulation, shape
 from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import jain, percentile, summarize
 from gpupool.sim.policies import BY_NAME, POLICIES, resolve_policies
 from gpupool.sim.queues import auto_queues
+from gpupool.sim.results import SimOptions, SimResult
 from gpupool.sim.trace import TraceJob
 
 NO_OVERHEAD = SimOptions(restart_overhead=0.0, checkpoint_interval=0.0)

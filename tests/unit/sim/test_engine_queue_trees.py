@@ -8,8 +8,9 @@ import pytest
 
 from gpupool.scheduler import Decisions, QueueView, Share
 from gpupool.sim.cluster import load_cluster
-from gpupool.sim.engine import SimOptions, Simulation
+from gpupool.sim.engine import Simulation
 from gpupool.sim.policies import BY_NAME, POLICIES
+from gpupool.sim.results import SimOptions
 from gpupool.sim.trace import TraceJob
 from gpupool.spec.scheduling import weighted_by_young
 
