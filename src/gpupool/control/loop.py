@@ -149,6 +149,9 @@ class Reconciler:
         now = time.time() if now is None else now
         self.sync_inventory()
         self.observe(now)
+        # A node whose lease ran out since the inventory above had its attempts ended as node-lost just
+        # now: it leaves the store's ready nodes before this pass places their retries (back on it).
+        self.sync_inventory()
         for bind in self.direct_binds() if self.direct_binds is not None else ():
             self._start(bind)
         started = time.perf_counter()

@@ -156,3 +156,37 @@ def test_views_are_read_again_only_for_nodes_that_changed(store: Store, tmp_path
         assert node is not None
         node.gpus.remove(node.gpus[0])
     assert len(views.read(store)[1].gpus) == 1
+
+
+def test_work_on_a_node_lost_during_a_pass_is_retried_on_another_node(store: Store, tmp_path: Path) -> None:
+    """A node's lease may run out between a pass's inventory and its look at the running attempts: the look
+    ends the node's attempts as node-lost, and their retries must not go back to that node (on a loaded
+    machine the retry went there, failed node-lost in turn, and its workload failed, its retries spent)."""
+    clock = Clock()
+    reconciler, backend = _pool(store, tmp_path, clock)
+    reconciler.tick()
+    job = _submit(store, resources={"gpu": 1}, retry={"max_restarts": 1, "on": ["node-failure"]})
+    reconciler.tick()
+    lost = _node_of(store, job)
+    assert lost is not None
+    (other,) = {"a", "b"} - {lost}
+
+    clock.now += LEASE - 0.5  # `lost` falls silent, `other` keeps heartbeating
+    backend.heartbeat(other, {"attempts": []})
+    look = reconciler.observe
+
+    def observe(now: float) -> None:  # the lease of `lost` runs out after the pass's inventory
+        clock.now += 1.0
+        look(now)
+
+    reconciler.observe = observe  # type: ignore[method-assign]
+    reconciler.tick()
+    reconciler.observe = look  # type: ignore[method-assign]
+    backend.heartbeat(other, {"attempts": []})
+    reconciler.tick()
+
+    with store.read() as s:
+        attempts = s.scalars(select(Attempt).where(Attempt.workload_id == job).order_by(Attempt.number)).all()
+        assert attempts[0].node_name == lost and "node-lost" in attempts[0].reason, attempts[0].reason
+        assert [a.node_name for a in attempts[1:]] == [other]
+        assert attempts[1].state == "running"
