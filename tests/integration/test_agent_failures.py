@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.agent import start_pool
+from tests.support.agent import LOSS_LEASE, start_pool
 
 # A small "model" trained by SGD on seeded data; it checkpoints after every step and resumes from the
 # newest checkpoint, so the final weights do not depend on where or how often it was interrupted.
@@ -76,7 +76,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_from_its_checkpoint_with_the_same_f
     (tmp_path / "ref-ckpt").mkdir()
     subprocess.run([sys.executable, str(script), "30", "0", str(reference)], env=env, check=True)
 
-    pool = start_pool(tmp_path, 2)
+    pool = start_pool(tmp_path, 2, lease=LOSS_LEASE)
     server = pool.server
     try:
         final = tmp_path / "final.json"
@@ -114,7 +114,7 @@ def test_a_lost_node_s_job_resumes_elsewhere_from_its_checkpoint_with_the_same_f
 
 
 def test_a_stale_agent_is_fenced_when_it_comes_back_after_its_work_moved(tmp_path: Path) -> None:
-    pool = start_pool(tmp_path, 2)
+    pool = start_pool(tmp_path, 2, lease=LOSS_LEASE)
     server = pool.server
     try:
         pid_dir = tmp_path / "pids"

@@ -20,8 +20,16 @@ def _port_block(size: int = 20) -> str:
     return f"{low}-{low + size - 1}"
 
 
-def agent_head(home: Path, lease: str = "3s", extra: list[str] | None = None) -> ServerProcess:
-    """A head with no local node that schedules onto agents (`--gpus none`), with a short node lease."""
+# The node lease of a test's head: the product's default, so that a node is lost only when a test makes it
+# so (SIGSTOP, kill -9 of its agent), not because a loaded machine delayed a heartbeat (3 s left a live
+# agent 2 s of slack after its 1 s long-poll). Tests that lose a node on purpose pass LOSS_LEASE, short
+# enough to wait for, long enough that a live agent does not miss it.
+LEASE = "10s"
+LOSS_LEASE = "6s"
+
+
+def agent_head(home: Path, lease: str = LEASE, extra: list[str] | None = None) -> ServerProcess:
+    """A head with no local node that schedules onto agents (`--gpus none`), with the node lease `lease`."""
     return ServerProcess(home=home, gpus="none", extra_args=["--node-lease", lease, *(extra or [])])
 
 
@@ -125,7 +133,7 @@ class Pool:
 
 
 def start_pool(
-    tmp_path: Path, count: int, *, lease: str = "3s", gpus: str = "sim:1xH100", orphan_grace: str = "60s"
+    tmp_path: Path, count: int, *, lease: str = LEASE, gpus: str = "sim:1xH100", orphan_grace: str = "60s"
 ) -> Pool:
     server = agent_head(tmp_path / "home", lease).start()
     token = join_token(server)
