@@ -94,7 +94,9 @@ def test_heartbeat_answers_carry_the_version_they_were_written_at_so_an_agent_ca
 ) -> None:
     # An agent has two heartbeats in flight (its long-poll, and a report when a process ends); it applies
     # no answer older than one it has applied, or it would stop a rank started since and start it again.
-    pool = start_pool(tmp_path, 0)
+    # The test is the agent: between its heartbeats it runs the CLI, which took over 3 s on a loaded
+    # machine (the node was lost and its job failed before `gpupool cancel`): a lease it cannot miss.
+    pool = start_pool(tmp_path, 0, lease="60s")
     server = pool.server
     try:
         info = {"gpus": [["H100", 1]], "cpus": 8, "memory_bytes": 64 << 30}
