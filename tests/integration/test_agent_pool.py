@@ -5,12 +5,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.support.agent import AgentProcess, join_token, start_pool
+
+
+def _until(what: str, probe: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while not probe():
+        assert time.time() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.2)
 
 
 def test_agents_join_run_single_and_gang_jobs_and_ship_every_ranks_log(tmp_path: Path) -> None:
@@ -173,13 +181,23 @@ def test_an_agent_restarted_without_its_join_token_comes_back_with_its_credentia
     pool = start_pool(tmp_path, 1)
     server = pool.server
     try:
-        job = server.submit({"resources": {"gpu": 1}, "commands": ["sleep 4", "echo survived"]})
+        # The job runs until the test opens the gate, and the agent is killed once it has started the
+        # rank (not after a fixed second, and not against a "sleep 4" that a loaded machine could end first).
+        gate = tmp_path / "gate"
+        job = server.submit(
+            {
+                "resources": {"gpu": 1},
+                "commands": [f"while [ ! -e {gate} ]; do sleep 0.1; done", "echo survived"],
+            }
+        )
         server.wait_for(job["id"], states=("running",))
-        time.sleep(1.0)
         agent = pool.agents[0]
+        _until("the agent to start the rank", lambda: "event=rank_started" in agent.log())
         agent.kill9()
         agent.token = None  # the credential in its state dir is enough now
         agent.start()
+        _until("the restarted agent to re-adopt the rank", lambda: "event=rank_readopted" in agent.log())
+        gate.touch()
         done = server.wait_for(job["id"], timeout=30)
         assert done["state"] == "succeeded" and done["attempts"] == 1, "re-adopted, not restarted"
         assert "event=rank_readopted" in agent.log()
