@@ -207,11 +207,15 @@ def test_an_agent_restarted_without_its_join_token_comes_back_with_its_credentia
 
 
 def test_rolling_drain_moves_work_one_node_at_a_time_and_resumes_it(tmp_path: Path) -> None:
-    pool = start_pool(tmp_path, 3)
+    # Two busy nodes and two free ones, each job to a free node; the jobs run until the test opens the gate
+    # (with 10 s of steps and one free node, the second job could finish before a loaded machine drained
+    # its node, and the drain of the second node waited for the first job to end).
+    pool = start_pool(tmp_path, 4)
     server = pool.server
     try:
         work = tmp_path / "work"
         work.mkdir()
+        gate = tmp_path / "gate"
         jobs = [
             server.submit(
                 {
@@ -221,7 +225,7 @@ def test_rolling_drain_moves_work_one_node_at_a_time_and_resumes_it(tmp_path: Pa
                     "commands": [
                         "n=$(cat $GPUPOOL_CHECKPOINT_DIR/n 2>/dev/null || echo 0)",
                         "trap 'echo $n > $GPUPOOL_CHECKPOINT_DIR/n; exit 143' TERM",
-                        "while [ $n -lt 40 ]; do n=$((n+1)); sleep 0.25; done",
+                        f"while [ ! -e {gate} ]; do n=$((n+1)); sleep 0.25; done",
                     ],
                 }
             )
@@ -239,6 +243,10 @@ def test_rolling_drain_moves_work_one_node_at_a_time_and_resumes_it(tmp_path: Pa
         assert all(f"node {name}: drained" in result.stdout for name in busy)
         nodes = pool.nodes()
         assert all(nodes[name]["state"] == "draining" for name in busy)
+        for job in jobs:  # both run again, on the nodes that were free
+            again = server.workload(job["id"])
+            assert again["state"] == "running" and again["node"] not in busy, again
+        gate.touch()
         for job in jobs:
             done = server.wait_for(job["id"], timeout=60)
             assert done["state"] == "succeeded", done
