@@ -292,8 +292,10 @@ def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_f
         )
         assert back["health"] == "healthy"
         events = [(e["from"], e["to"], e["actor"]) for e in agent_health(sick_name)["events"]]
-        assert ("ready", "unhealthy", "health") in events and events[-1] == ("unhealthy", "ready", "health")
-        assert not [e for e in events if "cordoned" in e]  # no state change per recheck
+        # Out once, back once: no state change per recheck. (From its fall on: a node that joins while a pass
+        # applies the inventory may be marked lost and come back cordoned before any of this.)
+        fell = events.index(("ready", "unhealthy", "health"))
+        assert events[fell:] == [("ready", "unhealthy", "health"), ("unhealthy", "ready", "health")], events
         shown = server.cli("node", "show", sick_name, check=True).stdout
         assert "passed the quick active checks" in shown
         full = server.cli("health", "run", "--node", sick_name, "--level", "full", "--json", check=True)
