@@ -57,7 +57,13 @@ def test_higher_priority_preempts_and_the_victim_resumes_from_its_checkpoint(
         }
     )
     server.wait_for(low["id"], states=("running",))
-    time.sleep(1.0)
+    # Until it has checkpointed a few steps (its SIGTERM handler is in place), not for a fixed second: on a
+    # loaded machine python3 may not even have started by then, and SIGTERM would kill it unsaved.
+    step = job_dir / "ckpt-low" / "step"
+    deadline = time.time() + 30
+    while not (step.exists() and int(step.read_text() or 0) >= 5):
+        assert time.time() < deadline, "the low-priority job never checkpointed 5 steps"
+        time.sleep(0.1)
     high = server.submit(
         {
             "queue": "team",
