@@ -10,6 +10,27 @@ from pathlib import Path
 from tests.support.server import ServerProcess
 
 
+def _pid(server: ServerProcess, workload_id: int) -> int:
+    """The pid of the workload's first attempt, once the head has started it (it is `running` a moment
+    before: the attempt is recorded before its process exists)."""
+    deadline = time.time() + 30
+    while (pid := server.workload(workload_id)["attempt_list"][0]["pid"]) is None:
+        assert time.time() < deadline, f"workload {workload_id}'s attempt never got a pid"
+        time.sleep(0.1)
+    return int(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return False
+
+
 def test_kill9_server_readopts_running_jobs_and_keeps_pending_ones(tmp_path: Path) -> None:
     server = ServerProcess(home=tmp_path / "home").start()
     gate = tmp_path / "gate"  # the job runs until the test opens it: no race with a slow restart
@@ -23,8 +44,7 @@ def test_kill9_server_readopts_running_jobs_and_keeps_pending_ones(tmp_path: Pat
         )
         server.wait_for(running["id"], states=("running",))
         queued = server.submit({"name": "queued", "resources": {"gpu": 4}, "commands": ["echo queued ran"]})
-        time.sleep(0.5)
-        pid = server.workload(running["id"])["attempt_list"][0]["pid"]
+        pid = _pid(server, running["id"])
         server.kill9()
 
         os.kill(pid, 0)  # the job outlives the server: it is in its own session
@@ -48,10 +68,16 @@ def test_kill9_server_readopts_running_jobs_and_keeps_pending_ones(tmp_path: Pat
 def test_a_job_that_ends_while_the_server_is_down_keeps_its_exit_code(tmp_path: Path) -> None:
     server = ServerProcess(home=tmp_path / "home").start()
     try:
-        created = server.submit({"commands": ["sleep 1", "exit 5"]})
+        gate = tmp_path / "gate"  # not "sleep 1": a loaded machine could end it before it is seen running
+        created = server.submit({"commands": [f"while [ ! -e {gate} ]; do sleep 0.1; done", "exit 5"]})
         server.wait_for(created["id"], states=("running",))
+        pid = _pid(server, created["id"])
         server.kill9()
-        time.sleep(2.0)  # the job ends while nobody watches
+        gate.touch()  # the job ends while nobody watches
+        deadline = time.time() + 30
+        while _alive(pid):
+            assert time.time() < deadline, "the job did not end"
+            time.sleep(0.1)
         server.start()
         done = server.wait_for(created["id"])
         assert done["state"] == "failed" and done["exit_code"] == 5
@@ -64,7 +90,7 @@ def test_a_job_killed_while_the_server_is_down_is_failed_with_the_reason(tmp_pat
     try:
         created = server.submit({"commands": ["sleep 30"]})
         server.wait_for(created["id"], states=("running",))
-        pid = server.workload(created["id"])["attempt_list"][0]["pid"]
+        pid = _pid(server, created["id"])
         server.kill9()
         os.killpg(pid, signal.SIGKILL)  # the whole attempt dies without a word (shim included)
         time.sleep(0.5)
