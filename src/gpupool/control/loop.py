@@ -106,6 +106,10 @@ class Reconciler:
         self.explanations: dict[int, scheduler.Explanation] = {}
         self._explained_at = 0.0
         self._inventory_generation = 0  # of the backend inventory last applied; 0: none (local backend)
+        # Held while an inventory is taken from the backend and applied, and while a node joins (its store
+        # row, then the backend's record): an inventory taken before the join but applied after it would say
+        # the new node is gone (`lost`, then back from lost: cordoned until it passes the active checks).
+        self.inventory_lock = threading.Lock()
         self.cycle_observer: Callable[[float], None] | None = None  # metrics: seconds of each schedule()
         # Binds decided outside the scheduler (the health loop's check jobs, control/health_jobs.py), started
         # before each pass schedules, so its snapshot sees them as running work.
@@ -199,11 +203,12 @@ class Reconciler:
     def sync_inventory(self) -> None:
         """Bring the store's nodes and foreign jobs up to the backend's inventory, when it keeps one
         (Slurm) and it changed since the last pass."""
-        current = self.backend.inventory()
-        if current is None or current.generation == self._inventory_generation:
-            return
-        inventory.apply(self.store, self.backend.name, current)
-        self._inventory_generation = current.generation
+        with self.inventory_lock:
+            current = self.backend.inventory()
+            if current is None or current.generation == self._inventory_generation:
+                return
+            inventory.apply(self.store, self.backend.name, current)
+            self._inventory_generation = current.generation
         # A GPU its node no longer lists (fell off the bus, node back without it) leaves the telemetry too.
         self.telemetry.keep_listed(
             {n.name: [d.index for d in n.devices] or range(sum(c for _, c in n.gpus)) for n in current.nodes}

@@ -3,6 +3,7 @@ scheduler in the very next pass: cordon, drain, loss, a health verdict, a node j
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -190,3 +191,45 @@ def test_work_on_a_node_lost_during_a_pass_is_retried_on_another_node(store: Sto
         assert attempts[0].node_name == lost and "node-lost" in attempts[0].reason, attempts[0].reason
         assert [a.node_name for a in attempts[1:]] == [other]
         assert attempts[1].state == "running"
+
+
+def _join(store: Store, reconciler: Reconciler, backend: AgentBackend, name: str) -> None:
+    """What POST /api/v1/agents/register does (api/routes/agents.py): the store row, then the backend's."""
+    with reconciler.inventory_lock:
+        agents.register(store, name, join_token=_join_token(store), credential=None)
+        backend.register(name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]}, "127.0.0.1")
+
+
+def test_a_node_joining_while_a_pass_applies_the_inventory_is_not_lost(store: Store, tmp_path: Path) -> None:
+    """A pass that took the backend's inventory just before a node joined must not apply it after the join:
+    the new node, missing from it, was set lost and came back cordoned for checks (seen under load)."""
+    reconciler, backend = _pool(store, tmp_path, Clock())
+    reconciler.tick()
+    _join(store, reconciler, backend, "c")  # a new generation for the pass below to apply
+    taken, resume = threading.Event(), threading.Event()
+    inventory = backend.inventory
+
+    def paused() -> Inventory | None:
+        current = inventory()
+        taken.set()
+        resume.wait(10)
+        return current
+
+    backend.inventory = paused  # type: ignore[method-assign]
+    sync = threading.Thread(target=reconciler.sync_inventory)
+    sync.start()
+    assert taken.wait(10)
+    join = threading.Thread(target=_join, args=(store, reconciler, backend, "d"))
+    join.start()
+    join.join(0.5)
+    assert join.is_alive()  # the join waits for the pass
+    resume.set()
+    sync.join(10)
+    join.join(10)
+    backend.inventory = inventory  # type: ignore[method-assign]
+    reconciler.tick()
+
+    with store.read() as s:
+        states = {n.name: (n.state, n.state_reason) for n in s.scalars(select(Node))}
+    assert states["d"] == ("ready", ""), states["d"]
+    assert states["c"][0] == "ready"

@@ -118,15 +118,17 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
         parse_ports(info.get("rendezvous_ports"))
     except BadRegistration as exc:
         raise ApiError(422, "invalid_request", str(exc), field=exc.field) from exc
-    credential = agents.register(
-        request.app.state.runtime.store,
-        name,
-        join_token=body.get("join_token") or None,
-        credential=body.get("credential") or None,
-    )
-    request.app.state.node_credentials.registered(name, credential)
+    runtime = request.app.state.runtime
     address = request.client.host if request.client else "127.0.0.1"
-    answer = backend.register(name, dict(info), address)
+    with runtime.reconciler.inventory_lock:  # no inventory taken before this join is applied after it
+        credential = agents.register(
+            runtime.store,
+            name,
+            join_token=body.get("join_token") or None,
+            credential=body.get("credential") or None,
+        )
+        request.app.state.node_credentials.registered(name, credential)
+        answer = backend.register(name, dict(info), address)
     if credential is not None:
         answer["credential"] = credential
     return answer
