@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -119,17 +120,23 @@ def test_queues_can_be_created_listed_and_updated(server: ServerProcess) -> None
         assert names == ["default", "nlp"]
 
 
-def test_a_queue_gpu_limit_is_never_exceeded(server: ServerProcess) -> None:
+def test_a_queue_gpu_limit_is_never_exceeded(server: ServerProcess, tmp_path: Path) -> None:
     with server.http() as client:
         client.post("/api/v1/queues", json={"name": "capped", "resources": {"gpu": {"limit": 2}}})
+    # Each job runs until the test opens the gate: a "sleep 1" could end before a loaded machine gave the
+    # second its reason, and the second would run instead of waiting.
+    gate = tmp_path / "gate"
+    wait = f"while [ ! -e {gate} ]; do sleep 0.1; done"
     ids = [
-        server.submit({"queue": "capped", "resources": {"gpu": 2}, "commands": ["sleep 1"]})["id"]
+        server.submit({"queue": "capped", "resources": {"gpu": 2}, "commands": [wait]})["id"]
         for _ in range(2)
     ]
     server.wait_for(ids[0], states=("running",))
     second = server.wait_for_reason(ids[1])
     assert second["state"] == "pending" and second["reason_code"] == "queue-limit"
     assert second["reason"] == "queue capped is at its limit (2/2 GPUs)"
+    gate.touch()
+    assert server.wait_for(ids[0])["state"] == "succeeded"
     assert server.wait_for(ids[1])["state"] == "succeeded"
 
 
@@ -140,11 +147,14 @@ def test_openapi_is_served(server: ServerProcess) -> None:
 
 
 def test_nodes_show_simulated_gpus_and_telemetry(server: ServerProcess) -> None:
-    import time
-
-    time.sleep(1.5)
+    # Until the first sample is in, however long a loaded machine takes (not a fixed 1.5 s).
+    deadline = time.time() + 30
     with server.http() as client:
-        nodes = client.get("/api/v1/nodes").json()
+        while not (nodes := client.get("/api/v1/nodes").json()) or any(
+            g["sample"] is None for g in nodes[0]["gpus"][:1]
+        ):
+            assert time.time() < deadline, "no GPU sample after 30 s"
+            time.sleep(0.2)
     assert [n["name"] for n in nodes] == ["node-1"]
     gpus = nodes[0]["gpus"]
     assert len(gpus) == 8 and {g["model"] for g in gpus} == {"H100"}
