@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,10 +161,17 @@ def test_the_server_runs_jobs_on_postgresql(postgres: PostgresServer, tmp_path: 
     try:
         created = server.submit({"commands": ["echo on postgres"], "resources": {"gpu": 1}})
         assert server.wait_for(created["id"])["state"] == "succeeded"
-        running = server.submit({"commands": ["sleep 2"]})
+        gate = tmp_path / "gate"  # not "sleep 2": a loaded machine could end it before it is seen running
+        running = server.submit({"commands": [f"while [ ! -e {gate} ]; do sleep 0.1; done"]})
         server.wait_for(running["id"], states=("running",))
+        deadline = time.time() + 30  # and started: its attempt is recorded before its process exists
+        while server.workload(running["id"])["attempt_list"][0]["pid"] is None:
+            assert time.time() < deadline, "the job never got a pid"
+            time.sleep(0.1)
         server.kill9()
         server.start()
-        assert server.wait_for(running["id"])["attempts"] == 1
+        gate.touch()
+        done = server.wait_for(running["id"])
+        assert done["state"] == "succeeded" and done["attempts"] == 1, done
     finally:
         server.stop()
