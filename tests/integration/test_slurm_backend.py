@@ -123,6 +123,7 @@ def test_a_job_runs_as_a_slurm_job_pinned_to_the_scheduled_node_with_the_job_con
 ) -> None:
     node = _node(server, slurm.node)
     assert node["backend"] == "slurm" and node["gpus_total"] == 8 and node["state"] == "ready"
+    gate = job_dir / "gate"  # it runs until the test has looked (a "sleep 1" could end before a loaded look)
     job = server.submit(
         {
             "resources": {"gpu": 2},
@@ -131,7 +132,7 @@ def test_a_job_runs_as_a_slurm_job_pinned_to_the_scheduled_node_with_the_job_con
                 'echo "slurm=$SLURM_JOB_ID node=$SLURMD_NODENAME gpus=$SLURM_GPUS_ON_NODE"',
                 'echo "job=$GPUPOOL_JOB_ID attempt=$GPUPOOL_ATTEMPT rank=$NODE_RANK"',
                 'echo "cvd=$CUDA_VISIBLE_DEVICES"',
-                "sleep 1",
+                f"while [ ! -e {gate} ]; do sleep 0.1; done",
             ],
         }
     )
@@ -142,6 +143,7 @@ def test_a_job_runs_as_a_slurm_job_pinned_to_the_scheduled_node_with_the_job_con
     record = slurm.run("scontrol", "show", "job", "-o", slurm_id).stdout
     assert f"JobName=gpupool-{job['id']}.0" in record and "gres:gpu:2" in record
     assert f"ReqNodeList={slurm.node}" in record
+    gate.touch()
 
     done = server.wait_for(job["id"], timeout=30)
     assert done["state"] == "succeeded" and done["exit_code"] == 0
@@ -153,7 +155,7 @@ def test_a_job_runs_as_a_slurm_job_pinned_to_the_scheduled_node_with_the_job_con
 
 
 def test_quotas_and_borrowing_across_two_queues_through_slurm(
-    slurm: SlurmCluster, server: ServerProcess
+    slurm: SlurmCluster, server: ServerProcess, tmp_path: Path
 ) -> None:
     _queue(server, {"name": "a", "resources": {"gpu": {"quota": 4}}})
     _queue(server, {"name": "b", "resources": {"gpu": {"quota": 4, "limit": 4}}})
@@ -163,8 +165,15 @@ def test_quotas_and_borrowing_across_two_queues_through_slurm(
         server.wait_for(wid, states=("running",))
     _wait(lambda: len(_our_jobs(slurm, "RUNNING")) == 8, 20, "a's 8 borrowed GPUs to run in Slurm")
 
-    claims = [server.submit({"queue": "b", "resources": {"gpu": 1}, "commands": ["sleep 5"]})["id"]
-              for _ in range(5)]  # fmt: skip
+    # The claims run until the test opens the gate: with "sleep 5", a loaded machine could end one before
+    # the four were seen running together, or start the fifth before it was seen waiting.
+    gate = tmp_path / "gate"
+    claim = {
+        "queue": "b",
+        "resources": {"gpu": 1},
+        "commands": [f"while [ ! -e {gate} ]; do sleep 0.1; done"],
+    }
+    claims = [server.submit(claim)["id"] for _ in range(5)]
     # b is owed its quota of 4: four of a's borrowed GPUs are reclaimed; b's limit keeps the fifth waiting.
     _wait(
         lambda: sum(server.workload(w)["state"] == "running" for w in claims) == 4, 30, "b to get its quota"
@@ -177,6 +186,7 @@ def test_quotas_and_borrowing_across_two_queues_through_slurm(
     assert "reclaimed for queue b" in evicted[0]["attempt_list"][0]["reason"]
     running = _our_jobs(slurm, "RUNNING")
     assert len(running) <= 8, f"Slurm never runs more than the 8 GPUs: {running}"
+    gate.touch()
     for wid in claims:
         assert server.wait_for(wid, timeout=40)["state"] == "succeeded"
 
@@ -257,13 +267,19 @@ def test_a_health_verdict_drains_the_slurm_node_and_resuming_returns_it(
 
 @pytest.mark.parametrize("library", ["found", "none"])
 def test_a_finished_job_keeps_its_gpus_until_the_job_placed_on_them_is_queued_in_slurm(
-    slurm: SlurmCluster, tmp_path: Path, library: str
+    slurm: SlurmCluster, tmp_path: Path, library: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The hand-off: so that Slurm starts a successor as the GPUs free up (docs/slurm.md). The head ends
     the finished job's allocation itself through libslurm (or, with GPUPOOL_SLURM_LIBRARY=none, lets the
     batch script end); either way Slurm records the job's own exit status."""
+    from gpupool.backends import slurm as slurm_backend
     from gpupool.backends.slurm import SlurmBackend
     from gpupool.backends.slurm_commands import SlurmCommands
+
+    # No control loop runs here, so the fallback for a stalled one (a settled job lets go after
+    # RELEASE_AFTER, 1 s) would race the looks below that it still holds its GPU, which take longer than
+    # 0.5 s on a loaded machine: the hand-off is ended only by a successor or by pass_finished().
+    monkeypatch.setattr(slurm_backend, "RELEASE_AFTER", 60.0)
 
     def launch(number: int, gpu: int, script: str) -> Launch:
         return Launch(
