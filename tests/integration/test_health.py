@@ -292,10 +292,10 @@ def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_f
         )
         assert back["health"] == "healthy"
         events = [(e["from"], e["to"], e["actor"]) for e in agent_health(sick_name)["events"]]
-        # Out once, back once: no state change per recheck. (From its fall on: a node that joins while a pass
-        # applies the inventory may be marked lost and come back cordoned before any of this.)
+        # Out once, back once: no state change per recheck, and never cordoned.
         fell = events.index(("ready", "unhealthy", "health"))
         assert events[fell:] == [("ready", "unhealthy", "health"), ("unhealthy", "ready", "health")], events
+        assert not [e for e in events if "cordoned" in e], events
         shown = server.cli("node", "show", sick_name, check=True).stdout
         assert "passed the quick active checks" in shown
         full = server.cli("health", "run", "--node", sick_name, "--level", "full", "--json", check=True)
@@ -361,8 +361,8 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
         for name in ("agent-0", "agent-1"):
             assert active(name)["health"] == "healthy"
             check_job(server, active(name)["job"], name, 1)
-        # Not cordoned for its checks: the check job held the GPU. (A node may come back cordoned from `lost`:
-        # its agent missed the lease on a loaded box, or it joined while a pass applied the inventory.)
+        # Not cordoned for its checks: the check job held the GPU. (A node may come back cordoned from `lost`
+        # if its agent missed the lease on a loaded box.)
         assert not [e for e in events("agent-0") if e[1] == "cordoned" and e[0] != "lost"]
 
         user = user_token(home)
