@@ -206,3 +206,36 @@ def test_an_agent_cut_off_from_the_head_stops_its_work_after_the_orphan_grace(tm
         assert "event=orphan_grace_expired" in pool.agents[0].log()
     finally:
         pool.stop()
+
+
+def test_a_head_that_stood_still_past_the_lease_loses_no_node_and_no_work(tmp_path: Path) -> None:
+    """A head process stopped for longer than the node lease (a paused VM, a starved container) finds its
+    agents' heartbeats waiting when it runs again: no node is lost, and the job on one runs on."""
+    pool = start_pool(tmp_path, 2, lease=LOSS_LEASE)
+    server = pool.server
+    gate = tmp_path / "gate"
+    try:
+        job = server.submit(
+            {"resources": {"gpu": 1}, "commands": [f"while [ ! -e {gate} ]; do sleep 0.1; done"]}
+        )
+        server.wait_for(job["id"], ("running",), timeout=30)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        time.sleep(8.0)  # past the 6 s lease
+        server.proc.send_signal(signal.SIGCONT)
+        time.sleep(3.0)  # heartbeats read, passes run
+        assert {name: n["state"] for name, n in pool.nodes().items()} == {
+            "agent-0": "ready",
+            "agent-1": "ready",
+        }
+        for name in ("agent-0", "agent-1"):
+            with server.http() as client:
+                events = client.get(f"/api/v1/health/{name}").json()["events"]
+            assert not [e for e in events if e["to"] == "lost"], events
+        assert server.workload(job["id"])["state"] == "running"
+        assert "event=head_not_listening" in server.log()
+        gate.touch()
+        done = server.wait_for(job["id"], timeout=30)
+        assert done["state"] == "succeeded" and done["attempts"] == 1, done
+    finally:
+        pool.stop()

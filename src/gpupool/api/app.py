@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from gpupool.api import errors
 from gpupool.api.auth import TokenCache, require_token
 from gpupool.api.routes import agents, bench, foreign, health, metrics, nodes, queues, workloads
 from gpupool.api.runtime import Runtime
+from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -37,6 +39,13 @@ class BodyLimit:
         await self.app(scope, receive, send)
 
 
+async def _listen(backend: AgentBackend) -> None:
+    """Tell the agent backend the event loop runs: node leases do not count time the head stood still."""
+    while True:
+        backend.listening()
+        await asyncio.sleep(LISTEN_TICK)
+
+
 def create_app(runtime: Runtime) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,9 +58,13 @@ def create_app(runtime: Runtime) -> FastAPI:
         gc.freeze()
         first, second, _ = gc.get_threshold()
         gc.set_threshold(first, second, 100)  # docs/benchmarks.md#agents
+        backend = runtime.backend
+        listener = asyncio.create_task(_listen(backend)) if isinstance(backend, AgentBackend) else None
         try:
             yield
         finally:
+            if listener is not None:
+                listener.cancel()
             runtime.stop()
 
     app = FastAPI(

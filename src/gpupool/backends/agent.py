@@ -15,7 +15,9 @@ as it is reported, the signal level to RUN_DIR/signal, and logs straight into th
 a restarted head rebuilds it from the run dirs of the attempts its store says are running.
 
 A node whose agent sent no heartbeat for the node lease is `lost` (the inventory says so, and its
-attempts end as `node-lost` node failures, which the retry policy may restart elsewhere).
+attempts end as `node-lost` node failures, which the retry policy may restart elsewhere). The lease counts
+only while the head listens: the API's event loop ticks `listening()`, and time the head itself stood
+still (a stopped process, a long pause) is not held against the agents, whose heartbeats wait unread.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ HEARTBEAT_INTERVAL = 1.0  # seconds between an agent's heartbeats (the agent's l
 # The store's `last_heartbeat` of each node is refreshed this often (in one bulk update); leases are
 # decided in memory from every heartbeat.
 HEARTBEAT_STORE_INTERVAL = 5.0
+LISTEN_TICK = 0.25  # seconds between the API event loop's ticks of `listening()`
+# A gap in those ticks longer than this is time the head did not listen: the lease does not count it.
+DEAF_GAP = 1.0
 LOG_CHUNK_MAX = 256 * 1024  # bytes of one rank's log per heartbeat
 # Variables that always travel with a launch (the job contract), even when the head's own value is equal.
 CONTRACT_PREFIXES = ("GPUPOOL_", "MASTER_", "NNODES", "NODE_RANK", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")
@@ -208,6 +213,8 @@ class AgentBackend:
         self._registrations = 0  # registrations so far (a node's description may have changed)
         self._inventory_key: tuple[int, frozenset[str]] | None = None
         self._asked: dict[str, dict[str, dict[str, Any]]] = {}  # node -> instruction id -> instruction
+        self._listened: float | None = None  # the event loop's last tick (None: no loop ticks, never deaf)
+        self._held: dict[str, float] = {}  # the last verdict of _lost_nodes, kept while the head is deaf
         self._replies: dict[str, _Reply] = {}  # instruction id -> where its reply goes
 
     # -- registration and heartbeats (called by the API) ------------------------------------------------
@@ -660,16 +667,34 @@ class AgentBackend:
             for n in sorted(self._nodes.values(), key=lambda n: n.name)
         )
 
-    def _lost_nodes(self) -> dict[str, float]:
-        """Nodes past their lease, with how long they have been silent. Nodes registered before a head
-        restart and not heard from since count from the head's start."""
+    def listening(self) -> None:
+        """A tick of the API's event loop (every LISTEN_TICK): the head reads heartbeats. After a gap in
+        the ticks (the head stood still), every node gets the gap back: its heartbeats were waiting."""
         now = self._clock()
         with self._lock:
+            last, self._listened = self._listened, now
+            gap = now - last if last is not None else 0.0
+            if gap <= DEAF_GAP:
+                return
+            for node in self._nodes.values():
+                node.last_seen += gap
+            self._started += gap
+        log.warning("event=head_not_listening seconds=%.1f nodes=%d", gap, len(self._nodes))
+
+    def _lost_nodes(self) -> dict[str, float]:
+        """Nodes past their lease, with how long they have been silent. Nodes registered before a head
+        restart and not heard from since count from the head's start. While the head itself is not
+        listening (no tick of its event loop for DEAF_GAP), the last verdict stands."""
+        now = self._clock()
+        with self._lock:
+            if self._listened is not None and now - self._listened > DEAF_GAP:
+                return dict(self._held)
             silent = {n.name: now - n.last_seen for n in self._nodes.values()}
             for name in self._by_node:
                 if name not in silent and self._by_node[name]:
                     silent[name] = now - self._started
-        return {name: age for name, age in silent.items() if age > self.lease}
+            self._held = {name: age for name, age in silent.items() if age > self.lease}
+            return dict(self._held)
 
     def drain_node(self, name: str, reason: str) -> None:
         """gpupool's own node state is the whole truth for agent nodes."""
