@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from tests.support.agent import LOSS_LEASE, start_pool
+from tests.support.process import alive
 
 # A small "model" trained by SGD on seeded data; it checkpoints after every step and resumes from the
 # newest checkpoint, so the final weights do not depend on where or how often it was interrupted.
@@ -53,17 +54,6 @@ def _wait(predicate, what: str, timeout: float) -> None:  # type: ignore[no-unty
         if time.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
-    except OSError:
-        return False
 
 
 def test_a_lost_node_s_job_resumes_elsewhere_from_its_checkpoint_with_the_same_final_state(
@@ -139,12 +129,12 @@ def test_a_stale_agent_is_fenced_when_it_comes_back_after_its_work_moved(tmp_pat
         stale.signal(signal.SIGSTOP)  # cut off: no heartbeats, but its work keeps running
         try:
             _wait(lambda: (pid_dir / "attempt-1").exists(), "the work to move to the other agent", 30)
-            assert _alive(stale_pid), "the stale attempt still runs while its agent is stopped"
+            assert alive(stale_pid), "the stale attempt still runs while its agent is stopped"
         finally:
             stale.signal(signal.SIGCONT)
         # The agent kills the rank, then logs it: wait for both.
         _wait(
-            lambda: not _alive(stale_pid) and "event=attempt_fenced" in stale.log(),
+            lambda: not alive(stale_pid) and "event=attempt_fenced" in stale.log(),
             "the stale attempt to be fenced and stopped",
             15,
         )
@@ -201,8 +191,8 @@ def test_an_agent_cut_off_from_the_head_stops_its_work_after_the_orphan_grace(tm
         pid = int(pid_file.read_text())
         server.kill9()
         time.sleep(1.5)
-        assert _alive(pid), "a short outage of the head costs nothing"
-        _wait(lambda: not _alive(pid), "the orphan grace to stop the work", 15)
+        assert alive(pid), "a short outage of the head costs nothing"
+        _wait(lambda: not alive(pid), "the orphan grace to stop the work", 15)
         assert "event=orphan_grace_expired" in pool.agents[0].log()
     finally:
         pool.stop()

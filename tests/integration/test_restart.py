@@ -7,6 +7,7 @@ import signal
 import time
 from pathlib import Path
 
+from tests.support.process import alive
 from tests.support.server import ServerProcess
 
 
@@ -18,17 +19,6 @@ def _pid(server: ServerProcess, workload_id: int) -> int:
         assert time.time() < deadline, f"workload {workload_id}'s attempt never got a pid"
         time.sleep(0.1)
     return int(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
-    except OSError:
-        return False
 
 
 def test_kill9_server_readopts_running_jobs_and_keeps_pending_ones(tmp_path: Path) -> None:
@@ -75,7 +65,7 @@ def test_a_job_that_ends_while_the_server_is_down_keeps_its_exit_code(tmp_path: 
         server.kill9()
         gate.touch()  # the job ends while nobody watches
         deadline = time.time() + 30
-        while _alive(pid):
+        while alive(pid):
             assert time.time() < deadline, "the job did not end"
             time.sleep(0.1)
         server.start()

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 from gpupool.backends.agent import DEAF_GAP, LISTEN_TICK, AgentBackend
+from tests.support.process import Clock
 
 LEASE = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _states(backend: AgentBackend) -> dict[str, str]:

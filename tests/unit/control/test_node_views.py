@@ -18,16 +18,9 @@ from gpupool.control.node_views import NodeViews
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
+from tests.support.process import Clock
 
 LEASE = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
