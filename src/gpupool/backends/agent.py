@@ -676,9 +676,9 @@ class AgentBackend:
             gap = now - last if last is not None else 0.0
             if gap <= DEAF_GAP:
                 return
-            for node in self._nodes.values():
-                node.last_seen += gap
-            self._started += gap
+            for node in self._nodes.values():  # one heard since the loop ran again is not put ahead of now
+                node.last_seen = min(node.last_seen + gap, now)
+            self._started = min(self._started + gap, now)
         log.warning("event=head_not_listening seconds=%.1f nodes=%d", gap, len(self._nodes))
 
     def _lost_nodes(self) -> dict[str, float]:

@@ -67,3 +67,12 @@ def test_without_ticks_the_lease_counts_as_before() -> None:
     backend.register("a", {"gpus": [["H100", 1]]}, "10.0.0.1")
     clock.now += LEASE + 1.0
     assert _states(backend) == {"a": "lost"}
+
+
+def test_a_heartbeat_read_before_the_first_tick_after_a_stall_is_not_put_ahead_of_now() -> None:
+    backend, clock = _pool()
+    clock.now += 30.0  # the head stands still
+    backend.heartbeat("b", {"attempts": []})  # read as the loop runs again, before its tick
+    backend.listening()
+    _listen_for(backend, clock, LEASE + DEAF_GAP, heartbeats=("a",))  # then b is silent
+    assert _states(backend) == {"a": "ready", "b": "lost"}  # one lease after its last heartbeat
