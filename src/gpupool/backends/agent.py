@@ -214,7 +214,8 @@ class AgentBackend:
         self._inventory_key: tuple[int, frozenset[str]] | None = None
         self._asked: dict[str, dict[str, dict[str, Any]]] = {}  # node -> instruction id -> instruction
         self._listened: float | None = None  # the event loop's last tick (None: no loop ticks, never deaf)
-        self._held: dict[str, float] = {}  # the last verdict of _lost_nodes, kept while the head is deaf
+        # The last verdict of _lost_nodes, kept while the head is deaf (replaced, never changed in place)
+        self._held: dict[str, float] = {}
         self._replies: dict[str, _Reply] = {}  # instruction id -> where its reply goes
 
     # -- registration and heartbeats (called by the API) ------------------------------------------------
@@ -688,13 +689,13 @@ class AgentBackend:
         now = self._clock()
         with self._lock:
             if self._listened is not None and now - self._listened > DEAF_GAP:
-                return dict(self._held)
+                return self._held
             silent = {n.name: now - n.last_seen for n in self._nodes.values()}
             for name in self._by_node:
                 if name not in silent and self._by_node[name]:
                     silent[name] = now - self._started
             self._held = {name: age for name, age in silent.items() if age > self.lease}
-            return dict(self._held)
+            return self._held
 
     def drain_node(self, name: str, reason: str) -> None:
         """gpupool's own node state is the whole truth for agent nodes."""
