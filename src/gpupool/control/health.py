@@ -49,7 +49,7 @@ from gpupool.timeutil import as_utc, utcnow
 log = logging.getLogger("gpupool.health")
 
 ACTOR = "health"
-STOP_DRAIN = "drain"  # the reconcile loop's stop reason for work leaving a node (control.loop.STOP_DRAIN)
+STOP_DRAIN = "drain"  # the reconcile loop's stop reason for work leaving a node (control.observe.STOP_DRAIN)
 CHECKING = "health: active checks running"  # state_reason of a node cordoned for its checks (older heads)
 # state_reason of an unhealthy node that older heads cordoned while its check job ran (their scheduler
 # restarted any work on an unhealthy node), then "; " and its reason as unhealthy: such a node goes back to

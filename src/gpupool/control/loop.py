@@ -3,73 +3,53 @@
 Each pass: (1) observe every running attempt and carry out stops (cancel, max_duration, grace expiry),
 (2) schedule pending workloads through the pure scheduler, (3) sample GPUs. Killing the server at any
 instant loses nothing: `recover()` re-reads the store at start and re-adopts or settles every attempt.
+
+`Reconciler` is this file (the loop's pacing, node registration, inventory, and the schedule phase's
+decisions carried out: explanations, evictions, starts, launches; GPU sampling) on two phases of its own:
+`Observation` (control/observe.py: observe, stop, settle, requeue or retry; recover) and `SnapshotBuilding`
+(control/snapshot_build.py: the snapshot the scheduler decides on). Its settings: control/settings.py.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import psutil
-from sqlalchemy import bindparam, or_, select, update
-from sqlalchemy.orm import Session
-from sqlalchemy.orm.exc import StaleDataError
+from sqlalchemy import bindparam, select, update
 
 from gpupool import scheduler
-from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Phase, Pod, Status
+from gpupool.backends.base import Backend, Launch, LaunchError, Pod
 from gpupool.control import contract, inventory
-from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
+from gpupool.control.lifecycle import FAILED, PENDING, RUNNING, transition
 from gpupool.control.node_views import NodeViews
-from gpupool.control.policy import BandedPass, BandNotes, load_policy, reword_preemptions
+from gpupool.control.observe import Observation
+from gpupool.control.policy import BandNotes, load_policy, reword_preemptions
+from gpupool.control.settings import ControlSettings
+from gpupool.control.snapshot_build import SnapshotBuilding
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.control.usage import AttainedService, attempt_gpus, queue_usage
+from gpupool.control.usage import AttainedService
 from gpupool.gpu import GpuProvider
-from gpupool.spec import parse_gpu_request
-from gpupool.spec.views import queue_view
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload
-from gpupool.timeutil import age_seconds, as_utc, utcnow
+from gpupool.store.models import Attempt, Event, Gpu, Node, Workload
+from gpupool.timeutil import utcnow
 
 log = logging.getLogger("gpupool.control")
 
-STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
-STOP_DRAIN = "drain"  # set by service.drain_node on the attempts of a draining node; the loop stops them
-EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
-EVICTED = "evicted"
-PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
 MIN_PASS_INTERVAL = 0.02  # seconds between the starts of two passes, however many events arrive
 EXPLAIN_PERSIST_INTERVAL = 5.0  # seconds between writes of changed reason codes to the store
 EXPLAIN_BATCH = 200
 PASS_DUTY = 4.0  # after a pass of t seconds, the next starts no sooner than PASS_DUTY * t later
-USAGE_REFRESH = 30.0  # seconds between recomputations of the queues' decayed usage
-USAGE_HORIZON_HALF_LIVES = 10  # attempts that ended longer ago than this many half-lives are ignored
-BY_SERVICE = ("attained", "las")  # orderings that rank pending work by the service it already received
 
 
-@dataclass(frozen=True)
-class ControlSettings:
-    home: Path
-    node_name: str = socket.gethostname()
-    node_address: str = "127.0.0.1"
-    tick: float = 0.5
-    telemetry_interval: float = 1.0
-    # Fair share by history: 0 ignores it; 1 halves the over-quota weight of a queue that used twice its
-    # share (see scheduler/fairshare.py). Usage decays with this half-life (Slurm's default: 7 days).
-    usage_weight: float = 0.0
-    usage_half_life: float = 7 * 86400.0
-    # The scheduling policy; None: $GPUPOOL_HOME/scheduling.yaml, else gpupool's default (control/policy.py).
-    policy: scheduler.SchedulerConfig | None = None
+class Reconciler(Observation, SnapshotBuilding):
+    """The reconcile loop of one head: see the module's docstring for its phases."""
 
-
-class Reconciler:
     def __init__(
         self,
         store: Store,
@@ -214,198 +194,6 @@ class Reconciler:
             {n.name: [d.index for d in n.devices] or range(sum(c for _, c in n.gpus)) for n in current.nodes}
         )
 
-    # -- restart safety -------------------------------------------------------------------------------
-
-    def recover(self) -> None:
-        """At start: every attempt the store says is running is re-adopted or settled with a reason."""
-        with self.store.session() as s:
-            attempts = s.scalars(select(Attempt).where(Attempt.state == RUNNING)).all()
-            for attempt in attempts:
-                handle = self._handle(attempt)
-                if handle is None:
-                    continue
-                state = self.backend.status(handle, Path(attempt.run_dir))
-                if state.phase is Phase.RUNNING:
-                    log.info(
-                        "event=attempt_adopted workload=%d attempt=%d pid=%d",
-                        attempt.workload_id,
-                        attempt.number,
-                        handle.pid,
-                    )
-                else:
-                    self._finish(s, attempt, state, time.time())
-
-    # -- observe --------------------------------------------------------------------------------------
-
-    def observe(self, now: float) -> None:
-        """Look at every running attempt read-only; write only for those that need something done."""
-        with self.store.read() as s:
-            rows = s.execute(
-                select(Attempt, Workload.cancel_requested, Workload.spec)
-                .join(Workload, Attempt.workload_id == Workload.id)
-                .where(Attempt.state == RUNNING, self._observed())
-            ).all()
-            due = [attempt.id for attempt, cancel, spec in rows if self._needs_action(attempt, cancel, spec)]
-        if not due:
-            return
-        with self.store.session() as s:
-            for attempt_id in due:
-                attempt = s.get(Attempt, attempt_id)
-                if attempt is None or attempt.state != RUNNING:
-                    continue
-                try:
-                    with s.begin_nested():
-                        self._observe_one(s, attempt, now)
-                except StaleDataError:
-                    log.info("event=observe_conflict workload=%d", attempt.workload_id)
-
-    def _observed(self) -> Any:
-        """Which running attempts this head observes: those on its own node, or on the backend's nodes."""
-        if not self._inventory_generation:
-            return Attempt.node_name == self.settings.node_name
-        return Attempt.node_name.in_(select(Node.name).where(Node.backend == self.backend.name))
-
-    def _needs_action(self, attempt: Attempt, cancel_requested: bool, spec: dict[str, Any]) -> bool:
-        if attempt.pid is None:
-            return True
-        handle = Handle(attempt.pid, attempt.pid_start_time or 0.0)
-        if self.backend.status(handle, Path(attempt.run_dir)).phase is not Phase.RUNNING:
-            return True
-        if attempt.stop_requested_at is None:
-            max_duration = spec.get("max_duration")
-            return (
-                cancel_requested
-                or attempt.stop_reason == STOP_DRAIN
-                or bool(max_duration and age_seconds(attempt.started_at) > float(max_duration))
-            )
-        if attempt.killed_at is None:
-            return age_seconds(attempt.stop_requested_at) >= float(spec.get("grace_period", 30.0))
-        return False
-
-    def _observe_one(self, s: Session, attempt: Attempt, now: float) -> None:
-        handle = self._handle(attempt)
-        if handle is None:
-            if age_seconds(attempt.started_at) > PID_GRACE:
-                self._finish(s, attempt, Status(Phase.VANISHED, detail="the attempt never started"), now)
-            return
-        state = self.backend.status(handle, Path(attempt.run_dir))
-        if state.phase is not Phase.RUNNING:
-            self._finish(s, attempt, state, now)
-            return
-        workload = attempt.workload
-        spec = workload.spec
-        if attempt.stop_requested_at is None:
-            max_duration = spec.get("max_duration")
-            if workload.cancel_requested:
-                self._request_stop(s, attempt, handle, STOP_CANCEL)
-            elif max_duration and age_seconds(attempt.started_at) > float(max_duration):
-                self._request_stop(s, attempt, handle, STOP_TIMEOUT)
-            elif attempt.stop_reason == STOP_DRAIN:
-                self._request_stop(s, attempt, handle, STOP_DRAIN)
-        elif attempt.killed_at is None:
-            grace = float(spec.get("grace_period", 30.0))
-            if age_seconds(attempt.stop_requested_at) >= grace:
-                self.backend.signal(handle, signal.SIGKILL)
-                attempt.killed_at = utcnow()
-                log.info(
-                    "event=attempt_killed workload=%d attempt=%d grace=%s",
-                    attempt.workload_id,
-                    attempt.number,
-                    grace,
-                )
-
-    def _request_stop(self, s: Session, attempt: Attempt, handle: Handle, why: str) -> None:
-        self.backend.signal(handle, signal.SIGTERM)
-        attempt.stop_requested_at = utcnow()
-        attempt.stop_reason = why
-        log.info(
-            "event=attempt_stopping workload=%d attempt=%d why=%s", attempt.workload_id, attempt.number, why
-        )
-
-    def _handle(self, attempt: Attempt) -> Handle | None:
-        if attempt.pid is not None:
-            return Handle(attempt.pid, attempt.pid_start_time or 0.0)
-        found = self.backend.find(Path(attempt.run_dir))
-        if found is not None:
-            attempt.pid, attempt.pid_start_time = found.pid, found.start_time
-        return found
-
-    def _finish(self, s: Session, attempt: Attempt, state: Status, now: float) -> None:
-        """Settle an attempt that ended, and move its workload on (done, retry, or failed)."""
-        del now
-        handle = self._handle(attempt)
-        if handle is not None:
-            self.backend.cleanup(handle)
-        workload = attempt.workload
-        code = state.exit_code
-        attempt.exit_code = code
-        attempt.finished_at = utcnow()
-        workload.exit_code = code
-        killed = " (killed after the grace period)" if attempt.killed_at else ""
-        if attempt.stop_reason == STOP_CANCEL or (workload.cancel_requested and code != 0):
-            attempt.state = CANCELLED
-            attempt.reason = f"cancelled; exit code {code}{killed}"
-            transition(s, workload, CANCELLED, attempt.reason, actor="control")
-            return
-        if attempt.stop_reason == STOP_DRAIN:
-            attempt.state = EVICTED
-            attempt.reason = f"node drained; exit code {code}{killed}"
-            transition(
-                s, workload, PENDING, "node drained; requeued to resume from its checkpoint", actor="control"
-            )
-            return
-        if attempt.stop_reason in EVICTIONS:
-            attempt.state = EVICTED
-            attempt.reason = f"{attempt.reason}; exit code {code}{killed}"
-            cause = "node-failure" if attempt.stop_reason == "stale-gang" else "preemption"
-            self._requeue_after_eviction(s, workload, attempt.stop_reason, cause)
-            return
-        if attempt.stop_reason == STOP_TIMEOUT:
-            attempt.state = FAILED
-            limit = workload.spec.get("max_duration")
-            attempt.reason = f"exceeded max_duration ({limit:g}s); exit code {code}{killed}"
-            transition(s, workload, FAILED, attempt.reason, actor="control")
-            return
-        if state.phase is Phase.EXITED and code == 0:
-            attempt.state = SUCCEEDED
-            attempt.reason = "exit code 0"
-            transition(s, workload, SUCCEEDED, "exit code 0", actor="control")
-            return
-        attempt.state = FAILED
-        attempt.reason = f"exit code {code}" if state.phase is Phase.EXITED else f"lost: {state.detail}"
-        self._retry_or_fail(s, workload, attempt.reason, state.cause)
-
-    def _requeue_after_eviction(self, s: Session, workload: Workload, code: str, cause: str) -> None:
-        """Preempted work goes back to pending (it resumes from its checkpoint) unless its retry policy
-        leaves `preemption` out; a preemption uses no restart from `max_restarts`, a node failure does."""
-        retry = workload.spec.get("retry") or {}
-        if cause == "preemption" and cause in (retry.get("on") or []):
-            transition(
-                s,
-                workload,
-                PENDING,
-                f"evicted ({code}); requeued to resume from its checkpoint",
-                actor="control",
-            )
-            return
-        self._retry_or_fail(s, workload, f"evicted ({code})", cause)
-
-    def _retry_or_fail(self, s: Session, workload: Workload, why: str, cause: str) -> None:
-        retry = workload.spec.get("retry") or {}
-        max_restarts = int(retry.get("max_restarts", 0))
-        if cause in (retry.get("on") or []) and workload.restarts < max_restarts:
-            verdict = transition(
-                s,
-                workload,
-                PENDING,
-                f"{why}; restarting ({workload.restarts + 1}/{max_restarts})",
-                actor="control",
-                is_retry=True,
-            )
-            if verdict.accepted:
-                return
-        transition(s, workload, FAILED, why, actor="control")
-
     # -- schedule -------------------------------------------------------------------------------------
 
     def schedule(self, now: float) -> None:
@@ -425,155 +213,6 @@ class Reconciler:
             )
         for bind in decisions.binds:
             self._start(bind)
-
-    def _snapshot(self, s: Session, now: float | None = None) -> scheduler.Snapshot:
-        now = time.time() if now is None else now
-        config = self._config
-        pending = [
-            (int(wid), int(priority))
-            for wid, priority in s.execute(
-                select(Workload.id, Workload.priority).where(Workload.state == PENDING).order_by(Workload.id)
-            )
-        ]
-        attempts = s.execute(
-            select(
-                Attempt.workload_id,
-                Workload.priority,
-                Attempt.node_name,
-                Attempt.gpu_indices,
-                Attempt.gpu_fraction,
-                Attempt.started_at,
-                Attempt.stop_requested_at,
-                Attempt.pods,
-            )
-            .join(Workload, Attempt.workload_id == Workload.id)
-            .where(Attempt.state == RUNNING)
-            .order_by(Attempt.workload_id)
-        ).all()
-        self._cache_views(s, [wid for wid, _ in pending] + [row[0] for row in attempts])
-        queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
-        usage = self._usage(s, {q.name: q.parent for q in queue_rows})
-        queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
-        # Attained service is read where something ranks or weighs by it: las / attained ordering, the
-        # policy's bands and young-work weights (control/policy.py).
-        by_service = (
-            bool(config.young_weights)
-            or config.ordering in BY_SERVICE
-            or any(q.ordering in BY_SERVICE for q in queues)
-        )
-        bands = BandedPass(config, queues) if by_service else None
-        started = [as_utc(row[5]) for row in attempts]
-        keys = [
-            (row[0], start.timestamp() if start else 0.0)
-            for row, start in zip(attempts, started, strict=True)
-        ]
-        earlier = self._attained.of_running(s, keys) if bands is not None else {}
-        running = []
-        for row, start, key in zip(attempts, started, keys, strict=True):
-            wid, priority, node, indices, fraction, _, stopping, pods = row
-            placement = tuple(
-                scheduler.PodPlacement(
-                    p["node"], tuple(int(i) for i in p["gpu_indices"]), p.get("gpu_fraction") or 1.0
-                )
-                for p in pods or ()
-            ) or (scheduler.PodPlacement(node, tuple(int(i) for i in indices), fraction or 1.0),)
-            view = self._views[wid]
-            if bands is not None:
-                # The running attempt's GPU-seconds so far count: its band and weight change as it runs.
-                ran = max(0.0, now - key[1]) * attempt_gpus(indices, fraction, pods) if start else 0.0
-                priority = bands.priority(priority, earlier[key] + ran, view.queue, wid in self._resumable)
-            running.append(
-                replace(
-                    view,
-                    priority=priority,
-                    placement=placement,
-                    start_time=start.timestamp() if start else None,
-                    stopping=stopping is not None,
-                )
-            )
-        nodes = self._nodes.read(self.store)
-        if self._inventory_generation:
-            nodes = inventory.with_foreign_use(s, nodes, running)
-        nodes = tuple(self._same_view(view) for view in nodes)
-        if bands is not None:
-            for wid, attained in self._attained.of(s, [wid for wid, _ in pending]).items():
-                if self._views[wid].attained_service != attained:
-                    self._views[wid] = replace(self._views[wid], attained_service=attained)
-        # Priority is read fresh each pass: it is the one field an operator may change while work waits.
-        views = []
-        for wid, priority in pending:
-            view = self._views[wid]
-            if bands is not None:
-                priority = bands.priority(priority, view.attained_service, view.queue)
-            if view.priority != priority:
-                view = self._views[wid] = replace(view, priority=priority)
-            views.append(view)
-        if bands is not None:
-            queues = bands.queues(queues)
-        return scheduler.Snapshot(nodes, tuple(views), queues, tuple(running), config)
-
-    def _same_view(self, view: scheduler.NodeView) -> scheduler.NodeView:
-        """The view of the last pass when nothing changed: the scheduler then recognises the node (and an
-        unchanged snapshot) by identity, which is cheaper than by value."""
-        last = self._node_views.get(view.name)
-        if last is view or (last is not None and last == view):
-            return last
-        self._node_views[view.name] = view
-        return view
-
-    def _usage(self, s: Session, parents: dict[str, str | None]) -> dict[str, float]:
-        """Decayed GPU-seconds per queue, recomputed from the attempts at most every USAGE_REFRESH s or a
-        hundredth of the half-life (it changes slowly; an unchanged snapshot lets the scheduler answer from
-        memory)."""
-        settings = self.settings
-        if settings.usage_weight <= 0:
-            return {}
-        now = time.time()
-        refresh = min(USAGE_REFRESH, settings.usage_half_life / 100.0)
-        if self._usage_cache is not None and now - self._usage_cache[0] < refresh:
-            return self._usage_cache[1]
-        horizon = datetime.fromtimestamp(now - USAGE_HORIZON_HALF_LIVES * settings.usage_half_life, UTC)
-        rows = s.execute(
-            select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods,
-                   Attempt.started_at, Attempt.finished_at)
-            .join(Workload, Attempt.workload_id == Workload.id)
-            .where(or_(Attempt.finished_at.is_(None), Attempt.finished_at >= horizon))
-        ).all()  # fmt: skip
-        intervals = []
-        for queue, indices, fraction, pods, started, finished in rows:
-            start, end = as_utc(started), as_utc(finished)
-            gpus = attempt_gpus(indices, fraction, pods)
-            if start is not None:
-                intervals.append((queue, gpus, start.timestamp(), end.timestamp() if end else now))
-        usage = queue_usage(intervals, parents, now, settings.usage_half_life)
-        self._usage_cache = (now, usage)
-        return usage
-
-    def _cache_views(self, s: Session, ids: list[int]) -> None:
-        """Views of workloads by id; a spec never changes, so each is parsed once and kept."""
-        missing = [wid for wid in ids if wid not in self._views]
-        for chunk in range(0, len(missing), 500):
-            rows = s.execute(
-                select(
-                    Workload.id,
-                    Workload.queue,
-                    Workload.nodes,
-                    Workload.created_at,
-                    Workload.preemptible,
-                    Workload.spec,
-                    Workload.priority,
-                ).where(Workload.id.in_(missing[chunk : chunk + 500]))
-            ).all()
-            for wid, queue, nodes, created_at, preemptible, spec, priority in rows:
-                self._views[wid] = replace(
-                    _workload_view(wid, queue, nodes, created_at, preemptible, spec), priority=priority
-                )
-                if (spec or {}).get("checkpoint"):
-                    self._resumable.add(wid)
-        if len(self._views) > 2 * len(ids) + 1000:
-            wanted = set(ids)
-            self._views = {wid: view for wid, view in self._views.items() if wid in wanted}
-            self._resumable &= wanted
 
     def _evict(self, evictions: list[scheduler.Eviction]) -> None:
         """Stop evicted work gracefully (SIGTERM, SIGKILL after the grace period); it is requeued on exit."""
@@ -761,33 +400,3 @@ class Reconciler:
             row["workloads"] = [wid for _, wid in holders.get(sample.index, [])]
             samples.append(row)
         self.telemetry.put(self.settings.node_name, samples)
-
-
-def _queue_view(queue: Queue) -> scheduler.QueueView:
-    return queue_view(
-        {**(queue.spec or {}), "name": queue.name, "parent": queue.parent, "priority": queue.priority}
-    )
-
-
-def _workload_view(
-    workload_id: int, queue: str, nodes: int, created_at: datetime, preemptible: bool, spec: dict[str, Any]
-) -> scheduler.WorkloadView:
-    resources = spec.get("resources") or {}
-    placement = spec.get("placement") or {}
-    request = parse_gpu_request(resources.get("gpu", 0))
-    created = as_utc(created_at) or utcnow()
-    return scheduler.WorkloadView(
-        id=workload_id,
-        queue=queue,
-        priority=0,
-        submit_time=created.timestamp(),
-        nodes=nodes,
-        gpus=scheduler.GpuDemand(request.count, request.models, request.min_memory_bytes),
-        cpus=float(resources.get("cpu") or 0.0),
-        memory_bytes=int(resources.get("memory") or 0),
-        preemptible=preemptible,
-        topology=placement.get("topology"),
-        topology_preferred=placement.get("topology_preferred"),
-        node_names=frozenset(placement.get("nodes") or ()),
-        max_duration=spec.get("max_duration"),
-    )

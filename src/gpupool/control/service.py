@@ -512,7 +512,7 @@ def drain_node(store: Store, name: str, reason: str, *, actor: str = "admin") ->
         for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
             pods = attempt.pods or [{"node": attempt.node_name}]
             if attempt.stop_requested_at is None and any(p["node"] == name for p in pods):
-                attempt.stop_reason = "drain"  # the control loop stops it (loop.STOP_DRAIN)
+                attempt.stop_reason = "drain"  # the control loop stops it (observe.STOP_DRAIN)
     return next(n for n in list_nodes(store, TelemetryCache()) if n["name"] == name)
 
 

@@ -1,0 +1,235 @@
+"""The reconcile loop's first phase (control/loop.py): observe every running attempt and settle it.
+
+A pass looks at every running attempt read-only and writes only for those that need something done:
+a stop to carry out (cancel, max_duration, a draining node, the grace period run out), or an attempt that
+ended, which is settled and its workload moved on (done, requeued after an eviction, retried, or failed).
+At start, `recover` re-adopts or settles every attempt the store says is running.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
+
+from gpupool.backends.base import Backend, Handle, Phase, Status
+from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
+from gpupool.control.settings import ControlSettings
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Node, Workload
+from gpupool.timeutil import age_seconds, utcnow
+
+log = logging.getLogger("gpupool.control")
+
+STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
+STOP_DRAIN = "drain"  # set by service.drain_node on the attempts of a draining node; the loop stops them
+EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
+EVICTED = "evicted"
+PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
+
+
+class Observation:
+    """The observe phase of `Reconciler` (control/loop.py), which sets these attributes."""
+
+    store: Store
+    backend: Backend
+    settings: ControlSettings
+    _inventory_generation: int
+
+    # -- restart safety -------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """At start: every attempt the store says is running is re-adopted or settled with a reason."""
+        with self.store.session() as s:
+            attempts = s.scalars(select(Attempt).where(Attempt.state == RUNNING)).all()
+            for attempt in attempts:
+                handle = self._handle(attempt)
+                if handle is None:
+                    continue
+                state = self.backend.status(handle, Path(attempt.run_dir))
+                if state.phase is Phase.RUNNING:
+                    log.info(
+                        "event=attempt_adopted workload=%d attempt=%d pid=%d",
+                        attempt.workload_id,
+                        attempt.number,
+                        handle.pid,
+                    )
+                else:
+                    self._finish(s, attempt, state, time.time())
+
+    # -- observe --------------------------------------------------------------------------------------
+
+    def observe(self, now: float) -> None:
+        """Look at every running attempt read-only; write only for those that need something done."""
+        with self.store.read() as s:
+            rows = s.execute(
+                select(Attempt, Workload.cancel_requested, Workload.spec)
+                .join(Workload, Attempt.workload_id == Workload.id)
+                .where(Attempt.state == RUNNING, self._observed())
+            ).all()
+            due = [attempt.id for attempt, cancel, spec in rows if self._needs_action(attempt, cancel, spec)]
+        if not due:
+            return
+        with self.store.session() as s:
+            for attempt_id in due:
+                attempt = s.get(Attempt, attempt_id)
+                if attempt is None or attempt.state != RUNNING:
+                    continue
+                try:
+                    with s.begin_nested():
+                        self._observe_one(s, attempt, now)
+                except StaleDataError:
+                    log.info("event=observe_conflict workload=%d", attempt.workload_id)
+
+    def _observed(self) -> Any:
+        """Which running attempts this head observes: those on its own node, or on the backend's nodes."""
+        if not self._inventory_generation:
+            return Attempt.node_name == self.settings.node_name
+        return Attempt.node_name.in_(select(Node.name).where(Node.backend == self.backend.name))
+
+    def _needs_action(self, attempt: Attempt, cancel_requested: bool, spec: dict[str, Any]) -> bool:
+        if attempt.pid is None:
+            return True
+        handle = Handle(attempt.pid, attempt.pid_start_time or 0.0)
+        if self.backend.status(handle, Path(attempt.run_dir)).phase is not Phase.RUNNING:
+            return True
+        if attempt.stop_requested_at is None:
+            max_duration = spec.get("max_duration")
+            return (
+                cancel_requested
+                or attempt.stop_reason == STOP_DRAIN
+                or bool(max_duration and age_seconds(attempt.started_at) > float(max_duration))
+            )
+        if attempt.killed_at is None:
+            return age_seconds(attempt.stop_requested_at) >= float(spec.get("grace_period", 30.0))
+        return False
+
+    def _observe_one(self, s: Session, attempt: Attempt, now: float) -> None:
+        handle = self._handle(attempt)
+        if handle is None:
+            if age_seconds(attempt.started_at) > PID_GRACE:
+                self._finish(s, attempt, Status(Phase.VANISHED, detail="the attempt never started"), now)
+            return
+        state = self.backend.status(handle, Path(attempt.run_dir))
+        if state.phase is not Phase.RUNNING:
+            self._finish(s, attempt, state, now)
+            return
+        workload = attempt.workload
+        spec = workload.spec
+        if attempt.stop_requested_at is None:
+            max_duration = spec.get("max_duration")
+            if workload.cancel_requested:
+                self._request_stop(s, attempt, handle, STOP_CANCEL)
+            elif max_duration and age_seconds(attempt.started_at) > float(max_duration):
+                self._request_stop(s, attempt, handle, STOP_TIMEOUT)
+            elif attempt.stop_reason == STOP_DRAIN:
+                self._request_stop(s, attempt, handle, STOP_DRAIN)
+        elif attempt.killed_at is None:
+            grace = float(spec.get("grace_period", 30.0))
+            if age_seconds(attempt.stop_requested_at) >= grace:
+                self.backend.signal(handle, signal.SIGKILL)
+                attempt.killed_at = utcnow()
+                log.info(
+                    "event=attempt_killed workload=%d attempt=%d grace=%s",
+                    attempt.workload_id,
+                    attempt.number,
+                    grace,
+                )
+
+    def _request_stop(self, s: Session, attempt: Attempt, handle: Handle, why: str) -> None:
+        self.backend.signal(handle, signal.SIGTERM)
+        attempt.stop_requested_at = utcnow()
+        attempt.stop_reason = why
+        log.info(
+            "event=attempt_stopping workload=%d attempt=%d why=%s", attempt.workload_id, attempt.number, why
+        )
+
+    def _handle(self, attempt: Attempt) -> Handle | None:
+        if attempt.pid is not None:
+            return Handle(attempt.pid, attempt.pid_start_time or 0.0)
+        found = self.backend.find(Path(attempt.run_dir))
+        if found is not None:
+            attempt.pid, attempt.pid_start_time = found.pid, found.start_time
+        return found
+
+    def _finish(self, s: Session, attempt: Attempt, state: Status, now: float) -> None:
+        """Settle an attempt that ended, and move its workload on (done, retry, or failed)."""
+        del now
+        handle = self._handle(attempt)
+        if handle is not None:
+            self.backend.cleanup(handle)
+        workload = attempt.workload
+        code = state.exit_code
+        attempt.exit_code = code
+        attempt.finished_at = utcnow()
+        workload.exit_code = code
+        killed = " (killed after the grace period)" if attempt.killed_at else ""
+        if attempt.stop_reason == STOP_CANCEL or (workload.cancel_requested and code != 0):
+            attempt.state = CANCELLED
+            attempt.reason = f"cancelled; exit code {code}{killed}"
+            transition(s, workload, CANCELLED, attempt.reason, actor="control")
+            return
+        if attempt.stop_reason == STOP_DRAIN:
+            attempt.state = EVICTED
+            attempt.reason = f"node drained; exit code {code}{killed}"
+            transition(
+                s, workload, PENDING, "node drained; requeued to resume from its checkpoint", actor="control"
+            )
+            return
+        if attempt.stop_reason in EVICTIONS:
+            attempt.state = EVICTED
+            attempt.reason = f"{attempt.reason}; exit code {code}{killed}"
+            cause = "node-failure" if attempt.stop_reason == "stale-gang" else "preemption"
+            self._requeue_after_eviction(s, workload, attempt.stop_reason, cause)
+            return
+        if attempt.stop_reason == STOP_TIMEOUT:
+            attempt.state = FAILED
+            limit = workload.spec.get("max_duration")
+            attempt.reason = f"exceeded max_duration ({limit:g}s); exit code {code}{killed}"
+            transition(s, workload, FAILED, attempt.reason, actor="control")
+            return
+        if state.phase is Phase.EXITED and code == 0:
+            attempt.state = SUCCEEDED
+            attempt.reason = "exit code 0"
+            transition(s, workload, SUCCEEDED, "exit code 0", actor="control")
+            return
+        attempt.state = FAILED
+        attempt.reason = f"exit code {code}" if state.phase is Phase.EXITED else f"lost: {state.detail}"
+        self._retry_or_fail(s, workload, attempt.reason, state.cause)
+
+    def _requeue_after_eviction(self, s: Session, workload: Workload, code: str, cause: str) -> None:
+        """Preempted work goes back to pending (it resumes from its checkpoint) unless its retry policy
+        leaves `preemption` out; a preemption uses no restart from `max_restarts`, a node failure does."""
+        retry = workload.spec.get("retry") or {}
+        if cause == "preemption" and cause in (retry.get("on") or []):
+            transition(
+                s,
+                workload,
+                PENDING,
+                f"evicted ({code}); requeued to resume from its checkpoint",
+                actor="control",
+            )
+            return
+        self._retry_or_fail(s, workload, f"evicted ({code})", cause)
+
+    def _retry_or_fail(self, s: Session, workload: Workload, why: str, cause: str) -> None:
+        retry = workload.spec.get("retry") or {}
+        max_restarts = int(retry.get("max_restarts", 0))
+        if cause in (retry.get("on") or []) and workload.restarts < max_restarts:
+            verdict = transition(
+                s,
+                workload,
+                PENDING,
+                f"{why}; restarting ({workload.restarts + 1}/{max_restarts})",
+                actor="control",
+                is_retry=True,
+            )
+            if verdict.accepted:
+                return
+        transition(s, workload, FAILED, why, actor="control")

@@ -1,0 +1,227 @@
+"""The reconcile loop's schedule phase, first half (control/loop.py): the snapshot the scheduler decides on.
+
+Pending and running work, nodes and queues are read from the store into the scheduler's views. A
+workload's view is parsed from its spec once and kept, and a node's view of the last pass is reused while
+nothing changed, so that the scheduler recognises an unchanged snapshot by identity and answers from memory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from gpupool import scheduler
+from gpupool.control import inventory
+from gpupool.control.lifecycle import PENDING, RUNNING
+from gpupool.control.node_views import NodeViews
+from gpupool.control.policy import BandedPass
+from gpupool.control.settings import ControlSettings
+from gpupool.control.usage import AttainedService, attempt_gpus, queue_usage
+from gpupool.spec import parse_gpu_request
+from gpupool.spec.views import queue_view
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Queue, Workload
+from gpupool.timeutil import as_utc, utcnow
+
+USAGE_REFRESH = 30.0  # seconds between recomputations of the queues' decayed usage
+USAGE_HORIZON_HALF_LIVES = 10  # attempts that ended longer ago than this many half-lives are ignored
+BY_SERVICE = ("attained", "las")  # orderings that rank pending work by the service it already received
+
+
+class SnapshotBuilding:
+    """The snapshot building of `Reconciler` (control/loop.py), which sets these attributes."""
+
+    store: Store
+    settings: ControlSettings
+    _config: scheduler.SchedulerConfig
+    _inventory_generation: int
+    _views: dict[int, scheduler.WorkloadView]
+    _resumable: set[int]
+    _usage_cache: tuple[float, dict[str, float]] | None
+    _attained: AttainedService
+    _node_views: dict[str, scheduler.NodeView]
+    _nodes: NodeViews
+
+    def _snapshot(self, s: Session, now: float | None = None) -> scheduler.Snapshot:
+        now = time.time() if now is None else now
+        config = self._config
+        pending = [
+            (int(wid), int(priority))
+            for wid, priority in s.execute(
+                select(Workload.id, Workload.priority).where(Workload.state == PENDING).order_by(Workload.id)
+            )
+        ]
+        attempts = s.execute(
+            select(
+                Attempt.workload_id,
+                Workload.priority,
+                Attempt.node_name,
+                Attempt.gpu_indices,
+                Attempt.gpu_fraction,
+                Attempt.started_at,
+                Attempt.stop_requested_at,
+                Attempt.pods,
+            )
+            .join(Workload, Attempt.workload_id == Workload.id)
+            .where(Attempt.state == RUNNING)
+            .order_by(Attempt.workload_id)
+        ).all()
+        self._cache_views(s, [wid for wid, _ in pending] + [row[0] for row in attempts])
+        queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
+        usage = self._usage(s, {q.name: q.parent for q in queue_rows})
+        queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
+        # Attained service is read where something ranks or weighs by it: las / attained ordering, the
+        # policy's bands and young-work weights (control/policy.py).
+        by_service = (
+            bool(config.young_weights)
+            or config.ordering in BY_SERVICE
+            or any(q.ordering in BY_SERVICE for q in queues)
+        )
+        bands = BandedPass(config, queues) if by_service else None
+        started = [as_utc(row[5]) for row in attempts]
+        keys = [
+            (row[0], start.timestamp() if start else 0.0)
+            for row, start in zip(attempts, started, strict=True)
+        ]
+        earlier = self._attained.of_running(s, keys) if bands is not None else {}
+        running = []
+        for row, start, key in zip(attempts, started, keys, strict=True):
+            wid, priority, node, indices, fraction, _, stopping, pods = row
+            placement = tuple(
+                scheduler.PodPlacement(
+                    p["node"], tuple(int(i) for i in p["gpu_indices"]), p.get("gpu_fraction") or 1.0
+                )
+                for p in pods or ()
+            ) or (scheduler.PodPlacement(node, tuple(int(i) for i in indices), fraction or 1.0),)
+            view = self._views[wid]
+            if bands is not None:
+                # The running attempt's GPU-seconds so far count: its band and weight change as it runs.
+                ran = max(0.0, now - key[1]) * attempt_gpus(indices, fraction, pods) if start else 0.0
+                priority = bands.priority(priority, earlier[key] + ran, view.queue, wid in self._resumable)
+            running.append(
+                replace(
+                    view,
+                    priority=priority,
+                    placement=placement,
+                    start_time=start.timestamp() if start else None,
+                    stopping=stopping is not None,
+                )
+            )
+        nodes = self._nodes.read(self.store)
+        if self._inventory_generation:
+            nodes = inventory.with_foreign_use(s, nodes, running)
+        nodes = tuple(self._same_view(view) for view in nodes)
+        if bands is not None:
+            for wid, attained in self._attained.of(s, [wid for wid, _ in pending]).items():
+                if self._views[wid].attained_service != attained:
+                    self._views[wid] = replace(self._views[wid], attained_service=attained)
+        # Priority is read fresh each pass: it is the one field an operator may change while work waits.
+        views = []
+        for wid, priority in pending:
+            view = self._views[wid]
+            if bands is not None:
+                priority = bands.priority(priority, view.attained_service, view.queue)
+            if view.priority != priority:
+                view = self._views[wid] = replace(view, priority=priority)
+            views.append(view)
+        if bands is not None:
+            queues = bands.queues(queues)
+        return scheduler.Snapshot(nodes, tuple(views), queues, tuple(running), config)
+
+    def _same_view(self, view: scheduler.NodeView) -> scheduler.NodeView:
+        """The view of the last pass when nothing changed: the scheduler then recognises the node (and an
+        unchanged snapshot) by identity, which is cheaper than by value."""
+        last = self._node_views.get(view.name)
+        if last is view or (last is not None and last == view):
+            return last
+        self._node_views[view.name] = view
+        return view
+
+    def _usage(self, s: Session, parents: dict[str, str | None]) -> dict[str, float]:
+        """Decayed GPU-seconds per queue, recomputed from the attempts at most every USAGE_REFRESH s or a
+        hundredth of the half-life (it changes slowly; an unchanged snapshot lets the scheduler answer from
+        memory)."""
+        settings = self.settings
+        if settings.usage_weight <= 0:
+            return {}
+        now = time.time()
+        refresh = min(USAGE_REFRESH, settings.usage_half_life / 100.0)
+        if self._usage_cache is not None and now - self._usage_cache[0] < refresh:
+            return self._usage_cache[1]
+        horizon = datetime.fromtimestamp(now - USAGE_HORIZON_HALF_LIVES * settings.usage_half_life, UTC)
+        rows = s.execute(
+            select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods,
+                   Attempt.started_at, Attempt.finished_at)
+            .join(Workload, Attempt.workload_id == Workload.id)
+            .where(or_(Attempt.finished_at.is_(None), Attempt.finished_at >= horizon))
+        ).all()  # fmt: skip
+        intervals = []
+        for queue, indices, fraction, pods, started, finished in rows:
+            start, end = as_utc(started), as_utc(finished)
+            gpus = attempt_gpus(indices, fraction, pods)
+            if start is not None:
+                intervals.append((queue, gpus, start.timestamp(), end.timestamp() if end else now))
+        usage = queue_usage(intervals, parents, now, settings.usage_half_life)
+        self._usage_cache = (now, usage)
+        return usage
+
+    def _cache_views(self, s: Session, ids: list[int]) -> None:
+        """Views of workloads by id; a spec never changes, so each is parsed once and kept."""
+        missing = [wid for wid in ids if wid not in self._views]
+        for chunk in range(0, len(missing), 500):
+            rows = s.execute(
+                select(
+                    Workload.id,
+                    Workload.queue,
+                    Workload.nodes,
+                    Workload.created_at,
+                    Workload.preemptible,
+                    Workload.spec,
+                    Workload.priority,
+                ).where(Workload.id.in_(missing[chunk : chunk + 500]))
+            ).all()
+            for wid, queue, nodes, created_at, preemptible, spec, priority in rows:
+                self._views[wid] = replace(
+                    _workload_view(wid, queue, nodes, created_at, preemptible, spec), priority=priority
+                )
+                if (spec or {}).get("checkpoint"):
+                    self._resumable.add(wid)
+        if len(self._views) > 2 * len(ids) + 1000:
+            wanted = set(ids)
+            self._views = {wid: view for wid, view in self._views.items() if wid in wanted}
+            self._resumable &= wanted
+
+
+def _queue_view(queue: Queue) -> scheduler.QueueView:
+    return queue_view(
+        {**(queue.spec or {}), "name": queue.name, "parent": queue.parent, "priority": queue.priority}
+    )
+
+
+def _workload_view(
+    workload_id: int, queue: str, nodes: int, created_at: datetime, preemptible: bool, spec: dict[str, Any]
+) -> scheduler.WorkloadView:
+    resources = spec.get("resources") or {}
+    placement = spec.get("placement") or {}
+    request = parse_gpu_request(resources.get("gpu", 0))
+    created = as_utc(created_at) or utcnow()
+    return scheduler.WorkloadView(
+        id=workload_id,
+        queue=queue,
+        priority=0,
+        submit_time=created.timestamp(),
+        nodes=nodes,
+        gpus=scheduler.GpuDemand(request.count, request.models, request.min_memory_bytes),
+        cpus=float(resources.get("cpu") or 0.0),
+        memory_bytes=int(resources.get("memory") or 0),
+        preemptible=preemptible,
+        topology=placement.get("topology"),
+        topology_preferred=placement.get("topology_preferred"),
+        node_names=frozenset(placement.get("nodes") or ()),
+        max_duration=spec.get("max_duration"),
+    )
