@@ -11,7 +11,8 @@ from pathlib import Path
 from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
 from gpupool.control import service
-from gpupool.control.health import AgentNodes, HealthMonitor
+from gpupool.control.health import HealthMonitor
+from gpupool.control.health_state import AgentNodes
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.metrics import Metrics
 from gpupool.control.telemetry import SAVED_FROM, StoreAllocations, TelemetryCache
