@@ -18,28 +18,28 @@ A node whose agent sent no heartbeat for the node lease is `lost` (the inventory
 attempts end as `node-lost` node failures, which the retry policy may restart elsewhere). The lease counts
 only while the head listens: the API's event loop ticks `listening()`, and time the head itself stood
 still (a stopped process, a long pause) is not held against the agents, whose heartbeats wait unread.
+
+`AgentBackend` (this file: the Backend interface, the inventory and the node lease) is built on
+`AgentHeartbeats` (backends/agent_heartbeats.py: the backend's state; registrations, heartbeats, long-polls,
+instructions); the records it keeps and their files on disk are in backends/agent_records.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import logging
 import os
 import secrets
 import signal as signals
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpupool.backends.agent_heartbeats import AgentHeartbeats
+from gpupool.backends.agent_records import DEFAULT_RENDEZVOUS_PORTS, AgentAttempt, Rank, write_atomic
 from gpupool.backends.base import (
     Handle,
     Inventory,
-    InventoryGpu,
     InventoryNode,
     Launch,
     LaunchError,
@@ -49,7 +49,6 @@ from gpupool.backends.base import (
 
 log = logging.getLogger("gpupool.agents")
 
-HEARTBEAT_INTERVAL = 1.0  # seconds between an agent's heartbeats (the agent's long-poll hold)
 # The store's `last_heartbeat` of each node is refreshed this often (in one bulk update); leases are
 # decided in memory from every heartbeat.
 HEARTBEAT_STORE_INTERVAL = 5.0
@@ -59,388 +58,12 @@ DEAF_GAP = 1.0
 LOG_CHUNK_MAX = 256 * 1024  # bytes of one rank's log per heartbeat
 # Variables that always travel with a launch (the job contract), even when the head's own value is equal.
 CONTRACT_PREFIXES = ("GPUPOOL_", "MASTER_", "NNODES", "NODE_RANK", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")
-# Ports a node keeps free for the rendezvous of the attempts whose rank 0 it runs (MASTER_PORT), unless its
-# agent registers its own range (`gpupool agent --rendezvous-ports`); below Linux's ephemeral ports.
-DEFAULT_RENDEZVOUS_PORTS = (29500, 29999)
 
 
-class BadRegistration(ValueError):
-    """An agent's registration describes its node in a way the head cannot use."""
+class AgentBackend(AgentHeartbeats):
+    """The agent backend: see the module's docstring."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-def parse_devices(raw: Any) -> tuple[InventoryGpu, ...]:
-    """The node's GPUs device by device, as the agent registers them (`GpuDevice.to_dict()` plus `kind`)."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise BadRegistration("info.devices", "must be a list of GPUs, each {index, uuid, kind, ...}")
-    devices = []
-    for i, item in enumerate(raw):
-        try:
-            devices.append(
-                InventoryGpu(
-                    index=int(item["index"]),
-                    uuid=str(item["uuid"])[:64],
-                    kind=str(item.get("kind") or item.get("model") or ""),
-                    product_name=str(item.get("name") or "")[:128],
-                    memory_bytes=int(item.get("memory_bytes") or 0),
-                    nvlink_island=int(item.get("nvlink_island") or 0),
-                    simulated=bool(item.get("simulated")),
-                )
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise BadRegistration(
-                f"info.devices[{i}]", f"{exc!r}; each GPU needs an integer index and a uuid"
-            ) from exc
-    if len({d.index for d in devices}) != len(devices):
-        raise BadRegistration("info.devices", "two GPUs with the same index")
-    return tuple(sorted(devices, key=lambda d: d.index))
-
-
-def parse_ports(raw: Any) -> tuple[int, int]:
-    """The node's rendezvous port range `[low, high]`; the default for an agent that sends none."""
-    if raw is None:
-        return DEFAULT_RENDEZVOUS_PORTS
-    try:
-        low, high = (int(p) for p in raw)
-    except (TypeError, ValueError) as exc:
-        raise BadRegistration(
-            "info.rendezvous_ports",
-            f"{raw!r} is not [low, high]; e.g. gpupool agent --rendezvous-ports 29500-29999",
-        ) from exc
-    if not 1 <= low <= high <= 65535:
-        raise BadRegistration(
-            "info.rendezvous_ports", f"{low}-{high} is not a range of ports (1-65535, low <= high)"
-        )
-    return low, high
-
-
-def rank_log_path(log_path: Path, rank: int) -> Path:
-    """Where rank `rank`'s output is kept on the head: the attempt's log for rank 0, a sibling otherwise."""
-    if rank == 0:
-        return log_path
-    return log_path.with_name(f"{log_path.stem}.rank-{rank}{log_path.suffix}")
-
-
-@dataclass
-class AgentNode:
-    """A node as its agent registered it, and when it was last heard from (monotonic seconds)."""
-
-    name: str
-    address: str
-    cpus: float
-    memory_bytes: int
-    gpus: tuple[tuple[str, int], ...]
-    labels: tuple[tuple[str, str], ...]
-    last_seen: float
-    session: str = ""
-    version: int = 0  # bumped whenever the node's desired state changes (wakes its long-poll)
-    devices: tuple[InventoryGpu, ...] = ()  # each GPU's UUID and NVLink island (stored, seen by placement)
-    ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS  # rendezvous ports for gangs whose rank 0 runs here
-
-
-@dataclass
-class Rank:
-    node: str
-    gpu_indices: tuple[int, ...]
-    gpu_fraction: float
-    exit_code: int | None = None
-    detail: str = ""  # why it ended, in the agent's words (vanished, could not start)
-    vanished: bool = False
-    seen: bool = False  # the agent has reported it at least once
-
-
-@dataclass
-class AgentAttempt:
-    attempt_id: int
-    token: str
-    run_dir: Path
-    log_path: Path
-    launches: list[dict[str, Any]]  # per rank: what the agent needs to start it
-    ranks: list[Rank]
-    signal: int = 0  # 0, SIGTERM or SIGKILL: the strongest signal asked for so far
-    master_port: int = 0  # from rank 0's node's rendezvous range
-    dropped: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Reply:
-    """Where the reply to one instruction goes (`AgentBackend.ask` waits on `done`)."""
-
-    done: threading.Event
-    reply: dict[str, Any] = field(default_factory=dict)
-
-
-class UnknownNode(LookupError):
-    """A heartbeat from a node this head has no registration of (it restarted): the agent registers again."""
-
-
-class AgentBackend:
     name = "agent"
-
-    def __init__(
-        self,
-        *,
-        lease: float = 10.0,
-        interval: float = HEARTBEAT_INTERVAL,
-        on_change: Callable[[], None] | None = None,
-        on_telemetry: Callable[[str, list[dict[str, Any]]], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        known_nodes: tuple[str, ...] = (),
-        on_heartbeats: Callable[[dict[str, float]], None] | None = None,
-    ) -> None:
-        self.lease = lease
-        self.interval = interval
-        self._on_change = on_change
-        self._on_telemetry = on_telemetry
-        self._on_heartbeats = on_heartbeats  # {node: epoch seconds} into the store, every so often
-        self._clock = clock
-        self._started = clock()
-        self._lock = threading.Lock()
-        self._nodes: dict[str, AgentNode] = {}
-        self._attempts: dict[int, AgentAttempt] = {}
-        self._by_node: dict[str, set[int]] = {}
-        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
-        self._inventory: Inventory | None = None
-        self._stored_at = 0.0
-        self._known = set(known_nodes)  # agent nodes of the store at start (a head restart): awaited
-        self._next_port: dict[str, int] = {}  # node -> where its next rendezvous port is looked for
-        self._registrations = 0  # registrations so far (a node's description may have changed)
-        self._inventory_key: tuple[int, frozenset[str]] | None = None
-        self._asked: dict[str, dict[str, dict[str, Any]]] = {}  # node -> instruction id -> instruction
-        self._listened: float | None = None  # the event loop's last tick (None: no loop ticks, never deaf)
-        # The last verdict of _lost_nodes, kept while the head is deaf (replaced, never changed in place)
-        self._held: dict[str, float] = {}
-        self._replies: dict[str, _Reply] = {}  # instruction id -> where its reply goes
-
-    # -- registration and heartbeats (called by the API) ------------------------------------------------
-
-    def register(self, name: str, info: dict[str, Any], address: str) -> dict[str, Any]:
-        """Record (or refresh) a node's description; the answer tells the agent how often to call.
-        Raises BadRegistration (naming the field) for a description the head cannot use."""
-        gpus = tuple((str(kind), int(count)) for kind, count in info.get("gpus") or [])
-        labels = tuple(sorted((str(k), str(v)) for k, v in (info.get("labels") or {}).items()))
-        devices, ports = parse_devices(info.get("devices")), parse_ports(info.get("rendezvous_ports"))
-        with self._lock:
-            previous = self._nodes.get(name)
-            node = AgentNode(
-                name=name,
-                address=str(info.get("address") or address),
-                cpus=float(info.get("cpus") or 0.0),
-                memory_bytes=int(info.get("memory_bytes") or 0),
-                gpus=gpus,
-                labels=labels,
-                last_seen=self._clock(),
-                session=secrets.token_hex(8),
-                version=(previous.version + 1) if previous else 0,
-                devices=devices,
-                ports=ports,
-            )
-            self._nodes[name] = node
-            self._registrations += 1
-        log.info(
-            "event=agent_registered node=%s address=%s gpus=%s rendezvous_ports=%d-%d",
-            name, node.address, gpus, *ports,
-        )  # fmt: skip
-        self._changed()
-        return {"node": name, "session": node.session, "interval": self.interval, "lease": self.lease}
-
-    def knows(self, name: str) -> bool:
-        with self._lock:
-            return name in self._nodes
-
-    def heartbeat(self, name: str, report: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        """Take in an agent's report; answer its desired state and the version to long-poll on."""
-        now = self._clock()
-        with self._lock:
-            node = self._nodes.get(name)
-            if node is None:
-                raise UnknownNode(name)
-            was_lost = now - node.last_seen > self.lease
-            node.last_seen = now
-        if was_lost:
-            log.info("event=agent_back node=%s", name)
-            self._changed()
-        acked = {}  # logs first: a rank's last output lands before its end is reported
-        for chunk in report.get("logs") or []:
-            ack = self._take_log(name, chunk)
-            if ack is not None:
-                acked[f"{chunk['attempt_id']}:{chunk['rank']}"] = ack
-        settled = False
-        known: set[tuple[int, int]] = set()
-        for item in report.get("attempts") or []:
-            key = (int(item["attempt_id"]), int(item["rank"]))
-            known.add(key)
-            settled = self._take_report(name, item) or settled
-        samples = report.get("telemetry")
-        if samples and self._on_telemetry is not None:
-            self._on_telemetry(name, list(samples))
-        for reply in report.get("instruction_results") or []:  # after the samples: a reply sees them
-            self._take_reply(name, reply)
-        if settled and self._on_change is not None:
-            self._on_change()
-        answer, version = self.desired(name, known)
-        answer["logs"] = acked
-        return answer, version
-
-    def desired(self, name: str, known: set[tuple[int, int]]) -> tuple[dict[str, Any], int]:
-        with self._lock:
-            node = self._nodes.get(name)
-            version = node.version if node else 0
-            listed = []
-            for attempt_id in sorted(self._by_node.get(name, ())):
-                attempt = self._attempts[attempt_id]
-                for rank, pod in enumerate(attempt.ranks):
-                    if pod.node != name:
-                        continue
-                    entry: dict[str, Any] = {
-                        "attempt_id": attempt_id,
-                        "rank": rank,
-                        "token": attempt.token,
-                        "signal": attempt.signal,
-                    }
-                    if (attempt_id, rank) not in known and pod.exit_code is None and not pod.vanished:
-                        entry["launch"] = attempt.launches[rank]
-                    listed.append(entry)
-            answer: dict[str, Any] = {"attempts": listed, "interval": self.interval, "lease": self.lease}
-            asked = self._asked.get(name)
-            if asked:
-                answer["instructions"] = list(asked.values())
-        return answer, version
-
-    async def wait_for_change(self, name: str, version: int, timeout: float) -> None:
-        """Hold a long-poll until the node's desired state changes past `version`, or `timeout`."""
-        event = asyncio.Event()
-        entry = (asyncio.get_running_loop(), event)
-        with self._lock:
-            node = self._nodes.get(name)
-            if node is None or node.version != version:
-                return
-            self._waiters.setdefault(name, []).append(entry)
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            with self._lock:
-                waiting = self._waiters.get(name, [])
-                if entry in waiting:
-                    waiting.remove(entry)
-
-    def _bump(self, names: set[str]) -> None:
-        """The desired state of these nodes changed: wake their long-polls (lock held by the caller)."""
-        for name in names:
-            node = self._nodes.get(name)
-            if node is not None:
-                node.version += 1
-            for loop, event in self._waiters.pop(name, []):
-                loop.call_soon_threadsafe(event.set)
-
-    def _take_report(self, name: str, item: dict[str, Any]) -> bool:
-        """Record one rank's report; True when it ended (the loop should look). Stale reports (an attempt
-        moved away, a wrong fencing token) are ignored: the answer no longer lists them, so the agent
-        kills them."""
-        attempt_id, rank = int(item["attempt_id"]), int(item["rank"])
-        with self._lock:
-            attempt = self._fenced(name, item, attempt_id, rank)
-            if attempt is None:
-                return False
-            pod = attempt.ranks[rank]
-            pod.seen = True
-            state = item.get("state")
-            if pod.exit_code is not None or pod.vanished:
-                return False
-            if state == "exited" and item.get("exit_code") is not None:
-                pod.exit_code = int(item["exit_code"])
-                pod.detail = str(item.get("detail") or "")
-                path = attempt.run_dir / f"rank-{rank}.exit_code"
-            elif state == "vanished":
-                pod.vanished, pod.detail = True, str(item.get("detail") or "the process ended unrecorded")
-                path = attempt.run_dir / f"rank-{rank}.vanished"
-            else:
-                return False
-        text = str(pod.exit_code) if pod.exit_code is not None else pod.detail
-        _write_atomic(path, text + "\n")
-        log.info(
-            "event=agent_rank_ended node=%s attempt=%d rank=%d exit_code=%s detail=%r",
-            name, attempt_id, rank, pod.exit_code, pod.detail,
-        )  # fmt: skip
-        return True
-
-    def _fenced(self, name: str, item: dict[str, Any], attempt_id: int, rank: int) -> AgentAttempt | None:
-        """The attempt a report or log chunk from node `name` speaks for, or None when it is stale: the
-        attempt moved away, the fencing token is not the attempt's, or that rank runs elsewhere. Under
-        the lock."""
-        attempt = self._attempts.get(attempt_id)
-        if (
-            attempt is None
-            or attempt.token != item.get("token")
-            or rank >= len(attempt.ranks)
-            or attempt.ranks[rank].node != name
-        ):
-            return None
-        return attempt
-
-    def _take_log(self, name: str, chunk: dict[str, Any]) -> int | None:
-        """Append a shipped log chunk at its offset (idempotent); the answer is the head's size of it."""
-        attempt_id, rank = int(chunk["attempt_id"]), int(chunk["rank"])
-        with self._lock:
-            attempt = self._fenced(name, chunk, attempt_id, rank)
-            if attempt is None:
-                return None
-            path = rank_log_path(attempt.log_path, rank)
-        data = base64.b64decode(chunk.get("data") or "")
-        offset = int(chunk.get("offset") or 0)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as fh:
-            size = fh.tell()
-            if offset <= size < offset + len(data):
-                fh.write(data[size - offset :])
-                size = offset + len(data)
-        return size
-
-    # -- instructions: the head asks a node's agent to do something once (health/node_tasks.py) --------
-
-    def ask(self, name: str, instruction: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Have node `name`'s agent carry out `instruction` (run its active health checks, inject a fault)
-        and return its reply: `{"result": ...}` or `{"error": ...}`. The instruction is listed in the node's
-        heartbeat answers (its long-poll is woken) until the reply comes back on a heartbeat. Raises
-        UnknownNode for a node with no agent registered here, TimeoutError when no reply came in time."""
-        ident = secrets.token_hex(8)
-        waiter = _Reply(threading.Event())
-        with self._lock:
-            if name not in self._nodes:
-                raise UnknownNode(name)
-            self._asked.setdefault(name, {})[ident] = {"id": ident, **instruction}
-            self._replies[ident] = waiter
-            self._bump({name})
-        try:
-            if not waiter.done.wait(timeout):
-                raise TimeoutError(
-                    f"no reply from its agent within {timeout:g}s (an agent older than the head ignores "
-                    "instructions; a lost node answers nothing)"
-                )
-            return waiter.reply
-        finally:
-            with self._lock:
-                self._asked.get(name, {}).pop(ident, None)
-                self._replies.pop(ident, None)
-
-    def _take_reply(self, name: str, reply: dict[str, Any]) -> None:
-        ident = str(reply.get("id"))
-        with self._lock:
-            if ident not in self._asked.get(name, {}):
-                return  # answered already, or the asker stopped waiting
-            self._asked[name].pop(ident)
-            waiter = self._replies.get(ident)
-        if waiter is not None:
-            waiter.reply = dict(reply)
-            waiter.done.set()
 
     # -- the Backend interface (called by the reconcile loop) --------------------------------------------
 
@@ -495,7 +118,7 @@ class AgentBackend:
         }
         launch.run_dir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(launch.run_dir / "launch.json", json.dumps(record))
+        write_atomic(launch.run_dir / "launch.json", json.dumps(record))
         self._adopt(launch.run_dir, record)
         log.info(
             "event=agent_attempt_offered attempt=%d workload=%d nodes=%s",
@@ -601,7 +224,7 @@ class AgentBackend:
                 return
             attempt.signal = signum
             self._bump({r.node for r in attempt.ranks})
-        _write_atomic(attempt.run_dir / "signal", f"{signum}\n")
+        write_atomic(attempt.run_dir / "signal", f"{signum}\n")
         log.info("event=agent_signal attempt=%d signal=%d", handle.pid, signum)
 
     def find(self, run_dir: Path) -> Handle | None:
@@ -703,19 +326,9 @@ class AgentBackend:
     def resume_node(self, name: str) -> None:
         """Nothing to undo; see drain_node."""
 
-    def _changed(self) -> None:
-        if self._on_change is not None:
-            self._on_change()
-
 
 def _read(path: Path) -> str | None:
     try:
         return path.read_text().strip()
     except OSError:
         return None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

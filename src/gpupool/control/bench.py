@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, defer
 
-from gpupool.backends.agent import rank_log_path
+from gpupool.backends.agent_records import rank_log_path
 from gpupool.bench.results import (
     HISTORY_PER_SERIES,
     BenchResultError,

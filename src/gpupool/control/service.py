@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from gpupool.backends.agent import rank_log_path
+from gpupool.backends.agent_records import rank_log_path
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATES, TERMINAL, transition
 from gpupool.control.telemetry import TelemetryCache

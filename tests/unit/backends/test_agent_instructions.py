@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpupool.backends.agent import AgentBackend, UnknownNode
+from gpupool.backends.agent import AgentBackend
+from gpupool.backends.agent_heartbeats import UnknownNode
 
 
 def _backend() -> AgentBackend:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpupool.backends.agent import AgentBackend, BadRegistration
+from gpupool.backends.agent import AgentBackend
+from gpupool.backends.agent_records import BadRegistration
 from gpupool.backends.base import Handle, Launch, LaunchError, Pod
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.backends.agent import rank_log_path
+from gpupool.backends.agent_records import rank_log_path
 from gpupool.bench import results
 from gpupool.bench.results import result_line, summarize
 from gpupool.control import bench

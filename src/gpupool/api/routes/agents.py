@@ -17,7 +17,9 @@ from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool.api.errors import ApiError
-from gpupool.backends.agent import AgentBackend, BadRegistration, UnknownNode, parse_devices, parse_ports
+from gpupool.backends.agent import AgentBackend
+from gpupool.backends.agent_heartbeats import UnknownNode
+from gpupool.backends.agent_records import BadRegistration, parse_devices, parse_ports
 from gpupool.control import agents, service
 from gpupool.control.service import hash_token
 from gpupool.spec import parse_duration
