@@ -9,11 +9,13 @@ consolidation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpupool.scheduler import explain
 from gpupool.scheduler.allocate import Allocation
 from gpupool.scheduler.evict_search import Budget
 from gpupool.scheduler.prepare import GLOBAL
-from gpupool.scheduler.snapshot import Decisions, Eviction, WorkloadView
+from gpupool.scheduler.snapshot import Decisions, Eviction, PodPlacement, WorkloadView
 from gpupool.scheduler.state import EPSILON
 
 # A pod on a lost node is gone. A pod on an unhealthy node still runs: the health loop drains such a node's
@@ -58,7 +60,8 @@ class Cycle(Allocation):
     # -- reclaim --------------------------------------------------------------------------------------
 
     def reclaim(self) -> None:
-        lines: dict[tuple[str, ...], dict[str, float]] = {}  # reclaimer line -> GPUs it may free per node
+        # (floor, reclaimer line) -> GPUs a reclaimer on that line may free per node
+        lines: dict[tuple[str, ...], dict[str, float]] = {}
         for group in self.pending_groups():
             if (
                 group != GLOBAL
@@ -71,24 +74,56 @@ class Cycle(Allocation):
                     return
 
     def _reclaim_for(self, w: WorkloadView, lines: dict[tuple[str, ...], dict[str, float]]) -> bool:
-        """Reclaim room for `w` where it may and can; False when nothing at all could be reclaimed."""
+        """Reclaim room for `w` where it may and can; False when nothing at all could be reclaimed.
+
+        Two rules, as KAI-Scheduler's reclaim strategies: first from queues above their fair share, each
+        kept at or above it; then, for a reclaimer that stays within its quota, from queues above their
+        quota, each kept at or above it. Single-pod victims first; a whole gang only when they cannot
+        make room. The reclaimer never ends above its own fair share, so no victim queue can take the
+        GPUs straight back by either rule (it would have to be below its quota, or the reclaimer above
+        its fair share)."""
         queue, state = w.queue, self.state
         if state.allocated(queue) + w.gpu_units > self.fair(queue) + EPSILON:
             return True  # the reclaimer may not end above its fair share
         if self._fits_after_release(w):
             return True
-        if not self._victim_groups():  # taken only once someone could gain from them
+        if not self._victim_groups() and not self._gangs():  # taken only once someone could gain from them
             return False
-        if self._surplus_elsewhere(queue) + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
-            return True
+        floors: list[str] = ["fair share"]
+        if self._within_quota(w):
+            floors.append("quota")
+        for floor in floors:
+            if self._victim_groups() and self._reclaim_singles(w, lines, floor):
+                return True
+        for floor in floors:
+            if self._reclaim_gang(w, floor):
+                return True
+        return True
+
+    def _within_quota(self, w: WorkloadView) -> bool:
+        """Whether `w`'s queue and every ancestor stay within their GPU quota with `w` started."""
+        state = self.state
+        return all(
+            state.allocated(level) + w.gpu_units <= self.reclaim_floor(level, "quota") + EPSILON
+            for level in state.chain(w.queue)
+        )
+
+    def _reclaim_singles(
+        self, w: WorkloadView, lines: dict[tuple[str, ...], dict[str, float]], floor: str
+    ) -> bool:
+        """Evict single-pod work of queues above their `floor` for `w`; whether room was made."""
+        queue, state = w.queue, self.state
+        surplus = self._surplus_elsewhere(queue) if floor != "quota" else self._above_quota_elsewhere(queue)
+        if surplus + state.held_gpus() + state.free_gpus() + EPSILON < w.gpu_units:
+            return False
         index = self._victim_index()
         mine = frozenset(state.chain(queue))
-        line = state.chain(queue)[1:]
+        line = (floor, *state.chain(queue)[1:])
         units = lines.get(line)
         if units is None:
             if self._reclaim_gpus is None:
                 self._reclaim_gpus = self._gpus_by_queue(index)
-            units = lines[line] = self._reclaimable(self._reclaim_gpus, mine)
+            units = lines[line] = self._reclaimable(self._reclaim_gpus, mine, floor)
         headroom: dict[str, float] = {}
 
         def allowed(v: WorkloadView) -> bool:
@@ -96,17 +131,80 @@ class Cycle(Allocation):
                 return False
             room = headroom.get(v.queue)
             if room is None:
-                room = headroom[v.queue] = self._headroom(v.queue, mine)
+                room = headroom[v.queue] = self._headroom(v.queue, mine, floor)
             return room >= v.gpu_units - EPSILON
+
+        return self._evict_for(
+            w, index, "reclaim", self._reclaim_reason(w, floor), allowed, units, Budget(self, queue, floor)
+        )
+
+    def _reclaim_reason(self, w: WorkloadView, floor: str) -> Callable[[WorkloadView], str]:
+        queue = w.queue
+        mine = f"{self.reclaim_floor(queue, floor):.3g}"
 
         def reason(v: WorkloadView) -> str:
             return (
-                f"reclaimed for queue {queue} (below its fair share of {self.fair(queue):.3g} GPUs) "
-                f"by workload {w.id}; queue {v.queue} stays at or above its fair share"
+                f"reclaimed for queue {queue} (below its {floor} of {mine} GPUs) by workload {w.id}; "
+                f"queue {v.queue} stays at or above its {floor}"
             )
 
-        self._evict_for(w, index, "reclaim", reason, allowed, units, Budget(self, queue))
-        return True
+        return reason
+
+    def _gangs(self) -> list[WorkloadView]:
+        """Running multi-pod work that reclaim could evict whole, fewest GPUs first (built once a cycle)."""
+        if self._gang_victims is None:
+            nodes = self.state.nodes
+            gangs = [
+                v
+                for v in self.snapshot.running
+                if len(v.placement) > 1
+                and self._evictable(v)
+                and all(pod.node in nodes and nodes[pod.node].schedulable for pod in v.placement)
+            ]
+            gangs.sort(key=self._victim_key)
+            self._gang_victims = gangs
+        return self._gang_victims
+
+    def _reclaim_gang(self, w: WorkloadView, floor: str) -> bool:
+        """Evict the cheapest one whole gang of a queue above its `floor` that makes room for `w`."""
+        state = self.state
+        # A miss stays a miss for the cycle unless capacity is given back (as in _evict_for).
+        key = ("gang", floor, state.chain(w.queue)[1:], self._shape(w))
+        stamp = (state.generation, 0)
+        if self._no_victims.get(key) == stamp:
+            return False
+        mine = frozenset(state.chain(w.queue))
+        single = w.nodes == 1 and not w.gpus.is_fractional and w.gpus.count >= 1
+        for g in self._gangs():
+            if g.id in state.evicted or g.queue in mine or not self._old_enough(g, "reclaim"):
+                continue
+            if single and not any(self._pod_makes_room(w, pod) for pod in g.placement):
+                continue
+            if not Budget(self, w.queue, floor).admits([g]):
+                continue
+            checkpoint, generation = state.checkpoint(), state.generation
+            state.evict(g, "reclaim")
+            if self.placer.place_gang(w, after_release=True) is None:
+                state.rollback(checkpoint)
+                state.generation = generation
+                continue
+            why = self._reclaim_reason(w, floor)(g)
+            self.decisions.evictions.append(Eviction(g.id, "reclaim", why, w.id))
+            if state.reservation is not None and state.reservation.workload_id == w.id:
+                state.reservation = None
+            self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+            del self.unplaced[w.id]
+            return True
+        self._no_victims[key] = stamp
+        return False
+
+    def _pod_makes_room(self, w: WorkloadView, pod: PodPlacement) -> bool:
+        """Whether the GPUs `pod` holds, with those already released on its node, could hold one pod of
+        single-pod `w` there (a cheap test before a trial)."""
+        node = self.state.nodes.get(pod.node)
+        if node is None or not self.placer.node_admits(node, w):
+            return False
+        return node.released + len(pod.gpu_indices) * pod.gpu_fraction + EPSILON >= w.gpus.count
 
     def _gpus_by_queue(self, index: dict[str, list[WorkloadView]]) -> dict[str, dict[str, float]]:
         """The GPUs of the victims reclaim could take at all (past their queue's minimum runtime for
@@ -119,7 +217,9 @@ class Cycle(Allocation):
                     nodes[name] = nodes.get(name, 0.0) + v.gpus.count
         return out
 
-    def _reclaimable(self, by_queue: dict[str, dict[str, float]], mine: frozenset[str]) -> dict[str, float]:
+    def _reclaimable(
+        self, by_queue: dict[str, dict[str, float]], mine: frozenset[str], floor: str
+    ) -> dict[str, float]:
         """Per node, an upper bound on the GPUs reclaim may free there for a reclaimer whose line is
         `mine`: from each queue, the GPUs of its victims there, but no more than its headroom (the least
         that any level of it outside that line holds above its fair share: what the budget lets reclaim
@@ -129,7 +229,7 @@ class Cycle(Allocation):
         this misses what the next cycle finds)."""
         units: dict[str, float] = {}
         for queue, nodes in by_queue.items():
-            room = self._headroom(queue, mine)
+            room = self._headroom(queue, mine, floor)
             if room <= EPSILON:
                 continue
             for name, gpus in nodes.items():
@@ -162,13 +262,26 @@ class Cycle(Allocation):
             self._victim_queue_names = sorted({v.queue for vs in self._victim_groups().values() for v in vs})
         return self._victim_queue_names
 
-    def _headroom(self, queue: str, mine: frozenset[str]) -> float:
+    def _headroom(self, queue: str, mine: frozenset[str], floor: str) -> float:
         """GPUs reclaim may take from `queue` for a reclaimer whose line is `mine`: the least that any
-        level of `queue` outside that line holds above its fair share (none if every level is shared)."""
+        level of `queue` outside that line holds above its `floor` (none if every level is shared)."""
         levels = [n for n in self.state.chain(queue) if n not in mine]
         if not levels:
             return float("-inf")
-        return min(self.state.allocated(n) - self.fair(n) for n in levels)
+        return min(self.state.allocated(n) - self.reclaim_floor(n, floor) for n in levels)
+
+    def _above_quota_elsewhere(self, queue: str) -> float:
+        """GPUs the victim queues outside `queue`'s line hold above their quota (an upper bound on what
+        reclaim by quota could free for it)."""
+        line = set(self.state.chain(queue))
+        return sum(
+            (
+                max(0.0, self.state.allocated(name) - self.reclaim_floor(name, "quota"))
+                for name in self._victim_queues()
+                if name not in line
+            ),
+            0.0,
+        )
 
     # -- preempt --------------------------------------------------------------------------------------
 

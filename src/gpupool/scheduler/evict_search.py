@@ -62,7 +62,9 @@ class EvictionSearch(Victims):
         # reclaim, what queues outside w's line hold above their fair share. Every reclaimer is below its
         # own fair share, so reclaimers under the same parents may take the very same victims and share
         # their misses.
-        who: object = (w.queue, w.priority) if code != "reclaim" else state.chain(w.queue)[1:]
+        who: object = (w.queue, w.priority)
+        if code == "reclaim":
+            who = (budget.floor if budget is not None else "", state.chain(w.queue)[1:])
         key = (code, who, self._shape(w))
         # A search that found nothing stays a miss for the rest of the cycle unless capacity is given
         # back: other evictions only take victims away (their gainers take the GPUs they free). What
@@ -455,11 +457,12 @@ def _able_gpus(entry: AbleNode) -> float:
 
 class Budget:
     """What reclaim may take from the queues outside a reclaimer's line, in total: every level of them
-    keeps at least its fair share."""
+    keeps at least its `floor` (its fair share, or its quota)."""
 
-    def __init__(self, cycle: Prepared, queue: str) -> None:
+    def __init__(self, cycle: Prepared, queue: str, floor: str = "fair share") -> None:
         self.cycle = cycle
         self.mine = frozenset(cycle.state.chain(queue))
+        self.floor = floor
 
     def take(self, taken: dict[str, float], v: WorkloadView) -> bool:
         """Add `v` to `taken` (GPUs taken per level so far, all within budget) if that stays within budget;
@@ -468,7 +471,8 @@ class Budget:
         levels = [level for level in state.chain(v.queue) if level not in self.mine]
         units = v.gpu_units
         for level in levels:
-            if state.allocated(level) - taken.get(level, 0.0) - units < cycle.fair(level) - EPSILON:
+            floor = cycle.reclaim_floor(level, self.floor)
+            if state.allocated(level) - taken.get(level, 0.0) - units < floor - EPSILON:
                 return False
         for level in levels:
             taken[level] = taken.get(level, 0.0) + units

@@ -97,6 +97,7 @@ class Prepared:
         self._queue_limits: dict[str, list[tuple[str, int, float]]] = {}
         self._groups: dict[str, list[WorkloadView]] | None = None  # see _victim_groups
         self._index: dict[str, list[WorkloadView]] | None = None
+        self._gang_victims: list[WorkloadView] | None = None  # see _gangs
         self._pending_by_id = dict(self.unplaced)
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted: set[int] = set()
@@ -156,6 +157,13 @@ class Prepared:
     def fair(self, queue: str, resource: str = "gpu") -> float:
         shares = self.shares.get(queue)
         return 0.0 if shares is None else shares.get(resource, 0.0)
+
+    def reclaim_floor(self, queue: str, floor: str) -> float:
+        """What reclaim leaves a victim queue (or level) at least: its fair share, or its GPU quota."""
+        if floor == "quota":
+            q = self.queues.get(queue)
+            return q.gpu.quota if q is not None else 0.0
+        return self.fair(queue)
 
     def pending_groups(self) -> list[str]:
         """Allocation order of the pending work's groups: queues, most under-served first (GLOBAL alone when

@@ -37,8 +37,8 @@ class Work(Protocol):
 class QueueTally:
     """What the tests read of one queue, kept up to date as its jobs arrive, start, stop and finish."""
 
-    __slots__ = ("active", "active_jobs", "pending_shapes", "pending_sizes", "priorities", "running",
-                 "victim_room", "victims")  # fmt: skip
+    __slots__ = ("active", "active_jobs", "gangs", "pending_shapes", "pending_sizes", "priorities",
+                 "running", "victim_room", "victims")  # fmt: skip
 
     def __init__(self) -> None:
         self.active = 0.0  # GPUs of its pending and running jobs (its demand for fair share)
@@ -47,6 +47,7 @@ class QueueTally:
         self.pending_sizes: dict[float, int] = {}  # GPUs -> pending jobs of that size
         self.pending_shapes: dict[tuple[int, float, int], int] = {}  # (priority, GPUs per pod, pods) -> jobs
         self.priorities: dict[int, int] = {}  # priority -> running jobs at it
+        self.gangs: dict[float, int] = {}  # GPUs -> its running multi-pod jobs of that size
         self.victims: dict[int, Work] = {}  # its running single-pod jobs, in start order
         # the same jobs by priority and node: [jobs, GPUs of their pods]
         self.victim_room: dict[int, dict[str, list[float]]] = {}
@@ -182,6 +183,8 @@ class SkipTest:
             if len(pods) == 1:
                 tally.victims[job.idx] = job
                 tally.add_victim(pods[0], job.priority, 1)
+            else:
+                _count(tally.gangs, job.gpus, 1)
         on_node = self._on_node
         for pod in pods:
             on = on_node.get(pod.node)
@@ -201,6 +204,8 @@ class SkipTest:
             _count(tally.priorities, job.priority, -1)
             if tally.victims.pop(job.idx, None) is not None:
                 tally.add_victim(job.placement[0], job.priority, -1)
+            elif len(job.placement) > 1:
+                _count(tally.gangs, job.gpus, -1)
         for pod in job.placement:
             if pod.gpu_fraction != 1.0:
                 self._fractional_pods -= 1
@@ -238,7 +243,8 @@ class SkipTest:
           outside the nodes the blocked head of the line reserves;
         - preempt needs pending work that outranks running work of its own queue;
         - reclaim needs a pending workload that stays within its queue's fair share when it starts,
-          while the other queues hold at least its GPUs above their fair shares, or free."""
+          while the other queues hold at least its GPUs above their fair shares or quotas (the lower
+          of the two), or free."""
         self.fair = None
         free = self._cluster_gpus - used + EPS
         if self._strict:
@@ -366,30 +372,45 @@ class SkipTest:
             fair = {q: s.get("gpu", 0.0) for q, s in shares.items()}
             self._fair_for = (views, demand, fair)
         self.fair = fair  # what the skipped cycle would have reported
-        above = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
-        surplus = sum(above.values())
-        reclaimers = []
+        # Reclaim keeps a victim queue at its fair share; for a reclaimer that stays within its quota, at
+        # the lower of its fair share and its quota (reclaim by quota).
+        above_fair = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
+        quotas = {q.name: q.gpu.quota for q in views}
+        floors = {q: min(fair.get(q, 0.0), quotas.get(q, 0.0)) for q in alloc}
+        above_quota = {q: a - floors[q] for q, a in alloc.items() if a > floors[q] + SLACK}
+        classes: tuple[tuple[dict[str, float], list[str]], ...] = ((above_fair, []), (above_quota, []))
         for queue, gpus in smallest.items():
             if alloc.get(queue, 0.0) + gpus > fair.get(queue, 0.0) + SLACK:
                 continue  # the reclaimer may not end above its fair share
+            within_quota = alloc.get(queue, 0.0) + gpus <= quotas.get(queue, 0.0) + SLACK
+            above, reclaimers = classes[1 if within_quota else 0]
+            surplus = sum(above.values())
             if surplus - max(0.0, above.get(queue, 0.0)) + free + SLACK >= gpus:
                 reclaimers.append(queue)
-        if not reclaimers:
-            return True
-        if self._nested:
-            return False  # a parent's share bounds reclaim too: the node test below reads leaf queues only
-        return not self._reclaim_could_place(reclaimers, above, alloc, fair)
+        for above, reclaimers in classes:
+            if not reclaimers:
+                continue
+            for queue, headroom in above.items():
+                gangs = self.tallies[queue].gangs
+                if gangs and min(gangs) <= headroom + SLACK:
+                    return False  # a whole gang could go: the node test below counts single-pod jobs only
+            if self._nested:
+                return False  # a parent's share bounds reclaim too: the node test reads leaf queues only
+            if self._reclaim_could_place(reclaimers, above, alloc, fair):
+                return False
+        return True
 
     def _reclaim_could_place(
         self, reclaimers: list[str], above: dict[str, float], alloc: dict[str, float], fair: dict[str, float]
     ) -> bool:
         """Whether a pending job of one of these queues (flat queues) could be placed by reclaim: on enough
-        nodes, the GPUs free there plus those of the single-pod jobs there of queues above their fair
-        share must cover its GPUs per pod (a reclaimer is never above its own share, so none of its own
-        work counts). Reclaim's budget keeps every victim queue at or above its fair share: from a queue
-        `above` it by h GPUs, only jobs of at most h GPUs may go, and at most h GPUs in all (a whole number
-        when every running pod holds whole GPUs), so the GPUs missing on the nodes it would use must not
-        exceed what all those queues may give (models and fractions ignored, on the permissive side)."""
+        nodes, the GPUs free there plus those of the single-pod jobs there of queues above their floor
+        (the lower of fair share and quota) must cover its GPUs per pod (a reclaimer is never above its
+        own share, so none of its own work counts). Reclaim's budget keeps every victim queue at or above
+        its floor: from a queue `above` it by h GPUs, only jobs of at most h GPUs may go, and at most h
+        GPUs in all (a whole number when every running pod holds whole GPUs), so the GPUs missing on the
+        nodes it would use must not exceed what all those queues may give (models and fractions ignored,
+        on the permissive side)."""
         room = self._node_room()
         gain = dict(room)
         budget = 0.0  # GPUs reclaim may take in all

@@ -291,7 +291,8 @@ def _check_explanations(snapshot: Snapshot, decisions: Decisions) -> list[str]:
 
 def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
     """Reclaim keeps every victim queue (and its ancestors) at or above its fair share, and no reclaimer
-    above its own. Allocation = running, non-stopping GPU units, plus this cycle's binds, less work it evicts
+    above its own; or, reclaiming by quota, keeps the victim queue at or above its GPU quota and every
+    queue it gave to within its own. Allocation = running, non-stopping GPU units, plus this cycle's binds, less work it evicts
     for other reasons (use on snapshots without stopping work)."""
     problems: list[str] = []
     queues = {q.name: q for q in snapshot.queues}
@@ -336,7 +337,20 @@ def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
             continue
         after = allocated[name] - reclaimed[name]
         if after < share - EPS and name not in beneficiaries:
-            problems.append(f"reclaim takes queue {name} below its fair share: {after:g} < {share:g}")
+            quota = _quota(queues, name)
+            if after < quota - EPS:
+                problems.append(
+                    f"reclaim takes queue {name} below its fair share and its quota: {after:g} < {share:g}"
+                )
+            for gainer, line in _gainers_of(name, decisions, running, pending, queues):
+                if gainer in victims:
+                    continue
+                gained = allocated[gainer] + sum(pending[i].gpu_units for i in beneficiaries[gainer])
+                if gained > _quota(queues, gainer) + EPS:
+                    problems.append(
+                        f"reclaim takes queue {name} below its fair share ({after:g} < {share:g}) for queue "
+                        f"{gainer} ({line}), which ends above its quota ({gained:g})"
+                    )
     for name, ids in sorted(beneficiaries.items()):
         if name in victims:
             continue  # a common ancestor of reclaimer and victim: its total does not grow
@@ -347,3 +361,27 @@ def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
         if after > share + EPS:
             problems.append(f"reclaim takes queue {name} above its fair share: {after:g} > {share:g}")
     return problems
+
+
+def _quota(queues: dict[str, QueueView], name: str) -> float:
+    queue = queues.get(name)
+    return queue.gpu.quota if queue is not None else 0.0
+
+
+def _gainers_of(
+    victim: str,
+    decisions: Decisions,
+    running: dict[int, WorkloadView],
+    pending: dict[int, WorkloadView],
+    queues: dict[str, QueueView],
+) -> list[tuple[str, str]]:
+    """The queues (and their ancestors) that reclaim evicted work under `victim` for, with the line."""
+    out: list[tuple[str, str]] = []
+    for e in decisions.evictions:
+        if e.code != "reclaim" or e.for_workload not in pending:
+            continue
+        if victim not in ancestors(running[e.workload_id].queue, queues):
+            continue
+        line = pending[e.for_workload].queue
+        out.extend((name, line) for name in ancestors(line, queues))
+    return out
