@@ -292,8 +292,8 @@ def _check_explanations(snapshot: Snapshot, decisions: Decisions) -> list[str]:
 def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
     """Reclaim keeps every victim queue (and its ancestors) at or above its fair share, and no reclaimer
     above its own; or, reclaiming by quota, keeps the victim queue at or above its GPU quota and every
-    queue it gave to within its own. Allocation = running, non-stopping GPU units, plus this cycle's binds, less work it evicts
-    for other reasons (use on snapshots without stopping work)."""
+    queue it gave to within its own. Allocation = running, non-stopping GPU units, plus this cycle's binds,
+    less work it evicts for other reasons (use on snapshots without stopping work)."""
     problems: list[str] = []
     queues = {q.name: q for q in snapshot.queues}
     running = {w.id: w for w in snapshot.running}
