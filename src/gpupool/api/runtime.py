@@ -13,8 +13,9 @@ from gpupool.backends.local import LocalBackend
 from gpupool.control import service
 from gpupool.control.health import HealthMonitor
 from gpupool.control.health_state import AgentNodes
-from gpupool.control.loop import ControlSettings, Reconciler
+from gpupool.control.loop import Reconciler
 from gpupool.control.metrics import Metrics
+from gpupool.control.settings import ControlSettings
 from gpupool.control.telemetry import SAVED_FROM, StoreAllocations, TelemetryCache
 from gpupool.control.telemetry_log import open_log, save_loop
 from gpupool.gpu import GpuProvider, open_provider

@@ -275,7 +275,7 @@ def whatif(
     from gpupool.cli.app import client
     from gpupool.sim import whatif as wi
     from gpupool.sim.policies import resolve_policies
-    from gpupool.sim.queues import queue_view
+    from gpupool.spec.views import queue_view
 
     with _sim_errors():
         (chosen, *more) = resolve_policies(policy)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Table, bindparam, select, update
 
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError
 from gpupool.control.service import hash_token
@@ -176,7 +176,7 @@ def record_heartbeats(store: Store, seen: dict[str, float]) -> None:
     """Write each agent node's last heartbeat (epoch seconds) in one statement (`gpupool nodes` shows it)."""
     if not seen:
         return
-    table = Node.__table__
+    table = cast(Table, Node.__table__)
     statement = (
         update(table)
         .where(table.c.name == bindparam("node"), table.c.backend == AGENT_BACKEND)

@@ -251,7 +251,7 @@ class JobResults:
                 read = s.scalars(
                     select(BenchResult.workload_id).where(BenchResult.workload_id.is_not(None)).distinct()
                 )
-                self._done = dict.fromkeys((int(w) for w in read), now)
+                self._done = dict.fromkeys((int(w) for w in read if w is not None), now)
             ended = s.execute(
                 select(Workload.id, Workload.spec, Workload.finished_at).where(
                     Workload.state.in_(("succeeded", "failed")),

@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import psutil
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Table, bindparam, select, update
 
 from gpupool import scheduler
 from gpupool.backends.base import Backend, Launch, LaunchError, Pod
@@ -290,15 +291,15 @@ class Reconciler(Observation, SnapshotBuilding):
             handle = self.backend.start(launch)
         except LaunchError as exc:
             with self.store.session() as s:
-                attempt = s.get(Attempt, launch.attempt_id)
-                assert attempt is not None
-                attempt.state, attempt.reason, attempt.finished_at = FAILED, str(exc), utcnow()
-                transition(s, attempt.workload, FAILED, f"cannot start: {exc}", actor="control")
+                failed = s.get(Attempt, launch.attempt_id)
+                assert failed is not None
+                failed.state, failed.reason, failed.finished_at = FAILED, str(exc), utcnow()
+                transition(s, failed.workload, FAILED, f"cannot start: {exc}", actor="control")
             return
         with self.store.session() as s:
-            attempt = s.get(Attempt, launch.attempt_id)
-            assert attempt is not None
-            attempt.pid, attempt.pid_start_time = handle.pid, handle.start_time
+            started = s.get(Attempt, launch.attempt_id)
+            assert started is not None
+            started.pid, started.pid_start_time = handle.pid, handle.start_time
         log.info(
             "event=attempt_started workload=%d attempt=%d node=%s gpus=%s pid=%d",
             bind.workload_id,
@@ -362,7 +363,7 @@ class Reconciler(Observation, SnapshotBuilding):
         }
         if not changed:
             return
-        table = Workload.__table__
+        table = cast(Table, Workload.__table__)
         statement = (
             update(table)
             .where(table.c.id == bindparam("wid"), table.c.state == PENDING)

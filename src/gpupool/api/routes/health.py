@@ -46,7 +46,8 @@ def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> li
         raise ApiError(
             409, "conflict", "no node here can run active checks; name one with --node", field="node"
         )
-    return runtime.health.check_many(names, level)
+    reports: list[dict[str, Any]] = runtime.health.check_many(names, level)
+    return reports
 
 
 @router.get("/telemetry/{name}", summary="A node's GPUs: latest sample and downsampled history")
