@@ -120,3 +120,32 @@ def test_why_explains_a_pending_workload(server: ServerProcess) -> None:
     assert "fair share" in out
     table = server.cli("queues", check=True).stdout
     assert "FAIR SHARE" in table and "capped" in table
+
+
+def test_a_queue_within_its_quota_reclaims_from_one_above_its_quota_below_its_fair_share(
+    server: ServerProcess,
+) -> None:
+    """a (quota 1) runs a 6-GPU and a 1-GPU job, 3 GPUs above its fair share of 4: reclaim by fair share
+    may take only the 1-GPU job, too little for b's 4 GPUs. b stays within its quota of 6, so it reclaims
+    by quota: the 6-GPU job goes, a keeps its quota."""
+    _queue(server, {"name": "a", "resources": {"gpu": {"quota": 1}}})
+    _queue(server, {"name": "b", "resources": {"gpu": {"quota": 6}}})
+    big, small = (
+        server.submit(
+            {"queue": "a", "resources": {"gpu": gpus}, "commands": ["sleep 60"], "grace_period": "1s"}
+        )
+        for gpus in (6, 1)
+    )
+    for wid in (big["id"], small["id"]):
+        server.wait_for(wid, states=("running",))
+    claimant = server.submit({"queue": "b", "resources": {"gpu": 4}, "commands": ["echo reclaimed"]})
+    assert server.wait_for(claimant["id"], timeout=30)["state"] == "succeeded"
+    evicted = server.workload(big["id"])["attempt_list"][0]
+    assert evicted["state"] == "evicted"
+    assert "reclaimed for queue b (below its quota of 6 GPUs)" in evicted["reason"], evicted["reason"]
+    assert "queue a stays at or above its quota" in evicted["reason"]
+    kept = server.workload(small["id"])
+    assert kept["state"] == "running" and kept["attempts"] == 1
+    with server.http() as client:
+        for wid in (big["id"], small["id"]):
+            client.post(f"/api/v1/workloads/{wid}/cancel")

@@ -403,7 +403,8 @@ class EvictionSearch(Victims):
         budget: Budget | None = None,
     ) -> list[WorkloadView] | None:
         """The shortest prefix of `victims` (in victim order) whose GPUs make room for `w` on `node`,
-        without the ones it turns out not to need."""
+        without the ones it turns out not to need; where a budget stops the prefix short, the first victim
+        that makes room alone."""
         suits = self.placer.matches(node, w.gpus)
         base = [node.free[i] + node.held[i] for i in range(len(node.free))]
 
@@ -434,7 +435,10 @@ class EvictionSearch(Victims):
             if fits(chosen):
                 break
         else:
-            return None
+            if budget is None:
+                return None  # every victim together does not make room: no subset does
+            # The budget went on smaller victims that do not make room; a larger one alone may.
+            return next(([v] for v in victims if fits([v]) and budget.admits([v])), None)
         for v in sorted(chosen, key=lambda v: (-v.gpu_units, v.id)):
             trial = [c for c in chosen if c.id != v.id]
             if trial and fits(trial):
