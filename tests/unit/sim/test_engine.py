@@ -185,6 +185,34 @@ def test_skipping_cycles_that_cannot_change_anything_leaves_every_figure_as_it_w
     assert runs[0][1] > 0 == runs[1][1]  # cycles were skipped, and only with the shortcuts on
 
 
+@pytest.mark.parametrize("policy", ["drf", "gpupool", "gpupool-bands", "gpupool-oracle"])
+def test_skipping_cycles_stays_exact_where_reclaim_takes_gangs_and_reclaims_by_quota(policy: str) -> None:
+    """A queue with a small quota borrows most of the cluster in 16-GPU gangs; queues within their quotas
+    then reclaim (by fair share, by quota, and whole gangs): the skip test must count every rule."""
+    jobs = [TraceJob(i, float(i * 37 % 600), 20_000.0, 16, "big") for i in range(3)]
+    jobs += [
+        TraceJob(3 + i, 900.0 + i * 211 % 5000, float(600 + (i * 7919) % 6000), [8, 4, 2, 1, 6][i % 5],
+                 ["mid", "small", "tiny"][i % 3])
+        for i in range(90)
+    ]  # fmt: skip
+    queues = (
+        QueueView("big", gpu=Share(quota=4.0)),
+        QueueView("mid", gpu=Share(quota=12.0)),
+        QueueView("small", gpu=Share(quota=10.0)),
+        QueueView("tiny", gpu=Share(quota=6.0, weight=3.0)),
+    )
+    runs = []
+    for shortcuts in (True, False):
+        sim = Simulation(jobs, 0.0, load_cluster("4x8"), queues, BY_NAME[policy], SimOptions())
+        sim.shortcuts = shortcuts
+        result = sim.run()
+        runs.append(([(j.id, j.start, j.finish, j.preemptions, j.queued) for j in result.jobs], sim.skipped))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] > 0 == runs[1][1]
+    gangs_evicted = sum(preemptions for id_, _, _, preemptions, _ in runs[0][0] if id_ < 3)
+    assert gangs_evicted >= 1  # a borrowed gang went whole (only reclaim takes gangs)
+
+
 def test_the_oracle_bound_inside_quotas_lets_less_remaining_work_go_first_and_keeps_other_quotas() -> None:
     queues = (QueueView("a", gpu=Share(quota=4.0)), QueueView("b", gpu=Share(quota=4.0)))
     jobs = [
