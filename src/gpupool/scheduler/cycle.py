@@ -140,12 +140,11 @@ class Cycle(Allocation):
 
     def _reclaim_reason(self, w: WorkloadView, floor: str) -> Callable[[WorkloadView], str]:
         queue = w.queue
-        mine = f"{self.reclaim_floor(queue, floor):.3g}"
 
-        def reason(v: WorkloadView) -> str:
+        def reason(v: WorkloadView) -> str:  # written only for the victims taken
             return (
-                f"reclaimed for queue {queue} (below its {floor} of {mine} GPUs) by workload {w.id}; "
-                f"queue {v.queue} stays at or above its {floor}"
+                f"reclaimed for queue {queue} (below its {floor} of {self.reclaim_floor(queue, floor):.3g} "
+                f"GPUs) by workload {w.id}; queue {v.queue} stays at or above its {floor}"
             )
 
         return reason
@@ -175,12 +174,13 @@ class Cycle(Allocation):
             return False
         mine = frozenset(state.chain(w.queue))
         single = w.nodes == 1 and not w.gpus.is_fractional and w.gpus.count >= 1
+        budget = Budget(self, w.queue, floor)
         for g in self._gangs():
             if g.id in state.evicted or g.queue in mine or not self._old_enough(g, "reclaim"):
                 continue
             if single and not any(self._pod_makes_room(w, pod) for pod in g.placement):
                 continue
-            if not Budget(self, w.queue, floor).admits([g]):
+            if not budget.admits([g]):
                 continue
             checkpoint, generation = state.checkpoint(), state.generation
             state.evict(g, "reclaim")
@@ -188,12 +188,7 @@ class Cycle(Allocation):
                 state.rollback(checkpoint)
                 state.generation = generation
                 continue
-            why = self._reclaim_reason(w, floor)(g)
-            self.decisions.evictions.append(Eviction(g.id, "reclaim", why, w.id))
-            if state.reservation is not None and state.reservation.workload_id == w.id:
-                state.reservation = None
-            self.decisions.explanations[w.id] = explain.waiting_for_release(w)
-            del self.unplaced[w.id]
+            self._waits_for(w, [g], "reclaim", self._reclaim_reason(w, floor))
             return True
         self._no_victims[key] = stamp
         return False

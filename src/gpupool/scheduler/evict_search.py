@@ -175,12 +175,7 @@ class EvictionSearch(Victims):
         if not any(victim.id in self._tentative for victim in victims):
             # The trial is the outcome: the same evictions and the same room after release that doing it
             # again would give. Only a bind of this cycle among the victims is taken back differently.
-            for victim in victims:
-                self.decisions.evictions.append(Eviction(victim.id, code, reason(victim), w.id))
-            if state.reservation is not None and state.reservation.workload_id == w.id:
-                state.reservation = None
-            self.decisions.explanations[w.id] = explain.waiting_for_release(w)
-            del self.unplaced[w.id]
+            self._waits_for(w, victims, code, reason)
             return True
         state.rollback(trial)
         state.rollback(checkpoint)
@@ -203,6 +198,19 @@ class EvictionSearch(Victims):
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
         return True
+
+    def _waits_for(
+        self, w: WorkloadView, victims: list[WorkloadView], code: str, reason: Callable[[WorkloadView], str]
+    ) -> None:
+        """Keep a trial that evicted `victims` and placed `w` after release: the evictions are decided and
+        `w` waits for their GPUs."""
+        for victim in victims:
+            self.decisions.evictions.append(Eviction(victim.id, code, reason(victim), w.id))
+        state = self.state
+        if state.reservation is not None and state.reservation.workload_id == w.id:
+            state.reservation = None
+        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+        del self.unplaced[w.id]
 
     def _retract(self, v: WorkloadView) -> None:
         """Take back this cycle's bind of `v` (it never started): its room goes to the gainer at once, and

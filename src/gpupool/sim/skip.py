@@ -379,12 +379,13 @@ class SkipTest:
         floors = {q: min(fair.get(q, 0.0), quotas.get(q, 0.0)) for q in alloc}
         above_quota = {q: a - floors[q] for q, a in alloc.items() if a > floors[q] + SLACK}
         classes: tuple[tuple[dict[str, float], list[str]], ...] = ((above_fair, []), (above_quota, []))
+        surpluses = (sum(above_fair.values()), sum(above_quota.values()))
         for queue, gpus in smallest.items():
             if alloc.get(queue, 0.0) + gpus > fair.get(queue, 0.0) + SLACK:
                 continue  # the reclaimer may not end above its fair share
             within_quota = alloc.get(queue, 0.0) + gpus <= quotas.get(queue, 0.0) + SLACK
-            above, reclaimers = classes[1 if within_quota else 0]
-            surplus = sum(above.values())
+            above, reclaimers = classes[within_quota]
+            surplus = surpluses[within_quota]
             if surplus - max(0.0, above.get(queue, 0.0)) + free + SLACK >= gpus:
                 reclaimers.append(queue)
         for above, reclaimers in classes:
