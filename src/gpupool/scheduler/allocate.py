@@ -23,30 +23,41 @@ class Allocation(EvictionSearch):
         heapq.heapify(heap)
         cursor = dict.fromkeys(self.order, 0)
         accounted = self.state.accounted
+        unplaced = self.unplaced
+        strict = self.config.blocking == "strict"
         while heap:
             key = heapq.heappop(heap)
             queue = key[-1]
             items = self.order[queue]
             i = cursor[queue]
-            while i < len(items) and items[i].id not in self.unplaced:
+            while True:
+                while i < len(items) and items[i].id not in unplaced:
+                    i += 1
+                if i >= len(items):
+                    break
+                w = items[i]
                 i += 1
-            if i >= len(items):
-                continue
-            w = items[i]
-            cursor[queue] = i + 1
-            changes = len(accounted)
-            placed = self._try_allocate(w)
-            if (
-                not placed
-                and self.config.blocking == "strict"
-                and self.decisions.explanations[w.id].code in (explain.CAPACITY_CODES | {explain.QUEUE_LIMIT})
-            ):
-                for rest in items[i + 1 :]:
-                    if rest.id in self.unplaced:
-                        self.decisions.explanations[rest.id] = explain.blocked(w.id)
-                continue
-            # Its key moves only with its allocation: with nothing allocated or taken back, it is the same.
-            heapq.heappush(heap, key if len(accounted) == changes else self._queue_key(queue))
+                changes = len(accounted)
+                placed = self._try_allocate(w)
+                if (
+                    not placed
+                    and strict
+                    and self.decisions.explanations[w.id].code
+                    in (explain.CAPACITY_CODES | {explain.QUEUE_LIMIT})
+                ):
+                    for rest in items[i:]:
+                        if rest.id in unplaced:
+                            self.decisions.explanations[rest.id] = explain.blocked(w.id)
+                    i = len(items)
+                    break
+                # Its key moves only with its allocation: with nothing allocated or taken back, it is the
+                # same, and while it stays the least, the queue goes on without a trip through the heap.
+                if len(accounted) != changes:
+                    key = self._queue_key(queue)
+                if heap and not key < heap[0]:
+                    heapq.heappush(heap, key)
+                    break
+            cursor[queue] = i
 
     def _try_allocate(self, w: WorkloadView) -> bool:
         refusal = self._admission(w)
@@ -119,7 +130,11 @@ class Allocation(EvictionSearch):
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
         demand = w.gpus
-        key = (demand.count, demand.models, demand.min_memory_bytes, w.nodes, w.node_names)
+        key: tuple[object, ...]
+        if demand.models or demand.min_memory_bytes is not None or w.node_names:
+            key = (demand.count, demand.models, demand.min_memory_bytes, w.nodes, w.node_names)
+        else:
+            key = (demand.count, w.nodes)  # the usual shape: any GPU, any node
         found = self._never.get(key, _UNKNOWN)
         if found is _UNKNOWN:
             found = self._never[key] = self._never_fits_shape(w)

@@ -42,8 +42,14 @@ class Cycle(Allocation):
 
     def stale_gang(self) -> None:
         nodes = {n.name: n for n in self.snapshot.nodes}
+        # Each node that running work (or a bind of this cycle, placed only on nodes in service) is on,
+        # once: when all are known and in service, only a gang missing pods is stale.
+        whole = all(
+            (node := nodes.get(name)) is not None and node.state not in GANG_LOST_STATES
+            for name in self.by_node
+        )
         for w in self.snapshot.running:
-            if w.stopping:
+            if w.stopping or (whole and len(w.placement) >= w.nodes):
                 continue
             gone = GANG_LOST_STATES if len(w.placement) > 1 else LOST_STATES
             lost: list[str] = []
@@ -295,7 +301,7 @@ class Cycle(Allocation):
                 key = (w.queue, w.priority)
                 found = lower.get(key)
                 if found is None:
-                    found = lower[key] = _below(self._victims_by_queue()[w.queue], w.priority)
+                    found = lower[key] = _below(self._queue_victims(w.queue), w.priority)
                 self._preempt_for(w, found[0], found[1])
 
     def _preempt_for(
@@ -321,21 +327,22 @@ class Cycle(Allocation):
             self._lowest = lowest
         return self._lowest
 
-    def _victims_by_queue(self) -> dict[str, dict[str, list[WorkloadView]]]:
-        """The victim index split by queue, each node's list in victim order (built once a cycle)."""
-        if self._by_queue is None:
-            by_queue: dict[str, dict[str, list[WorkloadView]]] = {}
-            for name, victims in self._victim_index().items():
-                for v in victims:
-                    nodes = by_queue.get(v.queue)
-                    if nodes is None:
-                        nodes = by_queue[v.queue] = {}
-                    listed = nodes.get(name)
-                    if listed is None:
-                        listed = nodes[name] = []
-                    listed.append(v)
-            self._by_queue = by_queue
-        return self._by_queue
+    def _queue_victims(self, queue: str) -> dict[str, list[WorkloadView]]:
+        """One queue's victims (`_victim_groups`) by node, each node's list in victim order (built once a
+        cycle per queue, from the victim index when reclaim built it, else sorting this queue's alone:
+        the same lists; the search ranks nodes by its own measure, not by this order)."""
+        found = self._by_queue.get(queue)
+        if found is None:
+            found = {}
+            index = self._index
+            for name, victims in (index if index is not None else self._victim_groups()).items():
+                mine = [v for v in victims if v.queue == queue]
+                if mine:
+                    if index is None and len(mine) > 1:
+                        mine.sort(key=self._victim_key)  # keys are unique: they end in the id
+                    found[name] = mine
+            self._by_queue[queue] = found
+        return found
 
     # -- consolidate ----------------------------------------------------------------------------------
 

@@ -63,9 +63,13 @@ class Prepared:
         self.now = now
         self.decisions = Decisions()
         queues = {q.name: q for q in snapshot.queues}
-        for name in sorted({w.queue for w in snapshot.pending} | {w.queue for w in snapshot.running}):
-            if name not in queues:
-                queues[name] = QueueView(name)  # work in an unknown queue: a queue with no quota
+        unknown: set[str] = set()
+        for workloads in (snapshot.pending, snapshot.running):
+            for w in workloads:
+                if w.queue not in queues:
+                    unknown.add(w.queue)
+        for name in sorted(unknown):
+            queues[name] = QueueView(name)  # work in an unknown queue: a queue with no quota
         self.queues = queues
         # whether any queue sets a minimum runtime above zero (else work is old enough once it started)
         self._floors = any(
@@ -75,7 +79,6 @@ class Prepared:
         self._capacity = tuple(self.state.capacity)  # before running work is loaded
         self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.by_node: dict[str, list[WorkloadView]] = {}
-        self.state.load_running(snapshot.running)
         by_node = self.by_node
         for w in snapshot.running:
             for pod in w.placement:
@@ -83,9 +86,11 @@ class Prepared:
                 if on_node is None:
                     on_node = by_node[pod.node] = []
                 on_node.append(w)
+        self.state.load_running(snapshot.running, by_node)
         self.shares = self._fair_shares()
         self.decisions.fair_shares = self.shares
         self.unplaced: dict[int, WorkloadView] = {w.id: w for w in snapshot.pending}
+        self._least: dict[str, float] = {}  # each group's fewest GPUs asked for, see _least_gpus
         self.order = self._pending_order()
         self.rank = {w.id: i for ws in self.order.values() for i, w in enumerate(ws)}
         self.failed: dict[tuple[object, ...], tuple[int, Explanation]] = {}
@@ -109,9 +114,8 @@ class Prepared:
         # (ids of a candidates and a units dict) -> (see _able_base, the dicts: they keep their ids alive)
         self._able_bases: dict[tuple[int, int], tuple[dict[str, AbleNode], list[AbleNode], object]] = {}
         self._victim_queue_names: list[str] | None = None
-        self._least: dict[str, float] = {}
         self._reclaim_gpus: dict[str, dict[str, float]] | None = None  # see _gpus_by_queue
-        self._by_queue: dict[str, dict[str, list[WorkloadView]]] | None = None
+        self._by_queue: dict[str, dict[str, list[WorkloadView]]] = {}  # see _queue_victims
         self._lowest: dict[str, int] | None = None
         self._surplus: dict[str, float] = {}  # victim queue -> GPUs above its fair share
         self._surplus_total = 0.0
@@ -149,8 +153,14 @@ class Prepared:
                 items = by_queue[key] = []
             items.append(w)
         thresholds = self.config.las_thresholds
+        least = self._least
         for name, items in by_queue.items():
             key_of = order_key(self._ordering_of(name) if name != GLOBAL else self.config.ordering)
+            fewest = items[0].gpu_units
+            for w in items:
+                if w.gpu_units < fewest:
+                    fewest = w.gpu_units
+            least[name] = fewest
             items.sort(key=lambda w: key_of(w, thresholds))
         return by_queue
 
@@ -178,10 +188,7 @@ class Prepared:
 
     def _least_gpus(self, queue: str) -> float:
         """The fewest GPUs any pending workload of `queue` asks for."""
-        found = self._least.get(queue)
-        if found is None:
-            found = self._least[queue] = min((w.gpu_units for w in self.order.get(queue, ())), default=0.0)
-        return found
+        return self._least.get(queue, 0.0)
 
     def _queue_key(self, queue: str) -> tuple[bool, int, float, str]:
         """Allocation order of queues: those below their fair share first, then by queue priority, then

@@ -153,6 +153,73 @@ def _template(view: NodeView) -> _NodeTemplate:
     return found
 
 
+def _load(node: NodeState, on_node: list[WorkloadView]) -> None:
+    """Take the pods of `on_node` (a workload once per pod it has on `node`) from the node's GPUs, CPUs and
+    memory; stopping work's GPUs are also held."""
+    name = node.name
+    position = node.position
+    free = node.free
+    held = node.held
+    last: WorkloadView | None = None
+    for workload in on_node:
+        if workload is last:
+            continue  # its pods here were all taken at its first entry
+        last = workload
+        stopping = workload.stopping
+        for pod in workload.placement:
+            if pod.node != name:
+                continue
+            fraction = pod.gpu_fraction
+            for index in pod.gpu_indices:
+                pos = position.get(index)
+                if pos is not None:
+                    free[pos] -= fraction
+                    if stopping:
+                        held[pos] += fraction
+            node.cpus_free -= workload.cpus
+            node.memory_free -= workload.memory_bytes
+
+
+class _Loaded:
+    """A node's values once its running work was loaded, for the next cycle with the same view and work."""
+
+    __slots__ = (
+        "cpus_free", "free", "free_sum", "held", "held_sum", "holding", "memory_free", "partial", "released",
+        "view", "whole", "workloads",
+    )  # fmt: skip
+
+    def __init__(self, node: NodeState, workloads: list[WorkloadView]) -> None:
+        self.view = node.view
+        self.workloads = workloads
+        self.free = tuple(node.free)
+        self.held = tuple(node.held)
+        self.cpus_free = node.cpus_free
+        self.memory_free = node.memory_free
+        self.whole = node.whole
+        self.partial = node.partial
+        self.free_sum = node.free_sum
+        self.held_sum = node.held_sum
+        self.holding = node.holding
+        self.released = node.released
+
+    def restore(self, node: NodeState) -> None:
+        node.free = list(self.free)
+        node.held = list(self.held)
+        node.cpus_free = self.cpus_free
+        node.memory_free = self.memory_free
+        node.whole = self.whole
+        node.partial = self.partial
+        node.free_sum = self.free_sum
+        node.held_sum = self.held_sum
+        node.holding = self.holding
+        node.released = self.released
+
+
+# The last loaded values of each node, by name (see ClusterState.load_running): a pure cache that changes
+# no result, bounded like the templates.
+_LOADED: dict[str, _Loaded] = {}
+
+
 @dataclass(slots=True)
 class Domain:
     """One value of a topology label (a rack, a zone): its schedulable nodes' free and held GPUs, and the
@@ -347,36 +414,22 @@ class ClusterState:
                 domain.held -= node.held_sum
                 _leave(domain.buckets, domain.partial_nodes, domain.holding_by_count, node, holding)
 
-    def load_running(self, workloads: Iterable[WorkloadView]) -> None:
-        """Account the running workloads of the snapshot (no undo): one pass, then re-index once."""
-        touched: dict[str, NodeState] = {}
+    def load_running(self, workloads: Iterable[WorkloadView], by_node: dict[str, list[WorkloadView]]) -> None:
+        """Account the running workloads of the snapshot (no undo); `by_node`: each node's running work,
+        the nodes in the order the workloads first reach them, a workload once per pod it has there.
+
+        Each node is loaded alone, in that order, then all are re-indexed in that order (as when they
+        were loaded workload by workload). A node whose view and running work are those of the last cycle
+        that loaded it takes the loaded values from memory: the same arithmetic in the same order gave
+        them. (The simulator passes the same views cycle after cycle and most nodes see no change between
+        two of its cycles; the control loop's running views carry attained service, so they miss.)"""
         # each queue's running work, preemptible and not, summed in the order the pairs first appear
         totals: list[tuple[str, bool, Sums]] = []
         by_queue: tuple[dict[str, Sums], dict[str, Sums]] = ({}, {})  # [preemptible] queue -> its sums
-        nodes = self.nodes
         running = self.running
         for workload in workloads:
             running[workload.id] = workload
-            stopping = workload.stopping
-            for pod in workload.placement:
-                node = nodes.get(pod.node)
-                if node is None:
-                    continue
-                if node.name not in touched:
-                    touched[node.name] = node
-                    self._unindex(node)
-                fraction = pod.gpu_fraction
-                position = node.position
-                free = node.free
-                for index in pod.gpu_indices:
-                    pos = position.get(index)
-                    if pos is not None:
-                        free[pos] -= fraction
-                        if stopping:
-                            node.held[pos] += fraction
-                node.cpus_free -= workload.cpus
-                node.memory_free -= workload.memory_bytes
-            if not stopping:
+            if not workload.stopping:
                 rows = by_queue[1 if workload.preemptible else 0]
                 row = rows.get(workload.queue)
                 if row is None:
@@ -390,8 +443,24 @@ class ClusterState:
                         target[0] += row.gpu
                         target[1] += row.cpu
                         target[2] += row.memory
-        for node in touched.values():
-            node.recount()
+        nodes = self.nodes
+        touched: list[NodeState] = []
+        for name, on_node in by_node.items():
+            node = nodes.get(name)
+            if node is None:
+                continue
+            touched.append(node)
+            self._unindex(node)
+            known = _LOADED.get(name)
+            if known is not None and known.view is node.view and known.workloads == on_node:
+                known.restore(node)
+            else:
+                _load(node, on_node)
+                node.recount()
+                if len(_LOADED) >= MAX_TEMPLATES:
+                    _LOADED.clear()
+                _LOADED[name] = _Loaded(node, list(on_node))
+        for node in touched:
             self._index(node)
 
     def expires(self, at: float) -> None:

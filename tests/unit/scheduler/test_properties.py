@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupool.scheduler import Scheduler, decide
+from gpupool.scheduler import state as scheduler_state
+from gpupool.scheduler.prepare import Prepared
 from gpupool.scheduler.snapshot import Decisions, Snapshot
 from tests.unit.scheduler.invariants import check_decisions, reclaim_problems
 from tests.unit.scheduler.strategies import NOW, ReclaimCase, reclaim_cases, snapshots
@@ -112,3 +114,41 @@ def apply(snapshot: Snapshot, decisions: Decisions) -> Snapshot:
     ]
     pending = tuple(w for w in snapshot.pending if w.id not in bound)
     return replace(snapshot, running=tuple(running), pending=pending)
+
+
+def _loaded(snapshot: Snapshot) -> object:
+    """Everything a cycle's state holds once the snapshot's running work is loaded, orders included."""
+    state = Prepared(snapshot, NOW).state
+    nodes = [
+        (name, n.free, n.held, n.cpus_free, n.memory_free, n.whole, n.partial, n.free_sum, n.held_sum,
+         n.holding, n.released)
+        for name, n in state.nodes.items()
+    ]  # fmt: skip
+    buckets = [
+        (model, [(count, list(names)) for count, names in by.items()]) for model, by in state.buckets.items()
+    ]
+    holding = [(count, list(names)) for count, names in state.holding_by_count.items()]
+    return (nodes, buckets, list(state.partial_nodes), holding, list(state.holding_nodes), state.free_total,
+            state.held_total, state.alloc, state.alloc_np)  # fmt: skip
+
+
+@BOUNDED
+@given(snapshots(), st.data())
+def test_a_node_loaded_from_memory_is_the_node_loaded_afresh(snapshot: Snapshot, data: st.DataObject) -> None:
+    """A node whose view and running work are those of the last cycle takes its loaded state from memory
+    (the simulator passes the same view objects cycle after cycle). The next snapshot as a replay builds
+    it: each running workload kept (the same object), gone, stopping, or its GPUs taken by other work."""
+    _loaded(snapshot)  # remembered
+    running = []
+    for w in snapshot.running:
+        fate = data.draw(st.sampled_from(["kept", "gone", "stopping", "other work"]))
+        if fate == "kept":
+            running.append(w)
+        elif fate == "stopping":
+            running.append(replace(w, stopping=True))
+        elif fate == "other work":
+            running.append(replace(w, id=w.id + 1000, cpus=w.cpus + 1, stopping=False))
+    later = replace(snapshot, running=tuple(running))
+    remembered = _loaded(later)
+    scheduler_state._LOADED.clear()
+    assert remembered == _loaded(later)
