@@ -12,8 +12,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
-# The scheduler core compiled with mypyc (tools/build_native.py compiles only when a scheduler source
-# changed). Without a C compiler the pure-Python scheduler runs; gpupool.scheduler.NATIVE says which.
+# The scheduler core and the simulator's engine compiled with mypyc (tools/build_native.py compiles each
+# only when one of its sources changed). Without a C compiler the source runs; gpupool.scheduler.NATIVE and
+# gpupool.sim.NATIVE say which.
 native: $(STAMP)
 	$(BIN)/python tools/build_native.py
 
@@ -38,4 +39,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/job_throughput.py
 
 clean:
-	rm -rf $(VENV) .demo build src/gpupool/scheduler/_native *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .demo build src/gpupool/scheduler/_native src/gpupool/sim/_native *.egg-info .pytest_cache .mypy_cache .ruff_cache
