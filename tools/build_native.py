@@ -144,7 +144,7 @@ def main() -> None:
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         names = " and ".join(target.name for target in stale)
-        print(f"build_native: no C compiler ({compiler}) here; the pure-Python {names} runs")
+        print(f"build_native: no C compiler ({compiler}) here; the pure-Python source runs ({names})")
         return
     for target in stale:
         build(target)
