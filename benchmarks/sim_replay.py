@@ -37,6 +37,7 @@ TARGET_S = 10.0
 CHILD = """
 import hashlib, json, sys, time
 import gpupool.scheduler as scheduler
+import gpupool.sim as sim
 from gpupool.sim import experiment
 trace, window, cluster, queues, policy = sys.argv[1:6]
 e = experiment.prepare(trace, cluster, window=window, queues=queues, policies=policy)
@@ -52,6 +53,7 @@ print(json.dumps({
     "avg_jct_h": e.metrics[policy]["avg_jct_s"] / 3600, "jobs": len(result.jobs),
     "hash": hashlib.sha256(repr(outcome).encode()).hexdigest()[:12],
     "native": bool(getattr(scheduler, "NATIVE", False)),
+    "engine_native": bool(getattr(sim, "NATIVE", False)),
 }))
 """
 
