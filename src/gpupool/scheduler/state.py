@@ -183,10 +183,7 @@ def _load(node: NodeState, on_node: list[WorkloadView]) -> None:
 class _Loaded:
     """A node's values once its running work was loaded, for the next cycle with the same view and work."""
 
-    __slots__ = (
-        "cpus_free", "free", "free_sum", "held", "held_sum", "holding", "memory_free", "partial", "released",
-        "view", "whole", "workloads",
-    )  # fmt: skip
+    __slots__ = ("counts", "cpus_free", "free", "held", "memory_free", "view", "workloads")
 
     def __init__(self, node: NodeState, workloads: list[WorkloadView]) -> None:
         self.view = node.view
@@ -195,24 +192,15 @@ class _Loaded:
         self.held = tuple(node.held)
         self.cpus_free = node.cpus_free
         self.memory_free = node.memory_free
-        self.whole = node.whole
-        self.partial = node.partial
-        self.free_sum = node.free_sum
-        self.held_sum = node.held_sum
-        self.holding = node.holding
-        self.released = node.released
+        # what recount() derived from them: whole, partial, free_sum, held_sum, holding, released
+        self.counts = (node.whole, node.partial, node.free_sum, node.held_sum, node.holding, node.released)
 
     def restore(self, node: NodeState) -> None:
         node.free = list(self.free)
         node.held = list(self.held)
         node.cpus_free = self.cpus_free
         node.memory_free = self.memory_free
-        node.whole = self.whole
-        node.partial = self.partial
-        node.free_sum = self.free_sum
-        node.held_sum = self.held_sum
-        node.holding = self.holding
-        node.released = self.released
+        node.whole, node.partial, node.free_sum, node.held_sum, node.holding, node.released = self.counts
 
 
 # The last loaded values of each node, by name (see ClusterState.load_running): a pure cache that changes
