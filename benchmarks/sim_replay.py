@@ -3,9 +3,10 @@
 Each replay runs in a fresh process (`Simulation(...).run()`, the same replay as `gpupool sim run`), timed
 by `time.process_time` around the run alone (loading the trace is not counted). Give --code once per code
 to compare (a folder holding `gpupool/`, e.g. the `src/` of a `git archive` of a commit with its own
-`tools/build_native.py` build; default: this checkout's src/); rounds alternate the codes, so drift on a
-shared machine falls on all of them alike. Every replay also hashes every job's outcome (submit, start,
-finish, time queued, preemptions, lost work): codes that should replay alike must print the same hash.
+`tools/build_native.py` build; default: this checkout's src/); rounds alternate the codes, each round in
+the other order than the last, so drift on a shared machine and the cost of running second fall on all
+of them alike. Every replay also hashes every job's outcome (submit, start, finish, time queued,
+preemptions, lost work): codes that should replay alike must print the same hash.
 
 Target (issue 4): the Philly week 2017-10-02..2017-10-09 on `--cluster 64x8 --queues auto` in <= 10 s per
 policy on this machine.
@@ -89,8 +90,11 @@ def main() -> None:
     policies = [p for p in args.policies.split(",") if p]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {str(c): {p: [] for p in policies} for c in codes}
     for round_no in range(args.rounds):
+        # Each round runs the codes in the other order: on a shared box the later of two back-to-back
+        # replays tends to run slower (about 2% here), which would otherwise fall on one code every time.
+        order = codes if round_no % 2 == 0 else codes[::-1]
         for policy in policies:
-            for code in codes:
+            for code in order:
                 row = replay(code, args, policy)
                 runs[str(code)][policy].append(row)
                 console.print(
