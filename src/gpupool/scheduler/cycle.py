@@ -221,13 +221,13 @@ class Cycle(Allocation):
     def _reclaimable(
         self, by_queue: dict[str, dict[str, float]], mine: frozenset[str], floor: str
     ) -> dict[str, float]:
-        """Per node, an upper bound on the GPUs reclaim may free there for a reclaimer whose line is
-        `mine`: from each queue, the GPUs of its victims there, but no more than its headroom (the least
-        that any level of it outside that line holds above its fair share: what the budget lets reclaim
-        take from it). Reclaimers under the same parents get the same answer (each is below its own
-        fair share, so none of their own work is ever a victim). It is kept while reclaim runs: evictions
-        only lower the victims' queues, and a gainer never ends above its own share (its parent may: then
-        this misses what the next cycle finds)."""
+        """Per node, an upper bound on the GPUs reclaim may free there for a reclaimer whose line is `mine`:
+        from each queue, the GPUs of its victims there, but no more than its headroom (the least that any
+        level of it outside that line holds above its `floor`, fair share or quota: what the budget lets
+        reclaim take from it). Reclaimers under the same parents get the same answer (each is below its own
+        fair share, so none of their own work is ever a victim). It is kept while reclaim runs: evictions only
+        lower the victims' queues, and a gainer never ends above its own share (its parent may: then this
+        misses what the next cycle finds)."""
         units: dict[str, float] = {}
         for queue, nodes in by_queue.items():
             room = self._headroom(queue, mine, floor)
