@@ -119,6 +119,11 @@ def run(
         None, "--report", help="write report.md and PNG plots into this folder"
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    jobs: str = typer.Option(
+        "auto",
+        "--jobs",
+        help="policies replayed at once, each in its own process; auto: one per policy, at most one per CPU",
+    ),
 ) -> None:
     """Replay a trace window through each policy and compare JCT, fairness, quotas and utilization."""
     from gpupool.sim import experiment as ex
@@ -135,7 +140,7 @@ def run(
             from gpupool.sim.report import check_plotting
 
             check_plotting()
-        exp = ex.prepare(trace, cluster, nodes, window, first, queues, policy, options)
+        exp = ex.prepare(trace, cluster, nodes, window, first, queues, policy, options, jobs)
         console.print(
             f"{len(exp.jobs):,} jobs from {exp.trace.path} on {exp.cluster.gpus:,} GPUs "
             f"({len(exp.cluster.nodes)} nodes), {len(exp.queues)} queues",
@@ -268,12 +273,16 @@ def whatif(
     since: str = typer.Option("7d", "--since", help="replay the jobs submitted in this recent period"),
     policy: str = typer.Option("gpupool", "--policy", help="the policy of both replays (see sim run)"),
     json_out: Path | None = typer.Option(None, "--json", help="write the comparison as JSON to this file"),
+    jobs: str = typer.Option(
+        "auto", "--jobs", help="1: the two replays one after the other; 2 or auto: at once, in two processes"
+    ),
 ) -> None:
     """Replay the live cluster's recent jobs on a changed cluster: change in JCT, queueing, utilization."""
     import time
 
     from gpupool.cli.app import client
     from gpupool.sim import whatif as wi
+    from gpupool.sim.parallel import processes
     from gpupool.sim.policies import resolve_policies
     from gpupool.spec.views import queue_view
 
@@ -286,6 +295,7 @@ def whatif(
                 "--add", "nothing to change; give --add 4x8:H100, --remove NODE or --quota QUEUE=GPUS"
             )
         period = _seconds(since, "--since")
+        workers = processes(jobs, 2)
         api = client()
         now = time.time()
         # One list per state that ran, of the period's submissions only; a list that fills the API's
@@ -302,12 +312,12 @@ def whatif(
             workloads.extend(found)
         nodes = wi.cluster_from_nodes(api.nodes())
         queues = [queue_view(q) for q in api.queues()]
-        jobs = wi.history_jobs(workloads, now - period, now)
+        history = wi.history_jobs(workloads, now - period, now)
         after = wi.changed(nodes, queues, add, remove, quota)
         console.print(
-            f"replaying {len(jobs):,} jobs of the last {since} with policy {chosen.name}", highlight=False
+            f"replaying {len(history):,} jobs of the last {since} with policy {chosen.name}", highlight=False
         )
-        result = wi.compare(jobs, (nodes, queues), after, chosen)
+        result = wi.compare(history, (nodes, queues), after, chosen, workers=workers)
         table = Table(title=f"what if: {' '.join([*add, *('-' + r for r in remove), *quota])}")
         for column in (
             "queue",

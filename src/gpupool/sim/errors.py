@@ -10,3 +10,7 @@ class SimError(ValueError):
         super().__init__(f"{flag}: {message}")
         self.flag = flag
         self.message = message
+
+    def __reduce__(self) -> tuple[type[SimError], tuple[str, str]]:
+        # Raised in a worker process (`--jobs`), it reaches the parent pickled: built again from both parts.
+        return type(self), (self.flag, self.message)

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpupool.scheduler import QueueView
 from gpupool.sim.cluster import Cluster, load_cluster
-from gpupool.sim.engine import Simulation
 from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import summarize
+from gpupool.sim.parallel import Progress, Replay, processes, replay_all
 from gpupool.sim.policies import Policy, resolve_policies
 from gpupool.sim.queues import resolve_queues
 from gpupool.sim.results import SimOptions, SimResult
 from gpupool.sim.trace import Trace, TraceJob, load_trace, select
-
-Progress = Callable[[str, int, int], None]  # (policy, jobs settled, jobs in all)
 
 
 @dataclass(slots=True)
@@ -30,6 +28,7 @@ class Experiment:
     policies: list[Policy]
     options: SimOptions
     window: str | None = None
+    workers: int = 1  # replays at once, each in a process of its own when more than 1 (`--jobs`)
     results: list[SimResult] = field(default_factory=list)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -43,9 +42,13 @@ def prepare(
     queues: str = "auto",
     policies: str = "fifo,las,gpupool",
     options: SimOptions | None = None,
+    workers: int | str = 1,
 ) -> Experiment:
-    """Check and load every input before anything runs (a bad flag fails in seconds, not after a run)."""
+    """Check and load every input before anything runs (a bad flag fails in seconds, not after a run).
+
+    `workers` is `--jobs`: how many policies replay at once (`auto`: one per policy, at most one per CPU)."""
     chosen = resolve_policies(policies)
+    at_once = processes(workers, len(chosen))
     if cluster is not None and nodes is not None:
         raise SimError("--nodes", "give either --cluster or --nodes, not both")
     spec = cluster if cluster is not None else nodes
@@ -57,28 +60,21 @@ def prepare(
     loaded = load_trace(trace)
     jobs, origin = select(loaded, window, first)
     views = resolve_queues(queues, jobs, built.gpus)
-    return Experiment(loaded, jobs, origin, built, views, chosen, options or SimOptions(), window)
+    return Experiment(loaded, jobs, origin, built, views, chosen, options or SimOptions(), window, at_once)
 
 
 def run(experiment: Experiment, progress: Progress | None = None) -> Experiment:
-    for policy in experiment.policies:
-        sim = Simulation(
-            experiment.jobs,
-            experiment.origin,
-            experiment.cluster,
-            experiment.queues,
-            policy,
-            experiment.options,
-        )
-        report = None if progress is None else _bind(progress, policy.name)
-        result = sim.run(report)
+    """Replay every policy, `experiment.workers` at a time; results in the order of the policies."""
+    replays = [
+        Replay(p.name, experiment.jobs, experiment.origin, experiment.cluster, experiment.queues, p,
+               experiment.options)
+        for p in experiment.policies
+    ]  # fmt: skip
+    results = replay_all(replays, experiment.workers, progress)
+    for policy, result in zip(experiment.policies, results, strict=True):
         experiment.results.append(result)
         experiment.metrics[policy.name] = summarize(result)
     return experiment
-
-
-def _bind(progress: Progress, name: str) -> Callable[[int, int], None]:
-    return lambda done, total: progress(name, done, total)
 
 
 def as_json(experiment: Experiment) -> dict[str, Any]:

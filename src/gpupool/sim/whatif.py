@@ -14,9 +14,9 @@ from typing import Any
 
 from gpupool.scheduler import GpuView, NodeView, QueueView
 from gpupool.sim.cluster import Cluster, parse_groups
-from gpupool.sim.engine import Simulation
 from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import summarize
+from gpupool.sim.parallel import Replay, processes, replay_all
 from gpupool.sim.policies import Policy
 from gpupool.sim.results import SimOptions
 from gpupool.sim.trace import TraceJob
@@ -127,18 +127,25 @@ def compare(
     after: tuple[Sequence[NodeView], Sequence[QueueView]],
     policy: Policy,
     options: SimOptions | None = None,
+    workers: int | str = 1,
 ) -> dict[str, Any]:
-    """Replay `jobs` on both clusters; per queue, the change in JCT and queueing delay."""
+    """Replay `jobs` on both clusters; per queue, the change in JCT and queueing delay.
+
+    `workers` is `--jobs`: 2 (or `auto` with 2 CPUs or more) replays both at once, each in its own process."""
+    at_once = processes(workers, 2)
     if not jobs:
         raise SimError("--since", "no finished or running jobs in that period; widen it (e.g. --since 30d)")
     origin = jobs[0].submit
-    figures = []
-    for nodes, queues in (before, after):
+    replays = []
+    for name, (nodes, queues) in (("before", before), ("after", after)):
         cluster = Cluster(tuple(nodes), "")
         if cluster.gpus <= 0:
             raise SimError("--remove", "the changed cluster has no GPUs left")
-        result = Simulation(jobs, origin, cluster, tuple(queues), policy, options).run()
-        figures.append(summarize(result) | {"gpus": cluster.gpus})
+        replays.append(Replay(name, jobs, origin, cluster, tuple(queues), policy, options))
+    figures = [
+        summarize(result) | {"gpus": replay.cluster.gpus}
+        for replay, result in zip(replays, replay_all(replays, at_once), strict=True)
+    ]
     old, new = figures
     per_queue = {}
     for name in sorted(set(old["queues"]) | set(new["queues"])):
