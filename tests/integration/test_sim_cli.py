@@ -65,6 +65,11 @@ def test_sim_run_with_a_queue_file_and_the_generic_csv_format(tmp_path: Path) ->
          "--policy: unknown policy 'magic'"),
         (["--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2x8", "--cycle", "soon"],
          "--cycle: 'soon' is not a duration"),
+        (["--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2x8", "--cycle", "0s"],
+         "--cycle: '0s' is shorter than the shortest cycle, 1s"),
+        (["--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2x8",
+          "--restart-overhead", "-5s"],
+         "--restart-overhead: '-5s' is not a duration: it must not be negative"),
     ],
 )  # fmt: skip
 def test_bad_flags_fail_with_one_line_naming_the_flag(args: list[str], message: str) -> None:

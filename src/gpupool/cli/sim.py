@@ -24,6 +24,7 @@ from gpupool.spec import SpecError
 from gpupool.spec.quantities import parse_duration
 
 HISTORY_PAGE = 100_000  # the API's largest list
+MIN_CYCLE_S = 1.0  # the shortest --cycle accepted (shorter ones were quietly raised to it before)
 
 sim_app = typer.Typer(
     help="Trace-driven simulator: compare scheduling policies, measure fragmentation, plan capacity.",
@@ -44,8 +45,15 @@ def _sim_errors() -> Iterator[None]:
 def _seconds(value: str, flag: str) -> float:
     try:
         return parse_duration(value, flag)
-    except SpecError:
-        raise SimError(flag, f"{value!r} is not a duration; e.g. 60s, 30m, 1h") from None
+    except SpecError as exc:
+        raise SimError(flag, f"{value!r} {exc.message}; e.g. 60s, 30m, 1h") from None
+
+
+def _cycle_seconds(value: str) -> float:
+    seconds = _seconds(value, "--cycle")
+    if seconds < MIN_CYCLE_S:
+        raise SimError("--cycle", f"{value!r} is shorter than the shortest cycle, 1s; e.g. --cycle 60s")
+    return seconds
 
 
 @contextlib.contextmanager
@@ -131,7 +139,7 @@ def run(
 
     with _sim_errors():
         options = SimOptions(
-            cycle=max(_seconds(cycle, "--cycle"), 1.0),
+            cycle=_cycle_seconds(cycle),
             restart_overhead=_seconds(restart_overhead, "--restart-overhead"),
             checkpoint_interval=_seconds(checkpoint_interval, "--checkpoint-interval"),
             seed=seed,
