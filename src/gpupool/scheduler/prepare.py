@@ -75,9 +75,6 @@ class Prepared:
         self._floors = any(
             (q.min_runtime_preempt or 0.0) > 0 or (q.min_runtime_reclaim or 0.0) > 0 for q in queues.values()
         )
-        self.state = ClusterState(snapshot.nodes, queues.values())
-        self._capacity = tuple(self.state.capacity)  # before running work is loaded
-        self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.by_node: dict[str, list[WorkloadView]] = {}
         by_node = self.by_node
         for w in snapshot.running:
@@ -86,7 +83,9 @@ class Prepared:
                 if on_node is None:
                     on_node = by_node[pod.node] = []
                 on_node.append(w)
-        self.state.load_running(snapshot.running, by_node)
+        self.state = ClusterState(snapshot.nodes, queues.values(), snapshot.running, by_node)
+        self._capacity = tuple(self.state.capacity)  # the nodes' own, before running work
+        self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.shares = self._fair_shares()
         self.decisions.fair_shares = self.shares
         self.unplaced: dict[int, WorkloadView] = {w.id: w for w in snapshot.pending}

@@ -196,8 +196,8 @@ class _Loaded:
         self.counts = (node.whole, node.partial, node.free_sum, node.held_sum, node.holding, node.released)
 
     def restore(self, node: NodeState) -> None:
-        node.free = list(self.free)
-        node.held = list(self.held)
+        node.free[:] = self.free  # the node's own lists, as fresh from its template: same lengths
+        node.held[:] = self.held
         node.cpus_free = self.cpus_free
         node.memory_free = self.memory_free
         node.whole, node.partial, node.free_sum, node.held_sum, node.holding, node.released = self.counts
@@ -274,7 +274,15 @@ class Reservation:
 
 
 class ClusterState:
-    def __init__(self, nodes: Iterable[NodeView], queues: Iterable[QueueView]) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[NodeView],
+        queues: Iterable[QueueView],
+        running: Iterable[WorkloadView] = (),
+        by_node: dict[str, list[WorkloadView]] | None = None,
+    ) -> None:
+        """The state of `nodes` with the `running` work loaded: `by_node` holds each node's running work, the
+        nodes in the order the workloads first reach them, a workload once per pod it has there."""
         self.nodes: dict[str, NodeState] = {}
         self.capacity = [0.0, 0.0, 0.0]  # GPUs, CPUs, memory of schedulable nodes, before running work
         self.buckets: dict[str, dict[int, dict[str, None]]] = {}
@@ -301,8 +309,8 @@ class ClusterState:
         self.chains: dict[str, tuple[str, ...]] = {q.name: self._chain(q.name) for q in queues}
         self.alloc: dict[str, list[float]] = {q.name: [0.0, 0.0, 0.0] for q in queues}
         self.alloc_np: dict[str, list[float]] = {q.name: [0.0, 0.0, 0.0] for q in queues}
-        for view in nodes:
-            self._add_node(view)
+        self._load_queues(running)
+        self._add_nodes(nodes, by_node if by_node is not None else {})
 
     # -- construction ---------------------------------------------------------------------------------
 
@@ -324,17 +332,68 @@ class ClusterState:
             self.alloc_np.setdefault(queue, [0.0, 0.0, 0.0])
         return found
 
-    def _add_node(self, view: NodeView) -> None:
+    def _new_node(self, view: NodeView) -> _NodeTemplate:
+        """A node as its view gives it, counted in the capacity, not yet in the placement indexes."""
         t = _template(view)
-        node = NodeState(view, t)
-        self.nodes[view.name] = node
-        if view.schedulable and t.island > self.island:
-            self.island = t.island
-        self._index(node)
+        self.nodes[view.name] = NodeState(view, t)
         if view.schedulable:
+            if t.island > self.island:
+                self.island = t.island
             self.capacity[0] += t.free_sum
             self.capacity[1] += view.cpus - view.cpus_allocated
             self.capacity[2] += view.memory_bytes - view.memory_allocated
+        return t
+
+    def _add_nodes(self, views: Iterable[NodeView], by_node: dict[str, list[WorkloadView]]) -> None:
+        """The nodes with their running work (`by_node`, see `__init__`), each put in the placement indexes
+        once.
+
+        The indexes and totals come out exactly as when every node was indexed as its view gives it, in
+        the views' order, and then each node with work was loaded alone, in `by_node`'s order, taken out
+        of the indexes and put back in that order: the index keys are created in the same order (a node's
+        own count as its view gives it, even if it is loaded before it is indexed), each index lists the
+        nodes without work in the views' order and then those with work in `by_node`'s order, and the
+        free and held totals take the same sums in the same order. A node whose view and running work are
+        those of the last cycle that loaded it takes the loaded values from memory: the same arithmetic in
+        the same order gave them. (The simulator passes the same views cycle after cycle and most nodes see
+        no change between two of its cycles; the control loop's running views carry attained service, so
+        they miss.)"""
+        nodes = self.nodes
+        free_total = 0.0
+        for view in views:
+            t = self._new_node(view)
+            if not view.schedulable:
+                continue
+            free_total += t.free_sum
+            if view.name in by_node:
+                # its keys, as indexing it now would make them; the node itself goes in once loaded
+                by_count = self.buckets.get(t.model)
+                if by_count is None:
+                    by_count = self.buckets[t.model] = {}
+                if t.whole not in by_count:
+                    by_count[t.whole] = {}
+            else:
+                _enter(self.buckets, self.partial_nodes, self.holding_by_count, nodes[view.name])
+        touched: list[NodeState] = []
+        for name, on_node in by_node.items():
+            node = nodes.get(name)
+            if node is None:
+                continue
+            touched.append(node)
+            if node.schedulable:
+                free_total -= node.free_sum
+            known = _LOADED.get(name)
+            if known is not None and known.view is node.view and known.workloads == on_node:
+                known.restore(node)
+            else:
+                _load(node, on_node)
+                node.recount()
+                if len(_LOADED) >= MAX_TEMPLATES:
+                    _LOADED.clear()
+                _LOADED[name] = _Loaded(node, list(on_node))
+        self.free_total = free_total
+        for node in touched:
+            self._index(node)
 
     def track(self, label: str) -> dict[str, Domain]:
         """The domains of `label` (values on schedulable nodes), kept current from now on."""
@@ -402,15 +461,8 @@ class ClusterState:
                 domain.held -= node.held_sum
                 _leave(domain.buckets, domain.partial_nodes, domain.holding_by_count, node, holding)
 
-    def load_running(self, workloads: Iterable[WorkloadView], by_node: dict[str, list[WorkloadView]]) -> None:
-        """Account the running workloads of the snapshot (no undo); `by_node`: each node's running work,
-        the nodes in the order the workloads first reach them, a workload once per pod it has there.
-
-        Each node is loaded alone, in that order, then all are re-indexed in that order (as when they
-        were loaded workload by workload). A node whose view and running work are those of the last cycle
-        that loaded it takes the loaded values from memory: the same arithmetic in the same order gave
-        them. (The simulator passes the same views cycle after cycle and most nodes see no change between
-        two of its cycles; the control loop's running views carry attained service, so they miss.)"""
+    def _load_queues(self, workloads: Iterable[WorkloadView]) -> None:
+        """Account the running workloads of the snapshot to their queues (no undo)."""
         # each queue's running work, preemptible and not, summed in the order the pairs first appear
         totals: list[tuple[str, bool, Sums]] = []
         by_queue: tuple[dict[str, Sums], dict[str, Sums]] = ({}, {})  # [preemptible] queue -> its sums
@@ -431,25 +483,6 @@ class ClusterState:
                         target[0] += row.gpu
                         target[1] += row.cpu
                         target[2] += row.memory
-        nodes = self.nodes
-        touched: list[NodeState] = []
-        for name, on_node in by_node.items():
-            node = nodes.get(name)
-            if node is None:
-                continue
-            touched.append(node)
-            self._unindex(node)
-            known = _LOADED.get(name)
-            if known is not None and known.view is node.view and known.workloads == on_node:
-                known.restore(node)
-            else:
-                _load(node, on_node)
-                node.recount()
-                if len(_LOADED) >= MAX_TEMPLATES:
-                    _LOADED.clear()
-                _LOADED[name] = _Loaded(node, list(on_node))
-        for node in touched:
-            self._index(node)
 
     def expires(self, at: float) -> None:
         """Note that a decision of this cycle depends on the clock staying before `at`."""

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from gpupool.scheduler import Scheduler, decide
 from gpupool.scheduler import state as scheduler_state
 from gpupool.scheduler.prepare import Prepared
-from gpupool.scheduler.snapshot import Decisions, Snapshot
+from gpupool.scheduler.snapshot import Decisions, Snapshot, WorkloadView
+from gpupool.scheduler.state import ClusterState
 from tests.unit.scheduler.invariants import check_decisions, reclaim_problems
 from tests.unit.scheduler.strategies import NOW, ReclaimCase, reclaim_cases, snapshots
 
@@ -118,7 +119,10 @@ def apply(snapshot: Snapshot, decisions: Decisions) -> Snapshot:
 
 def _loaded(snapshot: Snapshot) -> object:
     """Everything a cycle's state holds once the snapshot's running work is loaded, orders included."""
-    state = Prepared(snapshot, NOW).state
+    return _contents(Prepared(snapshot, NOW).state)
+
+
+def _contents(state: ClusterState) -> object:
     nodes = [
         (name, n.free, n.held, n.cpus_free, n.memory_free, n.whole, n.partial, n.free_sum, n.held_sum,
          n.holding, n.released)
@@ -152,3 +156,30 @@ def test_a_node_loaded_from_memory_is_the_node_loaded_afresh(snapshot: Snapshot,
     remembered = _loaded(later)
     scheduler_state._LOADED.clear()
     assert remembered == _loaded(later)
+
+
+@BOUNDED
+@given(snapshots())
+def test_nodes_indexed_once_loaded_are_the_nodes_indexed_then_loaded_one_by_one(snapshot: Snapshot) -> None:
+    """A cycle's state puts each node in the placement indexes once, after loading its running work; the
+    indexes (their orders included) and totals are those of indexing every node as its view gives it and
+    then taking each node with work out, loading it and putting it back, in the order work reaches it."""
+    scheduler_state._LOADED.clear()
+    prepared = Prepared(snapshot, NOW)
+    queues = list(prepared.queues.values())
+    by_node: dict[str, list[WorkloadView]] = {}
+    for w in snapshot.running:
+        for pod in w.placement:
+            by_node.setdefault(pod.node, []).append(w)
+    state = ClusterState(snapshot.nodes, queues, snapshot.running)  # every node as its view gives it
+    touched = []
+    for name, on_node in by_node.items():
+        node = state.nodes.get(name)
+        if node is not None:
+            touched.append(node)
+            state._unindex(node)
+            scheduler_state._load(node, on_node)
+            node.recount()
+    for node in touched:
+        state._index(node)
+    assert _contents(prepared.state) == _contents(state)
