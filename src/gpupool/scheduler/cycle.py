@@ -68,6 +68,9 @@ class Cycle(Allocation):
     def reclaim(self) -> None:
         # (floor, reclaimer line) -> GPUs a reclaimer on that line may free per node
         lines: dict[tuple[str, ...], dict[str, float]] = {}
+        # (queue, shape) -> the stamp of the state after reclaiming for such a workload changed nothing
+        fruitless: dict[tuple[object, ...], tuple[object, ...]] = {}
+        stamp = self._stamp()  # as it is now: only reclaiming for a workload changes it
         for group in self.pending_groups():
             if (
                 group != GLOBAL
@@ -76,8 +79,31 @@ class Cycle(Allocation):
                 # None of it may reclaim (see _reclaim_for); during its turn only its own gains change that.
                 continue
             for w in self.order[group]:
-                if self._wants_room(w) and not self._reclaim_for(w, lines):
+                if not self._wants_room(w):
+                    continue
+                # What reclaiming for `w` does depends on its queue, its shape and the state, not on which
+                # workload it is (but for a backfill reservation, held by one: then every one is tried).
+                # While the state is as it was when it did nothing for one alike, it does nothing again.
+                key: tuple[object, ...] | None = None
+                if self.state.reservation is None:
+                    key = (w.queue, self._shape(w))
+                    if fruitless.get(key) == stamp:
+                        continue
+                if not self._reclaim_for(w, lines):
                     return
+                after = self._stamp()
+                if key is not None and after == stamp:
+                    fruitless[key] = stamp
+                stamp = after
+
+    def _stamp(self) -> tuple[object, ...]:
+        """What changes whenever an action changes anything: the state's counters and undo log, and the
+        decisions so far."""
+        state, decisions = self.state, self.decisions
+        return (
+            state.checkpoint(), state.generation, state.held_generation, len(state.accounted),
+            len(decisions.evictions), len(decisions.binds), len(self.unplaced),
+        )  # fmt: skip
 
     def _reclaim_for(self, w: WorkloadView, lines: dict[tuple[str, ...], dict[str, float]]) -> bool:
         """Reclaim room for `w` where it may and can; False when nothing at all could be reclaimed.
