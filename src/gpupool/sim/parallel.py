@@ -135,9 +135,12 @@ def _in_processes(replays: Sequence[Replay], workers: int, progress: Progress | 
             progress(replays[index].name, done, total)
 
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(reports,))
+    started: list[multiprocessing.process.BaseProcess] = []
     try:
         reporting = progress is not None
         futures = [pool.submit(_replay_in_worker, i, r, reporting) for i, r in enumerate(replays)]
+        # The workers, held here: once a worker dies, the executor forgets them while it ends the others.
+        started = _workers(pool)
         index = {f: i for i, f in enumerate(futures)}
         waiting: set[Future[tuple[SimResult, tuple[int, int] | None]]] = set(futures)
         while waiting:
@@ -149,12 +152,12 @@ def _in_processes(replays: Sequence[Replay], workers: int, progress: Progress | 
                     show(index[future], *last)
         results = [f.result()[0] for f in futures]
     except BrokenProcessPool:
-        _stop(pool)
+        _stop(pool, started)
         raise SimError(
             "--jobs", "a replay's process ended abruptly (out of memory?); --jobs 1 replays in this process"
         ) from None
     except BaseException:
-        _stop(pool)
+        _stop(pool, started)
         raise
     else:
         pool.shutdown(wait=True)
@@ -173,14 +176,20 @@ def _drain(reports: Any, show: Callable[[int, int, int], None]) -> None:
         show(index, done, total)
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
+def _workers(pool: ProcessPoolExecutor) -> list[multiprocessing.process.BaseProcess]:
+    # The executor offers no public way to reach its workers before Python 3.14 (`terminate_workers`).
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
+def _stop(pool: ProcessPoolExecutor, workers: list[multiprocessing.process.BaseProcess]) -> None:
     """Cancel what has not started and end the workers now (an error elsewhere, or Ctrl-C): none is left
-    running a replay nobody will read."""
-    # The executor offers no public way to end its workers before Python 3.14 (`terminate_workers`).
-    workers = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
+    running a replay nobody will read, and each is waited for."""
+    workers = workers + [p for p in _workers(pool) if p not in workers]
     for process in workers:
         if process.is_alive():
             process.terminate()
+    # The executor's own thread reaps the workers it watches (a join of ours can return while it does):
+    # waiting for it, with nothing left to start, is waiting for every worker to be gone.
+    pool.shutdown(wait=True, cancel_futures=True)
     for process in workers:
         process.join(timeout=5)
