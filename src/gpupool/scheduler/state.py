@@ -229,13 +229,7 @@ def _enter(
     node: NodeState,
 ) -> None:
     """Put `node` in placement indexes (the state's own, or a domain's) as it is now."""
-    by_count = buckets.get(node.model)
-    if by_count is None:
-        by_count = buckets[node.model] = {}
-    names = by_count.get(node.whole)
-    if names is None:
-        names = by_count[node.whole] = {}
-    names[node.name] = None
+    _bucket(buckets, node.model, node.whole)[node.name] = None
     if node.partial:
         partial_nodes[node.name] = None
     if node.holding:
@@ -243,6 +237,17 @@ def _enter(
         if holding is None:
             holding = holding_by_count[node.released] = {}
         holding[node.name] = None
+
+
+def _bucket(buckets: dict[str, dict[int, dict[str, None]]], model: str, count: int) -> dict[str, None]:
+    """The index of nodes of `model` with `count` whole free GPUs, made (empty) if there was none."""
+    by_count = buckets.get(model)
+    if by_count is None:
+        by_count = buckets[model] = {}
+    names = by_count.get(count)
+    if names is None:
+        names = by_count[count] = {}
+    return names
 
 
 def _leave(
@@ -366,12 +371,7 @@ class ClusterState:
                 continue
             free_total += t.free_sum
             if view.name in by_node:
-                # its keys, as indexing it now would make them; the node itself goes in once loaded
-                by_count = self.buckets.get(t.model)
-                if by_count is None:
-                    by_count = self.buckets[t.model] = {}
-                if t.whole not in by_count:
-                    by_count[t.whole] = {}
+                _bucket(self.buckets, t.model, t.whole)  # its keys, made as indexing it now would
             else:
                 _enter(self.buckets, self.partial_nodes, self.holding_by_count, nodes[view.name])
         touched: list[NodeState] = []
