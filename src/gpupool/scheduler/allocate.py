@@ -4,6 +4,7 @@ reason; admission (limits, quotas, whether it could ever fit) and the backfill r
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.evict_search import EvictionSearch
@@ -11,8 +12,9 @@ from gpupool.scheduler.placement import families
 from gpupool.scheduler.snapshot import RESOURCES, Explanation, WorkloadView
 from gpupool.scheduler.state import EPSILON, NodeState, Reservation
 
-NO_ROOM = Explanation(explain.NO_CAPACITY, "")  # a capacity miss whose sentence is written per workload
-_UNKNOWN = Explanation("", "")  # not yet in a cache whose values may be None (compared by identity)
+# a capacity miss whose sentence is written per workload
+NO_ROOM: Final = Explanation(explain.NO_CAPACITY, "")
+_UNKNOWN: Final = Explanation("", "")  # not yet in a cache whose values may be None (compared by identity)
 
 
 class Allocation(EvictionSearch):

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from typing import Final
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.cycle import Cycle
 from gpupool.scheduler.snapshot import Decisions, Snapshot
 
 # Remembered answers stay valid until this much before their horizon (float rounding in the tests).
-HORIZON_MARGIN = 1e-6
+HORIZON_MARGIN: Final = 1e-6
 
 
 def decide(snapshot: Snapshot, now: float) -> Decisions:

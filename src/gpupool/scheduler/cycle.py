@@ -10,6 +10,7 @@ consolidation.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.allocate import Allocation
@@ -21,10 +22,10 @@ from gpupool.scheduler.state import EPSILON
 # A pod on a lost node is gone. A pod on an unhealthy node still runs: the health loop drains such a node's
 # work gracefully (checkpoint, then stop), and its own check jobs run there; only a gang, whose other pods
 # cannot go on without it, is restarted whole at once.
-LOST_STATES = frozenset({"lost"})
-GANG_LOST_STATES = frozenset({"lost", "unhealthy"})
-MAX_CONSOLIDATION_TRIES = 8
-MAX_CONSOLIDATION_TARGETS = 8  # nodes per pod considered for emptying
+LOST_STATES: Final = frozenset({"lost"})
+GANG_LOST_STATES: Final = frozenset({"lost", "unhealthy"})
+MAX_CONSOLIDATION_TRIES: Final = 8
+MAX_CONSOLIDATION_TARGETS: Final = 8  # nodes per pod considered for emptying
 
 
 class Cycle(Allocation):

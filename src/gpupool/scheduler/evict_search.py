@@ -7,6 +7,7 @@ import bisect
 import heapq
 import operator
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.placement import families
@@ -17,9 +18,9 @@ from gpupool.scheduler.victims import Victims
 
 # An eviction search examines nodes likeliest first; it gives up after SEARCH_LIMIT nodes with no choice,
 # and settles SEARCH_LIMIT_AFTER_PICK nodes after its first choice.
-SEARCH_LIMIT = 128
-SEARCH_LIMIT_AFTER_PICK = 16
-SMALL_SEARCH = 64  # a search ranks up to this many candidate nodes outright
+SEARCH_LIMIT: Final = 128
+SEARCH_LIMIT_AFTER_PICK: Final = 16
+SMALL_SEARCH: Final = 64  # a search ranks up to this many candidate nodes outright
 
 
 class EvictionSearch(Victims):

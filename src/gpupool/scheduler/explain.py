@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Final
 
 from gpupool.scheduler.snapshot import Explanation, NodeView, WorkloadView
 
-QUEUE_LIMIT = "queue-limit"
-OVER_QUOTA_NONPREEMPTIBLE = "over-quota-nonpreemptible"
-NO_CAPACITY = "no-capacity"
-FRAGMENTED = "fragmented"
-NO_MATCHING_GPU = "no-matching-gpu"
-TOO_LARGE = "too-large"
-WAITING_FOR_RELEASE = "waiting-for-release"
-RESERVED = "reserved"
-BLOCKED = "blocked"
-OVER_FAIR_SHARE = "over-fair-share"
+QUEUE_LIMIT: Final = "queue-limit"
+OVER_QUOTA_NONPREEMPTIBLE: Final = "over-quota-nonpreemptible"
+NO_CAPACITY: Final = "no-capacity"
+FRAGMENTED: Final = "fragmented"
+NO_MATCHING_GPU: Final = "no-matching-gpu"
+TOO_LARGE: Final = "too-large"
+WAITING_FOR_RELEASE: Final = "waiting-for-release"
+RESERVED: Final = "reserved"
+BLOCKED: Final = "blocked"
+OVER_FAIR_SHARE: Final = "over-fair-share"
 
-CODES = (
+CODES: Final = (
     QUEUE_LIMIT,
     OVER_QUOTA_NONPREEMPTIBLE,
     NO_CAPACITY,
@@ -32,9 +33,9 @@ CODES = (
 )
 
 # Codes that more capacity (an eviction) could cure: reclaim, preempt and consolidate look at these.
-CAPACITY_CODES = frozenset({NO_CAPACITY, FRAGMENTED, OVER_FAIR_SHARE})
+CAPACITY_CODES: Final = frozenset({NO_CAPACITY, FRAGMENTED, OVER_FAIR_SHARE})
 
-UNITS = {"gpu": "GPUs", "cpu": "CPUs", "memory": "bytes of memory"}
+UNITS: Final = {"gpu": "GPUs", "cpu": "CPUs", "memory": "bytes of memory"}
 
 
 def gpu_text(w: WorkloadView) -> str:

@@ -13,11 +13,12 @@ half the weight at usage_weight 1 (the shape of Slurm's classic fair-share facto
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 from gpupool.scheduler.snapshot import RESOURCES, QueueView
 
-EPSILON = 1e-9
-MAX_TILT_EXPONENT = 4.0
+EPSILON: Final = 1e-9
+MAX_TILT_EXPONENT: Final = 4.0
 
 
 def children_of(queues: Sequence[QueueView]) -> dict[str | None, list[QueueView]]:

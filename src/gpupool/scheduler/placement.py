@@ -21,11 +21,12 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import lru_cache
+from typing import Final
 
 from gpupool.scheduler.snapshot import GpuDemand, PodPlacement, WorkloadView
 from gpupool.scheduler.state import EPSILON, MIXED, ClusterState, Domain, NodeState
 
-_MEMORY_SUFFIX = re.compile(r"^(?P<family>.+?)-(?P<gb>\d+)GB$")
+_MEMORY_SUFFIX: Final = re.compile(r"^(?P<family>.+?)-(?P<gb>\d+)GB$")
 
 
 @lru_cache(maxsize=256)
@@ -54,9 +55,9 @@ def families(demand: GpuDemand) -> frozenset[str]:
     return frozenset(split_model(m)[0] for m in demand.models)
 
 
-ONE_ISLAND_LOOKAHEAD = 64  # nodes examined for a one-island fit before any fit will do
-FRAGMENTATION = "fragmentation"
-MAX_SHAPES = 128  # the most frequent pod shapes the fragmentation placement weighs (the rest are rare)
+ONE_ISLAND_LOOKAHEAD: Final = 64  # nodes examined for a one-island fit before any fit will do
+FRAGMENTATION: Final = "fragmentation"
+MAX_SHAPES: Final = 128  # the most frequent pod shapes the fragmentation placement weighs (the rest are rare)
 
 # One pod shape of the workload: (GPU demand, GPUs per pod, fraction per GPU or 0.0 for whole GPUs, CPUs,
 # memory bytes, weight: how many pods have it).

@@ -9,9 +9,11 @@ the pipeline of actions).
 
 from __future__ import annotations
 
+from typing import Final
+
 from gpupool.scheduler import explain
 from gpupool.scheduler.fairshare import fair_shares
-from gpupool.scheduler.ordering import order_key
+from gpupool.scheduler.ordering import in_order, order_key
 from gpupool.scheduler.placement import Placer
 from gpupool.scheduler.snapshot import (
     RESOURCES,
@@ -26,12 +28,12 @@ from gpupool.scheduler.snapshot import (
 )
 from gpupool.scheduler.state import EPSILON, ClusterState, NodeState, Sums
 
-ACTIONS = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
-PLACEMENTS = ("binpack", "spread", "fragmentation")
-BLOCKING = ("skip", "strict", "backfill")
+ACTIONS: Final = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
+PLACEMENTS: Final = ("binpack", "spread", "fragmentation")
+BLOCKING: Final = ("skip", "strict", "backfill")
 # A node where victims might make room: the node, an upper bound on the GPUs they could free, the victims.
 AbleNode = tuple[NodeState, float, list[WorkloadView]]
-GLOBAL = "*"
+GLOBAL: Final = "*"
 
 
 class ConfigError(ValueError):
@@ -154,13 +156,13 @@ class Prepared:
         thresholds = self.config.las_thresholds
         least = self._least
         for name, items in by_queue.items():
-            key_of = order_key(self._ordering_of(name) if name != GLOBAL else self.config.ordering)
             fewest = items[0].gpu_units
             for w in items:
                 if w.gpu_units < fewest:
                     fewest = w.gpu_units
             least[name] = fewest
-            items.sort(key=lambda w: key_of(w, thresholds))
+            ordering = self._ordering_of(name) if name != GLOBAL else self.config.ordering
+            by_queue[name] = in_order(name, ordering, thresholds, items)
         return by_queue
 
     def fair(self, queue: str, resource: str = "gpu") -> float:

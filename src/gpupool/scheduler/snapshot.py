@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-RESOURCES = ("gpu", "cpu", "memory")
+RESOURCES: Final = ("gpu", "cpu", "memory")
 
 
 @dataclass(frozen=True, slots=True)

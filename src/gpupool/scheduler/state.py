@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 from gpupool.scheduler.snapshot import RESOURCES, NodeView, PodPlacement, QueueView, WorkloadView
 
-EPSILON = 1e-9
-MIXED = "*"
+EPSILON: Final = 1e-9
+MIXED: Final = "*"
 
 
 class NodeState:
@@ -116,9 +117,9 @@ class _NodeTemplate:
 
 # Memoized per NodeView object (callers such as the simulator and the control loop pass the same view
 # objects cycle after cycle): a pure cache, bounded, that changes no result.
-_TEMPLATES: dict[int, _NodeTemplate] = {}
-_SIGNATURES: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
-MAX_TEMPLATES = 20_000  # a caller that builds new views every cycle only churns it, in bounded memory
+_TEMPLATES: Final[dict[int, _NodeTemplate]] = {}
+_SIGNATURES: Final[dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]] = {}
+MAX_TEMPLATES: Final = 20_000  # a caller that builds new views every cycle only churns it, in bounded memory
 
 
 def _template(view: NodeView) -> _NodeTemplate:
@@ -205,7 +206,7 @@ class _Loaded:
 
 # The last loaded values of each node, by name (see ClusterState.load_running): a pure cache that changes
 # no result, bounded like the templates.
-_LOADED: dict[str, _Loaded] = {}
+_LOADED: Final[dict[str, _Loaded]] = {}
 
 
 @dataclass(slots=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from gpupool.scheduler import explain
 from gpupool.scheduler.prepare import Prepared
 from gpupool.scheduler.snapshot import WorkloadView
 
-MIN_MOVE_AGE = 60.0  # seconds a workload runs before consolidation may move it
+MIN_MOVE_AGE: Final = 60.0  # seconds a workload runs before consolidation may move it
 
 
 class Victims(Prepared):
