@@ -32,6 +32,7 @@ class Allocation(EvictionSearch):
             queue = key[-1]
             items = self.order[queue]
             i = cursor[queue]
+            first = not heap or key < heap[0]  # whether this queue still goes before every other
             while True:
                 while i < len(items) and items[i].id not in unplaced:
                     i += 1
@@ -56,7 +57,8 @@ class Allocation(EvictionSearch):
                 # same, and while it stays the least, the queue goes on without a trip through the heap.
                 if len(accounted) != changes:
                     key = self._queue_key(queue)
-                if heap and not key < heap[0]:
+                    first = not heap or key < heap[0]
+                if not first:
                     heapq.heappush(heap, key)
                     break
             cursor[queue] = i
@@ -131,6 +133,26 @@ class Allocation(EvictionSearch):
         return found
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
+        demand = w.gpus
+        # Work alike comes in runs (allocate walks each queue in turn): the last answer, when the shape is
+        # the last one's, without building a key.
+        if (
+            self._never_last_valid
+            and demand.count == self._never_last_count
+            and w.nodes == self._never_last_nodes
+            and demand.models == self._never_last_models
+            and demand.min_memory_bytes == self._never_last_memory
+            and w.node_names == self._never_last_names
+        ):
+            return self._never_last
+        found = self._never_keyed(w)
+        self._never_last_valid = True
+        self._never_last_count, self._never_last_nodes = demand.count, w.nodes
+        self._never_last_models, self._never_last_memory = demand.models, demand.min_memory_bytes
+        self._never_last_names, self._never_last = w.node_names, found
+        return found
+
+    def _never_keyed(self, w: WorkloadView) -> Explanation | None:
         demand = w.gpus
         key: tuple[object, ...]
         if demand.models or demand.min_memory_bytes is not None or w.node_names:

@@ -374,8 +374,11 @@ class Cycle(Allocation):
     # -- consolidate ----------------------------------------------------------------------------------
 
     def consolidate(self) -> None:
+        groups = self.pending_groups()
+        if not any(e.code == explain.FRAGMENTED for e in self.decisions.explanations.values()):
+            return  # nothing waits on fragmentation: the walk below would find nothing
         tries = 0
-        for group in self.pending_groups():
+        for group in groups:
             for w in self.order[group]:
                 if not self.still_unplaced(w):
                     continue

@@ -92,10 +92,23 @@ class Prepared:
         self.decisions.fair_shares = self.shares
         self.unplaced: dict[int, WorkloadView] = {w.id: w for w in snapshot.pending}
         self._least: dict[str, float] = {}  # each group's fewest GPUs asked for, see _least_gpus
+        # the last standing _capacity_explanation read: the queue, len(state.accounted), allocated, fair share
+        self._standing_queue: str | None = None
+        self._standing_changes = -1
+        self._standing_allocated = 0.0
+        self._standing_fair = 0.0
         self.order = self._pending_order()
         self.rank = {w.id: i for ws in self.order.values() for i, w in enumerate(ws)}
         self.failed: dict[tuple[object, ...], tuple[int, Explanation]] = {}
         self._never: dict[tuple[object, ...], Explanation | None] = {}
+        # the last shape _never_fits answered, and its answer
+        self._never_last_valid = False
+        self._never_last_count = 0.0
+        self._never_last_nodes = 0
+        self._never_last_models: tuple[str, ...] = ()
+        self._never_last_memory: int | None = None
+        self._never_last_names: frozenset[str] = frozenset()
+        self._never_last: Explanation | None = None
         self._no_release_fit: dict[tuple[object, ...], tuple[int, int]] = {}
         self._no_victims: dict[tuple[object, ...], tuple[int, int]] = {}
         self._smallest_miss: dict[tuple[object, ...], tuple[tuple[int, int], float]] = {}
@@ -241,8 +254,15 @@ class Prepared:
         """Personalise a (possibly cached) capacity explanation for this workload and its queue."""
         if why.code == explain.NO_CAPACITY:
             ahead = self.rank.get(w.id, 0)
-            allocated, fair = self.state.allocated(w.queue), self.fair(w.queue)
+            queue = w.queue
+            changes = len(self.state.accounted)
+            # Asked for each workload left pending, one queue after another: the queue's standing is the
+            # last one's while the queue and the allocations (`state.accounted` grows with each) are.
+            if queue is not self._standing_queue or changes != self._standing_changes:
+                self._standing_queue, self._standing_changes = queue, changes
+                self._standing_allocated, self._standing_fair = self.state.allocated(queue), self.fair(queue)
+            allocated, fair = self._standing_allocated, self._standing_fair
             if self.config.fair_share and allocated + EPSILON >= fair:
-                return explain.over_fair_share(w.queue, allocated, fair, ahead)
+                return explain.over_fair_share(queue, allocated, fair, ahead)
             return explain.no_capacity(w, self.state.free_gpus(), ahead)
         return why
