@@ -258,7 +258,7 @@ class Prepared:
             changes = len(self.state.accounted)
             # Asked for each workload left pending, one queue after another: the queue's standing is the
             # last one's while the queue and the allocations (`state.accounted` grows with each) are.
-            if queue is not self._standing_queue or changes != self._standing_changes:
+            if queue != self._standing_queue or changes != self._standing_changes:
                 self._standing_queue, self._standing_changes = queue, changes
                 self._standing_allocated, self._standing_fair = self.state.allocated(queue), self.fair(queue)
             allocated, fair = self._standing_allocated, self._standing_fair

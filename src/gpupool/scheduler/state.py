@@ -307,7 +307,6 @@ class ClusterState:
         # backfill window closed) would come out otherwise; until then the same snapshot decides the same.
         self.horizon = float("inf")
         self.island = 0  # GPUs in the largest NVLink island of any schedulable node
-        self.running: dict[int, WorkloadView] = {}
         self.accounted: list[str] = []  # the queues whose work was allocated or taken back, in order
         self.evicted: dict[int, str] = {}
         queues = list(queues)
@@ -466,12 +465,13 @@ class ClusterState:
         """Account the running workloads of the snapshot to their queues (no undo)."""
         # each queue's running work, preemptible and not, summed in the order the pairs first appear
         totals: list[tuple[str, bool, Sums]] = []
-        by_queue: tuple[dict[str, Sums], dict[str, Sums]] = ({}, {})  # [preemptible] queue -> its sums
-        running = self.running
+        # queue -> its sums, of preemptible work and of the rest (two names: a tuple indexed by a variable
+        # would be built as an object for each workload, compiled)
+        preemptible_rows: dict[str, Sums] = {}
+        other_rows: dict[str, Sums] = {}
         for workload in workloads:
-            running[workload.id] = workload
             if not workload.stopping:
-                rows = by_queue[1 if workload.preemptible else 0]
+                rows = preemptible_rows if workload.preemptible else other_rows
                 row = rows.get(workload.queue)
                 if row is None:
                     row = rows[workload.queue] = Sums()

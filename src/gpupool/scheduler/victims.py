@@ -68,7 +68,8 @@ class Victims(Prepared):
         return False
 
     def _evictable(self, v: WorkloadView) -> bool:
-        return v.preemptible and not v.stopping and v.id not in self.state.evicted
+        evicted = self.state.evicted
+        return v.preemptible and not v.stopping and (not evicted or v.id not in evicted)
 
     def _victim_groups(self) -> dict[str, list[WorkloadView]]:
         """Evictable running single-pod work on schedulable nodes, by node (gangs are never victims here),
@@ -83,12 +84,13 @@ class Victims(Prepared):
                 if len(v.placement) != 1 or not self._evictable(v):
                     continue
                 name = v.placement[0].node
-                node = nodes.get(name)
-                if node is not None and node.schedulable:
-                    group = groups.get(name)
-                    if group is None:
-                        group = groups[name] = []
-                    group.append(v)
+                group = groups.get(name)  # made only for a schedulable node
+                if group is None:
+                    node = nodes.get(name)
+                    if node is None or not node.schedulable:
+                        continue
+                    group = groups[name] = []
+                group.append(v)
             # This cycle's own binds give way first: they lose no work and nothing needs stopping.
             for bind in self.decisions.binds:
                 w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
