@@ -418,20 +418,7 @@ class EvictionSearch(Victims):
         base = [node.free[i] + node.held[i] for i in range(len(node.free))]
 
         def fits(chosen: list[WorkloadView]) -> bool:
-            avail = list(base)
-            for v in chosen:
-                pod = v.placement[0]
-                for index in pod.gpu_indices:
-                    pos = node.position.get(index)
-                    if pos is not None:
-                        avail[pos] += pod.gpu_fraction
-            if w.gpus.count <= 0:
-                return True
-            if w.gpus.is_fractional:
-                return any(ok and a + EPSILON >= w.gpus.count for ok, a in zip(suits, avail, strict=True))
-            return (
-                sum(1 for ok, a in zip(suits, avail, strict=True) if ok and a >= 1 - EPSILON) >= w.gpus.count
-            )
+            return _room_fits(node, w.gpus.count, suits, base, chosen)
 
         if fits([]):
             return []
@@ -461,6 +448,31 @@ class EvictionSearch(Victims):
         self.state.rollback(checkpoint)
         self.state.generation = generation
         return fits
+
+
+def _room_fits(
+    node: NodeState, count: float, suits: tuple[bool, ...], base: list[float], chosen: list[WorkloadView]
+) -> bool:
+    """Whether a pod of `count` GPUs (suitable ones, `suits`) fits on `node` once `chosen` (single-pod work
+    there) is gone, its GPUs' free and held fractions being `base` now. (Plain loops: this is asked for
+    every prefix an eviction search tries.)"""
+    avail = list(base)
+    position = node.position
+    for v in chosen:
+        pod = v.placement[0]
+        for index in pod.gpu_indices:
+            pos = position.get(index)
+            if pos is not None:
+                avail[pos] += pod.gpu_fraction
+    if count <= 0:
+        return True
+    if count < 1:  # a fraction of one GPU
+        return any(suits[i] and avail[i] + EPSILON >= count for i in range(len(avail)))
+    whole = 0
+    for i in range(len(avail)):
+        if suits[i] and avail[i] >= 1 - EPSILON:
+            whole += 1
+    return whole >= count
 
 
 def _able_gpus(entry: AbleNode) -> float:

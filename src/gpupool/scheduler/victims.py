@@ -108,10 +108,15 @@ class Victims(Prepared):
             # sorting every victim at once and grouping them by node (keys are unique: they end in the id).
             firsts: list[tuple[tuple[float, ...], str]] = []
             for name, victims in groups.items():
-                keyed = [(self._victim_key(v), i, v) for i, v in enumerate(victims)]
-                keyed.sort()  # i breaks ties, so views are never compared (keys are unique anyway)
-                groups[name] = [v for _, _, v in keyed]
-                firsts.append((keyed[0][0], name))
+                keys = [self._victim_key(v) for v in victims]
+                if len(victims) == 1:
+                    groups[name] = [victims[0]]
+                    firsts.append((keys[0], name))
+                    continue
+                # Stable: equal keys (there are none, they end in the id) would keep the victims' order.
+                order = sorted(range(len(keys)), key=keys.__getitem__)
+                groups[name] = [victims[i] for i in order]
+                firsts.append((keys[order[0]], name))
             firsts.sort()
             self._index = {name: groups[name] for _, name in firsts}
         return self._index
