@@ -41,7 +41,7 @@ class Allocation(EvictionSearch):
                 w = items[i]
                 i += 1
                 changes = len(accounted)
-                placed = self._try_allocate(w)
+                placed = self._try_allocate(w, i - 1)
                 if (
                     not placed
                     and strict
@@ -63,7 +63,8 @@ class Allocation(EvictionSearch):
                     break
             cursor[queue] = i
 
-    def _try_allocate(self, w: WorkloadView) -> bool:
+    def _try_allocate(self, w: WorkloadView, place: int = -1) -> bool:
+        """Place `w` now, or explain why not (`place`: its index in its group's order, see `ahead_of`)."""
         refusal = self._admission(w)
         if refusal is not None:
             self.decisions.explanations[w.id] = refusal
@@ -86,7 +87,7 @@ class Allocation(EvictionSearch):
         # here, before later work could take the free GPUs such a claim also needs.
         if why.code in explain.CAPACITY_CODES and self._fits_after_release(w):
             return False
-        self.decisions.explanations[w.id] = self._capacity_explanation(w, why)
+        self.decisions.explanations[w.id] = self._capacity_explanation(w, why, place)
         if (
             self.config.blocking == "backfill"
             and self.state.reservation is None
@@ -140,9 +141,9 @@ class Allocation(EvictionSearch):
             self._never_last_valid
             and demand.count == self._never_last_count
             and w.nodes == self._never_last_nodes
-            and demand.models == self._never_last_models
-            and demand.min_memory_bytes == self._never_last_memory
-            and w.node_names == self._never_last_names
+            and _same(demand.models, self._never_last_models)
+            and _same(demand.min_memory_bytes, self._never_last_memory)
+            and _same(w.node_names, self._never_last_names)
         ):
             return self._never_last
         found = self._never_keyed(w)
@@ -289,6 +290,11 @@ class Allocation(EvictionSearch):
             self.state.expires(self.now)  # an end counted from the clock itself: nothing to remember
             return self.now + w.max_duration
         return w.start_time + w.max_duration
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, asked by identity first (the usual values, such as `()` and `frozenset()`, are shared)."""
+    return a is b or a == b
 
 
 def _listed(names: frozenset[str]) -> str:

@@ -98,7 +98,10 @@ class Prepared:
         self._standing_allocated = 0.0
         self._standing_fair = 0.0
         self.order = self._pending_order()
-        self.rank = {w.id: i for ws in self.order.values() for i, w in enumerate(ws)}
+        # each pending workload's place in its group's order (built when first asked, see `ahead_of`);
+        # with ids repeated in the snapshot, a place is the last the id holds, as the dict would give
+        self._rank: dict[int, int] | None = None
+        self._ids_unique = len(self.unplaced) == len(snapshot.pending)
         self.failed: dict[tuple[object, ...], tuple[int, Explanation]] = {}
         self._never: dict[tuple[object, ...], Explanation | None] = {}
         # the last shape _never_fits answered, and its answer
@@ -250,10 +253,20 @@ class Prepared:
             w.topology, w.topology_preferred, ends_in_time, w.node_names,
         )  # fmt: skip
 
-    def _capacity_explanation(self, w: WorkloadView, why: Explanation) -> Explanation:
-        """Personalise a (possibly cached) capacity explanation for this workload and its queue."""
+    def ahead_of(self, w: WorkloadView, place: int = -1) -> int:
+        """How many workloads come before `w` in its group's pending order (`place`: its index there, when
+        the caller walking that order knows it)."""
+        if place >= 0 and self._ids_unique:
+            return place
+        if self._rank is None:
+            self._rank = {v.id: i for vs in self.order.values() for i, v in enumerate(vs)}
+        return self._rank.get(w.id, 0)
+
+    def _capacity_explanation(self, w: WorkloadView, why: Explanation, place: int = -1) -> Explanation:
+        """Personalise a (possibly cached) capacity explanation for this workload and its queue (`place`:
+        see `ahead_of`)."""
         if why.code == explain.NO_CAPACITY:
-            ahead = self.rank.get(w.id, 0)
+            ahead = self.ahead_of(w, place)
             queue = w.queue
             changes = len(self.state.accounted)
             # Asked for each workload left pending, one queue after another: the queue's standing is the

@@ -102,10 +102,14 @@ class Simulation:
         self.queues = self._policy_queues(queues, jobs)
         self.jobs: list[_Job] = []
         per_node = cluster.max_gpus_per_node
+        # Each job names its queue with the queue's own string object: the scheduler looks queues up by
+        # name many times a cycle, and a dict finds the very key it holds without comparing characters.
+        names = {q.name: q.name for q in self.queues}
         for trace in jobs:
             nodes, count = shape(trace.gpus, per_node, trace.nodes)
             demand = GpuDemand(count, trace.gpu_models)
             queue = POOL if policy.queues == POOL else trace.queue
+            queue = names.get(queue, queue)
             self.jobs.append(_Job(len(self.jobs), trace, queue, nodes, demand))
         self.pending: dict[int, _Job] = {}
         self.running: dict[int, _Job] = {}
