@@ -47,6 +47,26 @@ DB_HELP = (
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
+def add_replay_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """The options of the benchmarks that replay a trace window with one or more codes: --trace, --window,
+    --cluster, --queues, --code (repeatable), --output."""
+    parser.add_argument("--trace", default=f"philly:{REPO_ROOT.parent / 'shared/traces/philly/philly.csv'}")
+    parser.add_argument("--window", default="2017-10-02..2017-10-09")
+    parser.add_argument("--cluster", default="64x8")
+    parser.add_argument("--queues", default="auto")
+    parser.add_argument("--code", action="append", type=Path, help="a folder holding gpupool/ (repeatable)")
+    parser.add_argument("--output", type=Path, help=f"JSON path (default benchmarks/results/{name}.json)")
+
+
+def replay_codes(args: argparse.Namespace) -> list[Path]:
+    """The codes given (default: this checkout's src/), each checked to hold the gpupool package."""
+    codes: list[Path] = [c.resolve() for c in (args.code or [REPO_ROOT / "src"])]
+    for code in codes:
+        if not (code / "gpupool").is_dir():
+            raise SystemExit(f"--code {code}: no gpupool/ package there (give a src/ folder)")
+    return codes
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))

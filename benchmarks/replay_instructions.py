@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import REPO_ROOT, console, machine, write_results
+from harness import add_replay_options, console, machine, replay_codes, write_results
 from rich.table import Table
 
 NAME = "replay_instructions"
@@ -101,24 +101,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--trace", default=f"philly:{REPO_ROOT.parent / 'shared/traces/philly/philly.csv'}")
-    parser.add_argument("--window", default="2017-10-02..2017-10-09")
-    parser.add_argument("--cluster", default="64x8")
-    parser.add_argument("--queues", default="auto")
+    add_replay_options(parser, NAME)
     parser.add_argument("--policy", default="gpupool")
     parser.add_argument("--start", type=int, default=8000, help="the first decide call captured (1-based)")
     parser.add_argument("--count", type=int, default=300, help="consecutive calls captured")
-    parser.add_argument("--code", action="append", type=Path, help="a folder holding gpupool/ (repeatable)")
-    parser.add_argument("--output", type=Path, help=f"JSON path (default benchmarks/results/{NAME}.json)")
     args = parser.parse_args()
     if args.start < 1 or args.count < 1:
         raise SystemExit("--start and --count must be at least 1")
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
-    codes = [c.resolve() for c in (args.code or [REPO_ROOT / "src"])]
-    for code in codes:
-        if not (code / "gpupool").is_dir():
-            raise SystemExit(f"--code {code}: no gpupool/ package there (give a src/ folder)")
+    codes = replay_codes(args)
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="gpupool-replay-") as tmp:
         snapshots = Path(tmp) / "snapshots.pkl"

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import REPO_ROOT, console, machine, write_results
+from harness import add_replay_options, console, machine, replay_codes, write_results
 from rich.table import Table
 
 NAME = "sim_replay"
@@ -73,20 +73,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--trace", default=f"philly:{REPO_ROOT.parent / 'shared/traces/philly/philly.csv'}")
-    parser.add_argument("--window", default="2017-10-02..2017-10-09")
-    parser.add_argument("--cluster", default="64x8")
-    parser.add_argument("--queues", default="auto")
+    add_replay_options(parser, NAME)
     parser.add_argument("--policies", default=POLICIES, help=f"comma-separated (default {POLICIES})")
-    parser.add_argument("--code", action="append", type=Path, help="a folder holding gpupool/ (repeatable)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-seconds", type=float, default=600.0, help="bound on one replay")
-    parser.add_argument("--output", type=Path, help=f"JSON path (default benchmarks/results/{NAME}.json)")
     args = parser.parse_args()
-    codes = [c.resolve() for c in (args.code or [REPO_ROOT / "src"])]
-    for code in codes:
-        if not (code / "gpupool").is_dir():
-            raise SystemExit(f"--code {code}: no gpupool/ package there (give a src/ folder)")
+    codes = replay_codes(args)
     policies = [p for p in args.policies.split(",") if p]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {str(c): {p: [] for p in policies} for c in codes}
     for round_no in range(args.rounds):
