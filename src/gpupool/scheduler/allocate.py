@@ -134,24 +134,20 @@ class Allocation(EvictionSearch):
         return found
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
-        demand = w.gpus
         # Work alike comes in runs (allocate walks each queue in turn): the last answer, when the shape is
-        # the last one's, without building a key.
+        # the last workload's, without building a key.
+        last = self._never_last_asked
         if (
-            self._never_last_valid
-            and demand.count == self._never_last_count
-            and w.nodes == self._never_last_nodes
-            and _same(demand.models, self._never_last_models)
-            and _same(demand.min_memory_bytes, self._never_last_memory)
-            and _same(w.node_names, self._never_last_names)
+            last is not None
+            and w.gpus.count == last.gpus.count
+            and w.nodes == last.nodes
+            and _same(w.gpus.models, last.gpus.models)
+            and _same(w.gpus.min_memory_bytes, last.gpus.min_memory_bytes)
+            and _same(w.node_names, last.node_names)
         ):
             return self._never_last
-        found = self._never_keyed(w)
-        self._never_last_valid = True
-        self._never_last_count, self._never_last_nodes = demand.count, w.nodes
-        self._never_last_models, self._never_last_memory = demand.models, demand.min_memory_bytes
-        self._never_last_names, self._never_last = w.node_names, found
-        return found
+        self._never_last_asked, self._never_last = w, self._never_keyed(w)
+        return self._never_last
 
     def _never_keyed(self, w: WorkloadView) -> Explanation | None:
         demand = w.gpus

@@ -104,13 +104,8 @@ class Prepared:
         self._ids_unique = len(self.unplaced) == len(snapshot.pending)
         self.failed: dict[tuple[object, ...], tuple[int, Explanation]] = {}
         self._never: dict[tuple[object, ...], Explanation | None] = {}
-        # the last shape _never_fits answered, and its answer
-        self._never_last_valid = False
-        self._never_last_count = 0.0
-        self._never_last_nodes = 0
-        self._never_last_models: tuple[str, ...] = ()
-        self._never_last_memory: int | None = None
-        self._never_last_names: frozenset[str] = frozenset()
+        # the last workload _never_fits answered for, and its answer
+        self._never_last_asked: WorkloadView | None = None
         self._never_last: Explanation | None = None
         self._no_release_fit: dict[tuple[object, ...], tuple[int, int]] = {}
         self._no_victims: dict[tuple[object, ...], tuple[int, int]] = {}
