@@ -46,8 +46,10 @@ def _run(snapshot: Snapshot, now: float) -> tuple[Decisions, float]:
         for workload_id, workload in cycle.unplaced.items():
             if workload_id not in explanations:
                 explanations[workload_id] = explain.no_capacity(workload, cycle.state.free_gpus(), 0)
-        cycle.state.commit()
-        return decisions, cycle.state.horizon
+        state = cycle.state
+        state.commit()
+        state.park()
+        return decisions, state.horizon
     finally:
         if collecting:
             gc.enable()

@@ -370,7 +370,7 @@ class EvictionSearch(Victims):
         return (
             sum((v.gpu_units for v in victims), 0.0),
             float(max(v.priority for v in victims)),
-            sum((self._victim_key(v)[2] for v in victims), 0.0),
+            sum((self._lost(v) for v in victims), 0.0),
             float(len(victims)),
         )
 

@@ -86,7 +86,9 @@ class Prepared:
                     on_node = by_node[pod.node] = []
                 on_node.append(w)
         self.state = ClusterState(snapshot.nodes, queues.values(), snapshot.running, by_node)
-        self._capacity = tuple(self.state.capacity)  # the nodes' own, before running work
+        state = self.state
+        # the nodes' own, before running work
+        self._capacity = (state.capacity_gpu, state.capacity_cpu, state.capacity_memory)
         self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.shares = self._fair_shares()
         self.decisions.fair_shares = self.shares

@@ -28,8 +28,9 @@ class NodeState:
     """
 
     __slots__ = (
-        "cpus_free", "free", "free_sum", "held", "held_sum", "holding", "island", "labels", "memory_free",
-        "model", "name", "partial", "position", "released", "schedulable", "signature", "view", "whole",
+        "cpus_free", "dirty", "free", "free_sum", "held", "held_sum", "holding", "island", "labels",
+        "memory_free", "model", "name", "partial", "position", "released", "schedulable", "signature",
+        "template", "view", "whole", "workloads",
     )  # fmt: skip
 
     def __init__(self, view: NodeView, t: _NodeTemplate) -> None:
@@ -52,6 +53,10 @@ class NodeState:
         # (model, memory) per GPU: nodes alike share match results
         self.signature: tuple[tuple[str, int], ...] = t.signature
         self.island = t.island  # GPUs in the node's largest NVLink island: no pod wanting more fits in one
+        self.template = t
+        # the running work loaded on it (see ClusterState._add_nodes), and whether a cycle changed it since
+        self.workloads: list[WorkloadView] = _NO_WORK
+        self.dirty = False
 
     def recount(self) -> None:
         whole = 0
@@ -204,9 +209,37 @@ class _Loaded:
         node.whole, node.partial, node.free_sum, node.held_sum, node.holding, node.released = self.counts
 
 
-# The last loaded values of each node, by name (see ClusterState.load_running): a pure cache that changes
+# The last loaded values of each node, by name (see ClusterState._add_nodes): a pure cache that changes
 # no result, bounded like the templates.
 _LOADED: Final[dict[str, _Loaded]] = {}
+
+
+class _Pool:
+    """The nodes that the last cycle left unchanged, by name (see ClusterState.park). A cycle takes them all
+    at once (two cycles at once never share one) and uses those whose view and running work are the same;
+    the next cycle gets only what the last one left."""
+
+    __slots__ = ("nodes",)
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+
+    def take(self) -> dict[str, NodeState]:
+        nodes = self.nodes
+        self.nodes = {}
+        return nodes
+
+
+_POOL: Final = _Pool()
+# What a node without running work has loaded (read only).
+_NO_WORK: Final[list[WorkloadView]] = []
+
+
+def same_work(a: list[WorkloadView], b: list[WorkloadView]) -> bool:
+    """The same workloads (objects), in the same order."""
+    if len(a) != len(b):
+        return False
+    return all(a[i] is b[i] for i in range(len(a)))
 
 
 @dataclass(slots=True)
@@ -290,7 +323,10 @@ class ClusterState:
         """The state of `nodes` with the `running` work loaded: `by_node` holds each node's running work, the
         nodes in the order the workloads first reach them, a workload once per pod it has there."""
         self.nodes: dict[str, NodeState] = {}
-        self.capacity = [0.0, 0.0, 0.0]  # GPUs, CPUs, memory of schedulable nodes, before running work
+        # GPUs, CPUs, memory of schedulable nodes, before running work
+        self.capacity_gpu = 0.0
+        self.capacity_cpu = 0.0
+        self.capacity_memory = 0.0
         self.buckets: dict[str, dict[int, dict[str, None]]] = {}
         self.partial_nodes: dict[str, None] = {}
         self.holding_nodes: dict[str, None] = {}
@@ -340,13 +376,19 @@ class ClusterState:
     def _new_node(self, view: NodeView) -> _NodeTemplate:
         """A node as its view gives it, counted in the capacity, not yet in the placement indexes."""
         t = _template(view)
-        self.nodes[view.name] = NodeState(view, t)
+        return self._counted(NodeState(view, t))
+
+    def _counted(self, node: NodeState) -> _NodeTemplate:
+        """`node` in the state, counted in the capacity as its view gives it."""
+        t = node.template
+        view = node.view
+        self.nodes[view.name] = node
         if view.schedulable:
             if t.island > self.island:
                 self.island = t.island
-            self.capacity[0] += t.free_sum
-            self.capacity[1] += view.cpus - view.cpus_allocated
-            self.capacity[2] += view.memory_bytes - view.memory_allocated
+            self.capacity_gpu += t.free_sum
+            self.capacity_cpu += view.cpus - view.cpus_allocated
+            self.capacity_memory += view.memory_bytes - view.memory_allocated
         return t
 
     def _add_nodes(self, views: Iterable[NodeView], by_node: dict[str, list[WorkloadView]]) -> None:
@@ -358,22 +400,38 @@ class ClusterState:
         of the indexes and put back in that order: the index keys are created in the same order (a node's
         own count as its view gives it, even if it is loaded before it is indexed), each index lists the
         nodes without work in the views' order and then those with work in `by_node`'s order, and the
-        free and held totals take the same sums in the same order. A node whose view and running work are
-        those of the last cycle that loaded it takes the loaded values from memory: the same arithmetic in
-        the same order gave them. (The simulator passes the same views cycle after cycle and most nodes see
-        no change between two of its cycles; the control loop's running views carry attained service, so
-        they miss.)"""
+        free and held totals take the same sums in the same order.
+
+        Two memories make this cheap when little changes between cycles (the simulator passes the same
+        views cycle after cycle; the control loop's running views carry attained service, so they miss):
+        - a node that the last cycle using it left unchanged (`park`), with the same view and the same
+          running work, is taken as it is: it holds what building and loading it again would give;
+        - otherwise a node whose view and running work are those of the last cycle that loaded it takes
+          the loaded values from memory: the same arithmetic in the same order gave them."""
         nodes = self.nodes
         free_total = 0.0
+        parked = _POOL.take()
         for view in views:
-            t = self._new_node(view)
+            name = view.name
+            on_node = by_node.get(name)
+            node = parked.get(name)
+            if (
+                node is not None
+                and node.view is view
+                and (same_work(node.workloads, on_node) if on_node is not None else not node.workloads)
+            ):
+                del parked[name]  # a view listed twice gets a node of its own
+
+                t = self._counted(node)
+            else:
+                t = self._new_node(view)
             if not view.schedulable:
                 continue
             free_total += t.free_sum
-            if view.name in by_node:
+            if on_node is not None:
                 _bucket(self.buckets, t.model, t.whole)  # its keys, made as indexing it now would
             else:
-                _enter(self.buckets, self.partial_nodes, self.holding_by_count, nodes[view.name])
+                _enter(self.buckets, self.partial_nodes, self.holding_by_count, nodes[name])
         touched: list[NodeState] = []
         for name, on_node in by_node.items():
             node = nodes.get(name)
@@ -381,19 +439,32 @@ class ClusterState:
                 continue
             touched.append(node)
             if node.schedulable:
-                free_total -= node.free_sum
+                free_total -= node.template.free_sum
+            if node.workloads:
+                continue  # taken from the last cycle, loaded
             known = _LOADED.get(name)
-            if known is not None and known.view is node.view and known.workloads == on_node:
+            if known is not None and known.view is node.view and same_work(known.workloads, on_node):
                 known.restore(node)
+                node.workloads = known.workloads
             else:
                 _load(node, on_node)
                 node.recount()
                 if len(_LOADED) >= MAX_TEMPLATES:
                     _LOADED.clear()
-                _LOADED[name] = _Loaded(node, list(on_node))
+                loaded = _LOADED[name] = _Loaded(node, list(on_node))
+                node.workloads = loaded.workloads
         self.free_total = free_total
         for node in touched:
             self._index(node)
+
+    def park(self) -> None:
+        """The cycle is over: leave its unchanged nodes for the next cycle to take (see `_add_nodes`).
+        Nothing of this state may be used after."""
+        unchanged: dict[str, NodeState] = {}
+        for name, node in self.nodes.items():
+            if not node.dirty and node.name == name:
+                unchanged[name] = node
+        _POOL.nodes = unchanged
 
     def track(self, label: str) -> dict[str, Domain]:
         """The domains of `label` (values on schedulable nodes), kept current from now on."""
@@ -567,6 +638,7 @@ class ClusterState:
             if node is None:
                 continue
             self._unindex(node)
+            node.dirty = True
             for index in pod.gpu_indices:
                 pos = node.position.get(index)
                 if pos is None:
@@ -598,6 +670,7 @@ class ClusterState:
         for node, _, _, _, _, _ in records:
             if node.name not in touched:
                 touched[node.name] = node
+                node.dirty = True
                 self._unindex(node)
         for node, pos, d_free, d_held, d_cpu, d_mem in reversed(records):
             if pos >= 0:

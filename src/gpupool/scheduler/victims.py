@@ -2,23 +2,127 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Final
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.prepare import Prepared
 from gpupool.scheduler.snapshot import WorkloadView
+from gpupool.scheduler.state import MAX_TEMPLATES, same_work
 
 MIN_MOVE_AGE: Final = 60.0  # seconds a workload runs before consolidation may move it
+
+
+class _NodeOrder:
+    """A node's victims in victim order, for the next cycle with the same victims (see `_victim_index`)."""
+
+    __slots__ = ("first", "order", "victims")
+
+    def __init__(self, victims: list[WorkloadView], order: list[WorkloadView], first: tuple[float, ...]):
+        self.victims = victims
+        self.order = order
+        self.first = first
+
+
+# The last victim order of each node, by name: a pure cache that changes no result, bounded.
+_ORDERS: Final[dict[str, _NodeOrder]] = {}
+
+
+class _NodesOrder:
+    """The nodes of the last victim index in order of their first victim's key (ascending, distinct keys
+    without NaN), and each node's key."""
+
+    __slots__ = ("by_name", "keys", "names")
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[float, ...]] = []
+        self.names: list[str] = []
+        self.by_name: dict[str, tuple[float, ...]] = {}
+
+
+_NODES: Final = _NodesOrder()
+MAX_MOVED: Final = 16  # nodes whose first victim changed since the last index beyond which all are sorted
+
+
+def _by_first(firsts: list[tuple[tuple[float, ...], str]]) -> list[str]:
+    """The names of `firsts` (a node's first victim's key, and the node; each node once), in ascending order
+    of the pairs, exactly as sorting them gives.
+
+    Most nodes' first victims are the same from one cycle to the next, and so is their key object (see
+    `_ORDERS`). So this starts from the last order: the nodes whose key is the same object keep their
+    places, and only the others are inserted. When the keys are distinct (they end in the victim's id) and
+    none holds a NaN, there is one order they sort to: this one. Otherwise the pairs are sorted, and not
+    remembered."""
+    last = _NODES
+    moved: list[tuple[tuple[float, ...], str]] = []
+    for pair in firsts:
+        if last.by_name.get(pair[1]) is not pair[0]:
+            moved.append(pair)
+            if len(moved) > MAX_MOVED:
+                return _sort_firsts(firsts)
+    now: dict[str, tuple[float, ...]] = {}
+    for key, name in firsts:
+        now[name] = key
+    keys: list[tuple[float, ...]] = []
+    names: list[str] = []
+    for key, name in zip(last.keys, last.names, strict=True):
+        if now.get(name) is key:
+            keys.append(key)
+            names.append(name)
+    for key, name in moved:
+        at = bisect.bisect_right(keys, key)
+        if _nan(key) or (at > 0 and keys[at - 1] == key) or (at < len(keys) and keys[at] == key):
+            return _sort_firsts(firsts)
+        keys.insert(at, key)
+        names.insert(at, name)
+    last.keys = keys
+    last.names = names
+    last.by_name = now
+    return list(names)
+
+
+def _sort_firsts(firsts: list[tuple[tuple[float, ...], str]]) -> list[str]:
+    """`firsts` sorted; remembered for the next cycle when the keys are distinct and free of NaN."""
+    firsts.sort()
+    keys = [pair[0] for pair in firsts]
+    names = [pair[1] for pair in firsts]
+    last = _NODES
+    last.keys, last.names, last.by_name = [], [], {}
+    for i, key in enumerate(keys):
+        if _nan(key) or (i > 0 and keys[i - 1] == key):
+            return names
+    last.keys = keys
+    last.names = list(names)
+    last.by_name = {name: key for key, name in firsts}
+    return names
+
+
+def _nan(key: tuple[float, ...]) -> bool:
+    return any(value != value for value in key)  # NaN is the one value unequal to itself
 
 
 class Victims(Prepared):
     """Running work as victims: who may be evicted (minimum runtimes, preemptibility) and in what order."""
 
     def _victim_key(self, v: WorkloadView) -> tuple[float, ...]:
+        """Fewest GPUs, lowest priority, least work lost, latest started, then the id (keys are unique).
+
+        Work lost is `_lost`: GPUs times the time since the last checkpoint (or the start). Among victims
+        of the same GPUs it orders as the time of that checkpoint does, latest first, so the key holds that
+        time and not the clock: the same victims keep the same order from cycle to cycle. (Without a start
+        or checkpoint time nothing is lost, as if checkpointed now.)"""
         since = v.last_checkpoint_time if v.last_checkpoint_time is not None else v.start_time
-        lost = (self.now - since) * v.gpu_units if since is not None else 0.0
+        if since is None:
+            since = self.now
+        units = v.gpu_units
+        recent = -since if units > 0.0 else (since if units < 0.0 else 0.0)
         started = v.start_time if v.start_time is not None else 0.0
-        return (v.gpu_units, v.priority, lost, -started, v.id)
+        return (units, v.priority, recent, -started, v.id)
+
+    def _lost(self, v: WorkloadView) -> float:
+        """GPU-seconds of work that evicting `v` now loses: since its last checkpoint, or its start."""
+        since = v.last_checkpoint_time if v.last_checkpoint_time is not None else v.start_time
+        return (self.now - since) * v.gpu_units if since is not None else 0.0
 
     def _min_runtime(self, queue: str, kind: str) -> float:
         key = (queue, kind)
@@ -106,19 +210,31 @@ class Victims(Prepared):
             groups = dict(self._victim_groups())
             # Sorted per node, and the nodes by their first victim: the same lists, in the same order, as
             # sorting every victim at once and grouping them by node (keys are unique: they end in the id).
+            # A node's order is taken from the last cycle when its victims are the same (objects, in the
+            # same order) and have a start or checkpoint time: their keys do not depend on the clock.
             firsts: list[tuple[tuple[float, ...], str]] = []
             for name, victims in groups.items():
+                known = _ORDERS.get(name)
+                if known is not None and same_work(known.victims, victims):
+                    groups[name] = list(known.order)
+                    firsts.append((known.first, name))
+                    continue
                 keys = [self._victim_key(v) for v in victims]
                 if len(victims) == 1:
-                    groups[name] = [victims[0]]
-                    firsts.append((keys[0], name))
-                    continue
-                # Stable: equal keys (there are none, they end in the id) would keep the victims' order.
-                order = sorted(range(len(keys)), key=keys.__getitem__)
-                groups[name] = [victims[i] for i in order]
-                firsts.append((keys[order[0]], name))
-            firsts.sort()
-            self._index = {name: groups[name] for _, name in firsts}
+                    ordered = [victims[0]]
+                    first = keys[0]
+                else:
+                    # Stable: equal keys (there are none, they end in the id) would keep the victims' order.
+                    order = sorted(range(len(keys)), key=keys.__getitem__)
+                    ordered = [victims[i] for i in order]
+                    first = keys[order[0]]
+                groups[name] = ordered
+                firsts.append((first, name))
+                if all(v.last_checkpoint_time is not None or v.start_time is not None for v in victims):
+                    if len(_ORDERS) >= MAX_TEMPLATES:
+                        _ORDERS.clear()
+                    _ORDERS[name] = _NodeOrder(list(victims), list(ordered), first)
+            self._index = {name: groups[name] for name in _by_first(firsts)}
         return self._index
 
     def _wants_room(self, w: WorkloadView) -> bool:

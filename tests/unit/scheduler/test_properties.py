@@ -9,7 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupool.scheduler import Scheduler, decide
+from gpupool.scheduler import ordering as scheduler_ordering
 from gpupool.scheduler import state as scheduler_state
+from gpupool.scheduler import victims as scheduler_victims
 from gpupool.scheduler.prepare import Prepared
 from gpupool.scheduler.snapshot import Decisions, Snapshot, WorkloadView
 from gpupool.scheduler.state import ClusterState
@@ -105,13 +107,41 @@ def test_a_remembered_answer_is_the_answer_decide_gives(snapshot: Snapshot, step
         assert scheduler.decide(snapshot, now) == decide(snapshot, now), f"at NOW + {step}"
 
 
-def apply(snapshot: Snapshot, decisions: Decisions) -> Snapshot:
-    """The next snapshot: bound work runs from NOW; evicted work is stopping (it still holds its GPUs)."""
+@BOUNDED
+@given(snapshots(), st.lists(st.integers(0, 60_000), min_size=2, max_size=4), st.data())
+def test_a_cycle_decides_as_a_first_cycle_would(
+    snapshot: Snapshot, steps: list[int], data: st.DataObject
+) -> None:
+    """What cycles remember for the next (nodes they left unchanged, loaded nodes, victim and pending
+    orders) changes no answer: cycle after cycle, each snapshot the last one with its decisions applied,
+    some running work finished and the clock moved on, as in a replay, decides as it does with nothing
+    remembered."""
+    current = snapshot
+    for step in sorted(steps):
+        now = NOW + step
+        remembered = decide(current, now)
+        _forget()
+        assert remembered == decide(current, now), f"at NOW + {step}"
+        current = apply(current, remembered, now)
+        finished = data.draw(st.sets(st.sampled_from([w.id for w in current.running] or [0])))
+        current = replace(current, running=tuple(w for w in current.running if w.id not in finished))
+
+
+def _forget() -> None:
+    scheduler_state._LOADED.clear()
+    scheduler_state._POOL.take()
+    scheduler_victims._ORDERS.clear()
+    scheduler_victims._by_first([])  # an empty order remembered: the next is made afresh
+    scheduler_ordering._LAST.clear()
+
+
+def apply(snapshot: Snapshot, decisions: Decisions, now: float = NOW) -> Snapshot:
+    """The next snapshot: bound work runs from `now`; evicted work is stopping (it still holds its GPUs)."""
     bound = {b.workload_id: b for b in decisions.binds}
     evicted = {e.workload_id for e in decisions.evictions}
     running = [replace(w, stopping=True) if w.id in evicted else w for w in snapshot.running]
     running += [
-        replace(w, placement=bound[w.id].pods, start_time=NOW) for w in snapshot.pending if w.id in bound
+        replace(w, placement=bound[w.id].pods, start_time=now) for w in snapshot.pending if w.id in bound
     ]
     pending = tuple(w for w in snapshot.pending if w.id not in bound)
     return replace(snapshot, running=tuple(running), pending=pending)

@@ -1,0 +1,98 @@
+"""Victim order: the key orders victims as the work they would lose does, without the clock, and the
+nodes' order by first victim, which starts from the last cycle's, gives what sorting afresh gives."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupool.scheduler import Snapshot, WorkloadView
+from gpupool.scheduler.snapshot import GpuDemand, GpuView, NodeView, PodPlacement
+from gpupool.scheduler.victims import Victims, _by_first
+
+NAN = float("nan")
+
+_VIEWS = st.builds(
+    lambda i, units, priority, start, checkpoint: WorkloadView(
+        i,
+        "q",
+        priority,
+        0.0,
+        gpus=GpuDemand(units),
+        start_time=start,
+        last_checkpoint_time=None if checkpoint is None or start is None else start + checkpoint,
+        placement=(PodPlacement("n1", (0,)),),
+    ),
+    st.integers(1, 10_000),
+    st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 8.0]),
+    st.integers(0, 2),
+    st.one_of(st.none(), st.integers(0, 50_000).map(float)),
+    st.one_of(st.none(), st.integers(0, 20_000).map(float)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_VIEWS, min_size=1, max_size=12, unique_by=lambda v: v.id), st.integers(70_000, 200_000))
+def test_victims_are_ordered_by_the_work_they_would_lose(views: list[WorkloadView], now: int) -> None:
+    """Fewest GPUs, lowest priority, least work lost (GPUs times the time since the last checkpoint or
+    start: integral times here, so no rounding ties), latest started, then the id, at any clock."""
+    victims = Victims(Snapshot(nodes=(), pending=()), float(now))
+
+    def by_loss(v: WorkloadView) -> tuple[float, ...]:
+        started = v.start_time if v.start_time is not None else 0.0
+        return (v.gpu_units, v.priority, victims._lost(v), -started, v.id)
+
+    assert sorted(views, key=victims._victim_key) == sorted(views, key=by_loss)
+
+
+# Each node's first key is drawn from a pool of key objects, as the victim index reuses a node's key
+# object while its victims stay the same: some keys tie (two nodes, one key value) or hold a NaN, which
+# the remembered order must not paper over.
+_KEYS = [(float(i % 4), 0.0, -float(i), 0.0, i) for i in range(20)]
+_KEYS[7] = (1.0, 0.0, NAN, 0.0, 7)
+_KEYS[11] = (*_KEYS[12][:-1], 12)  # a tie of value, not of object
+_NAMES = [f"n{i}" for i in range(10)]
+_CYCLES = st.lists(
+    st.dictionaries(st.sampled_from(_NAMES), st.integers(0, len(_KEYS) - 1), max_size=10),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_CYCLES)
+def test_nodes_by_first_victim_are_what_sorting_gives_cycle_after_cycle(cycles: list[dict[str, int]]) -> None:
+    carried: dict[str, int] = {}
+    for drawn in cycles:
+        picks = {**carried, **drawn}  # most nodes keep their first victim from one cycle to the next
+        firsts = [(_KEYS[k], name) for name, k in picks.items()]
+        expected = [name for _, name in sorted(firsts)]
+        for _ in range(2):  # and again with nothing changed
+            assert _by_first(list(firsts)) == expected
+        carried = dict(list(picks.items())[1:])
+
+
+def _on(node: str, i: int, units: float, start: float) -> WorkloadView:
+    return WorkloadView(
+        i, "q", 0, 0.0, gpus=GpuDemand(units), placement=(PodPlacement(node, (0,)),), start_time=start
+    )
+
+
+def test_a_node_whose_victims_changed_is_ordered_again() -> None:
+    """A node's victim order is taken from the last cycle only for the very same victims: one finished and
+    another started in its place (as many as before) are ordered again."""
+    nodes = tuple(
+        NodeView(name, True, tuple(GpuView(k, "H100", 80 * 10**9) for k in range(8))) for name in ("n1", "n2")
+    )
+
+    def index(running: list[WorkloadView]) -> list[tuple[str, list[int]]]:
+        found = Victims(Snapshot(nodes, (), running=tuple(running)), 10_000.0)._victim_index()
+        return [(node, [v.id for v in victims]) for node, victims in found.items()]
+
+    early, late, big = _on("n1", 1, 1.0, 100.0), _on("n1", 2, 1.0, 5_000.0), _on("n1", 3, 2.0, 9_000.0)
+    other = _on("n2", 4, 1.0, 9_900.0)
+    # Fewest GPUs first, and of those the latest started (the least work lost); n2's first victim has
+    # lost less than n1's, so n2 comes first.
+    assert index([early, late, big, other]) == [("n2", [4]), ("n1", [2, 1, 3])]
+    later = _on("n1", 5, 1.0, 9_950.0)  # 2 finished, 5 started: n1 has as many victims as before
+    assert index([early, later, big, other]) == [("n1", [5, 1, 3]), ("n2", [4])]
