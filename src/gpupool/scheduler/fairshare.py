@@ -12,7 +12,7 @@ half the weight at usage_weight 1 (the shape of Slurm's classic fair-share facto
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from gpupool.scheduler.snapshot import RESOURCES, QueueView
@@ -21,18 +21,28 @@ EPSILON: Final = 1e-9
 MAX_TILT_EXPONENT: Final = 4.0
 
 
+INFINITY: Final = float("inf")
+
+
 def children_of(queues: Sequence[QueueView]) -> dict[str | None, list[QueueView]]:
     """Queues by parent name; a queue whose parent is unknown counts as top-level."""
     names = {q.name for q in queues}
     children: dict[str | None, list[QueueView]] = {}
-    for queue in sorted(queues, key=lambda q: q.name):
+    for queue in sorted(queues, key=_name):
         parent = queue.parent if queue.parent in names else None
-        children.setdefault(parent, []).append(queue)
+        found = children.get(parent)
+        if found is None:
+            found = children[parent] = []
+        found.append(queue)
     return children
 
 
+def _name(queue: QueueView) -> str:
+    return queue.name
+
+
 def subtree_demand(
-    children: Mapping[str | None, list[QueueView]], own: Mapping[str, float], root: str
+    children: dict[str | None, list[QueueView]], own: dict[str, float], root: str
 ) -> dict[str, float]:
     """Demand of every queue below and including `root`: its own plus all its descendants'."""
     out: dict[str, float] = {}
@@ -41,37 +51,44 @@ def subtree_demand(
 
 
 def _sum_subtree(
-    children: Mapping[str | None, list[QueueView]], own: Mapping[str, float], name: str, out: dict[str, float]
+    children: dict[str | None, list[QueueView]], own: dict[str, float], name: str, out: dict[str, float]
 ) -> float:
-    below = (_sum_subtree(children, own, child.name, out) for child in children.get(name, []))
-    total = own.get(name, 0.0) + sum(below, 0.0)
+    below = 0.0  # the children's totals summed in order, as sum(..., 0.0) adds them
+    for child in children.get(name, []):
+        below += _sum_subtree(children, own, child.name, out)
+    total = own.get(name, 0.0) + below
     out[name] = total
     return total
 
 
 def fair_shares(
     queues: Sequence[QueueView],
-    demand: Mapping[str, Mapping[str, float]],
-    capacity: Mapping[str, float],
+    demand: dict[str, dict[str, float]],
+    capacity: dict[str, float],
     usage_weight: float = 0.0,
 ) -> dict[str, dict[str, float]]:
     """Fair share of every queue (parents included) for each resource."""
+    queues = list(queues)
     children = children_of(queues)
     result: dict[str, dict[str, float]] = {q.name: {} for q in queues}
+    tops = children.get(None, [])
     for resource in RESOURCES:
-        own = {q.name: demand.get(q.name, {}).get(resource, 0.0) for q in queues}
+        own: dict[str, float] = {}
+        for q in queues:
+            row = demand.get(q.name)
+            own[q.name] = row.get(resource, 0.0) if row is not None else 0.0
         if _nothing_wanted(queues, own, resource):
             for q in queues:  # what water-filling gives when no queue wants any of it, without the walk
                 result[q.name][resource] = 0.0
             continue
         totals: dict[str, float] = {}
-        for top in children.get(None, []):
-            totals.update(subtree_demand(children, own, top.name))
+        for top in tops:  # the trees are disjoint: each writes its own queues' totals
+            _sum_subtree(children, own, top.name, totals)
         _split(children, None, capacity.get(resource, 0.0), resource, totals, usage_weight, result)
     return result
 
 
-def _nothing_wanted(queues: Sequence[QueueView], own: Mapping[str, float], resource: str) -> bool:
+def _nothing_wanted(queues: list[QueueView], own: dict[str, float], resource: str) -> bool:
     """No queue wants any of `resource` and no quota or limit is negative: every share is 0. (Traces without
     CPU or memory requests, and clusters that do not count them, ask this for two resources of three.)"""
     for q in queues:
@@ -82,36 +99,41 @@ def _nothing_wanted(queues: Sequence[QueueView], own: Mapping[str, float], resou
 
 
 def _split(
-    children: Mapping[str | None, list[QueueView]],
+    children: dict[str | None, list[QueueView]],
     parent: str | None,
     capacity: float,
     resource: str,
-    demand: Mapping[str, float],
+    demand: dict[str, float],
     usage_weight: float,
     result: dict[str, dict[str, float]],
 ) -> None:
-    siblings = children.get(parent, [])
+    siblings = children.get(parent)
     if not siblings:
         return
     shares = water_fill(siblings, capacity, resource, demand, usage_weight)
     for queue in siblings:
-        result[queue.name][resource] = shares[queue.name]
-        _split(children, queue.name, shares[queue.name], resource, demand, usage_weight, result)
+        share = shares[queue.name]
+        result[queue.name][resource] = share
+        _split(children, queue.name, share, resource, demand, usage_weight, result)
 
 
 def water_fill(
     siblings: Sequence[QueueView],
     capacity: float,
     resource: str,
-    demand: Mapping[str, float],
+    demand: dict[str, float],
     usage_weight: float = 0.0,
 ) -> dict[str, float]:
-    caps = {}
+    caps: dict[str, float] = {}
     for q in siblings:
         limit = q.share(resource).limit
-        caps[q.name] = min(demand.get(q.name, 0.0), limit if limit is not None else float("inf"))
-    shares = {q.name: min(q.share(resource).quota, caps[q.name]) for q in siblings}
-    guaranteed = sum(shares.values())
+        caps[q.name] = min(demand.get(q.name, 0.0), limit if limit is not None else INFINITY)
+    shares: dict[str, float] = {}
+    for q in siblings:
+        shares[q.name] = min(q.share(resource).quota, caps[q.name])
+    guaranteed = 0.0  # summed in order, as sum() adds floats
+    for share in shares.values():
+        guaranteed += share
     if guaranteed > capacity + EPSILON:
         # Quotas promise more than exists (a node is down, say): scale the guarantees down evenly.
         scale = capacity / guaranteed if guaranteed > 0 else 0.0
@@ -119,9 +141,14 @@ def water_fill(
     remaining = capacity - guaranteed
     weights = _weights(siblings, resource, usage_weight)
     for tier in sorted({q.priority for q in siblings}, reverse=True):
-        active = [q.name for q in siblings if q.priority == tier and caps[q.name] - shares[q.name] > EPSILON]
+        active: list[str] = []
+        for q in siblings:
+            if q.priority == tier and caps[q.name] - shares[q.name] > EPSILON:
+                active.append(q.name)
         while remaining > EPSILON and active:
-            total_weight = sum(weights[name] for name in active)
+            total_weight = 0.0
+            for name in active:
+                total_weight += weights[name]
             if total_weight <= 0:
                 break
             given = 0.0
@@ -131,7 +158,11 @@ def water_fill(
                 shares[name] += take
                 given += take
             remaining -= given
-            active = [name for name in active if caps[name] - shares[name] > EPSILON and weights[name] > 0]
+            still: list[str] = []
+            for name in active:
+                if caps[name] - shares[name] > EPSILON and weights[name] > 0:
+                    still.append(name)
+            active = still
             if given <= EPSILON:
                 break
     return shares

@@ -36,6 +36,52 @@ AbleNode = tuple[NodeState, float, list[WorkloadView]]
 GLOBAL: Final = "*"
 
 
+class _Shares:
+    """Fair shares and what they were computed from (see `Prepared._fair_shares`)."""
+
+    __slots__ = ("capacity", "demand", "queues", "shares", "usage_weight")
+
+    def __init__(
+        self,
+        queues: list[QueueView],
+        demand: dict[str, dict[str, float]],
+        capacity: dict[str, float],
+        usage_weight: float,
+        shares: dict[str, dict[str, float]],
+    ) -> None:
+        self.queues = queues
+        self.demand = demand
+        self.capacity = capacity
+        self.usage_weight = usage_weight
+        self.shares = shares
+
+    def same(
+        self,
+        queues: list[QueueView],
+        demand: dict[str, dict[str, float]],
+        capacity: dict[str, float],
+        usage_weight: float,
+    ) -> bool:
+        if len(queues) != len(self.queues) or usage_weight != self.usage_weight:
+            return False
+        for a, b in zip(queues, self.queues, strict=True):
+            if a is not b:
+                return False
+        return demand == self.demand and capacity == self.capacity
+
+
+class _Remembered:
+    """The last cycle's fair shares, replaced whole (one reference): see `Prepared._fair_shares`."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: _Shares | None = None
+
+
+_LAST_SHARES: Final = _Remembered()
+
+
 class ConfigError(ValueError):
     """A scheduler configuration names an unknown action, placement, ordering or blocking mode."""
 
@@ -151,7 +197,18 @@ class Prepared:
         demand = {
             queue: {"gpu": row.gpu, "cpu": row.cpu, "memory": row.memory} for queue, row in sums.items()
         }
-        return fair_shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
+        queues = list(self.queues.values())
+        usage_weight = self.config.usage_weight
+        # The last cycle's shares serve when its queues (the same objects), demand, capacity and usage
+        # weight are the same: computing them again gives the same. Demand changes only when work arrives
+        # or finishes; a cycle that binds or evicts leaves it alone.
+        last = _LAST_SHARES.last
+        if last is None or not last.same(queues, demand, capacity, usage_weight):
+            last = _Shares(
+                queues, demand, capacity, usage_weight, fair_shares(queues, demand, capacity, usage_weight)
+            )
+            _LAST_SHARES.last = last
+        return {queue: dict(row) for queue, row in last.shares.items()}  # a copy: the decisions hold it
 
     def _ordering_of(self, queue: str) -> str:
         q = self.queues.get(queue)

@@ -80,7 +80,13 @@ class QueueView:
     usage: float = 0.0  # decayed historical GPU-seconds (decayed by the caller); tilts the over-quota split
 
     def share(self, resource: str) -> Share:
-        share: Share = getattr(self, resource)
+        if resource == "gpu":
+            return self.gpu
+        if resource == "cpu":
+            return self.cpu
+        if resource == "memory":
+            return self.memory
+        share: Share = getattr(self, resource)  # not a resource: AttributeError, as getattr gives
         return share
 
 

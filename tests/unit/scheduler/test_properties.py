@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gpupool.scheduler import Scheduler, decide
 from gpupool.scheduler import ordering as scheduler_ordering
+from gpupool.scheduler import prepare as scheduler_prepare
 from gpupool.scheduler import state as scheduler_state
 from gpupool.scheduler import victims as scheduler_victims
 from gpupool.scheduler.prepare import Prepared
@@ -113,7 +114,7 @@ def test_a_cycle_decides_as_a_first_cycle_would(
     snapshot: Snapshot, steps: list[int], data: st.DataObject
 ) -> None:
     """What cycles remember for the next (nodes they left unchanged, loaded nodes, victim and pending
-    orders) changes no answer: cycle after cycle, each snapshot the last one with its decisions applied,
+    orders, fair shares) changes no answer: cycle after cycle, each snapshot the last one with its decisions applied,
     some running work finished and the clock moved on, as in a replay, decides as it does with nothing
     remembered."""
     current = snapshot
@@ -133,6 +134,7 @@ def _forget() -> None:
     scheduler_victims._ORDERS.clear()
     scheduler_victims._by_first([])  # an empty order remembered: the next is made afresh
     scheduler_ordering._LAST.clear()
+    scheduler_prepare._LAST_SHARES.last = None
 
 
 def apply(snapshot: Snapshot, decisions: Decisions, now: float = NOW) -> Snapshot:
