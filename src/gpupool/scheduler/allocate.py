@@ -209,9 +209,19 @@ class Allocation(EvictionSearch):
         """Schedulable nodes grouped by GPU make-up (nodes alike answer every GPU question alike)."""
         if self._node_kinds is None:
             groups: dict[tuple[tuple[str, int], ...], list[NodeState]] = {}
+            # Nodes alike share one signature object (see state._template), and mostly come in runs: the
+            # last node's group, without hashing the signature again.
+            last: tuple[tuple[str, int], ...] | None = None
+            group: list[NodeState] = []
             for node in self.state.nodes.values():
                 if node.schedulable:
-                    groups.setdefault(node.signature, []).append(node)
+                    if node.signature is not last:
+                        last = node.signature
+                        found = groups.get(last)
+                        if found is None:
+                            found = groups[last] = []
+                        group = found
+                    group.append(node)
             self._node_kinds = list(groups.values())
         return self._node_kinds
 
