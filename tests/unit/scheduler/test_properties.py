@@ -114,9 +114,9 @@ def test_a_cycle_decides_as_a_first_cycle_would(
     snapshot: Snapshot, steps: list[int], data: st.DataObject
 ) -> None:
     """What cycles remember for the next (nodes they left unchanged, loaded nodes, victim and pending
-    orders, fair shares) changes no answer: cycle after cycle, each snapshot the last one with its decisions applied,
-    some running work finished and the clock moved on, as in a replay, decides as it does with nothing
-    remembered."""
+    orders, fair shares) changes no answer: cycle after cycle, each snapshot the last one with its
+    decisions applied, some running work finished and the clock moved on, as in a replay, decides as it
+    does with nothing remembered."""
     current = snapshot
     for step in sorted(steps):
         now = NOW + step
