@@ -37,7 +37,7 @@ GLOBAL: Final = "*"
 
 
 class _Shares:
-    """Fair shares and what they were computed from (see `Prepared._fair_shares`)."""
+    """Fair shares (`shares`, once computed) and what they are computed from (see `Prepared._fair_shares`)."""
 
     __slots__ = ("capacity", "demand", "queues", "shares", "usage_weight")
 
@@ -47,27 +47,21 @@ class _Shares:
         demand: dict[str, dict[str, float]],
         capacity: dict[str, float],
         usage_weight: float,
-        shares: dict[str, dict[str, float]],
     ) -> None:
         self.queues = queues
         self.demand = demand
         self.capacity = capacity
         self.usage_weight = usage_weight
-        self.shares = shares
+        self.shares: dict[str, dict[str, float]] = {}
 
-    def same(
-        self,
-        queues: list[QueueView],
-        demand: dict[str, dict[str, float]],
-        capacity: dict[str, float],
-        usage_weight: float,
-    ) -> bool:
-        if len(queues) != len(self.queues) or usage_weight != self.usage_weight:
+    def same_inputs(self, other: _Shares) -> bool:
+        """The same queues (objects, in order), and equal demand, capacity and usage weight."""
+        if len(other.queues) != len(self.queues) or other.usage_weight != self.usage_weight:
             return False
-        for a, b in zip(queues, self.queues, strict=True):
+        for a, b in zip(other.queues, self.queues, strict=True):
             if a is not b:
                 return False
-        return demand == self.demand and capacity == self.capacity
+        return other.demand == self.demand and other.capacity == self.capacity
 
 
 class _Remembered:
@@ -197,17 +191,14 @@ class Prepared:
         demand = {
             queue: {"gpu": row.gpu, "cpu": row.cpu, "memory": row.memory} for queue, row in sums.items()
         }
-        queues = list(self.queues.values())
-        usage_weight = self.config.usage_weight
+        asked = _Shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
         # The last cycle's shares serve when its queues (the same objects), demand, capacity and usage
         # weight are the same: computing them again gives the same. Demand changes only when work arrives
         # or finishes; a cycle that binds or evicts leaves it alone.
         last = _LAST_SHARES.last
-        if last is None or not last.same(queues, demand, capacity, usage_weight):
-            last = _Shares(
-                queues, demand, capacity, usage_weight, fair_shares(queues, demand, capacity, usage_weight)
-            )
-            _LAST_SHARES.last = last
+        if last is None or not last.same_inputs(asked):
+            asked.shares = fair_shares(asked.queues, demand, capacity, asked.usage_weight)
+            _LAST_SHARES.last = last = asked  # remembered once computed
         return {queue: dict(row) for queue, row in last.shares.items()}  # a copy: the decisions hold it
 
     def _ordering_of(self, queue: str) -> str:
