@@ -157,7 +157,7 @@ def in_order(
     for w in new:
         key = key_of(w, thresholds)
         at = bisect.bisect_right(keys, key)
-        if _nan(key) or (at > 0 and keys[at - 1] == key):
+        if has_nan(key) or (at > 0 and keys[at - 1] == key):
             return _afresh(group, ordering, key_of, thresholds, items)
         keys.insert(at, key)
         views.insert(at, w)
@@ -178,7 +178,7 @@ def _afresh(
     pairs.sort(key=_first)  # stable: equal keys keep the items' order, as sorted(items, key=...) would
     keys = [pair[0] for pair in pairs]
     for i, key in enumerate(keys):
-        if _nan(key) or (i > 0 and keys[i - 1] == key):
+        if has_nan(key) or (i > 0 and keys[i - 1] == key):
             return [pair[1] for pair in pairs]
     if len(_LAST) >= MAX_GROUPS:
         _LAST.clear()
@@ -195,5 +195,5 @@ def _among(w: WorkloadView, views: list[WorkloadView]) -> bool:
     return any(other is w for other in views)
 
 
-def _nan(key: OrderKey) -> bool:
+def has_nan(key: OrderKey) -> bool:
     return any(value != value for value in key)  # NaN is the one value unequal to itself

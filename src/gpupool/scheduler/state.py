@@ -421,7 +421,6 @@ class ClusterState:
                 and (same_work(node.workloads, on_node) if on_node is not None else not node.workloads)
             ):
                 del parked[name]  # a view listed twice gets a node of its own
-
                 t = self._counted(node)
             else:
                 t = self._new_node(view)

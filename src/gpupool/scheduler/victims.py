@@ -6,6 +6,7 @@ import bisect
 from typing import Final
 
 from gpupool.scheduler import explain
+from gpupool.scheduler.ordering import has_nan
 from gpupool.scheduler.prepare import Prepared
 from gpupool.scheduler.snapshot import WorkloadView
 from gpupool.scheduler.state import MAX_TEMPLATES, same_work
@@ -29,18 +30,29 @@ _ORDERS: Final[dict[str, _NodeOrder]] = {}
 
 
 class _NodesOrder:
-    """The nodes of the last victim index in order of their first victim's key (ascending, distinct keys
-    without NaN), and each node's key."""
+    """The nodes of a victim index in order of their first victim's key (ascending, distinct keys without
+    NaN), and each node's key."""
 
     __slots__ = ("by_name", "keys", "names")
 
+    def __init__(
+        self, keys: list[tuple[float, ...]], names: list[str], by_name: dict[str, tuple[float, ...]]
+    ) -> None:
+        self.keys = keys
+        self.names = names
+        self.by_name = by_name
+
+
+class _LastNodes:
+    """The last cycle's `_NodesOrder`, replaced whole (one reference)."""
+
+    __slots__ = ("last",)
+
     def __init__(self) -> None:
-        self.keys: list[tuple[float, ...]] = []
-        self.names: list[str] = []
-        self.by_name: dict[str, tuple[float, ...]] = {}
+        self.last = _NodesOrder([], [], {})
 
 
-_NODES: Final = _NodesOrder()
+_NODES: Final = _LastNodes()
 MAX_MOVED: Final = 16  # nodes whose first victim changed since the last index beyond which all are sorted
 
 
@@ -53,7 +65,7 @@ def _by_first(firsts: list[tuple[tuple[float, ...], str]]) -> list[str]:
     places, and only the others are inserted. When the keys are distinct (they end in the victim's id) and
     none holds a NaN, there is one order they sort to: this one. Otherwise the pairs are sorted, and not
     remembered."""
-    last = _NODES
+    last = _NODES.last
     moved: list[tuple[tuple[float, ...], str]] = []
     for pair in firsts:
         if last.by_name.get(pair[1]) is not pair[0]:
@@ -71,13 +83,11 @@ def _by_first(firsts: list[tuple[tuple[float, ...], str]]) -> list[str]:
             names.append(name)
     for key, name in moved:
         at = bisect.bisect_right(keys, key)
-        if _nan(key) or (at > 0 and keys[at - 1] == key) or (at < len(keys) and keys[at] == key):
+        if has_nan(key) or (at > 0 and keys[at - 1] == key) or (at < len(keys) and keys[at] == key):
             return _sort_firsts(firsts)
         keys.insert(at, key)
         names.insert(at, name)
-    last.keys = keys
-    last.names = names
-    last.by_name = now
+    _NODES.last = _NodesOrder(keys, names, now)
     return list(names)
 
 
@@ -86,19 +96,12 @@ def _sort_firsts(firsts: list[tuple[tuple[float, ...], str]]) -> list[str]:
     firsts.sort()
     keys = [pair[0] for pair in firsts]
     names = [pair[1] for pair in firsts]
-    last = _NODES
-    last.keys, last.names, last.by_name = [], [], {}
+    _NODES.last = _NodesOrder([], [], {})
     for i, key in enumerate(keys):
-        if _nan(key) or (i > 0 and keys[i - 1] == key):
+        if has_nan(key) or (i > 0 and keys[i - 1] == key):
             return names
-    last.keys = keys
-    last.names = list(names)
-    last.by_name = {name: key for key, name in firsts}
+    _NODES.last = _NodesOrder(keys, list(names), {name: key for key, name in firsts})
     return names
-
-
-def _nan(key: tuple[float, ...]) -> bool:
-    return any(value != value for value in key)  # NaN is the one value unequal to itself
 
 
 class Victims(Prepared):
