@@ -51,6 +51,7 @@ class Allocation(EvictionSearch):
                     for rest in items[i:]:
                         if rest.id in unplaced:
                             self.decisions.explanations[rest.id] = explain.blocked(w.id)
+                    self._blockers[queue] = w
                     i = len(items)
                     break
                 # Its key moves only with its allocation: with nothing allocated or taken back, it is the

@@ -64,6 +64,38 @@ class Cycle(Allocation):
                     w, "stale-gang", f"gang lost part of its placement ({where}); restarting it whole"
                 )
 
+    # -- what wants room -------------------------------------------------------------------------------
+
+    def _wants_room(self, w: WorkloadView) -> bool:
+        """Still unplaced in this phase (see pending_groups), for want of capacity."""
+        if not self.still_unplaced(w):
+            return False
+        explanation = self.decisions.explanations.get(w.id)
+        if explanation is None:
+            return False
+        if explanation.code == explain.BLOCKED:
+            return self._unblocked(w)
+        return explanation.code in explain.CAPACITY_CODES
+
+    def _unblocked(self, w: WorkloadView) -> bool:
+        """Strict blocking: `w` waits behind the workload of its group that did not fit. Once room has been
+        made for that one (it waits for release), nothing holds `w` back: it is tried as the next cycle's
+        allocate would try it, and, if it does not fit either, it holds back the rest in turn. Whether `w`
+        now wants room."""
+        group = w.queue if self.config.fair_share else GLOBAL
+        blocker = self._blockers[group]
+        if self.still_unplaced(blocker):
+            if self.decisions.explanations[w.id].message != explain.blocked(blocker.id).message:
+                self.decisions.explanations[w.id] = explain.blocked(blocker.id)
+            return False
+        self._unblocks += 1
+        if self._try_allocate(w) or not self.still_unplaced(w):
+            return False  # started, or waits for GPUs being released
+        code = self.decisions.explanations[w.id].code
+        if code in explain.CAPACITY_CODES or code == explain.QUEUE_LIMIT:
+            self._blockers[group] = w
+        return code in explain.CAPACITY_CODES
+
     # -- reclaim --------------------------------------------------------------------------------------
 
     def reclaim(self) -> None:
@@ -71,7 +103,8 @@ class Cycle(Allocation):
         lines: dict[tuple[str, ...], dict[str, float]] = {}
         # (queue, shape) -> the stamp of the state after reclaiming for such a workload changed nothing
         fruitless: dict[tuple[object, ...], tuple[object, ...]] = {}
-        stamp = self._stamp()  # as it is now: only reclaiming for a workload changes it
+        stamp = self._stamp()  # as it is now: only reclaiming for a workload (or trying one again) changes it
+        tried = self._unblocks
         for group in self.pending_groups():
             if (
                 group != GLOBAL
@@ -80,7 +113,10 @@ class Cycle(Allocation):
                 # None of it may reclaim (see _reclaim_for); during its turn only its own gains change that.
                 continue
             for w in self.order[group]:
-                if not self._wants_room(w):
+                wants = self._wants_room(w)
+                if self._unblocks != tried:
+                    stamp, tried = self._stamp(), self._unblocks
+                if not wants:
                     continue
                 # What reclaiming for `w` does depends on its queue, its shape and the state, not on which
                 # workload it is (but for a backfill reservation, held by one: then every one is tried).
@@ -183,7 +219,9 @@ class Cycle(Allocation):
         return reason
 
     def _gangs(self) -> list[WorkloadView]:
-        """Running multi-pod work that reclaim could evict whole, fewest GPUs first (built once a cycle)."""
+        """Running multi-pod work that reclaim could evict whole, and this cycle's multi-pod binds so far
+        (taken back rather than evicted, see _keep_trial), fewest GPUs first (built once a cycle, at the
+        first question, as _victim_groups)."""
         if self._gang_victims is None:
             nodes = self.state.nodes
             gangs = [
@@ -193,6 +231,11 @@ class Cycle(Allocation):
                 and self._evictable(v)
                 and all(pod.node in nodes and nodes[pod.node].schedulable for pod in v.placement)
             ]
+            for bind in self.decisions.binds:
+                w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
+                if len(bind.pods) > 1 and w.preemptible and bind.workload_id not in self.state.evicted:
+                    self._tentative[w.id] = w
+                    gangs.append(w.started(bind.pods, self.now))
             gangs.sort(key=self._victim_key)
             self._gang_victims = gangs
         return self._gang_victims
@@ -217,11 +260,12 @@ class Cycle(Allocation):
                 continue
             checkpoint, generation = state.checkpoint(), state.generation
             state.evict(g, "reclaim")
+            trial = state.checkpoint()
             if self.placer.place_gang(w, after_release=True) is None:
                 state.rollback(checkpoint)
                 state.generation = generation
                 continue
-            self._waits_for(w, [g], "reclaim", self._reclaim_reason(w, floor))
+            self._keep_trial(w, [g], "reclaim", self._reclaim_reason(w, floor), (checkpoint, trial, generation))
             return True
         self._no_victims[key] = stamp
         return False

@@ -173,11 +173,28 @@ class EvictionSearch(Victims):
             state.generation = generation
             self._no_victims[key] = stamp
             return False
+        self._keep_trial(w, victims, code, reason, (checkpoint, trial, generation))
+        return True
+
+    def _keep_trial(
+        self,
+        w: WorkloadView,
+        victims: list[WorkloadView],
+        code: str,
+        reason: Callable[[WorkloadView], str],
+        undo: tuple[int, int, int],
+    ) -> None:
+        """Keep a trial that evicted `victims` and then placed `w` after release. `undo`: the state's
+        checkpoint before the evictions, its checkpoint before the placement, and its generation before
+        both: the trial is undone to them when a bind of this cycle is among the victims, since such a bind
+        is taken back (its room free at once), not evicted."""
         if not any(victim.id in self._tentative for victim in victims):
             # The trial is the outcome: the same evictions and the same room after release that doing it
-            # again would give. Only a bind of this cycle among the victims is taken back differently.
+            # again would give.
             self._waits_for(w, victims, code, reason)
-            return True
+            return
+        state = self.state
+        checkpoint, trial, generation = undo
         state.rollback(trial)
         state.rollback(checkpoint)
         state.generation = generation
@@ -193,12 +210,11 @@ class EvictionSearch(Victims):
         placed = None if stopping else self.placer.place_gang(w)
         if placed is not None:  # only binds of this cycle gave way: nothing to wait for
             self._bind(w, placed)
-            return True
+            return
         placed = self.placer.place_gang(w, after_release=True)
         assert placed is not None
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
-        return True
 
     def _waits_for(
         self, w: WorkloadView, victims: list[WorkloadView], code: str, reason: Callable[[WorkloadView], str]

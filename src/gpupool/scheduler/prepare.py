@@ -161,6 +161,9 @@ class Prepared:
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted: set[int] = set()
         self._retracted_now: set[int] = set()  # since the last pending_groups()
+        # strict blocking: each group's workload that did not fit and holds back the rest (see _unblocked)
+        self._blockers: dict[str, WorkloadView] = {}
+        self._unblocks = 0  # how many blocked workloads were tried again (each may change the state)
         self._old: dict[str, dict[int, bool]] = {"preempt": {}, "reclaim": {}}  # kind -> workload id -> old
         # (ids of a candidates and a units dict, GPUs needed) -> (able nodes, how much of state.freed they
         # have seen, the dicts: they keep their ids alive)

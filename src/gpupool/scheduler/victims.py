@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 from typing import Final
 
-from gpupool.scheduler import explain
 from gpupool.scheduler.ordering import has_nan
 from gpupool.scheduler.prepare import Prepared
 from gpupool.scheduler.snapshot import WorkloadView
@@ -239,10 +238,3 @@ class Victims(Prepared):
                     _ORDERS[name] = _NodeOrder(list(victims), list(ordered), first)
             self._index = {name: groups[name] for name in _by_first(firsts)}
         return self._index
-
-    def _wants_room(self, w: WorkloadView) -> bool:
-        """Still unplaced in this phase (see pending_groups), for want of capacity."""
-        if not self.still_unplaced(w):
-            return False
-        explanation = self.decisions.explanations.get(w.id)
-        return explanation is not None and explanation.code in explain.CAPACITY_CODES

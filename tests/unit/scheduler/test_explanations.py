@@ -37,3 +37,31 @@ def test_each_pending_workload_is_told_how_many_of_its_queue_come_before_it() ->
     assert [b.workload_id for b in decisions.binds] == [11]
     ahead = {wid: _ahead(e.message) for wid, e in decisions.explanations.items()}
     assert ahead == {12: 1, 13: 2, 20: 0, 21: 1}
+
+
+def test_work_held_back_by_strict_order_names_the_workload_it_waits_behind() -> None:
+    # 10 blocks the queue until preempt makes room for it; then 11 is tried and does not fit (nothing it
+    # may evict): 12, which would fit on the free GPU, waits behind 11, not behind 10.
+    scenario = parse_scenario(
+        {
+            "description": "strict order",
+            "now": 10000,
+            "config": {"blocking": "strict"},
+            "nodes": [{"name": "n1", "gpus": 4}],
+            "running": [
+                {"id": 1, "on": {"n1": "0-1"}, "priority": 10},
+                {"id": 2, "on": {"n1": [2]}, "priority": 50, "preemptible": False},
+            ],
+            "pending": [
+                {"id": 10, "gpus": 2, "priority": 100},
+                {"id": 11, "gpus": 3, "priority": 100},
+                {"id": 12, "gpus": 1, "priority": 100},
+            ],
+            "expect": {"binds": {}, "evictions": {1: "preempt for 10"}},
+        },
+        "strict_order",
+    )
+    decisions = decide(scenario.snapshot, scenario.now)
+    assert [e.workload_id for e in decisions.evictions] == [1]
+    assert decisions.explanations[11].code == "no-capacity"
+    assert decisions.explanations[12].message == "waiting behind workload 11 (strict order)"
