@@ -73,9 +73,11 @@ class Allocation(EvictionSearch):
         state = self.state
         if w.gpu_units > state.free_total + EPSILON:
             why = NO_ROOM  # what placing would conclude, sooner; the sentence is written below
-        elif (cached := self.failed.get(shape := self._shape(w))) is not None and cached[
-            0
-        ] == state.generation:
+        elif (
+            (cached := self.failed.get(shape := self._shape(w))) is not None
+            and cached[0] == state.generation
+            and cached[2] is state.reservation
+        ):
             why = cached[1]
         else:
             placed = self.placer.place_gang(w)
@@ -83,12 +85,14 @@ class Allocation(EvictionSearch):
                 self._bind(w, placed)
                 return True
             why = self._why_not_placed(w)
-            self.failed[shape] = (self.state.generation, why)
+            self.failed[shape] = (state.generation, why, state.reservation)
         # GPUs that stopping work releases go to waiting work in allocation order, like free ones: claimed
         # here, before later work could take the free GPUs such a claim also needs.
         if why.code in explain.CAPACITY_CODES and self._fits_after_release(w):
             return False
         self.decisions.explanations[w.id] = self._capacity_explanation(w, why, place)
+        if why.code == explain.RESERVED:
+            self._reserved_by[w.id] = self.state.reservation
         if (
             self.config.blocking == "backfill"
             and self.state.reservation is None

@@ -73,26 +73,37 @@ class Cycle(Allocation):
         explanation = self.decisions.explanations.get(w.id)
         if explanation is None:
             return False
-        if explanation.code == explain.BLOCKED:
-            return self._unblocked(w)
-        return explanation.code in explain.CAPACITY_CODES
+        code = explanation.code
+        if code == explain.BLOCKED or code == explain.RESERVED:
+            return self._let_go(w, code)
+        return code in explain.CAPACITY_CODES
 
-    def _unblocked(self, w: WorkloadView) -> bool:
-        """Strict blocking: `w` waits behind the workload of its group that did not fit. Once room has been
-        made for that one (it waits for release), nothing holds `w` back: it is tried as the next cycle's
-        allocate would try it, and, if it does not fit either, it holds back the rest in turn. Whether `w`
-        now wants room."""
+    def _let_go(self, w: WorkloadView, code: str) -> bool:
+        """Work held back by another workload that did not fit (`blocking: strict`: the one of its group
+        that every later one waits behind; `backfill`: the holder of the reservation) goes free once room
+        has been made for that one (it waits for release; its reservation is dropped): it is tried as the
+        next cycle's allocate would try it, and may hold back others in turn. Whether `w` now wants room."""
         group = w.queue if self.config.fair_share else GLOBAL
-        blocker = self._blockers[group]
-        if self.still_unplaced(blocker):
-            if self.decisions.explanations[w.id].message != explain.blocked(blocker.id).message:
-                self.decisions.explanations[w.id] = explain.blocked(blocker.id)
-            return False
-        self._unblocks += 1
+        if code == explain.BLOCKED:
+            blocker = self._blockers[group]
+            if self.still_unplaced(blocker):
+                if self.decisions.explanations[w.id].message != explain.blocked(blocker.id).message:
+                    self.decisions.explanations[w.id] = explain.blocked(blocker.id)
+                return False
+        else:
+            reservation = self.state.reservation
+            if (
+                reservation is not None
+                and self._reserved_by.get(w.id) is reservation
+                and reservation.workload_id in self.unplaced
+            ):
+                return False
+        self._let_go_count += 1
         if self._try_allocate(w) or not self.still_unplaced(w):
             return False  # started, or waits for GPUs being released
         code = self.decisions.explanations[w.id].code
-        if code in explain.CAPACITY_CODES or code == explain.QUEUE_LIMIT:
+        blocks = code in explain.CAPACITY_CODES or code == explain.QUEUE_LIMIT
+        if blocks and self.config.blocking == "strict":
             self._blockers[group] = w
         return code in explain.CAPACITY_CODES
 
@@ -104,7 +115,7 @@ class Cycle(Allocation):
         # (queue, shape) -> the stamp of the state after reclaiming for such a workload changed nothing
         fruitless: dict[tuple[object, ...], tuple[object, ...]] = {}
         stamp = self._stamp()  # as it is now: only reclaiming for a workload (or trying one again) changes it
-        tried = self._unblocks
+        tried = self._let_go_count
         for group in self.pending_groups():
             if (
                 group != GLOBAL
@@ -114,8 +125,8 @@ class Cycle(Allocation):
                 continue
             for w in self.order[group]:
                 wants = self._wants_room(w)
-                if self._unblocks != tried:
-                    stamp, tried = self._stamp(), self._unblocks
+                if self._let_go_count != tried:
+                    stamp, tried = self._stamp(), self._let_go_count
                 if not wants:
                     continue
                 # What reclaiming for `w` does depends on its queue, its shape and the state, not on which
@@ -265,7 +276,8 @@ class Cycle(Allocation):
                 state.rollback(checkpoint)
                 state.generation = generation
                 continue
-            self._keep_trial(w, [g], "reclaim", self._reclaim_reason(w, floor), (checkpoint, trial, generation))
+            reason = self._reclaim_reason(w, floor)
+            self._keep_trial(w, [g], "reclaim", reason, (checkpoint, trial, generation))
             return True
         self._no_victims[key] = stamp
         return False

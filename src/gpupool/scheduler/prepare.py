@@ -26,7 +26,7 @@ from gpupool.scheduler.snapshot import (
     Snapshot,
     WorkloadView,
 )
-from gpupool.scheduler.state import EPSILON, ClusterState, NodeState, Sums
+from gpupool.scheduler.state import EPSILON, ClusterState, NodeState, Reservation, Sums
 
 ACTIONS: Final = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
 PLACEMENTS: Final = ("binpack", "spread", "fragmentation")
@@ -144,7 +144,8 @@ class Prepared:
         # with ids repeated in the snapshot, a place is the last the id holds, as the dict would give
         self._rank: dict[int, int] | None = None
         self._ids_unique = len(self.unplaced) == len(snapshot.pending)
-        self.failed: dict[tuple[object, ...], tuple[int, Explanation]] = {}
+        # shape -> why placing failed, in the state's generation, under the reservation then in force
+        self.failed: dict[tuple[object, ...], tuple[int, Explanation, Reservation | None]] = {}
         self._never: dict[tuple[object, ...], Explanation | None] = {}
         # the last workload _never_fits answered for, and its answer
         self._never_last_asked: WorkloadView | None = None
@@ -161,9 +162,11 @@ class Prepared:
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted: set[int] = set()
         self._retracted_now: set[int] = set()  # since the last pending_groups()
-        # strict blocking: each group's workload that did not fit and holds back the rest (see _unblocked)
+        # Work held back by another (see Cycle._let_go): under strict blocking, each group's workload that
+        # did not fit and holds back the rest; under backfill, the reservation that held back a workload.
         self._blockers: dict[str, WorkloadView] = {}
-        self._unblocks = 0  # how many blocked workloads were tried again (each may change the state)
+        self._reserved_by: dict[int, Reservation | None] = {}
+        self._let_go_count = 0  # how many held workloads were tried again (each may change the state)
         self._old: dict[str, dict[int, bool]] = {"preempt": {}, "reclaim": {}}  # kind -> workload id -> old
         # (ids of a candidates and a units dict, GPUs needed) -> (able nodes, how much of state.freed they
         # have seen, the dicts: they keep their ids alive)
