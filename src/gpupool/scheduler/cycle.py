@@ -34,9 +34,6 @@ class Cycle(Allocation):
     def run(self) -> Decisions:
         for action in self.config.actions:
             getattr(self, action)()
-        if self._retracted:
-            binds = self.decisions.binds
-            self.decisions.binds = [b for b in binds if b.workload_id not in self._retracted]
         return self.decisions
 
     # -- stale gangs ----------------------------------------------------------------------------------

@@ -231,10 +231,15 @@ class EvictionSearch(Victims):
 
     def _retract(self, v: WorkloadView) -> None:
         """Take back this cycle's bind of `v` (it never started): its room goes to the gainer at once, and
-        `v` stays pending, explained. Cheaper than starting it now and evicting it next cycle."""
+        `v` stays pending, explained (a later phase may bind it again). Cheaper than starting it now and
+        evicting it next cycle."""
         original = self._tentative[v.id]
         self.state.release(original, v.placement)
-        self._retracted.add(v.id)
+        binds = self.decisions.binds
+        for i in range(len(binds) - 1, -1, -1):
+            if binds[i].workload_id == v.id:
+                del binds[i]
+                break
         self._retracted_now.add(v.id)
         self.unplaced[v.id] = original
         self.decisions.explanations[v.id] = self._capacity_explanation(

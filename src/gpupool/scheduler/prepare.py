@@ -160,7 +160,6 @@ class Prepared:
         self._gang_victims: list[WorkloadView] | None = None  # see _gangs
         self._pending_by_id = dict(self.unplaced)
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
-        self._retracted: set[int] = set()
         self._retracted_now: set[int] = set()  # since the last pending_groups()
         # Work held back by another (see Cycle._let_go): under strict blocking, each group's workload that
         # did not fit and holds back the rest; under backfill, the reservation that held back a workload.
