@@ -84,8 +84,7 @@ class Cycle(Allocation):
         if code == explain.BLOCKED:
             blocker = self._blockers[group]
             if self.still_unplaced(blocker):
-                if self.decisions.explanations[w.id].message != explain.blocked(blocker.id).message:
-                    self.decisions.explanations[w.id] = explain.blocked(blocker.id)
+                self.decisions.explanations[w.id] = explain.blocked(blocker.id)  # it may be another by now
                 return False
         else:
             reservation = self.state.reservation
@@ -227,9 +226,8 @@ class Cycle(Allocation):
         return reason
 
     def _gangs(self) -> list[WorkloadView]:
-        """Running multi-pod work that reclaim could evict whole, and this cycle's multi-pod binds so far
-        (taken back rather than evicted, see _keep_trial), fewest GPUs first (built once a cycle, at the
-        first question, as _victim_groups)."""
+        """Running multi-pod work that reclaim could evict whole, and this cycle's multi-pod binds so far,
+        fewest GPUs first (built once a cycle, at the first question, as _victim_groups)."""
         if self._gang_victims is None:
             nodes = self.state.nodes
             gangs = [
@@ -239,11 +237,7 @@ class Cycle(Allocation):
                 and self._evictable(v)
                 and all(pod.node in nodes and nodes[pod.node].schedulable for pod in v.placement)
             ]
-            for bind in self.decisions.binds:
-                w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
-                if len(bind.pods) > 1 and w.preemptible and bind.workload_id not in self.state.evicted:
-                    self._tentative[w.id] = w
-                    gangs.append(w.started(bind.pods, self.now))
+            gangs.extend(self._binds_as_victims(gangs=True))
             gangs.sort(key=self._victim_key)
             self._gang_victims = gangs
         return self._gang_victims

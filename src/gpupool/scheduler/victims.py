@@ -198,13 +198,23 @@ class Victims(Prepared):
                     group = groups[name] = []
                 group.append(v)
             # This cycle's own binds give way first: they lose no work and nothing needs stopping.
-            for bind in self.decisions.binds:
-                w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
-                if len(bind.pods) == 1 and w.preemptible and bind.workload_id not in self.state.evicted:
-                    self._tentative[w.id] = w
-                    groups.setdefault(bind.pods[0].node, []).append(w.started(bind.pods, self.now))
+            for v in self._binds_as_victims(gangs=False):
+                groups.setdefault(v.placement[0].node, []).append(v)
             self._groups = groups
         return self._groups
+
+    def _binds_as_victims(self, gangs: bool) -> list[WorkloadView]:
+        """This cycle's preemptible binds so far, of gangs or of single-pod work, as running views: victims
+        that are taken back rather than evicted (see EvictionSearch._keep_trial)."""
+        found: list[WorkloadView] = []
+        for bind in self.decisions.binds:
+            if (len(bind.pods) > 1) != gangs or bind.workload_id in self.state.evicted:
+                continue
+            w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
+            if w.preemptible:
+                self._tentative[w.id] = w
+                found.append(w.started(bind.pods, self.now))
+        return found
 
     def _victim_index(self) -> dict[str, list[WorkloadView]]:
         """The victims (`_victim_groups`) by node, each list in victim order, the nodes by their first."""
