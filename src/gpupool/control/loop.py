@@ -231,6 +231,7 @@ class Reconciler(Observation, SnapshotBuilding):
                     self.backend.signal(handle, signal.SIGTERM)
                 attempt.stop_requested_at = utcnow()
                 attempt.stop_reason = eviction.code
+                attempt.stop_for_workload = eviction.for_workload
                 attempt.reason = eviction.reason
                 s.add(
                     Event(

@@ -66,6 +66,7 @@ class SnapshotBuilding:
                 Attempt.started_at,
                 Attempt.stop_requested_at,
                 Attempt.pods,
+                Attempt.stop_for_workload,
             )
             .join(Workload, Attempt.workload_id == Workload.id)
             .where(Attempt.state == RUNNING)
@@ -91,7 +92,7 @@ class SnapshotBuilding:
         earlier = self._attained.of_running(s, keys) if bands is not None else {}
         running = []
         for row, start, key in zip(attempts, started, keys, strict=True):
-            wid, priority, node, indices, fraction, _, stopping, pods = row
+            wid, priority, node, indices, fraction, _, stopping, pods, stop_for = row
             placement = tuple(
                 scheduler.PodPlacement(
                     p["node"], tuple(int(i) for i in p["gpu_indices"]), p.get("gpu_fraction") or 1.0
@@ -110,6 +111,7 @@ class SnapshotBuilding:
                     placement=placement,
                     start_time=start.timestamp() if start else None,
                     stopping=stopping is not None,
+                    evicted_for=stop_for if stopping is not None else None,
                 )
             )
         nodes = self._nodes.read(self.store)

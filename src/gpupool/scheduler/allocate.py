@@ -9,6 +9,7 @@ from typing import Final
 from gpupool.scheduler import explain
 from gpupool.scheduler.evict_search import EvictionSearch
 from gpupool.scheduler.placement import families
+from gpupool.scheduler.prepare import GLOBAL
 from gpupool.scheduler.snapshot import RESOURCES, Explanation, WorkloadView
 from gpupool.scheduler.state import EPSILON, NodeState, Reservation
 
@@ -21,6 +22,7 @@ class Allocation(EvictionSearch):
     """The allocate action and the reasons of the work it leaves pending."""
 
     def allocate(self) -> None:
+        self._serve_gainers()
         heap = [self._queue_key(q) for q in self.order]
         heapq.heapify(heap)
         cursor = dict.fromkeys(self.order, 0)
@@ -63,6 +65,28 @@ class Allocation(EvictionSearch):
                     heapq.heappush(heap, key)
                     break
             cursor[queue] = i
+
+    def _serve_gainers(self) -> None:
+        """Work that evictions under way were made for (a stopping workload's `evicted_for`) is served
+        first, in allocation order among itself: the GPUs being released are its room as when the eviction
+        was decided, though the queues' order may have changed since (other work ahead now could take the
+        free GPUs that room also needs, and the gainer would evict again)."""
+        if not self.state.holding_nodes:
+            return
+        unplaced = self.unplaced
+        ids: dict[int, None] = {}  # in the order met: the sort below decides
+        for v in self.snapshot.running:
+            gainer = v.evicted_for
+            if gainer is not None and v.stopping and gainer in unplaced:
+                ids[gainer] = None
+        if not ids:
+            return
+        gainers = [unplaced[i] for i in ids]
+        fair_share = self.config.fair_share
+        gainers.sort(key=lambda w: (self._queue_key(w.queue if fair_share else GLOBAL), self.ahead_of(w)))
+        for w in gainers:
+            if w.id in unplaced:
+                self._try_allocate(w)
 
     def _try_allocate(self, w: WorkloadView, place: int = -1) -> bool:
         """Place `w` now, or explain why not (`place`: its index in its group's order, see `ahead_of`)."""

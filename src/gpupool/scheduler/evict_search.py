@@ -199,9 +199,10 @@ class EvictionSearch(Victims):
         state.rollback(checkpoint)
         state.generation = generation
         stopping = False
+        taken_back: list[WorkloadView] = []
         for victim in victims:
             if victim.id in self._tentative:
-                self._retract(victim)
+                taken_back.append(self._retract(victim))
             else:
                 self._evict(victim, code, reason(victim), w.id)
                 stopping = True
@@ -210,11 +211,19 @@ class EvictionSearch(Victims):
         placed = None if stopping else self.placer.place_gang(w)
         if placed is not None:  # only binds of this cycle gave way: nothing to wait for
             self._bind(w, placed)
-            return
-        placed = self.placer.place_gang(w, after_release=True)
-        assert placed is not None
-        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
-        del self.unplaced[w.id]
+        else:
+            placed = self.placer.place_gang(w, after_release=True)
+            assert placed is not None
+            self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+            del self.unplaced[w.id]
+        # Work whose bind was taken back is tried again at once, as the next cycle's allocate would try
+        # it: it may fit elsewhere; if not, its reason is the one that cycle would give.
+        for original in taken_back:
+            self._try_allocate(original)
+
+    def _try_allocate(self, w: WorkloadView, place: int = -1) -> bool:
+        """Place `w` now, or explain why not (the allocate action's, `Allocation._try_allocate`)."""
+        raise NotImplementedError
 
     def _waits_for(
         self, w: WorkloadView, victims: list[WorkloadView], code: str, reason: Callable[[WorkloadView], str]
@@ -229,10 +238,10 @@ class EvictionSearch(Victims):
         self.decisions.explanations[w.id] = explain.waiting_for_release(w)
         del self.unplaced[w.id]
 
-    def _retract(self, v: WorkloadView) -> None:
+    def _retract(self, v: WorkloadView) -> WorkloadView:
         """Take back this cycle's bind of `v` (it never started): its room goes to the gainer at once, and
-        `v` stays pending, explained (a later phase may bind it again). Cheaper than starting it now and
-        evicting it next cycle."""
+        `v` is pending again (its pending view, returned). Cheaper than starting it now and evicting it
+        next cycle."""
         original = self._tentative[v.id]
         self.state.release(original, v.placement)
         binds = self.decisions.binds
@@ -242,9 +251,7 @@ class EvictionSearch(Victims):
                 break
         self._retracted_now.add(v.id)
         self.unplaced[v.id] = original
-        self.decisions.explanations[v.id] = self._capacity_explanation(
-            original, explain.no_capacity(original, self.state.free_gpus(), 0)
-        )
+        return original
 
     def _able(
         self, candidates: dict[str, list[WorkloadView]], units: dict[str, float], need: float

@@ -140,6 +140,8 @@ class WorkloadView:
     start_time: float | None = None  # when the current attempt started
     last_checkpoint_time: float | None = None  # work since then is lost if evicted
     stopping: bool = False  # an eviction is under way: resources still held, soon released
+    # Stopping work only: the pending workload its eviction was for (Eviction.for_workload), if any.
+    evicted_for: int | None = None
 
     @property
     def running(self) -> bool:
@@ -156,7 +158,7 @@ class WorkloadView:
             node_names=self.node_names, max_duration=self.max_duration,
             attained_service=self.attained_service, duration_estimate=self.duration_estimate,
             placement=placement, start_time=start_time, last_checkpoint_time=self.last_checkpoint_time,
-            stopping=self.stopping,
+            stopping=self.stopping, evicted_for=self.evicted_for,
         )  # fmt: skip
 
     @property

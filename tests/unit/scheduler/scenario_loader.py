@@ -102,7 +102,7 @@ _WORKLOAD_KEYS = frozenset(
         "estimate",
     }
 )
-_RUNNING_KEYS = _WORKLOAD_KEYS | {"on", "start", "checkpoint", "stopping"}
+_RUNNING_KEYS = _WORKLOAD_KEYS | {"on", "start", "checkpoint", "stopping", "evicted_for"}
 _EXPECT_KEYS = frozenset({"binds", "evictions", "reasons", "fair_share"})
 _CONFIG_FIELDS = {f.name for f in fields(SchedulerConfig)}
 _COMPARISON = re.compile(r"^\s*(>=|<=|>|<|==|~)?\s*(.+?)\s*$")
@@ -480,7 +480,20 @@ def _workload(item: object, at: _Where, running: bool) -> WorkloadView:
             at.number("checkpoint", raw["checkpoint"]) if raw.get("checkpoint") is not None else None
         ),
         stopping=at.flag("stopping", raw.get("stopping", False)),
+        evicted_for=_evicted_for(raw, at),
     )
+
+
+def _evicted_for(raw: Mapping[str, Any], at: _Where) -> int | None:
+    """`evicted_for: ID`, the pending workload a stopping one's eviction was for."""
+    if raw.get("evicted_for") is None:
+        return None
+    if not raw.get("stopping"):
+        raise at.error("evicted_for", raw["evicted_for"], "is only for stopping work: add stopping: true")
+    number = at.number("evicted_for", raw["evicted_for"])
+    if not number.is_integer():
+        raise at.error("evicted_for", raw["evicted_for"], "must be a workload id (a whole number)")
+    return int(number)
 
 
 def _priority(value: object, at: _Where) -> int:

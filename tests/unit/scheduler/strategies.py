@@ -244,6 +244,13 @@ def snapshots(
         for k in range(draw(st.integers(0, max_pending))):
             spec = draw(workload_specs(100 + k, leaves))
             waiting.append(replace(spec, start_time=None))
+    # Stopping work may say which pending workload its eviction was for (none: cancelled, or its gainer
+    # has started or gone since).
+    gainers = [None, *(w.id for w in waiting)]
+    running = [
+        replace(w, evicted_for=draw(st.sampled_from(gainers))) if w.stopping and len(gainers) > 1 else w
+        for w in running
+    ]
     return Snapshot(
         nodes=cluster, pending=tuple(waiting), queues=queues, running=tuple(running), config=draw(configs())
     )

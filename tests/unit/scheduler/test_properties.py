@@ -138,10 +138,14 @@ def _forget() -> None:
 
 
 def apply(snapshot: Snapshot, decisions: Decisions, now: float = NOW) -> Snapshot:
-    """The next snapshot: bound work runs from `now`; evicted work is stopping (it still holds its GPUs)."""
+    """The next snapshot: bound work runs from `now`; evicted work is stopping (it still holds its GPUs),
+    and says which workload its eviction was for, as the server tells the scheduler."""
     bound = {b.workload_id: b for b in decisions.binds}
-    evicted = {e.workload_id for e in decisions.evictions}
-    running = [replace(w, stopping=True) if w.id in evicted else w for w in snapshot.running]
+    evicted = {e.workload_id: e.for_workload for e in decisions.evictions}
+    running = [
+        replace(w, stopping=True, evicted_for=evicted[w.id]) if w.id in evicted else w
+        for w in snapshot.running
+    ]
     running += [
         replace(w, placement=bound[w.id].pods, start_time=now) for w in snapshot.pending if w.id in bound
     ]
