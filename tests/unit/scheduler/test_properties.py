@@ -80,15 +80,16 @@ def test_a_steady_state_evicts_nothing(snapshot: Snapshot) -> None:
 
 @BOUNDED
 @given(snapshots())
-def test_a_second_cycle_on_applied_decisions_evicts_nothing(snapshot: Snapshot) -> None:
+def test_a_second_cycle_on_applied_decisions_evicts_nothing_and_binds_nothing(snapshot: Snapshot) -> None:
     """No ping-pong: once binds run and evicted work is stopping, the same state (same clock) gives no
-    further evictions."""
+    further evictions. And a cycle does all it can: nothing it left pending starts in the next one."""
     first = decide(snapshot, NOW)
     applied = apply(snapshot, first)
     second = decide(applied, NOW)
     problems = check_decisions(applied, NOW, second)
     assert not problems, "\n".join(problems) + _show(applied, second)
     assert not second.evictions, f"first cycle: {first}" + _show(applied, second)
+    assert not second.binds, f"first cycle: {first}" + _show(applied, second)
 
 
 @BOUNDED
