@@ -74,14 +74,18 @@ class Allocation(EvictionSearch):
         if not self.state.holding_nodes:
             return
         unplaced = self.unplaced
-        ids: dict[int, None] = {}  # in the order met: the sort below decides
+        stopping_for = self._stopping_for  # in the order met: the sort below decides
         for v in self.snapshot.running:
             gainer = v.evicted_for
             if gainer is not None and v.stopping and gainer in unplaced:
-                ids[gainer] = None
-        if not ids:
+                victims = stopping_for.get(gainer)
+                if victims is None:
+                    stopping_for[gainer] = [v.id]
+                else:
+                    victims.append(v.id)
+        if not stopping_for:
             return
-        gainers = [unplaced[i] for i in ids]
+        gainers = [unplaced[i] for i in stopping_for]
         fair_share = self.config.fair_share
         gainers.sort(key=lambda w: (self._queue_key(w.queue if fair_share else GLOBAL), self.ahead_of(w)))
         for w in gainers:

@@ -490,8 +490,7 @@ class Cycle(Allocation):
         for v in moved:
             why = f"moved to make room for workload {w.id} ({w.nodes} x {explain.gpu_text(w)})"
             self.decisions.evictions.append(Eviction(v.id, "consolidate", why, w.id))
-        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
-        del self.unplaced[w.id]
+        self._waiting(w, [v.id for v in moved])
         return True
 
 

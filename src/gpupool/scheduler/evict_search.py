@@ -39,8 +39,7 @@ class EvictionSearch(Victims):
         if placed is None:
             self._no_release_fit[key] = stamp
             return False
-        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
-        del self.unplaced[w.id]
+        self._waiting(w, [])
         return True
 
     def _evict_for(
@@ -198,24 +197,23 @@ class EvictionSearch(Victims):
         state.rollback(trial)
         state.rollback(checkpoint)
         state.generation = generation
-        stopping = False
+        evicted: list[int] = []
         taken_back: list[WorkloadView] = []
         for victim in victims:
             if victim.id in self._tentative:
                 taken_back.append(self._retract(victim))
             else:
                 self._evict(victim, code, reason(victim), w.id)
-                stopping = True
+                evicted.append(victim.id)
         if state.reservation is not None and state.reservation.workload_id == w.id:
             state.reservation = None
-        placed = None if stopping else self.placer.place_gang(w)
+        placed = None if evicted else self.placer.place_gang(w)
         if placed is not None:  # only binds of this cycle gave way: nothing to wait for
             self._bind(w, placed)
         else:
             placed = self.placer.place_gang(w, after_release=True)
             assert placed is not None
-            self.decisions.explanations[w.id] = explain.waiting_for_release(w)
-            del self.unplaced[w.id]
+            self._waiting(w, evicted)
         # Work whose bind was taken back is tried again at once, as the next cycle's allocate would try
         # it: it may fit elsewhere; if not, its reason is the one that cycle would give.
         for original in taken_back:
@@ -235,7 +233,14 @@ class EvictionSearch(Victims):
         state = self.state
         if state.reservation is not None and state.reservation.workload_id == w.id:
             state.reservation = None
-        self.decisions.explanations[w.id] = explain.waiting_for_release(w)
+        self._waiting(w, [v.id for v in victims])
+
+    def _waiting(self, w: WorkloadView, evicted: list[int]) -> None:
+        """`w` waits for GPUs being released: those of `evicted` (just now, for it), and of work stopping
+        for it since an earlier cycle."""
+        self.decisions.explanations[w.id] = explain.waiting_for_release(
+            w, [*self._stopping_for.get(w.id, ()), *evicted]
+        )
         del self.unplaced[w.id]
 
     def _retract(self, v: WorkloadView) -> WorkloadView:

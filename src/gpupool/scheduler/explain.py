@@ -120,10 +120,16 @@ def _over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> s
     return f"queue {queue} is at or over its fair share ({allocated:g} >= {fair:.3g} GPUs){behind}"
 
 
-def waiting_for_release(w: WorkloadView) -> Explanation:
-    return Explanation(
-        WAITING_FOR_RELEASE, f"waiting for {w.gpu_units:g} GPUs being released by evicted work"
-    )
+def waiting_for_release(w: WorkloadView, victims: Sequence[int] = ()) -> Explanation:
+    """`victims`: the ids of the work stopping for `w` (evicted for it, now or in an earlier cycle)."""
+    why = f"waiting for {w.gpu_units:g} GPUs being released by evicted work"
+    if victims:
+        ids = sorted(set(victims))
+        listed = ", ".join(str(i) for i in ids[:5])
+        if len(ids) > 5:
+            listed += f" and {len(ids) - 5} more"
+        why += f" (workload {listed} stops for it)" if len(ids) == 1 else f" (workloads {listed} stop for it)"
+    return Explanation(WAITING_FOR_RELEASE, why)
 
 
 def reserved(holder: int, start: float, now: float) -> Explanation:

@@ -161,6 +161,7 @@ class Prepared:
         self._pending_by_id = dict(self.unplaced)
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._retracted_now: set[int] = set()  # since the last pending_groups()
+        self._stopping_for: dict[int, list[int]] = {}  # pending id -> stopping work evicted for it (ids)
         # Work held back by another (see Cycle._let_go): under strict blocking, each group's workload that
         # did not fit and holds back the rest; under backfill, the reservation that held back a workload.
         self._blockers: dict[str, WorkloadView] = {}

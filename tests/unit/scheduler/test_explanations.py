@@ -65,3 +65,47 @@ def test_work_held_back_by_strict_order_names_the_workload_it_waits_behind() -> 
     assert [e.workload_id for e in decisions.evictions] == [1]
     assert decisions.explanations[11].code == "no-capacity"
     assert decisions.explanations[12].message == "waiting behind workload 11 (strict order)"
+
+
+def test_work_waiting_for_release_names_the_work_stopping_for_it_then_and_later() -> None:
+    # Preempt evicts 1 and 2 for 10 (two GPUs of a full node): 10 is told which workloads stop for it. In
+    # the next cycle they are stopping, evicted for 10, and 10 is told the same; stopping for no one
+    # known (say, cancelled), they are named to no one.
+    data: dict[str, object] = {
+        "description": "waiting names its victims",
+        "now": 10000,
+        "nodes": [{"name": "n1", "gpus": 4}],
+        "running": [
+            {"id": 1, "on": {"n1": [0]}, "priority": 10},
+            {"id": 2, "on": {"n1": [1]}, "priority": 10},
+            {"id": 3, "on": {"n1": [2]}, "priority": 100},
+            {"id": 4, "on": {"n1": [3]}, "priority": 100},
+        ],
+        "pending": [{"id": 10, "gpus": 2, "priority": 100}],
+        "expect": {"binds": {}, "evictions": {1: "preempt for 10", 2: "preempt for 10"}},
+    }
+    first = parse_scenario(data, "first")
+    decisions = decide(first.snapshot, first.now)
+    assert sorted(e.workload_id for e in decisions.evictions) == [1, 2]
+    waiting = "waiting for 2 GPUs being released by evicted work"
+    assert decisions.explanations[10].message == waiting + " (workloads 1, 2 stop for it)"
+
+    for gainer, told in ((10, waiting + " (workloads 1, 2 stop for it)"), (None, waiting)):
+        later = {
+            **data,
+            "running": [
+                {**r, "stopping": True, "evicted_for": gainer} if r["id"] in (1, 2) else r
+                for r in _running(data)
+            ],
+            "expect": {"binds": {}, "evictions": {}},
+        }
+        second = parse_scenario(later, "second")
+        decisions = decide(second.snapshot, second.now)
+        assert not decisions.evictions
+        assert decisions.explanations[10].message == told
+
+
+def _running(data: dict[str, object]) -> list[dict[str, object]]:
+    running = data["running"]
+    assert isinstance(running, list)
+    return running
