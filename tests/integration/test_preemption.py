@@ -149,3 +149,37 @@ def test_a_queue_within_its_quota_reclaims_from_one_above_its_quota_below_its_fa
     with server.http() as client:
         for wid in (big["id"], small["id"]):
             client.post(f"/api/v1/workloads/{wid}/cancel")
+
+
+SLOW_TO_STOP = """
+import signal, sys, time
+def on_term(*_):
+    time.sleep(3)  # a long checkpoint
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_work_waiting_for_a_victim_to_stop_is_told_which_one(server: ServerProcess, job_dir: Path) -> None:
+    (job_dir / "slow.py").write_text(SLOW_TO_STOP)
+    _queue(server, {"name": "team", "resources": {"gpu": {"quota": 8}}})
+    low = server.submit(
+        {
+            "queue": "team", "priority": "train", "resources": {"gpu": 8}, "workdir": str(job_dir),
+            "commands": ["python3 slow.py"], "grace_period": "30s",
+        }
+    )  # fmt: skip
+    server.wait_for(low["id"], states=("running",))
+    deadline = time.time() + 30
+    while "ready" not in _log(server, low["id"]):  # its SIGTERM handler is in place
+        assert time.time() < deadline, "the low-priority job never started its loop"
+        time.sleep(0.1)
+    high = server.submit({"queue": "team", "priority": 90, "resources": {"gpu": 8}, "commands": ["true"]})
+    told = server.wait_for_reason(high["id"])
+    assert told["reason_code"] == "waiting-for-release", told
+    out = server.cli("why", str(high["id"]), check=True).stdout
+    assert f"workload {low['id']} stops for it" in out, out
+    assert server.wait_for(high["id"], timeout=60)["state"] == "succeeded"
