@@ -4,10 +4,8 @@ the victim stops (docs/scheduler.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
@@ -16,16 +14,9 @@ from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.scheduler import Eviction
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Workload
+from gpupool.store.models import Attempt
 from gpupool.timeutil import utcnow
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    store = Store(f"sqlite:///{tmp_path / 'gpupool.db'}")
-    service.ensure_default_queue(store)
-    yield store
-    store.close()
+from tests.support.store import run_attempt
 
 
 def _submit(store: Store) -> int:
@@ -33,25 +24,12 @@ def _submit(store: Store) -> int:
     return int(service.submit(store, spec)["id"])
 
 
-def _running(store: Store, workload_id: int, gpu: int) -> None:
-    with store.session() as s:
-        workload = s.get(Workload, workload_id)
-        assert workload is not None
-        workload.state = "running"
-        s.add(
-            Attempt(
-                workload_id=workload_id, number=0, state="running", node_name="n1", gpu_indices=[gpu],
-                gpu_fraction=1.0, pods=[{"node": "n1", "gpu_indices": [gpu], "gpu_fraction": 1.0}],
-            )
-        )  # fmt: skip
-
-
 def test_a_stopping_attempt_tells_the_scheduler_which_workload_it_was_evicted_for(
     tmp_path: Path, store: Store
 ) -> None:
     victim, drained, gainer = _submit(store), _submit(store), _submit(store)
-    _running(store, victim, 0)
-    _running(store, drained, 1)
+    run_attempt(store, victim, "n1", [0])
+    run_attempt(store, drained, "n1", [1])
     reconciler = Reconciler(store, AgentBackend(lease=10.0), None, ControlSettings(home=tmp_path))
     with store.read() as s:
         before = {w.id: w for w in reconciler._snapshot(s, 0.0).running}

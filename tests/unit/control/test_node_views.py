@@ -4,7 +4,7 @@ scheduler in the very next pass: cordon, drain, loss, a health verdict, a node j
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,14 +21,6 @@ from gpupool.store.models import Attempt, Node, Workload
 from tests.support.process import Clock
 
 LEASE = 10.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    store = Store(f"sqlite:///{tmp_path / 'gpupool.db'}")
-    service.ensure_default_queue(store)
-    yield store
-    store.close()
 
 
 def _pool(store: Store, tmp_path: Path, clock: Clock) -> tuple[Reconciler, AgentBackend]:

@@ -23,7 +23,8 @@ from gpupool.scheduler import Explanation, QueueView, SchedulerConfig, Snapshot,
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.spec.scheduling import DEFAULT_POLICY, effective_priority, weighted_by_young
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Workload
+from gpupool.store.models import Attempt
+from tests.support.store import run_attempt
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -43,21 +44,6 @@ def _submit(store: Store, queue: str, gpus: int = 1, priority: str = "train", ch
     if checkpoint:
         fields["checkpoint"] = "./ckpt"
     return int(service.submit(store, parse_workload_spec(fields))["id"])
-
-
-def _run(store: Store, workload_id: int, gpus: list[int], since: datetime) -> None:
-    """The workload as running on node `a` since `since` (no process: the loop only reads the store)."""
-    with store.session() as s:
-        workload = s.get(Workload, workload_id)
-        assert workload is not None
-        workload.state = "running"
-        s.add(
-            Attempt(
-                workload_id=workload_id, number=len(workload.attempts), state="running", node_name="a",
-                gpu_indices=gpus, gpu_fraction=1.0, pods=[{"node": "a", "gpu_indices": gpus}],
-                started_at=since,
-            )
-        )  # fmt: skip
 
 
 def _reconciler(store: Store, home: Path, policy: SchedulerConfig | None = None) -> Reconciler:
@@ -82,7 +68,7 @@ def test_running_work_leaves_the_top_band_as_its_service_passes_the_first_thresh
     tmp_path: Path, store: Store
 ) -> None:
     old, new = _submit(store, "team", gpus=2), _submit(store, "team")
-    _run(store, old, [0, 1], T0)
+    run_attempt(store, old, "a", [0, 1], T0)
     reconciler = _reconciler(store, tmp_path)
     # 2 GPUs for 59 s: 118 GPU-seconds, still under 2 GPU-minutes: the same band as new work.
     before = _snapshot(reconciler, store, T0 + timedelta(seconds=59))
@@ -100,7 +86,7 @@ def test_running_work_leaves_the_top_band_as_its_service_passes_the_first_thresh
 
 def test_running_work_that_declares_no_checkpoint_keeps_the_top_band(tmp_path: Path, store: Store) -> None:
     old, new = _submit(store, "team", gpus=2, checkpoint=False), _submit(store, "team")
-    _run(store, old, [0, 1], T0)
+    run_attempt(store, old, "a", [0, 1], T0)
     after = _snapshot(_reconciler(store, tmp_path), store, T0 + timedelta(hours=5))
     assert _priorities(after)[old] == _priorities(after)[new]  # preempt cannot take it for the new work
     assert _weights(after)["team"] == 5.0  # its service still counts: only the new work is young
@@ -108,7 +94,7 @@ def test_running_work_that_declares_no_checkpoint_keeps_the_top_band(tmp_path: P
 
 def test_a_higher_user_priority_keeps_outranking_whatever_its_service(tmp_path: Path, store: Store) -> None:
     important, new = _submit(store, "team", priority="interactive"), _submit(store, "team")
-    _run(store, important, [0], T0)
+    run_attempt(store, important, "a", [0], T0)
     snapshot = _snapshot(_reconciler(store, tmp_path), store, T0 + timedelta(days=30))
     assert _priorities(snapshot)[important] > _priorities(snapshot)[new]
 
@@ -116,14 +102,14 @@ def test_a_higher_user_priority_keeps_outranking_whatever_its_service(tmp_path: 
 def test_a_queue_ordered_fifo_keeps_its_work_in_one_band(tmp_path: Path, store: Store) -> None:
     service.update_queue(store, "team", lambda spec: parse_queue_spec({**spec, "ordering": "fifo"}))
     old, new = _submit(store, "team", gpus=2), _submit(store, "team")
-    _run(store, old, [0, 1], T0)
+    run_attempt(store, old, "a", [0, 1], T0)
     snapshot = _snapshot(_reconciler(store, tmp_path), store, T0 + timedelta(hours=1))
     assert _priorities(snapshot)[old] == _priorities(snapshot)[new]
 
 
 def test_a_queues_over_quota_weight_follows_its_young_work(tmp_path: Path, store: Store) -> None:
     old = _submit(store, "other", gpus=4)
-    _run(store, old, [0, 1, 2, 3], T0)
+    run_attempt(store, old, "a", [0, 1, 2, 3], T0)
     _submit(store, "team")
     _submit(store, "team")
     reconciler = _reconciler(store, tmp_path)
@@ -145,7 +131,7 @@ def test_the_earlier_attempts_count_toward_a_running_workloads_band(tmp_path: Pa
                 started_at=T0 - timedelta(hours=1), finished_at=T0 - timedelta(minutes=50),
             )
         )  # fmt: skip
-    _run(store, resumed, [0], T0)
+    run_attempt(store, resumed, "a", [0], T0)
     snapshot = _snapshot(_reconciler(store, tmp_path), store, T0 + timedelta(seconds=1))
     assert _priorities(snapshot)[resumed] < _priorities(snapshot)[new]  # 601 GPU-seconds in all
 
@@ -154,7 +140,7 @@ def test_with_bands_and_weights_off_the_loop_gives_user_priorities_and_spec_weig
     tmp_path: Path, store: Store
 ) -> None:
     old, new = _submit(store, "team", gpus=2), _submit(store, "team")
-    _run(store, old, [0, 1], T0)
+    run_attempt(store, old, "a", [0, 1], T0)
     off = SchedulerConfig(ordering="las", las_thresholds=(120.0,))  # las order, no las_preempt, no weights
     snapshot = _snapshot(_reconciler(store, tmp_path, off), store, T0 + timedelta(hours=1))
     assert _priorities(snapshot) == {old: 50, new: 50}

@@ -1,0 +1,19 @@
+"""What the control loop's unit tests share: a fresh SQLite store with the default queue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupool.control import service
+from gpupool.store.db import Store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(f"sqlite:///{tmp_path / 'gpupool.db'}")
+    service.ensure_default_queue(store)
+    yield store
+    store.close()
