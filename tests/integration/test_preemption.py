@@ -158,7 +158,8 @@ def on_term(*_):
     sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
 print("ready", flush=True)
-while True:
+deadline = time.time() + 60  # never outlives the test by long, even if nothing stops it
+while time.time() < deadline:
     time.sleep(0.1)
 """
 
@@ -183,3 +184,6 @@ def test_work_waiting_for_a_victim_to_stop_is_told_which_one(server: ServerProce
     out = server.cli("why", str(high["id"]), check=True).stdout
     assert f"workload {low['id']} stops for it" in out, out
     assert server.wait_for(high["id"], timeout=60)["state"] == "succeeded"
+    with server.http() as client:  # the victim runs again once the GPUs are free: stop it before the server
+        client.post(f"/api/v1/workloads/{low['id']}/cancel")
+    assert server.wait_for(low["id"], timeout=30)["state"] == "cancelled"
