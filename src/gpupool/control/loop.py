@@ -212,6 +212,8 @@ class Reconciler(Observation, SnapshotBuilding):
             self._evict(
                 reword_preemptions(decisions.evictions, snapshot.pending, snapshot.running, self._config)
             )
+        if decisions.released_to:
+            self._promise(decisions.released_to)
         for bind in decisions.binds:
             self._start(bind)
 
@@ -250,6 +252,20 @@ class Reconciler(Observation, SnapshotBuilding):
                     eviction.for_workload,
                     eviction.reason,
                 )
+
+    def _promise(self, released_to: dict[int, int]) -> None:
+        """Keep the pending workload that the GPUs of stopping work were promised to (cancelled or drained
+        work, or work whose gainer has gone: see `Decisions.released_to`) on the stopping attempt, as an
+        eviction's gainer is kept: the next snapshot gives it as that work's `evicted_for`."""
+        with self.store.session() as s:
+            for workload_id, waiting in released_to.items():
+                attempt = s.scalar(
+                    select(Attempt).where(Attempt.workload_id == workload_id, Attempt.state == RUNNING)
+                )
+                if attempt is None or attempt.stop_requested_at is None:
+                    continue  # it has stopped since the snapshot: its GPUs are free for the next pass
+                attempt.stop_for_workload = waiting
+                log.info("event=release_promised workload=%d to=%d", workload_id, waiting)
 
     def _start(self, bind: scheduler.Bind) -> None:
         home = self.settings.home

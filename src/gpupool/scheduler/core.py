@@ -96,4 +96,5 @@ def _copy(decisions: Decisions) -> Decisions:
         evictions=list(decisions.evictions),
         explanations=dict(decisions.explanations),
         fair_shares={queue: dict(shares) for queue, shares in decisions.fair_shares.items()},
+        released_to=dict(decisions.released_to),
     )

@@ -263,12 +263,13 @@ class Cycle(Allocation):
             checkpoint, generation = state.checkpoint(), state.generation
             state.evict(g, "reclaim")
             trial = state.checkpoint()
-            if self.placer.place_gang(w, after_release=True) is None:
+            placed = self.placer.place_gang(w, after_release=True)
+            if placed is None:
                 state.rollback(checkpoint)
                 state.generation = generation
                 continue
             reason = self._reclaim_reason(w, floor)
-            self._keep_trial(w, [g], "reclaim", reason, (checkpoint, trial, generation))
+            self._keep_trial(w, [g], "reclaim", reason, (checkpoint, trial, generation), placed)
             return True
         self._no_victims[key] = stamp
         return False
@@ -482,6 +483,7 @@ class Cycle(Allocation):
             return False
         # Keep the gang's room, then every moved workload must find a new home this cycle, or nothing moves.
         placed = self.placer.place_gang(w, after_release=True)
+        assert placed is not None  # as just before, on the same state
         for v in moved:
             if self.placer.place_gang(v) is None:
                 state.rollback(checkpoint)
@@ -490,7 +492,7 @@ class Cycle(Allocation):
         for v in moved:
             why = f"moved to make room for workload {w.id} ({w.nodes} x {explain.gpu_text(w)})"
             self.decisions.evictions.append(Eviction(v.id, "consolidate", why, w.id))
-        self._waiting(w, [v.id for v in moved])
+        self._waiting(w, [v.id for v in moved], placed)
         return True
 
 

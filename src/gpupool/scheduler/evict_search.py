@@ -12,7 +12,7 @@ from typing import Final
 from gpupool.scheduler import explain
 from gpupool.scheduler.placement import families
 from gpupool.scheduler.prepare import AbleNode, Prepared
-from gpupool.scheduler.snapshot import Eviction, WorkloadView
+from gpupool.scheduler.snapshot import Eviction, PodPlacement, WorkloadView
 from gpupool.scheduler.state import EPSILON, MIXED, NodeState
 from gpupool.scheduler.victims import Victims
 
@@ -39,7 +39,7 @@ class EvictionSearch(Victims):
         if placed is None:
             self._no_release_fit[key] = stamp
             return False
-        self._waiting(w, [])
+        self._waiting(w, [], placed)
         return True
 
     def _evict_for(
@@ -167,12 +167,13 @@ class EvictionSearch(Victims):
         for victim in victims:
             state.evict(victim, code)
         trial = state.checkpoint()
-        if self.placer.place_gang(w, after_release=True) is None:
+        placed = self.placer.place_gang(w, after_release=True)
+        if placed is None:
             state.rollback(checkpoint)
             state.generation = generation
             self._no_victims[key] = stamp
             return False
-        self._keep_trial(w, victims, code, reason, (checkpoint, trial, generation))
+        self._keep_trial(w, victims, code, reason, (checkpoint, trial, generation), placed)
         return True
 
     def _keep_trial(
@@ -182,15 +183,16 @@ class EvictionSearch(Victims):
         code: str,
         reason: Callable[[WorkloadView], str],
         undo: tuple[int, int, int],
+        placed: tuple[PodPlacement, ...],
     ) -> None:
-        """Keep a trial that evicted `victims` and then placed `w` after release. `undo`: the state's
-        checkpoint before the evictions, its checkpoint before the placement, and its generation before
-        both: the trial is undone to them when a bind of this cycle is among the victims, since such a bind
-        is taken back (its room free at once), not evicted."""
+        """Keep a trial that evicted `victims` and then placed `w` after release (`placed`). `undo`: the
+        state's checkpoint before the evictions, its checkpoint before the placement, and its generation
+        before both: the trial is undone to them when a bind of this cycle is among the victims, since such
+        a bind is taken back (its room free at once), not evicted."""
         if not any(victim.id in self._tentative for victim in victims):
             # The trial is the outcome: the same evictions and the same room after release that doing it
             # again would give.
-            self._waits_for(w, victims, code, reason)
+            self._waits_for(w, victims, code, reason, placed)
             return
         state = self.state
         checkpoint, trial, generation = undo
@@ -207,13 +209,13 @@ class EvictionSearch(Victims):
                 evicted.append(victim.id)
         if state.reservation is not None and state.reservation.workload_id == w.id:
             state.reservation = None
-        placed = None if evicted else self.placer.place_gang(w)
-        if placed is not None:  # only binds of this cycle gave way: nothing to wait for
-            self._bind(w, placed)
+        now = None if evicted else self.placer.place_gang(w)
+        if now is not None:  # only binds of this cycle gave way: nothing to wait for
+            self._bind(w, now)
         else:
-            placed = self.placer.place_gang(w, after_release=True)
-            assert placed is not None
-            self._waiting(w, evicted)
+            later = self.placer.place_gang(w, after_release=True)
+            assert later is not None
+            self._waiting(w, evicted, later)
         # Work whose bind was taken back is tried again at once, as the next cycle's allocate would try
         # it: it may fit elsewhere; if not, its reason is the one that cycle would give.
         for original in taken_back:
@@ -224,24 +226,56 @@ class EvictionSearch(Victims):
         raise NotImplementedError
 
     def _waits_for(
-        self, w: WorkloadView, victims: list[WorkloadView], code: str, reason: Callable[[WorkloadView], str]
+        self,
+        w: WorkloadView,
+        victims: list[WorkloadView],
+        code: str,
+        reason: Callable[[WorkloadView], str],
+        placed: tuple[PodPlacement, ...],
     ) -> None:
-        """Keep a trial that evicted `victims` and placed `w` after release: the evictions are decided and
-        `w` waits for their GPUs."""
+        """Keep a trial that evicted `victims` and placed `w` after release (`placed`): the evictions are
+        decided and `w` waits for their GPUs."""
         for victim in victims:
             self.decisions.evictions.append(Eviction(victim.id, code, reason(victim), w.id))
         state = self.state
         if state.reservation is not None and state.reservation.workload_id == w.id:
             state.reservation = None
-        self._waiting(w, [v.id for v in victims])
+        self._waiting(w, [v.id for v in victims], placed)
 
-    def _waiting(self, w: WorkloadView, evicted: list[int]) -> None:
-        """`w` waits for GPUs being released: those of `evicted` (just now, for it), and of work stopping
-        for it since an earlier cycle."""
+    def _waiting(self, w: WorkloadView, evicted: list[int], placed: tuple[PodPlacement, ...]) -> None:
+        """`w` waits for GPUs being released, its room once they are being `placed`: those of `evicted`
+        (just now, for it), and of work stopping for it since an earlier cycle."""
         self.decisions.explanations[w.id] = explain.waiting_for_release(
             w, [*self._stopping_for.get(w.id, ()), *evicted]
         )
         del self.unplaced[w.id]
+        if self._snapshot_stopping:
+            self._promise(w, placed)
+
+    def _promise(self, w: WorkloadView, placed: tuple[PodPlacement, ...]) -> None:
+        """Promise `w` the GPUs of stopping work that its room `placed` takes, where that work stops for no
+        pending workload (`Decisions.released_to`; the first promise of a cycle stands). Kept as the
+        stopping work's `evicted_for`, it lets the next cycle serve `w` first: otherwise work that comes
+        earlier in that cycle's order could take the room, and `w` would evict other work for room again."""
+        stopping_on = self._stopping_on
+        if stopping_on is None:
+            stopping_on = self._stopping_on = {}
+            for v in self.snapshot.running:
+                if v.stopping:
+                    for pod in v.placement:
+                        on_node = stopping_on.get(pod.node)
+                        if on_node is None:
+                            stopping_on[pod.node] = [(v, pod)]
+                        else:
+                            on_node.append((v, pod))
+        released_to = self.decisions.released_to
+        pending = self._pending_by_id
+        for pod in placed:
+            for v, held in stopping_on.get(pod.node, ()):
+                if v.id in released_to or (v.evicted_for is not None and v.evicted_for in pending):
+                    continue  # promised already, or its GPUs are another (or `w`'s) gainer's room
+                if any(index in pod.gpu_indices for index in held.gpu_indices):
+                    released_to[v.id] = w.id
 
     def _retract(self, v: WorkloadView) -> WorkloadView:
         """Take back this cycle's bind of `v` (it never started): its room goes to the gainer at once, and

@@ -140,7 +140,8 @@ class WorkloadView:
     start_time: float | None = None  # when the current attempt started
     last_checkpoint_time: float | None = None  # work since then is lost if evicted
     stopping: bool = False  # an eviction is under way: resources still held, soon released
-    # Stopping work only: the pending workload its eviction was for (Eviction.for_workload), if any.
+    # Stopping work only: the pending workload its GPUs are for, if any: the one its eviction was for
+    # (Eviction.for_workload), or one that a later cycle promised them to (Decisions.released_to).
     evicted_for: int | None = None
 
     @property
@@ -291,3 +292,8 @@ class Decisions:
     explanations: dict[int, Explanation] = field(default_factory=dict)
     # Fair share per queue and resource, as computed this cycle (leaves and parents).
     fair_shares: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Stopping work whose GPUs this cycle promised to a workload it left waiting for them, where that work
+    # was stopping for no pending workload (cancelled, drained, or its gainer gone or started): stopping
+    # workload id -> the waiting workload. The caller keeps it as the stopping work's `evicted_for`, so
+    # that the next cycle serves the waiting workload first, as it serves the gainers of evictions.
+    released_to: dict[int, int] = field(default_factory=dict)

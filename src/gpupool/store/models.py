@@ -177,8 +177,9 @@ class Attempt(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     stop_reason: Mapped[str] = mapped_column(String(32), default="")
     stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    # An eviction's gainer (scheduler.Eviction.for_workload): while this attempt stops, the GPUs it releases
-    # are that pending workload's room (WorkloadView.evicted_for).
+    # An eviction's gainer (scheduler.Eviction.for_workload), or the waiting workload a later pass promised
+    # the GPUs of this attempt, stopping for no one, to (scheduler.Decisions.released_to): while this
+    # attempt stops, the GPUs it releases are that pending workload's room (WorkloadView.evicted_for).
     stop_for_workload: Mapped[int | None] = mapped_column(Integer, nullable=True)
     killed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

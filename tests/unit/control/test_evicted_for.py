@@ -1,6 +1,7 @@
 """An eviction's gainer is remembered on the stopping attempt (`stop_for_workload`) and reaches the
 scheduler as the running view's `evicted_for`, so that the next passes serve that workload first while
-the victim stops (docs/scheduler.md)."""
+the victim stops (docs/scheduler.md). So is the workload that the GPUs of work stopping for no one
+(cancelled, drained) were promised to (`Decisions.released_to`)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,19 @@ from pathlib import Path
 from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
-from gpupool.control import service
+from gpupool.control import agents, service
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.scheduler import Eviction
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt
 from gpupool.timeutil import utcnow
+from tests.support.process import Clock
 from tests.support.store import run_attempt
 
 
-def _submit(store: Store) -> int:
-    spec = parse_workload_spec({"commands": ["sleep 60"], "resources": {"gpu": 1}})
+def _submit(store: Store, gpus: int = 1) -> int:
+    spec = parse_workload_spec({"commands": ["sleep 60"], "resources": {"gpu": gpus}})
     return int(service.submit(store, spec)["id"])
 
 
@@ -46,3 +48,29 @@ def test_a_stopping_attempt_tells_the_scheduler_which_workload_it_was_evicted_fo
     assert running[victim].stopping and running[victim].evicted_for == gainer
     assert [w.id for w in snapshot.pending] == [gainer]
     assert running[drained].stopping and running[drained].evicted_for is None
+
+
+def test_the_gpus_of_cancelled_work_are_promised_to_the_workload_waiting_for_them(
+    tmp_path: Path, store: Store
+) -> None:
+    # One agent node with two GPUs (no agent process: the agent backend only records what it is sent).
+    backend = AgentBackend(lease=60.0, clock=Clock())
+    token = str(agents.create_join_token(store, 3600)["token"])
+    agents.register(store, "a", join_token=token, credential=None)
+    backend.register("a", {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 2]]}, "127.0.0.1")
+    reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
+    cancelled = _submit(store, gpus=2)
+    reconciler.tick()
+    service.cancel(store, cancelled)  # it stops; its GPUs are held until the agent reports it gone
+    waiting = _submit(store, gpus=2)
+    reconciler.tick()
+
+    with store.read() as s:
+        attempt = s.scalar(select(Attempt).where(Attempt.workload_id == cancelled))
+        assert attempt is not None and attempt.stop_requested_at is not None
+        assert attempt.stop_for_workload == waiting
+        running = {w.id: w for w in reconciler._snapshot(s, 0.0).running}
+    assert running[cancelled].stopping and running[cancelled].evicted_for == waiting
+    reconciler.tick()  # what `gpupool why` shows (the API reads the loop's latest explanations)
+    told = reconciler.explanations[waiting].message
+    assert told == f"waiting for 2 GPUs being released by evicted work (workload {cancelled} stops for it)"

@@ -103,7 +103,7 @@ _WORKLOAD_KEYS = frozenset(
     }
 )
 _RUNNING_KEYS = _WORKLOAD_KEYS | {"on", "start", "checkpoint", "stopping", "evicted_for"}
-_EXPECT_KEYS = frozenset({"binds", "evictions", "reasons", "fair_share"})
+_EXPECT_KEYS = frozenset({"binds", "evictions", "reasons", "fair_share", "released_to"})
 _CONFIG_FIELDS = {f.name for f in fields(SchedulerConfig)}
 _COMPARISON = re.compile(r"^\s*(>=|<=|>|<|==|~)?\s*(.+?)\s*$")
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -152,6 +152,7 @@ class Expectations:
     evictions: dict[int, tuple[str, int | None]] | None = None  # exact set: code and optional beneficiary
     reasons: dict[int, str] | None = None  # only the listed workloads are checked
     fair_share: dict[str, dict[str, tuple[Condition, ...]]] | None = None  # queue -> resource -> checks
+    released_to: dict[int, int] | None = None  # exact: stopping workload -> the waiting one promised its GPUs
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,6 +599,12 @@ def _check_expected_ids(
     for _, beneficiary in (expect.evictions or {}).values():
         if beneficiary is not None and beneficiary not in pending_ids:
             raise where.error("expect.evictions", beneficiary, "'for' must name a pending workload")
+    stopping_ids = {w.id for w in running if w.stopping}
+    for wid, waiting in (expect.released_to or {}).items():
+        if wid not in stopping_ids:
+            raise where.error("expect.released_to", wid, "keys must be stopping workload ids")
+        if waiting not in pending_ids:
+            raise where.error("expect.released_to", waiting, "values must be pending workload ids")
     names = {q.name for q in queues}
     unknown_queues = sorted(set(expect.fair_share or ()) - names)
     if unknown_queues:
@@ -617,6 +624,7 @@ def _expectations(data: object, where: _Where) -> Expectations:
         evictions=_expected_evictions(raw["evictions"], at) if "evictions" in raw else None,
         reasons=_expected_reasons(raw["reasons"], at) if "reasons" in raw else None,
         fair_share=_expected_fair_share(raw["fair_share"], at) if "fair_share" in raw else None,
+        released_to=_expected_released_to(raw["released_to"], at) if "released_to" in raw else None,
     )
 
 
@@ -679,6 +687,15 @@ def _expected_reasons(data: object, at: _Where) -> dict[int, str]:
         if not isinstance(code, str):
             raise at.error(f"reasons.{wid}", code, "must be a reason code like no-capacity")
         out[wid] = code
+    return out
+
+
+def _expected_released_to(data: object, at: _Where) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for wid, waiting in _ids_mapping(data, at, "released_to").items():
+        if isinstance(waiting, bool) or not isinstance(waiting, int):
+            raise at.error(f"released_to.{wid}", waiting, "must be the pending workload's id")
+        out[wid] = waiting
     return out
 
 

@@ -17,6 +17,7 @@ from gpupool.scheduler.prepare import Prepared
 from gpupool.scheduler.snapshot import Decisions, Snapshot, WorkloadView
 from gpupool.scheduler.state import ClusterState
 from tests.unit.scheduler.invariants import check_decisions, reclaim_problems
+from tests.unit.scheduler.scenario_loader import parse_scenario
 from tests.unit.scheduler.strategies import NOW, ReclaimCase, reclaim_cases, snapshots
 
 # GPUPOOL_SCHEDULER_EXAMPLES=2000 searches deeper (minutes); the default keeps the file under ~30 s.
@@ -92,6 +93,41 @@ def test_a_second_cycle_on_applied_decisions_evicts_nothing_and_binds_nothing(sn
     assert not second.binds, f"first cycle: {first}" + _show(applied, second)
 
 
+def test_work_waiting_for_the_gpus_of_cancelled_work_keeps_its_room_in_the_next_cycle() -> None:
+    """x's workload 1 was cancelled (it stops for no one). b's 10 fits on n1 once 1's GPUs are released,
+    and waits for them there; n1's two free GPUs are part of its room, so d's 20 finds none (b's 30
+    starts on n2). The next cycle, with 30 running, puts queue d before b: without the promise of 1's GPUs
+    to 10 (kept as 1's `evicted_for`, as the server does), 20 would start on n1's free GPUs and 10 would
+    have lost its room."""
+    first = parse_scenario(
+        {
+            "description": "a promise",
+            "now": NOW,
+            "nodes": [{"name": "n1", "gpus": 4}, {"name": "n2", "gpus": 4}],
+            "queues": [{"name": "b", "gpu": 4}, {"name": "d", "gpu": 4}, {"name": "x", "gpu": 0}],
+            "running": [
+                {"id": 1, "queue": "x", "gpus": 2, "on": {"n1": [0, 1]}, "stopping": True},
+                {"id": 5, "queue": "x", "gpus": 3, "on": {"n2": [0, 1, 2]}, "preemptible": False},
+            ],
+            "pending": [
+                {"id": 10, "queue": "b", "gpus": 4, "submit": 0},
+                {"id": 30, "queue": "b", "gpus": 1, "submit": 1},
+                {"id": 20, "queue": "d", "gpus": 2, "submit": 0},
+            ],
+            "expect": {"released_to": {1: 10}},
+        },
+        "first",
+    )
+    decisions = decide(first.snapshot, NOW)
+    assert [b.workload_id for b in decisions.binds] == [30]
+    assert decisions.explanations[10].code == "waiting-for-release"
+    assert decisions.released_to == {1: 10}
+    second = decide(apply(first.snapshot, decisions), NOW)
+    assert not second.binds and not second.evictions
+    assert second.explanations[10].message.endswith("(workload 1 stops for it)")
+    assert second.released_to == {}  # 1's GPUs are 10's already
+
+
 @BOUNDED
 @given(snapshots())
 def test_decide_is_deterministic(snapshot: Snapshot) -> None:
@@ -140,11 +176,17 @@ def _forget() -> None:
 
 def apply(snapshot: Snapshot, decisions: Decisions, now: float = NOW) -> Snapshot:
     """The next snapshot: bound work runs from `now`; evicted work is stopping (it still holds its GPUs),
-    and says which workload its eviction was for, as the server tells the scheduler."""
+    and says which workload its eviction was for, as the server tells the scheduler; stopping work whose
+    GPUs were promised to a waiting workload says that one."""
     bound = {b.workload_id: b for b in decisions.binds}
     evicted = {e.workload_id: e.for_workload for e in decisions.evictions}
+    promised = decisions.released_to
     running = [
-        replace(w, stopping=True, evicted_for=evicted[w.id]) if w.id in evicted else w
+        replace(w, stopping=True, evicted_for=evicted[w.id])
+        if w.id in evicted
+        else replace(w, evicted_for=promised[w.id])
+        if w.id in promised
+        else w
         for w in snapshot.running
     ]
     running += [

@@ -21,7 +21,8 @@ A file's name is the rule it proves. The format (read by `scenario_loader.py`; u
          min_runtime_preempt: 10m, min_runtime_reclaim: 600, usage: 36000}
     running:                     # id, queue (default q), gpus per pod, priority (number or class name,
                                  # default train = 50), preemptible (default true), start (default 0),
-                                 # checkpoint (last_checkpoint_time), stopping, max_duration, submit...
+                                 # checkpoint (last_checkpoint_time), stopping, evicted_for (stopping
+                                 # work: the pending workload its GPUs are for), max_duration, submit...
       - {id: 1, queue: a, on: {n1: [0, 1, 2, 3]}, start: 0}   # one entry per pod: node -> GPU indices
       - {id: 2, queue: a, gpus: 0.5, on: {n1: [4]}}            # a fraction: one index, gpus < 1
       - {id: 3, queue: a, on: [{r2-1: "0-3"}, {r2-1: "4-7"}]}  # list form: several pods on one node
@@ -39,6 +40,7 @@ A file's name is the rule it proves. The format (read by `scenario_loader.py`; u
       reasons: {10: waiting-for-release}     # reason code of the listed pending workloads only
       fair_share: {a: 4, b: "14/3", p: {gpu: [">=4", "<6"], cpu: 16}}  # GPU unless a resource is
                                  # named; numbers match within 1e-6; comparisons: > < >= <=
+      released_to: {}            # EXACT: stopping id -> the waiting id promised its GPUs; {} = none
 
 Every scenario is also checked against the invariants in `invariants.py` (no GPU over-committed, gangs
 whole, limits kept, every unbound pending workload explained with a known code, ...).
@@ -67,7 +69,7 @@ def test_the_scenario_set_is_complete_and_every_file_loads() -> None:
     for path in SCENARIO_FILES:
         scenario = load_scenario(path)
         expect = scenario.expect
-        checked = [expect.binds, expect.evictions, expect.reasons, expect.fair_share]
+        checked = [expect.binds, expect.evictions, expect.reasons, expect.fair_share, expect.released_to]
         assert any(x is not None for x in checked), f"{path.name} expects nothing"
         for code in (expect.reasons or {}).values():
             assert code in REASON_CODES, f"{path.name}: unknown reason code {code}"
@@ -136,6 +138,8 @@ def compare(scenario: Scenario, decisions: Decisions) -> list[str]:
             out.append(f"reason {wid}: expected {code}, decided no explanation")
         elif decisions.explanations[wid].code != code:
             out.append(f"reason {wid}: expected {code}, decided {decisions.explanations[wid].code}")
+    if expect.released_to is not None and decisions.released_to != expect.released_to:
+        out.append(f"released_to: expected {expect.released_to}, decided {decisions.released_to}")
     for queue, per_resource in (expect.fair_share or {}).items():
         for resource, conditions in per_resource.items():
             value = decisions.fair_shares.get(queue, {}).get(resource)
