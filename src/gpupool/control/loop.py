@@ -23,6 +23,7 @@ from typing import cast
 
 import psutil
 from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy.orm import Session
 
 from gpupool import scheduler
 from gpupool.backends.base import Backend, Launch, LaunchError, Pod
@@ -74,6 +75,11 @@ class Reconciler(Observation, SnapshotBuilding):
         self._resumable: set[int] = set()  # cached workloads whose spec declares a checkpoint
         # Answers an unchanged snapshot from memory (views above are reused, so comparing is cheap).
         self._scheduler = scheduler.Scheduler()
+        # Stopping work -> the pending workload its GPUs are for (evicted for it, or promised to it), as the
+        # last pass saw it: once such work has stopped, the next pass gives that workload as
+        # `victims_stopped` (the GPUs just released are its room, served first). Kept in memory: after a
+        # restart of the head, a gainer whose victims stopped meanwhile is served in the queues' order.
+        self._released_for: dict[int, int] = {}
         policy = settings.policy if settings.policy is not None else load_policy(settings.home)
         self._config = replace(policy, usage_weight=settings.usage_weight)
         self._band_notes = BandNotes(self._config)  # "why pending" in words, for work in a lower band
@@ -199,11 +205,12 @@ class Reconciler(Observation, SnapshotBuilding):
 
     def schedule(self, now: float) -> None:
         with self.store.read() as s:
-            snapshot = self._snapshot(s, now)
+            snapshot = self._pass_snapshot(s, now)
         if not snapshot.pending and not snapshot.running:
-            self.fair_shares, self.pass_queues = {}, ()
+            self.fair_shares, self.pass_queues, self._released_for = {}, (), {}
             return
         decisions = self._scheduler.decide(snapshot, now)
+        self._remember_released(snapshot, decisions)
         self.fair_shares, self.pass_queues = decisions.fair_shares, snapshot.queues
         self._band_notes.add(decisions.explanations, snapshot.pending, snapshot.queues)
         # Reasons first: starting many binds can take a while, and work left pending says why meanwhile.
@@ -216,6 +223,30 @@ class Reconciler(Observation, SnapshotBuilding):
             self._promise(decisions.released_to)
         for bind in decisions.binds:
             self._start(bind)
+
+    def _pass_snapshot(self, s: Session, now: float) -> scheduler.Snapshot:
+        """The snapshot a pass decides on: the store's, with the pending workloads whose victims (or the
+        work whose GPUs were promised to them) stopped since the last pass given as `victims_stopped`."""
+        snapshot = self._snapshot(s, now)
+        last = self._released_for
+        if not last:
+            return snapshot
+        running = {w.id for w in snapshot.running}
+        owed = {gainer for victim, gainer in last.items() if victim not in running}
+        if not owed:
+            return snapshot
+        pending = tuple(replace(w, victims_stopped=True) if w.id in owed else w for w in snapshot.pending)
+        return replace(snapshot, pending=pending)
+
+    def _remember_released(self, snapshot: scheduler.Snapshot, decisions: scheduler.Decisions) -> None:
+        """Which pending workload the GPUs of each stopping workload are for, once this pass's decisions are
+        carried out: the snapshot's stopping work, the evictions decided now, the promises made now."""
+        released = {w.id: w.evicted_for for w in snapshot.running if w.stopping and w.evicted_for is not None}
+        for eviction in decisions.evictions:
+            if eviction.for_workload is not None:
+                released[eviction.workload_id] = eviction.for_workload
+        released.update(decisions.released_to)
+        self._released_for = released
 
     def _evict(self, evictions: list[scheduler.Eviction]) -> None:
         """Stop evicted work gracefully (SIGTERM, SIGKILL after the grace period); it is requeued on exit."""

@@ -67,25 +67,29 @@ class Allocation(EvictionSearch):
             cursor[queue] = i
 
     def _serve_gainers(self) -> None:
-        """Work that evictions under way were made for (a stopping workload's `evicted_for`) is served
-        first, in allocation order among itself: the GPUs being released are its room as when the eviction
-        was decided, though the queues' order may have changed since (other work ahead now could take the
-        free GPUs that room also needs, and the gainer would evict again)."""
-        if not self.state.holding_nodes:
+        """Work that evictions under way were made for (a stopping workload's `evicted_for`), or whose
+        victims stopped since the last cycle (`victims_stopped`), is served first, in allocation order
+        among itself: the GPUs being released, or just released, are its room as when the eviction was
+        decided, though the queues' order may have changed since (other work ahead now could take them, or
+        the free GPUs that room also needs, and the gainer would evict again)."""
+        owed = self._owed
+        if not self.state.holding_nodes and not owed:
             return
         unplaced = self.unplaced
         stopping_for = self._stopping_for  # in the order met: the sort below decides
-        for v in self.snapshot.running:
-            gainer = v.evicted_for
-            if gainer is not None and v.stopping and gainer in unplaced:
-                victims = stopping_for.get(gainer)
-                if victims is None:
-                    stopping_for[gainer] = [v.id]
-                else:
-                    victims.append(v.id)
-        if not stopping_for:
+        if self.state.holding_nodes:
+            for v in self.snapshot.running:
+                gainer = v.evicted_for
+                if gainer is not None and v.stopping and gainer in unplaced:
+                    victims = stopping_for.get(gainer)
+                    if victims is None:
+                        stopping_for[gainer] = [v.id]
+                    else:
+                        victims.append(v.id)
+        if not stopping_for and not owed:
             return
         gainers = [unplaced[i] for i in stopping_for]
+        gainers.extend(unplaced[w.id] for w in owed if w.id not in stopping_for and w.id in unplaced)
         fair_share = self.config.fair_share
         gainers.sort(key=lambda w: (self._queue_key(w.queue if fair_share else GLOBAL), self.ahead_of(w)))
         for w in gainers:

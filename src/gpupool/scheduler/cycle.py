@@ -34,7 +34,23 @@ class Cycle(Allocation):
     def run(self) -> Decisions:
         for action in self.config.actions:
             getattr(self, action)()
+        if self.decisions.released_to:
+            self._keep_promises_in_line()
         return self.decisions
+
+    def _keep_promises_in_line(self) -> None:
+        """A promise of released GPUs (`_promise`) stands only for a workload that nothing still pending
+        comes before in its group's order: served first in the next cycle, it would otherwise go ahead of
+        work its own queue ranks higher (work whose bind was taken back late in this cycle, say), which
+        would then take room from others."""
+        fair_share = self.config.fair_share
+        released_to = self.decisions.released_to
+        for stopping, waiting in list(released_to.items()):
+            w = self._pending_by_id[waiting]
+            line = self.order[w.queue if fair_share else GLOBAL]
+            ahead = self.ahead_of(w)
+            if any(v.id in self.unplaced for v in line[:ahead]):
+                del released_to[stopping]
 
     # -- stale gangs ----------------------------------------------------------------------------------
 

@@ -164,6 +164,7 @@ class Prepared:
         self._stopping_for: dict[int, list[int]] = {}  # pending id -> stopping work evicted for it (ids)
         # whether the snapshot has stopping work (its GPUs held), and that work by node (see _promise)
         self._snapshot_stopping = bool(state.holding_nodes)
+        self._owed = [w for w in snapshot.pending if w.victims_stopped]  # see Allocation._serve_gainers
         self._stopping_on: dict[str, list[tuple[WorkloadView, PodPlacement]]] | None = None
         # Work held back by another (see Cycle._let_go): under strict blocking, each group's workload that
         # did not fit and holds back the rest; under backfill, the reservation that held back a workload.

@@ -143,6 +143,9 @@ class WorkloadView:
     # Stopping work only: the pending workload its GPUs are for, if any: the one its eviction was for
     # (Eviction.for_workload), or one that a later cycle promised them to (Decisions.released_to).
     evicted_for: int | None = None
+    # Pending work only: work stopping for it (its `evicted_for` was this workload) has stopped since the
+    # last cycle, so the GPUs it released are free now: still this workload's room, served first.
+    victims_stopped: bool = False
 
     @property
     def running(self) -> bool:
@@ -159,7 +162,7 @@ class WorkloadView:
             node_names=self.node_names, max_duration=self.max_duration,
             attained_service=self.attained_service, duration_estimate=self.duration_estimate,
             placement=placement, start_time=start_time, last_checkpoint_time=self.last_checkpoint_time,
-            stopping=self.stopping, evicted_for=self.evicted_for,
+            stopping=self.stopping, evicted_for=self.evicted_for, victims_stopped=self.victims_stopped,
         )  # fmt: skip
 
     @property

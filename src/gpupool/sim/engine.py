@@ -163,6 +163,10 @@ class Simulation:
         self._checkpoints: list[tuple[float, int, int]] = []
         self._running_tuple: tuple[WorkloadView, ...] | None = None
         self._pending_tuple: tuple[WorkloadView, ...] | None = None  # kept until the pending set changes
+        # The workloads the last cycle's evictions were for: their victims stopped at once (the engine
+        # releases evicted GPUs at once), so the next cycle gives them as `victims_stopped`, as the server
+        # does once their victims have stopped: their room is theirs, served first.
+        self._owed: frozenset[int] = frozenset()
         self._queues_tuple: tuple[QueueView, ...] | None = None
         self._queues_counts: tuple[float, ...] = ()
         self._queues_totals: list[float] = []  # each queue's young total behind `_queues_tuple`
@@ -456,12 +460,16 @@ class Simulation:
 
     def _cycle(self) -> Decisions:
         pending = self._pending_for_cycle()
+        owed = self._owed
+        if owed:
+            pending = tuple(replace(v, victims_stopped=True) if v.id in owed else v for v in pending)
         running = self._running_views()
         snapshot = Snapshot(self.cluster.nodes, pending, self._queues_for_cycle(), running, self.config)
         began = time.perf_counter()
         decisions = decide(snapshot, self.now)
         self.result.decide_s += time.perf_counter() - began
         self.result.cycles += 1
+        self._owed = frozenset(e.for_workload for e in decisions.evictions if e.for_workload is not None)
         if decisions.fair_shares and self.policy.queues != POOL:
             self._fair_shares = decisions.fair_shares
         for eviction in decisions.evictions:

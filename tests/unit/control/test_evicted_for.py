@@ -74,3 +74,27 @@ def test_the_gpus_of_cancelled_work_are_promised_to_the_workload_waiting_for_the
     reconciler.tick()  # what `gpupool why` shows (the API reads the loop's latest explanations)
     told = reconciler.explanations[waiting].message
     assert told == f"waiting for 2 GPUs being released by evicted work (workload {cancelled} stops for it)"
+
+
+def test_the_pass_after_a_victim_stopped_gives_its_gainer_the_room_first(
+    tmp_path: Path, store: Store
+) -> None:
+    victim, gainer = _submit(store), _submit(store)
+    run_attempt(store, victim, "n1", [0])
+    reconciler = Reconciler(store, AgentBackend(lease=10.0), None, ControlSettings(home=tmp_path))
+    reconciler._evict([Eviction(victim, "preempt", "preempted by workload 2", for_workload=gainer)])
+    reconciler.schedule(0.0)  # it sees the victim stopping for the gainer
+
+    def pending() -> dict[int, bool]:
+        with store.read() as s:
+            return {w.id: w.victims_stopped for w in reconciler._pass_snapshot(s, 0.0).pending}
+
+    assert pending() == {gainer: False}  # its victim still stops: it is served first as its gainer
+    with store.session() as s:  # the victim has stopped, as observe() records it: requeued
+        attempt = s.scalar(select(Attempt).where(Attempt.workload_id == victim))
+        assert attempt is not None
+        attempt.state, attempt.finished_at = "evicted", utcnow()
+        attempt.workload.state = "pending"
+    assert pending() == {victim: False, gainer: True}  # the GPUs just released are the gainer's room
+    reconciler.schedule(0.0)
+    assert pending() == {victim: False, gainer: False}  # for that one pass only

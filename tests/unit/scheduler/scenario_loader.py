@@ -103,6 +103,7 @@ _WORKLOAD_KEYS = frozenset(
     }
 )
 _RUNNING_KEYS = _WORKLOAD_KEYS | {"on", "start", "checkpoint", "stopping", "evicted_for"}
+_PENDING_KEYS = _WORKLOAD_KEYS | {"victims_stopped"}
 _EXPECT_KEYS = frozenset({"binds", "evictions", "reasons", "fair_share", "released_to"})
 _CONFIG_FIELDS = {f.name for f in fields(SchedulerConfig)}
 _COMPARISON = re.compile(r"^\s*(>=|<=|>|<|==|~)?\s*(.+?)\s*$")
@@ -439,7 +440,7 @@ def _optional_seconds(raw: dict[str, Any], key: str, at: _Where) -> float | None
 
 
 def _workload(item: object, at: _Where, running: bool) -> WorkloadView:
-    raw = _mapping(item, at.file, at.path, _RUNNING_KEYS if running else _WORKLOAD_KEYS)
+    raw = _mapping(item, at.file, at.path, _RUNNING_KEYS if running else _PENDING_KEYS)
     wid = raw.get("id")
     if isinstance(wid, bool) or not isinstance(wid, int):
         raise at.error("id", wid, "every workload needs a whole-number id")
@@ -482,6 +483,7 @@ def _workload(item: object, at: _Where, running: bool) -> WorkloadView:
         ),
         stopping=at.flag("stopping", raw.get("stopping", False)),
         evicted_for=_evicted_for(raw, at),
+        victims_stopped=at.flag("victims_stopped", raw.get("victims_stopped", False)),
     )
 
 

@@ -243,7 +243,8 @@ def snapshots(
     if pending:
         for k in range(draw(st.integers(0, max_pending))):
             spec = draw(workload_specs(100 + k, leaves))
-            waiting.append(replace(spec, start_time=None))
+            # work evicted for it may have stopped since the last cycle (its GPUs are free now)
+            waiting.append(replace(spec, start_time=None, victims_stopped=draw(st.integers(0, 9)) == 0))
     # Stopping work may say which pending workload its eviction was for (none: cancelled, or its gainer
     # has started or gone since).
     gainers = [None, *(w.id for w in waiting)]

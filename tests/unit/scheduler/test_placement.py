@@ -161,7 +161,7 @@ def test_a_started_view_keeps_every_other_field() -> None:
         cpus=4.0, memory_bytes=GB, preemptible=False, topology="rack", topology_preferred="zone",
         node_names=frozenset({"n1", "n2"}), max_duration=60.0, attained_service=9.0, duration_estimate=30.0,
         placement=(PodPlacement("n9", (0,), 1.0),), start_time=2.0, last_checkpoint_time=2.5, stopping=True,
-        evicted_for=11,
+        evicted_for=11, victims_stopped=True,
     )  # fmt: skip
     defaults = WorkloadView(id=0, queue="", priority=0, submit_time=0.0)
     changed = {"placement", "start_time"}

@@ -29,7 +29,8 @@ A file's name is the rule it proves. The format (read by `scenario_loader.py`; u
     pending:                     # id, queue, gpus (4, "H100:2", "A100|H100:2", "80GB:1", 0.5; default 1),
                                  # nodes (gang size, default 1), priority, preemptible, submit (default =
                                  # the id, so ids give FIFO order), topology, topology_preferred,
-                                 # max_duration, attained, estimate, cpus, memory, only_on (node names)
+                                 # max_duration, attained, estimate, cpus, memory, only_on (node names),
+                                 # victims_stopped (work evicted for it has stopped since the last cycle)
       - {id: 10, queue: b, gpus: 8, nodes: 2, topology: rack}
       - {id: 11, queue: a, gpus: "H100:2", priority: interactive, preemptible: false}
       - {id: 12, queue: b, gpus: 0.5, max_duration: 1h}
