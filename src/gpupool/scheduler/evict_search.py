@@ -288,7 +288,6 @@ class EvictionSearch(Victims):
             if binds[i].workload_id == v.id:
                 del binds[i]
                 break
-        self._retracted_now.add(v.id)
         self.unplaced[v.id] = original
         return original
 

@@ -160,7 +160,6 @@ class Prepared:
         self._gang_victims: list[WorkloadView] | None = None  # see _gangs
         self._pending_by_id = dict(self.unplaced)
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
-        self._retracted_now: set[int] = set()  # since the last pending_groups()
         self._stopping_for: dict[int, list[int]] = {}  # pending id -> stopping work evicted for it (ids)
         # whether the snapshot has stopping work (its GPUs held), and that work by node (see _promise)
         self._snapshot_stopping = bool(state.holding_nodes)
@@ -251,12 +250,12 @@ class Prepared:
         """Allocation order of the pending work's groups: queues, most under-served first (GLOBAL alone when
         fair share is off). A phase walks them in this order and each group's work in its own order,
         reading whether a workload is still unplaced when its turn comes (`still_unplaced`): one placed
-        since is skipped, and one whose bind was taken back during the phase was not unplaced in it."""
-        self._retracted_now.clear()
+        since is skipped, and one whose bind was taken back earlier in the phase takes its turn, as the
+        next cycle would give it one."""
         return sorted(self.order, key=self._queue_key)
 
     def still_unplaced(self, w: WorkloadView) -> bool:
-        return w.id in self.unplaced and w.id not in self._retracted_now
+        return w.id in self.unplaced
 
     def _least_gpus(self, queue: str) -> float:
         """The fewest GPUs any pending workload of `queue` asks for."""
