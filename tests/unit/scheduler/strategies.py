@@ -243,8 +243,12 @@ def snapshots(
     if pending:
         for k in range(draw(st.integers(0, max_pending))):
             spec = draw(workload_specs(100 + k, leaves))
-            # work evicted for it may have stopped since the last cycle (its GPUs are free now)
-            waiting.append(replace(spec, start_time=None, victims_stopped=draw(st.integers(0, 9)) == 0))
+            waiting.append(replace(spec, start_time=None))
+        # In one snapshot in four, work evicted for one or two pending workloads has stopped since the last
+        # cycle (its GPUs are free now): they are given as `victims_stopped`.
+        if waiting and draw(st.integers(0, 3)) == 0:
+            owed = draw(st.sets(st.sampled_from([w.id for w in waiting]), min_size=1, max_size=2))
+            waiting = [replace(w, victims_stopped=True) if w.id in owed else w for w in waiting]
     # Stopping work may say which pending workload its eviction was for (none: cancelled, or its gainer
     # has started or gone since).
     gainers = [None, *(w.id for w in waiting)]
