@@ -34,9 +34,30 @@ class Cycle(Allocation):
     def run(self) -> Decisions:
         for action in self.config.actions:
             getattr(self, action)()
+        if self._blockers and self.config.blocking == "strict":
+            self._unblock_on_release()
         if self.decisions.released_to:
             self._keep_promises_in_line()
         return self.decisions
+
+    def _unblock_on_release(self) -> None:
+        """Under strict blocking, a queue's blocker that found no room when its turn came may fit once the
+        GPUs that this cycle's evictions for other work release beyond what their gainers take are free:
+        it then waits for them, and the work behind it goes free (`_let_go`), as the next cycle would
+        have it."""
+        for group, blocker in list(self._blockers.items()):
+            why = self.decisions.explanations.get(blocker.id)
+            if (
+                not self.still_unplaced(blocker)
+                or why is None
+                or why.code not in explain.CAPACITY_CODES
+                or not self._fits_after_release(blocker)
+            ):
+                continue
+            for w in self.order[group]:
+                held = self.decisions.explanations.get(w.id)
+                if self.still_unplaced(w) and held is not None and held.code == explain.BLOCKED:
+                    self._let_go(w, explain.BLOCKED)
 
     def _keep_promises_in_line(self) -> None:
         """A promise of released GPUs (`_promise`) stands only for a workload that nothing still pending
