@@ -61,9 +61,8 @@ class Cycle(Allocation):
 
     def _keep_promises_in_line(self) -> None:
         """A promise of released GPUs (`_promise`) stands only for a workload that nothing still pending
-        comes before in its group's order: served first in the next cycle, it would otherwise go ahead of
-        work its own queue ranks higher (work whose bind was taken back late in this cycle, say), which
-        would then take room from others."""
+        comes before in its group's order: served first in the next cycle, it would otherwise start ahead
+        of work its own queue ranks higher (work this cycle left without room)."""
         fair_share = self.config.fair_share
         released_to = self.decisions.released_to
         for stopping, waiting in list(released_to.items()):

@@ -140,11 +140,12 @@ def test_work_waiting_for_the_gpus_of_cancelled_work_keeps_its_room_in_the_next_
 
 
 def test_released_gpus_are_not_promised_past_work_of_the_queue_ranked_higher() -> None:
-    """A Hypothesis search found it. 107 (priority 100) preempts 1, taking back this cycle's binds of 106
-    (priority 50) and others on the way; 106 then finds no room and, its bind taken back in the phase,
-    does not preempt in turn; 103 (priority 10) waits for cancelled 4's quarter GPU. Promised that
-    quarter, 103 would be served first in the next cycle, ahead of 106, which would then preempt 102. No
-    promise is made while work ahead of the waiting workload in its queue is still pending."""
+    """A Hypothesis search found it. 107 (priority 100) preempts 1, taking back this cycle's binds on the
+    way; 100 to 102, ahead of 103 in queue a's line, are left with no room, while 103 waits for cancelled
+    4's quarter GPU. Promised that quarter, 103 would be served first in the next cycle and start ahead of
+    them (and before the retried binds took their turn in the phase, 106, priority 50, then preempted
+    102). No promise is made while work ahead of the waiting workload in its queue is still pending: the
+    next cycle starts the head of the line, 100."""
     pending = [{"id": 100 + i, "gpus": 0.25, "priority": 10, "submit": 0} for i in range(6)]
     first = parse_scenario(
         {
@@ -182,6 +183,7 @@ def test_released_gpus_are_not_promised_past_work_of_the_queue_ranked_higher() -
     assert decisions.released_to == {}
     second = decide(apply(first.snapshot, decisions), NOW)
     assert not second.evictions
+    assert [b.workload_id for b in second.binds] == [100]
 
 
 @BOUNDED
