@@ -110,7 +110,10 @@ def run(
     policy: str = typer.Option(
         "fifo,las,gpupool",
         "--policy",
-        help="comma-separated: fifo, fifo-backfill, sjf-oracle, srtf-oracle, las, drf, gpupool (or all)",
+        help=(
+            "comma-separated: fifo, fifo-backfill, sjf-oracle, srtf-oracle, las, drf, gpupool, or the "
+            "variants gpupool-bands, -usage, -estimate, -oracle, -las (docs/simulator.md); all: every one"
+        ),
     ),
     seed: int = typer.Option(
         0, "--seed", help="recorded with the results; the replay itself is deterministic"

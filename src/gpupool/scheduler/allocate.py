@@ -279,16 +279,59 @@ class Allocation(EvictionSearch):
             named = [self.state.nodes[n] for n in sorted(w.node_names) if n in self.state.nodes]
             free = sum((node.free_sum for node in named if node.schedulable), 0.0)
             return explain.named_nodes_full(w, _listed(w.node_names), free)
+        if w.cpus > 0 or w.memory_bytes > 0:
+            short = self._node_resources_short(w)
+            if short is not None:
+                return short
         free_matching = self.state.whole_free(families(w.gpus))
         if not w.gpus.is_fractional and w.gpu_units > 0 and free_matching + EPSILON >= w.gpu_units:
             block, node = self.state.largest_free_block()
             return explain.fragmented(w, block, node)
         return explain.no_capacity(w, self.state.free_gpus(), 0)
 
+    def _node_resources_short(self, w: WorkloadView) -> Explanation | None:
+        """Why `w` does not fit where nodes have its GPUs free for one pod but none of them has its CPUs
+        and memory free as well; None when some such node has all, or none has the GPUs."""
+        need = w.gpus.count
+        found = False
+        cpus_short_everywhere = memory_short_everywhere = True
+        most_cpus, cpus_node, most_memory, memory_node = -1.0, "", -1.0, ""
+        for node in self.state.nodes.values():
+            if not node.schedulable or (w.node_names and node.name not in w.node_names):
+                continue
+            if need > 0:
+                suits = self.placer.matches(node, w.gpus)
+                free = node.free
+                if w.gpus.is_fractional:
+                    fits = any(ok and free[i] + EPSILON >= need for i, ok in enumerate(suits))
+                else:
+                    fits = sum(1 for i, ok in enumerate(suits) if ok and free[i] >= 1 - EPSILON) >= need
+                if not fits:
+                    continue
+            found = True
+            cpus_ok = node.cpus_free + EPSILON >= w.cpus
+            memory_ok = node.memory_free >= w.memory_bytes
+            if cpus_ok and memory_ok:
+                return None
+            cpus_short_everywhere &= not cpus_ok
+            memory_short_everywhere &= not memory_ok
+            if node.cpus_free > most_cpus:
+                most_cpus, cpus_node = node.cpus_free, node.name
+            if node.memory_free > most_memory:
+                most_memory, memory_node = node.memory_free, node.name
+        if not found:
+            return None
+        if cpus_short_everywhere:
+            return explain.node_resources_short(w, "cpu", max(0.0, most_cpus), cpus_node)
+        if memory_short_everywhere:
+            return explain.node_resources_short(w, "memory", max(0.0, most_memory), memory_node)
+        return explain.node_resources_short(w, "both", 0.0, "")
+
     # -- backfill reservation -------------------------------------------------------------------------
 
     def _reserve(self, w: WorkloadView) -> None:
-        """Reserve the nodes where `w` could start soonest, judging by running work's declared ends."""
+        """Reserve the nodes where `w` could start soonest, judging by running work's declared ends: where
+        its GPUs per pod, and its CPUs and memory, are free (or will be, once the work holding them ends)."""
         if w.gpus.is_fractional or w.gpus.count <= 0:
             return
         need = int(w.gpus.count)
@@ -301,17 +344,21 @@ class Allocation(EvictionSearch):
             if len(matching) < need:
                 continue
             free_now = sum(1 for i in matching if node.free[i] >= 1 - EPSILON)
+            cpus_short = w.cpus - node.cpus_free  # what must end before the pod's CPUs, memory are free
+            memory_short = w.memory_bytes - node.memory_free
             when = self.now
-            if free_now < need:
+            if free_now < need or cpus_short > EPSILON or memory_short > 0:
                 ends = sorted(
-                    (self._end(r), sum(1 for p in r.placement if p.node == node.name for _ in p.gpu_indices))
+                    (self._end(r), *_held_on(r, node.name))
                     for r in self.by_node.get(node.name, [])
                     if r.id not in self.state.evicted
                 )
                 freed, when = free_now, float("inf")
-                for end, gpus in ends:
+                for end, gpus, cpus, memory in ends:
                     freed += gpus
-                    if freed >= need:
+                    cpus_short -= cpus
+                    memory_short -= memory
+                    if freed >= need and cpus_short <= EPSILON and memory_short <= 0:
                         when = end
                         break
                 if self.now < when < float("inf"):
@@ -333,6 +380,12 @@ class Allocation(EvictionSearch):
             self.state.expires(self.now)  # an end counted from the clock itself: nothing to remember
             return self.now + w.max_duration
         return w.start_time + w.max_duration
+
+
+def _held_on(w: WorkloadView, node: str) -> tuple[int, float, float]:
+    """The GPUs, CPUs and memory that running `w` holds on `node`."""
+    pods = [p for p in w.placement if p.node == node]
+    return sum(len(p.gpu_indices) for p in pods), w.cpus * len(pods), float(w.memory_bytes * len(pods))
 
 
 def _same(a: object, b: object) -> bool:

@@ -477,14 +477,17 @@ class EvictionSearch(Victims):
         victims: list[WorkloadView],
         budget: Budget | None = None,
     ) -> list[WorkloadView] | None:
-        """The shortest prefix of `victims` (in victim order) whose GPUs make room for `w` on `node`,
-        without the ones it turns out not to need; where a budget stops the prefix short, the first victim
-        that makes room alone."""
+        """The shortest prefix of `victims` (in victim order) whose GPUs, CPUs and memory make room for `w`
+        on `node`, without the ones it turns out not to need; where a budget stops the prefix short, the
+        first victim that makes room alone."""
         suits = self.placer.matches(node, w.gpus)
         base = [node.free[i] + node.held[i] for i in range(len(node.free))]
+        # what the victims must release beyond what is free or held there already (<= 0: nothing)
+        cpus = w.cpus - (node.cpus_free + node.cpus_held)
+        memory = w.memory_bytes - (node.memory_free + node.memory_held)
 
         def fits(chosen: list[WorkloadView]) -> bool:
-            return _room_fits(node, w.gpus.count, suits, base, chosen)
+            return _room_fits(node, w.gpus.count, suits, base, chosen) and _releases(cpus, memory, chosen)
 
         if fits([]):
             return []
@@ -514,6 +517,13 @@ class EvictionSearch(Victims):
         self.state.rollback(checkpoint)
         self.state.generation = generation
         return fits
+
+
+def _releases(cpus: float, memory: float, chosen: list[WorkloadView]) -> bool:
+    """Whether `chosen` (single-pod work on one node) release at least `cpus` CPUs and `memory` bytes."""
+    if cpus > EPSILON and sum((v.cpus for v in chosen), 0.0) + EPSILON < cpus:
+        return False
+    return memory <= 0 or sum((v.memory_bytes for v in chosen), 0) >= memory
 
 
 def _room_fits(

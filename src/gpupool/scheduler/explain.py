@@ -101,6 +101,22 @@ def fragmented(w: WorkloadView, block: int, node: str | None) -> Explanation:
     return Explanation(FRAGMENTED, f"needs {pods}; the largest free block is {block} GPUs{where}")
 
 
+def node_resources_short(w: WorkloadView, resource: str, most: float, node: str) -> Explanation:
+    """The GPUs `w` needs are free on some node, but none of those nodes has its CPUs and memory free as
+    well. `resource`: "cpu" or "memory" when every such node lacks that one (`most`: the most any of
+    them has free, on `node`), "both" when each lacks one or the other."""
+    gpus = f"{gpu_text(w)} free" if w.gpus.count > 0 else "room"
+    memory = f"{w.memory_bytes / 1e9:g}GB of memory"
+    if resource == "cpu":
+        why = f"needs {w.cpus:g} CPUs on a node with {gpus}; those nodes have at most {most:g} CPUs free"
+    elif resource == "memory":
+        why = f"needs {memory} on a node with {gpus}; those nodes have at most {most / 1e9:g}GB free"
+    else:
+        both = f"needs {w.cpus:g} CPUs and {memory} on a node with {gpus}"
+        return Explanation(FRAGMENTED, f"{both}; no such node has both free")
+    return Explanation(FRAGMENTED, f"{why} ({node})")
+
+
 def no_capacity(w: WorkloadView, free: float, ahead: int) -> Explanation:
     return Explanation(NO_CAPACITY, render=_no_capacity, args=(w, free, ahead))
 

@@ -109,14 +109,22 @@ class Placer:
     # -- one pod --------------------------------------------------------------------------------------
 
     def node_admits(self, node: NodeState, w: WorkloadView) -> bool:
-        """Whether `w` may go on `node` once GPUs there are released (schedulable, reservation allows)."""
-        return self._node_fits(node, w, after_release=True)
+        """Whether `w` may go on `node` once work there is stopped (schedulable, reservation allows): its
+        CPUs and memory are not asked, as the victims that would release them are not chosen yet."""
+        return self._node_fits(node, w, after_release=True, resources=False)
 
-    def _node_fits(self, node: NodeState, w: WorkloadView, after_release: bool) -> bool:
+    def _node_fits(
+        self, node: NodeState, w: WorkloadView, after_release: bool, resources: bool = True
+    ) -> bool:
         if not node.schedulable or (w.node_names and node.name not in w.node_names):
             return False
-        if not after_release and (node.cpus_free + EPSILON < w.cpus or node.memory_free < w.memory_bytes):
-            return False
+        if resources:
+            cpus, memory = node.cpus_free, node.memory_free
+            if after_release:  # with what stopping work holds
+                cpus += node.cpus_held
+                memory += node.memory_held
+            if cpus + EPSILON < w.cpus or memory < w.memory_bytes:
+                return False
         reservation = self.state.reservation
         if reservation is not None and reservation.workload_id != w.id and node.name in reservation.nodes:
             ends = None if w.max_duration is None else self.now + w.max_duration

@@ -4,8 +4,10 @@ Every tentative allocate or evict mutates the state and records its reverse. `ch
 length; `rollback(cp)` undoes back to it. Actions try scenarios (a gang's pods, a set of victims) and keep
 them only when whole. No copies of the snapshot are made.
 
-Per GPU, `free` is what nothing holds; `held` is what stopping work still holds (released soon). Normal
-placement uses `free`; placement "after release" (for the beneficiaries of evictions) may also take `held`.
+Per GPU, `free` is what nothing holds; `held` is what stopping work still holds (released soon). Each node
+keeps CPUs and memory the same way (`cpus_free`, `cpus_held`, `memory_free`, `memory_held`). Normal
+placement uses what is free; placement "after release" (for the beneficiaries of evictions) may also take
+what is held.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ class NodeState:
     """
 
     __slots__ = (
-        "cpus_free", "dirty", "free", "free_sum", "held", "held_sum", "holding", "island", "labels",
-        "memory_free", "model", "name", "partial", "position", "released", "schedulable", "signature",
-        "template", "view", "whole", "workloads",
+        "cpus_free", "cpus_held", "dirty", "free", "free_sum", "held", "held_sum", "holding", "island",
+        "labels", "memory_free", "memory_held", "model", "name", "partial", "position", "released",
+        "schedulable", "signature", "template", "view", "whole", "workloads",
     )  # fmt: skip
 
     def __init__(self, view: NodeView, t: _NodeTemplate) -> None:
@@ -41,6 +43,8 @@ class NodeState:
         self.held: list[float] = [0.0] * len(t.free)
         self.cpus_free = t.cpus_free
         self.memory_free = t.memory_free
+        self.cpus_held = 0.0  # CPUs and memory of stopping work here: free once it has stopped
+        self.memory_held = 0.0
         self.schedulable = view.schedulable
         self.model = t.model  # the GPUs' family when uniform, MIXED otherwise, "" without GPUs
         self.labels: dict[str, str] = t.labels  # read only
@@ -161,7 +165,7 @@ def _template(view: NodeView) -> _NodeTemplate:
 
 def _load(node: NodeState, on_node: list[WorkloadView]) -> None:
     """Take the pods of `on_node` (a workload once per pod it has on `node`) from the node's GPUs, CPUs and
-    memory; stopping work's GPUs are also held."""
+    memory; stopping work's are also held."""
     name = node.name
     position = node.position
     free = node.free
@@ -184,12 +188,16 @@ def _load(node: NodeState, on_node: list[WorkloadView]) -> None:
                         held[pos] += fraction
             node.cpus_free -= workload.cpus
             node.memory_free -= workload.memory_bytes
+            if stopping:
+                node.cpus_held += workload.cpus
+                node.memory_held += workload.memory_bytes
 
 
 class _Loaded:
     """A node's values once its running work was loaded, for the next cycle with the same view and work."""
 
-    __slots__ = ("counts", "cpus_free", "free", "held", "memory_free", "view", "workloads")
+    __slots__ = ("counts", "cpus_free", "cpus_held", "free", "held", "memory_free", "memory_held", "view",
+                 "workloads")  # fmt: skip
 
     def __init__(self, node: NodeState, workloads: list[WorkloadView]) -> None:
         self.view = node.view
@@ -198,6 +206,8 @@ class _Loaded:
         self.held = tuple(node.held)
         self.cpus_free = node.cpus_free
         self.memory_free = node.memory_free
+        self.cpus_held = node.cpus_held
+        self.memory_held = node.memory_held
         # what recount() derived from them: whole, partial, free_sum, held_sum, holding, released
         self.counts = (node.whole, node.partial, node.free_sum, node.held_sum, node.holding, node.released)
 
@@ -206,6 +216,8 @@ class _Loaded:
         node.held[:] = self.held
         node.cpus_free = self.cpus_free
         node.memory_free = self.memory_free
+        node.cpus_held = self.cpus_held
+        node.memory_held = self.memory_held
         node.whole, node.partial, node.free_sum, node.held_sum, node.holding, node.released = self.counts
 
 
@@ -630,7 +642,9 @@ class ClusterState:
         held: bool = False,
         use_held: bool = False,
     ) -> list[tuple[NodeState, int, float, float, float, float]]:
-        """Change free/held on each pod's GPUs; returns (node, pos, dfree, dheld, dcpu, dmem) records."""
+        """Change free/held on each pod's GPUs, CPUs and memory; returns (node, pos, dfree, dheld, dcpu,
+        dmem) records: one per GPU (pos >= 0, dcpu and dmem 0), then one per pod for its CPUs and memory
+        (pos -1, dfree and dheld being the changes of the node's held CPUs and memory)."""
         records = []
         for pod in pods:
             node = self.nodes.get(pod.node)
@@ -655,11 +669,25 @@ class ClusterState:
                 node.free[pos] += d_free
                 node.held[pos] += d_held
                 records.append((node, pos, d_free, d_held, 0.0, 0.0))
-            d_cpu = sign * workload.cpus
-            d_mem = sign * float(workload.memory_bytes)
+            cpus = workload.cpus
+            memory = float(workload.memory_bytes)
+            d_cpu_held = d_mem_held = 0.0
+            if sign == 0.0:  # evict: in use -> held
+                d_cpu = d_mem = 0.0
+                d_cpu_held, d_mem_held = cpus, memory
+            elif sign > 0.0:
+                d_cpu, d_mem = cpus, memory
+            elif use_held:
+                d_cpu_held = -min(node.cpus_held, cpus)
+                d_mem_held = -min(node.memory_held, memory)
+                d_cpu, d_mem = -(cpus + d_cpu_held), -(memory + d_mem_held)
+            else:
+                d_cpu, d_mem = -cpus, -memory
             node.cpus_free += d_cpu
             node.memory_free += d_mem
-            records.append((node, -1, 0.0, 0.0, d_cpu, d_mem))
+            node.cpus_held += d_cpu_held
+            node.memory_held += d_mem_held
+            records.append((node, -1, d_cpu_held, d_mem_held, d_cpu, d_mem))
             node.recount()
             self._index(node)
         return records
@@ -675,6 +703,9 @@ class ClusterState:
             if pos >= 0:
                 node.free[pos] -= d_free
                 node.held[pos] -= d_held
+            else:  # a pod's CPUs and memory: d_free and d_held are the held CPUs' and memory's changes
+                node.cpus_held -= d_free
+                node.memory_held -= d_held
             node.cpus_free -= d_cpu
             node.memory_free -= d_mem
         for node in touched.values():

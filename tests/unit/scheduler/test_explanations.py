@@ -109,3 +109,61 @@ def _running(data: dict[str, object]) -> list[dict[str, object]]:
     running = data["running"]
     assert isinstance(running, list)
     return running
+
+
+def _reasons(raw: dict[str, object]) -> dict[int, tuple[str, str]]:
+    data = {"description": "x", "config": {"blocking": "skip"}, "expect": {"evictions": {}}, **raw}
+    decisions = decide(parse_scenario(data, "reasons").snapshot, 0.0)
+    assert decisions.evictions == []
+    return {wid: (e.code, e.message) for wid, e in decisions.explanations.items()}
+
+
+def test_work_that_finds_its_gpus_free_but_not_the_cpus_or_memory_beside_them_is_told_which() -> None:
+    # Both nodes have 7 GPUs free; n1's CPUs and n2's memory are nearly all taken by running work (n1
+    # has 2 CPUs and 55GB free, n2 6 CPUs and 5GB).
+    nodes = [
+        {"name": "n1", "gpus": 8, "cpus": 32, "memory": "100GB"},
+        {"name": "n2", "gpus": 8, "cpus": 32, "memory": "100GB"},
+    ]
+    running = [
+        {"id": 1, "on": {"n1": [0]}, "cpus": 30, "memory": "45GB"},
+        {"id": 2, "on": {"n2": [0]}, "cpus": 26, "memory": "95GB"},
+    ]
+    reasons = _reasons(
+        {
+            "nodes": nodes,
+            "running": running,
+            "pending": [
+                {"id": 10, "gpus": 1, "cpus": 8},  # no node has 8 CPUs free (n2 has 6)
+                {"id": 11, "gpus": 1, "cpus": 4, "memory": "10GB"},  # n1 lacks CPUs, n2 memory
+                {"id": 12, "gpus": 2, "memory": "50GB"},  # n2 lacks memory; n1 has it: not the reason
+            ],
+        }
+    )
+    assert reasons[10] == (
+        "fragmented",
+        "needs 8 CPUs on a node with 1 GPU free; those nodes have at most 6 CPUs free (n2)",
+    )
+    assert reasons[11] == (
+        "fragmented",
+        "needs 4 CPUs and 10GB of memory on a node with 1 GPU free; no such node has both free",
+    )
+    assert 12 not in reasons  # bound
+    memory_short = _reasons(
+        {"nodes": nodes, "running": running, "pending": [{"id": 13, "gpus": 7, "cpus": 1, "memory": "60GB"}]}
+    )
+    assert memory_short[13] == (
+        "fragmented",
+        "needs 60GB of memory on a node with 7 GPUs free; those nodes have at most 55GB free (n1)",
+    )
+
+
+def test_work_that_lacks_gpus_is_told_about_gpus_whatever_cpus_it_asks_for() -> None:
+    reasons = _reasons(
+        {
+            "nodes": [{"name": "n1", "gpus": 2, "cpus": 32}],
+            "running": [{"id": 1, "on": {"n1": [0, 1]}, "cpus": 30}],
+            "pending": [{"id": 10, "gpus": 1, "cpus": 8}],
+        }
+    )
+    assert reasons[10][0] == "over-fair-share" and "CPUs" not in reasons[10][1]  # its queue holds them all
