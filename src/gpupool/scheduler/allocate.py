@@ -92,9 +92,15 @@ class Allocation(EvictionSearch):
         gainers.extend(unplaced[w.id] for w in owed if w.id not in stopping_for and w.id in unplaced)
         fair_share = self.config.fair_share
         gainers.sort(key=lambda w: (self._queue_key(w.queue if fair_share else GLOBAL), self.ahead_of(w)))
+        # A gainer that does not fit makes no backfill reservation here: it is tried again in its turn
+        # in the walk, and the reservation goes to the first workload of the order that does not fit,
+        # as in a cycle with no gainer (else, the cycle after, work ahead of it takes the reservation
+        # and evicts what it could have evicted now).
+        self._serving_gainers = True
         for w in gainers:
             if w.id in unplaced:
                 self._try_allocate(w)
+        self._serving_gainers = False
 
     def _try_allocate(self, w: WorkloadView, place: int = -1) -> bool:
         """Place `w` now, or explain why not (`place`: its index in its group's order, see `ahead_of`)."""
@@ -129,6 +135,7 @@ class Allocation(EvictionSearch):
             self.config.blocking == "backfill"
             and self.state.reservation is None
             and why.code != explain.TOO_LARGE
+            and not self._serving_gainers
         ):
             self._reserve(w)
         return False

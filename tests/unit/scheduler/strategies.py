@@ -131,6 +131,7 @@ def workload_specs(draw: st.DrawFn, wid: int, leaves: tuple[str, ...]) -> Worklo
         nodes=pods,
         gpus=GpuDemand(count, models, min_memory),
         cpus=draw(st.sampled_from([0.0, 0.0, 4.0, 16.0])),
+        memory_bytes=draw(st.sampled_from([0, 0, 0, 100 * GB, 400 * GB])),
         preemptible=draw(st.sampled_from([True, True, True, False])),
         topology="rack" if pods > 1 and draw(st.integers(0, 4)) == 0 else None,
         topology_preferred="rack" if pods > 1 and draw(st.integers(0, 4)) == 0 else None,
