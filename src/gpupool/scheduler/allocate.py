@@ -303,7 +303,8 @@ class Allocation(EvictionSearch):
         found = False
         cpus_short_everywhere = memory_short_everywhere = True
         most_cpus, cpus_node, most_memory, memory_node = -1.0, "", -1.0, ""
-        for node in self.state.nodes.values():
+        # The nodes that placing it walked (those with enough GPUs free by the state's indexes), not all.
+        for node in self.placer.nodes_to_try(w) if need > 0 else self.state.nodes.values():
             if not node.schedulable or (w.node_names and node.name not in w.node_names):
                 continue
             if need > 0:

@@ -134,6 +134,11 @@ class Placer:
                 self.state.expires(reservation.start - (ends - self.now))
         return True
 
+    def nodes_to_try(self, w: WorkloadView) -> Iterator[NodeState]:
+        """The nodes normal placement tries for one pod of `w` (those the indexes say have room for its
+        GPUs), in its order; a node may come more than once."""
+        return self._candidates(w, False, None)
+
     def _candidates(self, w: WorkloadView, after_release: bool, domain: Domain | None) -> Iterator[NodeState]:
         """Nodes to try for one pod, best first (inside `domain` when given). The state's indexes are
         walked as they are: nothing changes them while one pod is being placed."""

@@ -293,7 +293,8 @@ def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
     """Reclaim keeps every victim queue (and its ancestors) at or above its fair share, and no reclaimer
     above its own; or, reclaiming by quota, keeps the victim queue at or above its GPU quota and every
     queue it gave to within its own. Allocation = running, non-stopping GPU units, plus this cycle's binds,
-    less work it evicts for other reasons (use on snapshots without stopping work)."""
+    less work it evicts for other reasons but preemptions made after reclaim's (use on snapshots without
+    stopping work)."""
     problems: list[str] = []
     queues = {q.name: q for q in snapshot.queues}
     running = {w.id: w for w in snapshot.running}
@@ -305,8 +306,13 @@ def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
     # Fair shares hold for the allocation the decisions leave behind: this cycle's binds count, and work
     # evicted for any reason (a stale gang, say) no longer does.
     # (Preempt and consolidate hand the room to a workload of their own: that one counts instead.)
+    # Preemptions decided after reclaim's last eviction (decisions list evictions in the order made) are
+    # a queue's own choice among its work, made once reclaim was done: they do not count against it.
+    last_reclaim = max((i for i, e in enumerate(decisions.evictions) if e.code == "reclaim"), default=-1)
     gainers: set[int] = set()
-    for e in decisions.evictions:
+    for i, e in enumerate(decisions.evictions):
+        if e.code == "preempt" and i > last_reclaim:
+            continue
         if e.code != "reclaim" and e.workload_id in running:
             for name in ancestors(running[e.workload_id].queue, queues):
                 allocated[name] -= running[e.workload_id].gpu_units

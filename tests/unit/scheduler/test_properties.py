@@ -50,6 +50,39 @@ def test_reclaim_never_takes_a_queue_below_its_fair_share(snapshot: Snapshot) ->
     assert not problems, "\n".join(problems) + _show(snapshot, decisions)
 
 
+def test_a_queue_preempting_its_own_work_after_reclaim_is_not_reclaims_doing() -> None:
+    """Reclaim takes 1 of queue a's 5.5 GPUs (its fair share is 4.5) for b's gang; then a's own 102
+    (priority 50) preempts a's 4-GPU job 2 for one GPU. a ends at 1.5, by its own preemption: the
+    invariant judges reclaim by what it took (a hunt found the check blaming reclaim)."""
+    scenario = parse_scenario(
+        {
+            "description": "preempt after reclaim",
+            "now": NOW,
+            "config": {"blocking": "skip"},
+            "nodes": [
+                {"name": "n2", "gpus": 2, "labels": {"rack": "r2"}, "foreign": {1: 1.0}},
+                {"name": "n4", "gpus": 7, "labels": {"rack": "r2"}, "foreign": {5: 0.5, 6: 1.0}},
+            ],
+            "queues": [{"name": "a"}, {"name": "b"}],
+            "running": [
+                {"id": 1, "queue": "a", "gpus": 1, "on": {"n4": [0]}, "priority": 10, "start": 0},
+                {"id": 2, "queue": "a", "gpus": 4, "on": {"n4": "1-4"}, "priority": 10, "start": 0},
+            ],
+            "pending": [
+                {"id": 100, "queue": "a", "gpus": 0.25, "priority": 10},
+                {"id": 101, "queue": "a", "gpus": 0.25, "priority": 10},
+                {"id": 102, "queue": "a", "gpus": 1, "priority": 50},
+                {"id": 103, "queue": "b", "gpus": 1, "nodes": 2, "topology": "rack", "priority": 10},
+            ],
+            "expect": {"evictions": {1: "reclaim for 103", 2: "preempt for 102"}},
+        },
+        "preempt_after_reclaim",
+    )
+    decisions = decide(scenario.snapshot, scenario.now)
+    assert [(e.workload_id, e.code) for e in decisions.evictions] == [(1, "reclaim"), (2, "preempt")]
+    assert reclaim_problems(scenario.snapshot, decisions) == []
+
+
 @BOUNDED
 @given(reclaim_cases())
 def test_a_queue_whose_demand_reaches_its_quota_gets_it_within_one_cycle(case: ReclaimCase) -> None:
