@@ -96,14 +96,13 @@ class Allocation(EvictionSearch):
         # in the walk, and the reservation goes to the first workload of the order that does not fit,
         # as in a cycle with no gainer (else, the cycle after, work ahead of it takes the reservation
         # and evicts what it could have evicted now).
-        self._serving_gainers = True
         for w in gainers:
             if w.id in unplaced:
-                self._try_allocate(w)
-        self._serving_gainers = False
+                self._try_allocate(w, reserve=False)
 
-    def _try_allocate(self, w: WorkloadView, place: int = -1) -> bool:
-        """Place `w` now, or explain why not (`place`: its index in its group's order, see `ahead_of`)."""
+    def _try_allocate(self, w: WorkloadView, place: int = -1, *, reserve: bool = True) -> bool:
+        """Place `w` now, or explain why not (`place`: its index in its group's order, see `ahead_of`;
+        `reserve`: under backfill, whether a workload that does not fit may take the reservation)."""
         refusal = self._admission(w)
         if refusal is not None:
             self.decisions.explanations[w.id] = refusal
@@ -135,7 +134,7 @@ class Allocation(EvictionSearch):
             self.config.blocking == "backfill"
             and self.state.reservation is None
             and why.code != explain.TOO_LARGE
-            and not self._serving_gainers
+            and reserve
         ):
             self._reserve(w)
         return False

@@ -221,7 +221,7 @@ class EvictionSearch(Victims):
         for original in taken_back:
             self._try_allocate(original)
 
-    def _try_allocate(self, w: WorkloadView, place: int = -1) -> bool:
+    def _try_allocate(self, w: WorkloadView, place: int = -1, *, reserve: bool = True) -> bool:
         """Place `w` now, or explain why not (the allocate action's, `Allocation._try_allocate`)."""
         raise NotImplementedError
 

@@ -164,7 +164,6 @@ class Prepared:
         # whether the snapshot has stopping work (its GPUs held), and that work by node (see _promise)
         self._snapshot_stopping = bool(state.holding_nodes)
         self._owed = [w for w in snapshot.pending if w.victims_stopped]  # see Allocation._serve_gainers
-        self._serving_gainers = False  # while _serve_gainers runs (no backfill reservation is made then)
         self._stopping_on: dict[str, list[tuple[WorkloadView, PodPlacement]]] | None = None
         # Work held back by another (see Cycle._let_go): under strict blocking, each group's workload that
         # did not fit and holds back the rest; under backfill, the reservation that held back a workload.
