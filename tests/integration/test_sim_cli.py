@@ -79,6 +79,41 @@ def test_bad_flags_fail_with_one_line_naming_the_flag(args: list[str], message: 
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_the_replay(tmp_path: Path) -> None:
+    """A long replay is not run only to fail at its last step: --json and --report are checked first."""
+    folder = tmp_path / "taken"
+    folder.mkdir()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    base = ["sim", "run", "--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2x8", "--quiet"]
+    cases = [
+        (["--json", str(folder)], f"--json: {folder} is a folder; give a file name"),
+        (["--report", str(a_file)], f"--report: {a_file} is a file"),
+        (["--json", str(a_file / "out.json")], f"--json: cannot create {a_file}"),
+    ]
+    for flags, message in cases:
+        out = gpupool(*base, *flags)
+        assert out.returncode == 1
+        assert message in out.stderr and "Traceback" not in out.stderr
+        assert "avg JCT" not in out.stdout  # nothing was replayed
+    assert list(folder.iterdir()) == []
+    out = gpupool(*base, "--json", str(tmp_path / "new" / "deeper" / "out.json"))
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "new" / "deeper" / "out.json").read_text())["trace"]["jobs"] > 0
+
+
+def test_sim_whatif_refuses_a_malformed_change_before_asking_the_server() -> None:
+    """The change is checked first: a typo is named as such, not as an unreachable server."""
+    for flags, message in (
+        (["--add", "4by8"], "--add: '4by8' is not NODESxGPUS[:MODEL]; expected NODESxGPUS[:MODEL][,...]"),
+        (["--quota", "nlp=lots"], "--quota: 'lots' is not a number of GPUs"),
+        (["--quota", "nlp=-2"], "--quota: 'nlp=-2': a quota is a number of GPUs, 0 or more"),
+    ):
+        out = gpupool("--server", "http://127.0.0.1:9", "sim", "whatif", *flags)
+        assert out.returncode == 1
+        assert message in out.stderr and "cannot reach" not in out.stderr, out.stderr
+
+
 def test_sim_place_reports_the_allocation_at_full_demand(tmp_path: Path) -> None:
     out = gpupool(
         "sim", "place", "--trace", f"alibaba-openb:{FIXTURES / 'openb_pods.csv'}",

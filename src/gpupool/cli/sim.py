@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,6 +73,29 @@ def _progress(enabled: bool, unit: str = "jobs") -> Iterator[Progress | None]:
     )
     with progress:
         yield progress
+
+
+def _check_outputs(json_out: Path | None, folder: Path | None = None, folder_flag: str = "--report") -> None:
+    """Refuse an output that could not be written before the replay, not after it: its folder is made now
+    (as writing would make it), and must be writable; a file must not be a folder."""
+    if json_out is not None:
+        if json_out.is_dir():
+            example = json_out / "sim.json"
+            raise SimError("--json", f"{json_out} is a folder; give a file name, e.g. {example}")
+        _writable_folder(json_out.parent, "--json")
+    if folder is not None:
+        if folder.exists() and not folder.is_dir():
+            raise SimError(folder_flag, f"{folder} is a file; give a folder for the report")
+        _writable_folder(folder, folder_flag)
+
+
+def _writable_folder(folder: Path, flag: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SimError(flag, f"cannot create {folder}: {exc.strerror or exc}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SimError(flag, f"cannot write into {folder}: permission denied")
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -152,6 +176,7 @@ def run(
 
             check_plotting()
         exp = ex.prepare(trace, cluster, nodes, window, first, queues, policy, options, jobs)
+        _check_outputs(json_out, report)
         console.print(
             f"{len(exp.jobs):,} jobs from {exp.trace.path} on {exp.cluster.gpus:,} GPUs "
             f"({len(exp.cluster.nodes)} nodes), {len(exp.queues)} queues",
@@ -243,6 +268,11 @@ def place(
             if name not in pl.PLACEMENTS:
                 raise SimError("--policy", f"unknown placement {name!r}; one of {', '.join(pl.PLACEMENTS)}")
         pods = pl.load_pods(trace)
+        if report is not None:
+            from gpupool.sim.report import check_plotting
+
+            check_plotting()
+        _check_outputs(json_out, report)
         drawn = pl.draw(pods, built.gpus, seed, stop)
         console.print(
             f"{len(drawn):,} pods drawn (seed {seed}) from {len(pods):,} onto {built.gpus:,} GPUs "
@@ -307,6 +337,7 @@ def whatif(
             )
         period = _seconds(since, "--since")
         workers = processes(jobs, 2)
+        wi.check_changes(add, quota)
         api = client()
         now = time.time()
         # One list per state that ran, of the period's submissions only; a list that fills the API's
@@ -325,6 +356,7 @@ def whatif(
         queues = [queue_view(q) for q in api.queues()]
         history = wi.history_jobs(workloads, now - period, now)
         after = wi.changed(nodes, queues, add, remove, quota)
+        _check_outputs(json_out)
         console.print(
             f"replaying {len(history):,} jobs of the last {since} with policy {chosen.name}", highlight=False
         )

@@ -50,7 +50,8 @@ def parse_groups(value: str, flag: str, first_index: int = 0, prefix: str = "nod
     for part in value.split(","):
         match = _GROUP.match(part.strip())
         if match is None:
-            raise SimError(flag, f"{part.strip()!r} is not NODESxGPUS[:MODEL]; expected {CLUSTER_HELP}")
+            expected = "NODESxGPUS[:MODEL][,...], e.g. 4x8:H100" if flag == "--add" else CLUSTER_HELP
+            raise SimError(flag, f"{part.strip()!r} is not NODESxGPUS[:MODEL]; expected {expected}")
         count, gpus = int(match["nodes"]), int(match["gpus"])
         if count <= 0 or gpus <= 0:
             raise SimError(flag, f"{part.strip()!r}: nodes and GPUs per node must be at least 1")

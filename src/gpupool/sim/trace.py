@@ -88,7 +88,7 @@ def read_rows(
         if missing:
             raise SimError(
                 flag,
-                f"{path} is not a {fmt} file: missing column(s) {', '.join(missing)} "
+                f"{path} is not in the {fmt} format: missing column(s) {', '.join(missing)} "
                 f"(it needs {', '.join(required)}; see docs/simulator.md)",
             )
         reader.fieldnames = header

@@ -85,6 +85,29 @@ def cluster_from_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[NodeView]:
     return views
 
 
+def check_changes(add: Sequence[str] = (), quotas: Sequence[str] = ()) -> None:
+    """Refuse a malformed `--add` or `--quota` before anything is asked of the server: whether the nodes
+    and queues they name exist is known only with the live cluster (see `changed`)."""
+    for spec in add:
+        parse_groups(spec, "--add", prefix="added")
+    for item in quotas:
+        _quota_item(item)
+
+
+def _quota_item(item: str) -> tuple[str, float]:
+    """`nlp=16` as (queue, GPUs)."""
+    name, sep, raw = item.partition("=")
+    if not sep or not name:
+        raise SimError("--quota", f"{item!r} is not QUEUE=GPUS; e.g. --quota nlp=16")
+    try:
+        quota = float(raw)
+    except ValueError:
+        raise SimError("--quota", f"{raw!r} is not a number of GPUs; e.g. --quota {name}=16") from None
+    if not quota >= 0 or quota == float("inf"):
+        raise SimError("--quota", f"{item!r}: a quota is a number of GPUs, 0 or more; e.g. --quota {name}=16")
+    return name, quota
+
+
 def changed(
     nodes: Sequence[NodeView],
     queues: Sequence[QueueView],
@@ -102,19 +125,11 @@ def changed(
         kept += parse_groups(spec, "--add", first_index=len(kept), prefix="added")
     by_name = {q.name: q for q in queues}
     for item in quotas:
-        name, sep, raw = item.partition("=")
-        if not sep:
-            raise SimError("--quota", f"{item!r} is not QUEUE=GPUS; e.g. --quota nlp=16")
+        name, quota = _quota_item(item)
         if name not in by_name:
             raise SimError(
                 "--quota", f"no queue named {name!r}; queues: {', '.join(sorted(by_name)) or 'none'}"
             )
-        try:
-            quota = float(raw)
-        except ValueError:
-            raise SimError("--quota", f"{raw!r} is not a number of GPUs; e.g. --quota {name}=16") from None
-        if quota < 0:
-            raise SimError("--quota", f"{item!r}: a quota cannot be negative")
         share = by_name[name].gpu
         limit = share.limit if share.limit is None or share.limit >= quota else quota
         by_name[name] = replace(by_name[name], gpu=replace(share, quota=quota, limit=limit))

@@ -8,7 +8,7 @@ from gpupool.scheduler import QueueView, Share
 from gpupool.sim.cluster import parse_groups
 from gpupool.sim.errors import SimError
 from gpupool.sim.policies import BY_NAME
-from gpupool.sim.whatif import changed, cluster_from_nodes, compare, history_jobs
+from gpupool.sim.whatif import changed, check_changes, cluster_from_nodes, compare, history_jobs
 
 T0 = "2026-11-30T10:00:00+00:00"
 
@@ -47,6 +47,31 @@ def test_changes_add_and_remove_nodes_and_set_quotas() -> None:
         changed(nodes, queues, quotas=["cv=4"])
     with pytest.raises(SimError, match=r"--quota: 'nlp' is not QUEUE=GPUS"):
         changed(nodes, queues, quotas=["nlp"])
+
+
+@pytest.mark.parametrize(
+    ("add", "quotas", "message"),
+    [
+        (["4x8:H100", "2by8"], [], r"--add: '2by8' is not NODESxGPUS"),
+        (["0x8"], [], r"--add: '0x8': nodes and GPUs per node must be at least 1"),
+        ([], ["nlp"], r"--quota: 'nlp' is not QUEUE=GPUS"),
+        ([], ["=4"], r"--quota: '=4' is not QUEUE=GPUS"),
+        ([], ["nlp=many"], r"--quota: 'many' is not a number of GPUs"),
+        ([], ["nlp=-1"], r"--quota: 'nlp=-1': a quota is a number of GPUs, 0 or more"),
+        ([], ["nlp=nan"], r"--quota: 'nlp=nan': a quota is a number of GPUs, 0 or more"),
+    ],
+)
+def test_a_malformed_change_is_refused_without_the_live_cluster(
+    add: list[str], quotas: list[str], message: str
+) -> None:
+    with pytest.raises(SimError, match=message):
+        check_changes(add, quotas)
+    with pytest.raises(SimError, match=message):  # and the same words once the cluster is known
+        changed(parse_groups("2x8", "--cluster"), [QueueView("nlp")], add=add, quotas=quotas)
+
+
+def test_well_formed_changes_pass_the_check_whatever_they_name() -> None:
+    check_changes(["4x8:H100", "1x8,2x4:A100"], ["nlp=16", "cv=0", "ghost=2.5"])
 
 
 def test_more_gpus_never_make_the_replayed_history_wait_longer() -> None:
