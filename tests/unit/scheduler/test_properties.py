@@ -20,7 +20,8 @@ from tests.unit.scheduler.invariants import check_decisions, reclaim_problems
 from tests.unit.scheduler.scenario_loader import parse_scenario
 from tests.unit.scheduler.strategies import NOW, ReclaimCase, reclaim_cases, snapshots
 
-# GPUPOOL_SCHEDULER_EXAMPLES=2000 searches deeper (minutes); the default keeps the file under ~30 s.
+# GPUPOOL_SCHEDULER_EXAMPLES=2000 searches deeper (minutes); the default keeps the file under ~30 s. The
+# suite draws the same examples each run; GPUPOOL_HYPOTHESIS=explore draws new ones (tests/conftest.py).
 BOUNDED = settings(
     max_examples=int(os.environ.get("GPUPOOL_SCHEDULER_EXAMPLES", "100")),
     deadline=None,
