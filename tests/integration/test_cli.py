@@ -41,6 +41,19 @@ def test_run_ps_logs_show_cancel_through_the_cli(server: ServerProcess, job_dir:
     assert server.wait_for(2)["state"] == "cancelled"
 
 
+def test_run_takes_slurm_style_nodes_cpus_and_memory(server: ServerProcess, job_dir: Path) -> None:
+    """`-N`, `-c` and `--memory` are the spec's `nodes`, `resources.cpu` and `resources.memory`, as srun's
+    -N, -c and --mem; an option `run` does not have is refused, not run as the command (`--mem` here)."""
+    stray = server.cli("run", "--mem", "1GB", "--", "true", cwd=job_dir)
+    assert stray.returncode == 1 and "'--mem' is not an option of gpupool run" in stray.stderr
+    gang = ("-N", "2", "-c", "1", "--memory", "1GB", "--gpus", "0")
+    server.cli("run", *gang, "--", "true", cwd=job_dir, check=True)
+    spec = json.loads(server.cli("show", "1", "--json", check=True).stdout)["spec"]  # the stray made none
+    assert spec["nodes"] == 2
+    assert (spec["resources"]["cpu"], spec["resources"]["memory"]) == (1.0, 1_000_000_000)
+    assert spec["commands"] == ["true"]
+
+
 def test_submit_a_yaml_spec_runs_in_the_spec_folder(server: ServerProcess, job_dir: Path) -> None:
     (job_dir / "job.yaml").write_text(
         "name: from-yaml\nresources: {gpu: 'H100:1'}\ncommands:\n  - cat data.txt\n"
@@ -117,6 +130,9 @@ def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
     for args, expected in [
         (("show", "42"), "no workload with id 42"),
         (("run", "--gpus", "lots", "--", "true"), "resources.gpu"),
+        (("run", "--memroy", "8GB", "--", "true"), "'--memroy' is not an option of gpupool run"),
+        (("run", "--cpus", "-2", "--", "true"), "resources.cpu"),
+        (("run", "--nodes", "0", "--", "true"), "nodes: 0 must be at least 1"),
         (("submit", str(tmp_path / "missing.yaml")), "cannot read"),
         (("--token", "wrong", "ps"), "invalid token"),
         (("--server", "http://127.0.0.1:1", "ps"), "cannot reach the gpupool server"),

@@ -90,7 +90,9 @@ def submit(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     command: list[str] = typer.Argument(..., help="the command, after --"),
-    gpus: str = typer.Option("1", "--gpus", "-g", help="GPUs: 2, H100:8, 'A100|H100:2', 80GB:1, 0.5"),
+    gpus: str = typer.Option(
+        "1", "--gpus", "-g", help="GPUs per node: 2, H100:8, 'A100|H100:2', 80GB:1, 0.5"
+    ),
     queue: str = typer.Option("default", "--queue", "-q"),
     name: str | None = typer.Option(None, "--name", "-n"),
     priority: str | None = typer.Option(
@@ -101,15 +103,28 @@ def run(
     node: list[str] = typer.Option(
         [], "--node", help="only on this node (repeat for several; like Slurm's --nodelist)"
     ),
+    nodes: int = typer.Option(
+        1, "--nodes", "-N", help="nodes in the gang, placed all or nothing (Slurm's -N)"
+    ),
+    cpus: str | None = typer.Option(None, "--cpus", "-c", help="CPU cores per node, e.g. 8 (Slurm's -c)"),
+    memory: str | None = typer.Option(None, "--memory", help="memory per node, e.g. 64GB (Slurm's --mem)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
+    _no_stray_option(command)
+    resources: dict[str, Any] = {"gpu": gpus}
+    if cpus is not None:
+        resources["cpu"] = cpus
+    if memory is not None:
+        resources["memory"] = memory
     data: dict[str, Any] = {
         "queue": queue,
-        "resources": {"gpu": gpus},
+        "resources": resources,
         "commands": [shlex.join(command)],
         "workdir": os.getcwd(),
     }
+    if nodes != 1:
+        data["nodes"] = nodes
     if name:
         data["name"] = name
     if priority:
@@ -122,6 +137,16 @@ def run(
         data["placement"] = {"nodes": node}
     parse_workload_spec(data)
     _created(client().submit(data), as_json)
+
+
+def _no_stray_option(command: list[str]) -> None:
+    """A command never starts with an option: one there is an option `run` does not have (a typo, or one
+    meant for the command but put before `--`). Taken as the command, it would fail as a job."""
+    if command and command[0].startswith("-"):
+        raise CliError(
+            f"{command[0]!r} is not an option of gpupool run (see gpupool run --help); the command goes "
+            "after --, e.g. gpupool run --gpus 2 -- python train.py"
+        )
 
 
 def _created(workload: dict[str, Any], as_json: bool) -> None:
