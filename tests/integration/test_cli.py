@@ -126,6 +126,37 @@ def test_a_bad_spec_is_one_clear_line_and_a_nonzero_exit(
     assert json.loads(server.cli("ps", "--all", "--json", check=True).stdout) == []
 
 
+def test_a_queue_is_deleted_only_once_nothing_uses_it(server: ServerProcess, job_dir: Path) -> None:
+    server.cli("queue", "create", "research", check=True)
+    server.cli("queue", "create", "vision", "--parent", "research", check=True)
+    server.cli("queue", "create", "nlp", "--gpu-quota", "2", check=True)
+    server.cli("run", "--queue", "nlp", "--gpus", "1", "--", "sleep", "30", cwd=job_dir, check=True)
+    server.wait_for(1, states=("running",))
+    refusals = [
+        (("nlp",), "queue 'nlp' still has 1 running workload; cancel them or let them finish first"),
+        (("research",), "queue 'research' is the parent of vision; delete those first"),
+        (("default",), "the 'default' queue cannot be deleted"),
+        (("nowhere",), "no queue named 'nowhere'"),
+    ]
+    for args, message in refusals:
+        refused = server.cli("queue", "delete", *args)
+        assert refused.returncode == 1 and message in refused.stderr, refused.stderr
+    names = {q["name"] for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
+    assert names == {"default", "research", "vision", "nlp"}  # a refusal changes nothing
+
+    server.cli("cancel", "1", check=True)
+    assert server.wait_for(1)["state"] == "cancelled"
+    assert "queue nlp deleted" in server.cli("queue", "delete", "nlp", check=True).stdout
+    server.cli("queue", "delete", "vision", check=True)
+    server.cli("queue", "delete", "research", check=True)
+    names = {q["name"] for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
+    assert names == {"default"}
+    history = json.loads(server.cli("ps", "--all", "--json", check=True).stdout)
+    assert [(w["id"], w["queue"], w["state"]) for w in history] == [(1, "nlp", "cancelled")]
+    gone = server.cli("run", "--queue", "nlp", "--", "true", cwd=job_dir)
+    assert gone.returncode == 1 and "queue 'nlp' does not exist" in gone.stderr
+
+
 def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
     for args, expected in [
         (("show", "42"), "no workload with id 42"),

@@ -27,7 +27,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 node_app = typer.Typer(help="Take nodes in and out of service.", no_args_is_help=True)
-queue_app = typer.Typer(help="Create and change queues (teams, projects).", no_args_is_help=True)
+queue_app = typer.Typer(help="Create, change and delete queues (teams, projects).", no_args_is_help=True)
 app.add_typer(node_app, name="node")
 app.add_typer(queue_app, name="queue")
 app.add_typer(bench_app, name="bench")
@@ -457,6 +457,14 @@ def queue_update(
         )
     q = client().update_queue(name, body)
     console.print(f"queue {q['name']} updated")
+
+
+@queue_app.command("delete")
+def queue_delete(name: str) -> None:
+    """Delete a queue that has no pending or running work and no child queues (finished work keeps its
+    queue's name)."""
+    client().delete_queue(name)
+    console.print(f"queue {name} deleted")
 
 
 class CliError(Exception):

@@ -258,3 +258,8 @@ class Client:
     def update_queue(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self._call("PATCH", f"/api/v1/queues/{name}", json=patch)
         return result
+
+    def delete_queue(self, name: str) -> dict[str, Any]:
+        """Delete a queue with no pending or running work and no child queues; returns it as it was."""
+        result: dict[str, Any] = self._call("DELETE", f"/api/v1/queues/{name}")
+        return result

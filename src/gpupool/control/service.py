@@ -168,6 +168,46 @@ def update_queue(store: Store, name: str, build: Callable[[dict[str, Any]], Queu
         return queue_view(queue, _queue_usage(s))
 
 
+def delete_queue(store: Store, name: str) -> dict[str, Any]:
+    """Remove a queue nothing uses any more: no pending or running work, no child queues, and not the
+    default queue. Finished work keeps the queue's name (its history and GPU-hours stay as they were).
+    Returns the queue as it was."""
+    with store.session() as s:
+        queue = s.scalar(select(Queue).where(Queue.name == name))
+        if queue is None:
+            raise NotFound(f"no queue named {name!r}; list them with `gpupool queues`")
+        if name == DEFAULT_QUEUE:
+            raise Conflict(
+                f"the {DEFAULT_QUEUE!r} queue cannot be deleted: work that names no queue goes there",
+                field="name",
+            )
+        children = list(s.scalars(select(Queue.name).where(Queue.parent == name).order_by(Queue.name)))
+        if children:
+            raise Conflict(
+                f"queue {name!r} is the parent of {', '.join(children)}; delete those first, or move them "
+                f"with `gpupool queue update {children[0]} --parent OTHER`",
+                field="name",
+            )
+        active = dict(
+            s.execute(
+                select(Workload.state, func.count())
+                .where(Workload.queue == name, Workload.state.in_(ACTIVE))
+                .group_by(Workload.state)
+            ).all()
+        )
+        if active:
+            counts = " and ".join(f"{active[state]} {state}" for state in sorted(active))
+            plural = "s" if sum(active.values()) != 1 else ""
+            raise Conflict(
+                f"queue {name!r} still has {counts} workload{plural}; cancel them or let them finish "
+                f"first (`gpupool ps --queue {name}`)",
+                field="name",
+            )
+        view = queue_view(queue, _queue_usage(s))
+        s.delete(queue)
+        return view
+
+
 def list_queues(store: Store, fair_shares: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
     with store.read() as s:
         usage = _queue_usage(s)

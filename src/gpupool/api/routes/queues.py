@@ -1,4 +1,4 @@
-"""/api/v1/queues: create, list, get, update."""
+"""/api/v1/queues: create, list, get, update, delete."""
 
 from __future__ import annotations
 
@@ -58,6 +58,14 @@ def update(request: Request, name: str, body: Any = Body(...)) -> dict[str, Any]
     result = service.update_queue(runtime.store, name, build)
     runtime.wake()
     return result
+
+
+@router.delete("/{name}", summary="Delete a queue with no pending or running work and no child queues")
+def delete(request: Request, name: str) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    deleted = service.delete_queue(runtime.store, name)
+    runtime.wake()
+    return deleted
 
 
 def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
