@@ -54,6 +54,21 @@ def test_run_takes_slurm_style_nodes_cpus_and_memory(server: ServerProcess, job_
     assert spec["commands"] == ["true"]
 
 
+def test_run_passes_environment_variables_to_the_job(
+    server: ServerProcess, job_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-e KEY=VALUE` as `docker run -e`; `-e KEY` takes this shell's value; an unset KEY is refused."""
+    monkeypatch.setenv("SHELL_VALUE", "from-the-shell")  # the CLI's environment (ServerProcess.env)
+    missing = server.cli("run", "-e", "NOT_SET_ANYWHERE_XYZ", "--", "true", cwd=job_dir)
+    assert missing.returncode == 1 and "NOT_SET_ANYWHERE_XYZ is not set in this shell" in missing.stderr
+    server.cli(
+        "run", "--gpus", "0", "-e", "GREETING=hello", "--env", "WITH_EQUALS=a=b", "-e", "SHELL_VALUE",
+        "--", "bash", "-c", "echo $GREETING $SHELL_VALUE $WITH_EQUALS", cwd=job_dir, check=True,
+    )  # fmt: skip
+    assert server.wait_for(1)["state"] == "succeeded"
+    assert server.cli("logs", "1", check=True).stdout == "hello from-the-shell a=b\n"
+
+
 def test_submit_a_yaml_spec_runs_in_the_spec_folder(server: ServerProcess, job_dir: Path) -> None:
     (job_dir / "job.yaml").write_text(
         "name: from-yaml\nresources: {gpu: 'H100:1'}\ncommands:\n  - cat data.txt\n"

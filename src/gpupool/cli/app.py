@@ -108,6 +108,12 @@ def run(
     ),
     cpus: str | None = typer.Option(None, "--cpus", "-c", help="CPU cores per node, e.g. 8 (Slurm's -c)"),
     memory: str | None = typer.Option(None, "--memory", help="memory per node, e.g. 64GB (Slurm's --mem)"),
+    env: list[str] = typer.Option(
+        [],
+        "--env",
+        "-e",
+        help="KEY=VALUE for the job's environment, or KEY for this shell's value (repeatable)",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
@@ -135,8 +141,23 @@ def run(
         data["checkpoint"] = {"dir": checkpoint_dir}
     if node:
         data["placement"] = {"nodes": node}
+    if env:
+        data["env"] = _env_pairs(env)
     parse_workload_spec(data)
     _created(client().submit(data), as_json)
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    """`--env KEY=VALUE`, or `--env KEY` for the value this shell has (as `docker run -e KEY`)."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            if key not in os.environ:
+                raise CliError(f"--env {key}: {key} is not set in this shell; give --env {key}=VALUE")
+            value = os.environ[key]
+        pairs[key] = value
+    return pairs
 
 
 def _no_stray_option(command: list[str]) -> None:
