@@ -172,6 +172,33 @@ def test_a_queue_is_deleted_only_once_nothing_uses_it(server: ServerProcess, job
     assert gone.returncode == 1 and "queue 'nlp' does not exist" in gone.stderr
 
 
+def test_cancel_takes_a_queues_work_or_only_its_pending_work(server: ServerProcess, job_dir: Path) -> None:
+    """`cancel --queue Q [--state pending]`, as `scancel -p Q -t PENDING`; other queues' work stays."""
+    server.cli("queue", "create", "nlp", "--gpu-limit", "1", check=True)
+    for queue in ("nlp", "nlp", "default"):  # 1 runs, 2 waits at nlp's limit, 3 runs in default
+        server.cli("run", "--queue", queue, "--gpus", "1", "--", "sleep", "60", cwd=job_dir, check=True)
+    server.wait_for(1, states=("running",))
+    server.wait_for(3, states=("running",))
+    for args, message in [
+        ((), "which workloads? give their ids"),
+        (("3", "--queue", "nlp"), "give workload ids or --queue, not both"),
+        (("--state", "pending"), "--state needs --queue"),
+        (("--queue", "nlp", "--state", "succeeded"), "'succeeded' cannot be cancelled"),
+        (("--queue", "nowhere"), "no queue named 'nowhere'"),
+    ]:
+        refused = server.cli("cancel", *args)
+        assert refused.returncode == 1 and message in refused.stderr, (args, refused.stderr)
+    out = server.cli("cancel", "--queue", "nlp", "--state", "pending", check=True).stdout
+    assert out.strip() == "2 (job-2): cancelled"
+    assert server.wait_for(1, states=("running",))["state"] == "running"
+    assert "1 (job-1): stopping" in server.cli("cancel", "--queue", "nlp", check=True).stdout
+    assert server.wait_for(1)["state"] == "cancelled"
+    nothing = server.cli("cancel", "--queue", "nlp", check=True).stdout
+    assert "queue nlp has no pending or running work to cancel" in nothing
+    assert server.wait_for(3, states=("running",))["state"] == "running"  # default's work was not touched
+    server.cli("cancel", "3", check=True)
+
+
 def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
     for args, expected in [
         (("show", "42"), "no workload with id 42"),

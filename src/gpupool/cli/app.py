@@ -291,10 +291,38 @@ def logs(
             time.sleep(0.5)
 
 
+CANCEL_PAGE = 100_000  # workloads of one state that `cancel --queue` lists at once (the API's largest page)
+
+
 @app.command()
-def cancel(workload_ids: list[int] = typer.Argument(..., help="one or more workload ids")) -> None:
-    """Cancel workloads: pending ones at once, running ones by SIGTERM then SIGKILL after the grace period."""
+def cancel(
+    workload_ids: list[int] | None = typer.Argument(None, help="one or more workload ids"),
+    queue: str | None = typer.Option(
+        None, "--queue", "-q", help="instead of ids: every pending and running workload of this queue"
+    ),
+    state: str | None = typer.Option(
+        None, "--state", help="with --queue: only pending, or only running, ones"
+    ),
+) -> None:
+    """Cancel workloads: pending ones at once, running ones by SIGTERM then SIGKILL after the grace period.
+    By ids, or a queue's work (`--queue Q [--state pending]`, as Slurm's scancel -p Q -t PENDING)."""
     c = client()
+    if workload_ids and queue is not None:
+        raise CliError("give workload ids or --queue, not both")
+    if state is not None and queue is None:
+        raise CliError("--state needs --queue: e.g. gpupool cancel --queue nlp --state pending")
+    if state is not None and state not in ("pending", "running"):
+        raise CliError(f"--state: {state!r} cannot be cancelled; give pending or running")
+    if queue is not None:
+        c.queue(queue)  # a queue that does not exist is an error, not "nothing to cancel"
+        workload_ids = _active_ids(c, queue, state)
+        if not workload_ids:
+            console.print(f"queue {queue} has no {state or 'pending or running'} work to cancel")
+            return
+    if not workload_ids:
+        raise CliError(
+            "which workloads? give their ids (gpupool cancel 3 4), or --queue Q for a queue's work"
+        )
     for workload_id in workload_ids:
         w = c.cancel(workload_id)
         what = (
@@ -303,6 +331,20 @@ def cancel(workload_ids: list[int] = typer.Argument(..., help="one or more workl
             else "stopping (SIGTERM sent; SIGKILL after the grace period)"
         )
         console.print(f"{workload_id} ({w['name']}): {what}")
+
+
+def _active_ids(c: Client, queue: str, state: str | None) -> list[int]:
+    """The ids of the queue's pending and running work (or those of one `state`), oldest first; of each
+    state the newest CANCEL_PAGE (the API's largest page), and a line saying so when there are more."""
+    ids: list[int] = []
+    for wanted in (state,) if state is not None else ("pending", "running"):
+        found = [w["id"] for w in c.workloads(state=wanted, queue=queue, limit=CANCEL_PAGE)]
+        if len(found) >= CANCEL_PAGE:
+            console.print(
+                f"[yellow]the newest {CANCEL_PAGE:,} {wanted} workloads only; run it again[/yellow]"
+            )
+        ids += found
+    return sorted(ids)
 
 
 # -- nodes ------------------------------------------------------------------------------------------------
