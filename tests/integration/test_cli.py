@@ -80,6 +80,16 @@ def test_submit_a_yaml_spec_runs_in_the_spec_folder(server: ServerProcess, job_d
     assert server.cli("logs", "1", check=True).stdout == "local data\n"
 
 
+def test_logs_prints_a_log_longer_than_a_chunk_whole(server: ServerProcess, job_dir: Path) -> None:
+    """The server sends a log in chunks of 1 MiB: `logs` reads them all, and a character cut by a chunk's
+    end comes whole in the next (here 'é', two bytes, straddles the first chunk's end)."""
+    script = "import sys; sys.stdout.write('a' + 'é' * 1_200_000 + '\\n' + 'end\\n')"
+    server.cli("run", "--gpus", "0", "--", "python3", "-c", script, cwd=job_dir, check=True)
+    assert server.wait_for(1)["state"] == "succeeded"
+    out = server.cli("logs", "1", check=True).stdout
+    assert out == "a" + "é" * 1_200_000 + "\n" + "end\n"  # 2.4 MB: three chunks, no replacement characters
+
+
 def test_logs_follow_streams_until_the_job_ends(server: ServerProcess, job_dir: Path) -> None:
     server.cli(
         "run",

@@ -276,19 +276,20 @@ def logs(
     chosen = attempt
     while True:
         chunk = c.logs(workload_id, attempt=chosen, offset=offset, rank=rank)
-        if chunk["data"]:
-            sys.stdout.write(chunk["data"])
-            sys.stdout.flush()
         if chosen is None and chunk["attempt"] is not None:
             chosen = chunk["attempt"]
         offset = chunk["offset"]
-        if not follow or chunk["eof"]:
-            if follow and chunk["state"] == "pending":
-                chosen, offset = None, 0  # a retry is on its way: follow the next attempt
-            else:
+        if chunk["data"]:
+            sys.stdout.write(chunk["data"])
+            sys.stdout.flush()
+            continue  # the server sends a long log in chunks: read on until it has no more
+        if not follow:
+            break
+        if chunk["eof"]:
+            if chunk["state"] != "pending":
                 break
-        if not chunk["data"]:
-            time.sleep(0.5)
+            chosen, offset = None, 0  # a retry is on its way: follow the next attempt
+        time.sleep(0.5)
 
 
 CANCEL_PAGE = 100_000  # workloads of one state that `cancel --queue` lists at once (the API's largest page)

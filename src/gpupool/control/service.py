@@ -463,6 +463,8 @@ def read_log(
             with open(path, "rb") as fh:
                 fh.seek(max(0, offset))
                 data = fh.read(max(0, min(limit, LOG_CHUNK_MAX)))
+                if fh.tell() < size or not finished:  # more may follow: a cut character comes next time
+                    data = _whole_characters(data)
         next_offset = max(0, offset) + len(data)
         return {
             "attempt": chosen.number,
@@ -472,6 +474,17 @@ def read_log(
             "state": workload.state,
             "path": str(path),
         }
+
+
+def _whole_characters(data: bytes) -> bytes:
+    """`data` without a UTF-8 character cut off at its end (the next chunk starts with it): each chunk is
+    decoded alone, and a cut character would come out as two replacement characters."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data" and 0 < exc.start >= len(data) - 3:
+            return data[: exc.start]
+    return data
 
 
 # -- nodes -----------------------------------------------------------------------------------------------
