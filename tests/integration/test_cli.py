@@ -209,6 +209,16 @@ def test_cancel_takes_a_queues_work_or_only_its_pending_work(server: ServerProce
     server.cli("cancel", "3", check=True)
 
 
+def test_ps_says_when_it_shows_only_the_newest(server: ServerProcess, job_dir: Path) -> None:
+    for _ in range(3):
+        server.cli("run", "--gpus", "64", "--", "true", cwd=job_dir, check=True)  # never fits: stays pending
+    cut = server.cli("ps", "--limit", "2", "--json", check=True)
+    assert [row["id"] for row in json.loads(cut.stdout)] == [2, 3]
+    assert "the newest 2 only; --limit shows more" in cut.stderr
+    whole = server.cli("ps", "--limit", "3", check=True)
+    assert "job-1" in whole.stdout and "newest" not in whole.stderr
+
+
 def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
     for args, expected in [
         (("show", "42"), "no workload with id 42"),

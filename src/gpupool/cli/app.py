@@ -13,7 +13,16 @@ import typer
 from rich.markup import escape
 
 from gpupool.cli.bench import bench_app
-from gpupool.cli.render import console, foreign_table, human_bytes, print_json, ps_rows, ps_table, styled
+from gpupool.cli.render import (
+    console,
+    err_console,
+    foreign_table,
+    human_bytes,
+    print_json,
+    ps_rows,
+    ps_table,
+    styled,
+)
 from gpupool.cli.sim import sim_app
 from gpupool.client import Client
 from gpupool.spec import parse_queue_spec, parse_workload_spec
@@ -180,17 +189,32 @@ def _created(workload: dict[str, Any], as_json: bool) -> None:
     )
 
 
+PS_MOST = 100_000  # the API's largest page of workloads
+
+
 @app.command()
 def ps(
     all: bool = typer.Option(False, "--all", "-a", help="include finished workloads"),
     queue: str | None = typer.Option(None, "--queue", "-q"),
     state: str | None = typer.Option(None, "--state"),
     wide: bool = typer.Option(False, "--wide", "-w", help="show every reason"),
+    limit: int = typer.Option(
+        1000, "--limit", "-n", min=1, max=PS_MOST, help="at most this many, the newest (up to 100,000)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """List workloads: pending and running ones, or all with --all."""
     c = client()
-    workloads = c.workloads(all=all, state=state, queue=queue)
+    asked = min(limit + 1, PS_MOST)  # one more than shown tells whether there are more
+    workloads = c.workloads(all=all, state=state, queue=queue, limit=asked)
+    if len(workloads) > limit or len(workloads) == PS_MOST:  # on stderr: pipes and --json read rows alone
+        workloads = workloads[len(workloads) - limit :]  # oldest first: the newest `limit`
+        more = (
+            f"--limit shows more (up to {PS_MOST:,})"
+            if limit < PS_MOST
+            else "narrow it with --queue or --state"
+        )
+        err_console.print(f"[yellow]the newest {limit:,} only; {more}[/yellow]")
     foreign = c.foreign_jobs() if all and state is None and queue is None else []
     if as_json:
         rows = [{k: v for k, v in row.items() if not k.startswith("_")} for row in ps_rows(workloads)]
