@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -168,6 +170,13 @@ def test_a_queue_is_deleted_only_once_nothing_uses_it(server: ServerProcess, job
         assert refused.returncode == 1 and message in refused.stderr, refused.stderr
     names = {q["name"] for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
     assert names == {"default", "research", "vision", "nlp"}  # a refusal changes nothing
+    narrow = subprocess.run(  # an 80-column terminal folds the table; it never cuts a queue's name
+        [sys.executable, "-m", "gpupool.main", "queues"], env={**server.env, "COLUMNS": "80"},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert [line.split()[:2] for line in narrow.stdout.splitlines()[-4:]] == [
+        ["default", "-"], ["nlp", "-"], ["research", "-"], ["vision", "research"],
+    ]  # fmt: skip
 
     server.cli("cancel", "1", check=True)
     assert server.wait_for(1)["state"] == "cancelled"

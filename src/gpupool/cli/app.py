@@ -446,7 +446,9 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
         "RUNNING",
         "PENDING",
     ):
-        table.add_column(column)
+        # Nothing is cut in a narrow terminal: headers and figures fold; names keep their whole width.
+        names = [q[column.lower()] or "-" for q in rows] if column in ("NAME", "PARENT") else []
+        table.add_column(column, overflow="fold", min_width=max(map(len, names), default=None))
     for q in rows:
         gpu = q["resources"].get("gpu", {})
         limit = gpu.get("limit")
