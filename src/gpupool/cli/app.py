@@ -16,6 +16,7 @@ from gpupool.cli.bench import bench_app
 from gpupool.cli.render import (
     console,
     err_console,
+    folding_table,
     foreign_table,
     human_bytes,
     print_json,
@@ -382,11 +383,8 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print_json(rows)
         return
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for column in ("NAME", "STATE", "HEALTH", "GPUS", "MODEL", "ALLOCATED", "CPUS", "MEMORY", "UTIL"):
-        table.add_column(column)
+    columns = ("NAME", "STATE", "HEALTH", "GPUS", "MODEL", "ALLOCATED", "CPUS", "MEMORY", "UTIL")
+    table = folding_table(columns, {"NAME": [n["name"] for n in rows]})
     for n in rows:
         utils = [g["sample"]["utilization_pct"] for g in n["gpus"] if g.get("sample")]
         util = f"{sum(utils) / len(utils):.0f}%" if utils else "-"
@@ -429,26 +427,10 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print_json(rows)
         return
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for column in (
-        "NAME",
-        "PARENT",
-        "PRIORITY",
-        "GPU QUOTA",
-        "GPU LIMIT",
-        "WEIGHT",
-        "WEIGHT (NOW)",
-        "FAIR SHARE",
-        "ALLOCATED",
-        "PENDING GPUS",
-        "RUNNING",
-        "PENDING",
-    ):
-        # Nothing is cut in a narrow terminal: headers and figures fold; names keep their whole width.
-        names = [q[column.lower()] or "-" for q in rows] if column in ("NAME", "PARENT") else []
-        table.add_column(column, overflow="fold", min_width=max(map(len, names), default=None))
+    columns = ("NAME", "PARENT", "PRIORITY", "GPU QUOTA", "GPU LIMIT", "WEIGHT", "WEIGHT (NOW)", "FAIR SHARE",
+               "ALLOCATED", "PENDING GPUS", "RUNNING", "PENDING")  # fmt: skip
+    names = {"NAME": [q["name"] for q in rows], "PARENT": [q["parent"] or "-" for q in rows]}
+    table = folding_table(columns, names)
     for q in rows:
         gpu = q["resources"].get("gpu", {})
         limit = gpu.get("limit")

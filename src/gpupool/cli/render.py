@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -81,6 +82,16 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def folding_table(columns: Sequence[str], whole: Mapping[str, Sequence[str]] | None = None) -> Table:
+    """A table that folds, never cuts, in a narrow terminal: `whole` gives, for some columns, the values
+    that keep their full width (names), so that only the other columns fold."""
+    table = Table(box=None, header_style="bold")
+    for column in columns:
+        keep = (whole or {}).get(column, ())
+        table.add_column(column, overflow="fold", min_width=max(map(len, keep), default=None))
+    return table
 
 
 def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
