@@ -56,6 +56,17 @@ def test_run_takes_slurm_style_nodes_cpus_and_memory(server: ServerProcess, job_
     assert spec["commands"] == ["true"]
 
 
+def test_run_without_dashes_gives_the_command_every_word_after_its_name(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    """As `docker run`: run's options come first; from the command's first word on, `--name x` and
+    `--gpus 4` are the command's own."""
+    server.cli("run", "--gpus", "0", "echo", "hi", "--name", "x", "--gpus", "4", cwd=job_dir, check=True)
+    job = server.wait_for(1)
+    assert (job["state"], job["name"], job["gpus"]) == ("succeeded", "job-1", "0")
+    assert server.cli("logs", "1", check=True).stdout == "hi --name x --gpus 4\n"
+
+
 def test_run_passes_environment_variables_to_the_job(
     server: ServerProcess, job_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

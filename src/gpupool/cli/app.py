@@ -97,7 +97,11 @@ def submit(
     _created(client().submit(data), as_json)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# As `docker run`: run's options come first; from the command's first word on, every word is the command's.
+RUN_PARSING = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+@app.command(context_settings=RUN_PARSING)
 def run(
     command: list[str] = typer.Argument(..., help="the command, after --"),
     gpus: str = typer.Option(
