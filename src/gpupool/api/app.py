@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpupool import __version__
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, require_token
+from gpupool.api.body import refuse_nul
 from gpupool.api.routes import agents, bench, foreign, health, metrics, nodes, queues, workloads
 from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
@@ -85,7 +86,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "version": __version__}
 
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token), Depends(refuse_nul)])
     api.include_router(workloads.router)
     api.include_router(nodes.router)
     api.include_router(queues.router)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from gpupool.control.errors import ServiceError
 from gpupool.spec import SpecError
@@ -44,6 +45,34 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        message = f"{where}: {first.get('msg', 'invalid request')}"
+        if first.get("type") == "json_invalid":  # its loc is ("body", character offset): no field to name
+            where = "body"
+            at = first.get("loc", ("body", 0))[-1]
+            reason = first.get("ctx", {}).get("error", "JSON decode error")
+            message = (
+                f"body: not valid JSON ({reason} at character {at}); "
+                "send one JSON object, with names and text in double quotes"
+            )
+        else:
+            where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+            message = f"{where}: {first.get('msg', 'invalid request')}"
         return JSONResponse(_body("invalid_request", message, field=where), status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """FastAPI's and Starlette's own refusals (no such path, a method a path does not take, a body that
+        cannot be parsed) in the same shape as every other error."""
+        where, field = f"{request.method} {request.url.path}", None
+        if exc.status_code == 404:
+            code, message = "not_found", f"no such path: {where}; the API's paths are listed at /docs"
+        elif exc.status_code == 405:
+            code = "method_not_allowed"
+            message = f"{where}: this path takes other methods; the API's paths are listed at /docs"
+        elif exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            code, field = "invalid_request", "body"
+            message = "body: could not be parsed (nested too deeply?); send one JSON object"
+        else:
+            code, message = "http_error", str(exc.detail)
+        return JSONResponse(
+            _body(code, message, field=field), status_code=exc.status_code, headers=exc.headers
+        )

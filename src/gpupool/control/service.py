@@ -28,6 +28,7 @@ from gpupool.timeutil import age_seconds, as_utc
 
 DEFAULT_QUEUE = "default"
 LOG_CHUNK_MAX = 1 << 20
+MAX_ID = (1 << 63) - 1  # the largest id a 64-bit integer column holds
 
 
 def _iso(value: Any) -> str | None:
@@ -133,8 +134,20 @@ def _check_parent(s: Session, spec: QueueSpec) -> None:
         return
     if spec.parent == spec.name:
         raise Invalid(f"queue {spec.name} cannot be its own parent", field="parent")
-    if s.scalar(select(Queue).where(Queue.name == spec.parent)) is None:
+    parents = dict(s.execute(select(Queue.name, Queue.parent)).tuples().all())
+    if spec.parent not in parents:
         raise Invalid(f"parent queue {spec.parent!r} does not exist; create it first", field="parent")
+    chain, above = [spec.parent], parents[spec.parent]
+    while above is not None and above not in chain:  # `not in chain`: ends even on a loop stored before
+        if above == spec.name:
+            loop = " under ".join([*chain, spec.name])
+            raise Invalid(
+                f"parent: {spec.parent!r} is under {spec.name!r} ({loop}), so the queues would form a loop; "
+                f"choose a parent outside {spec.name!r} and the queues under it",
+                field="parent",
+            )
+        chain.append(above)
+        above = parents.get(above)
 
 
 def create_queue(store: Store, spec: QueueSpec) -> dict[str, Any]:
@@ -354,7 +367,8 @@ def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
 
 
 def _load(s: Session, workload_id: int) -> Workload:
-    workload = s.get(Workload, workload_id)
+    # An id past a 64-bit integer would reach the database as an error instead of a miss.
+    workload = s.get(Workload, workload_id) if 0 < workload_id <= MAX_ID else None
     if workload is None:
         raise NotFound(f"no workload with id {workload_id}; list them with `gpupool ps --all`")
     return workload
@@ -460,6 +474,7 @@ def read_log(
         size = 0
         if path.exists():
             size = path.stat().st_size
+        if max(0, offset) < size:  # past the end nothing is there yet (and a seek past a file's limit fails)
             with open(path, "rb") as fh:
                 fh.seek(max(0, offset))
                 data = fh.read(max(0, min(limit, LOG_CHUNK_MAX)))

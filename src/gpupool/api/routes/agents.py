@@ -7,6 +7,7 @@ the API-token dependency; `admin_router` is mounted inside it.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpupool.api.body import fields, text
 from gpupool.api.errors import ApiError
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.agent_heartbeats import UnknownNode
@@ -111,15 +113,19 @@ def _node(state: State, authorization: str) -> str:
 @agent_router.post("/register", summary="An agent joins (join token) or comes back (node credential)")
 def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
     backend = _backend(request)
-    name = str(body.get("name") or "")
-    info = body.get("info") or {}
+    info = {} if body.get("info") is None else body["info"]
     try:  # before the store admits the node: a refused description changes nothing
+        for field in ("name", "join_token", "credential"):
+            if not isinstance(body.get(field), str | None):
+                raise BadRegistration(field, f"{body[field]!r} is not text")
         if not isinstance(info, dict):
             raise BadRegistration("info", "must be an object describing the node (cpus, gpus, devices, ...)")
+        _check_description(info)
         parse_devices(info.get("devices"))
         parse_ports(info.get("rendezvous_ports"))
     except BadRegistration as exc:
         raise ApiError(422, "invalid_request", str(exc), field=exc.field) from exc
+    name = body.get("name") or ""
     runtime = request.app.state.runtime
     address = request.client.host if request.client else "127.0.0.1"
     with runtime.reconciler.inventory_lock:  # no inventory taken before this join is applied after it
@@ -134,6 +140,33 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
     if credential is not None:
         answer["credential"] = credential
     return answer
+
+
+def _check_description(info: dict[str, Any]) -> None:
+    """Raise BadRegistration for a field of a node's description the agent backend could not take in."""
+    cpus, memory, gpus = info.get("cpus"), info.get("memory_bytes"), info.get("gpus")
+    if cpus is not None and not (_is_number(cpus) and 0 <= cpus < math.inf):
+        raise BadRegistration("info.cpus", f"{cpus!r} is not a number of CPUs; e.g. 64")
+    if memory is not None and not (_is_number(memory) and isinstance(memory, int) and memory >= 0):
+        raise BadRegistration("info.memory_bytes", f"{memory!r} is not a number of bytes; e.g. 1099511627776")
+    if gpus is not None and not (isinstance(gpus, list) and all(_is_kind_count(g) for g in gpus)):
+        raise BadRegistration("info.gpus", f"{gpus!r} is not a list of [kind, count]; e.g. [['H100', 8]]")
+    if not isinstance(info.get("labels"), dict | None):
+        raise BadRegistration("info.labels", f"{info['labels']!r} is not a mapping; e.g. {{'zone': 'a'}}")
+    if not isinstance(info.get("address"), str | None):
+        raise BadRegistration("info.address", f"{info['address']!r} is not an address; e.g. 10.0.0.7")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_kind_count(pair: Any) -> bool:
+    """One entry of a node's `gpus`: [kind, count]."""
+    if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+        return False
+    count = pair[1]
+    return _is_number(count) and isinstance(count, int) and count >= 0
 
 
 @agent_router.post("/heartbeat", summary="Report what runs; held until the node's desired state changes")
@@ -231,12 +264,11 @@ class HeartbeatEndpoint:
 
 @admin_router.post("/join-tokens", status_code=201, summary="Create a join token (shown once)")
 def create_join_token(request: Request, body: dict[str, Any] | None = Body(None)) -> dict[str, Any]:
-    body = body or {}
+    body = fields(body, ("ttl", "description"))
     ttl = body.get("ttl")
     seconds = parse_duration(ttl, "ttl") if ttl not in (None, "", "never") else None
-    return agents.create_join_token(
-        request.app.state.runtime.store, seconds, str(body.get("description") or "")
-    )
+    description = text(body, "description", example="rack 12") or ""
+    return agents.create_join_token(request.app.state.runtime.store, seconds, description)
 
 
 @admin_router.get("/join-tokens", summary="Join tokens (never the tokens themselves)")
@@ -254,7 +286,7 @@ def revoke_join_token(request: Request, ident: str) -> dict[str, Any]:
 )
 def drain(request: Request, name: str, body: dict[str, Any] | None = Body(None)) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    reason = str((body or {}).get("reason") or "drained by admin")
+    reason = text(fields(body, ("reason",)), "reason", example="replace GPU 3") or "drained by admin"
     result = service.drain_node(runtime.store, name, reason)
     runtime.wake()
     return result

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Query, Request
 
 from gpupool.api.auth import require_token
+from gpupool.api.body import fields, text
 from gpupool.api.errors import ApiError
 from gpupool.control import health as node_health
 
@@ -25,23 +26,27 @@ def list_health(request: Request) -> list[dict[str, Any]]:
 @router.get("/health/{name}", summary="One node's health, its last active checks and its events")
 def get_health(request: Request, name: str) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    views = runtime.health.views()
+    views = _known(runtime, name)
+    return {"node": name, **views[name], "events": node_health.node_events(runtime.store, name)}
+
+
+def _known(runtime: Any, name: str) -> dict[str, dict[str, Any]]:
+    """Every node's health view; ApiError 404, naming the nodes, when none is called `name`."""
+    views: dict[str, dict[str, Any]] = runtime.health.views()
     if name not in views:
         raise ApiError(
             404, "not_found", f"no node named {name!r} (nodes: {', '.join(sorted(views)) or 'none'})"
         )
-    return {"node": name, **views[name], "events": node_health.node_events(runtime.store, name)}
+    return views
 
 
 @router.post("/health/run", summary="Run the passive and active checks now, and act on the verdict")
 def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> list[dict[str, Any]]:
-    body = body or {}
-    level = str(body.get("level") or "quick")
+    body = fields(body, ("node", "level"))
+    level = text(body, "level", example="quick") or "quick"
     runtime = request.app.state.runtime
-    node = body.get("node")
-    names = (
-        [str(node)] if node else [n for n in sorted(runtime.health.views()) if runtime.health.can_check(n)]
-    )
+    node = text(body, "node", example="node-1")
+    names = [node] if node else [n for n in sorted(runtime.health.views()) if runtime.health.can_check(n)]
     if not names:
         raise ApiError(
             409, "conflict", "no node here can run active checks; name one with --node", field="node"
@@ -52,10 +57,15 @@ def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> li
 
 @router.get("/telemetry/{name}", summary="A node's GPUs: latest sample and downsampled history")
 def telemetry(
-    request: Request, name: str, seconds: float = Query(600.0, gt=0, le=86400.0, description="history window")
+    request: Request,
+    name: str,
+    seconds: float = Query(600.0, gt=0, le=86400.0, allow_inf_nan=False, description="history window"),
 ) -> dict[str, Any]:
-    cache = request.app.state.runtime.telemetry
+    runtime = request.app.state.runtime
+    cache = runtime.telemetry
     samples = cache.node_samples(name)
+    if not samples:
+        _known(runtime, name)  # a typo is refused; a node with no sample yet has an empty history
     return {
         "node": name,
         "age_seconds": cache.age(name),
@@ -72,6 +82,7 @@ def inject_fault(
 ) -> dict[str, Any]:
     if role != "admin":
         raise ApiError(403, "forbidden", "fault injection is for admins only; use the admin token")
+    body = fields(body, ("gpu", *FAULT_FIELDS))
     chosen = [key for key in FAULT_FIELDS if body.get(key) not in (None, False)]
     if len(chosen) != 1:
         raise ApiError(
@@ -83,8 +94,24 @@ def inject_fault(
         raise ApiError(422, "invalid", f"gpu: {gpu!r} is not a GPU index; e.g. 3", field="gpu")
     runtime = request.app.state.runtime
     fault = chosen[0]
+    _check_fault_value(fault, body[fault])
     done = runtime.health.inject_fault(name, gpu, fault, body[fault])
     return {"node": name, "gpu": gpu, "fault": fault, "result": done}
+
+
+def _check_fault_value(fault: str, value: Any) -> None:
+    """Refuse a value of the wrong type with the fix (ranges and kinds are checked where the fault is
+    injected, on the head or on the node's agent)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if fault == "xid" and not (number and isinstance(value, int) and 0 < value < 1 << 31):
+        message = f"xid: {value!r} is not an Xid code: a whole number, e.g. 79 (fallen off the bus)"
+    elif fault == "slow" and not number:
+        message = f"slow: {value!r} is not a number: the share of its expected speed the GPU keeps; e.g. 0.5"
+    elif fault in ("fall_off_bus", "clear") and value is not True:
+        message = f"{fault}: {value!r}; give true"
+    else:
+        return
+    raise ApiError(422, "invalid", message, field=fault)
 
 
 @router.post(

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Request
 
+from gpupool.api.body import fields, text
 from gpupool.control import service
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
@@ -19,7 +20,7 @@ def list_nodes(request: Request) -> list[dict[str, Any]]:
 
 @router.post("/{name}/cordon", summary="Take no new work on this node (running work continues)")
 def cordon(request: Request, name: str, body: dict[str, Any] | None = Body(None)) -> dict[str, Any]:
-    reason = str((body or {}).get("reason") or "cordoned by admin")
+    reason = text(fields(body, ("reason",)), "reason", example="bad fan") or "cordoned by admin"
     return service.set_node_state(request.app.state.runtime.store, name, "cordoned", reason)
 
 

@@ -52,7 +52,8 @@ def _with_weight(row: dict[str, Any], weights: dict[str, float]) -> dict[str, An
 @router.patch("/{name}", summary="Change some fields of a queue (merged into its spec)")
 def update(request: Request, name: str, body: Any = Body(...)) -> dict[str, Any]:
     def build(current: dict[str, Any]) -> Any:
-        return parse_queue_spec(merge(current, body if isinstance(body, dict) else {"<body>": body}))
+        # A body that is not an object is refused as parse_queue_spec refuses any such spec.
+        return parse_queue_spec(merge(current, body) if isinstance(body, dict) else body)
 
     runtime = request.app.state.runtime
     result = service.update_queue(runtime.store, name, build)
