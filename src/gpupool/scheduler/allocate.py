@@ -184,6 +184,8 @@ class Allocation(EvictionSearch):
             last is not None
             and w.gpus.count == last.gpus.count
             and w.nodes == last.nodes
+            and w.cpus == last.cpus
+            and w.memory_bytes == last.memory_bytes
             and _same(w.gpus.models, last.gpus.models)
             and _same(w.gpus.min_memory_bytes, last.gpus.min_memory_bytes)
             and _same(w.node_names, last.node_names)
@@ -195,10 +197,13 @@ class Allocation(EvictionSearch):
     def _never_keyed(self, w: WorkloadView) -> Explanation | None:
         demand = w.gpus
         key: tuple[object, ...]
-        if demand.models or demand.min_memory_bytes is not None or w.node_names:
-            key = (demand.count, demand.models, demand.min_memory_bytes, w.nodes, w.node_names)
+        if demand.models or demand.min_memory_bytes is not None or w.node_names or w.cpus or w.memory_bytes:
+            key = (
+                demand.count, demand.models, demand.min_memory_bytes, w.nodes, w.node_names, w.cpus,
+                w.memory_bytes,
+            )  # fmt: skip
         else:
-            key = (demand.count, w.nodes)  # the usual shape: any GPU, any node
+            key = (demand.count, w.nodes)  # the usual shape: any GPU, any node, no CPUs or memory asked
         found = self._never.get(key, _UNKNOWN)
         if found is _UNKNOWN:
             found = self._never[key] = self._never_fits_shape(w)
@@ -212,7 +217,7 @@ class Allocation(EvictionSearch):
         if w.nodes > self.schedulable_nodes:
             return explain.unschedulable_nodes(w, self.snapshot.nodes)
         if w.gpus.count <= 0:
-            return None
+            return self._never_fits_beside(w, [n for n in self.state.nodes.values() if n.schedulable])
         kinds = [(sum(self.placer.matches(group[0], w.gpus)), len(group)) for group in self._kinds()]
         matching = [(count, many) for count, many in kinds if count > 0]
         if not matching:
@@ -225,7 +230,48 @@ class Allocation(EvictionSearch):
             return explain.too_large(
                 w, f"needs {w.nodes} nodes with {w.gpus.count:g} matching GPUs; {able} have them"
             )
-        return None
+        if w.cpus <= 0 and w.memory_bytes <= 0:
+            return None
+        suited = [
+            node
+            for group in self._kinds()
+            if sum(self.placer.matches(group[0], w.gpus)) >= w.gpus.count
+            for node in group
+        ]
+        return self._never_fits_beside(w, suited)
+
+    def _never_fits_beside(self, w: WorkloadView, nodes: list[NodeState]) -> Explanation | None:
+        """Whether too few of `nodes` (those whose GPUs could hold one of `w`'s pods) have the CPUs and
+        memory `w` asks per pod even with nothing else running there: then it can never fit, and no
+        eviction can help (its reason is `too-large`, not a shortage evictions could cure)."""
+        if w.cpus <= 0 and w.memory_bytes <= 0:
+            return None
+        able = 0
+        most_cpus, most_memory = 0.0, 0.0
+        cpus_anywhere = memory_anywhere = False
+        for node in nodes:
+            view = node.view  # the node's whole CPUs and memory (none given: no limit), as GPUs count all
+            cpus = view.cpus if view.cpus else float("inf")
+            memory = float(view.memory_bytes) if view.memory_bytes else float("inf")
+            cpus_ok, memory_ok = cpus + EPSILON >= w.cpus, memory >= w.memory_bytes
+            able += cpus_ok and memory_ok
+            cpus_anywhere |= cpus_ok
+            memory_anywhere |= memory_ok
+            most_cpus, most_memory = max(most_cpus, cpus), max(most_memory, memory)
+        if able >= w.nodes:
+            return None
+        such = "node with its GPUs" if w.gpus.count > 0 else "node"
+        if not cpus_anywhere:
+            return explain.too_large(w, f"needs {w.cpus:g} CPUs on one {such}; the largest has {most_cpus:g}")
+        if not memory_anywhere:
+            return explain.too_large(
+                w, f"needs {w.memory_bytes / 1e9:g}GB of memory on one {such}; the largest has "
+                f"{most_memory / 1e9:g}GB",
+            )  # fmt: skip
+        return explain.too_large(
+            w, f"needs {w.nodes} nodes with {w.cpus:g} CPUs and {w.memory_bytes / 1e9:g}GB of memory "
+            f"{'beside its GPUs ' if w.gpus.count > 0 else ''}each; {able} have them",
+        )  # fmt: skip
 
     def _never_fits_named(self, w: WorkloadView) -> Explanation | None:
         """The same questions for a workload that may run only on the nodes it names."""
@@ -239,14 +285,16 @@ class Allocation(EvictionSearch):
                     {n.name for n in usable}]  # fmt: skip
             return explain.named_nodes(w, listed, "; ".join(why[:5]))
         if w.gpus.count <= 0:
-            return None
+            return self._never_fits_beside(w, usable)
         able = sum(1 for node in usable if sum(self.placer.matches(node, w.gpus)) >= w.gpus.count)
         if able < w.nodes:
             return explain.too_large(
                 w,
                 f"needs {w.nodes} of its named nodes ({listed}) with {explain.gpu_text(w)}; {able} have them",
             )
-        return None
+        return self._never_fits_beside(
+            w, [node for node in usable if sum(self.placer.matches(node, w.gpus)) >= w.gpus.count]
+        )
 
     def _kinds(self) -> list[list[NodeState]]:
         """Schedulable nodes grouped by GPU make-up (nodes alike answer every GPU question alike)."""

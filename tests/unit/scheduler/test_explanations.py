@@ -167,3 +167,35 @@ def test_work_that_lacks_gpus_is_told_about_gpus_whatever_cpus_it_asks_for() -> 
         }
     )
     assert reasons[10][0] == "over-fair-share" and "CPUs" not in reasons[10][1]  # its queue holds them all
+
+
+def test_work_that_asks_more_cpus_or_memory_than_any_node_has_can_never_fit_and_evicts_nothing() -> None:
+    """A pod's CPUs and memory must fit one node's whole, as its GPUs must: asking more is `too-large`
+    (no eviction could make room), not a shortage that evictions might cure. Here it would outrank every
+    running workload, and still preempts nothing."""
+    nodes = [
+        {"name": "n1", "gpus": 8, "cpus": 32, "memory": "100GB"},
+        {"name": "n2", "gpus": 4, "cpus": 64, "memory": "200GB"},
+        {"name": "n3", "gpus": 0, "cpus": 128, "memory": "1TB"},
+    ]
+    running = [{"id": 1, "on": {"n1": [0]}, "priority": 0}, {"id": 2, "on": {"n2": [0]}, "priority": 0}]
+    pending = [
+        {"id": 10, "gpus": 1, "cpus": 100, "priority": 100},  # only n3 has 100 CPUs, and no GPU
+        {"id": 11, "gpus": 0, "memory": "2TB", "priority": 100},
+        {"id": 12, "gpus": 2, "cpus": 48, "memory": "150GB", "nodes": 2, "priority": 100},  # n2 alone
+        {"id": 13, "gpus": 8, "cpus": 40, "priority": 100},  # 8 GPUs: n1 alone, with 32 CPUs
+        {"id": 14, "gpus": 1, "cpus": 48, "priority": 100, "only_on": ["n1"]},
+        {"id": 15, "gpus": 2, "cpus": 60, "priority": 100},  # n2 has them: it fits
+    ]
+    reasons = _reasons({"nodes": nodes, "running": running, "pending": pending})
+    assert reasons[10] == ("too-large", "can never fit this pool: needs 100 CPUs on one node with its GPUs; "
+                           "the largest has 64")  # fmt: skip
+    assert reasons[11] == ("too-large", "can never fit this pool: needs 2000GB of memory on one node; "
+                           "the largest has 1000GB")  # fmt: skip
+    assert reasons[12] == ("too-large", "can never fit this pool: needs 2 nodes with 48 CPUs and 150GB of "
+                           "memory beside its GPUs each; 1 have them")  # fmt: skip
+    assert reasons[13] == ("too-large", "can never fit this pool: needs 40 CPUs on one node with its GPUs; "
+                           "the largest has 32")  # fmt: skip
+    assert reasons[14] == ("too-large", "can never fit this pool: needs 48 CPUs on one node with its GPUs; "
+                           "the largest has 32")  # fmt: skip
+    assert 15 not in reasons  # bound on n2
