@@ -126,6 +126,7 @@ def test_a_fault_value_of_the_wrong_type_is_refused_with_the_fix(server: ServerP
         for fault, value, fix in [
             ("xid", "x", "e.g. 79"),
             ("xid", 10**30, "e.g. 79"),
+            ("xid", 0, "e.g. 79"),  # 0 == False: it was taken for no fault given at all
             ("slow", "half", "e.g. 0.5"),
             ("fall_off_bus", "no", "give true"),
         ]:

@@ -83,7 +83,8 @@ def inject_fault(
     if role != "admin":
         raise ApiError(403, "forbidden", "fault injection is for admins only; use the admin token")
     body = fields(body, ("gpu", *FAULT_FIELDS))
-    chosen = [key for key in FAULT_FIELDS if body.get(key) not in (None, False)]
+    # Compared by identity: 0 == False, and `xid: 0` or `slow: 0` is a value to refuse, not no fault.
+    chosen = [key for key in FAULT_FIELDS if body.get(key) is not None and body.get(key) is not False]
     if len(chosen) != 1:
         raise ApiError(
             422, "invalid", f"give exactly one fault of {', '.join(FAULT_FIELDS)}; got {chosen or 'none'}",
