@@ -25,7 +25,7 @@ from gpupool.cli.render import (
     styled,
 )
 from gpupool.cli.sim import sim_app
-from gpupool.client import Client
+from gpupool.client import ApiError, Client
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.spec.document import load_yaml
 
@@ -194,7 +194,7 @@ def _created(workload: dict[str, Any], as_json: bool) -> None:
     )
 
 
-PS_MOST = 100_000  # the API's largest page of workloads
+API_PAGE = 100_000  # the most workloads the API lists at once
 
 
 @app.command()
@@ -204,19 +204,19 @@ def ps(
     state: str | None = typer.Option(None, "--state"),
     wide: bool = typer.Option(False, "--wide", "-w", help="show every reason"),
     limit: int = typer.Option(
-        1000, "--limit", "-n", min=1, max=PS_MOST, help="at most this many, the newest (up to 100,000)"
+        1000, "--limit", "-n", min=1, max=API_PAGE, help="at most this many, the newest (up to 100,000)"
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """List workloads: pending and running ones, or all with --all."""
     c = client()
-    asked = min(limit + 1, PS_MOST)  # one more than shown tells whether there are more
+    asked = min(limit + 1, API_PAGE)  # one more than shown tells whether there are more
     workloads = c.workloads(all=all, state=state, queue=queue, limit=asked)
-    if len(workloads) > limit or len(workloads) == PS_MOST:  # on stderr: pipes and --json read rows alone
+    if len(workloads) > limit or len(workloads) == API_PAGE:  # on stderr: pipes and --json read rows alone
         workloads = workloads[len(workloads) - limit :]  # oldest first: the newest `limit`
         more = (
-            f"--limit shows more (up to {PS_MOST:,})"
-            if limit < PS_MOST
+            f"--limit shows more (up to {API_PAGE:,})"
+            if limit < API_PAGE
             else "narrow it with --queue or --state"
         )
         err_console.print(f"[yellow]the newest {limit:,} only; {more}[/yellow]")
@@ -321,9 +321,6 @@ def logs(
         time.sleep(0.5)
 
 
-CANCEL_PAGE = 100_000  # workloads of one state that `cancel --queue` lists at once (the API's largest page)
-
-
 @app.command()
 def cancel(
     workload_ids: list[int] | None = typer.Argument(None, help="one or more workload ids"),
@@ -354,7 +351,13 @@ def cancel(
             "which workloads? give their ids (gpupool cancel 3 4), or --queue Q for a queue's work"
         )
     for workload_id in workload_ids:
-        w = c.cancel(workload_id)
+        try:
+            w = c.cancel(workload_id)
+        except ApiError as exc:
+            if queue is None or exc.status != 409:
+                raise
+            console.print(f"{workload_id}: {exc.message}")  # it ended since it was listed: go on
+            continue
         what = (
             "cancelled"
             if w["state"] == "cancelled"
@@ -365,14 +368,12 @@ def cancel(
 
 def _active_ids(c: Client, queue: str, state: str | None) -> list[int]:
     """The ids of the queue's pending and running work (or those of one `state`), oldest first; of each
-    state the newest CANCEL_PAGE (the API's largest page), and a line saying so when there are more."""
+    state the newest API_PAGE (the API's largest page), and a line saying so when there are more."""
     ids: list[int] = []
     for wanted in (state,) if state is not None else ("pending", "running"):
-        found = [w["id"] for w in c.workloads(state=wanted, queue=queue, limit=CANCEL_PAGE)]
-        if len(found) >= CANCEL_PAGE:
-            console.print(
-                f"[yellow]the newest {CANCEL_PAGE:,} {wanted} workloads only; run it again[/yellow]"
-            )
+        found = [w["id"] for w in c.workloads(state=wanted, queue=queue, limit=API_PAGE)]
+        if len(found) >= API_PAGE:
+            console.print(f"[yellow]the newest {API_PAGE:,} {wanted} workloads only; run it again[/yellow]")
         ids += found
     return sorted(ids)
 
