@@ -156,6 +156,19 @@ def test_queue_crud_round_trips(store: Store) -> None:
     updated = service.update_queue(store, "nlp", lambda cur: parse_queue_spec({**cur, "priority": 10}))
     assert updated["priority"] == 10 and updated["resources"]["gpu"]["quota"] == 8
     assert [q["name"] for q in service.list_queues(store)] == ["default", "nlp"]
+    service.create_queue(store, parse_queue_spec({"name": "cv", "parent": "nlp"}))
+    pending = service.submit(store, parse_workload_spec({"queue": "cv", "commands": ["true"]}))
+    with pytest.raises(Conflict, match="queue 'nlp' is the parent of cv"):
+        service.delete_queue(store, "nlp")
+    with pytest.raises(Conflict, match="queue 'cv' still has 1 pending workload"):
+        service.delete_queue(store, "cv")
+    with pytest.raises(Conflict, match="the 'default' queue cannot be deleted"):
+        service.delete_queue(store, "default")
+    service.cancel(store, pending["id"])
+    assert service.delete_queue(store, "cv")["name"] == "cv"
+    assert service.delete_queue(store, "nlp")["name"] == "nlp"
+    assert [q["name"] for q in service.list_queues(store)] == ["default"]
+    assert service.get_workload(store, pending["id"])["queue"] == "cv"  # its history keeps the name
 
 
 def test_tokens_are_hashed_and_the_admin_token_is_made_once(store: Store) -> None:

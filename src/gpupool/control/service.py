@@ -134,7 +134,9 @@ def _check_parent(s: Session, spec: QueueSpec) -> None:
         return
     if spec.parent == spec.name:
         raise Invalid(f"queue {spec.name} cannot be its own parent", field="parent")
-    parents = dict(s.execute(select(Queue.name, Queue.parent)).tuples().all())
+    parents: dict[str, str | None] = {
+        name: parent for name, parent in s.execute(select(Queue.name, Queue.parent))
+    }
     if spec.parent not in parents:
         raise Invalid(f"parent queue {spec.parent!r} does not exist; create it first", field="parent")
     chain, above = [spec.parent], parents[spec.parent]
