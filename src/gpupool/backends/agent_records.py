@@ -5,6 +5,7 @@ logs lie on disk.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,33 @@ class BadRegistration(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+def check_description(info: dict[str, Any]) -> None:
+    """Raise BadRegistration for a field of a node's description the agent backend could not take in."""
+    cpus, memory, gpus = info.get("cpus"), info.get("memory_bytes"), info.get("gpus")
+    if cpus is not None and not (_is_number(cpus) and 0 <= cpus < math.inf):
+        raise BadRegistration("info.cpus", f"{cpus!r} is not a number of CPUs; e.g. 64")
+    if memory is not None and not (_is_number(memory) and isinstance(memory, int) and memory >= 0):
+        raise BadRegistration("info.memory_bytes", f"{memory!r} is not a number of bytes; e.g. 1099511627776")
+    if gpus is not None and not (isinstance(gpus, list) and all(_is_kind_count(g) for g in gpus)):
+        raise BadRegistration("info.gpus", f"{gpus!r} is not a list of [kind, count]; e.g. [['H100', 8]]")
+    if not isinstance(info.get("labels"), dict | None):
+        raise BadRegistration("info.labels", f"{info['labels']!r} is not a mapping; e.g. {{'zone': 'a'}}")
+    if not isinstance(info.get("address"), str | None):
+        raise BadRegistration("info.address", f"{info['address']!r} is not an address; e.g. 10.0.0.7")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_kind_count(pair: Any) -> bool:
+    """One entry of a node's `gpus`: [kind, count]."""
+    if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+        return False
+    count = pair[1]
+    return _is_number(count) and isinstance(count, int) and count >= 0
 
 
 def parse_devices(raw: Any) -> tuple[InventoryGpu, ...]:

@@ -7,7 +7,6 @@ the API-token dependency; `admin_router` is mounted inside it.
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from typing import Any
@@ -21,7 +20,7 @@ from gpupool.api.body import fields, text
 from gpupool.api.errors import ApiError
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.agent_heartbeats import UnknownNode
-from gpupool.backends.agent_records import BadRegistration, parse_devices, parse_ports
+from gpupool.backends.agent_records import BadRegistration, check_description, parse_devices, parse_ports
 from gpupool.control import agents, service
 from gpupool.control.service import hash_token
 from gpupool.spec import parse_duration
@@ -120,7 +119,7 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
                 raise BadRegistration(field, f"{body[field]!r} is not text")
         if not isinstance(info, dict):
             raise BadRegistration("info", "must be an object describing the node (cpus, gpus, devices, ...)")
-        _check_description(info)
+        check_description(info)
         parse_devices(info.get("devices"))
         parse_ports(info.get("rendezvous_ports"))
     except BadRegistration as exc:
@@ -140,33 +139,6 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
     if credential is not None:
         answer["credential"] = credential
     return answer
-
-
-def _check_description(info: dict[str, Any]) -> None:
-    """Raise BadRegistration for a field of a node's description the agent backend could not take in."""
-    cpus, memory, gpus = info.get("cpus"), info.get("memory_bytes"), info.get("gpus")
-    if cpus is not None and not (_is_number(cpus) and 0 <= cpus < math.inf):
-        raise BadRegistration("info.cpus", f"{cpus!r} is not a number of CPUs; e.g. 64")
-    if memory is not None and not (_is_number(memory) and isinstance(memory, int) and memory >= 0):
-        raise BadRegistration("info.memory_bytes", f"{memory!r} is not a number of bytes; e.g. 1099511627776")
-    if gpus is not None and not (isinstance(gpus, list) and all(_is_kind_count(g) for g in gpus)):
-        raise BadRegistration("info.gpus", f"{gpus!r} is not a list of [kind, count]; e.g. [['H100', 8]]")
-    if not isinstance(info.get("labels"), dict | None):
-        raise BadRegistration("info.labels", f"{info['labels']!r} is not a mapping; e.g. {{'zone': 'a'}}")
-    if not isinstance(info.get("address"), str | None):
-        raise BadRegistration("info.address", f"{info['address']!r} is not an address; e.g. 10.0.0.7")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_kind_count(pair: Any) -> bool:
-    """One entry of a node's `gpus`: [kind, count]."""
-    if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
-        return False
-    count = pair[1]
-    return _is_number(count) and isinstance(count, int) and count >= 0
 
 
 @agent_router.post("/heartbeat", summary="Report what runs; held until the node's desired state changes")
