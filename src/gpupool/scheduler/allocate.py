@@ -212,6 +212,8 @@ class Allocation(EvictionSearch):
     def _never_fits_shape(self, w: WorkloadView) -> Explanation | None:
         if w.node_names:
             return self._never_fits_named(w)
+        if not self.snapshot.nodes:
+            return explain.no_nodes(w)  # none has joined yet: not "can never fit"
         if w.nodes > len(self.snapshot.nodes):
             return explain.too_large(w, f"needs {w.nodes} nodes; the pool has {len(self.snapshot.nodes)}")
         if w.nodes > self.schedulable_nodes:

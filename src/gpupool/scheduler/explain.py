@@ -66,6 +66,12 @@ def too_large(w: WorkloadView, why: str) -> Explanation:
     return Explanation(TOO_LARGE, f"can never fit this pool: {why}")
 
 
+def no_nodes(w: WorkloadView) -> Explanation:
+    """The pool has no node at all (a head whose agents have not joined yet): work waits for one."""
+    pods = f"{w.nodes} nodes" if w.nodes > 1 else "a node"
+    return Explanation(NO_CAPACITY, f"needs {pods}; the pool has no nodes yet (none has joined)")
+
+
 def unschedulable_nodes(w: WorkloadView, nodes: Sequence[NodeView]) -> Explanation:
     out = [f"{n.name} {n.state}" for n in nodes if not n.schedulable]
     shown = ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")

@@ -4,8 +4,9 @@ in the queue's own order (which allocate walks; the count must be that of the or
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from gpupool.scheduler import decide
+from gpupool.scheduler import QueueView, SchedulerConfig, Snapshot, decide
 from tests.unit.scheduler.scenario_loader import parse_scenario
 
 
@@ -199,3 +200,21 @@ def test_work_that_asks_more_cpus_or_memory_than_any_node_has_can_never_fit_and_
     assert reasons[14] == ("too-large", "can never fit this pool: needs 48 CPUs on one node with its GPUs; "
                            "the largest has 32")  # fmt: skip
     assert 15 not in reasons  # bound on n2
+
+
+def test_work_in_a_pool_no_node_has_joined_yet_waits_for_one_and_is_told_so() -> None:
+    """A head whose agents have not joined has no nodes: its work is not "too large" for the pool."""
+    data = {
+        "description": "x",
+        "nodes": [{"name": "n1", "gpus": 1}],
+        "pending": [{"id": 10, "gpus": 1}],
+        "expect": {},
+    }
+    pending = parse_scenario(data, "reasons").snapshot.pending
+    gang = replace(pending[0], id=11, nodes=2)
+    snapshot = Snapshot((), (*pending, gang), (QueueView("default"),), (), SchedulerConfig())
+    reasons = {wid: (e.code, e.message) for wid, e in decide(snapshot, 0.0).explanations.items()}
+    assert reasons == {
+        10: ("no-capacity", "needs a node; the pool has no nodes yet (none has joined)"),
+        11: ("no-capacity", "needs 2 nodes; the pool has no nodes yet (none has joined)"),
+    }
