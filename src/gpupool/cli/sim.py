@@ -75,18 +75,21 @@ def _progress(enabled: bool, unit: str = "jobs") -> Iterator[Progress | None]:
         yield progress
 
 
-def _check_outputs(json_out: Path | None, folder: Path | None = None, folder_flag: str = "--report") -> None:
+def _check_outputs(json_out: Path | None, report: Path | None = None) -> None:
     """Refuse an output that could not be written before the replay, not after it: its folder is made now
-    (as writing would make it), and must be writable; a file must not be a folder."""
+    (as writing would make it), and must be writable; a file must not be a folder; plots need matplotlib."""
     if json_out is not None:
         if json_out.is_dir():
             example = json_out / "sim.json"
             raise SimError("--json", f"{json_out} is a folder; give a file name, e.g. {example}")
         _writable_folder(json_out.parent, "--json")
-    if folder is not None:
-        if folder.exists() and not folder.is_dir():
-            raise SimError(folder_flag, f"{folder} is a file; give a folder for the report")
-        _writable_folder(folder, folder_flag)
+    if report is not None:
+        from gpupool.sim.report import check_plotting
+
+        check_plotting()
+        if report.exists() and not report.is_dir():
+            raise SimError("--report", f"{report} is a file; give a folder for the report")
+        _writable_folder(report, "--report")
 
 
 def _writable_folder(folder: Path, flag: str) -> None:
@@ -171,10 +174,6 @@ def run(
             checkpoint_interval=_seconds(checkpoint_interval, "--checkpoint-interval"),
             seed=seed,
         )
-        if report is not None:
-            from gpupool.sim.report import check_plotting
-
-            check_plotting()
         exp = ex.prepare(trace, cluster, nodes, window, first, queues, policy, options, jobs)
         _check_outputs(json_out, report)
         console.print(
@@ -268,10 +267,6 @@ def place(
             if name not in pl.PLACEMENTS:
                 raise SimError("--policy", f"unknown placement {name!r}; one of {', '.join(pl.PLACEMENTS)}")
         pods = pl.load_pods(trace)
-        if report is not None:
-            from gpupool.sim.report import check_plotting
-
-            check_plotting()
         _check_outputs(json_out, report)
         drawn = pl.draw(pods, built.gpus, seed, stop)
         console.print(

@@ -218,7 +218,7 @@ def delete_queue(store: Store, name: str) -> dict[str, Any]:
                 f"first (`gpupool ps --queue {name}`)",
                 field="name",
             )
-        view = queue_view(queue, _queue_usage(s))
+        view = queue_view(queue)  # nothing pending or running: no usage to show
         s.delete(queue)
         return view
 

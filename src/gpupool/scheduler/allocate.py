@@ -234,12 +234,8 @@ class Allocation(EvictionSearch):
             )
         if w.cpus <= 0 and w.memory_bytes <= 0:
             return None
-        suited = [
-            node
-            for group in self._kinds()
-            if sum(self.placer.matches(group[0], w.gpus)) >= w.gpus.count
-            for node in group
-        ]
+        groups = zip(kinds, self._kinds(), strict=True)  # `kinds` counts each group's matching GPUs
+        suited = [node for (count, _), group in groups if count >= w.gpus.count for node in group]
         return self._never_fits_beside(w, suited)
 
     def _never_fits_beside(self, w: WorkloadView, nodes: list[NodeState]) -> Explanation | None:
@@ -288,15 +284,14 @@ class Allocation(EvictionSearch):
             return explain.named_nodes(w, listed, "; ".join(why[:5]))
         if w.gpus.count <= 0:
             return self._never_fits_beside(w, usable)
-        able = sum(1 for node in usable if sum(self.placer.matches(node, w.gpus)) >= w.gpus.count)
-        if able < w.nodes:
+        suited = [node for node in usable if sum(self.placer.matches(node, w.gpus)) >= w.gpus.count]
+        if len(suited) < w.nodes:
             return explain.too_large(
                 w,
-                f"needs {w.nodes} of its named nodes ({listed}) with {explain.gpu_text(w)}; {able} have them",
+                f"needs {w.nodes} of its named nodes ({listed}) with {explain.gpu_text(w)}; "
+                f"{len(suited)} have them",
             )
-        return self._never_fits_beside(
-            w, [node for node in usable if sum(self.placer.matches(node, w.gpus)) >= w.gpus.count]
-        )
+        return self._never_fits_beside(w, suited)
 
     def _kinds(self) -> list[list[NodeState]]:
         """Schedulable nodes grouped by GPU make-up (nodes alike answer every GPU question alike)."""
