@@ -59,6 +59,12 @@ def server(
     usage_half_life: str = typer.Option(
         "7d", "--usage-half-life", help="half-life of the usage that --usage-weight counts, e.g. 7d, 12h"
     ),
+    restart_backoff: str = typer.Option(
+        "10s",
+        "--restart-backoff",
+        help="a service that exits soon after it starts waits this long before its next attempt, doubling "
+        "with each quick exit in a row up to 30 times as long (0 restarts at once; docs/user-guide.md)",
+    ),
     new_admin_token: bool = typer.Option(
         False, "--new-admin-token", help="replace the admin token and print it"
     ),
@@ -108,6 +114,9 @@ def server(
         )
     if half_life <= 0:
         raise CliError(f"--usage-half-life {usage_half_life}: must be longer than 0 (e.g. 7d)")
+    backoff = parse_duration(restart_backoff, "--restart-backoff")
+    if backoff < 0 or backoff > 3600:
+        raise CliError(f"--restart-backoff {restart_backoff}: must be 0 to 1h (e.g. 10s; 0 turns it off)")
     sample_every = _telemetry_interval(telemetry_interval)
     home.mkdir(parents=True, exist_ok=True)
     try:
@@ -125,6 +134,7 @@ def server(
         partition=partition,
         node_lease=lease,
         telemetry_interval=sample_every,
+        restart_backoff=backoff,
     )
     try:
         runtime = Runtime(settings, store=store)

@@ -15,6 +15,7 @@ from gpupool.control.health import HealthMonitor
 from gpupool.control.health_state import AgentNodes
 from gpupool.control.loop import Reconciler
 from gpupool.control.metrics import Metrics
+from gpupool.control.restarts import DEFAULT_BASE
 from gpupool.control.settings import ControlSettings
 from gpupool.control.telemetry import SAVED_FROM, StoreAllocations, TelemetryCache
 from gpupool.control.telemetry_log import open_log, save_loop
@@ -37,6 +38,7 @@ class ServerSettings:
     telemetry_interval: float = 1.0
     usage_weight: float = 0.0  # fair share by decayed history: 0 off (see control.loop.ControlSettings)
     usage_half_life: float = 7 * 86400.0
+    restart_backoff: float = DEFAULT_BASE  # seconds a service waits after a quick exit (control/restarts.py)
     backend: str = "local"
     partition: str | None = None  # slurm: the partition whose nodes gpupool schedules (None: every node)
     node_lease: float = 10.0  # agent: a node with no heartbeat for this long is lost (docs/agents.md)
@@ -68,6 +70,7 @@ class Runtime:
                 telemetry_interval=settings.telemetry_interval,
                 usage_weight=settings.usage_weight,
                 usage_half_life=settings.usage_half_life,
+                restart_backoff=settings.restart_backoff,
             ),
             self.telemetry,
         )

@@ -242,8 +242,10 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
         print_json(w)
         return
     console.print(
-        f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  queue={w['queue']} "
-        f"priority={w['priority']} preemptible={str(w['preemptible']).lower()} gpus={w['gpus']}"
+        f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  kind={w.get('kind', 'job')} "
+        f"queue={w['queue']} priority={w['priority']} preemptible={str(w['preemptible']).lower()} "
+        f"gpus={w['gpus']}"
+        + (f" restarts={w['restarts']}" if w.get("restarts") else "")
     )
     if w["reason"]:
         label = "why pending" if w["state"] == "pending" else "reason"

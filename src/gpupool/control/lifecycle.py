@@ -19,6 +19,7 @@ PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeede
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE = frozenset({PENDING, RUNNING})
 STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+SERVICE = "service"  # the workload kind that runs until cancelled
 
 # The lifecycle graph. running -> pending is a retry (a new attempt follows).
 ALLOWED: dict[str, frozenset[str]] = {
@@ -41,6 +42,7 @@ class Transition:
     restarts: int
     max_restarts: int
     is_retry: bool = False
+    kind: str = "job"  # a service restarts whenever it stops, with no budget (control/restarts.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ def cancelled_work_does_not_start(t: Transition) -> str | None:
 
 
 def retries_stay_within_budget(t: Transition) -> str | None:
+    if t.kind == SERVICE:
+        return None
     if t.from_state == RUNNING and t.to_state == PENDING and t.is_retry and t.restarts >= t.max_restarts:
         return f"workload {t.workload_id} used all {t.max_restarts} restarts"
     return None
@@ -113,6 +117,7 @@ def transition(
             workload.restarts,
             max_restarts,
             is_retry,
+            workload.kind,
         )
     )
     if not verdict.accepted:

@@ -32,6 +32,7 @@ from gpupool.control.lifecycle import FAILED, PENDING, RUNNING, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.observe import Observation
 from gpupool.control.policy import BandNotes, load_policy, reword_preemptions
+from gpupool.control.restarts import Backoff, restart_explanation
 from gpupool.control.settings import ControlSettings
 from gpupool.control.snapshot_build import SnapshotBuilding
 from gpupool.control.telemetry import TelemetryCache
@@ -87,6 +88,8 @@ class Reconciler(Observation, SnapshotBuilding):
         self._attained = AttainedService()  # earlier attempts' GPU-seconds, for least-attained-service order
         self._node_views: dict[str, scheduler.NodeView] = {}
         self._nodes = NodeViews()  # read again only where a node changed (control/node_views.py)
+        self._backoffs: dict[tuple[int, int], Backoff | None] = {}
+        self.backing_off: dict[int, Backoff] = {}
         self.fair_shares: dict[str, dict[str, float]] = {}
         # The queues as the last pass weighed them (young-work weights applied): `gpupool queues` shows them.
         self.pass_queues: tuple[scheduler.QueueView, ...] = ()
@@ -206,15 +209,17 @@ class Reconciler(Observation, SnapshotBuilding):
     def schedule(self, now: float) -> None:
         with self.store.read() as s:
             snapshot = self._pass_snapshot(s, now)
+        waiting = {wid: restart_explanation(b) for wid, b in self.backing_off.items()}
         if not snapshot.pending and not snapshot.running:
             self.fair_shares, self.pass_queues, self._released_for = {}, (), {}
+            self._explain(waiting)
             return
         decisions = self._scheduler.decide(snapshot, now)
         self._remember_released(snapshot, decisions)
         self.fair_shares, self.pass_queues = decisions.fair_shares, snapshot.queues
         self._band_notes.add(decisions.explanations, snapshot.pending, snapshot.queues)
         # Reasons first: starting many binds can take a while, and work left pending says why meanwhile.
-        self._explain(decisions.explanations)
+        self._explain({**decisions.explanations, **waiting} if waiting else decisions.explanations)
         if decisions.evictions:
             self._evict(
                 reword_preemptions(decisions.evictions, snapshot.pending, snapshot.running, self._config)

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.base import Backend, Handle, Phase, Status
-from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, transition
+from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SERVICE, SUCCEEDED, transition
 from gpupool.control.settings import ControlSettings
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
@@ -197,6 +197,9 @@ class Observation:
         if state.phase is Phase.EXITED and code == 0:
             attempt.state = SUCCEEDED
             attempt.reason = "exit code 0"
+            if workload.kind == SERVICE:  # a service that ends on its own starts again (see _retry_or_fail)
+                self._retry_or_fail(s, workload, attempt.reason, state.cause)
+                return
             transition(s, workload, SUCCEEDED, "exit code 0", actor="control")
             return
         attempt.state = FAILED
@@ -207,7 +210,7 @@ class Observation:
         """Preempted work goes back to pending (it resumes from its checkpoint) unless its retry policy
         leaves `preemption` out; a preemption uses no restart from `max_restarts`, a node failure does."""
         retry = workload.spec.get("retry") or {}
-        if cause == "preemption" and cause in (retry.get("on") or []):
+        if cause == "preemption" and (workload.kind == SERVICE or cause in (retry.get("on") or [])):
             transition(
                 s,
                 workload,
@@ -219,6 +222,21 @@ class Observation:
         self._retry_or_fail(s, workload, f"evicted ({code})", cause)
 
     def _retry_or_fail(self, s: Session, workload: Workload, why: str, cause: str) -> None:
+        """A new attempt if the retry policy allows one, else failed. A service always gets one: it runs
+        until cancelled, and after a quick exit its next attempt waits (control/restarts.py)."""
+        if workload.kind == SERVICE:
+            if workload.cancel_requested:
+                transition(s, workload, CANCELLED, f"cancelled; {why}", actor="control")
+                return
+            transition(
+                s,
+                workload,
+                PENDING,
+                f"{why}; a service starts again when it stops (restart {workload.restarts + 1})",
+                actor="control",
+                is_retry=True,
+            )
+            return
         retry = workload.spec.get("retry") or {}
         max_restarts = int(retry.get("max_restarts", 0))
         if cause in (retry.get("on") or []) and workload.restarts < max_restarts:

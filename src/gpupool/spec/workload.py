@@ -210,7 +210,9 @@ class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["job", "service"] = Field(
-        default="job", description="job: runs to completion; service: long-running; default job."
+        default="job",
+        description="job: runs to completion; service: runs until cancelled, started again whenever it "
+        "exits (after a backoff when it exits soon after starting); default job.",
     )
     name: Name | None = Field(
         default=None,
@@ -348,6 +350,14 @@ class WorkloadSpec(BaseModel):
                 named,
                 f"lists {len(named)} node(s) but the gang needs {self.nodes} (one pod per node)",
                 f"{self.nodes} names, or nodes: {len(named)}",
+            )
+        if self.kind == "service" and self.retry != RetrySpec():  # the default is what a dump gives back
+            raise SpecError(
+                "retry",
+                self.retry.model_dump(),
+                "applies to jobs only (a service starts again whenever it stops, with no limit): remove "
+                "it, or use kind: job",
+                "{kind: service, commands: [python serve.py]}",
             )
         if self.max_duration is not None and self.max_duration <= 0:
             raise SpecError("max_duration", self.max_duration, "must be longer than 0 seconds", "")

@@ -46,3 +46,11 @@ def test_retries_stay_within_the_budget() -> None:
     assert check(t("running", "pending", restarts=1, max_restarts=2, retry=True)).accepted
     refused = check(t("running", "pending", restarts=2, max_restarts=2, retry=True))
     assert not refused.accepted and "used all 2 restarts" in refused.reason
+
+
+def test_a_service_restarts_beyond_any_retry_budget_but_never_once_cancelled() -> None:
+    service = Transition(7, "running", "pending", False, 40, 0, True, "service")
+    assert check(service).accepted
+    cancelled = Transition(7, "running", "pending", True, 40, 0, True, "service")
+    assert "pending cancel request" in check(cancelled).reason
+    assert "used all 0 restarts" in check(t("running", "pending", restarts=40, retry=True)).reason

@@ -242,6 +242,16 @@ def test_services_are_workloads_too() -> None:
     assert (spec.kind, spec.preemptible) == ("service", False)
 
 
+def test_a_service_refuses_a_retry_policy_it_would_not_use() -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_workload_spec({"kind": "service", "commands": ["serve"], "retry": {"max_restarts": 3}})
+    assert raised.value.field == "retry"
+    assert "applies to jobs only" in str(raised.value) and "kind: job" in str(raised.value)
+    # the default, as a stored spec gives it back, is no retry policy at all
+    stored = parse_workload_spec({"kind": "service", "commands": ["serve"]}).model_dump(mode="json")
+    assert parse_workload_spec(stored).kind == "service"
+
+
 # --- round-trip through the JSON the server stores -----------------------------------------------
 
 
@@ -337,6 +347,8 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
     for key, strategy in optional.items():
         if draw(st.booleans()):
             spec[key] = draw(strategy)
+    if spec.get("kind") == "service":
+        spec.pop("retry", None)  # a service restarts whenever it stops: retry is refused
     gpu = spec.get("resources", {}).get("gpu")
     if (
         gpu is not None
