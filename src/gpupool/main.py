@@ -62,8 +62,8 @@ def server(
     restart_backoff: str = typer.Option(
         "10s",
         "--restart-backoff",
-        help="a service that exits soon after it starts waits this long before its next attempt, doubling "
-        "with each quick exit in a row up to 30 times as long (0 restarts at once; docs/user-guide.md)",
+        help="a service (or a job retried after a failure) that exits soon after it starts waits this long "
+        "before its next attempt, doubling with each quick exit in a row up to 30 times as long (0: at once)",
     ),
     new_admin_token: bool = typer.Option(
         False, "--new-admin-token", help="replace the admin token and print it"

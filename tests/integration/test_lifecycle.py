@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime
 from pathlib import Path
@@ -50,23 +51,44 @@ def test_nonzero_exit_fails_the_job_and_records_the_code(server: ServerProcess) 
     assert "about to fail" in log and "never printed" not in log
 
 
-def test_failure_is_retried_per_the_retry_policy(server: ServerProcess) -> None:
-    created = server.submit(
-        {
-            "commands": ['test "$GPUPOOL_ATTEMPT" -ge 2 || exit 1', "echo made it"],
-            "retry": {"max_restarts": 3, "on": ["failure"]},
-        }
-    )
-    done = server.wait_for(created["id"])
-    assert done["state"] == "succeeded"
-    assert done["attempts"] == 3 and done["restarts"] == 2
-    assert [a["exit_code"] for a in done["attempt_list"]] == [1, 1, 0]
+def test_failure_is_retried_per_the_retry_policy_after_a_doubling_backoff(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "1s"]).start()
+    try:
+        created = server.submit(
+            {
+                "commands": ['test "$GPUPOOL_ATTEMPT" -ge 2 || exit 1', "echo made it"],
+                "retry": {"max_restarts": 3, "on": ["failure"]},
+            }
+        )
+        codes = set()
+        deadline = time.time() + 30
+        while (w := server.workload(created["id"]))["state"] not in ("succeeded", "failed"):
+            codes.add(w["reason_code"])
+            assert time.time() < deadline, w
+            time.sleep(0.05)
+        assert "restart-backoff" in codes, codes
+        done = server.workload(created["id"])
+        assert done["state"] == "succeeded"
+        assert done["attempts"] == 3 and done["restarts"] == 2
+        attempts = done["attempt_list"]
+        assert [a["exit_code"] for a in attempts] == [1, 1, 0]
+        waits = [
+            datetime.fromisoformat(later["started_at"]) - datetime.fromisoformat(earlier["finished_at"])
+            for earlier, later in itertools.pairwise(attempts)
+        ]
+        assert 1.0 <= waits[0].total_seconds() < 4.0 and 2.0 <= waits[1].total_seconds() < 5.0, waits
+    finally:
+        server.stop()
 
 
-def test_retries_stop_when_the_budget_is_spent(server: ServerProcess) -> None:
-    created = server.submit({"commands": ["exit 2"], "retry": {"max_restarts": 1, "on": ["failure"]}})
-    done = server.wait_for(created["id"])
-    assert done["state"] == "failed" and done["attempts"] == 2
+def test_retries_stop_when_the_budget_is_spent(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "0"]).start()
+    try:
+        created = server.submit({"commands": ["exit 2"], "retry": {"max_restarts": 1, "on": ["failure"]}})
+        done = server.wait_for(created["id"])
+        assert done["state"] == "failed" and done["attempts"] == 2
+    finally:
+        server.stop()
 
 
 def test_cancel_sends_sigterm_and_waits_for_a_graceful_exit(server: ServerProcess, job_dir: Path) -> None:

@@ -52,7 +52,7 @@ def test_a_service_that_keeps_exiting_starts_again_after_a_doubling_backoff_unti
 
         w = _wait(server, created["id"], backing_off)
         assert seen, "the service was never seen waiting out its backoff"
-        assert "starts again at" in seen[0]["reason"] and "exited once" in seen[0]["reason"]
+        assert "next attempt starts at" in seen[0]["reason"] and "exited once" in seen[0]["reason"]
         assert "exit code 3" in seen[0]["reason"]
 
         attempts = server.workload(created["id"])["attempt_list"]

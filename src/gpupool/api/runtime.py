@@ -38,7 +38,7 @@ class ServerSettings:
     telemetry_interval: float = 1.0
     usage_weight: float = 0.0  # fair share by decayed history: 0 off (see control.loop.ControlSettings)
     usage_half_life: float = 7 * 86400.0
-    restart_backoff: float = DEFAULT_BASE  # seconds a service waits after a quick exit (control/restarts.py)
+    restart_backoff: float = DEFAULT_BASE  # seconds to wait after a quick exit (control/restarts.py)
     backend: str = "local"
     partition: str | None = None  # slurm: the partition whose nodes gpupool schedules (None: every node)
     node_lease: float = 10.0  # agent: a node with no heartbeat for this long is lost (docs/agents.md)

@@ -244,8 +244,7 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     console.print(
         f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  kind={w.get('kind', 'job')} "
         f"queue={w['queue']} priority={w['priority']} preemptible={str(w['preemptible']).lower()} "
-        f"gpus={w['gpus']}"
-        + (f" restarts={w['restarts']}" if w.get("restarts") else "")
+        f"gpus={w['gpus']}" + (f" restarts={w['restarts']}" if w.get("restarts") else "")
     )
     if w["reason"]:
         label = "why pending" if w["state"] == "pending" else "reason"

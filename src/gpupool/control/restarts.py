@@ -1,12 +1,13 @@
-"""When a service that stopped on its own may start again: the crash-loop backoff.
+"""When work that stopped on its own may start again: the crash-loop backoff.
 
 A service (`kind: service`) runs until it is cancelled: whenever its program exits, with any code, the
-workload goes back to pending for a new attempt. A program that keeps exiting soon after it starts would
-otherwise take GPUs, stop and take them again every pass, so each new attempt waits as Kubernetes makes a
-crash-looping container wait: the base delay after the first quick exit, doubling with each quick exit in a
-row, at most `CAP` times the base (10 s up to 5 minutes with the default base). An attempt that ran
-`RESET` seconds or longer ends the streak. Only exits count: an eviction, a drained or lost node is not the
-program's doing, and the service is pending again at once.
+workload goes back to pending for a new attempt; a job does so after a failure when its `retry` policy
+says so. A program that keeps exiting soon after it starts would otherwise take GPUs, stop and take them
+again every pass, so each new attempt waits as Kubernetes makes a crash-looping container (and a failed
+Job's next pod) wait: the base delay after the first quick exit, doubling with each quick exit in a row,
+at most `CAP` times the base (10 s up to 5 minutes with the default base). An attempt that ran `RESET`
+seconds or longer ends the streak. Only exits count: an eviction, a drained or lost node is not the
+program's doing, and the workload is pending again at once.
 
 Everything here is read from the attempts in the store, so a restarted head keeps every backoff.
 """
@@ -24,7 +25,7 @@ from gpupool.timeutil import as_utc
 RESET: Final = 600.0  # seconds an attempt must run for its exit to end a crash loop (Kubernetes: 10 min)
 CAP: Final = 30  # the longest wait, in multiples of the base delay
 DEFAULT_BASE: Final = 10.0  # seconds before the first restart after a quick exit
-RESTART_BACKOFF: Final = "restart-backoff"  # the reason code of a service waiting out its backoff
+RESTART_BACKOFF: Final = "restart-backoff"  # the reason code of work waiting out its backoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +40,8 @@ class Ended:
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """A service waiting to start again: until `until` (Unix seconds), after `quick_exits` quick exits in
-    a row, the last with `exit_code`."""
+    """Work waiting to start again: until `until` (Unix seconds), after `quick_exits` quick exits in a row,
+    the last with `exit_code`."""
 
     until: float
     delay: float
@@ -50,7 +51,7 @@ class Backoff:
 
 def quick_exits(attempts: Iterable[Ended]) -> list[Ended]:
     """The latest attempts, newest first, that exited on their own within `RESET` seconds of their start:
-    the crash loop the service is in (empty when its last attempt ran long or was stopped)."""
+    the crash loop the workload is in (empty when its last attempt ran long or was stopped)."""
     streak = []
     for attempt in reversed(list(attempts)):
         started, finished = as_utc(attempt.started_at), as_utc(attempt.finished_at)
@@ -63,8 +64,8 @@ def quick_exits(attempts: Iterable[Ended]) -> list[Ended]:
 
 
 def backoff(attempts: Iterable[Ended], base: float = DEFAULT_BASE) -> Backoff | None:
-    """When a pending service whose attempts are `attempts` (oldest first) may start again; None when it
-    may start now (no quick exit last, or no delay configured)."""
+    """When pending work whose attempts are `attempts` (oldest first) may start again; None when it may
+    start now (no quick exit last, or no delay configured)."""
     streak = quick_exits(attempts)
     if not streak or base <= 0:
         return None
@@ -76,13 +77,13 @@ def backoff(attempts: Iterable[Ended], base: float = DEFAULT_BASE) -> Backoff | 
 
 
 def restart_explanation(waiting: Backoff) -> Explanation:
-    """Why a service is pending while it waits: its quick exits and when it starts again. The time is a UTC
-    clock time, not "in N s", so the sentence stays the same from one pass to the next."""
+    """Why work is pending while it waits: its quick exits and when it starts again. The time is a UTC clock
+    time, not "in N s", so the sentence stays the same from one pass to the next."""
     at = datetime.fromtimestamp(waiting.until, UTC).strftime("%H:%M:%S UTC")
     code = "" if waiting.exit_code is None else f", exit code {waiting.exit_code}"
     times = "once" if waiting.quick_exits == 1 else f"{waiting.quick_exits} times in a row"
     return Explanation(
         RESTART_BACKOFF,
-        f"the service exited {times} within {RESET / 60:g} minutes of starting (the last{code}); it starts "
-        f"again at {at}, after a crash-loop backoff of {waiting.delay:g} s",
+        f"it exited {times} within {RESET / 60:g} minutes of starting (the last{code}); its next attempt "
+        f"starts at {at}, after a crash-loop backoff of {waiting.delay:g} s",
     )

@@ -23,8 +23,9 @@ class ControlSettings:
     # share (see scheduler/fairshare.py). Usage decays with this half-life (Slurm's default: 7 days).
     usage_weight: float = 0.0
     usage_half_life: float = 7 * 86400.0
-    # A service that exits soon after it starts waits this long before its next attempt, doubling with each
-    # quick exit in a row (control/restarts.py); 0: at once.
+    # Work started again after its own exit (a service; a job retried after a failure) that exited soon after
+    # it started waits this long before its next attempt, doubling with each quick exit in a row
+    # (control/restarts.py); 0: at once.
     restart_backoff: float = DEFAULT_BASE
     # The scheduling policy; None: $GPUPOOL_HOME/scheduling.yaml, else gpupool's default (control/policy.py).
     policy: scheduler.SchedulerConfig | None = None

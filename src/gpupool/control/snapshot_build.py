@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from gpupool import scheduler
 from gpupool.control import inventory
-from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE
+from gpupool.control.lifecycle import PENDING, RUNNING
 from gpupool.control.node_views import NodeViews
 from gpupool.control.policy import BandedPass
 from gpupool.control.restarts import Backoff, Ended, backoff
@@ -47,20 +47,20 @@ class SnapshotBuilding:
     _attained: AttainedService
     _node_views: dict[str, scheduler.NodeView]
     _nodes: NodeViews
-    _backoffs: dict[tuple[int, int], Backoff | None]  # (service id, restarts) -> backoff, see _backing_off
-    backing_off: dict[int, Backoff]  # the pending services the last snapshot left out: they wait to restart
+    _backoffs: dict[tuple[int, int], Backoff | None]  # (workload id, restarts) -> backoff, see _backing_off
+    backing_off: dict[int, Backoff]  # pending work the last snapshot left out: it waits to start again
 
     def _snapshot(self, s: Session, now: float | None = None) -> scheduler.Snapshot:
         now = time.time() if now is None else now
         config = self._config
         rows = s.execute(
-            select(Workload.id, Workload.priority, Workload.kind, Workload.restarts)
+            select(Workload.id, Workload.priority, Workload.restarts)
             .where(Workload.state == PENDING)
             .order_by(Workload.id)
         ).all()
-        services = [(int(wid), int(n)) for wid, _, kind, n in rows if kind == SERVICE and n]
-        self.backing_off = self._backing_off(s, services, now) if services else {}
-        pending = [(int(wid), int(priority)) for wid, priority, _, _ in rows if wid not in self.backing_off]
+        restarted = [(int(wid), int(n)) for wid, _, n in rows if n]
+        self.backing_off = self._backing_off(s, restarted, now) if restarted else {}
+        pending = [(int(wid), int(priority)) for wid, priority, _ in rows if wid not in self.backing_off]
         attempts = s.execute(
             select(
                 Attempt.workload_id,
@@ -177,12 +177,12 @@ class SnapshotBuilding:
         self._usage_cache = (now, usage)
         return usage
 
-    def _backing_off(self, s: Session, services: list[tuple[int, int]], now: float) -> dict[int, Backoff]:
-        """The pending services (id, restarts) that wait before they start again (control/restarts.py), by
-        id. A service's backoff is read from its attempts once per restart and kept: while it is pending,
-        its attempts do not change."""
+    def _backing_off(self, s: Session, restarted: list[tuple[int, int]], now: float) -> dict[int, Backoff]:
+        """The pending workloads started before (id, restarts) that wait out a crash-loop backoff before
+        their next attempt (control/restarts.py), by id. A backoff is read from the attempts once per
+        restart and kept: while the workload is pending, its attempts do not change."""
         known = self._backoffs
-        missing = [key for key in services if key not in known]
+        missing = [key for key in restarted if key not in known]
         for chunk in range(0, len(missing), 500):
             ids = [wid for wid, _ in missing[chunk : chunk + 500]]
             attempts: dict[int, list[Ended]] = {}
@@ -200,11 +200,11 @@ class SnapshotBuilding:
                 attempts.setdefault(wid, []).append(Ended(started, finished, code, stop_reason or ""))
             for key in missing[chunk : chunk + 500]:
                 known[key] = backoff(attempts.get(key[0], ()), self.settings.restart_backoff)
-        if len(known) > 2 * len(services) + 100:
-            wanted = set(services)
+        if len(known) > 2 * len(restarted) + 100:
+            wanted = set(restarted)
             self._backoffs = known = {key: b for key, b in known.items() if key in wanted}
         waiting = {}
-        for key in services:
+        for key in restarted:
             found = known[key]
             if found is not None and found.until > now:
                 waiting[key[0]] = found

@@ -1,4 +1,4 @@
-"""The crash-loop backoff of services: how long a service that keeps exiting waits to start again."""
+"""The crash-loop backoff: how long a service, or a job retried after a failure, that keeps exiting waits."""
 
 from __future__ import annotations
 
@@ -60,6 +60,6 @@ def test_the_explanation_names_the_exits_the_code_and_a_clock_time() -> None:
     assert found is not None
     why = restart_explanation(found)
     assert why.code == RESTART_BACKOFF
-    assert "exited 2 times in a row within 10 minutes" in why.message
+    assert "it exited 2 times in a row within 10 minutes" in why.message
     assert "exit code 3" in why.message
-    assert "starts again at 12:00:45 UTC" in why.message  # exit at 12:00:25, then 20 s
+    assert "next attempt starts at 12:00:45 UTC" in why.message  # exit at 12:00:25, then 20 s
