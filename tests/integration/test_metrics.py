@@ -74,6 +74,9 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
         }
     )
     server.wait_for(job["id"], ("running",))
+    # work that can never fit this pool (8 simulated GPUs) waits, and says why, in aggregate too
+    too_big = server.submit({"queue": "nlp", "resources": {"gpu": 16}, "commands": ["true"]})
+    assert server.wait_for_reason(too_big["id"])["reason_code"] == "too-large"
 
     held = prometheus.wait_for(f'DCGM_FI_DEV_FB_USED{{workload="{job["id"]}"}}', count=2)
     assert {s["metric"]["queue"] for s in held} == {"nlp"}
@@ -93,11 +96,12 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
     assert value('gpupool_queue_quota_gpus{queue="nlp"}') == 4.0
     assert value('gpupool_queue_allocated_gpus{queue="nlp"}') == 2.0
     assert value('gpupool_workloads{state="running",queue="nlp"}') == 1.0
+    assert value('gpupool_pending_workloads{queue="nlp",reason="too-large"}') == 1.0
     assert value('gpupool_nodes{state="ready"}') == 1.0
     assert value('gpupool_node_health{node="node-1",health="healthy"}') == 1.0
     assert value("gpupool_scheduler_cycle_seconds_count") > 0
     assert value('gpupool_gpu_hours_total{queue="nlp"}') >= 0.0
-    server.cli("cancel", str(job["id"]), check=True)
+    server.cli("cancel", str(job["id"]), str(too_big["id"]), check=True)
 
     # Every query of the shipped Grafana dashboard is valid PromQL and finds series here.
     dashboard = json.loads((DOCS / "grafana" / "gpupool.json").read_text())

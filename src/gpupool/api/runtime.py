@@ -83,7 +83,13 @@ class Runtime:
             agents=self._agent_nodes(),
             wake=self._wake,
         )
-        self.metrics = Metrics(self.store, self.telemetry, self.health, lambda: self.reconciler.fair_shares)
+        self.metrics = Metrics(
+            self.store,
+            self.telemetry,
+            self.health,
+            lambda: self.reconciler.fair_shares,
+            lambda: self.reconciler.explanations,
+        )
         self.reconciler.cycle_observer = self.metrics.cycle_seconds.observe
         self.reconciler.direct_binds = self.health.jobs.binds  # check jobs (control/health_jobs.py)
         self._stop = threading.Event()

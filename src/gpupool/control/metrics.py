@@ -10,7 +10,7 @@ the reconcile loop. The list with meanings is in docs/telemetry.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -20,10 +20,12 @@ from sqlalchemy import func, select
 
 from gpupool.control import bench, service
 from gpupool.control.health import HealthMonitor
+from gpupool.control.lifecycle import PENDING
 from gpupool.control.retention import retired_gpu_hours
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
 from gpupool.gpu.types import THROTTLE
+from gpupool.scheduler import Explanation
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Gpu, Node, Workload
 from gpupool.timeutil import as_utc
@@ -162,8 +164,10 @@ class PoolCollector(Collector):
         telemetry: TelemetryCache,
         health: HealthMonitor | None,
         fair_shares: Callable[[], dict[str, dict[str, float]]],
+        explanations: Callable[[], Mapping[int, Explanation]] = dict,
     ) -> None:
         self.store, self.telemetry, self.health, self.fair_shares = store, telemetry, health, fair_shares
+        self.explanations = explanations  # the reconcile loop's latest reason for each pending workload
         self._gpu_hours: tuple[float, dict[str, float]] | None = None
 
     def describe(self) -> list[Metric]:
@@ -242,12 +246,28 @@ class PoolCollector(Collector):
         node_state = GaugeMetricFamily(
             "gpupool_node_state", "1 for the node's current state.", labels=["node", "state"]
         )
+        waiting = GaugeMetricFamily(
+            "gpupool_pending_workloads",
+            "Pending workloads by queue and the reason code of why they wait (docs/scheduler.md).",
+            labels=["queue", "reason"],
+        )
+        live = self.explanations()
         with self.store.read() as s:
             for state, queue, count in s.execute(
                 select(Workload.state, Workload.queue, func.count()).group_by(Workload.state, Workload.queue)
             ):
                 workloads.add_metric([state, queue], float(count))
+            reasons: dict[tuple[str, str], int] = {}
+            for wid, queue, stored in s.execute(
+                select(Workload.id, Workload.queue, Workload.reason_code).where(Workload.state == PENDING)
+            ):
+                known = live.get(wid)
+                key = (queue, known.code if known is not None else stored or "unexplained")
+                reasons[key] = reasons.get(key, 0) + 1
             node_rows = s.execute(select(Node.name, Node.state, Node.state_reason).order_by(Node.name)).all()
+        for (queue, reason), count in sorted(reasons.items()):
+            waiting.add_metric([queue, reason], float(count))
+        yield waiting
         counts = dict.fromkeys(NODE_STATES, 0)
         for name, state, _ in node_rows:
             counts[state] = counts.get(state, 0) + 1
@@ -319,6 +339,7 @@ class Metrics:
         telemetry: TelemetryCache,
         health: HealthMonitor | None,
         fair_shares: Callable[[], dict[str, dict[str, float]]],
+        explanations: Callable[[], Mapping[int, Explanation]] = dict,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.cycle_seconds = Histogram(
@@ -327,4 +348,4 @@ class Metrics:
             buckets=CYCLE_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(PoolCollector(store, telemetry, health, fair_shares))
+        self.registry.register(PoolCollector(store, telemetry, health, fair_shares, explanations))
