@@ -165,6 +165,7 @@ class Prepared:
         self._snapshot_stopping = bool(state.holding_nodes)
         self._owed = [w for w in snapshot.pending if w.victims_stopped]  # see Allocation._serve_gainers
         self._stopping_on: dict[str, list[tuple[WorkloadView, PodPlacement]]] | None = None
+        self._stopping_seen = 0  # how many of decisions.evictions `_stopping_on` has seen
         # Work held back by another (see Cycle._let_go): under strict blocking, each group's workload that
         # did not fit and holds back the rest; under backfill, the reservation that held back a workload.
         self._blockers: dict[str, WorkloadView] = {}

@@ -153,7 +153,7 @@ class Expectations:
     evictions: dict[int, tuple[str, int | None]] | None = None  # exact set: code and optional beneficiary
     reasons: dict[int, str] | None = None  # only the listed workloads are checked
     fair_share: dict[str, dict[str, tuple[Condition, ...]]] | None = None  # queue -> resource -> checks
-    released_to: dict[int, int] | None = None  # exact: stopping workload -> the waiting one promised its GPUs
+    released_to: dict[int, int] | None = None  # exact: stopping (or evicted) work -> the one promised it
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,10 +601,11 @@ def _check_expected_ids(
     for _, beneficiary in (expect.evictions or {}).values():
         if beneficiary is not None and beneficiary not in pending_ids:
             raise where.error("expect.evictions", beneficiary, "'for' must name a pending workload")
-    stopping_ids = {w.id for w in running if w.stopping}
+    running_ids = {w.id for w in running}
     for wid, waiting in (expect.released_to or {}).items():
-        if wid not in stopping_ids:
-            raise where.error("expect.released_to", wid, "keys must be stopping workload ids")
+        if wid not in running_ids:
+            # stopping work, or work the cycle evicts for no one (a stale gang)
+            raise where.error("expect.released_to", wid, "keys must be running workload ids")
         if waiting not in pending_ids:
             raise where.error("expect.released_to", waiting, "values must be pending workload ids")
     names = {q.name for q in queues}

@@ -173,6 +173,45 @@ def test_work_waiting_for_the_gpus_of_cancelled_work_keeps_its_room_in_the_next_
     assert second.released_to == {}  # 1's GPUs are 10's already
 
 
+def test_the_gpus_of_a_stale_gang_evicted_this_cycle_are_promised_to_the_work_that_waits_for_them() -> None:
+    """As above, but the GPUs 10 waits for are those of gang 1, evicted in this very cycle because its
+    node n9 was lost (it stops for no one). Without the promise, the next cycle puts queue d before b and
+    20 takes n1's free GPUs: 10 loses its room. (A Hypothesis search found the same gap through a gainer
+    of other work, served first in the next cycle, taking the free GPUs of the waiting workload's room,
+    which reclaim then took back from its queue.)"""
+    first = parse_scenario(
+        {
+            "description": "a promise of a stale gang's GPUs",
+            "now": NOW,
+            "nodes": [
+                {"name": "n1", "gpus": 4},
+                {"name": "n2", "gpus": 4},
+                {"name": "n9", "gpus": 2, "state": "lost"},
+            ],
+            "queues": [{"name": "b", "gpu": 4}, {"name": "d", "gpu": 4}, {"name": "x", "gpu": 0}],
+            "running": [
+                {"id": 1, "queue": "x", "gpus": 2, "nodes": 2, "on": {"n1": [0, 1], "n9": [0, 1]}},
+                {"id": 5, "queue": "x", "gpus": 3, "on": {"n2": [0, 1, 2]}, "preemptible": False},
+            ],
+            "pending": [
+                {"id": 10, "queue": "b", "gpus": 4, "submit": 0},
+                {"id": 30, "queue": "b", "gpus": 1, "submit": 1},
+                {"id": 20, "queue": "d", "gpus": 2, "submit": 0},
+            ],
+            "expect": {"released_to": {1: 10}},
+        },
+        "first",
+    )
+    decisions = decide(first.snapshot, NOW)
+    assert [(e.workload_id, e.code) for e in decisions.evictions] == [(1, "stale-gang")]
+    assert [b.workload_id for b in decisions.binds] == [30]
+    assert decisions.explanations[10].code == "waiting-for-release"
+    assert decisions.released_to == {1: 10}
+    second = decide(apply(first.snapshot, decisions), NOW)
+    assert not second.binds and not second.evictions
+    assert second.explanations[10].message.endswith("(workload 1 stops for it)")
+
+
 def test_released_gpus_are_not_promised_past_work_of_the_queue_ranked_higher() -> None:
     """A Hypothesis search found it. 107 (priority 100) preempts 1, taking back this cycle's binds on the
     way; 100 to 102, ahead of 103 in queue a's line, are left with no room, while 103 waits for cancelled
@@ -274,8 +313,11 @@ def apply(snapshot: Snapshot, decisions: Decisions, now: float = NOW) -> Snapsho
     bound = {b.workload_id: b for b in decisions.binds}
     evicted = {e.workload_id: e.for_workload for e in decisions.evictions}
     promised = decisions.released_to
+    # work evicted for no one (a stale gang) may have its GPUs promised in the same cycle, as the server
+    # records the promise on the attempt it has just asked to stop
+    gainer = {wid: promised.get(wid) if gainer is None else gainer for wid, gainer in evicted.items()}
     running = [
-        replace(w, stopping=True, evicted_for=evicted[w.id])
+        replace(w, stopping=True, evicted_for=gainer[w.id])
         if w.id in evicted
         else replace(w, evicted_for=promised[w.id])
         if w.id in promised
