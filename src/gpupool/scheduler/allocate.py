@@ -23,6 +23,11 @@ class Allocation(EvictionSearch):
 
     def allocate(self) -> None:
         self._serve_gainers()
+        self._walk()
+
+    def _walk(self) -> None:
+        """Place the pending work in allocation order (queues most under-served first, each in its own
+        order), explaining what stays pending."""
         heap = [self._queue_key(q) for q in self.order]
         heapq.heapify(heap)
         cursor = dict.fromkeys(self.order, 0)

@@ -34,6 +34,11 @@ class Cycle(Allocation):
     def run(self) -> Decisions:
         for action in self.config.actions:
             getattr(self, action)()
+        if self._taken_back and "allocate" in self.config.actions:
+            # A bind taken back gave less room than it held (its gainer took part of it): work that an
+            # earlier walk left pending for want of that capacity, or over a fair share the bind counted
+            # toward, may fit now. Walked again, as the next cycle's allocate would walk it.
+            self._walk()
         if self._blockers and self.config.blocking == "strict":
             self._unblock_on_release()
         if self.decisions.released_to:

@@ -292,6 +292,7 @@ class EvictionSearch(Victims):
         `v` is pending again (its pending view, returned). Cheaper than starting it now and evicting it
         next cycle."""
         original = self._tentative[v.id]
+        self._taken_back += 1
         self.state.release(original, v.placement)
         binds = self.decisions.binds
         for i in range(len(binds) - 1, -1, -1):

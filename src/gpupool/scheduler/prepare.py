@@ -171,6 +171,7 @@ class Prepared:
         self._blockers: dict[str, WorkloadView] = {}
         self._reserved_by: dict[int, Reservation | None] = {}
         self._let_go_count = 0  # how many held workloads were tried again (each may change the state)
+        self._taken_back = 0  # how many of this cycle's binds were taken back for other work (`_retract`)
         self._old: dict[str, dict[int, bool]] = {"preempt": {}, "reclaim": {}}  # kind -> workload id -> old
         # (ids of a candidates and a units dict, GPUs needed) -> (able nodes, how much of state.freed they
         # have seen, the dicts: they keep their ids alive)

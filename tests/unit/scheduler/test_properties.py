@@ -212,6 +212,35 @@ def test_the_gpus_of_a_stale_gang_evicted_this_cycle_are_promised_to_the_work_th
     assert second.explanations[10].message.endswith("(workload 1 stops for it)")
 
 
+def test_room_a_bind_taken_back_leaves_is_walked_again_in_the_same_cycle() -> None:
+    """10's victims stopped last cycle, so it is served first and bound on n1's three free GPUs; 20
+    (priority 50) then finds none, and 30, over the queue's fair share (10's bind counts), is left too.
+    Preempt takes 10's bind back for 20, which needs only two: one GPU is free again and the queue holds
+    less. The cycle walks its pending work again, and 30 starts now, not a cycle later."""
+    first = parse_scenario(
+        {
+            "description": "a bind taken back leaves room",
+            "now": NOW,
+            "config": {"blocking": "skip"},
+            "nodes": [{"name": "n1", "gpus": 4}],
+            "running": [{"id": 1, "priority": 100, "gpus": 1, "on": {"n1": [0]}, "preemptible": False}],
+            "pending": [
+                {"id": 10, "priority": 10, "gpus": 3, "submit": 0, "victims_stopped": True},
+                {"id": 20, "priority": 50, "gpus": 2, "submit": 0},
+                {"id": 30, "priority": 10, "gpus": 1, "submit": 1},
+            ],
+            "expect": {"binds": {20: None, 30: None}},
+        },
+        "first",
+    )
+    decisions = decide(first.snapshot, NOW)
+    assert sorted(b.workload_id for b in decisions.binds) == [20, 30]
+    assert not decisions.evictions
+    assert decisions.explanations[10].code == "no-capacity"
+    second = decide(apply(first.snapshot, decisions), NOW)
+    assert not second.binds and not second.evictions
+
+
 def test_released_gpus_are_not_promised_past_work_of_the_queue_ranked_higher() -> None:
     """A Hypothesis search found it. 107 (priority 100) preempts 1, taking back this cycle's binds on the
     way; 100 to 102, ahead of 103 in queue a's line, are left with no room, while 103 waits for cancelled
