@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpupool import __version__
+from gpupool import __version__, web
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, require_token
 from gpupool.api.body import refuse_nul
@@ -21,6 +21,14 @@ from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
 MAX_BODY_BYTES = 1 << 20
+# The dashboard runs only its own inline script and talks only to this server; no other site may frame it.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:; form-action 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 
 class BodyLimit:
@@ -81,6 +89,14 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(agents.HeartbeatEndpoint, limit=MAX_BODY_BYTES)  # outermost: the agents' hot path
+
+    @app.get("/", include_in_schema=False)
+    def home() -> RedirectResponse:
+        return RedirectResponse("/ui")
+
+    @app.get("/ui", tags=["dashboard"], summary="The dashboard page (its data: the API, with a token)")
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse(web.page(), headers=PAGE_HEADERS)
 
     @app.get("/healthz", tags=["health"], summary="Liveness: answers without a token")
     def healthz() -> dict[str, Any]:

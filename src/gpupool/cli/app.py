@@ -6,8 +6,10 @@ import os
 import shlex
 import sys
 import time
+import webbrowser
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import typer
 from rich.markup import escape
@@ -380,6 +382,17 @@ def _active_ids(c: Client, queue: str, state: str | None) -> list[int]:
 
 
 # -- nodes ------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def ui(open_it: bool = typer.Option(False, "--open", help="open it in this machine's web browser")) -> None:
+    """The dashboard's address, with your token after '#' (browsers keep that part to themselves)."""
+    c = client()
+    c.queues()  # the server answers and takes the token: else its error, with the fix, and no address
+    url = f"{c.server.rstrip('/')}/ui#token={quote(c.token, safe='')}" if c.token else f"{c.server}/ui"
+    print(url)
+    if open_it and not webbrowser.open(url):
+        raise CliError("no web browser found here; open the address above in one")
 
 
 @app.command()

@@ -1,0 +1,16 @@
+"""The dashboard: one static page (index.html) that reads the pool through the API with the browser's token.
+
+The page holds no data and no secret; the server serves it without a token. Its scripts call `/api/v1/...`
+with the token the user gives it (the address's `#token=...` fragment, which browsers never send to a
+server, as `gpupool ui` prints it, or a form), kept in that browser's local storage.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+
+@cache
+def page() -> str:
+    return resources.files(__package__).joinpath("index.html").read_text(encoding="utf-8")

@@ -1,0 +1,131 @@
+"""The dashboard in a real browser: headless Chromium loads the page a real head serves, runs its script
+against the API with the token `gpupool ui` puts in the address, and the DOM it leaves is read back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.server import ServerProcess
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+@pytest.fixture(scope="module")
+def browser() -> str:
+    """A Chromium binary. In CI it must exist (.ci/run installs Debian's chromium): missing, it fails."""
+    for name in BROWSERS:
+        found = shutil.which(name)
+        if found:
+            return found
+    if os.environ.get("CI"):
+        pytest.fail("Chromium is not installed; .ci/run installs Debian's chromium package")
+    pytest.skip("Chromium not installed (apt-get install chromium)")
+
+
+def render(browser: str, url: str, profile: Path) -> str:
+    """The page's DOM once its scripts ran and their requests were answered (virtual time runs ahead
+    while the page is idle, so this takes about as long as the page's own work)."""
+    done = subprocess.run(
+        [
+            browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            f"--user-data-dir={profile}", "--virtual-time-budget=8000", "--dump-dom", url,
+        ],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+class Rows(HTMLParser):
+    """Each table row's cells as text, by its data-* attribute (data-queue="nlp": ("queue", "nlp"))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[tuple[str, str], list[str]] = {}
+        self.text: list[str] = []
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+        self._error = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "tr":
+            keys = [(k[5:], v or "") for k, v in attrs if k.startswith("data-")]
+            if keys:
+                self._row = self.rows[keys[0]] = []
+        elif tag == "td" and self._row is not None:
+            self._cell = []
+        elif tag == "div" and ("id", "error") in attrs:
+            self._error = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr":
+            self._row = None
+        elif tag == "div":
+            self._error = False
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._error:
+            self.text.append(data)
+
+
+def parse(dom: str) -> Rows:
+    rows = Rows()
+    rows.feed(dom)
+    return rows
+
+
+def test_the_page_is_served_without_a_token_and_holds_no_data(server: ServerProcess) -> None:
+    page = httpx.get(f"{server.url}/ui")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert server.token not in page.text
+    assert httpx.get(f"{server.url}/", follow_redirects=False).headers["location"] == "/ui"
+    assert httpx.get(f"{server.url}/api/v1/queues").status_code == 401  # the data still needs the token
+    refused = server.cli("--token", "nope", "ui")
+    assert refused.returncode == 1 and "invalid token" in refused.stderr and "/ui" not in refused.stdout
+
+
+def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
+    server: ServerProcess, browser: str, tmp_path: Path
+) -> None:
+    server.cli("queue", "create", "nlp", "--gpu-quota", "2", check=True)
+    running = server.submit(
+        {"name": "train", "queue": "nlp", "resources": {"gpu": 2}, "commands": ["sleep 60"]}
+    )
+    huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
+    server.wait_for(running["id"], ("running",))
+    server.wait_for_reason(huge["id"])
+    url = server.cli("ui", check=True).stdout.strip()
+    assert url == f"{server.url}/ui#token={server.token}"
+
+    shown = parse(render(browser, url, tmp_path / "profile"))
+
+    assert not "".join(shown.text).strip(), shown.text
+    nlp = shown.rows[("queue", "nlp")]
+    assert nlp[:4] == ["nlp", "2", "2", "2"]  # quota, fair share, allocated
+    assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "2 / 8"]
+    train = shown.rows[("workload", str(running["id"]))]
+    assert train[1:7] == ["train", "job", "nlp", "running", "2", "node-1"]
+    waiting = shown.rows[("workload", str(huge["id"]))]
+    assert waiting[4] == "pending" and "can never fit this pool" in waiting[8]
+    server.cli("cancel", str(running["id"]), str(huge["id"]), check=True)
+
+
+def test_a_refused_token_says_so_and_shows_no_pool(
+    server: ServerProcess, browser: str, tmp_path: Path
+) -> None:
+    shown = parse(render(browser, f"{server.url}/ui#token=not-a-token", tmp_path / "profile"))
+    assert "the token was refused (401)" in "".join(shown.text)
+    assert not shown.rows
