@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -138,50 +139,27 @@ def test_a_second_cycle_on_applied_decisions_evicts_nothing_and_binds_nothing(sn
     assert not started, f"first cycle: {first}" + _show(applied, second)
 
 
-def test_work_waiting_for_the_gpus_of_cancelled_work_keeps_its_room_in_the_next_cycle() -> None:
-    """x's workload 1 was cancelled (it stops for no one). b's 10 fits on n1 once 1's GPUs are released,
-    and waits for them there; n1's two free GPUs are part of its room, so d's 20 finds none (b's 30
-    starts on n2). The next cycle, with 30 running, puts queue d before b: without the promise of 1's GPUs
-    to 10 (kept as 1's `evicted_for`, as the server does), 20 would start on n1's free GPUs and 10 would
-    have lost its room."""
-    first = parse_scenario(
-        {
-            "description": "a promise",
-            "now": NOW,
-            "nodes": [{"name": "n1", "gpus": 4}, {"name": "n2", "gpus": 4}],
-            "queues": [{"name": "b", "gpu": 4}, {"name": "d", "gpu": 4}, {"name": "x", "gpu": 0}],
-            "running": [
-                {"id": 1, "queue": "x", "gpus": 2, "on": {"n1": [0, 1]}, "stopping": True},
-                {"id": 5, "queue": "x", "gpus": 3, "on": {"n2": [0, 1, 2]}, "preemptible": False},
-            ],
-            "pending": [
-                {"id": 10, "queue": "b", "gpus": 4, "submit": 0},
-                {"id": 30, "queue": "b", "gpus": 1, "submit": 1},
-                {"id": 20, "queue": "d", "gpus": 2, "submit": 0},
-            ],
-            "expect": {"released_to": {1: 10}},
-        },
-        "first",
-    )
-    decisions = decide(first.snapshot, NOW)
-    assert [b.workload_id for b in decisions.binds] == [30]
-    assert decisions.explanations[10].code == "waiting-for-release"
-    assert decisions.released_to == {1: 10}
-    second = decide(apply(first.snapshot, decisions), NOW)
-    assert not second.binds and not second.evictions
-    assert second.explanations[10].message.endswith("(workload 1 stops for it)")
-    assert second.released_to == {}  # 1's GPUs are 10's already
+# Workload 1 of queue x stops for no one: cancelled (stopping in the snapshot), or a gang this very cycle
+# evicts because its node n9 was lost (a Hypothesis search found that gap: a gainer of other work, served
+# first in the next cycle, took the free GPUs of the waiting workload's room, and reclaim took them back).
+STOPS_FOR_NO_ONE = {
+    "cancelled": ({"gpus": 2, "on": {"n1": [0, 1]}, "stopping": True}, []),
+    "stale gang": ({"gpus": 2, "nodes": 2, "on": {"n1": [0, 1], "n9": [0, 1]}}, [(1, "stale-gang")]),
+}
 
 
-def test_the_gpus_of_a_stale_gang_evicted_this_cycle_are_promised_to_the_work_that_waits_for_them() -> None:
-    """As above, but the GPUs 10 waits for are those of gang 1, evicted in this very cycle because its
-    node n9 was lost (it stops for no one). Without the promise, the next cycle puts queue d before b and
-    20 takes n1's free GPUs: 10 loses its room. (A Hypothesis search found the same gap through a gainer
-    of other work, served first in the next cycle, taking the free GPUs of the waiting workload's room,
-    which reclaim then took back from its queue.)"""
+@pytest.mark.parametrize("how", sorted(STOPS_FOR_NO_ONE))
+def test_work_waiting_for_the_gpus_of_work_that_stops_for_no_one_keeps_its_room_in_the_next_cycle(
+    how: str,
+) -> None:
+    """b's 10 fits on n1 once 1's GPUs are released, and waits for them there; n1's two free GPUs are
+    part of its room, so d's 20 finds none (b's 30 starts on n2). The next cycle, with 30 running, puts
+    queue d before b: without the promise of 1's GPUs to 10 (kept as 1's `evicted_for`, as the server
+    does), 20 would start on n1's free GPUs and 10 would have lost its room."""
+    stopping, evictions = STOPS_FOR_NO_ONE[how]
     first = parse_scenario(
         {
-            "description": "a promise of a stale gang's GPUs",
+            "description": f"a promise of the GPUs of {how} work",
             "now": NOW,
             "nodes": [
                 {"name": "n1", "gpus": 4},
@@ -190,7 +168,7 @@ def test_the_gpus_of_a_stale_gang_evicted_this_cycle_are_promised_to_the_work_th
             ],
             "queues": [{"name": "b", "gpu": 4}, {"name": "d", "gpu": 4}, {"name": "x", "gpu": 0}],
             "running": [
-                {"id": 1, "queue": "x", "gpus": 2, "nodes": 2, "on": {"n1": [0, 1], "n9": [0, 1]}},
+                {"id": 1, "queue": "x", **stopping},
                 {"id": 5, "queue": "x", "gpus": 3, "on": {"n2": [0, 1, 2]}, "preemptible": False},
             ],
             "pending": [
@@ -203,13 +181,14 @@ def test_the_gpus_of_a_stale_gang_evicted_this_cycle_are_promised_to_the_work_th
         "first",
     )
     decisions = decide(first.snapshot, NOW)
-    assert [(e.workload_id, e.code) for e in decisions.evictions] == [(1, "stale-gang")]
+    assert [(e.workload_id, e.code) for e in decisions.evictions] == evictions
     assert [b.workload_id for b in decisions.binds] == [30]
     assert decisions.explanations[10].code == "waiting-for-release"
     assert decisions.released_to == {1: 10}
     second = decide(apply(first.snapshot, decisions), NOW)
     assert not second.binds and not second.evictions
     assert second.explanations[10].message.endswith("(workload 1 stops for it)")
+    assert second.released_to == {}  # 1's GPUs are 10's already
 
 
 def test_room_a_bind_taken_back_leaves_is_walked_again_in_the_same_cycle() -> None:
