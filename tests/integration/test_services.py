@@ -3,6 +3,7 @@ crash-loop backoff that doubles with each quick exit and survives a kill -9 of t
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
 from pathlib import Path
@@ -114,3 +115,13 @@ def test_a_service_spec_with_a_retry_policy_is_refused_and_nothing_is_stored(ser
         error = response.json()["error"]
         assert error["field"] == "retry" and "applies to jobs only" in error["message"]
         assert client.get("/api/v1/workloads", params={"all": True}).json() == []
+
+
+def test_gpupool_run_service_runs_a_command_as_a_service(server: ServerProcess, tmp_path: Path) -> None:
+    created = server.cli("run", "--service", "--gpus", "1", "--json", "--", "sleep", "60", cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    w = server.wait_for(int(json.loads(created.stdout)["id"]), ("running",))
+    assert w["kind"] == "service"
+    assert "kind=service" in server.cli("show", str(w["id"]), check=True).stdout
+    server.cli("cancel", str(w["id"]), check=True)
+    assert server.wait_for(w["id"])["state"] == "cancelled"

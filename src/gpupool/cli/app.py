@@ -130,6 +130,9 @@ def run(
         "-e",
         help="KEY=VALUE for the job's environment, or KEY for this shell's value (repeatable)",
     ),
+    service: bool = typer.Option(
+        False, "--service", help="run it as a service: started again whenever it exits, until cancelled"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
@@ -140,6 +143,7 @@ def run(
     if memory is not None:
         resources["memory"] = memory
     data: dict[str, Any] = {
+        "kind": "service" if service else "job",
         "queue": queue,
         "resources": resources,
         "commands": [shlex.join(command)],
