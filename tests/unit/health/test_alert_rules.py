@@ -34,6 +34,10 @@ def fires(alert: str, labels: dict[str, str], value: str) -> list[dict[str, dict
     return [{"exp_labels": {**rule["labels"], **labels}, "exp_annotations": annotations}]
 
 
+RESTARTING = "restart-backoff"
+CRASH_LOOP = 'gpupool_pending_workloads{queue="serve",reason="restart-backoff"}'
+RECOVERED = 'gpupool_pending_workloads{queue="batch",reason="restart-backoff"}'
+
 TESTS = {
     "rule_files": [str(RULES)],
     "evaluation_interval": "1m",
@@ -51,8 +55,18 @@ TESTS = {
                 {"series": 'gpupool_queue_quota_gpus{queue="gpupool-system"}', "values": "0x20"},
                 {"series": 'gpupool_queue_allocated_gpus{queue="gpupool-system"}', "values": "0x20"},
                 {"series": 'gpupool_queue_pending_gpus{queue="gpupool-system"}', "values": "8x20"},
+                # a crash loop: waiting out its backoff, with short runs in between (0 at those scrapes)
+                {"series": CRASH_LOOP, "values": "1 1 0 1 1 1 0 1 1 1 0 1 1 1 0 1 1 1 0 1x30"},
+                # one that stopped crashing 15 minutes before the end
+                {"series": RECOVERED, "values": "1 0 1 0 1x20 0x30"},
             ],
             "alert_rule_test": [
+                {"eval_time": "20m", "alertname": "WorkCrashLooping", "exp_alerts": []},  # not yet 30 minutes
+                {
+                    "eval_time": "45m",
+                    "alertname": "WorkCrashLooping",
+                    "exp_alerts": fires("WorkCrashLooping", {"queue": "serve", "reason": RESTARTING}, "1"),
+                },
                 {"eval_time": "3m", "alertname": "GpuTooHot", "exp_alerts": []},  # not yet 5 minutes
                 {"eval_time": "8m", "alertname": "GpuTooHot", "exp_alerts": fires("GpuTooHot", LABELS, "90")},
                 {"eval_time": "1m", "alertname": "GpuHardwareXid", "exp_alerts": []},  # Xid 13: the job's
