@@ -379,3 +379,49 @@ def test_server_start_names_the_missing_partition_and_the_missing_tools(
         timeout=60,
     )
     assert local.returncode == 1 and "--partition applies to --backend slurm only" in local.stderr
+
+
+def test_a_service_that_exits_is_started_again_as_a_new_slurm_job_after_its_backoff(
+    slurm: SlurmCluster, tmp_path: Path, job_dir: Path
+) -> None:
+    server = ServerProcess(
+        home=tmp_path / "svc-home",
+        gpus="none",
+        extra_env={"SLURM_CONF": str(slurm.conf)},
+        extra_args=["--backend", "slurm", "--partition", slurm.partition, "--restart-backoff", "1s"],
+    ).start()
+    try:
+        gate = job_dir / "gate"
+        service = server.submit(
+            {
+                "kind": "service",
+                "resources": {"gpu": 1},
+                "workdir": str(job_dir),
+                "commands": [
+                    'echo "attempt $GPUPOOL_ATTEMPT in slurm job $SLURM_JOB_ID"',
+                    'test "$GPUPOOL_ATTEMPT" -ge 1 || exit 3',
+                    f"while [ ! -e {gate} ]; do sleep 0.1; done",
+                ],
+            }
+        )
+        again = _wait(
+            lambda: (w := server.workload(service["id"]))["attempts"] == 2 and w["state"] == "running" and w,
+            60,
+            "the service's second attempt to run",
+        )
+        first, second = again["attempt_list"]
+        assert (first["state"], first["exit_code"]) == ("failed", 3)
+        assert first["slurm_job_id"] and second["slurm_job_id"] != first["slurm_job_id"]
+        said = f"attempt 1 in slurm job {second['slurm_job_id']}"
+        _wait(lambda: said in _log(server, service["id"], 1), 30, "the second attempt's output")
+        gate.touch()  # attempt 1 exits 0: a service starts again anyway
+        third = _wait(
+            lambda: (w := server.workload(service["id"]))["attempts"] == 3 and w, 60, "a third attempt"
+        )
+        assert third["state"] in ("pending", "running") and third["attempt_list"][1]["exit_code"] == 0
+        server.cli("cancel", str(service["id"]), check=True)
+        assert server.wait_for(service["id"], timeout=60)["state"] == "cancelled"
+    finally:
+        server.stop()
+        slurm.cancel_all()
+        _wait(lambda: not _our_jobs(slurm), 20, "Slurm to finish the test's jobs")
