@@ -393,7 +393,8 @@ def ui(open_it: bool = typer.Option(False, "--open", help="open it in this machi
     """The dashboard's address, with your token after '#' (browsers keep that part to themselves)."""
     c = client()
     c.queues()  # the server answers and takes the token: else its error, with the fix, and no address
-    url = f"{c.server.rstrip('/')}/ui#token={quote(c.token, safe='')}" if c.token else f"{c.server}/ui"
+    page = f"{c.server.rstrip('/')}/ui"
+    url = f"{page}#token={quote(c.token, safe='')}" if c.token else page
     print(url)
     if open_it and not webbrowser.open(url):
         raise CliError("no web browser found here; open the address above in one")
