@@ -398,7 +398,7 @@ def test_a_service_that_exits_is_started_again_as_a_new_slurm_job_after_its_back
                 "resources": {"gpu": 1},
                 "workdir": str(job_dir),
                 "commands": [
-                    'echo "attempt $GPUPOOL_ATTEMPT in slurm job $SLURM_JOB_ID"',
+                    'echo "attempt $GPUPOOL_ATTEMPT in slurm job $SLURM_JOB_ID on port $GPUPOOL_PORT"',
                     'test "$GPUPOOL_ATTEMPT" -ge 1 || exit 3',
                     f"while [ ! -e {gate} ]; do sleep 0.1; done",
                 ],
@@ -412,7 +412,10 @@ def test_a_service_that_exits_is_started_again_as_a_new_slurm_job_after_its_back
         first, second = again["attempt_list"]
         assert (first["state"], first["exit_code"]) == ("failed", 3)
         assert first["slurm_job_id"] and second["slurm_job_id"] != first["slurm_job_id"]
-        said = f"attempt 1 in slurm job {second['slurm_job_id']}"
+        # its endpoint: the Slurm node's address and the GPUPOOL_PORT its program was given
+        host, port = second["endpoint"].rsplit(":", 1)
+        assert host and port.isdigit() and first["endpoint"]
+        said = f"attempt 1 in slurm job {second['slurm_job_id']} on port {port}"
         _wait(lambda: said in _log(server, service["id"], 1), 30, "the second attempt's output")
         gate.touch()  # attempt 1 exits 0: a service starts again anyway
         third = _wait(

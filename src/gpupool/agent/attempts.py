@@ -176,7 +176,9 @@ class NodeAttempts:
         self._ranks[key] = proc
         try:
             if key[1] == 0 and int(env.get("GPUPOOL_NUM_NODES") or 1) > 1:
-                _check_rendezvous_port(int(env.get("MASTER_PORT") or 0))
+                _check_rendezvous_port(int(env.get("MASTER_PORT") or 0), "MASTER_PORT")
+            if key[1] == 0 and env.get("GPUPOOL_PORT", "").isdigit():
+                _check_rendezvous_port(int(env["GPUPOOL_PORT"]), "GPUPOOL_PORT")
             proc.handle = self.local.start(
                 Launch(
                     attempt_id=key[0],
@@ -267,15 +269,16 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _check_rendezvous_port(port: int) -> None:
-    """Rank 0 of a gang listens on MASTER_PORT: fail its start with the fix when another program holds it
-    (the gang is retried per its policy, and the head hands the next port of the range)."""
+def _check_rendezvous_port(port: int, variable: str) -> None:
+    """Rank 0 of a gang listens on MASTER_PORT, a service on GPUPOOL_PORT, both from the rendezvous range:
+    fail its start with the fix when another program holds the port (the workload is tried again, and the
+    head hands the next port of the range)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", port))
         except OSError as exc:
             raise LaunchError(
-                f"rendezvous port {port} (MASTER_PORT) is in use on this node ({exc.strerror}); keep the "
-                "agent's --rendezvous-ports range free for gpupool's multi-node jobs"
+                f"rendezvous port {port} ({variable}) is in use on this node ({exc.strerror}); keep the "
+                "agent's --rendezvous-ports range free for gpupool's multi-node jobs and services"
             ) from exc

@@ -16,7 +16,7 @@ from gpupool import __version__, web
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, require_token
 from gpupool.api.body import refuse_nul
-from gpupool.api.routes import agents, bench, foreign, health, metrics, nodes, queues, workloads
+from gpupool.api.routes import agents, bench, foreign, health, metrics, nodes, proxy, queues, workloads
 from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
@@ -74,6 +74,9 @@ def create_app(runtime: Runtime) -> FastAPI:
         finally:
             if listener is not None:
                 listener.cancel()
+            client = getattr(app.state, "proxy_client", None)
+            if client is not None:
+                await client.aclose()
             runtime.stop()
 
     app = FastAPI(
@@ -104,6 +107,7 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token), Depends(refuse_nul)])
     api.include_router(workloads.router)
+    api.include_router(proxy.router)
     api.include_router(nodes.router)
     api.include_router(queues.router)
     api.include_router(foreign.router)

@@ -74,6 +74,8 @@ class AgentBackend(AgentHeartbeats):
         with self._lock:
             addresses = [self._nodes[p.node].address if p.node in self._nodes else p.node for p in pods]
             port = self._rendezvous_port(pods[0].node)
+            # a service listens on a port of its own (MASTER_PORT stays free for its ranks' rendezvous)
+            service_port = self._rendezvous_port(pods[0].node, also_held={port}) if launch.service_port else 0
         head_env = os.environ
         overlay = {
             k: v for k, v in launch.env.items() if head_env.get(k) != v or k.startswith(CONTRACT_PREFIXES)
@@ -96,6 +98,8 @@ class AgentBackend(AgentHeartbeats):
                     "GPUPOOL_NODE_IPS": ",".join(addresses),
                 }
             )
+            if service_port:
+                env["GPUPOOL_PORT"] = str(service_port)
             launches.append(
                 {
                     "workload_id": launch.workload_id,
@@ -110,6 +114,7 @@ class AgentBackend(AgentHeartbeats):
             "token": launch.fencing_token or secrets.token_hex(16),
             "log_path": str(launch.log_path),
             "master_port": port,
+            "service_port": service_port,
             "pods": [
                 {"node": p.node, "gpu_indices": list(p.gpu_indices), "gpu_fraction": p.gpu_fraction}
                 for p in pods
@@ -124,7 +129,7 @@ class AgentBackend(AgentHeartbeats):
             "event=agent_attempt_offered attempt=%d workload=%d nodes=%s",
             launch.attempt_id, launch.workload_id, ",".join(p.node for p in pods),
         )  # fmt: skip
-        return Handle(launch.attempt_id, 0.0)
+        return Handle(launch.attempt_id, 0.0, f"{addresses[0]}:{service_port}" if service_port else "")
 
     def _adopt(self, run_dir: Path, record: dict[str, Any]) -> AgentAttempt:
         ranks = []
@@ -149,6 +154,7 @@ class AgentBackend(AgentHeartbeats):
             ranks=ranks,
             signal=int(level) if level and level.isdigit() else 0,
             master_port=int(record.get("master_port") or 0),
+            service_port=int(record.get("service_port") or 0),
         )
         with self._lock:
             self._attempts[attempt.attempt_id] = attempt
@@ -158,12 +164,17 @@ class AgentBackend(AgentHeartbeats):
             self._bump(names)
         return attempt
 
-    def _rendezvous_port(self, name: str) -> int:
-        """A port of node `name`'s rendezvous range that no attempt listed here holds, taken in turn (so a
-        retried gang gets another one); lock held by the caller."""
+    def _rendezvous_port(self, name: str, also_held: frozenset[int] | set[int] = frozenset()) -> int:
+        """A port of node `name`'s rendezvous range that no attempt listed here holds (as its MASTER_PORT or
+        a service's GPUPOOL_PORT) and that is not in `also_held`, taken in turn (so a retried gang gets
+        another one); lock held by the caller."""
         node = self._nodes.get(name)
         low, high = node.ports if node is not None else DEFAULT_RENDEZVOUS_PORTS
-        held = {a.master_port for a in self._attempts.values() if a.ranks and a.ranks[0].node == name}
+        held = set(also_held)
+        for a in self._attempts.values():
+            if a.ranks and a.ranks[0].node == name:
+                held.add(a.master_port)
+                held.add(a.service_port)
         span = high - low + 1
         first = self._next_port.get(name, low)
         for step in range(span):

@@ -145,6 +145,7 @@ class AgentAttempt:
     ranks: list[Rank]
     signal: int = 0  # 0, SIGTERM or SIGKILL: the strongest signal asked for so far
     master_port: int = 0  # from rank 0's node's rendezvous range
+    service_port: int = 0  # a service's GPUPOOL_PORT, from the same range; 0 for a job
     dropped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

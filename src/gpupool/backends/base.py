@@ -34,6 +34,9 @@ class Launch:
     cpus: float = 0.0  # per pod, as requested (0 = none asked for)
     memory_bytes: int = 0  # per pod, as requested (0 = none asked for)
     fencing_token: str = ""  # the attempt's; an agent runs it only while the head lists it with this token
+    # A service's port (GPUPOOL_PORT), chosen by control; a backend that knows its nodes' ports better (the
+    # agents' ranges) chooses another. 0: not a service.
+    service_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,8 @@ class Handle:
 
     pid: int
     start_time: float
+    # A service's address, "host:port" (rank 0's node and its GPUPOOL_PORT); "" for a job.
+    endpoint: str = ""
 
 
 class Phase(Enum):

@@ -56,7 +56,10 @@ class LocalBackend:
                 )
             except OSError as exc:
                 raise LaunchError(f"cannot start the attempt: {exc}") from exc
-        handle = Handle(proc.pid, _start_time(proc.pid) or 0.0)
+        endpoint = ""
+        if launch.service_port:
+            endpoint = f"{launch.env.get('GPUPOOL_MASTER_ADDR') or '127.0.0.1'}:{launch.service_port}"
+        handle = Handle(proc.pid, _start_time(proc.pid) or 0.0, endpoint)
         (launch.run_dir / "pid").write_text(f"{handle.pid} {handle.start_time!r}\n")
         with self._lock:
             self._children[proc.pid] = proc

@@ -357,7 +357,8 @@ class SlurmBackend:
             self._slots[job_id] = slots
         self._release(taken=slots)  # this job is pending in Slurm: the jobs whose GPUs it takes let go
         log.info("event=slurm_submitted workload=%d job=%s nodes=%s", launch.workload_id, job_id, args[3])
-        return Handle(int(job_id), 0.0)
+        endpoint = f"{self._address(pods[0].node)}:{launch.service_port}" if launch.service_port else ""
+        return Handle(int(job_id), 0.0, endpoint)
 
     def _gres(self, pod: Pod) -> str:
         count = len(pod.gpu_indices)
@@ -371,11 +372,13 @@ class SlurmBackend:
         kind = wanted.pop() if len(wanted) == 1 else ""
         return f"gpu:{kind}:{count}" if kind else f"gpu:{count}"
 
+    def _address(self, name: str) -> str:
+        """Node `name`'s address as Slurm gives it (NodeAddr), else its name."""
+        node = self._nodes.get(name)
+        return node.address if node is not None else name
+
     def _gang_environment(self, pods: tuple[Pod, ...]) -> dict[str, str]:
-        addresses = []
-        for pod in pods:
-            node = self._nodes.get(pod.node)
-            addresses.append(node.address if node is not None else pod.node)
+        addresses = [self._address(pod.node) for pod in pods]
         return {
             "GPUPOOL_NUM_NODES": str(len(pods)),
             "NNODES": str(len(pods)),

@@ -243,7 +243,8 @@ def ps(
 @app.command()
 def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
     """Everything about one workload: spec, attempts, history, and why it is pending."""
-    w = client().workload(workload_id)
+    c = client()
+    w = c.workload(workload_id)
     if as_json:
         print_json(w)
         return
@@ -255,6 +256,11 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     if w["reason"]:
         label = "why pending" if w["state"] == "pending" else "reason"
         console.print(f"  {label}: {w['reason']}")
+    if w.get("endpoint"):
+        console.print(f"  endpoint: http://{w['endpoint']}  (listens on $GPUPOOL_PORT)")
+        console.print(
+            f"  through the head: {c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/  (with the token)"
+        )
     console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:

@@ -48,6 +48,7 @@ def job_environment(
     num_nodes: int = 1,
     node_rank: int = 0,
     node_ips: list[str] | None = None,
+    service_port: int = 0,
 ) -> dict[str, str]:
     env = {k: v for k, v in base.items() if not k.startswith(_PRIVATE_PREFIXES)}
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
@@ -73,6 +74,8 @@ def job_environment(
             "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
         }
     )
+    if service_port:
+        env["GPUPOOL_PORT"] = str(service_port)  # a service listens here; the head's proxy reaches it here
     return env
 
 

@@ -27,3 +27,10 @@ class Conflict(ServiceError):
 class Invalid(ServiceError):
     status = 422
     code = "invalid"
+
+
+class Unavailable(ServiceError):
+    """The thing asked for exists but cannot serve now (a service with no running attempt): try again."""
+
+    status = 503
+    code = "unavailable"

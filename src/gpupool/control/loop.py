@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from gpupool import scheduler
 from gpupool.backends.base import Backend, Launch, LaunchError, Pod
 from gpupool.control import contract, inventory
-from gpupool.control.lifecycle import FAILED, PENDING, RUNNING, transition
+from gpupool.control.lifecycle import FAILED, PENDING, RUNNING, SERVICE, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.observe import Observation
 from gpupool.control.policy import BandNotes, load_policy, reword_preemptions
@@ -353,6 +353,7 @@ class Reconciler(Observation, SnapshotBuilding):
             started = s.get(Attempt, launch.attempt_id)
             assert started is not None
             started.pid, started.pid_start_time = handle.pid, handle.start_time
+            started.endpoint = handle.endpoint
         log.info(
             "event=attempt_started workload=%d attempt=%d node=%s gpus=%s pid=%d",
             bind.workload_id,
@@ -371,6 +372,7 @@ class Reconciler(Observation, SnapshotBuilding):
         if not spec.get("workdir"):
             workdir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir = contract.checkpoint_dir_for(spec, workdir, home, workload.id)
+        service_port = contract.free_port() if workload.kind == SERVICE else 0
         env = contract.job_environment(
             base=contract.server_environment(),
             spec=spec,
@@ -382,6 +384,7 @@ class Reconciler(Observation, SnapshotBuilding):
             checkpoint_dir=checkpoint_dir,
             node_address=self.settings.node_address,
             master_port=contract.free_port(),
+            service_port=service_port,
         )
         try:
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -400,6 +403,7 @@ class Reconciler(Observation, SnapshotBuilding):
             cpus=attempt.cpus,
             memory_bytes=attempt.memory_bytes,
             fencing_token=attempt.fencing_token,
+            service_port=service_port,
         )
 
     def _explain(self, explanations: dict[int, scheduler.Explanation]) -> None:

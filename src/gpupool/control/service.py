@@ -14,8 +14,17 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent_records import rank_log_path
-from gpupool.control.errors import Conflict, Invalid, NotFound
-from gpupool.control.lifecycle import ACTIVE, CANCELLED, PENDING, RUNNING, STATES, TERMINAL, transition
+from gpupool.control.errors import Conflict, Invalid, NotFound, Unavailable
+from gpupool.control.lifecycle import (
+    ACTIVE,
+    CANCELLED,
+    PENDING,
+    RUNNING,
+    SERVICE,
+    STATES,
+    TERMINAL,
+    transition,
+)
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
 from gpupool.gpu.catalog import families
@@ -256,6 +265,7 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "reason": attempt.reason,
         "log_path": attempt.log_path,
         "pods": list(attempt.pods or []),
+        "endpoint": attempt.endpoint or None,
         "started_at": _iso(attempt.started_at),
         "finished_at": _iso(attempt.finished_at),
     }
@@ -285,6 +295,8 @@ def workload_view(workload: Workload, *, detail: bool = False, live: Live | None
         "nodes": workload.nodes,
         "node": last.node_name if running and last else None,
         "gpu_indices": list(last.gpu_indices) if running and last else [],
+        # a running service's address, "host:port"; the head proxies to it (see `service_endpoint`)
+        "endpoint": (last.endpoint or None) if running and last else None,
         "attempts": len(workload.attempts),
         "restarts": workload.restarts,
         "exit_code": workload.exit_code,
@@ -374,6 +386,35 @@ def _load(s: Session, workload_id: int) -> Workload:
     if workload is None:
         raise NotFound(f"no workload with id {workload_id}; list them with `gpupool ps --all`")
     return workload
+
+
+def service_endpoint(store: Store, workload_id: int) -> tuple[str, str]:
+    """A running service's address ("host:port") and how to name it in messages, for the head's proxy;
+    a clear refusal when there is none to reach: not a service, ended, or not running now."""
+    with store.read() as s:
+        workload = _load(s, workload_id)
+        name = f"service {workload.name} (workload {workload.id})"
+        if workload.kind != SERVICE:
+            raise Conflict(
+                f"workload {workload.id} ({workload.name}) is a job; only a service has an endpoint to reach "
+                "through the proxy: submit it with kind: service (or `gpupool run --service`)",
+                field="kind",
+            )
+        if workload.state in TERMINAL:
+            raise Conflict(f"{name} has ended ({workload.state}) and runs no more: submit it again")
+        last = workload.attempts[-1] if workload.attempts else None
+        if workload.state != RUNNING or last is None or last.state != RUNNING:
+            why = f": {workload.reason}" if workload.reason and workload.state == PENDING else ""
+            raise Unavailable(
+                f"{name} is {workload.state}{why}; it has no running attempt to proxy to yet: try again "
+                f"when `gpupool show {workload.id}` says running"
+            )
+        if not last.endpoint:
+            raise Unavailable(
+                f"{name}: attempt {last.number} started before gpupool recorded service endpoints; it gets "
+                "one when it starts again"
+            )
+        return last.endpoint, f"{name}, attempt {last.number} on {last.node_name} at {last.endpoint}"
 
 
 def get_workload(store: Store, workload_id: int, live: Live | None = None) -> dict[str, Any]:

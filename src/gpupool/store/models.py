@@ -191,6 +191,8 @@ class Attempt(Base):
     # One placement per rank (NODE_RANK order): [{"node", "gpu_indices", "gpu_fraction"}]; [] for attempts
     # recorded before ranks were (their one pod is node_name/gpu_indices).
     pods: Mapped[list[Any] | None] = mapped_column(JSON, default=list, nullable=True)
+    # A service's address while it runs, "host:port" (rank 0's node and its GPUPOOL_PORT); "" for a job.
+    endpoint: Mapped[str] = mapped_column(String(300), default="", server_default="")
 
     workload: Mapped[Workload] = relationship(back_populates="attempts")
 

@@ -13,7 +13,7 @@ from gpupool.backends.agent_records import BadRegistration
 from gpupool.backends.base import Handle, Launch, LaunchError, Pod
 
 
-def _launch(tmp_path: Path, attempt_id: int, nodes: tuple[str, ...]) -> Launch:
+def _launch(tmp_path: Path, attempt_id: int, nodes: tuple[str, ...], service_port: int = 0) -> Launch:
     run_dir = tmp_path / "runs" / str(attempt_id)
     return Launch(
         attempt_id=attempt_id,
@@ -26,6 +26,7 @@ def _launch(tmp_path: Path, attempt_id: int, nodes: tuple[str, ...]) -> Launch:
         log_path=run_dir / "attempt-0.log",
         pods=tuple(Pod(node, (0,), 1.0) for node in nodes),
         fencing_token=f"token-{attempt_id}",
+        service_port=service_port,
     )
 
 
@@ -69,6 +70,33 @@ def test_a_restarted_head_keeps_the_ports_of_the_attempts_it_adopts(tmp_path: Pa
     after.status(Handle(1, 0.0), tmp_path / "runs" / "1")  # re-adopted from its run dir, as recover() does
     after.start(_launch(tmp_path, 2, ("a",)))
     assert _record(tmp_path, 2)["master_port"] == 40001
+
+
+def test_a_service_listens_on_a_port_of_its_own_from_the_range_and_its_endpoint_names_it(
+    tmp_path: Path,
+) -> None:
+    backend = AgentBackend()
+    backend.register("a", {"rendezvous_ports": [40000, 40003]}, "10.0.0.1")
+    # the head's choice of GPUPOOL_PORT (1) is one a node cannot honour: rank 0's range decides
+    handle = backend.start(_launch(tmp_path, 1, ("a",), service_port=1))
+    record = _record(tmp_path, 1)
+    assert (record["master_port"], record["service_port"]) == (40000, 40001)
+    assert record["launches"][0]["env"]["GPUPOOL_PORT"] == "40001"
+    assert handle.endpoint == "10.0.0.1:40001"
+
+    job = backend.start(_launch(tmp_path, 2, ("a",)))
+    assert job.endpoint == "" and "GPUPOOL_PORT" not in _record(tmp_path, 2)["launches"][0]["env"]
+    assert _record(tmp_path, 2)["master_port"] == 40002
+
+    # a restarted head holds the service's port too
+    after = AgentBackend()
+    after.register("a", {"rendezvous_ports": [40000, 40003]}, "10.0.0.1")
+    after.status(Handle(1, 0.0), tmp_path / "runs" / "1")
+    after.status(Handle(2, 0.0), tmp_path / "runs" / "2")
+    after.start(_launch(tmp_path, 3, ("a",)))
+    assert _record(tmp_path, 3)["master_port"] == 40003
+    with pytest.raises(LaunchError, match="wider --rendezvous-ports"):
+        after.start(_launch(tmp_path, 4, ("a",)))
 
 
 @pytest.mark.parametrize(

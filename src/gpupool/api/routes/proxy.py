@@ -1,0 +1,121 @@
+"""/api/v1/workloads/{id}/proxy/...: a service reached through the head, at an address that stays the same
+while the service starts again on another port or node.
+
+The request goes, with its method, path below `proxy/`, query, headers and body, to the address the
+service's running attempt listens on (`GPUPOOL_PORT` on rank 0's node); the answer comes back streamed, so
+server-sent events and long downloads pass as they come. The head's own bearer token is checked like any
+API call and is not passed on. See docs/services.md.
+"""
+
+from __future__ import annotations
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from gpupool.api.errors import ApiError
+from gpupool.control import service
+
+router = APIRouter(prefix="/workloads", tags=["services"])
+
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+# Not passed on: hop-by-hop headers (RFC 9110, 7.6.1), the head's own credentials, and the host (the
+# client library names the service's). Content-Length is kept: a body is streamed on with its length.
+DROPPED_REQUEST = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+     "transfer-encoding", "upgrade", "host", "authorization"}
+)  # fmt: skip
+# The head's server writes its own Date and Server headers: the service's would come twice.
+DROPPED_RESPONSE = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+     "transfer-encoding", "upgrade", "date", "server"}
+)  # fmt: skip
+TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0)
+
+
+def _client(request: Request) -> httpx.AsyncClient:
+    """The app's one client for proxied requests (its connections are kept and reused); made at first use,
+    closed with the app."""
+    state = request.app.state
+    client: httpx.AsyncClient | None = getattr(state, "proxy_client", None)
+    if client is None:
+        client = state.proxy_client = httpx.AsyncClient(
+            timeout=TIMEOUT, follow_redirects=False, trust_env=False
+        )
+    return client
+
+
+def _rest_of_path(request: Request, workload_id: int) -> str:
+    """The path below `proxy/` as the client wrote it (still percent-encoded), with its query."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    path = raw.decode("latin-1")
+    at = path.find("/proxy/", len("/api/v1/workloads/"))
+    rest = path[at + len("/proxy") :] if at >= 0 else "/"
+    query = request.url.query
+    return f"{rest}?{query}" if query else rest
+
+
+@router.api_route(
+    "/{workload_id}/proxy",
+    methods=METHODS,
+    include_in_schema=False,
+)
+def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
+    query = request.url.query
+    return RedirectResponse(
+        f"/api/v1/workloads/{workload_id}/proxy/" + (f"?{query}" if query else ""), status_code=307
+    )
+
+
+@router.api_route(
+    "/{workload_id}/proxy/{path:path}",
+    methods=METHODS,
+    summary="Reach a running service: the request is passed to it, its answer streamed back",
+    response_class=Response,
+)
+async def proxy(request: Request, workload_id: int, path: str) -> Response:
+    endpoint, described = await run_in_threadpool(
+        service.service_endpoint, request.app.state.runtime.store, workload_id
+    )
+    headers = [
+        (name, value)
+        for name, value in request.headers.raw
+        if name.decode("latin-1").lower() not in DROPPED_REQUEST
+    ]
+    client_host = request.client.host if request.client is not None else ""
+    headers.append((b"x-forwarded-for", client_host.encode("latin-1")))
+    headers.append((b"x-forwarded-prefix", f"/api/v1/workloads/{workload_id}/proxy".encode()))
+    has_body = "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
+    client = _client(request)
+    outgoing = client.build_request(
+        request.method,
+        f"http://{endpoint}{_rest_of_path(request, workload_id)}",
+        headers=headers,
+        content=request.stream() if has_body else None,
+    )
+    try:
+        answer = await client.send(outgoing, stream=True)
+    except httpx.TimeoutException as exc:
+        raise ApiError(
+            504, "gateway_timeout", f"{described} did not answer in time ({type(exc).__name__})"
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ApiError(
+            502,
+            "bad_gateway",
+            f"{described} could not be reached ({exc or type(exc).__name__}); the service must listen on "
+            "$GPUPOOL_PORT on all of its node's addresses (0.0.0.0), or on 127.0.0.1 when the head runs "
+            "it on its own machine",
+        ) from exc
+    kept = [
+        (name, value)
+        for name, value in answer.headers.raw
+        if name.decode("latin-1").lower() not in DROPPED_RESPONSE
+    ]
+    response = StreamingResponse(
+        answer.aiter_raw(), status_code=answer.status_code, background=BackgroundTask(answer.aclose)
+    )
+    response.raw_headers = [(n.lower(), v) for n, v in kept]
+    return response

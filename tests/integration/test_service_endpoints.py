@@ -1,0 +1,220 @@
+"""A service listens on $GPUPOOL_PORT and is reached through the head at one address that follows it when
+it starts again on another port: a real server, a real HTTP service in a real process, real requests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.agent import start_pool
+from tests.support.server import ServerProcess
+
+# An HTTP service: it answers every request with what it received, and the attempt that received it.
+ECHO = """
+import http.server, json, os, time
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def stream(self):  # one event now, the next once the file "gate" exists in the workdir
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in (b"data: first\\n\\n", b"data: second\\n\\n"):
+            self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(event), event))
+            self.wfile.flush()
+            while not os.path.exists("gate"):
+                time.sleep(0.05)
+        self.wfile.write(b"0\\r\\n\\r\\n")
+
+    def answer(self):
+        if self.path == "/events":
+            return self.stream()
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        out = json.dumps({
+            "method": self.command, "path": self.path, "body": body,
+            "attempt": os.environ["GPUPOOL_ATTEMPT"], "port": os.environ["GPUPOOL_PORT"],
+            "authorization": self.headers.get("Authorization"), "x_test": self.headers.get("X-Test"),
+            "forwarded_prefix": self.headers.get("X-Forwarded-Prefix"),
+        }).encode()
+        self.send_response(404 if self.path.startswith("/missing") else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.send_header("X-Service", "echo")
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = do_DELETE = answer
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), Echo).serve_forever()
+"""
+
+
+def _proxy(workload_id: int, rest: str = "") -> str:
+    return f"/api/v1/workloads/{workload_id}/proxy/{rest}"
+
+
+def _answer(client: httpx.Client, url: str, attempt: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The service's echo of GET `url` once attempt `attempt` answers it (it needs a moment to listen)."""
+    deadline = time.time() + timeout
+    while True:
+        response = client.get(url, headers={"X-Test": "passed on"})
+        if response.status_code == 200 and response.json()["attempt"] == attempt:
+            assert response.headers["x-service"] == "echo"
+            return dict(response.json())
+        assert response.status_code in (200, 502, 503), response.text
+        assert time.time() < deadline, (
+            f"attempt {attempt} never answered: {response.status_code} {response.text}"
+        )
+        time.sleep(0.1)
+
+
+def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp_path: Path) -> None:
+    (tmp_path / "echo.py").write_text(ECHO)
+    server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "0"]).start()
+    try:
+        created = server.submit(
+            {
+                "kind": "service",
+                "name": "echo",
+                "resources": {"gpu": 1},
+                "workdir": str(tmp_path),
+                "commands": [f"exec {sys.executable} echo.py"],
+            }
+        )
+        sid = created["id"]
+        with server.http() as client:
+            first = _answer(client, _proxy(sid, "hello/world?x=1&y=two%20words"), "0")
+            assert first["method"] == "GET"
+            assert first["path"] == "/hello/world?x=1&y=two%20words"
+            assert first["x_test"] == "passed on"
+            assert first["authorization"] is None, "the head's token must not reach the service"
+            assert first["forwarded_prefix"] == f"/api/v1/workloads/{sid}/proxy"
+
+            shown = server.workload(sid)
+            assert shown["endpoint"] == f"127.0.0.1:{first['port']}"
+            assert shown["attempt_list"][0]["endpoint"] == shown["endpoint"]
+
+            posted = client.post(_proxy(sid, "v1/generate"), json={"prompt": "hi"})
+            assert posted.status_code == 200, posted.text
+            assert posted.json()["method"] == "POST"
+            assert posted.json()["body"] == '{"prompt":"hi"}'
+
+            # the service's own answers pass as they are, errors included
+            missing = client.get(_proxy(sid, "missing"))
+            assert missing.status_code == 404 and missing.json()["path"] == "/missing"
+            root = client.get(f"/api/v1/workloads/{sid}/proxy", follow_redirects=True)
+            assert root.status_code == 200 and root.json()["path"] == "/"
+
+            # an answer is streamed as the service writes it: the first event arrives while the service
+            # still holds back the second (a buffering proxy would time out here)
+            with client.stream("GET", _proxy(sid, "events"), timeout=10) as events:
+                assert events.headers["content-type"] == "text/event-stream"
+                parts = events.iter_text()
+                assert next(parts) == "data: first\n\n"
+                (tmp_path / "gate").touch()
+                assert "".join(parts) == "data: second\n\n"
+
+            # killed, it starts again on a port of its own; the address through the head stays
+            pid = shown["attempt_list"][0]["pid"]
+            os.killpg(pid, signal.SIGKILL)
+            second = _answer(client, _proxy(sid, "again"), "1")
+            assert second["path"] == "/again"
+            assert server.workload(sid)["endpoint"] == f"127.0.0.1:{second['port']}"
+
+            shown_text = server.cli("show", str(sid), check=True).stdout
+            assert f"endpoint: http://127.0.0.1:{second['port']}" in shown_text
+            assert f"/api/v1/workloads/{sid}/proxy/" in shown_text
+
+        with server.http(token=None) as anonymous:
+            refused = anonymous.get(_proxy(sid, "hello"))
+            assert refused.status_code == 401, refused.text
+
+        with server.http() as client:
+            assert client.post(f"/api/v1/workloads/{sid}/cancel").status_code == 202
+            server.wait_for(sid, timeout=30)
+            ended = client.get(_proxy(sid, "hello"))
+            assert ended.status_code == 409, ended.text
+            assert "has ended (cancelled)" in ended.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_the_proxy_refuses_jobs_unknown_ids_and_services_that_do_not_listen(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        job = server.submit({"name": "batch", "commands": ["sleep 30"], "resources": {"gpu": 1}})
+        deaf = server.submit(
+            {"kind": "service", "name": "deaf", "commands": ["sleep 60"], "resources": {"gpu": 1}}
+        )
+        server.wait_for(deaf["id"], states=("running",))
+        with server.http() as client:
+            refused = client.get(_proxy(job["id"], "x"))
+            assert refused.status_code == 409, refused.text
+            error = refused.json()["error"]
+            assert "is a job; only a service has an endpoint" in error["message"]
+            assert error["field"] == "kind"
+
+            unknown = client.get(_proxy(999_999, "x"))
+            assert unknown.status_code == 404 and "no workload with id 999999" in unknown.text
+
+            silent = client.get(_proxy(deaf["id"], "x"))
+            assert silent.status_code == 502, silent.text
+            message = silent.json()["error"]["message"]
+            assert "service deaf" in message and "must listen on $GPUPOOL_PORT" in message
+            assert server.workload(job["id"])["endpoint"] is None
+            assert server.workload(deaf["id"])["endpoint"].startswith("127.0.0.1:")
+    finally:
+        server.stop()
+
+
+def test_a_pending_service_is_unavailable_with_the_reason(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        big = server.submit(
+            {"kind": "service", "name": "big", "commands": ["sleep 60"], "resources": {"gpu": 64}}
+        )
+        server.wait_for_reason(big["id"])
+        with server.http() as client:
+            waiting = client.get(_proxy(big["id"], "x"))
+            assert waiting.status_code == 503, waiting.text
+            message = waiting.json()["error"]["message"]
+            assert "service big" in message and "is pending" in message and "gpupool show" in message
+    finally:
+        server.stop()
+
+
+def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reached_through_the_head(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "echo.py").write_text(ECHO)
+    pool = start_pool(tmp_path, 1, gpus="sim:2xH100")
+    server = pool.server
+    try:
+        created = server.submit(
+            {
+                "kind": "service",
+                "name": "echo",
+                "resources": {"gpu": 1},
+                "workdir": str(tmp_path),
+                "commands": [f"exec {sys.executable} echo.py"],
+            }
+        )
+        with server.http() as client:
+            answer = _answer(client, _proxy(created["id"], "on/agent"), "0")
+        assert answer["path"] == "/on/agent"
+        low, high = map(int, pool.agent("agent-0").rendezvous_ports.split("-"))
+        assert low <= int(answer["port"]) <= high, "GPUPOOL_PORT comes from the node's --rendezvous-ports"
+        assert server.workload(created["id"])["endpoint"] == f"127.0.0.1:{answer['port']}"
+    finally:
+        pool.stop()
