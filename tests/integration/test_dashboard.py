@@ -105,7 +105,9 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
         {"name": "train", "queue": "nlp", "resources": {"gpu": 2}, "commands": ["sleep 60"]}
     )
     huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
+    web = server.submit({"kind": "service", "name": "web", "resources": {"gpu": 1}, "commands": ["sleep 60"]})
     server.wait_for(running["id"], ("running",))
+    endpoint = server.wait_for(web["id"], ("running",))["endpoint"]
     server.wait_for_reason(huge["id"])
     url = server.cli("ui", check=True).stdout.strip()
     assert url == f"{server.url}/ui#token={server.token}"
@@ -117,10 +119,12 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     assert nlp[:4] == ["nlp", "2", "2", "2"]  # quota, fair share, allocated
     assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "2 / 8"]
     train = shown.rows[("workload", str(running["id"]))]
-    assert train[1:7] == ["train", "job", "nlp", "running", "2", "node-1"]
+    assert train[1:7] == ["train", "job", "nlp", "running", "2", "node-1"] and train[8] == ""
+    service = shown.rows[("workload", str(web["id"]))]
+    assert service[2] == "service" and service[8] == endpoint and endpoint.startswith("127.0.0.1:")
     waiting = shown.rows[("workload", str(huge["id"]))]
-    assert waiting[4] == "pending" and "can never fit this pool" in waiting[8]
-    server.cli("cancel", str(running["id"]), str(huge["id"]), check=True)
+    assert waiting[4] == "pending" and "can never fit this pool" in waiting[9]
+    server.cli("cancel", str(running["id"]), str(huge["id"]), str(web["id"]), check=True)
 
 
 def test_a_refused_token_says_so_and_shows_no_pool(
