@@ -117,7 +117,7 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     assert not "".join(shown.text).strip(), shown.text
     nlp = shown.rows[("queue", "nlp")]
     assert nlp[:4] == ["nlp", "2", "2", "2"]  # quota, fair share, allocated
-    assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "2 / 8"]
+    assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "3 / 8"]  # train and web
     train = shown.rows[("workload", str(running["id"]))]
     assert train[1:7] == ["train", "job", "nlp", "running", "2", "node-1"] and train[8] == ""
     service = shown.rows[("workload", str(web["id"]))]
