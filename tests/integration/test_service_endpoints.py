@@ -34,9 +34,16 @@ class Echo(http.server.BaseHTTPRequestHandler):
                 time.sleep(0.05)
         self.wfile.write(b"0\\r\\n\\r\\n")
 
+    def health(self):  # ready once the file "ready" exists in the workdir
+        self.send_response(200 if os.path.exists("ready") else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def answer(self):
         if self.path == "/events":
             return self.stream()
+        if self.path == "/health":
+            return self.health()
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
         out = json.dumps({
             "method": self.command, "path": self.path, "body": body,
@@ -218,3 +225,70 @@ def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reach
         assert server.workload(created["id"])["endpoint"] == f"127.0.0.1:{answer['port']}"
     finally:
         pool.stop()
+
+
+def test_a_service_with_a_readiness_probe_is_reached_only_once_the_probe_answers_2xx(tmp_path: Path) -> None:
+    (tmp_path / "echo.py").write_text(ECHO)
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        created = server.submit(
+            {
+                "kind": "service",
+                "name": "slow-start",
+                "resources": {"gpu": 1},
+                "workdir": str(tmp_path),
+                "readiness_probe": "/health",
+                "commands": [f"exec {sys.executable} echo.py"],
+            }
+        )
+        sid = created["id"]
+        # running, listening, and answering /health with 503: not ready, and the proxy says why
+        w = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
+        assert w["state"] == "running" and w["ready"] is False
+        with server.http() as client:
+            refused = client.get(_proxy(sid, "hello"))
+            assert refused.status_code == 503, refused.text
+            message = refused.json()["error"]["message"]
+            assert "service slow-start" in message and "is not ready" in message
+            assert "GET /health answered 503" in message and "answers 2xx or 3xx" in message
+            assert "ready: no (GET /health answered 503)" in server.cli("show", str(sid), check=True).stdout
+
+            (tmp_path / "ready").touch()
+            w = _wait_for(server, sid, lambda w: w["ready"] is True)
+            assert w["readiness"] == "GET /health answered 200"
+            passed = client.get(_proxy(sid, "hello"))
+            assert passed.status_code == 200 and passed.json()["path"] == "/hello"
+            listed = {x["id"]: x for x in client.get("/api/v1/workloads").json()}
+            assert listed[sid]["ready"] is True
+    finally:
+        server.stop()
+
+
+def test_a_readiness_probe_on_a_job_or_not_a_path_is_refused_with_the_fix(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        with server.http() as client:
+            job = client.post("/api/v1/workloads", json={"commands": ["true"], "readiness_probe": "/health"})
+            assert job.status_code == 422, job.text
+            assert job.json()["error"]["field"] == "readiness_probe"
+            assert "applies to services only" in job.json()["error"]["message"]
+            bad = client.post(
+                "/api/v1/workloads",
+                json={"kind": "service", "commands": ["true"], "readiness_probe": "health"},
+            )
+            assert bad.status_code == 422 and "starts with /" in bad.json()["error"]["message"]
+            assert client.get("/api/v1/workloads", params={"all": True}).json() == []
+        refused = server.cli("run", "--readiness-probe", "/health", "--", "true")
+        assert refused.returncode != 0 and "applies to services only" in refused.stderr
+    finally:
+        server.stop()
+
+
+def _wait_for(server: ServerProcess, workload_id: int, done: Any, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    while True:
+        w = server.workload(workload_id)
+        if done(w):
+            return w
+        assert time.time() < deadline, f"workload {workload_id}: still waiting after {timeout}s: {w}"
+        time.sleep(0.1)

@@ -15,6 +15,7 @@ from gpupool.control.health import HealthMonitor
 from gpupool.control.health_state import AgentNodes
 from gpupool.control.loop import Reconciler
 from gpupool.control.metrics import Metrics
+from gpupool.control.readiness import ReadinessProber
 from gpupool.control.restarts import DEFAULT_BASE
 from gpupool.control.settings import ControlSettings
 from gpupool.control.telemetry import SAVED_FROM, StoreAllocations, TelemetryCache
@@ -96,6 +97,8 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._health_thread: threading.Thread | None = None
         self._save_thread: threading.Thread | None = None
+        self.readiness = ReadinessProber(self.store)
+        self._readiness_thread: threading.Thread | None = None
 
     def _open_backend(self) -> Backend:
         if self.settings.backend == "agent":
@@ -145,6 +148,10 @@ class Runtime:
             daemon=True,
         )  # fmt: skip
         self._save_thread.start()
+        self._readiness_thread = threading.Thread(
+            target=self.readiness.run, args=(self._stop,), name="readiness", daemon=True
+        )
+        self._readiness_thread.start()
         log.info(
             "event=control_started backend=%s node=%s gpus=%s",
             self.backend.name,
@@ -165,6 +172,8 @@ class Runtime:
             self._health_thread.join(timeout=10)
         if self._save_thread is not None:
             self._save_thread.join(timeout=10)
+        if self._readiness_thread is not None:
+            self._readiness_thread.join(timeout=10)
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()

@@ -133,6 +133,12 @@ def run(
     service: bool = typer.Option(
         False, "--service", help="run it as a service: started again whenever it exits, until cancelled"
     ),
+    readiness_probe: str | None = typer.Option(
+        None,
+        "--readiness-probe",
+        help="with --service: a path, e.g. /health, that must answer 2xx or 3xx before the head's proxy "
+        "passes requests on",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
@@ -163,6 +169,8 @@ def run(
         data["placement"] = {"nodes": node}
     if env:
         data["env"] = _env_pairs(env)
+    if readiness_probe is not None:
+        data["readiness_probe"] = readiness_probe
     parse_workload_spec(data)
     _created(client().submit(data), as_json)
 
@@ -257,7 +265,10 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
         label = "why pending" if w["state"] == "pending" else "reason"
         console.print(f"  {label}: {w['reason']}")
     if w.get("endpoint"):
-        console.print(f"  endpoint: http://{w['endpoint']}  (listens on $GPUPOOL_PORT)")
+        ready = (
+            "" if w.get("ready") is None else f"  ready: {'yes' if w['ready'] else 'no'} ({w['readiness']})"
+        )
+        console.print(f"  endpoint: http://{w['endpoint']}  (listens on $GPUPOOL_PORT){ready}")
         console.print(
             f"  through the head: {c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/  (with the token)"
         )

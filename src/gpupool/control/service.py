@@ -25,6 +25,7 @@ from gpupool.control.lifecycle import (
     TERMINAL,
     transition,
 )
+from gpupool.control.readiness import Readiness
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
 from gpupool.gpu.catalog import families
@@ -272,14 +273,29 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
 
 
 Live = Mapping[int, Explanation]  # the control loop's latest explanation of each pending workload
+Ready = Mapping[int, Readiness]  # the readiness prober's last word on each running service with a probe
 
 
-def workload_view(workload: Workload, *, detail: bool = False, live: Live | None = None) -> dict[str, Any]:
+def _readiness_of(workload: Workload, last: Attempt | None, readiness: Ready | None) -> Readiness | None:
+    """The prober's word on `workload`'s running attempt (`last`); a not-ready one when it has said
+    nothing of that attempt yet."""
+    if last is None or last.state != RUNNING or not (workload.spec or {}).get("readiness_probe"):
+        return None
+    known = readiness.get(workload.id) if readiness is not None else None
+    if known is None or known.attempt != last.number:
+        return Readiness(last.number, False, "not probed yet")
+    return known
+
+
+def workload_view(
+    workload: Workload, *, detail: bool = False, live: Live | None = None, readiness: Ready | None = None
+) -> dict[str, Any]:
     last = workload.attempts[-1] if workload.attempts else None
     reason, reason_code = workload.reason, workload.reason_code
     if workload.state == PENDING and live is not None and workload.id in live:
         reason, reason_code = live[workload.id].message, live[workload.id].code
     running = last is not None and last.state == RUNNING
+    probed = _readiness_of(workload, last, readiness)  # None: no probe, or not running
     view: dict[str, Any] = {
         "id": workload.id,
         "name": workload.name,
@@ -297,6 +313,9 @@ def workload_view(workload: Workload, *, detail: bool = False, live: Live | None
         "gpu_indices": list(last.gpu_indices) if running and last else [],
         # a running service's address, "host:port"; the head proxies to it (see `service_endpoint`)
         "endpoint": (last.endpoint or None) if running and last else None,
+        # by its readiness probe (the proxy passes requests on only when true); null without a probe
+        "ready": probed.ready if probed is not None else None,
+        "readiness": probed.detail if probed is not None else None,
         "attempts": len(workload.attempts),
         "restarts": workload.restarts,
         "exit_code": workload.exit_code,
@@ -388,9 +407,10 @@ def _load(s: Session, workload_id: int) -> Workload:
     return workload
 
 
-def service_endpoint(store: Store, workload_id: int) -> tuple[str, str]:
+def service_endpoint(store: Store, workload_id: int, readiness: Ready | None = None) -> tuple[str, str]:
     """A running service's address ("host:port") and how to name it in messages, for the head's proxy;
-    a clear refusal when there is none to reach: not a service, ended, or not running now."""
+    a clear refusal when there is none to reach: not a service, ended, not running now, or not ready by
+    its readiness probe."""
     with store.read() as s:
         workload = _load(s, workload_id)
         name = f"service {workload.name} (workload {workload.id})"
@@ -414,13 +434,22 @@ def service_endpoint(store: Store, workload_id: int) -> tuple[str, str]:
                 f"{name}: attempt {last.number} started before gpupool recorded service endpoints; it gets "
                 "one when it starts again"
             )
+        probed = _readiness_of(workload, last, readiness)
+        if probed is not None and not probed.ready:
+            path = workload.spec["readiness_probe"]
+            raise Unavailable(
+                f"{name} is not ready: its readiness probe, for attempt {last.number}, {probed.detail}; the "
+                f"proxy passes requests on once GET {path} answers 2xx or 3xx"
+            )
         return last.endpoint, f"{name}, attempt {last.number} on {last.node_name} at {last.endpoint}"
 
 
-def get_workload(store: Store, workload_id: int, live: Live | None = None) -> dict[str, Any]:
+def get_workload(
+    store: Store, workload_id: int, live: Live | None = None, readiness: Ready | None = None
+) -> dict[str, Any]:
     with store.read() as s:
         workload = _load(s, workload_id)
-        view = workload_view(workload, detail=True, live=live)
+        view = workload_view(workload, detail=True, live=live, readiness=readiness)
         view["events"] = [
             {"at": _iso(e.at), "from": e.from_state, "to": e.to_state, "reason": e.reason, "actor": e.actor}
             for e in s.scalars(
@@ -441,6 +470,7 @@ def list_workloads(
     since: datetime | None = None,
     limit: int = 1000,
     live: Live | None = None,
+    readiness: Ready | None = None,
 ) -> list[dict[str, Any]]:
     """Workloads oldest first: the newest `limit` of those matching (submitted at or after `since`)."""
     if state is not None and state not in STATES:
@@ -455,7 +485,7 @@ def list_workloads(
             query = query.where(Workload.state.in_(ACTIVE))
         if queue is not None:
             query = query.where(Workload.queue == queue)
-        return [workload_view(w, live=live) for w in reversed(s.scalars(query).all())]
+        return [workload_view(w, live=live, readiness=readiness) for w in reversed(s.scalars(query).all())]
 
 
 def cancel(store: Store, workload_id: int, *, actor: str = "admin") -> dict[str, Any]:

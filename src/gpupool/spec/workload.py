@@ -49,6 +49,7 @@ RESERVED_ENV_NAMES: Final = frozenset(
 
 MAX_NODES: Final = 1024
 MAX_GRACE_PERIOD: Final = 3600.0
+MAX_PROBE_PATH: Final = 2000
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 FIELD_EXAMPLES: Final[dict[str, str]] = {
@@ -75,6 +76,7 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "max_duration": "12h",
     "grace_period": "30s",
     "placement": "{nodes: [node-3], topology: rack}",
+    "readiness_probe": "/health",
     "placement.nodes": "[node-3, node-4]",
     "placement.topology": "rack",
     "placement.topology_preferred": "zone",
@@ -298,6 +300,13 @@ class WorkloadSpec(BaseModel):
         description="Where it may run: named nodes, a topology domain its gang must (or should) share; "
         "default: anywhere.",
     )
+    readiness_probe: str | None = Field(
+        default=None,
+        max_length=MAX_PROBE_PATH,
+        description="Services only: a path the head asks for (GET) on the service's port every 2 s; the "
+        "head's proxy passes requests on only while it answers 2xx or 3xx, e.g. /health; default null: "
+        "no probe (requests pass as soon as the service runs).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -359,6 +368,14 @@ class WorkloadSpec(BaseModel):
                 "it, or use kind: job",
                 "{kind: service, commands: [python serve.py]}",
             )
+        if self.kind != "service" and self.readiness_probe is not None:
+            raise SpecError(
+                "readiness_probe",
+                self.readiness_probe,
+                "applies to services only (a job is not reached through the head's proxy): remove it, or "
+                "use kind: service",
+                "{kind: service, readiness_probe: /health, commands: [python serve.py]}",
+            )
         if self.max_duration is not None and self.max_duration <= 0:
             raise SpecError("max_duration", self.max_duration, "must be longer than 0 seconds", "")
         if self.grace_period > MAX_GRACE_PERIOD:
@@ -369,6 +386,20 @@ class WorkloadSpec(BaseModel):
                 "",
             )
         return self
+
+    @field_validator("readiness_probe")
+    @classmethod
+    def _probe_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and (
+            not value.startswith("/") or any(c.isspace() or not c.isprintable() for c in value)
+        ):
+            raise SpecError(
+                field_name(info, "readiness_probe"),
+                value,
+                "is not a path to ask the service for: it starts with / and holds no spaces",
+                "/health",
+            )
+        return value
 
     @field_validator("commands", mode="before", json_schema_input_type=str | list[str])
     @classmethod

@@ -76,8 +76,9 @@ def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
     response_class=Response,
 )
 async def proxy(request: Request, workload_id: int, path: str) -> Response:
+    runtime = request.app.state.runtime
     endpoint, described = await run_in_threadpool(
-        service.service_endpoint, request.app.state.runtime.store, workload_id
+        service.service_endpoint, runtime.store, workload_id, runtime.readiness.state
     )
     headers = [
         (name, value)

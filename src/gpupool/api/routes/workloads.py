@@ -39,14 +39,16 @@ def list_workloads(
     runtime = request.app.state.runtime
     return service.list_workloads(
         runtime.store, include_finished=all, state=state, queue=queue, since=since, limit=limit,
-        live=runtime.reconciler.explanations,
+        live=runtime.reconciler.explanations, readiness=runtime.readiness.state,
     )  # fmt: skip
 
 
 @router.get("/{workload_id}", summary="One workload with its attempts and history")
 def get_workload(request: Request, workload_id: int) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    return service.get_workload(runtime.store, workload_id, live=runtime.reconciler.explanations)
+    return service.get_workload(
+        runtime.store, workload_id, live=runtime.reconciler.explanations, readiness=runtime.readiness.state
+    )
 
 
 @router.post(
