@@ -3,6 +3,7 @@ it starts again on another port: a real server, a real HTTP service in a real pr
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -14,6 +15,8 @@ import httpx
 
 from tests.support.agent import start_pool
 from tests.support.server import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # An HTTP service: it answers every request with what it received, and the attempt that received it.
 ECHO = """
@@ -292,3 +295,19 @@ def _wait_for(server: ServerProcess, workload_id: int, done: Any, timeout: float
             return w
         assert time.time() < deadline, f"workload {workload_id}: still waiting after {timeout}s: {w}"
         time.sleep(0.1)
+
+
+def test_the_example_service_loads_then_answers_through_the_head(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        done = server.cli("submit", str(ROOT / "examples" / "services" / "serve.yaml"), "--json", check=True)
+        sid = json.loads(done.stdout)["id"]
+        loading = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
+        assert loading["ready"] is False
+        _wait_for(server, sid, lambda w: w["ready"] is True)
+        with server.http() as client:
+            answer = client.post(_proxy(sid, "v1/generate"), json={"prompt": "gpupool"})
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == {"text": "loopupg", "gpus": "0", "attempt": "0"}
+    finally:
+        server.stop()
