@@ -74,6 +74,14 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
         }
     )
     server.wait_for(job["id"], ("running",))
+    # two services with a readiness probe: one answers it, one never listens
+    web = server.submit(
+        {"kind": "service", "name": "web", "readiness_probe": "/", "workdir": str(job_dir),
+         "commands": ["exec python3 -m http.server $GPUPOOL_PORT"]}
+    )  # fmt: skip
+    deaf = server.submit(
+        {"kind": "service", "name": "deaf", "readiness_probe": "/health", "commands": ["sleep 60"]}
+    )
     # work that can never fit this pool (8 simulated GPUs) waits, and says why, in aggregate too
     too_big = server.submit({"queue": "nlp", "resources": {"gpu": 16}, "commands": ["true"]})
     assert server.wait_for_reason(too_big["id"])["reason_code"] == "too-large"
@@ -97,11 +105,13 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
     assert value('gpupool_queue_allocated_gpus{queue="nlp"}') == 2.0
     assert value('gpupool_workloads{state="running",queue="nlp"}') == 1.0
     assert value('gpupool_pending_workloads{queue="nlp",reason="too-large"}') == 1.0
+    assert value(f'gpupool_service_ready{{workload="{web["id"]}",name="web",queue="default"}} == 1') == 1.0
+    assert value(f'gpupool_service_ready{{workload="{deaf["id"]}",name="deaf",queue="default"}}') == 0.0
     assert value('gpupool_nodes{state="ready"}') == 1.0
     assert value('gpupool_node_health{node="node-1",health="healthy"}') == 1.0
     assert value("gpupool_scheduler_cycle_seconds_count") > 0
     assert value('gpupool_gpu_hours_total{queue="nlp"}') >= 0.0
-    server.cli("cancel", str(job["id"]), str(too_big["id"]), check=True)
+    server.cli("cancel", str(job["id"]), str(too_big["id"]), str(web["id"]), str(deaf["id"]), check=True)
 
     # Every query of the shipped Grafana dashboard is valid PromQL and finds series here.
     dashboard = json.loads((DOCS / "grafana" / "gpupool.json").read_text())

@@ -84,12 +84,14 @@ class Runtime:
             agents=self._agent_nodes(),
             wake=self._wake,
         )
+        self.readiness = ReadinessProber(self.store)
         self.metrics = Metrics(
             self.store,
             self.telemetry,
             self.health,
             lambda: self.reconciler.fair_shares,
             lambda: self.reconciler.explanations,
+            lambda: self.readiness.state,
         )
         self.reconciler.cycle_observer = self.metrics.cycle_seconds.observe
         self.reconciler.direct_binds = self.health.jobs.binds  # check jobs (control/health_jobs.py)
@@ -97,7 +99,6 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._health_thread: threading.Thread | None = None
         self._save_thread: threading.Thread | None = None
-        self.readiness = ReadinessProber(self.store)
         self._readiness_thread: threading.Thread | None = None
 
     def _open_backend(self) -> Backend:

@@ -20,7 +20,8 @@ from sqlalchemy import func, select
 
 from gpupool.control import bench, service
 from gpupool.control.health import HealthMonitor
-from gpupool.control.lifecycle import PENDING
+from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE
+from gpupool.control.readiness import Readiness
 from gpupool.control.retention import retired_gpu_hours
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
@@ -165,9 +166,11 @@ class PoolCollector(Collector):
         health: HealthMonitor | None,
         fair_shares: Callable[[], dict[str, dict[str, float]]],
         explanations: Callable[[], Mapping[int, Explanation]] = dict,
+        readiness: Callable[[], Mapping[int, Readiness]] = dict,
     ) -> None:
         self.store, self.telemetry, self.health, self.fair_shares = store, telemetry, health, fair_shares
         self.explanations = explanations  # the reconcile loop's latest reason for each pending workload
+        self.readiness = readiness  # the readiness prober's last word on each running service with a probe
         self._gpu_hours: tuple[float, dict[str, float]] | None = None
 
     def describe(self) -> list[Metric]:
@@ -265,9 +268,28 @@ class PoolCollector(Collector):
                 key = (queue, known.code if known is not None else stored or "unexplained")
                 reasons[key] = reasons.get(key, 0) + 1
             node_rows = s.execute(select(Node.name, Node.state, Node.state_reason).order_by(Node.name)).all()
+            services = s.execute(
+                select(Workload.id, Workload.name, Workload.queue, Workload.spec, Attempt.number)
+                .join(Attempt, Attempt.workload_id == Workload.id)
+                .where(Workload.kind == SERVICE, Workload.state == RUNNING, Attempt.state == RUNNING)
+                .order_by(Workload.id)
+            ).all()
         for (queue, reason), count in sorted(reasons.items()):
             waiting.add_metric([queue, reason], float(count))
         yield waiting
+        ready = GaugeMetricFamily(
+            "gpupool_service_ready",
+            "1 while a running service's readiness probe passes (the head's proxy passes requests on), "
+            "else 0; only services that declare a readiness_probe.",
+            labels=["workload", "name", "queue"],
+        )
+        probed = self.readiness()
+        for wid, name, queue, spec, attempt in services:
+            if (spec or {}).get("readiness_probe"):
+                word = probed.get(wid)
+                up = word is not None and word.attempt == attempt and word.ready
+                ready.add_metric([str(wid), name, queue], 1.0 if up else 0.0)
+        yield ready
         counts = dict.fromkeys(NODE_STATES, 0)
         for name, state, _ in node_rows:
             counts[state] = counts.get(state, 0) + 1
@@ -340,6 +362,7 @@ class Metrics:
         health: HealthMonitor | None,
         fair_shares: Callable[[], dict[str, dict[str, float]]],
         explanations: Callable[[], Mapping[int, Explanation]] = dict,
+        readiness: Callable[[], Mapping[int, Readiness]] = dict,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.cycle_seconds = Histogram(
@@ -348,4 +371,4 @@ class Metrics:
             buckets=CYCLE_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(PoolCollector(store, telemetry, health, fair_shares, explanations))
+        self.registry.register(PoolCollector(store, telemetry, health, fair_shares, explanations, readiness))

@@ -37,6 +37,9 @@ def fires(alert: str, labels: dict[str, str], value: str) -> list[dict[str, dict
 RESTARTING = "restart-backoff"
 CRASH_LOOP = 'gpupool_pending_workloads{queue="serve",reason="restart-backoff"}'
 RECOVERED = 'gpupool_pending_workloads{queue="batch",reason="restart-backoff"}'
+NOT_READY_LABELS = {"workload": "7", "name": "llm", "queue": "serve"}
+NOT_READY = 'gpupool_service_ready{workload="7",name="llm",queue="serve"}'
+SLOW_READY = 'gpupool_service_ready{workload="8",name="loads-slowly",queue="serve"}'
 
 TESTS = {
     "rule_files": [str(RULES)],
@@ -55,6 +58,9 @@ TESTS = {
                 {"series": 'gpupool_queue_quota_gpus{queue="gpupool-system"}', "values": "0x20"},
                 {"series": 'gpupool_queue_allocated_gpus{queue="gpupool-system"}', "values": "0x20"},
                 {"series": 'gpupool_queue_pending_gpus{queue="gpupool-system"}', "values": "8x20"},
+                # a service that never passes its readiness probe, and one that passes it after 10 minutes
+                {"series": NOT_READY, "values": "0x40"},
+                {"series": SLOW_READY, "values": "0x10 1x30"},
                 # a crash loop: waiting out its backoff, with short runs in between (0 at those scrapes)
                 {"series": CRASH_LOOP, "values": "1 1 0 1 1 1 0 1 1 1 0 1 1 1 0 1 1 1 0 1x30"},
                 # one that stopped crashing 15 minutes before the end
@@ -66,6 +72,12 @@ TESTS = {
                     "eval_time": "45m",
                     "alertname": "WorkCrashLooping",
                     "exp_alerts": fires("WorkCrashLooping", {"queue": "serve", "reason": RESTARTING}, "1"),
+                },
+                {"eval_time": "15m", "alertname": "ServiceNotReady", "exp_alerts": []},  # not yet 20 minutes
+                {
+                    "eval_time": "30m",
+                    "alertname": "ServiceNotReady",
+                    "exp_alerts": fires("ServiceNotReady", NOT_READY_LABELS, "0"),
                 },
                 {"eval_time": "3m", "alertname": "GpuTooHot", "exp_alerts": []},  # not yet 5 minutes
                 {"eval_time": "8m", "alertname": "GpuTooHot", "exp_alerts": fires("GpuTooHot", LABELS, "90")},
