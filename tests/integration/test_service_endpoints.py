@@ -70,6 +70,22 @@ http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), Ec
 """
 
 
+def _echo_service(server: ServerProcess, workdir: Path, **spec: Any) -> int:
+    """Submit the echo service (its program written into `workdir`); its id."""
+    (workdir / "echo.py").write_text(ECHO)
+    created = server.submit(
+        {
+            "kind": "service",
+            "name": "echo",
+            "resources": {"gpu": 1},
+            "workdir": str(workdir),
+            "commands": [f"exec {sys.executable} echo.py"],
+            **spec,
+        }
+    )
+    return int(created["id"])
+
+
 def _proxy(workload_id: int, rest: str = "") -> str:
     return f"/api/v1/workloads/{workload_id}/proxy/{rest}"
 
@@ -90,19 +106,9 @@ def _answer(client: httpx.Client, url: str, attempt: str, timeout: float = 30.0)
 
 
 def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp_path: Path) -> None:
-    (tmp_path / "echo.py").write_text(ECHO)
     server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "0"]).start()
     try:
-        created = server.submit(
-            {
-                "kind": "service",
-                "name": "echo",
-                "resources": {"gpu": 1},
-                "workdir": str(tmp_path),
-                "commands": [f"exec {sys.executable} echo.py"],
-            }
-        )
-        sid = created["id"]
+        sid = _echo_service(server, tmp_path)
         with server.http() as client:
             first = _answer(client, _proxy(sid, "hello/world?x=1&y=two%20words"), "0")
             assert first["method"] == "GET"
@@ -207,44 +213,24 @@ def test_a_pending_service_is_unavailable_with_the_reason(tmp_path: Path) -> Non
 def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reached_through_the_head(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "echo.py").write_text(ECHO)
     pool = start_pool(tmp_path, 1, gpus="sim:2xH100")
     server = pool.server
     try:
-        created = server.submit(
-            {
-                "kind": "service",
-                "name": "echo",
-                "resources": {"gpu": 1},
-                "workdir": str(tmp_path),
-                "commands": [f"exec {sys.executable} echo.py"],
-            }
-        )
+        sid = _echo_service(server, tmp_path)
         with server.http() as client:
-            answer = _answer(client, _proxy(created["id"], "on/agent"), "0")
+            answer = _answer(client, _proxy(sid, "on/agent"), "0")
         assert answer["path"] == "/on/agent"
         low, high = map(int, pool.agent("agent-0").rendezvous_ports.split("-"))
         assert low <= int(answer["port"]) <= high, "GPUPOOL_PORT comes from the node's --rendezvous-ports"
-        assert server.workload(created["id"])["endpoint"] == f"127.0.0.1:{answer['port']}"
+        assert server.workload(sid)["endpoint"] == f"127.0.0.1:{answer['port']}"
     finally:
         pool.stop()
 
 
 def test_a_service_with_a_readiness_probe_is_reached_only_once_the_probe_answers_2xx(tmp_path: Path) -> None:
-    (tmp_path / "echo.py").write_text(ECHO)
     server = ServerProcess(home=tmp_path / "home").start()
     try:
-        created = server.submit(
-            {
-                "kind": "service",
-                "name": "slow-start",
-                "resources": {"gpu": 1},
-                "workdir": str(tmp_path),
-                "readiness_probe": "/health",
-                "commands": [f"exec {sys.executable} echo.py"],
-            }
-        )
-        sid = created["id"]
+        sid = _echo_service(server, tmp_path, name="slow-start", readiness_probe="/health")
         # running, listening, and answering /health with 503: not ready, and the proxy says why
         w = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
         assert w["state"] == "running" and w["ready"] is False
