@@ -87,6 +87,7 @@ def server(
     from gpupool.store.db import Store, StoreError
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied request and readiness probe
     url = db or default_db_url()
     home = home_dir()
     # Everything that can refuse the start is checked before anything is created: the flags and the files

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 
 from gpupool.api.errors import ApiError
 from gpupool.control import service
@@ -23,6 +24,13 @@ class TokenCache:
     def __init__(self) -> None:
         self._seen: dict[str, tuple[str | None, float]] = {}
 
+    def recent(self, token: str) -> tuple[bool, str | None]:
+        """Whether a verdict on `token` is recent enough to use, and that verdict (its role, or None)."""
+        hit = self._seen.get(token)
+        if hit is not None and time.monotonic() - hit[1] < CACHE_SECONDS:
+            return True, hit[0]
+        return False, None
+
     def role(self, request: Request, token: str) -> str | None:
         now = time.monotonic()
         hit = self._seen.get(token)
@@ -35,7 +43,10 @@ class TokenCache:
         return role
 
 
-def require_token(request: Request) -> str:
+async def require_token(request: Request) -> str:
+    """The request's role by its bearer token. Run on the event loop: a token seen in the last seconds is
+    answered from memory, without the hop to a worker thread that a store read takes (a thread switch
+    costs the loop more than the check, docs/benchmarks.md#service-proxy)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
@@ -43,7 +54,9 @@ def require_token(request: Request) -> str:
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "unauthorized", f"malformed Authorization header: {_HINT}")
     cache: TokenCache = request.app.state.tokens
-    role = cache.role(request, token.strip())
+    known, role = cache.recent(token.strip())
+    if not known:
+        role = await run_in_threadpool(cache.role, request, token.strip())
     if role is None:
         raise ApiError(401, "unauthorized", "invalid token: it matches no token of this server")
     return role

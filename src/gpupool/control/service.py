@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -407,10 +408,19 @@ def _load(s: Session, workload_id: int) -> Workload:
     return workload
 
 
-def service_endpoint(store: Store, workload_id: int, readiness: Ready | None = None) -> tuple[str, str]:
-    """A running service's address ("host:port") and how to name it in messages, for the head's proxy;
-    a clear refusal when there is none to reach: not a service, ended, not running now, or not ready by
-    its readiness probe."""
+@dataclass(frozen=True, slots=True)
+class ServiceTarget:
+    """Where the head's proxy reaches a running service."""
+
+    endpoint: str  # "host:port"
+    described: str  # how messages name it: the service, its attempt, node and endpoint
+    attempt: int  # the running attempt's number
+    probed: bool  # it declares a readiness_probe: requests pass only while the prober says ready
+
+
+def service_endpoint(store: Store, workload_id: int, readiness: Ready | None = None) -> ServiceTarget:
+    """Where a running service listens, for the head's proxy; a clear refusal when there is none to
+    reach: not a service, ended, not running now, or not ready by its readiness probe."""
     with store.read() as s:
         workload = _load(s, workload_id)
         name = f"service {workload.name} (workload {workload.id})"
@@ -441,7 +451,8 @@ def service_endpoint(store: Store, workload_id: int, readiness: Ready | None = N
                 f"{name} is not ready: its readiness probe, for attempt {last.number}, {probed.detail}; the "
                 f"proxy passes requests on once GET {path} answers 2xx or 3xx"
             )
-        return last.endpoint, f"{name}, attempt {last.number} on {last.node_name} at {last.endpoint}"
+        described = f"{name}, attempt {last.number} on {last.node_name} at {last.endpoint}"
+        return ServiceTarget(last.endpoint, described, last.number, probed is not None)
 
 
 def get_workload(

@@ -9,6 +9,8 @@ API call and is not passed on. See docs/services.md.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -33,6 +35,11 @@ DROPPED_RESPONSE = frozenset(
      "transfer-encoding", "upgrade", "date", "server"}
 )  # fmt: skip
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0)
+# Where a service runs is read from the store at most once a TARGET_TTL seconds per service (and again at
+# once after its endpoint failed to answer, or its probe said not ready): a read in a worker thread costs
+# the event loop more than the request it serves (docs/benchmarks.md#service-proxy).
+TARGET_TTL = 1.0
+MAX_TARGETS = 10_000
 
 
 def _client(request: Request) -> httpx.AsyncClient:
@@ -57,6 +64,79 @@ def _rest_of_path(request: Request, workload_id: int) -> str:
     return f"{rest}?{query}" if query else rest
 
 
+async def _target(request: Request, workload_id: int) -> tuple[service.ServiceTarget, bool]:
+    """The service's target, and whether it is remembered: from the last second's read when the service
+    is still ready, else read from the store (which refuses, as `service.service_endpoint` says)."""
+    runtime = request.app.state.runtime
+    state = request.app.state
+    targets: dict[int, tuple[float, service.ServiceTarget]] | None = getattr(state, "proxy_targets", None)
+    if targets is None:
+        targets = state.proxy_targets = {}
+    hit = targets.get(workload_id)
+    now = time.monotonic()
+    if hit is not None and hit[0] > now:
+        known = hit[1]
+        word = runtime.readiness.state.get(workload_id) if known.probed else None
+        if not known.probed or (word is not None and word.attempt == known.attempt and word.ready):
+            return known, True
+    target: service.ServiceTarget = await run_in_threadpool(
+        service.service_endpoint, runtime.store, workload_id, runtime.readiness.state
+    )
+    if len(targets) >= MAX_TARGETS:
+        targets.clear()
+    targets[workload_id] = (now + TARGET_TTL, target)
+    return target, False
+
+
+async def _send(request: Request, workload_id: int, target: service.ServiceTarget) -> httpx.Response:
+    """The request passed on to `target`, its answer's head read (the body follows as it is streamed);
+    the service's failures to answer as the API's errors, the connection refused as httpx raises it."""
+    headers = [
+        (name, value)
+        for name, value in request.headers.raw
+        if name.decode("latin-1").lower() not in DROPPED_REQUEST
+    ]
+    client_host = request.client.host if request.client is not None else ""
+    headers.append((b"x-forwarded-for", client_host.encode("latin-1")))
+    headers.append((b"x-forwarded-prefix", f"/api/v1/workloads/{workload_id}/proxy".encode()))
+    has_body = "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
+    client = _client(request)
+    outgoing = client.build_request(
+        request.method,
+        f"http://{target.endpoint}{_rest_of_path(request, workload_id)}",
+        headers=headers,
+        content=request.stream() if has_body else None,
+    )
+    try:
+        return await client.send(outgoing, stream=True)
+    except httpx.TimeoutException as exc:
+        _forget(request, workload_id)
+        raise ApiError(
+            504, "gateway_timeout", f"{target.described} did not answer in time ({type(exc).__name__})"
+        ) from exc
+    except httpx.ConnectError:
+        raise
+    except httpx.HTTPError as exc:
+        _forget(request, workload_id)
+        raise _unreachable(target, exc) from exc
+
+
+def _unreachable(target: service.ServiceTarget, exc: Exception) -> ApiError:
+    return ApiError(
+        502,
+        "bad_gateway",
+        f"{target.described} could not be reached ({exc or type(exc).__name__}); the service must "
+        "listen on $GPUPOOL_PORT on all of its node's addresses (0.0.0.0), or on 127.0.0.1 when the "
+        "head runs it on its own machine",
+    )
+
+
+def _forget(request: Request, workload_id: int) -> None:
+    targets = getattr(request.app.state, "proxy_targets", None)
+    if targets is not None:
+        targets.pop(workload_id, None)
+
+
 @router.api_route(
     "/{workload_id}/proxy",
     methods=METHODS,
@@ -76,40 +156,21 @@ def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
     response_class=Response,
 )
 async def proxy(request: Request, workload_id: int, path: str) -> Response:
-    runtime = request.app.state.runtime
-    endpoint, described = await run_in_threadpool(
-        service.service_endpoint, runtime.store, workload_id, runtime.readiness.state
-    )
-    headers = [
-        (name, value)
-        for name, value in request.headers.raw
-        if name.decode("latin-1").lower() not in DROPPED_REQUEST
-    ]
-    client_host = request.client.host if request.client is not None else ""
-    headers.append((b"x-forwarded-for", client_host.encode("latin-1")))
-    headers.append((b"x-forwarded-prefix", f"/api/v1/workloads/{workload_id}/proxy".encode()))
-    has_body = "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
-    client = _client(request)
-    outgoing = client.build_request(
-        request.method,
-        f"http://{endpoint}{_rest_of_path(request, workload_id)}",
-        headers=headers,
-        content=request.stream() if has_body else None,
-    )
+    target, remembered = await _target(request, workload_id)
     try:
-        answer = await client.send(outgoing, stream=True)
-    except httpx.TimeoutException as exc:
-        raise ApiError(
-            504, "gateway_timeout", f"{described} did not answer in time ({type(exc).__name__})"
-        ) from exc
-    except httpx.HTTPError as exc:
-        raise ApiError(
-            502,
-            "bad_gateway",
-            f"{described} could not be reached ({exc or type(exc).__name__}); the service must listen on "
-            "$GPUPOOL_PORT on all of its node's addresses (0.0.0.0), or on 127.0.0.1 when the head runs "
-            "it on its own machine",
-        ) from exc
+        answer = await _send(request, workload_id, target)
+    except httpx.ConnectError as exc:
+        _forget(request, workload_id)
+        if not remembered:
+            raise _unreachable(target, exc) from exc
+        # Nothing reached the service: where it runs is read afresh (it may have ended, or started again
+        # on another port), and the request is sent once more, or refused as the store's state says.
+        target, _ = await _target(request, workload_id)
+        try:
+            answer = await _send(request, workload_id, target)
+        except httpx.ConnectError as again:
+            _forget(request, workload_id)
+            raise _unreachable(target, again) from again
     kept = [
         (name, value)
         for name, value in answer.headers.raw
