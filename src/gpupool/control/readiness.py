@@ -55,6 +55,7 @@ class ReadinessProber:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.state: Mapping[int, Readiness] = {}
+        self._local = threading.local()  # each worker's own client: kept connections, one TLS context
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="probe")
 
     def targets(self) -> list[Target]:
@@ -75,7 +76,7 @@ class ReadinessProber:
     def probe(self, target: Target, last: Readiness | None) -> Readiness:
         """Ask once; the attempt's new standing."""
         try:
-            answer = httpx.get(target.url, timeout=TIMEOUT, follow_redirects=False, trust_env=False)
+            answer = self._client().get(target.url)
             good = 200 <= answer.status_code < 400
             detail = f"GET {target.path} answered {answer.status_code}"
         except httpx.TimeoutException:
@@ -90,6 +91,14 @@ class ReadinessProber:
         failures = last.failures + 1
         ready = last.ready and failures < FAILURES
         return Readiness(target.attempt, ready, detail, failures, now)
+
+    def _client(self) -> httpx.Client:
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(
+                timeout=TIMEOUT, follow_redirects=False, trust_env=False
+            )
+        return client
 
     def round(self) -> None:
         """Probe every target once, at once; forget the services that no longer run."""
