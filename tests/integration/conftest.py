@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.postgres import PostgresServer, find_bin
+from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
 
 
@@ -19,6 +20,9 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
+        kill_attempts_under(
+            tmp_path
+        )  # work still running (a service never ends by itself) ends with the test
 
 
 @pytest.fixture

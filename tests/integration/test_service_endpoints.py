@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 
 from tests.support.agent import start_pool
+from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,6 +166,7 @@ def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp
             assert "has ended (cancelled)" in ended.json()["error"]["message"]
     finally:
         server.stop()
+        kill_attempts_under(tmp_path)
 
 
 def test_the_proxy_refuses_jobs_unknown_ids_and_services_that_do_not_listen(tmp_path: Path) -> None:
@@ -192,6 +195,7 @@ def test_the_proxy_refuses_jobs_unknown_ids_and_services_that_do_not_listen(tmp_
             assert server.workload(deaf["id"])["endpoint"].startswith("127.0.0.1:")
     finally:
         server.stop()
+        kill_attempts_under(tmp_path)
 
 
 def test_a_pending_service_is_unavailable_with_the_reason(tmp_path: Path) -> None:
@@ -208,6 +212,7 @@ def test_a_pending_service_is_unavailable_with_the_reason(tmp_path: Path) -> Non
             assert "service big" in message and "is pending" in message and "gpupool show" in message
     finally:
         server.stop()
+        kill_attempts_under(tmp_path)
 
 
 def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reached_through_the_head(
@@ -225,6 +230,7 @@ def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reach
         assert server.workload(sid)["endpoint"] == f"127.0.0.1:{answer['port']}"
     finally:
         pool.stop()
+        kill_attempts_under(tmp_path)
 
 
 def test_a_service_with_a_readiness_probe_is_reached_only_once_the_probe_answers_2xx(tmp_path: Path) -> None:
@@ -251,6 +257,7 @@ def test_a_service_with_a_readiness_probe_is_reached_only_once_the_probe_answers
             assert listed[sid]["ready"] is True
     finally:
         server.stop()
+        kill_attempts_under(tmp_path)
 
 
 def test_a_readiness_probe_on_a_job_or_not_a_path_is_refused_with_the_fix(tmp_path: Path) -> None:
@@ -271,6 +278,7 @@ def test_a_readiness_probe_on_a_job_or_not_a_path_is_refused_with_the_fix(tmp_pa
         assert refused.returncode != 0 and "applies to services only" in refused.stderr
     finally:
         server.stop()
+        kill_attempts_under(tmp_path)
 
 
 def _wait_for(server: ServerProcess, workload_id: int, done: Any, timeout: float = 30.0) -> dict[str, Any]:
@@ -297,3 +305,43 @@ def test_the_example_service_loads_then_answers_through_the_head(tmp_path: Path)
             assert answer.json() == {"text": "loopupg", "gpus": "0", "attempt": "0"}
     finally:
         server.stop()
+        kill_attempts_under(tmp_path)
+
+
+def test_gpupool_forward_serves_the_service_at_the_root_of_a_local_address(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        sid = _echo_service(server, tmp_path)
+        job = server.submit({"name": "batch", "commands": ["sleep 30"]})
+        with server.http() as client:
+            _answer(client, _proxy(sid, "up"), "0")
+        refused = server.cli("forward", str(job["id"]))
+        assert refused.returncode == 1 and "is a job; only a service has an endpoint" in refused.stderr
+
+        forwarder = subprocess.Popen(
+            [sys.executable, "-m", "gpupool.main", "forward", str(sid), "--port", "0"],
+            env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert forwarder.stdout is not None
+            said = forwarder.stdout.readline()
+            assert "to service echo (workload" in said and "running" in said, said
+            local = said.split()[1]  # http://127.0.0.1:PORT/
+            with httpx.Client(base_url=local, timeout=30) as plain:  # no token: the forwarder adds it
+                got = plain.get("lab/tree?x=1", headers={"X-Test": "passed on"})
+                assert got.status_code == 200, got.text
+                assert got.json()["path"] == "/lab/tree?x=1" and got.json()["x_test"] == "passed on"
+                assert got.json()["authorization"] is None
+                posted = plain.post("v1/generate", json={"prompt": "hi"})
+                assert posted.json()["body"] == '{"prompt":"hi"}'
+                with plain.stream("GET", "events") as events:
+                    parts = events.iter_text()
+                    assert next(parts) == "data: first\n\n"
+                    (tmp_path / "gate").touch()
+                    assert "".join(parts) == "data: second\n\n"
+        finally:
+            forwarder.terminate()
+            forwarder.wait(timeout=10)
+    finally:
+        server.stop()
+        kill_attempts_under(tmp_path)

@@ -418,6 +418,42 @@ def ui(open_it: bool = typer.Option(False, "--open", help="open it in this machi
 
 
 @app.command()
+def forward(
+    workload_id: int = typer.Argument(..., help="the service's id"),
+    port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="local port; 0: any free one"),
+    host: str = typer.Option("127.0.0.1", "--host", help="local address to listen on"),
+) -> None:
+    """Reach a service at the root of a local address (http://127.0.0.1:8000/), through the head's proxy
+    with your token: for a browser, a notebook, or a client that cannot send the token. Ctrl-C ends it."""
+    import socket
+
+    import uvicorn
+
+    from gpupool.client.forward import Forwarder
+
+    c = client()
+    w = c.workload(workload_id)  # exists, and the token is good: else the server's error, with the fix
+    if w.get("kind") != "service":
+        raise CliError(
+            f"workload {workload_id} ({w['name']}) is a job; only a service has an endpoint to forward to "
+            "(kind: service, or gpupool run --service)"
+        )
+    try:
+        listener = socket.create_server((host, port))
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another with --port") from exc
+    bound = listener.getsockname()[1]
+    state = w["state"] + ("" if w.get("ready") is not False else ", not ready yet")
+    print(
+        f"forwarding http://{host}:{bound}/ to service {w['name']} (workload {workload_id}, {state}) "
+        f"through {c.server}; Ctrl-C to stop",
+        flush=True,
+    )
+    config = uvicorn.Config(Forwarder(c.server, c.token, workload_id), log_level="warning")
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+@app.command()
 def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     """Nodes, their GPUs and what runs on them."""
     rows = client().nodes()

@@ -1,0 +1,111 @@
+"""`gpupool forward`: a service at the root of a local address, through the head's proxy.
+
+A small HTTP server on this machine (127.0.0.1 by default) passes each request to the head's
+`/api/v1/workloads/ID/proxy/PATH` with the user's token, and streams the answer back. A browser, a
+notebook or an OpenAI-style client then reaches the service at `http://127.0.0.1:PORT/`, with no token to
+handle and with the absolute links a web app writes (`/lab`, `/static/...`) working, as they do not under
+the head's path prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+# Not passed on: hop-by-hop headers (RFC 9110, 7.6.1), the host (the head's is set), and any credentials
+# for the head other than the user's token, which replaces them.
+DROPPED_REQUEST = frozenset(
+    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+     b"transfer-encoding", b"upgrade", b"host", b"authorization"}
+)  # fmt: skip
+DROPPED_RESPONSE = frozenset(
+    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+     b"transfer-encoding", b"upgrade", b"date", b"server"}
+)  # fmt: skip
+TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=10.0)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+
+
+class Forwarder:
+    """An ASGI application: every HTTP request it gets goes to the service `workload_id` through the
+    head at `server`, with `token`."""
+
+    def __init__(self, server: str, token: str | None, workload_id: int) -> None:
+        self.server, self.token, self.workload_id = server.rstrip("/"), token, workload_id
+        self.prefix = f"/api/v1/workloads/{workload_id}/proxy"
+        self._client: httpx.AsyncClient | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            self._client = httpx.AsyncClient(
+                base_url=self.server,
+                headers=headers,
+                timeout=TIMEOUT,
+                follow_redirects=False,
+                trust_env=False,
+            )
+        return self._client
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._client is not None:
+                    await self._client.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Any, send: Any) -> None:
+        raw = scope.get("raw_path") or scope["path"].encode()
+        path = raw.decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        url = f"{self.prefix}{path}" + (f"?{query}" if query else "")
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in DROPPED_REQUEST]
+        names = {k.lower() for k, _ in scope["headers"]}
+        lengths = [v for k, v in scope["headers"] if k.lower() == b"content-length"]
+        has_body = b"transfer-encoding" in names or (lengths and lengths[0] != b"0")
+
+        async def body() -> AsyncIterator[bytes]:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                yield message.get("body", b"")
+                if not message.get("more_body"):
+                    return
+
+        client = self.client()
+        request = client.build_request(
+            scope["method"], url, headers=headers, content=body() if has_body else None
+        )
+        try:
+            answer = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            why = exc or type(exc).__name__
+            text = f"gpupool forward: the head at {self.server} could not be reached ({why})\n"
+            await send(
+                {"type": "http.response.start", "status": 502, "headers": [(b"content-type", b"text/plain")]}
+            )
+            await send({"type": "http.response.body", "body": text.encode()})
+            return
+        try:
+            kept = [(k.lower(), v) for k, v in answer.headers.raw if k.lower() not in DROPPED_RESPONSE]
+            await send({"type": "http.response.start", "status": answer.status_code, "headers": kept})
+            async for chunk in answer.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await answer.aclose()
