@@ -1,10 +1,10 @@
 """`gpupool forward`: a service at the root of a local address, through the head's proxy.
 
 A small HTTP server on this machine (127.0.0.1 by default) passes each request to the head's
-`/api/v1/workloads/ID/proxy/PATH` with the user's token, and streams the answer back. A browser, a
-notebook or an OpenAI-style client then reaches the service at `http://127.0.0.1:PORT/`, with no token to
-handle and with the absolute links a web app writes (`/lab`, `/static/...`) working, as they do not under
-the head's path prefix.
+`/api/v1/workloads/ID/proxy/PATH` with the user's token, and streams the answer back. A browser, a web
+app or an OpenAI-style client then reaches the service at `http://127.0.0.1:PORT/`, with no token to
+handle and with the absolute links a web app writes (`/static/...`) working, as they do not under the
+head's path prefix. HTTP only: WebSockets do not pass.
 """
 
 from __future__ import annotations
