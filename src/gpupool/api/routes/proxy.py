@@ -4,7 +4,7 @@ while the service starts again on another port or node.
 The request goes, with its method, path below `proxy/`, query, headers and body, to the address the
 service's running attempt listens on (`GPUPOOL_PORT` on rank 0's node); the answer comes back streamed, so
 server-sent events and long downloads pass as they come. The head's own bearer token is checked like any
-API call and is not passed on. See docs/services.md.
+API call and is not passed on. See docs/user-guide.md#reaching-a-service.
 """
 
 from __future__ import annotations
