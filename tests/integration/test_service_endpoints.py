@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from tests.support.agent import start_pool
 from tests.support.process import kill_attempts_under
@@ -339,6 +342,91 @@ def test_gpupool_forward_serves_the_service_at_the_root_of_a_local_address(tmp_p
                     assert next(parts) == "data: first\n\n"
                     (tmp_path / "gate").touch()
                     assert "".join(parts) == "data: second\n\n"
+        finally:
+            forwarder.terminate()
+            forwarder.wait(timeout=10)
+    finally:
+        server.stop()
+        kill_attempts_under(tmp_path)
+
+
+# A WebSocket service: it says which path it was opened at, then sends every message back.
+WS_ECHO = """
+import asyncio, os
+from websockets.asyncio.server import serve
+
+async def echo(ws):
+    await ws.send("opened at " + ws.request.path)
+    async for message in ws:
+        await ws.send(message)
+
+async def main():
+    async with serve(echo, "0.0.0.0", int(os.environ["GPUPOOL_PORT"]), max_size=None) as server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+def _talk(url: str, headers: dict[str, str]) -> list[str | bytes]:
+    """Open a WebSocket (retrying while the service starts), send a text and a binary message, and return
+    the three messages heard."""
+    deadline = time.time() + 30
+    while True:
+        try:
+            with connect(url, additional_headers=headers, open_timeout=10) as ws:
+                heard = [ws.recv(timeout=10)]
+                ws.send("hello")
+                heard.append(ws.recv(timeout=10))
+                ws.send(b"\x00\x01binary")
+                heard.append(ws.recv(timeout=10))
+                return heard
+        except (ConnectionClosed, OSError) as exc:
+            assert time.time() < deadline, f"no WebSocket at {url}: {exc!r}"
+            time.sleep(0.2)
+
+
+def test_a_websocket_passes_through_the_head_and_gpupool_forward(tmp_path: Path) -> None:
+    (tmp_path / "ws.py").write_text(WS_ECHO)
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        created = server.submit(
+            {
+                "kind": "service",
+                "name": "ws",
+                "workdir": str(tmp_path),
+                "commands": [f"exec {sys.executable} ws.py"],
+            }
+        )
+        sid = created["id"]
+        server.wait_for(sid, states=("running",))
+        head = server.url.replace("http://", "ws://") + _proxy(sid, "socket?x=1")
+        auth = {"Authorization": f"Bearer {server.token}"}
+        assert _talk(head, auth) == ["opened at /socket?x=1", "hello", b"\x00\x01binary"]
+
+        with pytest.raises(InvalidStatus) as refused:
+            connect(head, open_timeout=10)  # no token: the handshake is refused
+        assert refused.value.response.status_code == 403
+
+        job = server.submit({"name": "batch", "commands": ["sleep 30"]})
+        with (
+            connect(
+                server.url.replace("http://", "ws://") + _proxy(job["id"], "x"), additional_headers=auth
+            ) as ws,
+            pytest.raises(ConnectionClosed) as closed,
+        ):
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        assert "is a job" in closed.value.rcvd.reason
+
+        forwarder = subprocess.Popen(
+            [sys.executable, "-m", "gpupool.main", "forward", str(sid), "--port", "0"],
+            env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert forwarder.stdout is not None
+            local = forwarder.stdout.readline().split()[1].replace("http://", "ws://")
+            assert _talk(local + "chat", {}) == ["opened at /chat", "hello", b"\x00\x01binary"]
         finally:
             forwarder.terminate()
             forwarder.wait(timeout=10)

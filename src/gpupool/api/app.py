@@ -115,6 +115,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(health.router)
     api.include_router(bench.router)
     app.include_router(api)
+    app.add_api_websocket_route("/api/v1/workloads/{workload_id}/proxy/{path:path}", proxy.proxy_websocket)
     app.include_router(agents.agent_router)
     app.include_router(metrics.router)
     return app

@@ -6,6 +6,7 @@ import time
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
 
 from gpupool.api.errors import ApiError
 from gpupool.control import service
@@ -31,7 +32,7 @@ class TokenCache:
             return True, hit[0]
         return False, None
 
-    def role(self, request: Request, token: str) -> str | None:
+    def role(self, request: HTTPConnection, token: str) -> str | None:
         now = time.monotonic()
         hit = self._seen.get(token)
         if hit is not None and now - hit[1] < CACHE_SECONDS:
@@ -47,6 +48,11 @@ async def require_token(request: Request) -> str:
     """The request's role by its bearer token. Run on the event loop: a token seen in the last seconds is
     answered from memory, without the hop to a worker thread that a store read takes (a thread switch
     costs the loop more than the check, docs/benchmarks.md#service-proxy)."""
+    return await role_of(request)
+
+
+async def role_of(request: HTTPConnection) -> str:
+    """The role of a request's or a WebSocket's bearer token; ApiError 401 with the fix when it has none."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:

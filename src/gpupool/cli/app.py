@@ -424,7 +424,7 @@ def forward(
     host: str = typer.Option("127.0.0.1", "--host", help="local address to listen on"),
 ) -> None:
     """Reach a service at the root of a local address (http://127.0.0.1:8000/), through the head's proxy
-    with your token: for a browser, a web app, or a client that cannot send the token (HTTP; no WebSockets).
+    with your token: for a browser, a notebook, or a client that cannot send the token (HTTP and WebSockets).
     Ctrl-C ends it."""
     import socket
 

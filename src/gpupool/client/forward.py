@@ -4,15 +4,19 @@ A small HTTP server on this machine (127.0.0.1 by default) passes each request t
 `/api/v1/workloads/ID/proxy/PATH` with the user's token, and streams the answer back. A browser, a web
 app or an OpenAI-style client then reaches the service at `http://127.0.0.1:PORT/`, with no token to
 handle and with the absolute links a web app writes (`/static/...`) working, as they do not under the
-head's path prefix. HTTP only: WebSockets do not pass.
+head's path prefix. WebSockets pass too, message by message.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 # Not passed on: hop-by-hop headers (RFC 9110, 7.6.1), the host (the head's is set), and any credentials
 # for the head other than the user's token, which replaces them.
@@ -20,6 +24,8 @@ DROPPED_REQUEST = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
      b"transfer-encoding", b"upgrade", b"host", b"authorization"}
 )  # fmt: skip
+DROPPED_UPGRADE = DROPPED_REQUEST | {b"sec-websocket-key", b"sec-websocket-version",
+                                     b"sec-websocket-extensions", b"sec-websocket-protocol"}  # fmt: skip
 DROPPED_RESPONSE = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
      b"transfer-encoding", b"upgrade", b"date", b"server"}
@@ -56,6 +62,8 @@ class Forwarder:
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
             await self._http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -109,3 +117,61 @@ class Forwarder:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await answer.aclose()
+
+    async def _websocket(self, scope: Scope, receive: Any, send: Any) -> None:
+        """A WebSocket passed on to the head's proxy with the token, message by message both ways."""
+        if (await receive())["type"] != "websocket.connect":
+            return
+        raw = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string", b"").decode("latin-1")
+        base = "ws" + self.server[len("http") :] if self.server.startswith("http") else self.server
+        url = f"{base}{self.prefix}{raw.decode('latin-1')}" + (f"?{query}" if query else "")
+        headers = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in scope["headers"]
+            if k.lower() not in DROPPED_UPGRADE
+        ]
+        if self.token:
+            headers.append(("Authorization", f"Bearer {self.token}"))
+        try:
+            upstream = await connect(
+                url, additional_headers=headers, subprotocols=scope.get("subprotocols") or None, max_size=None
+            )
+        except (OSError, InvalidHandshake, TimeoutError):
+            await send({"type": "websocket.close", "code": 1011})
+            return
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+
+        async def inward() -> None:
+            try:
+                async for message in upstream:
+                    key = "text" if isinstance(message, str) else "bytes"
+                    await send({"type": "websocket.send", key: message})
+            except ConnectionClosed:
+                pass
+            code = upstream.close_code or 1000
+            with contextlib.suppress(Exception):  # the local side may be gone already
+                await send({"type": "websocket.close", "code": code if code != 1006 else 1011,
+                            "reason": upstream.close_reason or ""})  # fmt: skip
+
+        async def outward() -> None:
+            try:
+                while True:
+                    message = await receive()
+                    if message["type"] != "websocket.receive":
+                        break
+                    await upstream.send(
+                        message["text"] if message.get("text") is not None else message["bytes"]
+                    )
+            except ConnectionClosed:
+                pass
+            await upstream.close()
+
+        tasks = [asyncio.create_task(inward()), asyncio.create_task(outward())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await upstream.close()

@@ -9,6 +9,8 @@ API call and is not passed on. See docs/user-guide.md#reaching-a-service.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 
 import httpx
@@ -16,9 +18,15 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.requests import HTTPConnection
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from gpupool.api.auth import role_of
 from gpupool.api.errors import ApiError
 from gpupool.control import service
+from gpupool.control.errors import ServiceError
 
 router = APIRouter(prefix="/workloads", tags=["services"])
 
@@ -30,6 +38,9 @@ DROPPED_REQUEST = frozenset(
      "transfer-encoding", "upgrade", "host", "authorization"}
 )  # fmt: skip
 # The head's server writes its own Date and Server headers: the service's would come twice.
+# Not passed on to a WebSocket upgrade: what the client library writes itself for the new handshake.
+DROPPED_UPGRADE = DROPPED_REQUEST | {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+                                     "sec-websocket-protocol"}  # fmt: skip
 DROPPED_RESPONSE = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
      "transfer-encoding", "upgrade", "date", "server"}
@@ -54,7 +65,7 @@ def _client(request: Request) -> httpx.AsyncClient:
     return client
 
 
-def _rest_of_path(request: Request, workload_id: int) -> str:
+def _rest_of_path(request: HTTPConnection, workload_id: int) -> str:
     """The path below `proxy/` as the client wrote it (still percent-encoded), with its query."""
     raw = request.scope.get("raw_path") or request.url.path.encode()
     path = raw.decode("latin-1")
@@ -64,7 +75,7 @@ def _rest_of_path(request: Request, workload_id: int) -> str:
     return f"{rest}?{query}" if query else rest
 
 
-async def _target(request: Request, workload_id: int) -> tuple[service.ServiceTarget, bool]:
+async def _target(request: HTTPConnection, workload_id: int) -> tuple[service.ServiceTarget, bool]:
     """The service's target, and whether it is remembered: from the last second's read when the service
     is still ready, else read from the store (which refuses, as `service.service_endpoint` says)."""
     runtime = request.app.state.runtime
@@ -131,7 +142,7 @@ def _unreachable(target: service.ServiceTarget, exc: Exception) -> ApiError:
     )
 
 
-def _forget(request: Request, workload_id: int) -> None:
+def _forget(request: HTTPConnection, workload_id: int) -> None:
     targets = getattr(request.app.state, "proxy_targets", None)
     if targets is not None:
         targets.pop(workload_id, None)
@@ -181,3 +192,87 @@ async def proxy(request: Request, workload_id: int, path: str) -> Response:
     )
     response.raw_headers = [(n.lower(), v) for n, v in kept]
     return response
+
+
+async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> None:
+    """A WebSocket to a running service, passed through message by message both ways (text and binary),
+    until either side closes. Registered on the app itself (`app.py`): the API router's dependencies read
+    an HTTP request. A missing or bad token refuses the handshake (HTTP 403); a service that cannot be
+    reached closes it at once with the reason (1008: not a service or ended; 1013: not running or not
+    ready yet, try again; 1011: nothing answers on its port)."""
+    try:
+        await role_of(websocket)
+    except ApiError:
+        await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
+        return
+    try:
+        target, _ = await _target(websocket, workload_id)
+    except ServiceError as exc:
+        await websocket.accept()
+        await websocket.close(code=1013 if exc.status == 503 else 1008, reason=_short(exc.message))
+        return
+    headers = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in websocket.headers.raw
+        if name.decode("latin-1").lower() not in DROPPED_UPGRADE
+    ]
+    headers.append(("X-Forwarded-Prefix", f"/api/v1/workloads/{workload_id}/proxy"))
+    url = f"ws://{target.endpoint}{_rest_of_path(websocket, workload_id)}"
+    subprotocols = websocket.scope.get("subprotocols") or None
+    try:
+        upstream = await connect(
+            url, additional_headers=headers, subprotocols=subprotocols, max_size=None, open_timeout=10
+        )
+    except (OSError, InvalidHandshake, TimeoutError) as exc:
+        _forget(websocket, workload_id)
+        await websocket.accept()
+        await websocket.close(code=1011, reason=_short(f"{target.described} refused the WebSocket: {exc}"))
+        return
+    await websocket.accept(subprotocol=upstream.subprotocol)
+    await relay(websocket, upstream)
+
+
+async def relay(websocket: WebSocket, upstream: ClientConnection) -> None:
+    """Messages both ways until one side closes; the other is then closed with its code."""
+
+    async def inward() -> None:
+        try:
+            async for message in upstream:
+                if isinstance(message, str):
+                    await websocket.send_text(message)
+                else:
+                    await websocket.send_bytes(message)
+        except ConnectionClosed:
+            pass
+        code = upstream.close_code or 1000
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await websocket.close(code=code if code != 1006 else 1011, reason=upstream.close_reason or "")
+
+    async def outward() -> None:
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message.get("text") is not None:
+                    await upstream.send(message["text"])
+                elif message.get("bytes") is not None:
+                    await upstream.send(message["bytes"])
+        except ConnectionClosed:
+            pass
+        await upstream.close()
+
+    tasks = [asyncio.create_task(inward()), asyncio.create_task(outward())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await upstream.close()
+
+
+def _short(reason: str) -> str:
+    """A close reason fits in 123 bytes (RFC 6455, 5.5)."""
+    data = reason.encode()
+    return reason if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."
