@@ -409,15 +409,22 @@ def test_a_websocket_passes_through_the_head_and_gpupool_forward(tmp_path: Path)
         assert refused.value.response.status_code == 403
 
         job = server.submit({"name": "batch", "commands": ["sleep 30"]})
-        with (
-            connect(
-                server.url.replace("http://", "ws://") + _proxy(job["id"], "x"), additional_headers=auth
-            ) as ws,
-            pytest.raises(ConnectionClosed) as closed,
-        ):
-            ws.recv(timeout=10)
-        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
-        assert "is a job" in closed.value.rcvd.reason
+        pending = server.submit(
+            {"kind": "service", "name": "big", "resources": {"gpu": 64}, "commands": ["true"]}
+        )
+        deaf = server.submit({"kind": "service", "name": "deaf", "commands": ["sleep 60"]})
+        server.wait_for_reason(pending["id"])
+        server.wait_for(deaf["id"], states=("running",))
+        for workload, code, said in ((job, 1008, "is a job"), (pending, 1013, "is pending"),
+                                     (deaf, 1011, "refused the WebSocket")):  # fmt: skip
+            url = server.url.replace("http://", "ws://") + _proxy(workload["id"], "x")
+            with (
+                connect(url, additional_headers=auth, open_timeout=10) as ws,
+                pytest.raises(ConnectionClosed) as closed,
+            ):
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None, workload
+            assert closed.value.rcvd.code == code and said in closed.value.rcvd.reason, closed.value.rcvd
 
         forwarder = subprocess.Popen(
             [sys.executable, "-m", "gpupool.main", "forward", str(sid), "--port", "0"],
