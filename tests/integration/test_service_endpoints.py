@@ -3,12 +3,14 @@ it starts again on another port: a real server, a real HTTP service in a real pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,21 @@ def _echo_service(server: ServerProcess, workdir: Path, **spec: Any) -> int:
         }
     )
     return int(created["id"])
+
+
+@contextlib.contextmanager
+def _forwarding(server: ServerProcess, workload_id: int) -> Iterator[str]:
+    """`gpupool forward ID --port 0` running; the first line it printed (it names the local address)."""
+    forwarder = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.main", "forward", str(workload_id), "--port", "0"],
+        env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert forwarder.stdout is not None
+        yield forwarder.stdout.readline()
+    finally:
+        forwarder.terminate()
+        forwarder.wait(timeout=10)
 
 
 def _proxy(workload_id: int, rest: str = "") -> str:
@@ -172,50 +189,40 @@ def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp
         kill_attempts_under(tmp_path)
 
 
-def test_the_proxy_refuses_jobs_unknown_ids_and_services_that_do_not_listen(tmp_path: Path) -> None:
-    server = ServerProcess(home=tmp_path / "home").start()
-    try:
-        job = server.submit({"name": "batch", "commands": ["sleep 30"], "resources": {"gpu": 1}})
-        deaf = server.submit(
-            {"kind": "service", "name": "deaf", "commands": ["sleep 60"], "resources": {"gpu": 1}}
-        )
-        server.wait_for(deaf["id"], states=("running",))
-        with server.http() as client:
-            refused = client.get(_proxy(job["id"], "x"))
-            assert refused.status_code == 409, refused.text
-            error = refused.json()["error"]
-            assert "is a job; only a service has an endpoint" in error["message"]
-            assert error["field"] == "kind"
+def test_the_proxy_refuses_jobs_unknown_ids_and_services_that_do_not_listen(server: ServerProcess) -> None:
+    job = server.submit({"name": "batch", "commands": ["sleep 30"], "resources": {"gpu": 1}})
+    deaf = server.submit(
+        {"kind": "service", "name": "deaf", "commands": ["sleep 60"], "resources": {"gpu": 1}}
+    )
+    server.wait_for(deaf["id"], states=("running",))
+    with server.http() as client:
+        refused = client.get(_proxy(job["id"], "x"))
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert "is a job; only a service has an endpoint" in error["message"]
+        assert error["field"] == "kind"
 
-            unknown = client.get(_proxy(999_999, "x"))
-            assert unknown.status_code == 404 and "no workload with id 999999" in unknown.text
+        unknown = client.get(_proxy(999_999, "x"))
+        assert unknown.status_code == 404 and "no workload with id 999999" in unknown.text
 
-            silent = client.get(_proxy(deaf["id"], "x"))
-            assert silent.status_code == 502, silent.text
-            message = silent.json()["error"]["message"]
-            assert "service deaf" in message and "must listen on $GPUPOOL_PORT" in message
-            assert server.workload(job["id"])["endpoint"] is None
-            assert server.workload(deaf["id"])["endpoint"].startswith("127.0.0.1:")
-    finally:
-        server.stop()
-        kill_attempts_under(tmp_path)
+        silent = client.get(_proxy(deaf["id"], "x"))
+        assert silent.status_code == 502, silent.text
+        message = silent.json()["error"]["message"]
+        assert "service deaf" in message and "must listen on $GPUPOOL_PORT" in message
+        assert server.workload(job["id"])["endpoint"] is None
+        assert server.workload(deaf["id"])["endpoint"].startswith("127.0.0.1:")
 
 
-def test_a_pending_service_is_unavailable_with_the_reason(tmp_path: Path) -> None:
-    server = ServerProcess(home=tmp_path / "home").start()
-    try:
-        big = server.submit(
-            {"kind": "service", "name": "big", "commands": ["sleep 60"], "resources": {"gpu": 64}}
-        )
-        server.wait_for_reason(big["id"])
-        with server.http() as client:
-            waiting = client.get(_proxy(big["id"], "x"))
-            assert waiting.status_code == 503, waiting.text
-            message = waiting.json()["error"]["message"]
-            assert "service big" in message and "is pending" in message and "gpupool show" in message
-    finally:
-        server.stop()
-        kill_attempts_under(tmp_path)
+def test_a_pending_service_is_unavailable_with_the_reason(server: ServerProcess) -> None:
+    big = server.submit(
+        {"kind": "service", "name": "big", "commands": ["sleep 60"], "resources": {"gpu": 64}}
+    )
+    server.wait_for_reason(big["id"])
+    with server.http() as client:
+        waiting = client.get(_proxy(big["id"], "x"))
+        assert waiting.status_code == 503, waiting.text
+        message = waiting.json()["error"]["message"]
+        assert "service big" in message and "is pending" in message and "gpupool show" in message
 
 
 def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reached_through_the_head(
@@ -236,52 +243,44 @@ def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reach
         kill_attempts_under(tmp_path)
 
 
-def test_a_service_with_a_readiness_probe_is_reached_only_once_the_probe_answers_2xx(tmp_path: Path) -> None:
-    server = ServerProcess(home=tmp_path / "home").start()
-    try:
-        sid = _echo_service(server, tmp_path, name="slow-start", readiness_probe="/health")
-        # running, listening, and answering /health with 503: not ready, and the proxy says why
-        w = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
-        assert w["state"] == "running" and w["ready"] is False
-        with server.http() as client:
-            refused = client.get(_proxy(sid, "hello"))
-            assert refused.status_code == 503, refused.text
-            message = refused.json()["error"]["message"]
-            assert "service slow-start" in message and "is not ready" in message
-            assert "GET /health answered 503" in message and "answers 2xx or 3xx" in message
-            assert "ready: no (GET /health answered 503)" in server.cli("show", str(sid), check=True).stdout
+def test_a_service_with_a_readiness_probe_is_reached_only_once_the_probe_answers_2xx(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    sid = _echo_service(server, tmp_path, name="slow-start", readiness_probe="/health")
+    # running, listening, and answering /health with 503: not ready, and the proxy says why
+    w = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
+    assert w["state"] == "running" and w["ready"] is False
+    with server.http() as client:
+        refused = client.get(_proxy(sid, "hello"))
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "service slow-start" in message and "is not ready" in message
+        assert "GET /health answered 503" in message and "answers 2xx or 3xx" in message
+        assert "ready: no (GET /health answered 503)" in server.cli("show", str(sid), check=True).stdout
 
-            (tmp_path / "ready").touch()
-            w = _wait_for(server, sid, lambda w: w["ready"] is True)
-            assert w["readiness"] == "GET /health answered 200"
-            passed = client.get(_proxy(sid, "hello"))
-            assert passed.status_code == 200 and passed.json()["path"] == "/hello"
-            listed = {x["id"]: x for x in client.get("/api/v1/workloads").json()}
-            assert listed[sid]["ready"] is True
-    finally:
-        server.stop()
-        kill_attempts_under(tmp_path)
+        (tmp_path / "ready").touch()
+        w = _wait_for(server, sid, lambda w: w["ready"] is True)
+        assert w["readiness"] == "GET /health answered 200"
+        passed = client.get(_proxy(sid, "hello"))
+        assert passed.status_code == 200 and passed.json()["path"] == "/hello"
+        listed = {x["id"]: x for x in client.get("/api/v1/workloads").json()}
+        assert listed[sid]["ready"] is True
 
 
-def test_a_readiness_probe_on_a_job_or_not_a_path_is_refused_with_the_fix(tmp_path: Path) -> None:
-    server = ServerProcess(home=tmp_path / "home").start()
-    try:
-        with server.http() as client:
-            job = client.post("/api/v1/workloads", json={"commands": ["true"], "readiness_probe": "/health"})
-            assert job.status_code == 422, job.text
-            assert job.json()["error"]["field"] == "readiness_probe"
-            assert "applies to services only" in job.json()["error"]["message"]
-            bad = client.post(
-                "/api/v1/workloads",
-                json={"kind": "service", "commands": ["true"], "readiness_probe": "health"},
-            )
-            assert bad.status_code == 422 and "starts with /" in bad.json()["error"]["message"]
-            assert client.get("/api/v1/workloads", params={"all": True}).json() == []
-        refused = server.cli("run", "--readiness-probe", "/health", "--", "true")
-        assert refused.returncode != 0 and "applies to services only" in refused.stderr
-    finally:
-        server.stop()
-        kill_attempts_under(tmp_path)
+def test_a_readiness_probe_on_a_job_or_not_a_path_is_refused_with_the_fix(server: ServerProcess) -> None:
+    with server.http() as client:
+        job = client.post("/api/v1/workloads", json={"commands": ["true"], "readiness_probe": "/health"})
+        assert job.status_code == 422, job.text
+        assert job.json()["error"]["field"] == "readiness_probe"
+        assert "applies to services only" in job.json()["error"]["message"]
+        bad = client.post(
+            "/api/v1/workloads",
+            json={"kind": "service", "commands": ["true"], "readiness_probe": "health"},
+        )
+        assert bad.status_code == 422 and "starts with /" in bad.json()["error"]["message"]
+        assert client.get("/api/v1/workloads", params={"all": True}).json() == []
+    refused = server.cli("run", "--readiness-probe", "/health", "--", "true")
+    assert refused.returncode != 0 and "applies to services only" in refused.stderr
 
 
 def _wait_for(server: ServerProcess, workload_id: int, done: Any, timeout: float = 30.0) -> dict[str, Any]:
@@ -294,60 +293,43 @@ def _wait_for(server: ServerProcess, workload_id: int, done: Any, timeout: float
         time.sleep(0.1)
 
 
-def test_the_example_service_loads_then_answers_through_the_head(tmp_path: Path) -> None:
-    server = ServerProcess(home=tmp_path / "home").start()
-    try:
-        done = server.cli("submit", str(ROOT / "examples" / "services" / "serve.yaml"), "--json", check=True)
-        sid = json.loads(done.stdout)["id"]
-        loading = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
-        assert loading["ready"] is False
-        _wait_for(server, sid, lambda w: w["ready"] is True)
-        with server.http() as client:
-            answer = client.post(_proxy(sid, "v1/generate"), json={"prompt": "gpupool"})
-            assert answer.status_code == 200, answer.text
-            assert answer.json() == {"text": "loopupg", "gpus": "0", "attempt": "0"}
-    finally:
-        server.stop()
-        kill_attempts_under(tmp_path)
+def test_the_example_service_loads_then_answers_through_the_head(server: ServerProcess) -> None:
+    done = server.cli("submit", str(ROOT / "examples" / "services" / "serve.yaml"), "--json", check=True)
+    sid = json.loads(done.stdout)["id"]
+    loading = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
+    assert loading["ready"] is False
+    _wait_for(server, sid, lambda w: w["ready"] is True)
+    with server.http() as client:
+        answer = client.post(_proxy(sid, "v1/generate"), json={"prompt": "gpupool"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"text": "loopupg", "gpus": "0", "attempt": "0"}
 
 
-def test_gpupool_forward_serves_the_service_at_the_root_of_a_local_address(tmp_path: Path) -> None:
-    server = ServerProcess(home=tmp_path / "home").start()
-    try:
-        sid = _echo_service(server, tmp_path)
-        job = server.submit({"name": "batch", "commands": ["sleep 30"]})
-        with server.http() as client:
-            _answer(client, _proxy(sid, "up"), "0")
-        refused = server.cli("forward", str(job["id"]))
-        assert refused.returncode == 1 and "is a job; only a service has an endpoint" in refused.stderr
+def test_gpupool_forward_serves_the_service_at_the_root_of_a_local_address(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    sid = _echo_service(server, tmp_path)
+    job = server.submit({"name": "batch", "commands": ["sleep 30"]})
+    with server.http() as client:
+        _answer(client, _proxy(sid, "up"), "0")
+    refused = server.cli("forward", str(job["id"]))
+    assert refused.returncode == 1 and "is a job; only a service has an endpoint" in refused.stderr
 
-        forwarder = subprocess.Popen(
-            [sys.executable, "-m", "gpupool.main", "forward", str(sid), "--port", "0"],
-            env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            assert forwarder.stdout is not None
-            said = forwarder.stdout.readline()
-            assert "to service echo (workload" in said and "running" in said, said
-            local = said.split()[1]  # http://127.0.0.1:PORT/
-            with httpx.Client(base_url=local, timeout=30) as plain:  # no token: the forwarder adds it
-                got = plain.get("lab/tree?x=1", headers={"X-Test": "passed on"})
-                assert got.status_code == 200, got.text
-                assert got.json()["path"] == "/lab/tree?x=1" and got.json()["x_test"] == "passed on"
-                assert got.json()["authorization"] is None
-                posted = plain.post("v1/generate", json={"prompt": "hi"})
-                assert posted.json()["body"] == '{"prompt":"hi"}'
-                with plain.stream("GET", "events") as events:
-                    parts = events.iter_text()
-                    assert next(parts) == "data: first\n\n"
-                    (tmp_path / "gate").touch()
-                    assert "".join(parts) == "data: second\n\n"
-        finally:
-            forwarder.terminate()
-            forwarder.wait(timeout=10)
-    finally:
-        server.stop()
-        kill_attempts_under(tmp_path)
+    with _forwarding(server, sid) as said:
+        assert "to service echo (workload" in said and "running" in said, said
+        local = said.split()[1]  # http://127.0.0.1:PORT/
+        with httpx.Client(base_url=local, timeout=30) as plain:  # no token: the forwarder adds it
+            got = plain.get("lab/tree?x=1", headers={"X-Test": "passed on"})
+            assert got.status_code == 200, got.text
+            assert got.json()["path"] == "/lab/tree?x=1" and got.json()["x_test"] == "passed on"
+            assert got.json()["authorization"] is None
+            posted = plain.post("v1/generate", json={"prompt": "hi"})
+            assert posted.json()["body"] == '{"prompt":"hi"}'
+            with plain.stream("GET", "events") as events:
+                parts = events.iter_text()
+                assert next(parts) == "data: first\n\n"
+                (tmp_path / "gate").touch()
+                assert "".join(parts) == "data: second\n\n"
 
 
 # A WebSocket service: it says which path it was opened at, then sends every message back.
@@ -386,57 +368,46 @@ def _talk(url: str, headers: dict[str, str]) -> list[str | bytes]:
             time.sleep(0.2)
 
 
-def test_a_websocket_passes_through_the_head_and_gpupool_forward(tmp_path: Path) -> None:
+def test_a_websocket_passes_through_the_head_and_gpupool_forward(
+    server: ServerProcess, tmp_path: Path
+) -> None:
     (tmp_path / "ws.py").write_text(WS_ECHO)
-    server = ServerProcess(home=tmp_path / "home").start()
-    try:
-        created = server.submit(
-            {
-                "kind": "service",
-                "name": "ws",
-                "workdir": str(tmp_path),
-                "commands": [f"exec {sys.executable} ws.py"],
-            }
-        )
-        sid = created["id"]
-        server.wait_for(sid, states=("running",))
-        head = server.url.replace("http://", "ws://") + _proxy(sid, "socket?x=1")
-        auth = {"Authorization": f"Bearer {server.token}"}
-        assert _talk(head, auth) == ["opened at /socket?x=1", "hello", b"\x00\x01binary"]
+    created = server.submit(
+        {
+            "kind": "service",
+            "name": "ws",
+            "workdir": str(tmp_path),
+            "commands": [f"exec {sys.executable} ws.py"],
+        }
+    )
+    sid = created["id"]
+    server.wait_for(sid, states=("running",))
+    head = server.url.replace("http://", "ws://") + _proxy(sid, "socket?x=1")
+    auth = {"Authorization": f"Bearer {server.token}"}
+    assert _talk(head, auth) == ["opened at /socket?x=1", "hello", b"\x00\x01binary"]
 
-        with pytest.raises(InvalidStatus) as refused:
-            connect(head, open_timeout=10)  # no token: the handshake is refused
-        assert refused.value.response.status_code == 403
+    with pytest.raises(InvalidStatus) as refused:
+        connect(head, open_timeout=10)  # no token: the handshake is refused
+    assert refused.value.response.status_code == 403
 
-        job = server.submit({"name": "batch", "commands": ["sleep 30"]})
-        pending = server.submit(
-            {"kind": "service", "name": "big", "resources": {"gpu": 64}, "commands": ["true"]}
-        )
-        deaf = server.submit({"kind": "service", "name": "deaf", "commands": ["sleep 60"]})
-        server.wait_for_reason(pending["id"])
-        server.wait_for(deaf["id"], states=("running",))
-        for workload, code, said in ((job, 1008, "is a job"), (pending, 1013, "is pending"),
-                                     (deaf, 1011, "refused the WebSocket")):  # fmt: skip
-            url = server.url.replace("http://", "ws://") + _proxy(workload["id"], "x")
-            with (
-                connect(url, additional_headers=auth, open_timeout=10) as ws,
-                pytest.raises(ConnectionClosed) as closed,
-            ):
-                ws.recv(timeout=10)
-            assert closed.value.rcvd is not None, workload
-            assert closed.value.rcvd.code == code and said in closed.value.rcvd.reason, closed.value.rcvd
+    job = server.submit({"name": "batch", "commands": ["sleep 30"]})
+    pending = server.submit(
+        {"kind": "service", "name": "big", "resources": {"gpu": 64}, "commands": ["true"]}
+    )
+    deaf = server.submit({"kind": "service", "name": "deaf", "commands": ["sleep 60"]})
+    server.wait_for_reason(pending["id"])
+    server.wait_for(deaf["id"], states=("running",))
+    for workload, code, said in ((job, 1008, "is a job"), (pending, 1013, "is pending"),
+                                 (deaf, 1011, "refused the WebSocket")):  # fmt: skip
+        url = server.url.replace("http://", "ws://") + _proxy(workload["id"], "x")
+        with (
+            connect(url, additional_headers=auth, open_timeout=10) as ws,
+            pytest.raises(ConnectionClosed) as closed,
+        ):
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None, workload
+        assert closed.value.rcvd.code == code and said in closed.value.rcvd.reason, closed.value.rcvd
 
-        forwarder = subprocess.Popen(
-            [sys.executable, "-m", "gpupool.main", "forward", str(sid), "--port", "0"],
-            env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            assert forwarder.stdout is not None
-            local = forwarder.stdout.readline().split()[1].replace("http://", "ws://")
-            assert _talk(local + "chat", {}) == ["opened at /chat", "hello", b"\x00\x01binary"]
-        finally:
-            forwarder.terminate()
-            forwarder.wait(timeout=10)
-    finally:
-        server.stop()
-        kill_attempts_under(tmp_path)
+    with _forwarding(server, sid) as said:
+        local = said.split()[1].replace("http://", "ws://")
+        assert _talk(local + "chat", {}) == ["opened at /chat", "hello", b"\x00\x01binary"]

@@ -9,14 +9,14 @@ head's path prefix. WebSockets pass too, message by message.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import InvalidHandshake
+
+from gpupool.websocket_relay import relay
 
 # Not passed on: hop-by-hop headers (RFC 9110, 7.6.1), the host (the head's is set), and any credentials
 # for the head other than the user's token, which replaces them.
@@ -141,37 +141,4 @@ class Forwarder:
             await send({"type": "websocket.close", "code": 1011})
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-
-        async def inward() -> None:
-            try:
-                async for message in upstream:
-                    key = "text" if isinstance(message, str) else "bytes"
-                    await send({"type": "websocket.send", key: message})
-            except ConnectionClosed:
-                pass
-            code = upstream.close_code or 1000
-            with contextlib.suppress(Exception):  # the local side may be gone already
-                await send({"type": "websocket.close", "code": code if code != 1006 else 1011,
-                            "reason": upstream.close_reason or ""})  # fmt: skip
-
-        async def outward() -> None:
-            try:
-                while True:
-                    message = await receive()
-                    if message["type"] != "websocket.receive":
-                        break
-                    await upstream.send(
-                        message["text"] if message.get("text") is not None else message["bytes"]
-                    )
-            except ConnectionClosed:
-                pass
-            await upstream.close()
-
-        tasks = [asyncio.create_task(inward()), asyncio.create_task(outward())]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await upstream.close()
+        await relay(receive, send, upstream)

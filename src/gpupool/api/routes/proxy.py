@@ -9,8 +9,6 @@ API call and is not passed on. See docs/user-guide.md#reaching-a-service.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 
 import httpx
@@ -19,14 +17,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.requests import HTTPConnection
-from starlette.websockets import WebSocket, WebSocketDisconnect
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from starlette.websockets import WebSocket
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidHandshake
 
 from gpupool.api.auth import role_of
 from gpupool.api.errors import ApiError
 from gpupool.control import service
 from gpupool.control.errors import ServiceError
+from gpupool.websocket_relay import relay
 
 router = APIRouter(prefix="/workloads", tags=["services"])
 
@@ -229,47 +228,7 @@ async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> 
         await websocket.close(code=1011, reason=_short(f"{target.described} refused the WebSocket: {exc}"))
         return
     await websocket.accept(subprotocol=upstream.subprotocol)
-    await relay(websocket, upstream)
-
-
-async def relay(websocket: WebSocket, upstream: ClientConnection) -> None:
-    """Messages both ways until one side closes; the other is then closed with its code."""
-
-    async def inward() -> None:
-        try:
-            async for message in upstream:
-                if isinstance(message, str):
-                    await websocket.send_text(message)
-                else:
-                    await websocket.send_bytes(message)
-        except ConnectionClosed:
-            pass
-        code = upstream.close_code or 1000
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await websocket.close(code=code if code != 1006 else 1011, reason=upstream.close_reason or "")
-
-    async def outward() -> None:
-        try:
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                if message.get("text") is not None:
-                    await upstream.send(message["text"])
-                elif message.get("bytes") is not None:
-                    await upstream.send(message["bytes"])
-        except ConnectionClosed:
-            pass
-        await upstream.close()
-
-    tasks = [asyncio.create_task(inward()), asyncio.create_task(outward())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await upstream.close()
+    await relay(websocket.receive, websocket.send, upstream)
 
 
 def _short(reason: str) -> str:
