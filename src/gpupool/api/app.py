@@ -74,9 +74,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         finally:
             if listener is not None:
                 listener.cancel()
-            client = getattr(app.state, "proxy_client", None)
-            if client is not None:
-                await client.aclose()
+            await app.state.proxy.client.aclose()
             runtime.stop()
 
     app = FastAPI(
@@ -86,6 +84,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.runtime = runtime
+    app.state.proxy = proxy.ProxyState()
     app.state.tokens = TokenCache()
     app.state.node_credentials = agents.NodeCredentials()
     errors.install(app)

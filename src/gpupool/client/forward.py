@@ -33,7 +33,6 @@ DROPPED_RESPONSE = frozenset(
 TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=10.0)
 
 Scope = dict[str, Any]
-Message = dict[str, Any]
 
 
 class Forwarder:

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from gpupool.control import bench, service
 from gpupool.control.health import HealthMonitor
 from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE
-from gpupool.control.readiness import Readiness
+from gpupool.control.readiness import Readiness, word_on
 from gpupool.control.retention import retired_gpu_hours
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
@@ -286,8 +286,7 @@ class PoolCollector(Collector):
         probed = self.readiness()
         for wid, name, queue, spec, attempt in services:
             if (spec or {}).get("readiness_probe"):
-                word = probed.get(wid)
-                up = word is not None and word.attempt == attempt and word.ready
+                up = word_on(probed, wid, attempt).ready
                 ready.add_metric([str(wid), name, queue], 1.0 if up else 0.0)
         yield ready
         counts = dict.fromkeys(NODE_STATES, 0)

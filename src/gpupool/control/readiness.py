@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,7 +36,14 @@ class Readiness:
     ready: bool
     detail: str  # what the last probe got, e.g. "GET /health answered 503"
     failures: int = 0  # bad answers in a row
-    at: float = 0.0  # time.time() of the last probe
+
+
+def word_on(state: Mapping[int, Readiness], workload_id: int, attempt: int) -> Readiness:
+    """The prober's word on a service's attempt `attempt`: not ready while it has said nothing of it."""
+    known = state.get(workload_id)
+    if known is None or known.attempt != attempt:
+        return Readiness(attempt, False, "not probed yet")
+    return known
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +79,8 @@ class ReadinessProber:
                 found.append(Target(workload_id, number, f"http://{endpoint}{path}", path))
         return found
 
-    def probe(self, target: Target, last: Readiness | None) -> Readiness:
-        """Ask once; the attempt's new standing."""
+    def probe(self, target: Target, last: Readiness) -> Readiness:
+        """Ask once; the attempt's new standing after `last` (see `word_on`)."""
         try:
             answer = self._client().get(target.url)
             good = 200 <= answer.status_code < 400
@@ -83,14 +89,10 @@ class ReadinessProber:
             good, detail = False, f"GET {target.path} got no answer within {TIMEOUT:g} s"
         except httpx.HTTPError as exc:
             good, detail = False, f"GET {target.path} failed: {exc or type(exc).__name__}"
-        now = time.time()
-        if last is None or last.attempt != target.attempt:
-            last = Readiness(target.attempt, False, "not probed yet")
         if good:
-            return Readiness(target.attempt, True, detail, 0, now)
+            return Readiness(target.attempt, True, detail)
         failures = last.failures + 1
-        ready = last.ready and failures < FAILURES
-        return Readiness(target.attempt, ready, detail, failures, now)
+        return Readiness(target.attempt, last.ready and failures < FAILURES, detail, failures)
 
     def _client(self) -> httpx.Client:
         client: httpx.Client | None = getattr(self._local, "client", None)
@@ -104,7 +106,7 @@ class ReadinessProber:
         """Probe every target once, at once; forget the services that no longer run."""
         targets = self.targets()
         state = self.state
-        answers = self._pool.map(lambda t: self.probe(t, state.get(t.workload_id)), targets)
+        answers = self._pool.map(lambda t: self.probe(t, word_on(state, t.workload_id, t.attempt)), targets)
         fresh = {t.workload_id: r for t, r in zip(targets, answers, strict=True)}
         for workload_id, r in fresh.items():
             before = state.get(workload_id)

@@ -26,7 +26,7 @@ from gpupool.control.lifecycle import (
     TERMINAL,
     transition,
 )
-from gpupool.control.readiness import Readiness
+from gpupool.control.readiness import Readiness, word_on
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
 from gpupool.gpu.catalog import families
@@ -282,10 +282,7 @@ def _readiness_of(workload: Workload, last: Attempt | None, readiness: Ready | N
     nothing of that attempt yet."""
     if last is None or last.state != RUNNING or not (workload.spec or {}).get("readiness_probe"):
         return None
-    known = readiness.get(workload.id) if readiness is not None else None
-    if known is None or known.attempt != last.number:
-        return Readiness(last.number, False, "not probed yet")
-    return known
+    return word_on(readiness or {}, workload.id, last.number)
 
 
 def workload_view(

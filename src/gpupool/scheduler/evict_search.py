@@ -249,13 +249,8 @@ class EvictionSearch(Victims):
             w, [*self._stopping_for.get(w.id, ()), *evicted]
         )
         del self.unplaced[w.id]
-        if self._snapshot_stopping or self._ownerless_evictions():
+        if self._snapshot_stopping or self._ownerless:  # work stopping, or evicted this cycle for no one
             self._promise(w, placed)
-
-    def _ownerless_evictions(self) -> bool:
-        """Whether this cycle evicted work for no pending workload (a stale gang's): its GPUs, released
-        later, may be promised like those of work already stopping."""
-        return any(e.for_workload is None for e in self.decisions.evictions)
 
     def _promise(self, w: WorkloadView, placed: tuple[PodPlacement, ...]) -> None:
         """Promise `w` the GPUs of stopping work that its room `placed` takes, where that work stops for no
@@ -264,12 +259,11 @@ class EvictionSearch(Victims):
         `evicted_for`, it lets the next cycle serve `w` first: otherwise work that comes earlier in that
         cycle's order could take the room (a gainer of other work, served first, taking the free GPUs the
         room also needs), and `w` would evict other work for room again."""
-        evictions = self.decisions.evictions
         stopping_on = self._stopping_on
-        if stopping_on is None or self._stopping_seen != len(evictions):
-            ownerless = {e.workload_id for e in evictions if e.for_workload is None}
+        if stopping_on is None or self._stopping_seen != self._ownerless:
+            ownerless = {e.workload_id for e in self.decisions.evictions if e.for_workload is None}
             stopping_on = self._stopping_on = {}
-            self._stopping_seen = len(evictions)
+            self._stopping_seen = self._ownerless
             for v in self.snapshot.running:
                 if v.stopping or v.id in ownerless:
                     for pod in v.placement:

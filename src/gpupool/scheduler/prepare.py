@@ -165,7 +165,8 @@ class Prepared:
         self._snapshot_stopping = bool(state.holding_nodes)
         self._owed = [w for w in snapshot.pending if w.victims_stopped]  # see Allocation._serve_gainers
         self._stopping_on: dict[str, list[tuple[WorkloadView, PodPlacement]]] | None = None
-        self._stopping_seen = 0  # how many of decisions.evictions `_stopping_on` has seen
+        self._ownerless = 0  # this cycle's evictions for no pending workload (stale gangs)
+        self._stopping_seen = 0  # how many of those `_stopping_on` has seen
         # Work held back by another (see Cycle._let_go): under strict blocking, each group's workload that
         # did not fit and holds back the rest; under backfill, the reservation that held back a workload.
         self._blockers: dict[str, WorkloadView] = {}
@@ -286,6 +287,8 @@ class Prepared:
             return
         self.state.evict(w, code)
         self.decisions.evictions.append(Eviction(w.id, code, reason, for_workload))
+        if for_workload is None:
+            self._ownerless += 1
 
     def _bind(self, w: WorkloadView, placed: tuple[PodPlacement, ...]) -> None:
         self.decisions.binds.append(Bind(w.id, placed))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.control.readiness import FAILURES, ReadinessProber, Target
+from gpupool.control.readiness import FAILURES, ReadinessProber, Target, word_on
 from gpupool.store.db import Store
 
 
@@ -46,7 +46,7 @@ def test_ready_at_the_first_good_answer_and_not_ready_only_after_failures_in_a_r
     prober = ReadinessProber(Store(f"sqlite:///{tmp_path / 'store.db'}"))
     target = Target(1, 0, f"http://{endpoint}/health", "/health")
 
-    r = prober.probe(target, None)
+    r = prober.probe(target, word_on({}, 1, 0))
     assert (r.ready, r.detail, r.failures) == (False, "GET /health answered 503", 1)
     handler.status = 302  # a redirect counts as success, as Kubernetes counts it
     r = prober.probe(target, r)
@@ -62,11 +62,13 @@ def test_ready_at_the_first_good_answer_and_not_ready_only_after_failures_in_a_r
     ready = prober.probe(target, r)
     assert ready.ready
     handler.status = 500
-    again = prober.probe(Target(1, 1, target.url, target.path), ready)  # a new attempt starts over
+    fresh = word_on({1: ready}, 1, 1)  # a new attempt starts over, not ready
+    assert not fresh.ready and fresh.detail == "not probed yet"
+    again = prober.probe(Target(1, 1, target.url, target.path), fresh)
     assert (again.attempt, again.ready, again.failures) == (1, False, 1)
 
 
 def test_a_port_nobody_listens_on_is_not_ready_with_the_error(tmp_path: Path) -> None:
     prober = ReadinessProber(Store(f"sqlite:///{tmp_path / 'store.db'}"))
-    r = prober.probe(Target(1, 0, "http://127.0.0.1:9/health", "/health"), None)
+    r = prober.probe(Target(1, 0, "http://127.0.0.1:9/health", "/health"), word_on({}, 1, 0))
     assert not r.ready and r.detail.startswith("GET /health failed:")

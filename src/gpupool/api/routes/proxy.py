@@ -25,6 +25,7 @@ from gpupool.api.auth import role_of
 from gpupool.api.errors import ApiError
 from gpupool.control import service
 from gpupool.control.errors import ServiceError
+from gpupool.control.readiness import word_on
 from gpupool.websocket_relay import relay
 
 router = APIRouter(prefix="/workloads", tags=["services"])
@@ -52,16 +53,18 @@ TARGET_TTL = 1.0
 MAX_TARGETS = 10_000
 
 
-def _client(request: Request) -> httpx.AsyncClient:
-    """The app's one client for proxied requests (its connections are kept and reused); made at first use,
-    closed with the app."""
-    state = request.app.state
-    client: httpx.AsyncClient | None = getattr(state, "proxy_client", None)
-    if client is None:
-        client = state.proxy_client = httpx.AsyncClient(
-            timeout=TIMEOUT, follow_redirects=False, trust_env=False
-        )
-    return client
+class ProxyState:
+    """The app's one client for proxied requests (its connections kept and reused; closed with the app),
+    and where each service was last read to run (see TARGET_TTL)."""
+
+    def __init__(self) -> None:
+        self.client = httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, trust_env=False)
+        self.targets: dict[int, tuple[float, service.ServiceTarget]] = {}
+
+
+def _state(request: HTTPConnection) -> ProxyState:
+    state: ProxyState = request.app.state.proxy
+    return state
 
 
 def _rest_of_path(request: HTTPConnection, workload_id: int) -> str:
@@ -78,16 +81,12 @@ async def _target(request: HTTPConnection, workload_id: int) -> tuple[service.Se
     """The service's target, and whether it is remembered: from the last second's read when the service
     is still ready, else read from the store (which refuses, as `service.service_endpoint` says)."""
     runtime = request.app.state.runtime
-    state = request.app.state
-    targets: dict[int, tuple[float, service.ServiceTarget]] | None = getattr(state, "proxy_targets", None)
-    if targets is None:
-        targets = state.proxy_targets = {}
+    targets = _state(request).targets
     hit = targets.get(workload_id)
     now = time.monotonic()
     if hit is not None and hit[0] > now:
         known = hit[1]
-        word = runtime.readiness.state.get(workload_id) if known.probed else None
-        if not known.probed or (word is not None and word.attempt == known.attempt and word.ready):
+        if not known.probed or word_on(runtime.readiness.state, workload_id, known.attempt).ready:
             return known, True
     target: service.ServiceTarget = await run_in_threadpool(
         service.service_endpoint, runtime.store, workload_id, runtime.readiness.state
@@ -110,7 +109,7 @@ async def _send(request: Request, workload_id: int, target: service.ServiceTarge
     headers.append((b"x-forwarded-for", client_host.encode("latin-1")))
     headers.append((b"x-forwarded-prefix", f"/api/v1/workloads/{workload_id}/proxy".encode()))
     has_body = "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
-    client = _client(request)
+    client = _state(request).client
     outgoing = client.build_request(
         request.method,
         f"http://{target.endpoint}{_rest_of_path(request, workload_id)}",
@@ -142,9 +141,7 @@ def _unreachable(target: service.ServiceTarget, exc: Exception) -> ApiError:
 
 
 def _forget(request: HTTPConnection, workload_id: int) -> None:
-    targets = getattr(request.app.state, "proxy_targets", None)
-    if targets is not None:
-        targets.pop(workload_id, None)
+    _state(request).targets.pop(workload_id, None)
 
 
 @router.api_route(
