@@ -46,7 +46,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         attempt = os.environ.get("GPUPOOL_ATTEMPT", "0")
-        self._reply(200, {"text": prompt[::-1], "gpus": gpus, "attempt": attempt})
+        replica = os.environ.get("GPUPOOL_REPLICA", "0")  # which copy answered, with replicas: N
+        self._reply(200, {"text": prompt[::-1], "gpus": gpus, "attempt": attempt, "replica": replica})
 
     def log_message(self, *args: object) -> None:
         pass

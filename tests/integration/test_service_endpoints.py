@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -22,75 +21,9 @@ from websockets.sync.client import connect
 from tests.support.agent import start_pool
 from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
+from tests.support.services import answer_of, echo_service, proxy_path, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# An HTTP service: it answers every request with what it received, and the attempt that received it.
-ECHO = """
-import http.server, json, os, time
-
-class Echo(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def stream(self):  # one event now, the next once the file "gate" exists in the workdir
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for event in (b"data: first\\n\\n", b"data: second\\n\\n"):
-            self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(event), event))
-            self.wfile.flush()
-            while not os.path.exists("gate"):
-                time.sleep(0.05)
-        self.wfile.write(b"0\\r\\n\\r\\n")
-
-    def health(self):  # ready once the file "ready" exists in the workdir
-        self.send_response(200 if os.path.exists("ready") else 503)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def answer(self):
-        if self.path == "/events":
-            return self.stream()
-        if self.path == "/health":
-            return self.health()
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
-        out = json.dumps({
-            "method": self.command, "path": self.path, "body": body,
-            "attempt": os.environ["GPUPOOL_ATTEMPT"], "port": os.environ["GPUPOOL_PORT"],
-            "authorization": self.headers.get("Authorization"), "x_test": self.headers.get("X-Test"),
-            "forwarded_prefix": self.headers.get("X-Forwarded-Prefix"),
-        }).encode()
-        self.send_response(404 if self.path.startswith("/missing") else 200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.send_header("X-Service", "echo")
-        self.end_headers()
-        self.wfile.write(out)
-
-    do_GET = do_POST = do_DELETE = answer
-
-    def log_message(self, *args):
-        pass
-
-http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), Echo).serve_forever()
-"""
-
-
-def _echo_service(server: ServerProcess, workdir: Path, **spec: Any) -> int:
-    """Submit the echo service (its program written into `workdir`); its id."""
-    (workdir / "echo.py").write_text(ECHO)
-    created = server.submit(
-        {
-            "kind": "service",
-            "name": "echo",
-            "resources": {"gpu": 1},
-            "workdir": str(workdir),
-            "commands": [f"exec {sys.executable} echo.py"],
-            **spec,
-        }
-    )
-    return int(created["id"])
 
 
 @contextlib.contextmanager
@@ -108,31 +41,12 @@ def _forwarding(server: ServerProcess, workload_id: int) -> Iterator[str]:
         forwarder.wait(timeout=10)
 
 
-def _proxy(workload_id: int, rest: str = "") -> str:
-    return f"/api/v1/workloads/{workload_id}/proxy/{rest}"
-
-
-def _answer(client: httpx.Client, url: str, attempt: str, timeout: float = 30.0) -> dict[str, Any]:
-    """The service's echo of GET `url` once attempt `attempt` answers it (it needs a moment to listen)."""
-    deadline = time.time() + timeout
-    while True:
-        response = client.get(url, headers={"X-Test": "passed on"})
-        if response.status_code == 200 and response.json()["attempt"] == attempt:
-            assert response.headers["x-service"] == "echo"
-            return dict(response.json())
-        assert response.status_code in (200, 502, 503), response.text
-        assert time.time() < deadline, (
-            f"attempt {attempt} never answered: {response.status_code} {response.text}"
-        )
-        time.sleep(0.1)
-
-
 def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp_path: Path) -> None:
     server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "0"]).start()
     try:
-        sid = _echo_service(server, tmp_path)
+        sid = echo_service(server, tmp_path)
         with server.http() as client:
-            first = _answer(client, _proxy(sid, "hello/world?x=1&y=two%20words"), "0")
+            first = answer_of(client, proxy_path(sid, "hello/world?x=1&y=two%20words"), "0")
             assert first["method"] == "GET"
             assert first["path"] == "/hello/world?x=1&y=two%20words"
             assert first["x_test"] == "passed on"
@@ -143,20 +57,20 @@ def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp
             assert shown["endpoint"] == f"127.0.0.1:{first['port']}"
             assert shown["attempt_list"][0]["endpoint"] == shown["endpoint"]
 
-            posted = client.post(_proxy(sid, "v1/generate"), json={"prompt": "hi"})
+            posted = client.post(proxy_path(sid, "v1/generate"), json={"prompt": "hi"})
             assert posted.status_code == 200, posted.text
             assert posted.json()["method"] == "POST"
             assert posted.json()["body"] == '{"prompt":"hi"}'
 
             # the service's own answers pass as they are, errors included
-            missing = client.get(_proxy(sid, "missing"))
+            missing = client.get(proxy_path(sid, "missing"))
             assert missing.status_code == 404 and missing.json()["path"] == "/missing"
             root = client.get(f"/api/v1/workloads/{sid}/proxy", follow_redirects=True)
             assert root.status_code == 200 and root.json()["path"] == "/"
 
             # an answer is streamed as the service writes it: the first event arrives while the service
             # still holds back the second (a buffering proxy would time out here)
-            with client.stream("GET", _proxy(sid, "events"), timeout=10) as events:
+            with client.stream("GET", proxy_path(sid, "events"), timeout=10) as events:
                 assert events.headers["content-type"] == "text/event-stream"
                 parts = events.iter_text()
                 assert next(parts) == "data: first\n\n"
@@ -166,7 +80,7 @@ def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp
             # killed, it starts again on a port of its own; the address through the head stays
             pid = shown["attempt_list"][0]["pid"]
             os.killpg(pid, signal.SIGKILL)
-            second = _answer(client, _proxy(sid, "again"), "1")
+            second = answer_of(client, proxy_path(sid, "again"), "1")
             assert second["path"] == "/again"
             assert server.workload(sid)["endpoint"] == f"127.0.0.1:{second['port']}"
 
@@ -175,13 +89,13 @@ def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp
             assert f"/api/v1/workloads/{sid}/proxy/" in shown_text
 
         with server.http(token=None) as anonymous:
-            refused = anonymous.get(_proxy(sid, "hello"))
+            refused = anonymous.get(proxy_path(sid, "hello"))
             assert refused.status_code == 401, refused.text
 
         with server.http() as client:
             assert client.post(f"/api/v1/workloads/{sid}/cancel").status_code == 202
             server.wait_for(sid, timeout=30)
-            ended = client.get(_proxy(sid, "hello"))
+            ended = client.get(proxy_path(sid, "hello"))
             assert ended.status_code == 409, ended.text
             assert "has ended (cancelled)" in ended.json()["error"]["message"]
     finally:
@@ -196,16 +110,16 @@ def test_the_proxy_refuses_jobs_unknown_ids_and_services_that_do_not_listen(serv
     )
     server.wait_for(deaf["id"], states=("running",))
     with server.http() as client:
-        refused = client.get(_proxy(job["id"], "x"))
+        refused = client.get(proxy_path(job["id"], "x"))
         assert refused.status_code == 409, refused.text
         error = refused.json()["error"]
         assert "is a job; only a service has an endpoint" in error["message"]
         assert error["field"] == "kind"
 
-        unknown = client.get(_proxy(999_999, "x"))
+        unknown = client.get(proxy_path(999_999, "x"))
         assert unknown.status_code == 404 and "no workload with id 999999" in unknown.text
 
-        silent = client.get(_proxy(deaf["id"], "x"))
+        silent = client.get(proxy_path(deaf["id"], "x"))
         assert silent.status_code == 502, silent.text
         message = silent.json()["error"]["message"]
         assert "service deaf" in message and "must listen on $GPUPOOL_PORT" in message
@@ -219,7 +133,7 @@ def test_a_pending_service_is_unavailable_with_the_reason(server: ServerProcess)
     )
     server.wait_for_reason(big["id"])
     with server.http() as client:
-        waiting = client.get(_proxy(big["id"], "x"))
+        waiting = client.get(proxy_path(big["id"], "x"))
         assert waiting.status_code == 503, waiting.text
         message = waiting.json()["error"]["message"]
         assert "service big" in message and "is pending" in message and "gpupool show" in message
@@ -231,9 +145,9 @@ def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reach
     pool = start_pool(tmp_path, 1, gpus="sim:2xH100")
     server = pool.server
     try:
-        sid = _echo_service(server, tmp_path)
+        sid = echo_service(server, tmp_path)
         with server.http() as client:
-            answer = _answer(client, _proxy(sid, "on/agent"), "0")
+            answer = answer_of(client, proxy_path(sid, "on/agent"), "0")
         assert answer["path"] == "/on/agent"
         low, high = map(int, pool.agent("agent-0").rendezvous_ports.split("-"))
         assert low <= int(answer["port"]) <= high, "GPUPOOL_PORT comes from the node's --rendezvous-ports"
@@ -246,12 +160,12 @@ def test_a_service_on_an_agent_listens_on_a_port_of_its_nodes_range_and_is_reach
 def test_a_service_with_a_readiness_probe_is_reached_only_once_the_probe_answers_2xx(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    sid = _echo_service(server, tmp_path, name="slow-start", readiness_probe="/health")
+    sid = echo_service(server, tmp_path, name="slow-start", readiness_probe="/health")
     # running, listening, and answering /health with 503: not ready, and the proxy says why
-    w = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
+    w = wait_until(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
     assert w["state"] == "running" and w["ready"] is False
     with server.http() as client:
-        refused = client.get(_proxy(sid, "hello"))
+        refused = client.get(proxy_path(sid, "hello"))
         assert refused.status_code == 503, refused.text
         message = refused.json()["error"]["message"]
         assert "service slow-start" in message and "is not ready" in message
@@ -259,9 +173,9 @@ def test_a_service_with_a_readiness_probe_is_reached_only_once_the_probe_answers
         assert "ready: no (GET /health answered 503)" in server.cli("show", str(sid), check=True).stdout
 
         (tmp_path / "ready").touch()
-        w = _wait_for(server, sid, lambda w: w["ready"] is True)
+        w = wait_until(server, sid, lambda w: w["ready"] is True)
         assert w["readiness"] == "GET /health answered 200"
-        passed = client.get(_proxy(sid, "hello"))
+        passed = client.get(proxy_path(sid, "hello"))
         assert passed.status_code == 200 and passed.json()["path"] == "/hello"
         listed = {x["id"]: x for x in client.get("/api/v1/workloads").json()}
         assert listed[sid]["ready"] is True
@@ -283,35 +197,25 @@ def test_a_readiness_probe_on_a_job_or_not_a_path_is_refused_with_the_fix(server
     assert refused.returncode != 0 and "applies to services only" in refused.stderr
 
 
-def _wait_for(server: ServerProcess, workload_id: int, done: Any, timeout: float = 30.0) -> dict[str, Any]:
-    deadline = time.time() + timeout
-    while True:
-        w = server.workload(workload_id)
-        if done(w):
-            return w
-        assert time.time() < deadline, f"workload {workload_id}: still waiting after {timeout}s: {w}"
-        time.sleep(0.1)
-
-
 def test_the_example_service_loads_then_answers_through_the_head(server: ServerProcess) -> None:
     done = server.cli("submit", str(ROOT / "examples" / "services" / "serve.yaml"), "--json", check=True)
     sid = json.loads(done.stdout)["id"]
-    loading = _wait_for(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
+    loading = wait_until(server, sid, lambda w: w["readiness"] == "GET /health answered 503")
     assert loading["ready"] is False
-    _wait_for(server, sid, lambda w: w["ready"] is True)
+    wait_until(server, sid, lambda w: w["ready"] is True)
     with server.http() as client:
-        answer = client.post(_proxy(sid, "v1/generate"), json={"prompt": "gpupool"})
+        answer = client.post(proxy_path(sid, "v1/generate"), json={"prompt": "gpupool"})
         assert answer.status_code == 200, answer.text
-        assert answer.json() == {"text": "loopupg", "gpus": "0", "attempt": "0"}
+        assert answer.json() == {"text": "loopupg", "gpus": "0", "attempt": "0", "replica": "0"}
 
 
 def test_gpupool_forward_serves_the_service_at_the_root_of_a_local_address(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    sid = _echo_service(server, tmp_path)
+    sid = echo_service(server, tmp_path)
     job = server.submit({"name": "batch", "commands": ["sleep 30"]})
     with server.http() as client:
-        _answer(client, _proxy(sid, "up"), "0")
+        answer_of(client, proxy_path(sid, "up"), "0")
     refused = server.cli("forward", str(job["id"]))
     assert refused.returncode == 1 and "is a job; only a service has an endpoint" in refused.stderr
 
@@ -382,7 +286,7 @@ def test_a_websocket_passes_through_the_head_and_gpupool_forward(
     )
     sid = created["id"]
     server.wait_for(sid, states=("running",))
-    head = server.url.replace("http://", "ws://") + _proxy(sid, "socket?x=1")
+    head = server.url.replace("http://", "ws://") + proxy_path(sid, "socket?x=1")
     auth = {"Authorization": f"Bearer {server.token}"}
     assert _talk(head, auth) == ["opened at /socket?x=1", "hello", b"\x00\x01binary"]
 
@@ -399,7 +303,7 @@ def test_a_websocket_passes_through_the_head_and_gpupool_forward(
     server.wait_for(deaf["id"], states=("running",))
     for workload, code, said in ((job, 1008, "is a job"), (pending, 1013, "is pending"),
                                  (deaf, 1011, "refused the WebSocket")):  # fmt: skip
-        url = server.url.replace("http://", "ws://") + _proxy(workload["id"], "x")
+        url = server.url.replace("http://", "ws://") + proxy_path(workload["id"], "x")
         with (
             connect(url, additional_headers=auth, open_timeout=10) as ws,
             pytest.raises(ConnectionClosed) as closed,

@@ -49,7 +49,7 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0009"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0010"
     again.close()
 
 
@@ -78,6 +78,65 @@ def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> N
     created = service.submit(upgraded, parse_workload_spec({"commands": ["true"]}))
     assert service.get_workload(upgraded, created["id"])["state"] == "pending"
     upgraded.close()
+
+
+def test_a_service_stored_before_replicas_is_upgraded_to_replica_0_of_itself(tmp_path: Path) -> None:
+    from alembic import command
+
+    from gpupool.store.db import alembic_config
+
+    old = Store(f"sqlite:///{tmp_path / 'old.db'}", run_migrations=False)
+    command.upgrade(alembic_config(old.engine), "0009")
+    with old.engine.begin() as conn:
+        conn.execute(text("insert into queues (name, priority, spec, created_at, updated_at) "
+                          "values ('default', 0, '{}', '2026-01-01', '2026-01-01')"))  # fmt: skip
+        for name, kind in (("web", "service"), ("train", "job")):
+            conn.execute(
+                text(
+                    "insert into workloads (name, kind, queue, user, priority, preemptible, gpus, nodes, "
+                    "spec, state, reason, reason_code, cancel_requested, restarts, created_at, updated_at, "
+                    "version) values (:name, :kind, 'default', 'admin', 50, 1, '1', 1, :spec, 'pending', "
+                    "'', '', 0, 0, '2026-01-01', '2026-01-01', 1)"
+                ),
+                {"name": name, "kind": kind, "spec": f'{{"kind": "{kind}", "commands": ["true"]}}'},
+            )
+    old.close()
+    upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    web, train = (w for w in service.list_workloads(upgraded) if w["name"] in ("web", "train"))
+    assert (web["service_id"], web["replica"]) == (web["id"], 0)
+    assert (train["service_id"], train["replica"]) == (None, 0)
+    scaled = service.scale(upgraded, web["id"], 2)  # the old service gains a replica as a new one would
+    assert [(r["replica"], r["state"]) for r in scaled["replica_list"]] == [(0, "pending"), (1, "pending")]
+    upgraded.close()
+
+
+def test_scaling_keeps_replica_0_removes_waiting_replicas_first_and_counts_stopping_ones_as_gone(
+    store: Store,
+) -> None:
+    spec = parse_workload_spec({"kind": "service", "name": "web", "commands": ["serve"], "replicas": 3})
+    ids = service.submit(store, spec)["replica_ids"]
+    with store.session() as s:
+        for workload_id in ids:
+            assert transition(s, s.get(Workload, workload_id), "running", "started").accepted
+
+    down = service.scale(store, ids[2], 1)  # any replica's id names the service
+    assert down["id"] == ids[0] and down["replicas"] == 1 and down["spec"]["replicas"] == 1
+    with store.read() as s:  # running ones stop through the control loop: asked to, not yet stopped
+        assert [s.get(Workload, i).cancel_requested for i in ids] == [False, True, True]
+
+    # back up while 1 and 2 still stop: they count as gone, and their numbers are not given out again
+    up = service.scale(store, ids[0], 2)
+    assert up["replicas"] == 2
+    new = next(r for r in up["replica_list"] if r["id"] not in ids)
+    assert (new["replica"], new["state"]) == (3, "pending")
+    events = service.get_workload(store, new["id"])["events"]
+    assert [e["reason"] for e in events] == ["scaled to 2 replicas by admin: replica 3"]
+
+    # down again: the waiting replica goes, at once, before a running one; replica 0 is never removed
+    after = service.scale(store, ids[0], 1)
+    states = {r["id"]: r["state"] for r in after["replica_list"]}
+    assert states[new["id"]] == "cancelled" and states[ids[0]] == "running"
+    assert service.cancel(store, ids[1])["cancelled_replicas"] == [ids[0], ids[1], ids[2]]
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:

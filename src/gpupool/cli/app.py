@@ -139,6 +139,9 @@ def run(
         help="with --service: a path, e.g. /health, that must answer 2xx or 3xx before the head's proxy "
         "passes requests on",
     ),
+    replicas: int | None = typer.Option(
+        None, "--replicas", help="with --service: copies run at once, each on its own GPUs (1..64)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
@@ -171,6 +174,8 @@ def run(
         data["env"] = _env_pairs(env)
     if readiness_probe is not None:
         data["readiness_probe"] = readiness_probe
+    if replicas is not None:
+        data["replicas"] = replicas
     parse_workload_spec(data)
     _created(client().submit(data), as_json)
 
@@ -202,8 +207,10 @@ def _created(workload: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(workload)
         return
+    replicas = workload.get("replica_ids") or []
+    also = f" with {len(replicas)} replicas ({', '.join(map(str, replicas))})" if len(replicas) > 1 else ""
     console.print(
-        f"submitted [bold]{workload['id']}[/bold] ({workload['name']}) to queue {workload['queue']}: "
+        f"submitted [bold]{workload['id']}[/bold] ({workload['name']}) to queue {workload['queue']}{also}: "
         f"{styled(workload['state'])}"
     )
 
@@ -272,6 +279,13 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
         console.print(
             f"  through the head: {c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/  (with the token)"
         )
+    if len(w.get("replica_list") or []) > 1:
+        console.print(f"  replicas: {w['replicas']} of service {w['service_id']} (gpupool scale {w['id']} N)")
+        for r in w["replica_list"]:
+            where = f" on {r['node']} at {r['endpoint']}" if r.get("endpoint") else ""
+            ready = "" if r.get("ready") is None else f" ready={'yes' if r['ready'] else 'no'}"
+            this = "  (this one)" if r["id"] == w["id"] else ""
+            console.print(f"    replica {r['replica']}: {r['id']} {styled(r['state'])}{where}{ready}{this}")
     console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:
@@ -356,7 +370,8 @@ def cancel(
     ),
 ) -> None:
     """Cancel workloads: pending ones at once, running ones by SIGTERM then SIGKILL after the grace period.
-    By ids, or a queue's work (`--queue Q [--state pending]`, as Slurm's scancel -p Q -t PENDING)."""
+    By ids, or a queue's work (`--queue Q [--state pending]`, as Slurm's scancel -p Q -t PENDING). A
+    service is cancelled whole, all its replicas by the id of any (`gpupool scale` removes some)."""
     c = client()
     if workload_ids and queue is not None:
         raise CliError("give workload ids or --queue, not both")
@@ -374,7 +389,10 @@ def cancel(
         raise CliError(
             "which workloads? give their ids (gpupool cancel 3 4), or --queue Q for a queue's work"
         )
+    covered: set[int] = set()  # a service's replicas, cancelled with it
     for workload_id in workload_ids:
+        if workload_id in covered:
+            continue
         try:
             w = c.cancel(workload_id)
         except ApiError as exc:
@@ -387,7 +405,31 @@ def cancel(
             if w["state"] == "cancelled"
             else "stopping (SIGTERM sent; SIGKILL after the grace period)"
         )
+        replicas = w.get("cancelled_replicas") or []
+        covered.update(replicas)
+        if len(replicas) > 1:
+            what = (
+                f"service cancelled, all {len(replicas)} replicas ({', '.join(map(str, replicas))}): "
+                "pending ones at once, running ones stopping (SIGTERM; SIGKILL after the grace period)"
+            )
         console.print(f"{workload_id} ({w['name']}): {what}")
+
+
+@app.command()
+def scale(
+    workload_id: int = typer.Argument(..., help="the service's id (or any of its replicas')"),
+    replicas: int = typer.Argument(..., help="how many copies run, 1..64"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Change how many replicas a service runs: new ones wait for the scheduler as any workload does;
+    removed ones (those still waiting first, then the highest-numbered) stop after their grace period."""
+    w = client().scale(workload_id, replicas)
+    if as_json:
+        print_json(w)
+        return
+    active = [r for r in w["replica_list"] if r["state"] in ("pending", "running")]
+    listed = ", ".join(f"replica {r['replica']}: {r['id']} {r['state']}" for r in active)
+    console.print(f"service {w['name']} (workload {w['id']}): {w['replicas']} replicas: {listed}")
 
 
 def _active_ids(c: Client, queue: str, state: str | None) -> list[int]:

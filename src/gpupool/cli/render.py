@@ -78,7 +78,11 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "age_seconds": w.get("age_seconds", 0.0),
                 "reason": w.get("reason", ""),
                 "exit_code": w.get("exit_code"),
+                "service_id": w.get("service_id"),
+                "replica": w.get("replica", 0),
                 "_gpus_text": gpus,
+                # a service's replicas after the first: NAME#N (as `docker compose` numbers containers)
+                "_name_text": f"{w['name']}#{w['replica']}" if w.get("replica") else w["name"],
             }
         )
     return rows
@@ -108,7 +112,7 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
             reason = f"exit {row['exit_code']}"
         table.add_row(
             str(row["id"]),
-            row["name"],
+            row["_name_text"],
             row["queue"],
             styled(row["state"]),
             row["_gpus_text"],

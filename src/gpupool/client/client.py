@@ -137,6 +137,11 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/cancel")
         return result
 
+    def scale(self, workload_id: int, replicas: int) -> dict[str, Any]:
+        body = {"replicas": replicas}
+        result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/scale", json=body)
+        return result
+
     def logs(
         self, workload_id: int, *, attempt: int | None = None, offset: int = 0, rank: int = 0
     ) -> dict[str, Any]:

@@ -49,6 +49,8 @@ def job_environment(
     node_rank: int = 0,
     node_ips: list[str] | None = None,
     service_port: int = 0,
+    service_id: int | None = None,
+    replica: int = 0,
 ) -> dict[str, str]:
     env = {k: v for k, v in base.items() if not k.startswith(_PRIVATE_PREFIXES)}
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
@@ -76,6 +78,9 @@ def job_environment(
     )
     if service_port:
         env["GPUPOOL_PORT"] = str(service_port)  # a service listens here; the head's proxy reaches it here
+    if service_id is not None:  # a service's replica: which copy this is, and the service's own id
+        env["GPUPOOL_SERVICE_ID"] = str(service_id)
+        env["GPUPOOL_REPLICA"] = str(replica)
     return env
 
 

@@ -385,6 +385,8 @@ class Reconciler(Observation, SnapshotBuilding):
             node_address=self.settings.node_address,
             master_port=contract.free_port(),
             service_port=service_port,
+            service_id=workload.service_id,
+            replica=workload.replica,
         )
         try:
             checkpoint_dir.mkdir(parents=True, exist_ok=True)

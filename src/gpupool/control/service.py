@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent_records import rank_log_path
-from gpupool.control.errors import Conflict, Invalid, NotFound, Unavailable
+from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError, Unavailable
 from gpupool.control.lifecycle import (
     ACTIVE,
     CANCELLED,
@@ -33,6 +33,7 @@ from gpupool.gpu.catalog import families
 from gpupool.scheduler import Explanation
 from gpupool.scheduler.placement import split_model
 from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request
+from gpupool.spec.workload import MAX_REPLICAS
 from gpupool.store.db import Store
 from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc
@@ -305,11 +306,14 @@ def workload_view(
         "reason_code": reason_code,
         "priority": workload.priority,
         "preemptible": workload.preemptible,
+        # a service's replicas share service_id (replica 0's id, the service's); null for a job
+        "service_id": workload.service_id,
+        "replica": workload.replica,
         "gpus": workload.gpus,
         "nodes": workload.nodes,
         "node": last.node_name if running and last else None,
         "gpu_indices": list(last.gpu_indices) if running and last else [],
-        # a running service's address, "host:port"; the head proxies to it (see `service_endpoint`)
+        # a running service's address, "host:port"; the head proxies to it (see `service_targets`)
         "endpoint": (last.endpoint or None) if running and last else None,
         # by its readiness probe (the proxy passes requests on only when true); null without a probe
         "ready": probed.ready if probed is not None else None,
@@ -348,7 +352,7 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
                 field="workdir",
                 example="/home/me/project",
             )
-        workload = Workload(
+        first = Workload(
             name=spec.name or "",
             kind=spec.kind,
             queue=spec.queue,
@@ -362,22 +366,58 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
             reason="waiting for the scheduler",
             attempts=[],  # new: no query needed to know it has none
         )
-        s.add(workload)
+        s.add(first)
         s.flush()
-        if not workload.name:
-            workload.name = f"{spec.kind}-{workload.id}"
+        if not first.name:
+            first.name = f"{spec.kind}-{first.id}"
+        if spec.kind != SERVICE:
+            _submitted(s, [first], "submitted", user)
+            return workload_view(first)
+        first.service_id = first.id
+        replicas = [first, *(_replica_like(s, first, r) for r in range(1, spec.replicas))]
+        s.flush()
+        _submitted(s, replicas, "submitted", user)
+        return {**workload_view(first), "replica_ids": [w.id for w in replicas]}
+
+
+def _replica_like(s: Session, template: Workload, replica: int) -> Workload:
+    """A new pending replica `replica` of `template`'s service, added to `s`."""
+    workload = Workload(
+        name=template.name,
+        kind=template.kind,
+        queue=template.queue,
+        user=template.user,
+        priority=template.priority,
+        preemptible=template.preemptible,
+        gpus=template.gpus,
+        nodes=template.nodes,
+        spec=template.spec,
+        state=PENDING,
+        reason="waiting for the scheduler",
+        service_id=template.service_id,
+        replica=replica,
+        attempts=[],
+    )
+    s.add(workload)
+    return workload
+
+
+def _submitted(s: Session, workloads: list[Workload], reason: str, actor: str) -> None:
+    """Each new workload's first event: pending since `reason` (a service's replicas say which they are)."""
+    many = len(workloads) > 1 or workloads[0].replica > 0
+    for workload in workloads:
+        said = f"{reason}: replica {workload.replica}" if many else reason
         s.add(
             Event(
                 object_kind="workload",
                 object_id=str(workload.id),
                 from_state="",
                 to_state=PENDING,
-                reason="submitted",
-                actor=user,
+                reason=said,
+                actor=actor,
             )
         )
-        s.flush()
-        return workload_view(workload)
+    s.flush()
 
 
 def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
@@ -405,51 +445,125 @@ def _load(s: Session, workload_id: int) -> Workload:
     return workload
 
 
+def _replicas(s: Session, workload: Workload) -> list[Workload]:
+    """Every replica of `workload`'s service, ended ones included, by replica number (newest last); a job
+    alone."""
+    if workload.service_id is None:
+        return [workload]
+    return list(
+        s.scalars(
+            select(Workload)
+            .where(Workload.service_id == workload.service_id)
+            .order_by(Workload.replica, Workload.id)
+        )
+    )
+
+
+def _active(replicas: list[Workload]) -> list[Workload]:
+    """Those pending or running, stopping ones included."""
+    return [w for w in replicas if w.state not in TERMINAL]
+
+
+def _kept(replicas: list[Workload]) -> list[Workload]:
+    """Those pending or running that nobody asked to stop: the replicas a service has."""
+    return [w for w in replicas if w.state not in TERMINAL and not w.cancel_requested]
+
+
+def replica_view(workload: Workload, readiness: Ready | None = None) -> dict[str, Any]:
+    """One replica as a service's detail lists it."""
+    last = workload.attempts[-1] if workload.attempts else None
+    running = last is not None and last.state == RUNNING
+    probed = _readiness_of(workload, last, readiness)
+    return {
+        "id": workload.id,
+        "replica": workload.replica,
+        "state": workload.state,
+        "reason": workload.reason,
+        "node": last.node_name if running and last else None,
+        "endpoint": (last.endpoint or None) if running and last else None,
+        "ready": probed.ready if probed is not None else None,
+        "attempts": len(workload.attempts),
+        "restarts": workload.restarts,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceTarget:
     """Where the head's proxy reaches a running service."""
 
     endpoint: str  # "host:port"
     described: str  # how messages name it: the service, its attempt, node and endpoint
+    workload_id: int  # the replica's workload (the prober's word is by workload and attempt)
     attempt: int  # the running attempt's number
     probed: bool  # it declares a readiness_probe: requests pass only while the prober says ready
 
 
-def service_endpoint(store: Store, workload_id: int, readiness: Ready | None = None) -> ServiceTarget:
-    """Where a running service listens, for the head's proxy; a clear refusal when there is none to
-    reach: not a service, ended, not running now, or not ready by its readiness probe."""
+def service_targets(
+    store: Store, workload_id: int, readiness: Ready | None = None
+) -> tuple[ServiceTarget, ...]:
+    """Where the replicas of the service `workload_id` names (any of its replicas' ids) listen and take
+    requests now, for the head's proxy, by replica number; a clear refusal when none does: not a service,
+    ended, or none of its replicas running and ready (each one's reason said)."""
     with store.read() as s:
         workload = _load(s, workload_id)
-        name = f"service {workload.name} (workload {workload.id})"
         if workload.kind != SERVICE:
             raise Conflict(
                 f"workload {workload.id} ({workload.name}) is a job; only a service has an endpoint to reach "
                 "through the proxy: submit it with kind: service (or `gpupool run --service`)",
                 field="kind",
             )
-        if workload.state in TERMINAL:
-            raise Conflict(f"{name} has ended ({workload.state}) and runs no more: submit it again")
-        last = workload.attempts[-1] if workload.attempts else None
-        if workload.state != RUNNING or last is None or last.state != RUNNING:
-            why = f": {workload.reason}" if workload.reason and workload.state == PENDING else ""
+        replicas = _replicas(s, workload)
+        active = _active(replicas)
+        if len(replicas) == 1 or len(active) <= 1:
+            one = active[0] if active else workload
+            return (_target_of(one, f"service {one.name} (workload {one.id})", readiness),)
+        targets: list[ServiceTarget] = []
+        refusals: list[str] = []
+        for replica in active:
+            if replica.cancel_requested:  # stopping: it finishes what it has, and takes nothing new
+                refusals.append(f"{_replica_name(replica)} is stopping")
+                continue
+            try:
+                targets.append(_target_of(replica, _replica_name(replica), readiness))
+            except ServiceError as exc:
+                refusals.append(exc.message)
+        if not targets:
             raise Unavailable(
-                f"{name} is {workload.state}{why}; it has no running attempt to proxy to yet: try again "
-                f"when `gpupool show {workload.id}` says running"
+                f"none of the {len(active)} replicas of service {workload.name} (workload "
+                f"{workload.service_id}) takes requests now: " + "; ".join(refusals)
             )
-        if not last.endpoint:
-            raise Unavailable(
-                f"{name}: attempt {last.number} started before gpupool recorded service endpoints; it gets "
-                "one when it starts again"
-            )
-        probed = _readiness_of(workload, last, readiness)
-        if probed is not None and not probed.ready:
-            path = workload.spec["readiness_probe"]
-            raise Unavailable(
-                f"{name} is not ready: its readiness probe, for attempt {last.number}, {probed.detail}; the "
-                f"proxy passes requests on once GET {path} answers 2xx or 3xx"
-            )
-        described = f"{name}, attempt {last.number} on {last.node_name} at {last.endpoint}"
-        return ServiceTarget(last.endpoint, described, last.number, probed is not None)
+        return tuple(targets)
+
+
+def _replica_name(workload: Workload) -> str:
+    return f"service {workload.name} replica {workload.replica} (workload {workload.id})"
+
+
+def _target_of(workload: Workload, name: str, readiness: Ready | None) -> ServiceTarget:
+    """Where one replica listens (`name`: how messages name it), or why it takes no requests now."""
+    if workload.state in TERMINAL:
+        raise Conflict(f"{name} has ended ({workload.state}) and runs no more: submit it again")
+    last = workload.attempts[-1] if workload.attempts else None
+    if workload.state != RUNNING or last is None or last.state != RUNNING:
+        why = f": {workload.reason}" if workload.reason and workload.state == PENDING else ""
+        raise Unavailable(
+            f"{name} is {workload.state}{why}; it has no running attempt to proxy to yet: try again "
+            f"when `gpupool show {workload.id}` says running"
+        )
+    if not last.endpoint:
+        raise Unavailable(
+            f"{name}: attempt {last.number} started before gpupool recorded service endpoints; it gets "
+            "one when it starts again"
+        )
+    probed = _readiness_of(workload, last, readiness)
+    if probed is not None and not probed.ready:
+        path = workload.spec["readiness_probe"]
+        raise Unavailable(
+            f"{name} is not ready: its readiness probe, for attempt {last.number}, {probed.detail}; the "
+            f"proxy passes requests on once GET {path} answers 2xx or 3xx"
+        )
+    described = f"{name}, attempt {last.number} on {last.node_name} at {last.endpoint}"
+    return ServiceTarget(last.endpoint, described, workload.id, last.number, probed is not None)
 
 
 def get_workload(
@@ -458,6 +572,10 @@ def get_workload(
     with store.read() as s:
         workload = _load(s, workload_id)
         view = workload_view(workload, detail=True, live=live, readiness=readiness)
+        if workload.kind == SERVICE:
+            replicas = _replicas(s, workload)
+            view["replicas"] = len(_kept(replicas))
+            view["replica_list"] = [replica_view(w, readiness) for w in replicas]
         view["events"] = [
             {"at": _iso(e.at), "from": e.from_state, "to": e.to_state, "reason": e.reason, "actor": e.actor}
             for e in s.scalars(
@@ -497,21 +615,84 @@ def list_workloads(
 
 
 def cancel(store: Store, workload_id: int, *, actor: str = "admin") -> dict[str, Any]:
-    """A pending workload is cancelled at once; a running one is stopped by the control loop."""
+    """A pending workload is cancelled at once; a running one is stopped by the control loop. A service is
+    cancelled whole: the id of any of its replicas cancels them all (`gpupool scale` removes some)."""
     for _ in range(5):
         try:
             with store.session() as s:
                 workload = _load(s, workload_id)
-                if workload.state in TERMINAL:
+                active = _active(_replicas(s, workload))
+                if not active:
                     raise Conflict(f"workload {workload_id} already {workload.state}; nothing to cancel")
-                workload.cancel_requested = True
-                if workload.state == PENDING:
-                    transition(s, workload, CANCELLED, f"cancelled by {actor} before it started", actor=actor)
+                for replica in active:
+                    _cancel_one(s, replica, f"cancelled by {actor} before it started", actor)
                 s.flush()
-                return workload_view(workload)
+                view = workload_view(workload)
+                if workload.kind == SERVICE:
+                    view["cancelled_replicas"] = [w.id for w in active]
+                return view
         except StaleDataError:
             continue  # the control loop changed it at the same moment: read again and decide again
     raise Conflict(f"workload {workload_id} is changing state; try again")
+
+
+def _cancel_one(s: Session, workload: Workload, reason: str, actor: str) -> None:
+    workload.cancel_requested = True
+    if workload.state == PENDING:
+        transition(s, workload, CANCELLED, reason, actor=actor)
+
+
+def scale(store: Store, workload_id: int, replicas: int, *, actor: str = "admin") -> dict[str, Any]:
+    """Run `replicas` copies of the service `workload_id` names: new ones (the lowest replica numbers
+    free) pending for the scheduler, or some cancelled: those still waiting first, then the running ones
+    with the highest numbers (each stopped with its grace period); never replica 0, the service's own.
+    Returns the service's detail."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise Invalid(
+            f"replicas must be 1..{MAX_REPLICAS}, got {replicas}; to stop a service, cancel it",
+            field="replicas",
+            example="2",
+        )
+    for _ in range(5):
+        try:
+            with store.session() as s:
+                workload = _load(s, workload_id)
+                if workload.kind != SERVICE:
+                    raise Conflict(
+                        f"workload {workload.id} ({workload.name}) is a job; only a service has replicas "
+                        "(kind: service, or `gpupool run --service --replicas N`)",
+                        field="kind",
+                    )
+                group = _replicas(s, workload)
+                kept = _kept(group)
+                if not kept:
+                    raise Conflict(
+                        f"service {workload.name} (workload {workload.service_id}) has ended or is "
+                        f"stopping ({workload.state}); submit it again with replicas: {replicas}"
+                    )
+                spec = {**kept[0].spec, "replicas": replicas}
+                for replica in kept:
+                    replica.spec = spec
+                held = {w.replica for w in _active(group)}  # a stopping one's number is not free yet
+                free = (r for r in range(MAX_REPLICAS + len(held)) if r not in held)
+                added = [_replica_like(s, kept[0], next(free)) for _ in range(replicas - len(kept))]
+                if added:
+                    s.flush()
+                    _submitted(s, added, f"scaled to {replicas} replicas by {actor}", actor)
+                # Kept: replica 0 (the service's own id), running ones before those still waiting, then
+                # the lowest numbers.
+                removed = sorted(kept, key=lambda w: (w.replica != 0, w.state != RUNNING, w.replica))[
+                    replicas:
+                ]
+                for replica in removed:
+                    _cancel_one(s, replica, f"scaled to {replicas} replicas by {actor}", actor)
+                if removed:
+                    s.flush()
+                service_id = workload.service_id or workload.id
+        except StaleDataError:
+            continue  # the control loop changed a replica at the same moment: read again, decide again
+        return get_workload(store, service_id)
+    raise Conflict(f"service {workload_id} is changing state; try again")
 
 
 def read_log(

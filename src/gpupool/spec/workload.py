@@ -48,6 +48,7 @@ RESERVED_ENV_NAMES: Final = frozenset(
 """Set by gpupool for every attempt (the job contract, DESIGN.md); a spec may not set them."""
 
 MAX_NODES: Final = 1024
+MAX_REPLICAS: Final = 64
 MAX_GRACE_PERIOD: Final = 3600.0
 MAX_PROBE_PATH: Final = 2000
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -77,6 +78,7 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "grace_period": "30s",
     "placement": "{nodes: [node-3], topology: rack}",
     "readiness_probe": "/health",
+    "replicas": "2",
     "placement.nodes": "[node-3, node-4]",
     "placement.topology": "rack",
     "placement.topology_preferred": "zone",
@@ -307,6 +309,14 @@ class WorkloadSpec(BaseModel):
         "head's proxy passes requests on only while it answers 2xx or 3xx, e.g. /health; default null: "
         "no probe (requests pass as soon as the service runs).",
     )
+    replicas: Whole = Field(
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Services only: copies run at once, 1..64, each scheduled on its own GPUs and "
+        "started again on its own; the head's proxy spreads requests over the ready ones (round robin); "
+        "change it with `gpupool scale`; default 1.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -375,6 +385,14 @@ class WorkloadSpec(BaseModel):
                 "applies to services only (a job is not reached through the head's proxy): remove it, or "
                 "use kind: service",
                 "{kind: service, readiness_probe: /health, commands: [python serve.py]}",
+            )
+        if self.kind != "service" and self.replicas != 1:
+            raise SpecError(
+                "replicas",
+                self.replicas,
+                "applies to services only (a job runs once; for several copies submit several jobs, or "
+                "one gang with nodes): remove it, or use kind: service",
+                "{kind: service, replicas: 2, commands: [python serve.py]}",
             )
         if self.max_duration is not None and self.max_duration <= 0:
             raise SpecError("max_duration", self.max_duration, "must be longer than 0 seconds", "")

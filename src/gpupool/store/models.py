@@ -117,7 +117,11 @@ class Workload(Base):
     """A job or service as submitted (its spec) and where it stands (`state`, `reason`)."""
 
     __tablename__ = "workloads"
-    __table_args__ = (Index("ix_workloads_state", "state"), Index("ix_workloads_queue", "queue"))
+    __table_args__ = (
+        Index("ix_workloads_state", "state"),
+        Index("ix_workloads_queue", "queue"),
+        Index("ix_workloads_service_id", "service_id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(63))
@@ -136,6 +140,11 @@ class Workload(Base):
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # A service's replicas are workloads of their own (each scheduled, started and stopped alone) that share
+    # `service_id`, the id of replica 0, the service's id; `replica` numbers them 0.. (GPUPOOL_REPLICA).
+    # A job has none (null, 0).
+    service_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    replica: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -252,6 +252,19 @@ def test_a_service_refuses_a_retry_policy_it_would_not_use() -> None:
     assert parse_workload_spec(stored).kind == "service"
 
 
+def test_a_service_runs_1_to_64_replicas_and_a_job_refuses_them() -> None:
+    assert parse_workload_spec({"kind": "service", "commands": ["serve"]}).replicas == 1
+    assert parse_workload_spec({"kind": "service", "commands": ["serve"], "replicas": "3"}).replicas == 3
+    for bad, words in ((0, "at least 1"), (65, "at most 64"), (True, "not a number"), (2.5, "whole number")):
+        with pytest.raises(SpecError) as raised:
+            parse_workload_spec({"kind": "service", "commands": ["serve"], "replicas": bad})
+        assert raised.value.field == "replicas" and words in str(raised.value), str(raised.value)
+    with pytest.raises(SpecError) as raised:
+        parse_workload_spec({"commands": ["train"], "replicas": 2})
+    assert raised.value.field == "replicas"
+    assert "applies to services only" in str(raised.value) and "kind: service" in str(raised.value)
+
+
 # --- round-trip through the JSON the server stores -----------------------------------------------
 
 
@@ -340,6 +353,7 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
             },
         ),
         "max_duration": _DURATION,
+        "replicas": st.integers(min_value=1, max_value=64),
         "grace_period": st.one_of(
             st.floats(min_value=0, max_value=3600), st.sampled_from(["0s", "1m", "1h"])
         ),
@@ -349,6 +363,8 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
             spec[key] = draw(strategy)
     if spec.get("kind") == "service":
         spec.pop("retry", None)  # a service restarts whenever it stops: retry is refused
+    elif spec.get("replicas", 1) != 1:
+        spec.pop("replicas")  # a job runs once: replicas are refused
     gpu = spec.get("resources", {}).get("gpu")
     if (
         gpu is not None

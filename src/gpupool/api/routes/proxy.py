@@ -55,11 +55,18 @@ MAX_TARGETS = 10_000
 
 class ProxyState:
     """The app's one client for proxied requests (its connections kept and reused; closed with the app),
-    and where each service was last read to run (see TARGET_TTL)."""
+    where each service's replicas were last read to run (see TARGET_TTL), and each service's turn: its
+    requests go round the replicas that take them."""
 
     def __init__(self) -> None:
         self.client = httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, trust_env=False)
-        self.targets: dict[int, tuple[float, service.ServiceTarget]] = {}
+        self.targets: dict[int, tuple[float, tuple[service.ServiceTarget, ...]]] = {}
+        self.turns: dict[int, int] = {}
+
+    def take_turn(self, workload_id: int, choices: list[service.ServiceTarget]) -> service.ServiceTarget:
+        turn = self.turns.get(workload_id, 0)
+        self.turns[workload_id] = turn + 1
+        return choices[turn % len(choices)]
 
 
 def _state(request: HTTPConnection) -> ProxyState:
@@ -77,24 +84,34 @@ def _rest_of_path(request: HTTPConnection, workload_id: int) -> str:
     return f"{rest}?{query}" if query else rest
 
 
-async def _target(request: HTTPConnection, workload_id: int) -> tuple[service.ServiceTarget, bool]:
-    """The service's target, and whether it is remembered: from the last second's read when the service
-    is still ready, else read from the store (which refuses, as `service.service_endpoint` says)."""
+async def _target(
+    request: HTTPConnection, workload_id: int, avoid: str = ""
+) -> tuple[service.ServiceTarget, bool]:
+    """The next of the service's replicas to send to (round robin over those that take requests; the
+    endpoint `avoid` only when no other does), and whether it is remembered: from the last second's read
+    while one of those is still ready, else read from the store (which refuses, as
+    `service.service_targets` says)."""
     runtime = request.app.state.runtime
-    targets = _state(request).targets
-    hit = targets.get(workload_id)
+    state = _state(request)
+    hit = state.targets.get(workload_id)
     now = time.monotonic()
     if hit is not None and hit[0] > now:
-        known = hit[1]
-        if not known.probed or word_on(runtime.readiness.state, workload_id, known.attempt).ready:
-            return known, True
-    target: service.ServiceTarget = await run_in_threadpool(
-        service.service_endpoint, runtime.store, workload_id, runtime.readiness.state
+        ready = [
+            t
+            for t in hit[1]
+            if t.endpoint != avoid
+            and (not t.probed or word_on(runtime.readiness.state, t.workload_id, t.attempt).ready)
+        ]
+        if ready:
+            return state.take_turn(workload_id, ready), True
+    group: tuple[service.ServiceTarget, ...] = await run_in_threadpool(
+        service.service_targets, runtime.store, workload_id, runtime.readiness.state
     )
-    if len(targets) >= MAX_TARGETS:
-        targets.clear()
-    targets[workload_id] = (now + TARGET_TTL, target)
-    return target, False
+    if len(state.targets) >= MAX_TARGETS:
+        state.targets.clear()
+        state.turns.clear()
+    state.targets[workload_id] = (now + TARGET_TTL, group)
+    return state.take_turn(workload_id, [t for t in group if t.endpoint != avoid] or list(group)), False
 
 
 async def _send(request: Request, workload_id: int, target: service.ServiceTarget) -> httpx.Response:
@@ -167,12 +184,15 @@ async def proxy(request: Request, workload_id: int, path: str) -> Response:
     try:
         answer = await _send(request, workload_id, target)
     except httpx.ConnectError as exc:
+        hit = _state(request).targets.get(workload_id)
+        others = hit is not None and any(t.endpoint != target.endpoint for t in hit[1])
         _forget(request, workload_id)
-        if not remembered:
+        if not remembered and not others:
             raise _unreachable(target, exc) from exc
-        # Nothing reached the service: where it runs is read afresh (it may have ended, or started again
-        # on another port), and the request is sent once more, or refused as the store's state says.
-        target, _ = await _target(request, workload_id)
+        # Nothing reached the service: where its replicas run is read afresh (this one may have ended, or
+        # started again on another port), and the request is sent once more, to another replica when
+        # one takes requests, or refused as the store's state says.
+        target, _ = await _target(request, workload_id, avoid=target.endpoint)
         try:
             answer = await _send(request, workload_id, target)
         except httpx.ConnectError as again:
@@ -186,7 +206,10 @@ async def proxy(request: Request, workload_id: int, path: str) -> Response:
     response = StreamingResponse(
         answer.aiter_raw(), status_code=answer.status_code, background=BackgroundTask(answer.aclose)
     )
-    response.raw_headers = [(n.lower(), v) for n, v in kept]
+    # Which replica answered: the workload that served it (a service's replicas each have their own id).
+    response.raw_headers = [(n.lower(), v) for n, v in kept] + [
+        (b"x-gpupool-workload", str(target.workload_id).encode())
+    ]
     return response
 
 

@@ -1,4 +1,4 @@
-"""/api/v1/workloads: submit, list, get, cancel, logs."""
+"""/api/v1/workloads: submit, list, get, cancel, scale (a service's replicas), logs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
+from gpupool.api.body import fields
+from gpupool.api.errors import ApiError
 from gpupool.control import service
 from gpupool.spec import parse_workload_spec
 
@@ -57,6 +59,25 @@ def get_workload(request: Request, workload_id: int) -> dict[str, Any]:
 def cancel(request: Request, workload_id: int) -> dict[str, Any]:
     runtime = request.app.state.runtime
     result = service.cancel(runtime.store, workload_id)
+    runtime.wake()
+    return result
+
+
+@router.post(
+    "/{workload_id}/scale",
+    summary="A service's replicas: add some (pending for the scheduler) or cancel some",
+)
+def scale(
+    request: Request,
+    workload_id: int,
+    body: dict[str, Any] | None = Body(None, description='{"replicas": N}, 1..64'),
+) -> dict[str, Any]:
+    replicas = fields(body, ("replicas",)).get("replicas")
+    if not isinstance(replicas, int) or isinstance(replicas, bool):
+        said = "required" if replicas is None else f"{replicas!r} is not a whole number"
+        raise ApiError(422, "invalid", f'replicas: {said}; e.g. {{"replicas": 2}}', field="replicas")
+    runtime = request.app.state.runtime
+    result = service.scale(runtime.store, workload_id, replicas)
     runtime.wake()
     return result
 

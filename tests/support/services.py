@@ -1,0 +1,111 @@
+"""A real HTTP service for the tests of services and the head's proxy: it answers every request with what
+it received and which workload, attempt and replica received it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.server import ServerProcess
+
+ECHO = """
+import http.server, json, os, time
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def stream(self):  # one event now, the next once the file "gate" exists in the workdir
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in (b"data: first\\n\\n", b"data: second\\n\\n"):
+            self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(event), event))
+            self.wfile.flush()
+            while not os.path.exists("gate"):
+                time.sleep(0.05)
+        self.wfile.write(b"0\\r\\n\\r\\n")
+
+    def health(self):  # ready once the file "ready" (or "ready-R" for replica R) exists in the workdir
+        ready = os.path.exists("ready") or os.path.exists("ready-" + os.environ.get("GPUPOOL_REPLICA", ""))
+        self.send_response(200 if ready else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def answer(self):
+        if self.path == "/events":
+            return self.stream()
+        if self.path == "/health":
+            return self.health()
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        out = json.dumps({
+            "method": self.command, "path": self.path, "body": body,
+            "attempt": os.environ["GPUPOOL_ATTEMPT"], "port": os.environ["GPUPOOL_PORT"],
+            "authorization": self.headers.get("Authorization"), "x_test": self.headers.get("X-Test"),
+            "forwarded_prefix": self.headers.get("X-Forwarded-Prefix"),
+            "job_id": os.environ["GPUPOOL_JOB_ID"], "replica": os.environ.get("GPUPOOL_REPLICA"),
+            "service_id": os.environ.get("GPUPOOL_SERVICE_ID"),
+        }).encode()
+        self.send_response(404 if self.path.startswith("/missing") else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.send_header("X-Service", "echo")
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = do_DELETE = answer
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), Echo).serve_forever()
+"""
+
+
+def echo_service(server: ServerProcess, workdir: Path, **spec: Any) -> int:
+    """Submit the echo service (its program written into `workdir`); its id."""
+    (workdir / "echo.py").write_text(ECHO)
+    created = server.submit(
+        {
+            "kind": "service",
+            "name": "echo",
+            "resources": {"gpu": 1},
+            "workdir": str(workdir),
+            "commands": [f"exec {sys.executable} echo.py"],
+            **spec,
+        }
+    )
+    return int(created["id"])
+
+
+def proxy_path(workload_id: int, rest: str = "") -> str:
+    return f"/api/v1/workloads/{workload_id}/proxy/{rest}"
+
+
+def answer_of(client: httpx.Client, url: str, attempt: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The service's echo of GET `url` once attempt `attempt` answers it (it needs a moment to listen)."""
+    deadline = time.time() + timeout
+    while True:
+        response = client.get(url, headers={"X-Test": "passed on"})
+        if response.status_code == 200 and response.json()["attempt"] == attempt:
+            assert response.headers["x-service"] == "echo"
+            return dict(response.json())
+        assert response.status_code in (200, 502, 503), response.text
+        assert time.time() < deadline, (
+            f"attempt {attempt} never answered: {response.status_code} {response.text}"
+        )
+        time.sleep(0.1)
+
+
+def wait_until(server: ServerProcess, workload_id: int, done: Any, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    while True:
+        w = server.workload(workload_id)
+        if done(w):
+            return w
+        assert time.time() < deadline, f"workload {workload_id}: still waiting after {timeout}s: {w}"
+        time.sleep(0.1)
