@@ -2,10 +2,10 @@
 one request at a time (as a model server on one GPU serves one batch at a time), with 1, 2 and 4 replicas.
 
 A `gpupool server` (127.0.0.1, sim GPUs, fresh home) runs the service with `replicas: N`: a standard-library
-`HTTPServer` (not threading) on $GPUPOOL_PORT that spends --work-ms sleeping on each GET /work, as a
-request's GPU time would. --threads clients send GET /work through `/api/v1/workloads/ID/proxy/` for
---seconds; the answers' `X-Gpupool-Workload` header says which replica served each, so the spread is
-counted too. Rounds run the replica counts in the other order than the last.
+`ThreadingHTTPServer` on $GPUPOOL_PORT that spends --work-ms sleeping on each GET /work under one lock, so
+one request's work at a time, as a request's GPU time would. --threads clients send GET /work through
+`/api/v1/workloads/ID/proxy/` for --seconds; the answers' `X-Gpupool-Workload` header says which replica
+served each, so the spread is counted too. Rounds run the replica counts in the other order than the last.
 
 No target: the figures show the proxy's round robin turning replicas into throughput, for
 docs/benchmarks.md.
@@ -32,9 +32,10 @@ from rich.table import Table
 NAME = "service_replicas"
 
 SERVICE = """
-import http.server, os, time
+import http.server, os, threading, time
 
 WORK = float(os.environ["WORK_MS"]) / 1000
+GPU = threading.Lock()  # one request's work at a time, as on one GPU
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -42,7 +43,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/work":
-            time.sleep(WORK)
+            with GPU:
+                time.sleep(WORK)
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -51,7 +53,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-http.server.HTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), Handler).serve_forever()
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), Handler).serve_forever()
 """
 
 
