@@ -63,17 +63,22 @@ def test_the_migrations_give_every_column_the_models_declare(store: Store) -> No
         assert {c.name for c in table.columns} <= migrated, table.name
 
 
-def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> None:
+def _store_at(path: Path, revision: str) -> Store:
+    """A SQLite store migrated up to `revision` only, with the default queue."""
     from alembic import command
 
     from gpupool.store.db import alembic_config
 
-    old = Store(f"sqlite:///{tmp_path / 'old.db'}", run_migrations=False)
-    command.upgrade(alembic_config(old.engine), "0001")
+    old = Store(f"sqlite:///{path}", run_migrations=False)
+    command.upgrade(alembic_config(old.engine), revision)
     with old.engine.begin() as conn:
         conn.execute(text("insert into queues (name, priority, spec, created_at, updated_at) "
                           "values ('default', 0, '{}', '2026-01-01', '2026-01-01')"))  # fmt: skip
-    old.close()
+    return old
+
+
+def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> None:
+    _store_at(tmp_path / "old.db", "0001").close()
     upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
     created = service.submit(upgraded, parse_workload_spec({"commands": ["true"]}))
     assert service.get_workload(upgraded, created["id"])["state"] == "pending"
@@ -81,15 +86,8 @@ def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> N
 
 
 def test_a_service_stored_before_replicas_is_upgraded_to_replica_0_of_itself(tmp_path: Path) -> None:
-    from alembic import command
-
-    from gpupool.store.db import alembic_config
-
-    old = Store(f"sqlite:///{tmp_path / 'old.db'}", run_migrations=False)
-    command.upgrade(alembic_config(old.engine), "0009")
+    old = _store_at(tmp_path / "old.db", "0009")
     with old.engine.begin() as conn:
-        conn.execute(text("insert into queues (name, priority, spec, created_at, updated_at) "
-                          "values ('default', 0, '{}', '2026-01-01', '2026-01-01')"))  # fmt: skip
         for name, kind in (("web", "service"), ("train", "job")):
             conn.execute(
                 text(

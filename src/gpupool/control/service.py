@@ -445,6 +445,17 @@ def _load(s: Session, workload_id: int) -> Workload:
     return workload
 
 
+def _load_service(s: Session, workload_id: int, what_only_a_service: str) -> Workload:
+    """The workload `workload_id`, refused (409, naming the field `kind`) when it is a job."""
+    workload = _load(s, workload_id)
+    if workload.kind != SERVICE:
+        raise Conflict(
+            f"workload {workload.id} ({workload.name}) is a job; only a service {what_only_a_service}",
+            field="kind",
+        )
+    return workload
+
+
 def _replicas(s: Session, workload: Workload) -> list[Workload]:
     """Every replica of `workload`'s service, ended ones included, by replica number (newest last); a job
     alone."""
@@ -505,13 +516,10 @@ def service_targets(
     requests now, for the head's proxy, by replica number; a clear refusal when none does: not a service,
     ended, or none of its replicas running and ready (each one's reason said)."""
     with store.read() as s:
-        workload = _load(s, workload_id)
-        if workload.kind != SERVICE:
-            raise Conflict(
-                f"workload {workload.id} ({workload.name}) is a job; only a service has an endpoint to reach "
-                "through the proxy: submit it with kind: service (or `gpupool run --service`)",
-                field="kind",
-            )
+        workload = _load_service(
+            s, workload_id, "has an endpoint to reach through the proxy: submit it with kind: service "
+            "(or `gpupool run --service`)"
+        )  # fmt: skip
         replicas = _replicas(s, workload)
         active = _active(replicas)
         if len(replicas) == 1 or len(active) <= 1:
@@ -656,13 +664,9 @@ def scale(store: Store, workload_id: int, replicas: int, *, actor: str = "admin"
     for _ in range(5):
         try:
             with store.session() as s:
-                workload = _load(s, workload_id)
-                if workload.kind != SERVICE:
-                    raise Conflict(
-                        f"workload {workload.id} ({workload.name}) is a job; only a service has replicas "
-                        "(kind: service, or `gpupool run --service --replicas N`)",
-                        field="kind",
-                    )
+                workload = _load_service(
+                    s, workload_id, "has replicas (kind: service, or `gpupool run --service --replicas N`)"
+                )
                 group = _replicas(s, workload)
                 kept = _kept(group)
                 if not kept:
