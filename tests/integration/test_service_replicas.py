@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.agent import start_pool
 from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
 from tests.support.services import echo_service, proxy_path, wait_until
@@ -197,3 +198,20 @@ def test_replicas_wait_for_gpus_each_alone_and_bad_replica_counts_are_refused(
     assert cli.returncode != 0 and "applies to services only" in cli.stderr
     cancelled = server.cli("cancel", str(ids[1]), check=True).stdout
     assert "service cancelled, all 2 replicas" in cancelled
+
+
+def test_replicas_spread_over_nodes_and_are_reached_on_each(tmp_path: Path) -> None:
+    """Two agents of 2 GPUs each: binpacking would put two 1-GPU replicas on one node; as replicas of one
+    service, each goes to a node of its own (and a job after them still packs)."""
+    pool = start_pool(tmp_path, 2, gpus="sim:2xH100")
+    server = pool.server
+    try:
+        sid = echo_service(server, tmp_path, replicas=2)
+        shown = _running(server, sid, 2)
+        assert sorted(r["node"] for r in shown["replica_list"]) == ["agent-0", "agent-1"]
+        with server.http() as client:
+            answers = _replicas_answering(client, proxy_path(sid, "spread"), {"0", "1"})
+        assert len({a["port"] for a in answers.values()}) == 2
+    finally:
+        pool.stop()
+        kill_attempts_under(tmp_path)

@@ -223,11 +223,14 @@ class SnapshotBuilding:
                     Workload.preemptible,
                     Workload.spec,
                     Workload.priority,
+                    Workload.service_id,
                 ).where(Workload.id.in_(missing[chunk : chunk + 500]))
             ).all()
-            for wid, queue, nodes, created_at, preemptible, spec, priority in rows:
+            for wid, queue, nodes, created_at, preemptible, spec, priority, service_id in rows:
                 self._views[wid] = replace(
-                    _workload_view(wid, queue, nodes, created_at, preemptible, spec), priority=priority
+                    _workload_view(wid, queue, nodes, created_at, preemptible, spec),
+                    priority=priority,
+                    spread_group=service_id,  # a service's replicas: spread over nodes where they can be
                 )
                 if (spec or {}).get("checkpoint"):
                     self._resumable.add(wid)

@@ -419,7 +419,13 @@ class Placer:
     ) -> tuple[PodPlacement, ...] | None:
         state = self.state
         if w.nodes == 1:
-            pod = self.find_pod(w, after_release=after_release, domain=domain)
+            pod = None
+            if w.spread_group is not None:  # first where no other replica of its group runs
+                shared = state.spread(w.spread_group)
+                if shared:
+                    pod = self.find_pod(w, after_release=after_release, domain=domain, avoid=shared)
+            if pod is None:
+                pod = self.find_pod(w, after_release=after_release, domain=domain)
             if pod is None:
                 return None
             state.allocate(w, (pod,), after_release=after_release)

@@ -146,6 +146,9 @@ class WorkloadView:
     # Pending work only: work stopping for it (its `evicted_for` was this workload) has stopped since the
     # last cycle, so the GPUs it released are free now: still this workload's room, served first.
     victims_stopped: bool = False
+    # The replicas of one service share it (its id): each replica's pod prefers a node where no other
+    # running replica of the group is, so that one node lost does not take them all. None: no group.
+    spread_group: int | None = None
 
     @property
     def running(self) -> bool:
@@ -163,6 +166,7 @@ class WorkloadView:
             attained_service=self.attained_service, duration_estimate=self.duration_estimate,
             placement=placement, start_time=start_time, last_checkpoint_time=self.last_checkpoint_time,
             stopping=self.stopping, evicted_for=self.evicted_for, victims_stopped=self.victims_stopped,
+            spread_group=self.spread_group,
         )  # fmt: skip
 
     @property

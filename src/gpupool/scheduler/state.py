@@ -357,6 +357,8 @@ class ClusterState:
         self.island = 0  # GPUs in the largest NVLink island of any schedulable node
         self.accounted: list[str] = []  # the queues whose work was allocated or taken back, in order
         self.evicted: dict[int, str] = {}
+        # Spread groups' members placed (+1) or taken off (-1) this cycle, by group and node (see `spread`).
+        self.group_moves: dict[int, dict[str, int]] = {}
         queues = list(queues)
         self.parents = {q.name: q.parent for q in queues}
         self.chains: dict[str, tuple[str, ...]] = {q.name: self._chain(q.name) for q in queues}
@@ -593,12 +595,14 @@ class ClusterState:
         """Give `pods` to `workload`; `after_release` lets it take GPUs held by stopping work."""
         taken = self._apply(workload, pods, sign=-1.0, use_held=after_release)
         self._account(workload, +1.0)
+        self._group_move(workload.spread_group, pods, +1)
 
         def undo() -> None:
             self._restore(taken)
             self._account(workload, -1.0)
             self.generation += 1
             self.freed.extend(pod.node for pod in pods)
+            self._group_move(workload.spread_group, pods, -1)
 
         self._log.append(undo)
 
@@ -608,11 +612,13 @@ class ClusterState:
         self.held_generation += 1
         moved = self._apply(workload, workload.placement, sign=0.0, held=True)
         self._account(workload, -1.0)
+        self._group_move(workload.spread_group, workload.placement, -1)
 
         def undo() -> None:
             self._restore(moved)
             self._account(workload, +1.0)
             del self.evicted[workload.id]
+            self._group_move(workload.spread_group, workload.placement, +1)
 
         self._log.append(undo)
 
@@ -623,13 +629,33 @@ class ClusterState:
         self._account(workload, -1.0)
         self.generation += 1
         self.freed.extend(pod.node for pod in pods)
+        self._group_move(workload.spread_group, pods, -1)
 
         def undo() -> None:
             self._restore(freed)
             self._account(workload, +1.0)
             del self.evicted[workload.id]
+            self._group_move(workload.spread_group, pods, +1)
 
         self._log.append(undo)
+
+    def _group_move(self, group: int | None, pods: tuple[PodPlacement, ...], sign: int) -> None:
+        if group is None:
+            return
+        moves = self.group_moves.setdefault(group, {})
+        for pod in pods:
+            moves[pod.node] = moves.get(pod.node, 0) + sign
+
+    def spread(self, group: int) -> frozenset[str]:
+        """The nodes where a member of spread group `group` runs now: running when the cycle began (and not
+        stopping or evicted since), or placed this cycle. Read from every node's work: call it only for
+        workloads of a group."""
+        count: dict[str, int] = dict(self.group_moves.get(group, {}))
+        for name, node in self.nodes.items():
+            for w in node.workloads:
+                if w.spread_group == group and not w.stopping:
+                    count[name] = count.get(name, 0) + 1
+        return frozenset(name for name, n in count.items() if n > 0)
 
     # -- resource bookkeeping -------------------------------------------------------------------------
 

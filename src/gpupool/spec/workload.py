@@ -313,9 +313,9 @@ class WorkloadSpec(BaseModel):
         default=1,
         ge=1,
         le=MAX_REPLICAS,
-        description="Services only: copies run at once, 1..64, each scheduled on its own GPUs and "
-        "started again on its own; the head's proxy spreads requests over the ready ones (round robin); "
-        "change it with `gpupool scale`; default 1.",
+        description="Services only: copies run at once, 1..64, each scheduled on its own GPUs (on nodes "
+        "of their own where there is room) and started again on its own; the head's proxy spreads "
+        "requests over the ready ones (round robin); change it with `gpupool scale`; default 1.",
     )
 
     @model_validator(mode="before")

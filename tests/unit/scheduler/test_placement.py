@@ -161,7 +161,7 @@ def test_a_started_view_keeps_every_other_field() -> None:
         cpus=4.0, memory_bytes=GB, preemptible=False, topology="rack", topology_preferred="zone",
         node_names=frozenset({"n1", "n2"}), max_duration=60.0, attained_service=9.0, duration_estimate=30.0,
         placement=(PodPlacement("n9", (0,), 1.0),), start_time=2.0, last_checkpoint_time=2.5, stopping=True,
-        evicted_for=11, victims_stopped=True,
+        evicted_for=11, victims_stopped=True, spread_group=7,
     )  # fmt: skip
     defaults = WorkloadView(id=0, queue="", priority=0, submit_time=0.0)
     changed = {"placement", "start_time"}
@@ -171,3 +171,49 @@ def test_a_started_view_keeps_every_other_field() -> None:
     pods = (PodPlacement("n1", (1,), 1.0), PodPlacement("n2", (1,), 1.0))
     started = original.started(pods, 5.0)
     assert started == dataclasses.replace(original, placement=pods, start_time=5.0)
+
+
+# --- a service's replicas: spread over nodes where they can be -----------------------------------------
+
+
+def replica(wid: int, group: int = 100, **kw: object) -> WorkloadView:
+    from dataclasses import replace
+
+    return replace(job(wid, **kw), spread_group=group)  # type: ignore[arg-type]
+
+
+def test_replicas_of_one_service_go_to_different_nodes_where_there_is_room() -> None:
+    """Binpacking alone would put both on n1; a group's replicas prefer nodes none of them is on, binds of
+    the same cycle included."""
+    d = decide(Snapshot((node("n1"), node("n2")), (replica(1), replica(2), job(3), job(4))), now=0)
+    nodes = {b.workload_id: b.node for b in d.binds}
+    assert nodes[1] != nodes[2]
+    assert nodes[3] == nodes[4] == "n1", "work of no group still packs"
+
+
+def test_a_replica_joins_a_node_of_its_group_only_when_nothing_else_fits() -> None:
+    nodes = (node("n1"), node("n2"))
+    on_n1 = replace_placement(replica(1), "n1", (0,))
+    full_n2 = running(9, "n2", tuple(range(8)))  # n2 has no room: the replica shares n1
+    d = decide(Snapshot(nodes, (replica(2),), running=(on_n1, full_n2)), now=0)
+    assert [(b.workload_id, b.node) for b in d.binds] == [(2, "n1")]
+    # with room on n2, it goes there; another service's replica does not count
+    d = decide(Snapshot(nodes, (replica(2),), running=(on_n1, running(8, "n2", (0,)))), now=0)
+    assert [(b.workload_id, b.node) for b in d.binds] == [(2, "n2")]
+    other = replace_placement(replica(1, group=200), "n1", (0, 1))
+    d = decide(Snapshot(nodes, (replica(2),), running=(other, running(8, "n2", (0,)))), now=0)
+    assert [(b.workload_id, b.node) for b in d.binds] == [(2, "n1")], "binpacks beside another group"
+
+
+def test_a_stopping_replica_does_not_keep_the_others_off_its_node() -> None:
+    from dataclasses import replace
+
+    leaving = replace(replace_placement(replica(1), "n1", (0, 1)), stopping=True)
+    d = decide(
+        Snapshot((node("n1"), node("n2")), (replica(2),), running=(leaving, running(8, "n2", (0,)))), now=0
+    )
+    assert [(b.workload_id, b.node) for b in d.binds] == [(2, "n1")]
+
+
+def replace_placement(w: WorkloadView, node_name: str, indices: tuple[int, ...]) -> WorkloadView:
+    return w.started((PodPlacement(node_name, indices, 1.0),), 0.0)
