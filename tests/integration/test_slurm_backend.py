@@ -137,9 +137,13 @@ def test_a_job_runs_as_a_slurm_job_pinned_to_the_scheduled_node_with_the_job_con
         }
     )
     running = server.wait_for(job["id"], states=("running",))
-    attempt = server.workload(job["id"])["attempt_list"][0]
+    # The attempt is running (and durable) before sbatch has answered: its Slurm job id follows.
+    deadline = time.time() + 30
+    while not (attempt := server.workload(job["id"])["attempt_list"][0])["slurm_job_id"]:
+        assert time.time() < deadline, f"no Slurm job id recorded: {attempt}"
+        time.sleep(0.1)
     slurm_id = attempt["slurm_job_id"]
-    assert slurm_id and attempt["backend"] == "slurm" and running["node"] == slurm.node
+    assert attempt["backend"] == "slurm" and running["node"] == slurm.node
     record = slurm.run("scontrol", "show", "job", "-o", slurm_id).stdout
     assert f"JobName=gpupool-{job['id']}.0" in record and "gres:gpu:2" in record
     assert f"ReqNodeList={slurm.node}" in record
