@@ -15,6 +15,7 @@ from gpupool.spec import (
     Resources,
     ResourceShare,
     RetrySpec,
+    ScalingSpec,
     WorkloadSpec,
 )
 
@@ -29,6 +30,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
         (CheckpointSpec, "checkpoint."),
         (PlacementSpec, "placement."),
         (RetrySpec, "retry."),
+        (ScalingSpec, "scaling."),
         (QueueSpec, ""),
         (QueueResources, "resources."),
         (ResourceShare, "resources.<gpu|cpu|memory>."),

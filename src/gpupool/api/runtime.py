@@ -11,6 +11,7 @@ from pathlib import Path
 from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
 from gpupool.control import service
+from gpupool.control.autoscale import Autoscaler, Load
 from gpupool.control.health import HealthMonitor
 from gpupool.control.health_state import AgentNodes
 from gpupool.control.loop import Reconciler
@@ -85,6 +86,8 @@ class Runtime:
             wake=self._wake,
         )
         self.readiness = ReadinessProber(self.store)
+        self.load = Load()  # what the proxy carries per service (control/autoscale.py)
+        self.autoscaler = Autoscaler(self.store, self.load, self.reconciler.wake)
         self.metrics = Metrics(
             self.store,
             self.telemetry,
@@ -100,6 +103,7 @@ class Runtime:
         self._health_thread: threading.Thread | None = None
         self._save_thread: threading.Thread | None = None
         self._readiness_thread: threading.Thread | None = None
+        self._autoscale_thread: threading.Thread | None = None
 
     def _open_backend(self) -> Backend:
         if self.settings.backend == "agent":
@@ -153,6 +157,10 @@ class Runtime:
             target=self.readiness.run, args=(self._stop,), name="readiness", daemon=True
         )
         self._readiness_thread.start()
+        self._autoscale_thread = threading.Thread(
+            target=self.autoscaler.run, args=(self._stop,), name="autoscale", daemon=True
+        )
+        self._autoscale_thread.start()
         log.info(
             "event=control_started backend=%s node=%s gpus=%s",
             self.backend.name,
@@ -175,6 +183,8 @@ class Runtime:
             self._save_thread.join(timeout=10)
         if self._readiness_thread is not None:
             self._readiness_thread.join(timeout=10)
+        if self._autoscale_thread is not None:
+            self._autoscale_thread.join(timeout=10)
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()

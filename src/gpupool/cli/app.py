@@ -139,8 +139,17 @@ def run(
         help="with --service: a path, e.g. /health, that must answer 2xx or 3xx before the head's proxy "
         "passes requests on",
     ),
-    replicas: int | None = typer.Option(
-        None, "--replicas", help="with --service: copies run at once, each on its own GPUs (1..64)"
+    replicas: str | None = typer.Option(
+        None,
+        "--replicas",
+        help="with --service: copies run at once, each on its own GPUs (1..64); a range such as 1..4 with "
+        "--scale lets the head add and remove replicas by load",
+    ),
+    scale: str | None = typer.Option(
+        None,
+        "--scale",
+        help="with --replicas MIN..MAX: what each replica should carry, rps:N (requests per second) or "
+        "concurrency:N (requests in flight)",
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -175,9 +184,36 @@ def run(
     if readiness_probe is not None:
         data["readiness_probe"] = readiness_probe
     if replicas is not None:
-        data["replicas"] = replicas
+        data["replicas"] = int(replicas) if replicas.strip().isdigit() else replicas
+    if scale is not None:
+        data["scaling"] = _scaling(scale)
     parse_workload_spec(data)
     _created(client().submit(data), as_json)
+
+
+def _scaling(text: str) -> dict[str, Any]:
+    """`--scale rps:10` or `--scale concurrency:4` as the spec's `scaling` (the spec checks the values)."""
+    metric, sep, target = text.partition(":")
+    if not sep or not metric.strip() or not target.strip():
+        raise CliError(f"--scale {text}: give METRIC:TARGET, e.g. --scale rps:10 or --scale concurrency:4")
+    try:
+        number: float | str = float(target)
+    except ValueError:
+        number = target  # the spec's error names it
+    return {"metric": metric.strip(), "target": number}
+
+
+def _autoscaling(scaling: dict[str, Any], word: dict[str, Any] | None) -> str:
+    """The range, target and delays; then what the autoscaler last measured and wants."""
+    unit = "requests/s" if scaling["metric"] == "rps" else "requests in flight"
+    said = (
+        f"{scaling['min']}..{scaling['max']} replicas, {scaling['target']:g} {unit} each (over "
+        f"{scaling['window']:g} s; add after {scaling['scale_up_delay']:g} s, remove after "
+        f"{scaling['scale_down_delay']:g} s)"
+    )
+    if word is None:
+        return said + "; not measured yet"
+    return f"{said}; now {word['load']:.3g} {unit}, wants {word['wanted']}"
 
 
 def _env_pairs(items: list[str]) -> dict[str, str]:
@@ -279,8 +315,12 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
         console.print(
             f"  through the head: {c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/  (with the token)"
         )
+    scaling = w["spec"].get("scaling")
+    if scaling:
+        console.print(f"  autoscaling: {_autoscaling(scaling, w.get('autoscaling'))}")
     if len(w.get("replica_list") or []) > 1:
-        console.print(f"  replicas: {w['replicas']} of service {w['service_id']} (gpupool scale {w['id']} N)")
+        how = "by load" if scaling else f"gpupool scale {w['id']} N"
+        console.print(f"  replicas: {w['replicas']} of service {w['service_id']} ({how})")
         for r in w["replica_list"]:
             where = f" on {r['node']} at {r['endpoint']}" if r.get("endpoint") else ""
             ready = "" if r.get("ready") is None else f" ready={'yes' if r['ready'] else 'no'}"

@@ -650,11 +650,14 @@ def _cancel_one(s: Session, workload: Workload, reason: str, actor: str) -> None
         transition(s, workload, CANCELLED, reason, actor=actor)
 
 
-def scale(store: Store, workload_id: int, replicas: int, *, actor: str = "admin") -> dict[str, Any]:
+def scale(
+    store: Store, workload_id: int, replicas: int, *, actor: str = "admin", why: str | None = None
+) -> dict[str, Any]:
     """Run `replicas` copies of the service `workload_id` names: new ones (the lowest replica numbers
     free) pending for the scheduler, or some cancelled: those still waiting first, then the running ones
     with the highest numbers (each stopped with its grace period); never replica 0, the service's own.
-    Returns the service's detail."""
+    `why` is the autoscaler's reason (control/autoscale.py); without it, a person asked, which a service
+    with `scaling` in its spec refuses (the autoscaler would undo it). Returns the service's detail."""
     if not 1 <= replicas <= MAX_REPLICAS:
         raise Invalid(
             f"replicas must be 1..{MAX_REPLICAS}, got {replicas}; to stop a service, cancel it",
@@ -674,6 +677,15 @@ def scale(store: Store, workload_id: int, replicas: int, *, actor: str = "admin"
                         f"service {workload.name} (workload {workload.service_id}) has ended or is "
                         f"stopping ({workload.state}); submit it again with replicas: {replicas}"
                     )
+                scaling = kept[0].spec.get("scaling")
+                if why is None and scaling:
+                    raise Conflict(
+                        f"service {workload.name} (workload {workload.service_id}) scales itself between "
+                        f"{scaling['min']} and {scaling['max']} replicas by {scaling['metric']} (its spec's "
+                        "scaling); to change the range, cancel it and submit it again with another",
+                        field="replicas",
+                    )
+                reason = why or f"scaled to {replicas} replicas by {actor}"
                 spec = {**kept[0].spec, "replicas": replicas}
                 for replica in kept:
                     replica.spec = spec
@@ -682,14 +694,26 @@ def scale(store: Store, workload_id: int, replicas: int, *, actor: str = "admin"
                 added = [_replica_like(s, kept[0], next(free)) for _ in range(replicas - len(kept))]
                 if added:
                     s.flush()
-                    _submitted(s, added, f"scaled to {replicas} replicas by {actor}", actor)
+                    _submitted(s, added, reason, actor)
                 # Kept: replica 0 (the service's own id), running ones before those still waiting, then
                 # the lowest numbers.
                 removed = sorted(kept, key=lambda w: (w.replica != 0, w.state != RUNNING, w.replica))[
                     replicas:
                 ]
                 for replica in removed:
-                    _cancel_one(s, replica, f"scaled to {replicas} replicas by {actor}", actor)
+                    _cancel_one(s, replica, reason, actor)
+                    if replica.state == RUNNING:  # it stops with its grace period: say why in its history
+                        replica.reason = f"stopping: {reason}"
+                        s.add(
+                            Event(
+                                object_kind="workload",
+                                object_id=str(replica.id),
+                                from_state=RUNNING,
+                                to_state=RUNNING,
+                                reason=replica.reason,
+                                actor=actor,
+                            )
+                        )
                 if removed:
                     s.flush()
                 service_id = workload.service_id or workload.id
@@ -697,6 +721,35 @@ def scale(store: Store, workload_id: int, replicas: int, *, actor: str = "admin"
             continue  # the control loop changed a replica at the same moment: read again, decide again
         return get_workload(store, service_id)
     raise Conflict(f"service {workload_id} is changing state; try again")
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaled:
+    """A service whose spec has `scaling`, as the autoscaler sees it."""
+
+    service_id: int
+    ids: tuple[int, ...]  # its replicas' ids, pending or running: a request may name any of them
+    replicas: int  # pending or running, not asked to stop
+    scaling: dict[str, Any]  # the spec's `scaling`, as stored
+
+
+def autoscaled(store: Store) -> list[Autoscaled]:
+    """The services with `scaling` in their spec that still run (some replica not asked to stop)."""
+    groups: dict[int, list[Workload]] = {}
+    with store.read() as s:
+        for w in s.scalars(
+            select(Workload)
+            .where(Workload.kind == SERVICE, Workload.state.in_(sorted(ACTIVE)))
+            .order_by(Workload.id)
+        ):
+            groups.setdefault(w.service_id or w.id, []).append(w)
+    found = []
+    for service_id, group in groups.items():
+        kept = _kept(group)
+        scaling = kept[0].spec.get("scaling") if kept else None
+        if scaling:
+            found.append(Autoscaled(service_id, tuple(w.id for w in group), len(kept), scaling))
+    return found
 
 
 def read_log(

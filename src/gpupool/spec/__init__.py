@@ -19,6 +19,7 @@ from gpupool.spec.workload import (
     PlacementSpec,
     Resources,
     RetrySpec,
+    ScalingSpec,
     WorkloadSpec,
     parse_workload_spec,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "ResourceShare",
     "Resources",
     "RetrySpec",
+    "ScalingSpec",
     "SpecError",
     "WorkloadSpec",
     "format_duration",

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from gpupool.spec.document import validate_spec
-from gpupool.spec.errors import SpecError
+from gpupool.spec.errors import MISSING, SpecError
 from gpupool.spec.fields import GpuRequestField, Name, Seconds, SizeBytes, Whole, field_name, refuse_bool
 from gpupool.spec.quantities import GpuRequest, format_duration
 
@@ -50,6 +50,9 @@ RESERVED_ENV_NAMES: Final = frozenset(
 MAX_NODES: Final = 1024
 MAX_REPLICAS: Final = 64
 MAX_GRACE_PERIOD: Final = 3600.0
+MAX_SCALING_WINDOW: Final = 3600.0
+MAX_SCALING_DELAY: Final = 86400.0
+_RANGE_RE: Final = re.compile(r"\s*([0-9]+)\s*\.\.\s*([0-9]+)\s*")
 MAX_PROBE_PATH: Final = 2000
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -78,7 +81,15 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "grace_period": "30s",
     "placement": "{nodes: [node-3], topology: rack}",
     "readiness_probe": "/health",
-    "replicas": "2",
+    "replicas": "2 (or a range to scale by load, 1..4, with scaling)",
+    "scaling": "{metric: rps, target: 10}",
+    "scaling.metric": "rps (or concurrency)",
+    "scaling.target": "10",
+    "scaling.min": "1",
+    "scaling.max": "4",
+    "scaling.window": "60s",
+    "scaling.scale_up_delay": "30s",
+    "scaling.scale_down_delay": "5m",
     "placement.nodes": "[node-3, node-4]",
     "placement.topology": "rack",
     "placement.topology_preferred": "zone",
@@ -167,6 +178,65 @@ class RetrySpec(BaseModel):
     @classmethod
     def _once_each(cls, value: list[RetryReason]) -> list[RetryReason]:
         return list(dict.fromkeys(value))
+
+
+ScalingMetric = Literal["rps", "concurrency"]
+
+
+class ScalingSpec(BaseModel):
+    """How a service's replica count follows its load through the head's proxy (target tracking): it
+    wants ceil(load / target) replicas, between min and max."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: ScalingMetric = Field(
+        default="rps",
+        description="What is measured at the head's proxy, over `window`: rps (requests per second) or "
+        "concurrency (requests in flight, on average); default rps.",
+    )
+    target: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False), BeforeValidator(refuse_bool)] = Field(
+        description="The load one replica should carry (required): requests per second, or requests in "
+        "flight, per replica."
+    )
+    min: Whole = Field(
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Fewest replicas, 1..64 (or replicas: MIN..MAX); default 1.",
+    )
+    max: Whole = Field(
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Most replicas, 1..64 (or replicas: MIN..MAX); default 1.",
+    )
+    window: Seconds = Field(
+        default=60.0, description="How far back the load is averaged, 1s..1h; default 60s."
+    )
+    scale_up_delay: Seconds = Field(
+        default=30.0,
+        description="Time since the last change of the replica count before adding replicas, 0..24h; "
+        "default 30s.",
+    )
+    scale_down_delay: Seconds = Field(
+        default=300.0,
+        description="How long the load must have wanted fewer replicas (and time since the last change) "
+        "before removing some, 0..24h; default 5m.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ScalingSpec:
+        if self.min > self.max:
+            raise SpecError("scaling.max", self.max, f"is below scaling.min ({self.min})", str(self.min))
+        if not 1.0 <= self.window <= MAX_SCALING_WINDOW:
+            raise SpecError("scaling.window", format_duration(self.window), "must be 1s..1h", "60s")
+        for name, value in (
+            ("scale_up_delay", self.scale_up_delay),
+            ("scale_down_delay", self.scale_down_delay),
+        ):
+            if value > MAX_SCALING_DELAY:
+                raise SpecError(f"scaling.{name}", format_duration(value), "must be at most 24h", "5m")
+        return self
 
 
 class PlacementSpec(BaseModel):
@@ -315,7 +385,14 @@ class WorkloadSpec(BaseModel):
         le=MAX_REPLICAS,
         description="Services only: copies run at once, 1..64, each scheduled on its own GPUs (on nodes "
         "of their own where there is room) and started again on its own; the head's proxy spreads "
-        "requests over the ready ones (round robin); change it with `gpupool scale`; default 1.",
+        "requests over the ready ones (round robin); change it with `gpupool scale`; default 1. A range "
+        "MIN..MAX (with `scaling`) lets the head add and remove replicas by load, starting at MIN.",
+    )
+    scaling: ScalingSpec | None = Field(
+        default=None,
+        description="Services only: follow the load through the head's proxy between scaling.min and "
+        "scaling.max replicas (also given as replicas: MIN..MAX), e.g. {metric: rps, target: 10}; "
+        "default null: the replica count changes only with `gpupool scale`.",
     )
 
     @model_validator(mode="before")
@@ -348,7 +425,7 @@ class WorkloadSpec(BaseModel):
                 raise _class_mismatch(given_class, priority)
         if data.get("preemptible") is None:
             data.pop("preemptible", None)
-        return data
+        return _replica_range(data)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> WorkloadSpec:
@@ -394,6 +471,23 @@ class WorkloadSpec(BaseModel):
                 "one gang with nodes): remove it, or use kind: service",
                 "{kind: service, replicas: 2, commands: [python serve.py]}",
             )
+        scaling = self.scaling
+        if scaling is not None:
+            if self.kind != "service":
+                raise SpecError(
+                    "scaling",
+                    scaling.model_dump(),
+                    "applies to services only (a job is not reached through the head's proxy): remove it, "
+                    "or use kind: service",
+                    "{kind: service, replicas: 1..4, scaling: {metric: rps, target: 10}}",
+                )
+            if not scaling.min <= self.replicas <= scaling.max:
+                raise SpecError(
+                    "replicas",
+                    self.replicas,
+                    f"is outside scaling's range {scaling.min}..{scaling.max}: start within it",
+                    f"{scaling.min}..{scaling.max}",
+                )
         if self.max_duration is not None and self.max_duration <= 0:
             raise SpecError("max_duration", self.max_duration, "must be longer than 0 seconds", "")
         if self.grace_period > MAX_GRACE_PERIOD:
@@ -499,6 +593,61 @@ def _env_text(value: object, field: str) -> str:
     )
 
 
+def _replica_range(data: dict[str, Any]) -> dict[str, Any]:
+    """`replicas: MIN..MAX` (dstack's notation) as `replicas: MIN` with `scaling.min` and `scaling.max`; a
+    range needs `scaling` (what to follow), and `scaling` needs a range (or its own min and max)."""
+    replicas = data.get("replicas")
+    scaling = data.get("scaling")
+    found = _RANGE_RE.fullmatch(replicas) if isinstance(replicas, str) else None
+    if found is None:
+        if not isinstance(scaling, dict):
+            return data
+        if "min" not in scaling and "max" not in scaling:
+            raise SpecError(
+                "replicas",
+                replicas if replicas is not None else 1,
+                "is one number, but scaling needs a range to scale in: give replicas as MIN..MAX (or "
+                "scaling.min and scaling.max)",
+                "1..4",
+            )
+        for bound, other in (("min", "max"), ("max", "min")):
+            if bound not in scaling:
+                raise SpecError(
+                    f"scaling.{bound}",
+                    MISSING,
+                    f"is required with scaling.{other}",
+                    "4" if bound == "max" else "1",
+                )
+        return data if replicas is not None else {**data, "replicas": scaling["min"]}
+    low, high = int(found.group(1)), int(found.group(2))
+    given = f"{low}..{high}"
+    if low < 1 or high > MAX_REPLICAS or low > high:
+        raise SpecError(
+            "replicas",
+            replicas,
+            f"is not a range of replica counts MIN..MAX with 1 <= MIN <= MAX <= {MAX_REPLICAS}",
+            "1..4",
+        )
+    if scaling is None:
+        raise SpecError(
+            "scaling",
+            MISSING,
+            f"is required: replicas {given} is a range, so say what load to follow",
+            "{metric: rps, target: 10}",
+        )
+    if not isinstance(scaling, dict):
+        return data  # the model says what is wrong with it
+    for bound, value in (("min", low), ("max", high)):
+        if bound in scaling and scaling[bound] != value:
+            raise SpecError(
+                f"scaling.{bound}",
+                scaling[bound],
+                f"disagrees with replicas: {given}; give the range once",
+                str(value),
+            )
+    return {**data, "replicas": low, "scaling": {**scaling, "min": low, "max": high}}
+
+
 def _unknown_class(field: str, value: object) -> SpecError:
     close = difflib.get_close_matches(str(value).strip().lower(), list(PRIORITY_CLASSES), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -529,6 +678,7 @@ __all__ = [
     "PlacementSpec",
     "Resources",
     "RetrySpec",
+    "ScalingSpec",
     "WorkloadSpec",
     "default_preemptible",
     "parse_workload_spec",

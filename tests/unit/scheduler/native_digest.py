@@ -1,18 +1,23 @@
 """What the scheduler decides on every scenario file and on a fixed series of random snapshots, as text.
 
-Run as `python -m tests.unit.scheduler.native_digest` (from the repository root) it prints that text as
-JSON; test_native.py compares the compiled scheduler's answers with the source's, run this way with
-GPUPOOL_PURE_PYTHON=1. The random snapshots come from the property tests' strategies, derandomized, so
-every process draws the same ones.
+`python -m tests.unit.scheduler.native_digest --draw FILE` (from the repository root) draws the random
+snapshots from the property tests' strategies, derandomized, into FILE; `python -m
+tests.unit.scheduler.native_digest FILE` prints the text as JSON. test_native.py compares the compiled
+scheduler's answers with the source's (run with GPUPOOL_PURE_PYTHON=1) on the same FILE.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
+import sys
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
+import gpupool.scheduler.snapshot as snapshot_types
 from gpupool.scheduler import decide
 from gpupool.scheduler.snapshot import Decisions, Snapshot
 from tests.unit.scheduler.scenario_loader import load_scenario
@@ -35,11 +40,32 @@ def canonical(decisions: Decisions) -> str:
     )
 
 
-def digests() -> list[str]:
-    out = []
-    for path in sorted(SCENARIOS.glob("*.yaml")):
-        scenario = load_scenario(path)
-        out.append(f"{path.name}: {canonical(decide(scenario.snapshot, scenario.now))}")
+def _plain(value: Any) -> Any:
+    """A snapshot as plain data (each snapshot type as its name and fields), which any process can load
+    and build again with its own classes, compiled or not."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return ("@", type(value).__name__, fields)
+    if isinstance(value, tuple | list | frozenset):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _built(value: Any) -> Any:
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == "@":
+        return getattr(snapshot_types, value[1])(**{k: _built(v) for k, v in value[2].items()})
+    if isinstance(value, tuple | list | frozenset):
+        return type(value)(_built(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _built(v) for k, v in value.items()}
+    return value
+
+
+def draw(path: Path) -> None:
+    """Draw the random snapshots and write them to `path`, as plain data (see `_plain`)."""
+    drawn: list[Snapshot] = []
 
     @settings(
         derandomize=True,
@@ -50,11 +76,27 @@ def digests() -> list[str]:
     )
     @given(snapshots())
     def collect(snapshot: Snapshot) -> None:
-        out.append(canonical(decide(snapshot, NOW)))
+        drawn.append(snapshot)
 
     collect()
+    path.write_bytes(pickle.dumps([_plain(s) for s in drawn]))
+
+
+def digests(drawn: Path) -> list[str]:
+    """What the scheduler decides on every scenario file, then on each snapshot `draw` wrote to `drawn`.
+    The snapshots are drawn once, in one process, for both codes: what Hypothesis draws can differ
+    between processes that import different code (the compiled scheduler or its source)."""
+    out = []
+    for path in sorted(SCENARIOS.glob("*.yaml")):
+        scenario = load_scenario(path)
+        out.append(f"{path.name}: {canonical(decide(scenario.snapshot, scenario.now))}")
+    for plain in pickle.loads(drawn.read_bytes()):
+        out.append(canonical(decide(_built(plain), NOW)))
     return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(digests()))
+    if sys.argv[1:2] == ["--draw"]:
+        draw(Path(sys.argv[2]))
+    else:
+        print(json.dumps(digests(Path(sys.argv[1]))))

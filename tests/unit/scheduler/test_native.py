@@ -30,14 +30,18 @@ def _run(code: str, env: dict[str, str], cwd: Path = ROOT) -> str:
 
 
 @needs_build
-def test_the_compiled_scheduler_decides_as_its_source_does() -> None:
-    # Both in fresh processes: the random snapshots are drawn alike only from the same starting state.
+def test_the_compiled_scheduler_decides_as_its_source_does(tmp_path: Path) -> None:
+    # Both in fresh processes, on snapshots drawn once by a third (see native_digest.py).
+    drawn = tmp_path / "snapshots.pickle"
+    pure = {"GPUPOOL_PURE_PYTHON": "1"}
+    digest = "from tests.unit.scheduler import native_digest as d; from pathlib import Path; "
+    _run(digest + f"d.draw(Path({str(drawn)!r}))", pure)
     code = (
-        "import gpupool.scheduler as s, json; assert s.NATIVE == {native}; "
-        "from tests.unit.scheduler.native_digest import digests; print(json.dumps(digests()))"
+        digest + "import gpupool.scheduler as s, json; assert s.NATIVE == {native}; "
+        f"print(json.dumps(d.digests(Path({str(drawn)!r}))))"
     )
     compiled = json.loads(_run(code.format(native=True), {}))
-    source = json.loads(_run(code.format(native=False), {"GPUPOOL_PURE_PYTHON": "1"}))
+    source = json.loads(_run(code.format(native=False), pure))
     assert len(compiled) > 150
     differing = [i for i, (a, b) in enumerate(zip(compiled, source, strict=True)) if a != b]
     assert not differing, (

@@ -17,6 +17,7 @@ from gpupool.spec import (
     GpuRequest,
     Resources,
     RetrySpec,
+    ScalingSpec,
     SpecError,
     WorkloadSpec,
     parse_workload_spec,
@@ -265,6 +266,62 @@ def test_a_service_runs_1_to_64_replicas_and_a_job_refuses_them() -> None:
     assert "applies to services only" in str(raised.value) and "kind: service" in str(raised.value)
 
 
+def test_a_range_of_replicas_with_scaling_starts_at_its_least_and_keeps_the_range() -> None:
+    spec = parse_workload_spec(
+        {"kind": "service", "commands": ["serve"], "replicas": " 2..5 ", "scaling": {"target": 10}}
+    )
+    assert spec.replicas == 2 and spec.scaling is not None
+    assert (spec.scaling.min, spec.scaling.max, spec.scaling.metric) == (2, 5, "rps")
+    assert (spec.scaling.window, spec.scaling.scale_up_delay, spec.scaling.scale_down_delay) == (60, 30, 300)
+    # the same written with scaling's own bounds, and a start inside them
+    same = parse_workload_spec(
+        {"kind": "service", "commands": ["serve"], "scaling": {"min": 2, "max": 5, "target": 10}}
+    )
+    assert same == spec
+    started = parse_workload_spec(
+        {"kind": "service", "commands": ["serve"], "replicas": 3,
+         "scaling": {"min": 2, "max": 5, "target": 1.5, "metric": "concurrency", "window": "10s"}}
+    )  # fmt: skip
+    assert started.replicas == 3 and started.scaling is not None and started.scaling.window == 10
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ({"replicas": "1..4"}, "scaling", "is required: replicas 1..4 is a range"),
+        ({"replicas": 3, "scaling": {"target": 1}}, "replicas", "scaling needs a range"),
+        ({"scaling": {"target": 1}}, "replicas", "scaling needs a range"),
+        ({"replicas": "0..4", "scaling": {"target": 1}}, "replicas", "1 <= MIN <= MAX <= 64"),
+        ({"replicas": "3..2", "scaling": {"target": 1}}, "replicas", "1 <= MIN <= MAX <= 64"),
+        ({"replicas": "1..65", "scaling": {"target": 1}}, "replicas", "1 <= MIN <= MAX <= 64"),
+        ({"replicas": "1..4", "scaling": {}}, "scaling.target", "is required"),
+        ({"replicas": "1..4", "scaling": {"target": 0}}, "scaling.target", "greater than 0"),
+        ({"replicas": "1..4", "scaling": {"target": True}}, "scaling.target", "not a number"),
+        ({"replicas": "1..4", "scaling": {"target": 1, "metric": "qps"}}, "scaling.metric", "'rps'"),
+        ({"replicas": "1..4", "scaling": {"target": 1, "min": 2}}, "scaling.min", "give the range once"),
+        ({"replicas": "1..4", "scaling": {"target": 1, "window": "2h"}}, "scaling.window", "1s..1h"),
+        (
+            {"replicas": "1..4", "scaling": {"target": 1, "scale_down_delay": "2d"}},
+            "scaling.scale_down_delay",
+            "at most 24h",
+        ),
+        ({"replicas": "1..4", "scaling": {"target": 1, "cooldown": 5}}, "scaling.cooldown", ""),
+        ({"scaling": {"min": 2, "target": 1}}, "scaling.max", "is required with scaling.min"),
+        ({"scaling": {"min": 3, "max": 2, "target": 1}}, "scaling.max", "below scaling.min"),
+        (
+            {"replicas": 5, "scaling": {"min": 1, "max": 4, "target": 1}},
+            "replicas",
+            "outside scaling's range",
+        ),
+        ({"kind": "job", "scaling": {"min": 1, "max": 2, "target": 1}}, "scaling", "services only"),
+    ],
+)
+def test_a_bad_range_or_scaling_names_its_field(extra: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_workload_spec({"kind": "service", "commands": ["serve"], **extra})
+    assert raised.value.field == field and words in str(raised.value), str(raised.value)
+
+
 # --- round-trip through the JSON the server stores -----------------------------------------------
 
 
@@ -363,6 +420,21 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
             spec[key] = draw(strategy)
     if spec.get("kind") == "service":
         spec.pop("retry", None)  # a service restarts whenever it stops: retry is refused
+        if draw(st.booleans()):  # a range of replicas, followed by load
+            low = draw(st.integers(min_value=1, max_value=64))
+            high = draw(st.integers(min_value=low, max_value=64))
+            spec["replicas"] = f"{low}..{high}"
+            spec["scaling"] = draw(
+                st.fixed_dictionaries(
+                    {"target": st.floats(min_value=0.001, max_value=1e6)},
+                    optional={
+                        "metric": st.sampled_from(["rps", "concurrency"]),
+                        "window": st.sampled_from(["1s", "10s", 60, "1h"]),
+                        "scale_up_delay": st.sampled_from(["0s", 30, "1m"]),
+                        "scale_down_delay": st.sampled_from(["0s", "5m", "24h"]),
+                    },
+                )
+            )
     elif spec.get("replicas", 1) != 1:
         spec.pop("replicas")  # a job runs once: replicas are refused
     gpu = spec.get("resources", {}).get("gpu")
@@ -387,7 +459,7 @@ def test_every_valid_spec_round_trips_through_its_json_dump(data: dict[str, Any]
 
 
 def _models() -> list[type[BaseModel]]:
-    return [WorkloadSpec, Resources, CheckpointSpec, RetrySpec]
+    return [WorkloadSpec, Resources, CheckpointSpec, RetrySpec, ScalingSpec]
 
 
 @pytest.mark.parametrize("model", _models())

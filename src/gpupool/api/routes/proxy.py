@@ -10,6 +10,7 @@ API call and is not passed on. See docs/user-guide.md#reaching-a-service.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 from fastapi import APIRouter, Request
@@ -24,6 +25,7 @@ from websockets.exceptions import InvalidHandshake
 from gpupool.api.auth import role_of
 from gpupool.api.errors import ApiError
 from gpupool.control import service
+from gpupool.control.autoscale import Load
 from gpupool.control.errors import ServiceError
 from gpupool.control.readiness import word_on
 from gpupool.websocket_relay import relay
@@ -180,6 +182,46 @@ def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
     response_class=Response,
 )
 async def proxy(request: Request, workload_id: int, path: str) -> Response:
+    flight = _InFlight(request.app.state.runtime.load, workload_id)  # the autoscaler's measure
+    try:
+        return await _proxied(request, workload_id, flight)
+    except BaseException:
+        flight.done()
+        raise
+
+
+class _InFlight:
+    """One request counted by the autoscaler's `Load`: begun now, ended once (`done`), when its answer has
+    been sent whole, or the client went away, or it failed."""
+
+    __slots__ = ("load", "open", "workload_id")
+
+    def __init__(self, load: Load, workload_id: int) -> None:
+        self.load = load
+        self.workload_id = workload_id
+        self.open = True
+        load.began(workload_id)
+
+    def done(self) -> None:
+        if self.open:
+            self.open = False
+            self.load.ended(self.workload_id)
+
+
+async def _streamed(answer: httpx.Response, flight: _InFlight) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in answer.aiter_raw():
+            yield chunk
+    finally:
+        flight.done()
+
+
+async def _close(answer: httpx.Response, flight: _InFlight) -> None:
+    flight.done()
+    await answer.aclose()
+
+
+async def _proxied(request: Request, workload_id: int, flight: _InFlight) -> Response:
     target, remembered = await _target(request, workload_id)
     try:
         answer = await _send(request, workload_id, target)
@@ -204,7 +246,9 @@ async def proxy(request: Request, workload_id: int, path: str) -> Response:
         if name.decode("latin-1").lower() not in DROPPED_RESPONSE
     ]
     response = StreamingResponse(
-        answer.aiter_raw(), status_code=answer.status_code, background=BackgroundTask(answer.aclose)
+        _streamed(answer, flight),
+        status_code=answer.status_code,
+        background=BackgroundTask(_close, answer, flight),
     )
     # Which replica answered: the workload that served it (a service's replicas each have their own id).
     response.raw_headers = [(n.lower(), v) for n, v in kept] + [
@@ -224,6 +268,14 @@ async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> 
     except ApiError:
         await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
         return
+    flight = _InFlight(websocket.app.state.runtime.load, workload_id)
+    try:
+        await _relayed(websocket, workload_id)
+    finally:
+        flight.done()
+
+
+async def _relayed(websocket: WebSocket, workload_id: int) -> None:
     try:
         target, _ = await _target(websocket, workload_id)
     except ServiceError as exc:

@@ -48,9 +48,13 @@ def list_workloads(
 @router.get("/{workload_id}", summary="One workload with its attempts and history")
 def get_workload(request: Request, workload_id: int) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    return service.get_workload(
+    view = service.get_workload(
         runtime.store, workload_id, live=runtime.reconciler.explanations, readiness=runtime.readiness.state
     )
+    if view["spec"].get("scaling"):  # what the autoscaler last measured (control/autoscale.py)
+        word = runtime.autoscaler.words.get(view["service_id"])
+        view["autoscaling"] = word.as_dict() if word is not None else None
+    return view
 
 
 @router.post(

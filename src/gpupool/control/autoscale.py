@@ -1,0 +1,252 @@
+"""Services that follow their load: the head's proxy records each service's requests as they come and go
+(`Load`), and every PERIOD seconds the `Autoscaler` compares the load over the spec's `scaling.window` with
+`scaling.target` per replica and changes the replica count (`service.scale`) within `scaling.min..max`.
+
+Target tracking, as dstack's and SkyPilot's services and Knative do it: a service wants
+ceil(load / target) replicas. It gains them once `scale_up_delay` has passed since its count last changed;
+it loses some only when its count last changed `scale_down_delay` ago and the most it wanted all through
+that delay is still fewer (the look-back is Kubernetes' HPA downscale stabilization window), so a dip
+between two bursts removes nothing. The load is the proxy's own measure, in the head's memory: after a
+restart of the head the autoscaler removes nothing until it has watched a whole `scale_down_delay`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpupool.control import service
+from gpupool.control.errors import ServiceError
+from gpupool.spec import ScalingSpec
+from gpupool.store.db import Store
+
+log = logging.getLogger(__name__)
+
+PERIOD: Final = 1.0  # seconds between two passes of the autoscaler
+KEPT: Final = 3600  # seconds of load kept per workload id: the longest window a spec may ask for
+MAX_IDS: Final = 10_000  # ids counted at once (a client asking for many ids that are no service)
+
+
+class _Counts:
+    """One workload id's load: requests begun per second, request-seconds in flight per second, and what
+    is in flight now."""
+
+    __slots__ = ("buckets", "in_flight", "since")
+
+    def __init__(self, now: float) -> None:
+        self.buckets: deque[list[float]] = deque()  # [second, requests begun, request-seconds in flight]
+        self.in_flight = 0
+        self.since = now  # when `in_flight` last changed: what it held since is not in the buckets yet
+
+    def _bucket(self, second: float) -> list[float]:
+        buckets = self.buckets
+        if not buckets or buckets[-1][0] != second:
+            buckets.append([second, 0.0, 0.0])
+            while buckets[0][0] < second - KEPT:
+                buckets.popleft()
+        return buckets[-1]
+
+    def settle(self, now: float) -> list[float]:
+        """Count what was in flight up to `now`, each second's part in that second's bucket; the bucket of
+        `now`."""
+        if self.in_flight and now > self.since:
+            start = max(self.since, now - KEPT)
+            while start < now:
+                second = float(math.floor(start))
+                end = min(now, second + 1.0)
+                self._bucket(second)[2] += self.in_flight * (end - start)
+                start = end
+        self.since = max(self.since, now)
+        return self._bucket(float(math.floor(now)))
+
+
+class Load:
+    """What each service's proxy has carried, by the workload id in the request's path (a service is
+    reached by its own id or any replica's); thread safe: the proxy writes, the autoscaler reads."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[int, _Counts] = {}
+        self.started = clock()  # the measure covers nothing before this
+
+    def began(self, workload_id: int) -> None:
+        """A request (or a WebSocket) to `workload_id` arrived at the proxy."""
+        now = self._clock()
+        with self._lock:
+            counts = self._counts.get(workload_id)
+            if counts is None:
+                if len(self._counts) >= MAX_IDS:
+                    self._forget_idle(now)
+                counts = self._counts[workload_id] = _Counts(now)
+            counts.settle(now)[1] += 1
+            counts.in_flight += 1
+
+    def ended(self, workload_id: int) -> None:
+        """A request `began` counted has its whole answer sent, or failed."""
+        now = self._clock()
+        with self._lock:
+            counts = self._counts.get(workload_id)
+            if counts is not None and counts.in_flight > 0:
+                counts.settle(now)
+                counts.in_flight -= 1
+
+    def measure(self, ids: Iterable[int], metric: str, window: float, now: float | None = None) -> float:
+        """The load of the workloads `ids` over the last `window` seconds (less while the measure is younger):
+        requests begun per second ("rps"), or requests in flight on average ("concurrency")."""
+        now = self._clock() if now is None else now
+        span = max(1.0, min(window, now - self.started))
+        oldest = math.floor(now) - span
+        total = 0.0
+        with self._lock:
+            for workload_id in set(ids):
+                counts = self._counts.get(workload_id)
+                if counts is None:
+                    continue
+                counts.settle(now)
+                for second, requests, busy in reversed(counts.buckets):
+                    if second < oldest:
+                        break
+                    total += requests if metric == "rps" else busy
+        return total / span
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop the ids with nothing in flight and nothing counted in the last KEPT seconds."""
+        for workload_id, counts in list(self._counts.items()):
+            if counts.in_flight == 0 and (not counts.buckets or counts.buckets[-1][0] < now - KEPT):
+                del self._counts[workload_id]
+
+    def prune(self) -> None:
+        with self._lock:
+            self._forget_idle(self._clock())
+
+
+def wanted(load: float, scaling: ScalingSpec) -> int:
+    """Replicas for `load` at `scaling.target` each, within scaling.min..max."""
+    return min(scaling.max, max(scaling.min, math.ceil(load / scaling.target - 1e-9)))
+
+
+class Tracker:
+    """One service's recent wants and when its count last changed: the rule in the module's docstring."""
+
+    def __init__(self, now: float) -> None:
+        self.since = now  # watched from
+        self.changed = -math.inf  # when the count last changed (unknown before: adding is not delayed)
+        self.wants: deque[tuple[float, int]] = deque()
+
+    def next_count(self, scaling: ScalingSpec, current: int, load: float, now: float) -> int:
+        want = wanted(load, scaling)
+        wants = self.wants
+        wants.append((now, want))
+        while len(wants) > 1 and wants[1][0] <= now - scaling.scale_down_delay:
+            wants.popleft()  # the oldest kept is the last want at or before the look-back's start
+        if current < scaling.min or current > scaling.max:
+            return min(scaling.max, max(scaling.min, current))
+        quiet = now - self.changed
+        if want > current:
+            return want if quiet >= scaling.scale_up_delay else current
+        if (
+            want < current
+            and quiet >= scaling.scale_down_delay
+            and now - self.since >= scaling.scale_down_delay
+        ):
+            most = max(w for _, w in wants)
+            return most if most < current else current
+        return current
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """The autoscaler's last look at one service, as `gpupool show` and the API give it."""
+
+    metric: str
+    load: float  # over `window`
+    window: float
+    target: float
+    wanted: int
+    replicas: int  # the count after this look
+    min: int
+    max: int
+    at: float  # time.time() of the look
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric, "load": round(self.load, 3), "window_s": self.window,
+            "target": self.target, "wanted": self.wanted, "replicas": self.replicas, "min": self.min,
+            "max": self.max, "at": self.at,
+        }  # fmt: skip
+
+
+def describe(metric: str, load: float, window: float) -> str:
+    """The load as people read it: "23.4 requests/s over 60 s" or "3.2 requests in flight over 60 s"."""
+    unit = "requests/s" if metric == "rps" else "requests in flight"
+    return f"{load:.3g} {unit} over {window:g} s"
+
+
+class Autoscaler:
+    """Changes the replica count of every service with `scaling` in its spec, every PERIOD seconds;
+    `words` maps a service's id to its last `Word` (replaced whole each pass)."""
+
+    def __init__(
+        self,
+        store: Store,
+        load: Load,
+        wake: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.load = load
+        self._wake = wake
+        self._clock = clock
+        self._trackers: dict[int, Tracker] = {}
+        self.words: dict[int, Word] = {}
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(PERIOD):
+            try:
+                self.step()
+            except Exception:  # one bad pass (the store busy, a service ending meanwhile) waits for the next
+                log.exception("event=autoscale_failed")
+
+    def step(self) -> None:
+        now = self._clock()
+        words: dict[int, Word] = {}
+        trackers: dict[int, Tracker] = {}
+        changed = False
+        for found in service.autoscaled(self.store):
+            scaling = ScalingSpec.model_validate(found.scaling)
+            tracker = trackers[found.service_id] = self._trackers.get(found.service_id) or Tracker(now)
+            load = self.load.measure(found.ids, scaling.metric, scaling.window, now)
+            count = tracker.next_count(scaling, found.replicas, load, now)
+            if count != found.replicas:
+                measured = describe(scaling.metric, load, scaling.window)
+                why = (
+                    f"scaled to {count} replicas by the autoscaler: {measured}, target "
+                    f"{scaling.target:g} per replica, range {scaling.min}..{scaling.max}"
+                )
+                try:
+                    service.scale(self.store, found.service_id, count, actor="autoscaler", why=why)
+                except ServiceError as exc:  # ended or cancelled meanwhile
+                    log.info("event=autoscale_skipped service=%s why=%s", found.service_id, exc.message)
+                    count = found.replicas
+                else:
+                    log.info(
+                        "event=autoscaled service=%s from=%s to=%s", found.service_id, found.replicas, count
+                    )
+                    tracker.changed = now
+                    changed = True
+            words[found.service_id] = Word(
+                scaling.metric, load, scaling.window, scaling.target, wanted(load, scaling), count,
+                scaling.min, scaling.max, time.time(),
+            )  # fmt: skip
+        self._trackers = trackers
+        self.words = words
+        self.load.prune()
+        if changed:
+            self._wake()

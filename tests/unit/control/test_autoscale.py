@@ -1,0 +1,111 @@
+"""The autoscaler's measure of load (requests per second, requests in flight) and its rule for changing a
+service's replica count (target tracking, with the delays and the look-back of control/autoscale.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool.control.autoscale import Load, Tracker, wanted
+from gpupool.spec import ScalingSpec
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _scaling(**given: object) -> ScalingSpec:
+    return ScalingSpec.model_validate({"min": 1, "max": 4, "target": 10, **given})
+
+
+def test_requests_per_second_are_counted_over_the_window_by_any_replica_id() -> None:
+    clock = Clock()
+    load = Load(clock)
+    clock.now += 100  # the measure is older than the window
+    for second in range(10):
+        for _ in range(5):
+            load.began(7 if second % 2 else 8)  # the service's id, or a replica's
+            load.ended(7 if second % 2 else 8)
+        clock.now += 1
+    assert load.measure([7, 8], "rps", window=10) == pytest.approx(5.0)
+    assert load.measure([7], "rps", window=10) == pytest.approx(2.5)
+    assert load.measure([7, 7, 8], "rps", window=10) == pytest.approx(5.0)  # an id counted once
+    assert load.measure([9], "rps", window=10) == 0.0
+    clock.now += 30
+    assert load.measure([7, 8], "rps", window=10) == 0.0  # all of it older than the window
+
+
+def test_a_young_measure_divides_by_the_time_it_has_watched_not_the_whole_window() -> None:
+    clock = Clock()
+    load = Load(clock)
+    for _ in range(20):
+        load.began(3)
+    clock.now += 2
+    # 20 requests in the 2 s since the head started: 10/s, not 20/60
+    assert load.measure([3], "rps", window=60) == pytest.approx(10.0, rel=0.35)
+
+
+def test_concurrency_is_the_time_average_of_requests_in_flight() -> None:
+    clock = Clock()
+    load = Load(clock)
+    clock.now += 100
+    for _ in range(3):
+        load.began(5)  # three long requests in flight for the whole window
+    clock.now += 10
+    assert load.measure([5], "concurrency", window=10) == pytest.approx(3.0, rel=0.1)
+    load.ended(5)
+    load.ended(5)
+    load.ended(5)
+    load.ended(5)  # one more end than begins changes nothing
+    clock.now += 10
+    assert load.measure([5], "concurrency", window=10) == pytest.approx(0.0, abs=0.35)
+    assert load.measure([5], "concurrency", window=20) == pytest.approx(1.5, rel=0.1)
+
+
+def test_a_service_wants_its_load_over_the_target_rounded_up_within_its_range() -> None:
+    scaling = _scaling(min=2, max=5, target=10)
+    assert [wanted(x, scaling) for x in (0, 10, 20, 20.001, 31, 45, 500)] == [2, 2, 2, 3, 4, 5, 5]
+
+
+def test_replicas_are_added_at_once_and_again_only_after_the_up_delay() -> None:
+    scaling = _scaling(scale_up_delay=30, scale_down_delay=300)
+    tracker = Tracker(now=0)
+    assert tracker.next_count(scaling, current=1, load=25, now=0) == 3  # nothing changed before: at once
+    tracker.changed = 0
+    assert tracker.next_count(scaling, current=3, load=40, now=10) == 3  # 10 s since the change
+    assert tracker.next_count(scaling, current=3, load=40, now=30) == 4
+
+
+def test_replicas_are_removed_only_when_no_want_in_the_down_delay_was_higher() -> None:
+    scaling = _scaling(scale_up_delay=0, scale_down_delay=60)
+    tracker = Tracker(now=0)
+    tracker.changed = 0
+    assert tracker.next_count(scaling, current=4, load=35, now=0) == 4
+    # the load falls: nothing goes until the count has stood for the delay, and a burst within the
+    # look-back holds the most it wanted
+    assert tracker.next_count(scaling, current=4, load=5, now=30) == 4
+    assert tracker.next_count(scaling, current=4, load=25, now=50) == 4
+    assert tracker.next_count(scaling, current=4, load=5, now=70) == 4  # the 35 (4) of t=0 still counts
+    assert tracker.next_count(scaling, current=4, load=5, now=100) == 3  # the 25 (3) of t=50 does
+    tracker.changed = 100
+    assert tracker.next_count(scaling, current=3, load=0, now=130) == 3
+    assert tracker.next_count(scaling, current=3, load=0, now=170) == 1
+
+
+def test_after_a_restart_nothing_is_removed_until_a_whole_down_delay_was_watched() -> None:
+    scaling = _scaling(scale_down_delay=60)
+    tracker = Tracker(now=500)  # a new head: the count changed long ago, the load before is unknown
+    assert tracker.next_count(scaling, current=4, load=0, now=501) == 4
+    assert tracker.next_count(scaling, current=4, load=0, now=559) == 4
+    assert tracker.next_count(scaling, current=4, load=0, now=561) == 1
+
+
+def test_a_count_outside_the_range_is_brought_into_it() -> None:
+    scaling = _scaling(min=2, max=3)
+    tracker = Tracker(now=0)
+    tracker.changed = 0
+    assert tracker.next_count(scaling, current=1, load=0, now=1) == 2
+    assert tracker.next_count(scaling, current=5, load=100, now=1) == 3
