@@ -95,6 +95,7 @@ class Runtime:
             lambda: self.reconciler.fair_shares,
             lambda: self.reconciler.explanations,
             lambda: self.readiness.state,
+            lambda: self.autoscaler.words,
         )
         self.reconciler.cycle_observer = self.metrics.cycle_seconds.observe
         self.reconciler.direct_binds = self.health.jobs.binds  # check jobs (control/health_jobs.py)

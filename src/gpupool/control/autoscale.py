@@ -163,8 +163,9 @@ class Tracker:
 
 @dataclass(frozen=True, slots=True)
 class Word:
-    """The autoscaler's last look at one service, as `gpupool show` and the API give it."""
+    """The autoscaler's last look at one service, as `gpupool show`, the API and /metrics give it."""
 
+    name: str
     metric: str
     load: float  # over `window`
     window: float
@@ -177,7 +178,7 @@ class Word:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "metric": self.metric, "load": round(self.load, 3), "window_s": self.window,
+            "name": self.name, "metric": self.metric, "load": round(self.load, 3), "window_s": self.window,
             "target": self.target, "wanted": self.wanted, "replicas": self.replicas, "min": self.min,
             "max": self.max, "at": self.at,
         }  # fmt: skip
@@ -242,8 +243,8 @@ class Autoscaler:
                     tracker.changed = now
                     changed = True
             words[found.service_id] = Word(
-                scaling.metric, load, scaling.window, scaling.target, wanted(load, scaling), count,
-                scaling.min, scaling.max, time.time(),
+                found.name, scaling.metric, load, scaling.window, scaling.target, wanted(load, scaling),
+                count, scaling.min, scaling.max, time.time(),
             )  # fmt: skip
         self._trackers = trackers
         self.words = words

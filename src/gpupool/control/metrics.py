@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from gpupool.control import bench, service
+from gpupool.control.autoscale import Word
 from gpupool.control.health import HealthMonitor
 from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE
 from gpupool.control.readiness import Readiness, word_on
@@ -167,8 +168,10 @@ class PoolCollector(Collector):
         fair_shares: Callable[[], dict[str, dict[str, float]]],
         explanations: Callable[[], Mapping[int, Explanation]] = dict,
         readiness: Callable[[], Mapping[int, Readiness]] = dict,
+        autoscaling: Callable[[], Mapping[int, Word]] = dict,
     ) -> None:
         self.store, self.telemetry, self.health, self.fair_shares = store, telemetry, health, fair_shares
+        self.autoscaling = autoscaling  # the autoscaler's last look at each service with `scaling`
         self.explanations = explanations  # the reconcile loop's latest reason for each pending workload
         self.readiness = readiness  # the readiness prober's last word on each running service with a probe
         self._gpu_hours: tuple[float, dict[str, float]] | None = None
@@ -289,6 +292,7 @@ class PoolCollector(Collector):
                 up = word_on(probed, wid, attempt).ready
                 ready.add_metric([str(wid), name, queue], 1.0 if up else 0.0)
         yield ready
+        yield from self._autoscaled()
         counts = dict.fromkeys(NODE_STATES, 0)
         for name, state, _ in node_rows:
             counts[state] = counts.get(state, 0) + 1
@@ -350,6 +354,27 @@ class PoolCollector(Collector):
         self._gpu_hours = (now, hours)
         return hours
 
+    def _autoscaled(self) -> Iterator[Metric]:
+        load = GaugeMetricFamily(
+            "gpupool_service_load",
+            "A service's load through the head's proxy over its scaling window, as its autoscaler measured "
+            "it: requests per second (metric rps) or requests in flight (metric concurrency).",
+            labels=["workload", "name", "metric"],
+        )
+        replicas = GaugeMetricFamily(
+            "gpupool_service_replicas",
+            "An autoscaled service's replicas: wanted (ceil(load / target), within its range), the count "
+            "(pending or running, not stopping), and its range's min and max.",
+            labels=["workload", "name", "kind"],
+        )
+        for wid, word in sorted(self.autoscaling().items()):
+            labels = [str(wid), word.name]
+            load.add_metric([*labels, word.metric], word.load)
+            for kind, value in (("wanted", word.wanted), ("count", word.replicas), ("min", word.min),
+                                ("max", word.max)):  # fmt: skip
+                replicas.add_metric([*labels, kind], float(value))
+        yield from (load, replicas)
+
 
 class Metrics:
     """One registry per server: the scrape-time collector and the scheduler cycle histogram."""
@@ -362,6 +387,7 @@ class Metrics:
         fair_shares: Callable[[], dict[str, dict[str, float]]],
         explanations: Callable[[], Mapping[int, Explanation]] = dict,
         readiness: Callable[[], Mapping[int, Readiness]] = dict,
+        autoscaling: Callable[[], Mapping[int, Word]] = dict,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.cycle_seconds = Histogram(
@@ -370,4 +396,6 @@ class Metrics:
             buckets=CYCLE_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(PoolCollector(store, telemetry, health, fair_shares, explanations, readiness))
+        self.registry.register(
+            PoolCollector(store, telemetry, health, fair_shares, explanations, readiness, autoscaling)
+        )

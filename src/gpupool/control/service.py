@@ -728,6 +728,7 @@ class Autoscaled:
     """A service whose spec has `scaling`, as the autoscaler sees it."""
 
     service_id: int
+    name: str
     ids: tuple[int, ...]  # its replicas' ids, pending or running: a request may name any of them
     replicas: int  # pending or running, not asked to stop
     scaling: dict[str, Any]  # the spec's `scaling`, as stored
@@ -748,7 +749,8 @@ def autoscaled(store: Store) -> list[Autoscaled]:
         kept = _kept(group)
         scaling = kept[0].spec.get("scaling") if kept else None
         if scaling:
-            found.append(Autoscaled(service_id, tuple(w.id for w in group), len(kept), scaling))
+            ids = tuple(w.id for w in group)
+            found.append(Autoscaled(service_id, kept[0].name, ids, len(kept), scaling))
     return found
 
 
