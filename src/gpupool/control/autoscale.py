@@ -4,9 +4,9 @@
 
 Target tracking, as dstack's and SkyPilot's services and Knative do it: a service wants
 ceil(load / target) replicas. It gains them once `scale_up_delay` has passed since its count last changed;
-it loses some only when its count last changed `scale_down_delay` ago and the most it wanted all through
-that delay is still fewer (the look-back is Kubernetes' HPA downscale stabilization window), so a dip
-between two bursts removes nothing. The load is the proxy's own measure, in the head's memory: after a
+it loses some only when the most it wanted all through the last `scale_down_delay` is fewer (Kubernetes'
+HPA downscale stabilization window), and then down to that most, so a dip between two bursts removes
+nothing. The load is the proxy's own measure, in the head's memory: after a
 restart of the head the autoscaler removes nothing until it has watched a whole `scale_down_delay`.
 """
 
@@ -151,11 +151,7 @@ class Tracker:
         quiet = now - self.changed
         if want > current:
             return want if quiet >= scaling.scale_up_delay else current
-        if (
-            want < current
-            and quiet >= scaling.scale_down_delay
-            and now - self.since >= scaling.scale_down_delay
-        ):
+        if want < current and now - self.since >= scaling.scale_down_delay:
             most = max(w for _, w in wants)
             return most if most < current else current
         return current

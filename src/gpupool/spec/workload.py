@@ -220,8 +220,8 @@ class ScalingSpec(BaseModel):
     )
     scale_down_delay: Seconds = Field(
         default=300.0,
-        description="How long the load must have wanted fewer replicas (and time since the last change) "
-        "before removing some, 0..24h; default 5m.",
+        description="How long the load must have wanted fewer replicas before removing some (down to the "
+        "most wanted in that time), 0..24h; default 5m.",
     )
 
     @model_validator(mode="after")

@@ -79,20 +79,20 @@ def test_replicas_are_added_at_once_and_again_only_after_the_up_delay() -> None:
     assert tracker.next_count(scaling, current=3, load=40, now=30) == 4
 
 
-def test_replicas_are_removed_only_when_no_want_in_the_down_delay_was_higher() -> None:
+def test_replicas_are_removed_only_down_to_the_most_wanted_in_the_down_delay() -> None:
     scaling = _scaling(scale_up_delay=0, scale_down_delay=60)
     tracker = Tracker(now=0)
     tracker.changed = 0
     assert tracker.next_count(scaling, current=4, load=35, now=0) == 4
-    # the load falls: nothing goes until the count has stood for the delay, and a burst within the
-    # look-back holds the most it wanted
+    # the load falls: nothing goes while a want within the look-back was higher, and then only down to
+    # the most wanted in it
     assert tracker.next_count(scaling, current=4, load=5, now=30) == 4
     assert tracker.next_count(scaling, current=4, load=25, now=50) == 4
     assert tracker.next_count(scaling, current=4, load=5, now=70) == 4  # the 35 (4) of t=0 still counts
     assert tracker.next_count(scaling, current=4, load=5, now=100) == 3  # the 25 (3) of t=50 does
     tracker.changed = 100
-    assert tracker.next_count(scaling, current=3, load=0, now=130) == 3
-    assert tracker.next_count(scaling, current=3, load=0, now=170) == 1
+    assert tracker.next_count(scaling, current=3, load=0, now=120) == 3  # the 25 (3) of t=50 still counts
+    assert tracker.next_count(scaling, current=3, load=0, now=130) == 1  # since t=70 it wanted 1
 
 
 def test_after_a_restart_nothing_is_removed_until_a_whole_down_delay_was_watched() -> None:
