@@ -156,5 +156,28 @@ def test_an_autoscaled_service_is_shown_before_it_is_measured_and_its_bad_specs_
         assert w["spec"]["scaling"]["target"] == 8 and w["replicas"] == 2
         text = server.cli("show", str(w["id"]), check=True).stdout
         assert "autoscaling: 2..4 replicas, 8 requests in flight each" in text
+
+        # a new range: the count is brought into it at once, and the history says why
+        moved = server.cli("scale", str(w["id"]), "3..5", check=True).stdout
+        assert "3 replicas, scaling itself within 3..5" in moved
+        w = server.workload(w["id"])
+        assert (w["spec"]["scaling"]["min"], w["spec"]["scaling"]["max"], w["replicas"]) == (3, 5, 3)
+        assert any(e["reason"] == "scaling range set to 3..5 by admin" for e in w["events"])
+        added = server.workload(w["replica_list"][-1]["id"])["events"][0]
+        assert added["reason"].startswith("scaled to 3 replicas: scaling range set to 3..5 by admin")
+        with server.http() as client:
+            for body, words in (
+                ({"replicas": "0..5"}, "1 <= MIN <= MAX <= 64"),
+                ({"replicas": "5..3"}, "1 <= MIN <= MAX <= 64"),
+                ({"replicas": 4}, "gpupool scale"),  # a number: the autoscaler owns the count
+                ({"replicas": "lots"}, "not a whole number or a range MIN..MAX"),
+            ):
+                answer = client.post(f"/api/v1/workloads/{w['id']}/scale", json=body)
+                assert answer.status_code in (409, 422), answer.text
+                assert answer.json()["error"]["field"] == "replicas" and words in answer.text, answer.text
+            fixed = server.submit({"kind": "service", "commands": ["sleep 600"], "resources": {"gpu": 0}})
+            answer = client.post(f"/api/v1/workloads/{fixed['id']}/scale", json={"replicas": "1..3"})
+            assert answer.status_code == 409 and "runs a fixed number of replicas" in answer.text, answer.text
+        assert server.workload(w["id"])["spec"]["scaling"]["max"] == 5  # refusals changed nothing
     finally:
         server.stop()

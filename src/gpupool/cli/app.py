@@ -458,18 +458,24 @@ def cancel(
 @app.command()
 def scale(
     workload_id: int = typer.Argument(..., help="the service's id (or any of its replicas')"),
-    replicas: int = typer.Argument(..., help="how many copies run, 1..64"),
+    replicas: str = typer.Argument(
+        ..., help="how many copies run, 1..64; or MIN..MAX, the range of a service that scales itself"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Change how many replicas a service runs: new ones wait for the scheduler as any workload does;
-    removed ones (those still waiting first, then the highest-numbered) stop after their grace period."""
-    w = client().scale(workload_id, replicas)
+    removed ones (those still waiting first, then the highest-numbered) stop after their grace period.
+    For a service with `scaling`, give its new range instead: gpupool scale 5 2..6"""
+    count = replicas.strip()
+    w = client().scale(workload_id, int(count) if count.isdigit() else count)
     if as_json:
         print_json(w)
         return
     active = [r for r in w["replica_list"] if r["state"] in ("pending", "running")]
     listed = ", ".join(f"replica {r['replica']}: {r['id']} {r['state']}" for r in active)
-    console.print(f"service {w['name']} (workload {w['id']}): {w['replicas']} replicas: {listed}")
+    scaling = w["spec"].get("scaling")
+    within = f", scaling itself within {scaling['min']}..{scaling['max']}" if scaling else ""
+    console.print(f"service {w['name']} (workload {w['id']}): {w['replicas']} replicas{within}: {listed}")
 
 
 def _active_ids(c: Client, queue: str, state: str | None) -> list[int]:

@@ -137,7 +137,8 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/cancel")
         return result
 
-    def scale(self, workload_id: int, replicas: int) -> dict[str, Any]:
+    def scale(self, workload_id: int, replicas: int | str) -> dict[str, Any]:
+        """`replicas`: a count, or "MIN..MAX", the range of a service that scales itself."""
         body = {"replicas": replicas}
         result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/scale", json=body)
         return result

@@ -682,7 +682,8 @@ def scale(
                     raise Conflict(
                         f"service {workload.name} (workload {workload.service_id}) scales itself between "
                         f"{scaling['min']} and {scaling['max']} replicas by {scaling['metric']} (its spec's "
-                        "scaling); to change the range, cancel it and submit it again with another",
+                        f"scaling); change its range instead, e.g. `gpupool scale {workload.service_id} "
+                        f"{min(scaling['min'], replicas)}..{max(scaling['max'], replicas)}`",
                         field="replicas",
                     )
                 reason = why or f"scaled to {replicas} replicas by {actor}"
@@ -719,6 +720,63 @@ def scale(
                 service_id = workload.service_id or workload.id
         except StaleDataError:
             continue  # the control loop changed a replica at the same moment: read again, decide again
+        return get_workload(store, service_id)
+    raise Conflict(f"service {workload_id} is changing state; try again")
+
+
+def scale_range(
+    store: Store, workload_id: int, low: int, high: int, *, actor: str = "admin"
+) -> dict[str, Any]:
+    """Set the range `low..high` within which the autoscaler keeps the service `workload_id` names (one
+    with `scaling` in its spec); a count outside the new range is brought into it at once. Returns the
+    service's detail."""
+    if not 1 <= low <= high <= MAX_REPLICAS:
+        raise Invalid(
+            f"replicas {low}..{high} is not a range MIN..MAX with 1 <= MIN <= MAX <= {MAX_REPLICAS}",
+            field="replicas",
+            example="2..6",
+        )
+    reason = f"scaling range set to {low}..{high} by {actor}"
+    for _ in range(5):
+        try:
+            with store.session() as s:
+                workload = _load_service(s, workload_id, "has replicas to scale")
+                kept = _kept(_replicas(s, workload))
+                if not kept:
+                    raise Conflict(
+                        f"service {workload.name} (workload {workload.service_id}) has ended or is "
+                        f"stopping ({workload.state}); submit it again with replicas: {low}..{high}"
+                    )
+                scaling = kept[0].spec.get("scaling")
+                if not scaling:
+                    raise Conflict(
+                        f"service {workload.name} (workload {workload.service_id}) runs a fixed number of "
+                        f"replicas (no scaling in its spec): give a number, e.g. `gpupool scale "
+                        f"{workload.service_id} {low}`",
+                        field="replicas",
+                    )
+                spec = {**kept[0].spec, "scaling": {**scaling, "min": low, "max": high}}
+                for replica in kept:
+                    replica.spec = spec
+                head = kept[0]
+                s.add(
+                    Event(
+                        object_kind="workload",
+                        object_id=str(head.id),
+                        from_state=head.state,
+                        to_state=head.state,
+                        reason=reason,
+                        actor=actor,
+                    )
+                )
+                count, service_id = len(kept), head.service_id or head.id
+        except StaleDataError:
+            continue  # the control loop changed a replica at the same moment: read again, decide again
+        clamped = min(high, max(low, count))
+        if clamped != count:
+            return scale(
+                store, service_id, clamped, actor=actor, why=f"scaled to {clamped} replicas: {reason}"
+            )
         return get_workload(store, service_id)
     raise Conflict(f"service {workload_id} is changing state; try again")
 

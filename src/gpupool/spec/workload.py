@@ -52,7 +52,7 @@ MAX_REPLICAS: Final = 64
 MAX_GRACE_PERIOD: Final = 3600.0
 MAX_SCALING_WINDOW: Final = 3600.0
 MAX_SCALING_DELAY: Final = 86400.0
-_RANGE_RE: Final = re.compile(r"\s*([0-9]+)\s*\.\.\s*([0-9]+)\s*")
+RANGE: Final = re.compile(r"\s*([0-9]+)\s*\.\.\s*([0-9]+)\s*")
 MAX_PROBE_PATH: Final = 2000
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -598,7 +598,7 @@ def _replica_range(data: dict[str, Any]) -> dict[str, Any]:
     range needs `scaling` (what to follow), and `scaling` needs a range (or its own min and max)."""
     replicas = data.get("replicas")
     scaling = data.get("scaling")
-    found = _RANGE_RE.fullmatch(replicas) if isinstance(replicas, str) else None
+    found = RANGE.fullmatch(replicas) if isinstance(replicas, str) else None
     if found is None:
         if not isinstance(scaling, dict):
             return data

@@ -12,6 +12,7 @@ from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
 from gpupool.control import service
 from gpupool.spec import parse_workload_spec
+from gpupool.spec.workload import RANGE
 
 router = APIRouter(prefix="/workloads", tags=["workloads"])
 
@@ -74,13 +75,26 @@ def cancel(request: Request, workload_id: int) -> dict[str, Any]:
 def scale(
     request: Request,
     workload_id: int,
-    body: dict[str, Any] | None = Body(None, description='{"replicas": N}, 1..64'),
+    body: dict[str, Any] | None = Body(
+        None,
+        description='{"replicas": N}, 1..64; or {"replicas": "MIN..MAX"}: an autoscaled service\'s range',
+    ),
 ) -> dict[str, Any]:
     replicas = fields(body, ("replicas",)).get("replicas")
-    if not isinstance(replicas, int) or isinstance(replicas, bool):
-        said = "required" if replicas is None else f"{replicas!r} is not a whole number"
-        raise ApiError(422, "invalid", f'replicas: {said}; e.g. {{"replicas": 2}}', field="replicas")
     runtime = request.app.state.runtime
+    found = RANGE.fullmatch(replicas) if isinstance(replicas, str) else None
+    if found is not None:  # an autoscaled service's new range
+        result = service.scale_range(runtime.store, workload_id, int(found.group(1)), int(found.group(2)))
+        runtime.wake()
+        return result
+    if not isinstance(replicas, int) or isinstance(replicas, bool):
+        said = "required" if replicas is None else f"{replicas!r} is not a whole number or a range MIN..MAX"
+        raise ApiError(
+            422,
+            "invalid",
+            f'replicas: {said}; e.g. {{"replicas": 2}} or {{"replicas": "1..4"}}',
+            field="replicas",
+        )
     result = service.scale(runtime.store, workload_id, replicas)
     runtime.wake()
     return result
