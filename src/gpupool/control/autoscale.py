@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 PERIOD: Final = 1.0  # seconds between two passes of the autoscaler
 KEPT: Final = 3600  # seconds of load kept per workload id: the longest window a spec may ask for
-MAX_IDS: Final = 10_000  # ids counted at once (a client asking for many ids that are no service)
+MAX_IDS: Final = 10_000  # ids counted at once; past it (a client asking for many ids that are no service),
+# the idle ones are forgotten, or else all: the services' measures start again, as after a restart
 
 
 class _Counts:
@@ -84,6 +85,8 @@ class Load:
             if counts is None:
                 if len(self._counts) >= MAX_IDS:
                     self._forget_idle(now)
+                    if len(self._counts) >= MAX_IDS:  # all busy within the hour: memory stays bounded
+                        self._counts.clear()
                 counts = self._counts[workload_id] = _Counts(now)
             counts.settle(now)[1] += 1
             counts.in_flight += 1
@@ -211,37 +214,46 @@ class Autoscaler:
             except Exception:  # one bad pass (the store busy, a service ending meanwhile) waits for the next
                 log.exception("event=autoscale_failed")
 
+    def _look(self, found: service.Autoscaled, tracker: Tracker, now: float) -> tuple[Word, bool]:
+        """Measure one service, change its count if the rule says so; its word, and whether it changed."""
+        scaling = ScalingSpec.model_validate(found.scaling)
+        load = self.load.measure(found.ids, scaling.metric, scaling.window, now)
+        count = tracker.next_count(scaling, found.replicas, load, now)
+        moved = False
+        if count != found.replicas:
+            measured = describe(scaling.metric, load, scaling.window)
+            why = (
+                f"scaled to {count} replicas by the autoscaler: {measured}, target "
+                f"{scaling.target:g} per replica, range {scaling.min}..{scaling.max}"
+            )
+            try:
+                service.scale(self.store, found.service_id, count, actor="autoscaler", why=why)
+            except ServiceError as exc:  # ended or cancelled meanwhile
+                log.info("event=autoscale_skipped service=%s why=%s", found.service_id, exc.message)
+                count = found.replicas
+            else:
+                log.info("event=autoscaled service=%s from=%s to=%s", found.service_id, found.replicas, count)
+                tracker.changed = now
+                moved = True
+        word = Word(
+            found.name, scaling.metric, load, scaling.window, scaling.target, wanted(load, scaling), count,
+            scaling.min, scaling.max, time.time(),
+        )  # fmt: skip
+        return word, moved
+
     def step(self) -> None:
         now = self._clock()
         words: dict[int, Word] = {}
         trackers: dict[int, Tracker] = {}
         changed = False
         for found in service.autoscaled(self.store):
-            scaling = ScalingSpec.model_validate(found.scaling)
             tracker = trackers[found.service_id] = self._trackers.get(found.service_id) or Tracker(now)
-            load = self.load.measure(found.ids, scaling.metric, scaling.window, now)
-            count = tracker.next_count(scaling, found.replicas, load, now)
-            if count != found.replicas:
-                measured = describe(scaling.metric, load, scaling.window)
-                why = (
-                    f"scaled to {count} replicas by the autoscaler: {measured}, target "
-                    f"{scaling.target:g} per replica, range {scaling.min}..{scaling.max}"
-                )
-                try:
-                    service.scale(self.store, found.service_id, count, actor="autoscaler", why=why)
-                except ServiceError as exc:  # ended or cancelled meanwhile
-                    log.info("event=autoscale_skipped service=%s why=%s", found.service_id, exc.message)
-                    count = found.replicas
-                else:
-                    log.info(
-                        "event=autoscaled service=%s from=%s to=%s", found.service_id, found.replicas, count
-                    )
-                    tracker.changed = now
-                    changed = True
-            words[found.service_id] = Word(
-                found.name, scaling.metric, load, scaling.window, scaling.target, wanted(load, scaling),
-                count, scaling.min, scaling.max, time.time(),
-            )  # fmt: skip
+            try:
+                words[found.service_id], moved = self._look(found, tracker, now)
+            except Exception:  # one service's trouble leaves the others scaling
+                log.exception("event=autoscale_failed service=%s", found.service_id)
+                continue
+            changed = changed or moved
         self._trackers = trackers
         self.words = words
         self.load.prune()

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.control.autoscale import Load, Tracker, wanted
-from gpupool.spec import ScalingSpec
+from gpupool.control import service
+from gpupool.control.autoscale import Autoscaler, Load, Tracker, wanted
+from gpupool.spec import ScalingSpec, parse_workload_spec
+from gpupool.store.db import Store
+from gpupool.store.models import Workload
 
 
 class Clock:
@@ -109,3 +112,56 @@ def test_a_count_outside_the_range_is_brought_into_it() -> None:
     tracker.changed = 0
     assert tracker.next_count(scaling, current=1, load=0, now=1) == 2
     assert tracker.next_count(scaling, current=5, load=100, now=1) == 3
+
+
+def _autoscaled(store: Store, name: str, **scaling: object) -> int:
+    spec = parse_workload_spec(
+        {"kind": "service", "name": name, "commands": ["serve"], "replicas": "1..4",
+         "scaling": {"target": 10, "scale_up_delay": 0, "scale_down_delay": 60, **scaling}}
+    )  # fmt: skip
+    return int(service.submit(store, spec)["id"])
+
+
+def test_the_autoscaler_changes_each_service_by_its_own_load_and_says_why(store: Store) -> None:
+    clock = Clock()
+    load = Load(clock)
+    woken: list[bool] = []
+    autoscaler = Autoscaler(store, load, lambda: woken.append(True), clock)
+    busy, quiet = _autoscaled(store, "busy", window=10), _autoscaled(store, "quiet", window=10)
+    fixed = service.submit(store, parse_workload_spec({"kind": "service", "commands": ["serve"]}))["id"]
+    clock.now += 100
+    for _ in range(250):  # 25 requests a second over 10 s to the busy one
+        load.began(busy)
+        load.ended(busy)
+    clock.now += 10
+    autoscaler.step()
+    assert service.get_workload(store, busy)["replicas"] == 3 and woken == [True]
+    assert service.get_workload(store, quiet)["replicas"] == 1
+    assert set(autoscaler.words) == {busy, quiet} and fixed not in autoscaler.words
+    word = autoscaler.words[busy]
+    assert (word.wanted, word.replicas, word.metric) == (3, 3, "rps") and word.load == pytest.approx(25)
+    events = service.get_workload(store, service.get_workload(store, busy)["replica_list"][2]["id"])["events"]
+    assert events[0]["actor"] == "autoscaler"
+    assert "scaled to 3 replicas by the autoscaler: 4.17 requests/s over 60 s, target 10"
+    assert events[0]["reason"] == (
+        "scaled to 3 replicas by the autoscaler: 25 requests/s over 10 s, target 10 per replica, range 1..4: "
+        "replica 2"
+    )
+
+
+def test_one_service_the_autoscaler_cannot_read_leaves_the_others_scaling(store: Store) -> None:
+    clock = Clock()
+    load = Load(clock)
+    autoscaler = Autoscaler(store, load, lambda: None, clock)
+    broken, busy = _autoscaled(store, "broken"), _autoscaled(store, "busy", window=10)
+    with store.session() as s:  # a stored spec this code cannot read (as an older or newer server's might)
+        row = s.get(Workload, broken)
+        assert row is not None
+        row.spec = {**row.spec, "scaling": {**row.spec["scaling"], "metric": "latency"}}
+    clock.now += 100
+    for _ in range(400):
+        load.began(busy)
+    clock.now += 10
+    autoscaler.step()
+    assert service.get_workload(store, busy)["replicas"] == 4
+    assert set(autoscaler.words) == {busy}
