@@ -8,6 +8,7 @@ import json
 import threading
 from pathlib import Path
 
+from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
 from tests.support.services import answer_of, echo_service, proxy_path, wait_until
 
@@ -91,6 +92,7 @@ def test_requests_per_second_add_replicas_up_to_max_and_quiet_removes_them_to_mi
     finally:
         stop.set()
         server.stop()
+        kill_attempts_under(tmp_path)
 
 
 def test_requests_in_flight_add_replicas_and_their_end_removes_them(tmp_path: Path) -> None:
@@ -124,6 +126,7 @@ def test_requests_in_flight_add_replicas_and_their_end_removes_them(tmp_path: Pa
     finally:
         (tmp_path / "gate").write_text("")
         server.stop()
+        kill_attempts_under(tmp_path)
 
 
 def test_an_autoscaled_service_is_shown_before_it_is_measured_and_its_bad_specs_are_refused(
@@ -181,3 +184,4 @@ def test_an_autoscaled_service_is_shown_before_it_is_measured_and_its_bad_specs_
         assert server.workload(w["id"])["spec"]["scaling"]["max"] == 5  # refusals changed nothing
     finally:
         server.stop()
+        kill_attempts_under(tmp_path)

@@ -683,7 +683,7 @@ def scale(
                         f"service {workload.name} (workload {workload.service_id}) scales itself between "
                         f"{scaling['min']} and {scaling['max']} replicas by {scaling['metric']} (its spec's "
                         f"scaling); change its range instead, e.g. `gpupool scale {workload.service_id} "
-                        f"{min(scaling['min'], replicas)}..{max(scaling['max'], replicas)}`",
+                        f"{replicas}..{max(scaling['max'], replicas)}` for at least {replicas}",
                         field="replicas",
                     )
                 reason = why or f"scaled to {replicas} replicas by {actor}"
