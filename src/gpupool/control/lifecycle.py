@@ -145,3 +145,19 @@ def transition(
     if to_state in TERMINAL:
         workload.finished_at = now
     return verdict
+
+
+def note(session: Session, workload: Workload, reason: str, *, actor: str) -> None:
+    """Record in `workload`'s history something that changes no state (an eviction asked of running work,
+    a replica asked to stop, a service's scaling range changed)."""
+    session.add(
+        Event(
+            object_kind="workload",
+            object_id=str(workload.id),
+            from_state=workload.state,
+            to_state=workload.state,
+            reason=reason,
+            actor=actor,
+            at=utcnow(),
+        )
+    )

@@ -24,6 +24,7 @@ from gpupool.control.lifecycle import (
     SERVICE,
     STATES,
     TERMINAL,
+    note,
     transition,
 )
 from gpupool.control.readiness import Readiness, word_on
@@ -705,16 +706,7 @@ def scale(
                     _cancel_one(s, replica, reason, actor)
                     if replica.state == RUNNING:  # it stops with its grace period: say why in its history
                         replica.reason = f"stopping: {reason}"
-                        s.add(
-                            Event(
-                                object_kind="workload",
-                                object_id=str(replica.id),
-                                from_state=RUNNING,
-                                to_state=RUNNING,
-                                reason=replica.reason,
-                                actor=actor,
-                            )
-                        )
+                        note(s, replica, replica.reason, actor=actor)
                 if removed:
                     s.flush()
                 service_id = workload.service_id or workload.id
@@ -759,16 +751,7 @@ def scale_range(
                 for replica in kept:
                     replica.spec = spec
                 head = kept[0]
-                s.add(
-                    Event(
-                        object_kind="workload",
-                        object_id=str(head.id),
-                        from_state=head.state,
-                        to_state=head.state,
-                        reason=reason,
-                        actor=actor,
-                    )
-                )
+                note(s, head, reason, actor=actor)
                 count, service_id = len(kept), head.service_id or head.id
         except StaleDataError:
             continue  # the control loop changed a replica at the same moment: read again, decide again
