@@ -80,6 +80,15 @@ def submit(
     file: Path = typer.Argument(..., help="a workload spec (YAML), see docs/specs.md"),
     queue: str | None = typer.Option(None, "--queue", "-q", help="override the spec's queue"),
     name: str | None = typer.Option(None, "--name", "-n", help="override the spec's name"),
+    after: list[str] = typer.Option(
+        [],
+        "--after",
+        help="start only after workload ID succeeded; WHEN:ID for failed, ended or started (repeatable; "
+        "Slurm's --dependency)",
+    ),
+    parsable: bool = typer.Option(
+        False, "--parsable", help="print only the new workload's id (Slurm's sbatch --parsable)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the created workload as JSON"),
 ) -> None:
     """Submit a job or service from a YAML spec. Commands run in the spec's folder unless it sets workdir."""
@@ -93,10 +102,12 @@ def submit(
         data["queue"] = queue
     if name:
         data["name"] = name
+    if after:
+        data["after"] = [*data.get("after", []), *after]
     folder = file.resolve().parent
     data["workdir"] = str(folder / data["workdir"]) if data.get("workdir") else str(folder)
     parse_workload_spec(data)
-    _created(client().submit(data), as_json)
+    _created(client().submit(data), as_json, parsable)
 
 
 # As `docker run`: run's options come first; from the command's first word on, every word is the command's.
@@ -151,6 +162,15 @@ def run(
         help="with --replicas MIN..MAX: what each replica should carry, rps:N (requests per second) or "
         "concurrency:N (requests in flight)",
     ),
+    after: list[str] = typer.Option(
+        [],
+        "--after",
+        help="start only after workload ID succeeded; WHEN:ID for failed, ended or started (repeatable; "
+        "Slurm's --dependency)",
+    ),
+    parsable: bool = typer.Option(
+        False, "--parsable", help="print only the new workload's id (Slurm's sbatch --parsable)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
@@ -187,8 +207,10 @@ def run(
         data["replicas"] = int(replicas) if replicas.strip().isdigit() else replicas
     if scale is not None:
         data["scaling"] = _scaling(scale)
+    if after:
+        data["after"] = after
     parse_workload_spec(data)
-    _created(client().submit(data), as_json)
+    _created(client().submit(data), as_json, parsable)
 
 
 def _scaling(text: str) -> dict[str, Any]:
@@ -239,9 +261,12 @@ def _no_stray_option(command: list[str]) -> None:
         )
 
 
-def _created(workload: dict[str, Any], as_json: bool) -> None:
+def _created(workload: dict[str, Any], as_json: bool, parsable: bool) -> None:
     if as_json:
         print_json(workload)
+        return
+    if parsable:
+        print(workload["id"])
         return
     replicas = workload.get("replica_ids") or []
     also = f" with {len(replicas)} replicas ({', '.join(map(str, replicas))})" if len(replicas) > 1 else ""
@@ -326,6 +351,9 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
             ready = "" if r.get("ready") is None else f" ready={'yes' if r['ready'] else 'no'}"
             this = "  (this one)" if r["id"] == w["id"] else ""
             console.print(f"    replica {r['replica']}: {r['id']} {styled(r['state'])}{where}{ready}{this}")
+    if w["spec"].get("after"):
+        waits = ", ".join(f"{d['workload']} {d['when']}" for d in w["spec"]["after"])
+        console.print(f"  after: {waits}")
     console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:

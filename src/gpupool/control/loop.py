@@ -28,7 +28,8 @@ from sqlalchemy.orm import Session
 from gpupool import scheduler
 from gpupool.backends.base import Backend, Launch, LaunchError, Pod
 from gpupool.control import contract, inventory
-from gpupool.control.lifecycle import FAILED, PENDING, RUNNING, SERVICE, transition
+from gpupool.control.dependencies import Dependencies, Dependency
+from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SERVICE, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.observe import Observation
 from gpupool.control.policy import BandNotes, load_policy, reword_preemptions
@@ -90,6 +91,8 @@ class Reconciler(Observation, SnapshotBuilding):
         self._nodes = NodeViews()  # read again only where a node changed (control/node_views.py)
         self._backoffs: dict[tuple[int, int], Backoff | None] = {}
         self.backing_off: dict[int, Backoff] = {}
+        self._after: dict[int, tuple[Dependency, ...]] = {}
+        self.dependencies = Dependencies()
         self.fair_shares: dict[str, dict[str, float]] = {}
         # The queues as the last pass weighed them (young-work weights applied): `gpupool queues` shows them.
         self.pass_queues: tuple[scheduler.QueueView, ...] = ()
@@ -210,6 +213,9 @@ class Reconciler(Observation, SnapshotBuilding):
         with self.store.read() as s:
             snapshot = self._pass_snapshot(s, now)
         waiting = {wid: restart_explanation(b) for wid, b in self.backing_off.items()}
+        waiting.update(self.dependencies.waiting)
+        if self.dependencies.never:
+            self._cancel_unmeetable(self.dependencies.never)
         if not snapshot.pending and not snapshot.running:
             self.fair_shares, self.pass_queues, self._released_for = {}, (), {}
             self._explain(waiting)
@@ -228,6 +234,17 @@ class Reconciler(Observation, SnapshotBuilding):
             self._promise(decisions.released_to)
         for bind in decisions.binds:
             self._start(bind)
+
+    def _cancel_unmeetable(self, never: dict[int, str]) -> None:
+        """Cancel the pending work whose dependencies can no longer be met (control/dependencies.py)."""
+        with self.store.session() as s:
+            for wid, reason in never.items():
+                workload = s.get(Workload, wid)
+                if workload is None or workload.state != PENDING:
+                    continue
+                workload.cancel_requested = True
+                transition(s, workload, CANCELLED, reason, actor="dependencies")
+                log.info("event=dependency_never_met workload=%d reason=%r", wid, reason)
 
     def _pass_snapshot(self, s: Session, now: float) -> scheduler.Snapshot:
         """The snapshot a pass decides on: the store's, with the pending workloads whose victims (or the

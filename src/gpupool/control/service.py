@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent_records import rank_log_path
+from gpupool.control.dependencies import check_at_submit
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError, Unavailable
 from gpupool.control.lifecycle import (
     ACTIVE,
@@ -347,6 +348,7 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
                 example=DEFAULT_QUEUE,
             )
         _check_gpu_models(s, spec)
+        check_at_submit(s, spec.after)
         if spec.workdir is not None and not Path(spec.workdir).is_absolute():
             raise Invalid(
                 f"workdir must be an absolute path, got {spec.workdir!r}",

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from gpupool import scheduler
 from gpupool.control import inventory
+from gpupool.control.dependencies import Dependencies, Dependency, dependencies_of
 from gpupool.control.lifecycle import PENDING, RUNNING
 from gpupool.control.node_views import NodeViews
 from gpupool.control.policy import BandedPass
@@ -49,6 +50,8 @@ class SnapshotBuilding:
     _nodes: NodeViews
     _backoffs: dict[tuple[int, int], Backoff | None]  # (workload id, restarts) -> backoff, see _backing_off
     backing_off: dict[int, Backoff]  # pending work the last snapshot left out: it waits to start again
+    _after: dict[int, tuple[Dependency, ...]]  # cached workloads whose spec lists `after`: what they wait for
+    dependencies: Dependencies  # pending work the last snapshot left out: it waits for other workloads
 
     def _snapshot(self, s: Session, now: float | None = None) -> scheduler.Snapshot:
         now = time.time() if now is None else now
@@ -78,6 +81,11 @@ class SnapshotBuilding:
             .order_by(Attempt.workload_id)
         ).all()
         self._cache_views(s, [wid for wid, _ in pending] + [row[0] for row in attempts])
+        after = self._after
+        self.dependencies.sort(s, {wid: after[wid] for wid, _ in pending if wid in after})
+        held = self.dependencies.waiting.keys() | self.dependencies.never.keys()
+        if held:
+            pending = [(wid, priority) for wid, priority in pending if wid not in held]
         queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
         usage = self._usage(s, {q.name: q.parent for q in queue_rows})
         queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
@@ -234,10 +242,13 @@ class SnapshotBuilding:
                 )
                 if (spec or {}).get("checkpoint"):
                     self._resumable.add(wid)
+                if (spec or {}).get("after"):
+                    self._after[wid] = dependencies_of(spec)
         if len(self._views) > 2 * len(ids) + 1000:
             wanted = set(ids)
             self._views = {wid: view for wid, view in self._views.items() if wid in wanted}
             self._resumable &= wanted
+            self._after = {wid: deps for wid, deps in self._after.items() if wid in wanted}
 
 
 def _queue_view(queue: Queue) -> scheduler.QueueView:

@@ -252,18 +252,24 @@ def _unknown_field(
 
 
 def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The spec model found at `loc` inside `model` (through optional fields), if any."""
+    """The spec model found at `loc` inside `model` (through optional fields and list items), if any."""
     current = model
+    items = False  # the last field was a list: an index comes next
     for part in loc:
+        if items and isinstance(part, int):
+            items = False
+            continue
         if not isinstance(part, str) or part not in current.model_fields:
             return None
         annotation = current.model_fields[part].annotation
         candidates = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+        if len(candidates) == 1 and typing.get_origin(candidates[0]) is list:
+            candidates, items = typing.get_args(candidates[0]), True
         models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
         if not models:
             return None
         current = models[0]
-    return current
+    return None if items else current
 
 
 def _is_union(annotation: object) -> bool:

@@ -54,6 +54,9 @@ MAX_SCALING_WINDOW: Final = 3600.0
 MAX_SCALING_DELAY: Final = 86400.0
 RANGE: Final = re.compile(r"\s*([0-9]+)\s*\.\.\s*([0-9]+)\s*")
 MAX_PROBE_PATH: Final = 2000
+MAX_DEPENDENCIES: Final = 100
+DEPENDENCY_CONDITIONS: Final = ("succeeded", "failed", "ended", "started")
+_DEPENDENCY_RE: Final = re.compile(r"\s*(?:([A-Za-z-]+)\s*:)?\s*([0-9]+)\s*")
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 FIELD_EXAMPLES: Final[dict[str, str]] = {
@@ -90,6 +93,9 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "scaling.window": "60s",
     "scaling.scale_up_delay": "30s",
     "scaling.scale_down_delay": "5m",
+    "after": "[12, ended:13] (or [{workload: 12, when: succeeded}])",
+    "after.workload": "12",
+    "after.when": "succeeded (or failed, ended, started)",
     "placement.nodes": "[node-3, node-4]",
     "placement.topology": "rack",
     "placement.topology_preferred": "zone",
@@ -97,6 +103,7 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
 """A valid example for each field path, shown in every error about that field."""
 
 RetryReason = Literal["failure", "preemption", "node-failure"]
+DependencyCondition = Literal["succeeded", "failed", "ended", "started"]
 DEFAULT_RETRY_ON: Final[tuple[RetryReason, ...]] = ("preemption", "node-failure")
 
 
@@ -237,6 +244,36 @@ class ScalingSpec(BaseModel):
             if value > MAX_SCALING_DELAY:
                 raise SpecError(f"scaling.{name}", format_duration(value), "must be at most 24h", "5m")
         return self
+
+
+class DependencySpec(BaseModel):
+    """A workload this one starts after, and what that one must have done first (Slurm's --dependency).
+    Written in full or short: 12 (it succeeded), "ended:12", {workload: 12, when: ended}."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: Whole = Field(ge=1, description="The workload's id, as `gpupool ps` shows it (required).")
+    when: DependencyCondition = Field(
+        default="succeeded",
+        description="succeeded: it ended with success (Slurm's afterok); failed: it failed (afternotok); "
+        "ended: it succeeded, failed or was cancelled (afterany); started: it began running (after); "
+        "default succeeded.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        if isinstance(data, bool):
+            raise SpecError("workload", data, "is true/false, not a workload id", "12")
+        if isinstance(data, int):
+            return {"workload": data}
+        if isinstance(data, str):
+            match = _DEPENDENCY_RE.fullmatch(data)
+            if match is None:
+                raise SpecError("workload", data, "is not a workload id, or WHEN:ID", "12, or ended:12")
+            when, number = match.groups()
+            return {"workload": int(number)} | ({"when": when.lower()} if when else {})
+        return data
 
 
 class PlacementSpec(BaseModel):
@@ -394,6 +431,14 @@ class WorkloadSpec(BaseModel):
         "scaling.max replicas (also given as replicas: MIN..MAX), e.g. {metric: rps, target: 10}; "
         "default null: the replica count changes only with `gpupool scale`.",
     )
+    after: list[DependencySpec] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description="Workloads this one waits for before it may start, e.g. [12, ended:13]: each an id "
+        "(it must succeed) or WHEN:ID with WHEN succeeded, failed, ended or started; it waits pending "
+        "(reason dependency) and is cancelled once one of them can no longer do what it waits for; "
+        "at most 100; default []: none.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -498,6 +543,26 @@ class WorkloadSpec(BaseModel):
                 "",
             )
         return self
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _one_dependency(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int | str) and not isinstance(value, bool) else value
+
+    @field_validator("after")
+    @classmethod
+    def _after_each_once(cls, value: list[DependencySpec], info: ValidationInfo) -> list[DependencySpec]:
+        seen: dict[int, int] = {}
+        for index, dependency in enumerate(value):
+            first = seen.setdefault(dependency.workload, index)
+            if first != index:
+                raise SpecError(
+                    f"{field_name(info, 'after')}[{index}]",
+                    dependency.workload,
+                    f"is already listed at after[{first}]: list each workload once, with one condition",
+                    "[12, ended:13]",
+                )
+        return value
 
     @field_validator("readiness_probe")
     @classmethod

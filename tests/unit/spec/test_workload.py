@@ -322,6 +322,43 @@ def test_a_bad_range_or_scaling_names_its_field(extra: dict[str, Any], field: st
     assert raised.value.field == field and words in str(raised.value), str(raised.value)
 
 
+def test_after_takes_ids_short_forms_and_mappings_and_stores_them_in_full() -> None:
+    spec = parse_workload_spec(
+        {
+            "commands": ["true"],
+            "after": [12, "13", " ended : 14 ", "Started:15", {"workload": 16, "when": "failed"}],
+        }
+    )
+    assert [(d.workload, d.when) for d in spec.after] == [
+        (12, "succeeded"), (13, "succeeded"), (14, "ended"), (15, "started"), (16, "failed"),
+    ]  # fmt: skip
+    assert parse_workload_spec({"commands": ["true"], "after": 7}).model_dump()["after"] == [
+        {"workload": 7, "when": "succeeded"}
+    ]
+    assert parse_workload_spec({"commands": ["true"]}).after == []
+
+
+@pytest.mark.parametrize(
+    ("after", "field", "words"),
+    [
+        ([True], "after[0].workload", "not a workload id"),
+        (["soon"], "after[0].workload", "WHEN:ID"),
+        (["done:3"], "after[0].when", "is not one of 'succeeded', 'failed', 'ended', 'started'"),
+        ([{"workload": 3, "when": "succeded"}], "after[0].when", "did you mean 'succeeded'"),
+        ([0], "after[0].workload", "at least 1"),
+        ([4, "ended:4"], "after[1]", "already listed at after[0]"),
+        ([{"workload": 3, "wehn": "ended"}], "after[0].wehn", "did you mean 'when'"),
+        ([{"when": "ended"}], "after[0].workload", "is required"),
+        (list(range(1, 102)), "after", "at most 100"),
+        (True, "after", "not a list"),
+    ],
+)
+def test_a_bad_dependency_names_its_entry(after: Any, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_workload_spec({"commands": ["true"], "after": after})
+    assert raised.value.field == field and words in str(raised.value), str(raised.value)
+
+
 # --- round-trip through the JSON the server stores -----------------------------------------------
 
 
@@ -411,6 +448,11 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
         ),
         "max_duration": _DURATION,
         "replicas": st.integers(min_value=1, max_value=64),
+        "after": st.lists(st.integers(min_value=1, max_value=10**9), max_size=4, unique=True).flatmap(
+            lambda ids: st.tuples(
+                *(st.sampled_from([i, str(i), f"ended:{i}", {"workload": i, "when": "started"}]) for i in ids)
+            ).map(list)
+        ),
         "grace_period": st.one_of(
             st.floats(min_value=0, max_value=3600), st.sampled_from(["0s", "1m", "1h"])
         ),

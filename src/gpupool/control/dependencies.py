@@ -1,0 +1,176 @@
+"""When work that waits for other workloads may start: dependencies (Slurm's `--dependency`).
+
+A workload whose spec lists `after` stays out of the scheduler's snapshot until every workload it lists has
+done what it waits for: succeeded (Slurm's afterok), failed (afternotok), ended in any way (afterany), or
+started (after). Until then it is pending with the reason code `dependency`, and counts toward no queue's
+demand. Once a workload it waits for can no longer do that (it failed, and this one waits for its success),
+the control loop cancels it, which may cancel work waiting for it in turn (Slurm's `kill_invalid_depend`).
+
+Everything here is read from the store each pass, so a restarted head keeps every dependency. A condition
+once met stays met (an ended workload never changes state again; one that started keeps its start time),
+so a workload whose dependencies were all met is not asked about again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.control.errors import Invalid
+from gpupool.control.lifecycle import CANCELLED, FAILED, SERVICE, SUCCEEDED, TERMINAL
+from gpupool.scheduler import Explanation
+from gpupool.spec.workload import DependencySpec
+from gpupool.store.models import Workload
+
+DEPENDENCY: Final = "dependency"  # the reason code of work waiting for other workloads
+CHUNK: Final = 500
+# What each condition waits for, as people read it ("waits for workload 12 (prep) to succeed").
+WAITS_TO: Final[dict[str, str]] = {
+    "succeeded": "succeed",
+    "failed": "fail",
+    "ended": "end",
+    "started": "start",
+}
+
+Dependency = tuple[int, str]  # (workload id, condition)
+NEVER: Final = "dependency never satisfied"  # how the reason of work cancelled for it begins
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the conditions read of a workload waited for."""
+
+    name: str
+    kind: str
+    state: str
+    started: bool  # it has run (an attempt began) at some time
+
+
+GONE: Final = Facts("", "", CANCELLED, False)  # a workload waited for that the store no longer holds
+
+
+def verdict(when: str, facts: Facts) -> bool | None:
+    """Whether `when` holds for a workload as `facts` say: True met, False never will be, None not yet."""
+    ended = facts.state in TERMINAL
+    if when == "started":
+        return True if facts.started else (False if ended else None)
+    if not ended:
+        return None
+    if when == "ended":
+        return True
+    return facts.state == (SUCCEEDED if when == "succeeded" else FAILED)
+
+
+def _named(workload_id: int, facts: Facts) -> str:
+    return f"workload {workload_id} ({facts.name})" if facts.name else f"workload {workload_id}"
+
+
+def never_reason(workload_id: int, when: str, facts: Facts) -> str:
+    """Why `when` can no longer hold for `workload_id`: "workload 12 (prep) failed, and this one was to
+    start after it succeeded"."""
+    if facts is GONE:
+        did = "is no longer in the store"
+    elif facts.state == CANCELLED:
+        did = "was cancelled" + (" before it started" if not facts.started else "")
+    else:
+        did = facts.state
+    return f"{_named(workload_id, facts)} {did}, and this one was to start after it {when}"
+
+
+def waiting_explanation(unmet: list[tuple[int, str, Facts]]) -> Explanation:
+    """Why a workload waits: each workload it still waits for, what for, and where that one is now."""
+    parts = [f"{_named(wid, facts)} to {WAITS_TO[when]} (it is {facts.state})" for wid, when, facts in unmet]
+    return Explanation(DEPENDENCY, "waits for " + "; and for ".join(parts))
+
+
+def read_facts(s: Session, ids: Iterable[int]) -> dict[int, Facts]:
+    """The facts of the workloads `ids` that exist, by id."""
+    wanted = sorted(set(ids))
+    found: dict[int, Facts] = {}
+    for start in range(0, len(wanted), CHUNK):
+        rows = s.execute(
+            select(Workload.id, Workload.name, Workload.kind, Workload.state, Workload.started_at).where(
+                Workload.id.in_(wanted[start : start + CHUNK])
+            )
+        )
+        for wid, name, kind, state, started_at in rows:
+            found[int(wid)] = Facts(name, kind, state, started_at is not None)
+    return found
+
+
+def check_at_submit(s: Session, after: list[DependencySpec]) -> None:
+    """Refuse (422, naming the entry) a dependency on no workload, one a service can never satisfy, or one
+    that can no longer be met: such work would never start."""
+    facts = read_facts(s, (d.workload for d in after))
+    for index, dependency in enumerate(after):
+        field = f"after[{index}]"
+        found = facts.get(dependency.workload)
+        if found is None:
+            raise Invalid(
+                f"{field}: no workload with id {dependency.workload}; list them with `gpupool ps --all`",
+                field=f"{field}.workload",
+                example="12",
+            )
+        if found.kind == SERVICE and dependency.when in ("succeeded", "failed"):
+            raise Invalid(
+                f"{field}: workload {dependency.workload} ({found.name}) is a service, which runs until "
+                f"cancelled and never ends by itself; wait for it with when: started or when: ended",
+                field=f"{field}.when",
+                example="started",
+            )
+        if verdict(dependency.when, found) is False:
+            raise Invalid(
+                f"{field}: {never_reason(dependency.workload, dependency.when, found)}: it would never "
+                "start; drop the entry, or wait with when: ended",
+                field=field,
+                example="ended:12",
+            )
+
+
+def dependencies_of(spec: Mapping[str, object]) -> tuple[Dependency, ...]:
+    """The (workload id, condition) pairs a stored spec lists under `after`."""
+    listed = spec.get("after")
+    if not isinstance(listed, list):
+        return ()
+    return tuple((int(d["workload"]), str(d.get("when", "succeeded"))) for d in listed)
+
+
+class Dependencies:
+    """The pass's view of the pending work that waits for other workloads (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._met: set[int] = set()  # workloads whose dependencies were all met: not asked about again
+        self.waiting: dict[int, Explanation] = {}  # left out of the last snapshot, and why
+        self.never: dict[int, str] = {}  # to cancel, and why: a dependency can no longer be met
+
+    def sort(self, s: Session, listed: Mapping[int, tuple[Dependency, ...]]) -> None:
+        """Sort the pending workloads `listed` (each with its dependencies) into met, `waiting` and
+        `never`."""
+        self.waiting, self.never = {}, {}
+        asked = {wid: deps for wid, deps in listed.items() if wid not in self._met}
+        if len(self._met) > 2 * len(listed) + 1000:
+            self._met &= set(listed)
+        if not asked:
+            return
+        facts = read_facts(s, (dep for deps in asked.values() for dep, _ in deps))
+        for wid, deps in asked.items():
+            unmet: list[tuple[int, str, Facts]] = []
+            never: str | None = None
+            for dep, when in deps:
+                found = facts.get(dep, GONE)
+                held = verdict(when, found)
+                if held is False:
+                    never = f"{NEVER}: {never_reason(dep, when, found)}"
+                    break
+                if held is None:
+                    unmet.append((dep, when, found))
+            if never is not None:
+                self.never[wid] = never
+            elif unmet:
+                self.waiting[wid] = waiting_explanation(unmet)
+            else:
+                self._met.add(wid)
