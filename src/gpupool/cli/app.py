@@ -80,6 +80,13 @@ def submit(
     file: Path = typer.Argument(..., help="a workload spec (YAML), see docs/specs.md"),
     queue: str | None = typer.Option(None, "--queue", "-q", help="override the spec's queue"),
     name: str | None = typer.Option(None, "--name", "-n", help="override the spec's name"),
+    array: str | None = typer.Option(
+        None,
+        "--array",
+        "-a",
+        help="a job array: one task per index, e.g. 0-15, 1,3,5-9 or 0-99:10, with %N for at most N at "
+        "once (Slurm's --array); each task sees $GPUPOOL_ARRAY_INDEX",
+    ),
     after: list[str] = typer.Option(
         [],
         "--after",
@@ -104,6 +111,8 @@ def submit(
         data["name"] = name
     if after:
         data["after"] = [*data.get("after", []), *after]
+    if array is not None:
+        data["array"] = array
     folder = file.resolve().parent
     data["workdir"] = str(folder / data["workdir"]) if data.get("workdir") else str(folder)
     parse_workload_spec(data)
@@ -162,6 +171,13 @@ def run(
         help="with --replicas MIN..MAX: what each replica should carry, rps:N (requests per second) or "
         "concurrency:N (requests in flight)",
     ),
+    array: str | None = typer.Option(
+        None,
+        "--array",
+        "-a",
+        help="a job array: one task per index, e.g. 0-15, 1,3,5-9 or 0-99:10, with %N for at most N at "
+        "once (Slurm's --array); each task sees $GPUPOOL_ARRAY_INDEX",
+    ),
     after: list[str] = typer.Option(
         [],
         "--after",
@@ -209,6 +225,8 @@ def run(
         data["scaling"] = _scaling(scale)
     if after:
         data["after"] = after
+    if array is not None:
+        data["array"] = array
     parse_workload_spec(data)
     _created(client().submit(data), as_json, parsable)
 
@@ -270,6 +288,9 @@ def _created(workload: dict[str, Any], as_json: bool, parsable: bool) -> None:
         return
     replicas = workload.get("replica_ids") or []
     also = f" with {len(replicas)} replicas ({', '.join(map(str, replicas))})" if len(replicas) > 1 else ""
+    tasks = workload.get("array_ids")
+    if tasks:
+        also = f" as array {workload['id']} of {len(tasks)} tasks ({tasks[0]}..{tasks[-1]})"
     console.print(
         f"submitted [bold]{workload['id']}[/bold] ({workload['name']}) to queue {workload['queue']}{also}: "
         f"{styled(workload['state'])}"
@@ -351,6 +372,13 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
             ready = "" if r.get("ready") is None else f" ready={'yes' if r['ready'] else 'no'}"
             this = "  (this one)" if r["id"] == w["id"] else ""
             console.print(f"    replica {r['replica']}: {r['id']} {styled(r['state'])}{where}{ready}{this}")
+    if w.get("array_id") is not None:
+        counts = w.get("array_tasks") or {}
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if state != "total")
+        console.print(
+            f"  array: task {w['array_index']} of array {w['array_id']} ({w['spec']['array']}; "
+            f"{counts.get('total', 0)} tasks: {states})"
+        )
     if w["spec"].get("after"):
         waits = ", ".join(f"{d['workload']} {d['when']}" for d in w["spec"]["after"])
         console.print(f"  after: {waits}")
@@ -436,10 +464,14 @@ def cancel(
     state: str | None = typer.Option(
         None, "--state", help="with --queue: only pending, or only running, ones"
     ),
+    task: bool = typer.Option(
+        False, "--task", help="a job array's id: cancel its first task alone, not the whole array"
+    ),
 ) -> None:
     """Cancel workloads: pending ones at once, running ones by SIGTERM then SIGKILL after the grace period.
     By ids, or a queue's work (`--queue Q [--state pending]`, as Slurm's scancel -p Q -t PENDING). A
-    service is cancelled whole, all its replicas by the id of any (`gpupool scale` removes some)."""
+    service is cancelled whole, all its replicas by the id of any (`gpupool scale` removes some). A job
+    array is cancelled whole by its id (its first task's), a task alone by its own id."""
     c = client()
     if workload_ids and queue is not None:
         raise CliError("give workload ids or --queue, not both")
@@ -462,7 +494,7 @@ def cancel(
         if workload_id in covered:
             continue
         try:
-            w = c.cancel(workload_id)
+            w = c.cancel(workload_id, task=task)
         except ApiError as exc:
             if queue is None or exc.status != 409:
                 raise
@@ -479,6 +511,13 @@ def cancel(
             what = (
                 f"service cancelled, all {len(replicas)} replicas ({', '.join(map(str, replicas))}): "
                 "pending ones at once, running ones stopping (SIGTERM; SIGKILL after the grace period)"
+            )
+        tasks = w.get("cancelled_tasks")
+        if tasks is not None:
+            covered.update(tasks)
+            what = (
+                f"array cancelled, its {len(tasks)} pending or running tasks: pending ones at once, "
+                "running ones stopping (SIGTERM; SIGKILL after the grace period)"
             )
         console.print(f"{workload_id} ({w['name']}): {what}")
 

@@ -82,10 +82,20 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "replica": w.get("replica", 0),
                 "_gpus_text": gpus,
                 # a service's replicas after the first: NAME#N (as `docker compose` numbers containers)
-                "_name_text": f"{w['name']}#{w['replica']}" if w.get("replica") else w["name"],
+                "array_id": w.get("array_id"),
+                "array_index": w.get("array_index"),
+                "_name_text": _name_text(w),
             }
         )
     return rows
+
+
+def _name_text(w: Mapping[str, Any]) -> str:
+    """A service's replicas after the first: NAME#N (as `docker compose` numbers containers); a job array's
+    tasks: NAME[INDEX] (as Slurm's squeue shows ID_[INDEX])."""
+    if w.get("array_id") is not None:
+        return f"{w['name']}[{w['array_index']}]"
+    return f"{w['name']}#{w['replica']}" if w.get("replica") else str(w["name"])
 
 
 def folding_table(columns: Sequence[str], whole: Mapping[str, Sequence[str]] | None = None) -> Table:

@@ -133,8 +133,10 @@ class Client:
         result: dict[str, Any] = self._call("GET", f"/api/v1/workloads/{workload_id}")
         return result
 
-    def cancel(self, workload_id: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/cancel")
+    def cancel(self, workload_id: int, *, task: bool = False) -> dict[str, Any]:
+        """`task`: for a job array's id, cancel its first task alone (else the whole array)."""
+        params = {"task": "true"} if task else None
+        result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/cancel", params=params)
         return result
 
     def scale(self, workload_id: int, replicas: int | str) -> dict[str, Any]:

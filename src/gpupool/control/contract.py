@@ -7,6 +7,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from gpupool.spec.workload import parse_array
+
 # Server-side settings that must never leak into a job's environment.
 _PRIVATE_PREFIXES = ("GPUPOOL_",)
 
@@ -51,6 +53,8 @@ def job_environment(
     service_port: int = 0,
     service_id: int | None = None,
     replica: int = 0,
+    array_id: int | None = None,
+    array_index: int | None = None,
 ) -> dict[str, str]:
     env = {k: v for k, v in base.items() if not k.startswith(_PRIVATE_PREFIXES)}
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
@@ -81,6 +85,10 @@ def job_environment(
     if service_id is not None:  # a service's replica: which copy this is, and the service's own id
         env["GPUPOOL_SERVICE_ID"] = str(service_id)
         env["GPUPOOL_REPLICA"] = str(replica)
+    if array_id is not None:  # a job array's task (Slurm's SLURM_ARRAY_JOB_ID, _TASK_ID, _TASK_COUNT)
+        env["GPUPOOL_ARRAY_ID"] = str(array_id)
+        env["GPUPOOL_ARRAY_INDEX"] = str(array_index)
+        env["GPUPOOL_ARRAY_COUNT"] = str(len(parse_array(spec.get("array") or array_index).indices))
     return env
 
 

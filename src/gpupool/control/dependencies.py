@@ -9,12 +9,15 @@ the control loop cancels it, which may cancel work waiting for it in turn (Slurm
 Everything here is read from the store each pass, so a restarted head keeps every dependency. A condition
 once met stays met (an ended workload never changes state again; one that started keeps its start time),
 so a workload whose dependencies were all met is not asked about again.
+
+A job array's id (its first task's, control/arrays.py) names the whole array, as in Slurm: waiting for it
+waits for every task.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from sqlalchemy import select
@@ -48,13 +51,35 @@ class Facts:
     kind: str
     state: str
     started: bool  # it has run (an attempt began) at some time
+    # A job array's id names the whole array (as in Slurm): each of its tasks' (state, started)
+    tasks: tuple[tuple[str, bool], ...] = ()
+
+    def summary(self) -> str:
+        """Where it stands, for a sentence: "it is running"; an array's "its tasks: 3 running, 1 pending"."""
+        if not self.tasks:
+            return f"it is {self.state}"
+        counts: dict[str, int] = {}
+        for state, _ in self.tasks:
+            counts[state] = counts.get(state, 0) + 1
+        return "its tasks: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
 
 
 GONE: Final = Facts("", "", CANCELLED, False)  # a workload waited for that the store no longer holds
 
 
 def verdict(when: str, facts: Facts) -> bool | None:
-    """Whether `when` holds for a workload as `facts` say: True met, False never will be, None not yet."""
+    """Whether `when` holds for a workload as `facts` say: True met, False never will be, None not yet.
+    For a job array, over its tasks: every one succeeded, or started, or ended; failed once all have
+    ended and one failed (Slurm's afternotok)."""
+    if facts.tasks:
+        each = [verdict(when, Facts("", "", state, started)) for state, started in facts.tasks]
+        if when == "failed":
+            if any(state not in TERMINAL for state, _ in facts.tasks):
+                return None
+            return any(held is True for held in each)
+        if any(held is False for held in each):
+            return False
+        return True if all(held is True for held in each) else None
     ended = facts.state in TERMINAL
     if when == "started":
         return True if facts.started else (False if ended else None)
@@ -66,7 +91,8 @@ def verdict(when: str, facts: Facts) -> bool | None:
 
 
 def _named(workload_id: int, facts: Facts) -> str:
-    return f"workload {workload_id} ({facts.name})" if facts.name else f"workload {workload_id}"
+    what = f"array {workload_id}" if facts.tasks else f"workload {workload_id}"
+    return f"{what} ({facts.name})" if facts.name else what
 
 
 def never_reason(workload_id: int, when: str, facts: Facts) -> str:
@@ -74,6 +100,8 @@ def never_reason(workload_id: int, when: str, facts: Facts) -> str:
     start after it succeeded"."""
     if facts is GONE:
         did = "is no longer in the store"
+    elif facts.tasks:
+        did = f"can no longer ({facts.summary()})"
     elif facts.state == CANCELLED:
         did = "was cancelled" + (" before it started" if not facts.started else "")
     else:
@@ -83,7 +111,7 @@ def never_reason(workload_id: int, when: str, facts: Facts) -> str:
 
 def waiting_explanation(unmet: list[tuple[int, str, Facts]]) -> Explanation:
     """Why a workload waits: each workload it still waits for, what for, and where that one is now."""
-    parts = [f"{_named(wid, facts)} to {WAITS_TO[when]} (it is {facts.state})" for wid, when, facts in unmet]
+    parts = [f"{_named(wid, facts)} to {WAITS_TO[when]} ({facts.summary()})" for wid, when, facts in unmet]
     return Explanation(DEPENDENCY, "waits for " + "; and for ".join(parts))
 
 
@@ -91,14 +119,32 @@ def read_facts(s: Session, ids: Iterable[int]) -> dict[int, Facts]:
     """The facts of the workloads `ids` that exist, by id."""
     wanted = sorted(set(ids))
     found: dict[int, Facts] = {}
+    arrays: list[int] = []
     for start in range(0, len(wanted), CHUNK):
         rows = s.execute(
-            select(Workload.id, Workload.name, Workload.kind, Workload.state, Workload.started_at).where(
-                Workload.id.in_(wanted[start : start + CHUNK])
-            )
+            select(
+                Workload.id,
+                Workload.name,
+                Workload.kind,
+                Workload.state,
+                Workload.started_at,
+                Workload.array_id,
+            ).where(Workload.id.in_(wanted[start : start + CHUNK]))
         )
-        for wid, name, kind, state, started_at in rows:
+        for wid, name, kind, state, started_at, array_id in rows:
             found[int(wid)] = Facts(name, kind, state, started_at is not None)
+            if array_id == wid:
+                arrays.append(int(wid))
+    for start in range(0, len(arrays), CHUNK):
+        tasks: dict[int, list[tuple[str, bool]]] = {}
+        for array_id, state, started_at in s.execute(
+            select(Workload.array_id, Workload.state, Workload.started_at)
+            .where(Workload.array_id.in_(arrays[start : start + CHUNK]))
+            .order_by(Workload.array_id, Workload.array_index)
+        ):
+            tasks.setdefault(int(array_id or 0), []).append((state, started_at is not None))
+        for array_id, listed in tasks.items():
+            found[array_id] = replace(found[array_id], tasks=tuple(listed))
     return found
 
 

@@ -93,6 +93,8 @@ class Reconciler(Observation, SnapshotBuilding):
         self.backing_off: dict[int, Backoff] = {}
         self._after: dict[int, tuple[Dependency, ...]] = {}
         self.dependencies = Dependencies()
+        self._array_limits: dict[int, tuple[int, int]] = {}
+        self.array_held: dict[int, scheduler.Explanation] = {}
         self.fair_shares: dict[str, dict[str, float]] = {}
         # The queues as the last pass weighed them (young-work weights applied): `gpupool queues` shows them.
         self.pass_queues: tuple[scheduler.QueueView, ...] = ()
@@ -214,6 +216,7 @@ class Reconciler(Observation, SnapshotBuilding):
             snapshot = self._pass_snapshot(s, now)
         waiting = {wid: restart_explanation(b) for wid, b in self.backing_off.items()}
         waiting.update(self.dependencies.waiting)
+        waiting.update(self.array_held)
         if self.dependencies.never:
             self._cancel_unmeetable(self.dependencies.never)
         if not snapshot.pending and not snapshot.running:
@@ -404,6 +407,8 @@ class Reconciler(Observation, SnapshotBuilding):
             service_port=service_port,
             service_id=workload.service_id,
             replica=workload.replica,
+            array_id=workload.array_id,
+            array_index=workload.array_index,
         )
         try:
             checkpoint_dir.mkdir(parents=True, exist_ok=True)

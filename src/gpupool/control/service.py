@@ -35,7 +35,7 @@ from gpupool.gpu.catalog import families
 from gpupool.scheduler import Explanation
 from gpupool.scheduler.placement import split_model
 from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request
-from gpupool.spec.workload import MAX_REPLICAS
+from gpupool.spec.workload import MAX_REPLICAS, ArrayRange, parse_array
 from gpupool.store.db import Store
 from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc
@@ -311,6 +311,9 @@ def workload_view(
         # a service's replicas share service_id (replica 0's id, the service's); null for a job
         "service_id": workload.service_id,
         "replica": workload.replica,
+        # a job array's tasks share array_id (the first task's id, the array's); null for other work
+        "array_id": workload.array_id,
+        "array_index": workload.array_index,
         "gpus": workload.gpus,
         "nodes": workload.nodes,
         "node": last.node_name if running and last else None,
@@ -373,6 +376,8 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
         s.flush()
         if not first.name:
             first.name = f"{spec.kind}-{first.id}"
+        if spec.array is not None:
+            return _submit_array(s, first, parse_array(spec.array), user)
         if spec.kind != SERVICE:
             _submitted(s, [first], "submitted", user)
             return workload_view(first)
@@ -381,6 +386,21 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
         s.flush()
         _submitted(s, replicas, "submitted", user)
         return {**workload_view(first), "replica_ids": [w.id for w in replicas]}
+
+
+def _submit_array(s: Session, first: Workload, array: ArrayRange, user: str) -> dict[str, Any]:
+    """The tasks of a job array, `first` (flushed, with its id: the array's) being the first index's."""
+    first.array_id, first.array_index = first.id, array.indices[0]
+    tasks = [first]
+    for index in array.indices[1:]:
+        task = _replica_like(s, first, 0)
+        task.array_id, task.array_index = first.id, index
+        tasks.append(task)
+    s.flush()
+    for task in tasks:
+        s.add(_submitted_event(task, f"submitted: task {task.array_index} of array {first.id}", user))
+    s.flush()
+    return {**workload_view(first), "array_ids": [w.id for w in tasks]}
 
 
 def _replica_like(s: Session, template: Workload, replica: int) -> Workload:
@@ -409,18 +429,19 @@ def _submitted(s: Session, workloads: list[Workload], reason: str, actor: str) -
     """Each new workload's first event: pending since `reason` (a service's replicas say which they are)."""
     many = len(workloads) > 1 or workloads[0].replica > 0
     for workload in workloads:
-        said = f"{reason}: replica {workload.replica}" if many else reason
-        s.add(
-            Event(
-                object_kind="workload",
-                object_id=str(workload.id),
-                from_state="",
-                to_state=PENDING,
-                reason=said,
-                actor=actor,
-            )
-        )
+        s.add(_submitted_event(workload, f"{reason}: replica {workload.replica}" if many else reason, actor))
     s.flush()
+
+
+def _submitted_event(workload: Workload, reason: str, actor: str) -> Event:
+    return Event(
+        object_kind="workload",
+        object_id=str(workload.id),
+        from_state="",
+        to_state=PENDING,
+        reason=reason,
+        actor=actor,
+    )
 
 
 def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
@@ -471,6 +492,21 @@ def _replicas(s: Session, workload: Workload) -> list[Workload]:
             .order_by(Workload.replica, Workload.id)
         )
     )
+
+
+def _tasks(s: Session, array_id: int) -> list[Workload]:
+    """Every task of the job array `array_id`, by index."""
+    return list(
+        s.scalars(select(Workload).where(Workload.array_id == array_id).order_by(Workload.array_index))
+    )
+
+
+def _count_states(workloads: list[Workload]) -> dict[str, int]:
+    """How many of `workloads` are in each state, "total" too."""
+    counts = {"total": len(workloads)}
+    for w in workloads:
+        counts[w.state] = counts.get(w.state, 0) + 1
+    return counts
 
 
 def _active(replicas: list[Workload]) -> list[Workload]:
@@ -587,6 +623,13 @@ def get_workload(
             replicas = _replicas(s, workload)
             view["replicas"] = len(_kept(replicas))
             view["replica_list"] = [replica_view(w, readiness) for w in replicas]
+        if workload.array_id is not None:
+            tasks = _tasks(s, workload.array_id)
+            view["array_tasks"] = _count_states(tasks)
+            if workload.array_id == workload.id:  # the array's own id: its tasks listed
+                view["task_list"] = [
+                    {"id": t.id, "index": t.array_index, "state": t.state, "reason": t.reason} for t in tasks
+                ]
         view["events"] = [
             {"at": _iso(e.at), "from": e.from_state, "to": e.to_state, "reason": e.reason, "actor": e.actor}
             for e in s.scalars(
@@ -625,14 +668,18 @@ def list_workloads(
         return [workload_view(w, live=live, readiness=readiness) for w in reversed(s.scalars(query).all())]
 
 
-def cancel(store: Store, workload_id: int, *, actor: str = "admin") -> dict[str, Any]:
+def cancel(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
     """A pending workload is cancelled at once; a running one is stopped by the control loop. A service is
-    cancelled whole: the id of any of its replicas cancels them all (`gpupool scale` removes some)."""
+    cancelled whole: the id of any of its replicas cancels them all (`gpupool scale` removes some). A job
+    array is cancelled whole by its id (its first task's, as Slurm's scancel of an array's id), unless
+    `task`; any other task's id cancels that task alone."""
     for _ in range(5):
         try:
             with store.session() as s:
                 workload = _load(s, workload_id)
-                active = _active(_replicas(s, workload))
+                whole_array = workload.array_id == workload.id and not task
+                group = _tasks(s, workload.id) if whole_array else _replicas(s, workload)
+                active = _active(group)
                 if not active:
                     raise Conflict(f"workload {workload_id} already {workload.state}; nothing to cancel")
                 for replica in active:
@@ -641,6 +688,8 @@ def cancel(store: Store, workload_id: int, *, actor: str = "admin") -> dict[str,
                 view = workload_view(workload)
                 if workload.kind == SERVICE:
                     view["cancelled_replicas"] = [w.id for w in active]
+                if whole_array:
+                    view["cancelled_tasks"] = [w.id for w in active]
                 return view
         except StaleDataError:
             continue  # the control loop changed it at the same moment: read again and decide again

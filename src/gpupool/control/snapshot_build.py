@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from gpupool import scheduler
 from gpupool.control import inventory
+from gpupool.control.arrays import throttled
 from gpupool.control.dependencies import Dependencies, Dependency, dependencies_of
 from gpupool.control.lifecycle import PENDING, RUNNING
 from gpupool.control.node_views import NodeViews
@@ -26,6 +27,7 @@ from gpupool.control.settings import ControlSettings
 from gpupool.control.usage import AttainedService, attempt_gpus, queue_usage
 from gpupool.spec import parse_gpu_request
 from gpupool.spec.views import queue_view
+from gpupool.spec.workload import parse_array
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Queue, Workload
 from gpupool.timeutil import as_utc, utcnow
@@ -52,6 +54,8 @@ class SnapshotBuilding:
     backing_off: dict[int, Backoff]  # pending work the last snapshot left out: it waits to start again
     _after: dict[int, tuple[Dependency, ...]]  # cached workloads whose spec lists `after`: what they wait for
     dependencies: Dependencies  # pending work the last snapshot left out: it waits for other workloads
+    _array_limits: dict[int, tuple[int, int]]  # cached tasks of arrays with a %N: (array id, N)
+    array_held: dict[int, scheduler.Explanation]  # pending tasks the last snapshot left out: their array's %N
 
     def _snapshot(self, s: Session, now: float | None = None) -> scheduler.Snapshot:
         now = time.time() if now is None else now
@@ -86,6 +90,12 @@ class SnapshotBuilding:
         held = self.dependencies.waiting.keys() | self.dependencies.never.keys()
         if held:
             pending = [(wid, priority) for wid, priority in pending if wid not in held]
+        self.array_held = {}
+        if self._array_limits:
+            ids = [wid for wid, _ in pending]
+            self.array_held = throttled(ids, {row[0] for row in attempts}, self._array_limits)
+            if self.array_held:
+                pending = [(wid, priority) for wid, priority in pending if wid not in self.array_held]
         queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
         usage = self._usage(s, {q.name: q.parent for q in queue_rows})
         queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
@@ -232,9 +242,10 @@ class SnapshotBuilding:
                     Workload.spec,
                     Workload.priority,
                     Workload.service_id,
+                    Workload.array_id,
                 ).where(Workload.id.in_(missing[chunk : chunk + 500]))
             ).all()
-            for wid, queue, nodes, created_at, preemptible, spec, priority, service_id in rows:
+            for wid, queue, nodes, created_at, preemptible, spec, priority, service_id, array_id in rows:
                 self._views[wid] = replace(
                     _workload_view(wid, queue, nodes, created_at, preemptible, spec),
                     priority=priority,
@@ -244,11 +255,15 @@ class SnapshotBuilding:
                     self._resumable.add(wid)
                 if (spec or {}).get("after"):
                     self._after[wid] = dependencies_of(spec)
+                limit = parse_array(spec["array"]).limit if array_id and (spec or {}).get("array") else None
+                if array_id is not None and limit is not None:
+                    self._array_limits[wid] = (array_id, limit)
         if len(self._views) > 2 * len(ids) + 1000:
             wanted = set(ids)
             self._views = {wid: view for wid, view in self._views.items() if wid in wanted}
             self._resumable &= wanted
             self._after = {wid: deps for wid, deps in self._after.items() if wid in wanted}
+            self._array_limits = {wid: a for wid, a in self._array_limits.items() if wid in wanted}
 
 
 def _queue_view(queue: Queue) -> scheduler.QueueView:

@@ -55,6 +55,9 @@ MAX_SCALING_DELAY: Final = 86400.0
 RANGE: Final = re.compile(r"\s*([0-9]+)\s*\.\.\s*([0-9]+)\s*")
 MAX_PROBE_PATH: Final = 2000
 MAX_DEPENDENCIES: Final = 100
+MAX_ARRAY_TASKS: Final = 1000  # Slurm's MaxArraySize is 1001 by default
+MAX_ARRAY_INDEX: Final = 1_000_000
+_ARRAY_PART_RE: Final = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 DEPENDENCY_CONDITIONS: Final = ("succeeded", "failed", "ended", "started")
 _DEPENDENCY_RE: Final = re.compile(r"\s*(?:([A-Za-z-]+)\s*:)?\s*([0-9]+)\s*")
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -93,6 +96,7 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "scaling.window": "60s",
     "scaling.scale_up_delay": "30s",
     "scaling.scale_down_delay": "5m",
+    "array": "0-15%4 (or 1,3,5-9, or 0-99:10)",
     "after": "[12, ended:13] (or [{workload: 12, when: succeeded}])",
     "after.workload": "12",
     "after.when": "succeeded (or failed, ended, started)",
@@ -105,6 +109,64 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
 RetryReason = Literal["failure", "preemption", "node-failure"]
 DependencyCondition = Literal["succeeded", "failed", "ended", "started"]
 DEFAULT_RETRY_ON: Final[tuple[RetryReason, ...]] = ("preemption", "node-failure")
+
+
+class ArrayRange:
+    """A job array's task indices and how many of its tasks may run at once (Slurm's --array)."""
+
+    __slots__ = ("indices", "limit")
+
+    def __init__(self, indices: tuple[int, ...], limit: int | None) -> None:
+        self.indices = indices  # ascending, each once
+        self.limit = limit  # None: no limit
+
+    def text(self) -> str:
+        """The canonical form: runs of consecutive indices as A-B, joined by commas, then %LIMIT."""
+        parts: list[str] = []
+        start = prev = self.indices[0]
+        for index in (*self.indices[1:], None):
+            if index is not None and index == prev + 1:
+                prev = index
+                continue
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            if index is not None:
+                start = prev = index
+        return ",".join(parts) + (f"%{self.limit}" if self.limit is not None else "")
+
+
+def parse_array(value: object, field: str = "array") -> ArrayRange:
+    """Slurm's --array notation: "0-15", "1,3,5-9", "0-99:10" (every 10th), each with an optional "%4"
+    (at most 4 tasks running at once)."""
+    example = "0-15%4"
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise SpecError(field, value, "is not an array of task indices", example)
+    text = str(value).replace(" ", "")
+    spec, sep, limit_text = text.partition("%")
+    limit: int | None = None
+    if sep:
+        if not limit_text.isdigit() or int(limit_text) < 1:
+            raise SpecError(field, value, "has a limit after % that is not a whole number >= 1", example)
+        limit = int(limit_text)
+    indices: set[int] = set()
+    for part in spec.split(","):
+        match = _ARRAY_PART_RE.fullmatch(part)
+        if match is None:
+            raise SpecError(
+                field, value, f"has {part!r}, which is not N, N-M or N-M:STEP (task indices)", example
+            )
+        first, last, step = match.groups()
+        low, high = int(first), int(last if last is not None else first)
+        stride = int(step) if step is not None else 1
+        if high < low or stride < 1:
+            raise SpecError(field, value, f"has {part!r}: give N-M with N <= M and a step >= 1", example)
+        if high > MAX_ARRAY_INDEX:
+            raise SpecError(field, value, f"has an index above {MAX_ARRAY_INDEX}", example)
+        if (high - low) // stride + 1 > MAX_ARRAY_TASKS:  # checked before the range is made
+            raise SpecError(field, value, f"has more than {MAX_ARRAY_TASKS} tasks", "0-999%50")
+        indices.update(range(low, high + 1, stride))
+        if len(indices) > MAX_ARRAY_TASKS:
+            raise SpecError(field, value, f"has more than {MAX_ARRAY_TASKS} tasks", "0-999%50")
+    return ArrayRange(tuple(sorted(indices)), limit)
 
 
 def priority_class_of(priority: str) -> str | None:
@@ -431,6 +493,12 @@ class WorkloadSpec(BaseModel):
         "scaling.max replicas (also given as replicas: MIN..MAX), e.g. {metric: rps, target: 10}; "
         "default null: the replica count changes only with `gpupool scale`.",
     )
+    array: str | None = Field(
+        default=None,
+        description="Jobs only: run it as an array of tasks, one workload each, in Slurm's --array "
+        "notation: indices 0-15, 1,3,5-9 or 0-99:10 (every 10th), and %N for at most N running at once, "
+        "e.g. 0-15%4; each task sees GPUPOOL_ARRAY_INDEX; at most 1000 tasks; default null: one job.",
+    )
     after: list[DependencySpec] = Field(
         default_factory=list,
         max_length=MAX_DEPENDENCIES,
@@ -516,6 +584,13 @@ class WorkloadSpec(BaseModel):
                 "one gang with nodes): remove it, or use kind: service",
                 "{kind: service, replicas: 2, commands: [python serve.py]}",
             )
+        if self.kind == "service" and self.array is not None:
+            raise SpecError(
+                "array",
+                self.array,
+                "applies to jobs only (a service has replicas instead): remove it, or use kind: job",
+                "{kind: job, array: 0-15%4, commands: [python sweep.py]}",
+            )
         scaling = self.scaling
         if scaling is not None:
             if self.kind != "service":
@@ -543,6 +618,11 @@ class WorkloadSpec(BaseModel):
                 "",
             )
         return self
+
+    @field_validator("array", mode="before")
+    @classmethod
+    def _array(cls, value: Any, info: ValidationInfo) -> Any:
+        return None if value is None else parse_array(value, field_name(info, "array")).text()
 
     @field_validator("after", mode="before")
     @classmethod

@@ -121,6 +121,7 @@ class Workload(Base):
         Index("ix_workloads_state", "state"),
         Index("ix_workloads_queue", "queue"),
         Index("ix_workloads_service_id", "service_id"),
+        Index("ix_workloads_array_id", "array_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -145,6 +146,11 @@ class Workload(Base):
     # A job has none (null, 0).
     service_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     replica: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A job array's tasks are workloads of their own that share `array_id`, the first task's id (the
+    # array's id); `array_index` is the task's index from the spec's `array` (GPUPOOL_ARRAY_INDEX). A job
+    # that is no array has none (null, null).
+    array_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

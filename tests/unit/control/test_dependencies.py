@@ -105,3 +105,21 @@ def test_submit_refuses_what_could_never_start_and_changes_nothing(store: Store)
     with store.read() as s:
         assert s.query(Workload).count() == before
     assert _submit(store, after=[f"ended:{failed}", f"started:{web}"]) > 0
+
+
+def test_an_array_is_waited_for_as_a_whole() -> None:
+    def array(*tasks: tuple[str, bool]) -> Facts:
+        return Facts("sweep", "job", tasks[0][0], tasks[0][1], tasks=tasks)
+
+    running = array(("succeeded", True), ("running", True), ("pending", False))
+    conditions = ("succeeded", "failed", "ended", "started")
+    assert [verdict(w, running) for w in conditions] == [None] * 4
+    done = array(("succeeded", True), ("succeeded", True))
+    assert [verdict(w, done) for w in conditions] == [True, False, True, True]
+    one_failed = array(("failed", True), ("running", True))
+    assert verdict("succeeded", one_failed) is False  # it can no longer all succeed
+    assert verdict("failed", one_failed) is None  # afternotok: once every task has ended
+    assert verdict("failed", array(("failed", True), ("succeeded", True))) is True
+    never_started = array(("cancelled", False), ("running", True))
+    assert verdict("started", never_started) is False
+    assert running.summary() == "its tasks: 1 pending, 1 running, 1 succeeded"

@@ -23,7 +23,7 @@ from gpupool.spec import (
     parse_workload_spec,
 )
 from gpupool.spec.document import example_for
-from gpupool.spec.workload import FIELD_EXAMPLES, NON_PREEMPTIBLE_BY_DEFAULT, RESERVED_ENV_NAMES
+from gpupool.spec.workload import FIELD_EXAMPLES, NON_PREEMPTIBLE_BY_DEFAULT, RESERVED_ENV_NAMES, parse_array
 
 # The example spec of DESIGN.md, verbatim.
 DESIGN_EXAMPLE = """\
@@ -359,6 +359,54 @@ def test_a_bad_dependency_names_its_entry(after: Any, field: str, words: str) ->
     assert raised.value.field == field and words in str(raised.value), str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("given", "stored", "count", "limit"),
+    [
+        ("0-15%4", "0-15%4", 16, 4),
+        ("1,3,5-9", "1,3,5-9", 7, None),
+        ("0-20:10", "0,10,20", 3, None),
+        (7, "7", 1, None),
+        (" 3,1,2 % 2 ", "1-3%2", 3, 2),
+        ("0-3,2-5", "0-5", 6, None),
+    ],
+)
+def test_an_array_is_stored_in_one_canonical_form(
+    given: object, stored: str, count: int, limit: int | None
+) -> None:
+    spec = parse_workload_spec({"commands": ["true"], "array": given})
+    assert spec.array == stored
+    parsed = parse_array(spec.array)
+    assert (len(parsed.indices), parsed.limit) == (count, limit)
+    assert parse_array(parsed.text()).indices == parsed.indices
+
+
+@pytest.mark.parametrize(
+    ("array", "words"),
+    [
+        ("0-1000", "more than 1000 tasks"),
+        ("0-999,1000", "more than 1000 tasks"),
+        ("0-2000000", "index above 1000000"),
+        ("5-2", "N <= M"),
+        ("0-9:0", "step >= 1"),
+        ("a-b", "not N, N-M or N-M:STEP"),
+        ("0-3%0", "limit after %"),
+        ("0-3%x", "limit after %"),
+        (True, "not an array of task indices"),
+        ([1, 2], "not an array of task indices"),
+    ],
+)
+def test_a_bad_array_names_the_field(array: object, words: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_workload_spec({"commands": ["true"], "array": array})
+    assert raised.value.field == "array" and words in str(raised.value), str(raised.value)
+
+
+def test_an_array_is_for_jobs_only() -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_workload_spec({"kind": "service", "commands": ["serve"], "array": "0-3"})
+    assert raised.value.field == "array" and "jobs only" in str(raised.value)
+
+
 # --- round-trip through the JSON the server stores -----------------------------------------------
 
 
@@ -448,6 +496,7 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
         ),
         "max_duration": _DURATION,
         "replicas": st.integers(min_value=1, max_value=64),
+        "array": st.sampled_from(["0-3", "1,3,5-9%2", 7, "0-99:10", "2-4%1"]),
         "after": st.lists(st.integers(min_value=1, max_value=10**9), max_size=4, unique=True).flatmap(
             lambda ids: st.tuples(
                 *(st.sampled_from([i, str(i), f"ended:{i}", {"workload": i, "when": "started"}]) for i in ids)
@@ -462,6 +511,7 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
             spec[key] = draw(strategy)
     if spec.get("kind") == "service":
         spec.pop("retry", None)  # a service restarts whenever it stops: retry is refused
+        spec.pop("array", None)  # a service has replicas, not array tasks
         if draw(st.booleans()):  # a range of replicas, followed by load
             low = draw(st.integers(min_value=1, max_value=64))
             high = draw(st.integers(min_value=low, max_value=64))

@@ -61,9 +61,15 @@ def get_workload(request: Request, workload_id: int) -> dict[str, Any]:
 @router.post(
     "/{workload_id}/cancel", status_code=202, summary="Cancel: SIGTERM, then SIGKILL after the grace period"
 )
-def cancel(request: Request, workload_id: int) -> dict[str, Any]:
+def cancel(
+    request: Request,
+    workload_id: int,
+    task: bool = Query(
+        False, description="a job array's id: cancel its first task alone, not the whole array"
+    ),
+) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    result = service.cancel(runtime.store, workload_id)
+    result = service.cancel(runtime.store, workload_id, task=task)
     runtime.wake()
     return result
 
