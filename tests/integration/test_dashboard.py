@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -80,6 +81,16 @@ class Rows(HTMLParser):
             self.text.append(data)
 
 
+def _endpoint(server: ServerProcess, workload_id: int, timeout: float = 15.0) -> str:
+    """The running service's address, once its process runs (the attempt is stored before it is launched,
+    its address after)."""
+    deadline = time.time() + timeout
+    while not (endpoint := server.workload(workload_id)["endpoint"]):
+        assert time.time() < deadline, server.workload(workload_id)
+        time.sleep(0.05)
+    return str(endpoint)
+
+
 def parse(dom: str) -> Rows:
     rows = Rows()
     rows.feed(dom)
@@ -106,9 +117,15 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     )
     huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
     web = server.submit({"kind": "service", "name": "web", "resources": {"gpu": 1}, "commands": ["sleep 60"]})
+    sweep = server.submit({"name": "sweep", "array": "0-1%1", "commands": ["sleep 60"]})
+    after = server.submit({"name": "next", "commands": ["true"], "after": [sweep["id"]]})
     server.wait_for(running["id"], ("running",))
-    endpoint = server.wait_for(web["id"], ("running",))["endpoint"]
+    server.wait_for(web["id"], ("running",))
+    endpoint = _endpoint(server, web["id"])
     server.wait_for_reason(huge["id"])
+    held = server.wait_for_reason(sweep["array_ids"][1])
+    assert held["reason_code"] == "array-limit", held
+    assert server.wait_for_reason(after["id"])["reason_code"] == "dependency"
     url = server.cli("ui", check=True).stdout.strip()
     assert url == f"{server.url}/ui#token={server.token}"
 
@@ -124,7 +141,12 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     assert service[2] == "service" and service[8] == endpoint and endpoint.startswith("127.0.0.1:")
     waiting = shown.rows[("workload", str(huge["id"]))]
     assert waiting[4] == "pending" and "can never fit this pool" in waiting[9]
-    server.cli("cancel", str(running["id"]), str(huge["id"]), str(web["id"]), check=True)
+    first, second = (shown.rows[("workload", str(wid))] for wid in sweep["array_ids"])
+    assert first[1:5] == ["sweep[0]", "job", "default", "running"]
+    assert second[1] == "sweep[1]" and "runs at most 1 of its tasks at once" in second[9]
+    waits = shown.rows[("workload", str(after["id"]))]
+    assert f"waits for array {sweep['id']} (sweep) to succeed" in waits[9]
+    server.cli("cancel", str(running["id"]), str(huge["id"]), str(web["id"]), str(sweep["id"]), check=True)
 
 
 def test_a_refused_token_says_so_and_shows_no_pool(

@@ -409,7 +409,12 @@ def test_a_service_that_exits_is_started_again_as_a_new_slurm_job_after_its_back
             }
         )
         again = _wait(
-            lambda: (w := server.workload(service["id"]))["attempts"] == 2 and w["state"] == "running" and w,
+            lambda: (
+                (w := server.workload(service["id"]))["attempts"] == 2
+                and w["state"] == "running"
+                and w["attempt_list"][1]["endpoint"]  # known once sbatch has answered
+                and w
+            ),
             60,
             "the service's second attempt to run",
         )

@@ -597,6 +597,12 @@ def _target_of(workload: Workload, name: str, readiness: Ready | None) -> Servic
             f"{name} is {workload.state}{why}; it has no running attempt to proxy to yet: try again "
             f"when `gpupool show {workload.id}` says running"
         )
+    if not last.endpoint and last.pid is None:
+        # The attempt is stored before its process is launched; the backend gives the address after.
+        raise Unavailable(
+            f"{name}: attempt {last.number} is starting (its process is being launched, and its address "
+            "is known once it runs); try again in a moment"
+        )
     if not last.endpoint:
         raise Unavailable(
             f"{name}: attempt {last.number} started before gpupool recorded service endpoints; it gets "
