@@ -52,9 +52,9 @@ def test_a_pipeline_runs_each_step_after_the_one_before_succeeded(
         {"name": "eval", "commands": ["test -e train.done"], "workdir": str(job_dir), "after": train["id"]}
     )
     # While prep runs, train waits with its reason, and holds no GPU though 7 of 8 are free.
-    waiting = _wait(server, train["id"], lambda w: w["reason_code"] == "dependency")
+    said = f"waits for workload {prep['id']} (prep) to succeed (it is running)"
+    waiting = _wait(server, train["id"], lambda w: w["reason_code"] == "dependency" and said in w["reason"])
     assert waiting["state"] == "pending"
-    assert f"waits for workload {prep['id']} (prep) to succeed (it is running)" in waiting["reason"]
     why = server.cli("why", str(train["id"]))
     assert "dependency" in why.stdout and "(prep) to succeed" in why.stdout, why.stdout
     later = _wait(server, evaluate["id"], lambda w: w["reason_code"] == "dependency")

@@ -75,27 +75,33 @@ def client() -> Client:
 # -- workloads ---------------------------------------------------------------------------------------------
 
 
+# The options `run` and `submit` share (one definition each; Typer reads them per command).
+ARRAY_OPTION = typer.Option(
+    None,
+    "--array",
+    "-a",
+    help="a job array: one task per index, e.g. 0-15, 1,3,5-9 or 0-99:10, with %N for at most N at once "
+    "(Slurm's --array); each task sees $GPUPOOL_ARRAY_INDEX",
+)
+AFTER_OPTION = typer.Option(
+    [],
+    "--after",
+    help="start only after workload ID succeeded; WHEN:ID for failed, ended or started (repeatable; "
+    "Slurm's --dependency)",
+)
+PARSABLE_OPTION = typer.Option(
+    False, "--parsable", help="print only the new workload's id (Slurm's sbatch --parsable)"
+)
+
+
 @app.command()
 def submit(
     file: Path = typer.Argument(..., help="a workload spec (YAML), see docs/specs.md"),
     queue: str | None = typer.Option(None, "--queue", "-q", help="override the spec's queue"),
     name: str | None = typer.Option(None, "--name", "-n", help="override the spec's name"),
-    array: str | None = typer.Option(
-        None,
-        "--array",
-        "-a",
-        help="a job array: one task per index, e.g. 0-15, 1,3,5-9 or 0-99:10, with %N for at most N at "
-        "once (Slurm's --array); each task sees $GPUPOOL_ARRAY_INDEX",
-    ),
-    after: list[str] = typer.Option(
-        [],
-        "--after",
-        help="start only after workload ID succeeded; WHEN:ID for failed, ended or started (repeatable; "
-        "Slurm's --dependency)",
-    ),
-    parsable: bool = typer.Option(
-        False, "--parsable", help="print only the new workload's id (Slurm's sbatch --parsable)"
-    ),
+    array: str | None = ARRAY_OPTION,
+    after: list[str] = AFTER_OPTION,
+    parsable: bool = PARSABLE_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print the created workload as JSON"),
 ) -> None:
     """Submit a job or service from a YAML spec. Commands run in the spec's folder unless it sets workdir."""
@@ -109,10 +115,7 @@ def submit(
         data["queue"] = queue
     if name:
         data["name"] = name
-    if after:
-        data["after"] = [*data.get("after", []), *after]
-    if array is not None:
-        data["array"] = array
+    _add_array_and_after(data, array, after)
     folder = file.resolve().parent
     data["workdir"] = str(folder / data["workdir"]) if data.get("workdir") else str(folder)
     parse_workload_spec(data)
@@ -171,22 +174,9 @@ def run(
         help="with --replicas MIN..MAX: what each replica should carry, rps:N (requests per second) or "
         "concurrency:N (requests in flight)",
     ),
-    array: str | None = typer.Option(
-        None,
-        "--array",
-        "-a",
-        help="a job array: one task per index, e.g. 0-15, 1,3,5-9 or 0-99:10, with %N for at most N at "
-        "once (Slurm's --array); each task sees $GPUPOOL_ARRAY_INDEX",
-    ),
-    after: list[str] = typer.Option(
-        [],
-        "--after",
-        help="start only after workload ID succeeded; WHEN:ID for failed, ended or started (repeatable; "
-        "Slurm's --dependency)",
-    ),
-    parsable: bool = typer.Option(
-        False, "--parsable", help="print only the new workload's id (Slurm's sbatch --parsable)"
-    ),
+    array: str | None = ARRAY_OPTION,
+    after: list[str] = AFTER_OPTION,
+    parsable: bool = PARSABLE_OPTION,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
@@ -223,12 +213,17 @@ def run(
         data["replicas"] = int(replicas) if replicas.strip().isdigit() else replicas
     if scale is not None:
         data["scaling"] = _scaling(scale)
-    if after:
-        data["after"] = after
-    if array is not None:
-        data["array"] = array
+    _add_array_and_after(data, array, after)
     parse_workload_spec(data)
     _created(client().submit(data), as_json, parsable)
+
+
+def _add_array_and_after(data: dict[str, Any], array: str | None, after: list[str]) -> None:
+    """`--array` and `--after` into a spec (the spec checks the values); `--after` adds to its own list."""
+    if array is not None:
+        data["array"] = array
+    if after:
+        data["after"] = [*data.get("after", []), *after]
 
 
 def _scaling(text: str) -> dict[str, Any]:
