@@ -139,13 +139,17 @@ def test_submit_makes_an_array_of_a_spec_file_and_show_names_the_task(
     server: ServerProcess, job_dir: Path
 ) -> None:
     spec = job_dir / "sweep.yaml"
-    spec.write_text("name: shard\ncommands: ['echo shard $GPUPOOL_ARRAY_INDEX of $GPUPOOL_ARRAY_COUNT']\n")
+    spec.write_text(
+        "name: shard\ncheckpoint: {dir: ckpt}\n"
+        "commands: ['echo shard $GPUPOOL_ARRAY_INDEX of $GPUPOOL_ARRAY_COUNT in $GPUPOOL_CHECKPOINT_DIR']\n"
+    )
     out = server.cli("submit", str(spec), "--array", "1,3", "--parsable", check=True)
     array_id = int(out.stdout.strip())
     head = server.workload(array_id)
     assert head["spec"]["array"] == "1,3" and head["array_index"] == 1
     second = next(t["id"] for t in head["task_list"] if t["index"] == 3)
     assert server.wait_for(second)["state"] == "succeeded"
-    assert "shard 3 of 2" in _log(server, second)
+    assert f"shard 3 of 2 in {job_dir / 'ckpt' / '3'}" in _log(server, second)  # each task's own
+    assert (job_dir / "ckpt" / "3").is_dir()
     shown = server.cli("show", str(second), check=True).stdout
     assert f"array: task 3 of array {array_id} (1,3; 2 tasks:" in shown, shown

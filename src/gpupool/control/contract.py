@@ -25,14 +25,19 @@ def workdir_for(spec: dict[str, Any], home: Path, workload_id: int) -> Path:
     return Path(given).expanduser() if given else home / "work" / str(workload_id)
 
 
-def checkpoint_dir_for(spec: dict[str, Any], workdir: Path, home: Path, workload_id: int) -> Path:
-    """Relative checkpoint dirs live under the workdir; without one, each workload gets its own."""
+def checkpoint_dir_for(
+    spec: dict[str, Any], workdir: Path, home: Path, workload_id: int, array_index: int | None = None
+) -> Path:
+    """Relative checkpoint dirs live under the workdir; without one, each workload gets its own. A job
+    array's tasks share the spec, not their checkpoints: each task gets a folder of the spec's dir named by
+    its index (Slurm writes %a in file names for the same reason)."""
     checkpoint = spec.get("checkpoint") or {}
     given = checkpoint.get("dir")
     if not given:
         return home / "checkpoints" / str(workload_id)
     path = Path(given).expanduser()
-    return path if path.is_absolute() else workdir / path
+    path = path if path.is_absolute() else workdir / path
+    return path / str(array_index) if array_index is not None else path
 
 
 def job_environment(

@@ -391,7 +391,7 @@ class Reconciler(Observation, SnapshotBuilding):
         workdir = contract.workdir_for(spec, home, workload.id)
         if not spec.get("workdir"):
             workdir.mkdir(parents=True, exist_ok=True)
-        checkpoint_dir = contract.checkpoint_dir_for(spec, workdir, home, workload.id)
+        checkpoint_dir = contract.checkpoint_dir_for(spec, workdir, home, workload.id, workload.array_index)
         service_port = contract.free_port() if workload.kind == SERVICE else 0
         env = contract.job_environment(
             base=contract.server_environment(),

@@ -37,3 +37,31 @@ def test_paths_resolve_relative_to_the_workdir_or_the_server_home(tmp_path: Path
     assert checkpoint_dir_for({"checkpoint": {"dir": "ckpt"}}, workdir, home, 9) == Path("/proj/ckpt")
     assert checkpoint_dir_for({"checkpoint": {"dir": "/abs"}}, workdir, home, 9) == Path("/abs")
     assert checkpoint_dir_for({}, workdir, home, 9) == home / "checkpoints" / "9"
+
+
+def test_an_array_task_knows_its_array_and_checkpoints_in_its_own_folder(tmp_path: Path) -> None:
+    spec = {"array": "0-4,10%2", "checkpoint": {"dir": "ckpt"}}
+    env = job_environment(
+        base={},
+        spec=spec,
+        workload_id=14,
+        workload_name="sweep",
+        queue="nlp",
+        attempt_number=0,
+        gpu_indices=[0],
+        checkpoint_dir=Path("/ck"),
+        node_address="10.0.0.1",
+        master_port=29500,
+        array_id=9,
+        array_index=10,
+    )
+    array = (env["GPUPOOL_ARRAY_ID"], env["GPUPOOL_ARRAY_INDEX"], env["GPUPOOL_ARRAY_COUNT"])
+    assert array == ("9", "10", "6")
+    assert checkpoint_dir_for(spec, Path("/proj"), tmp_path, 14, 10) == Path("/proj/ckpt/10")
+    own = checkpoint_dir_for({"array": "0-4"}, Path("/proj"), tmp_path, 14, 3)
+    assert own == tmp_path / "checkpoints" / "14"  # no dir given: every workload has its own already
+    plain = job_environment(
+        base={}, spec={}, workload_id=1, workload_name="one", queue="q", attempt_number=0, gpu_indices=[],
+        checkpoint_dir=Path("/ck"), node_address="10.0.0.1", master_port=1,
+    )  # fmt: skip
+    assert not any(name.startswith("GPUPOOL_ARRAY") for name in plain)
