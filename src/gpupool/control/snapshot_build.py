@@ -27,7 +27,7 @@ from gpupool.control.settings import ControlSettings
 from gpupool.control.usage import AttainedService, attempt_gpus, queue_usage
 from gpupool.spec import parse_gpu_request
 from gpupool.spec.views import queue_view
-from gpupool.spec.workload import parse_array
+from gpupool.spec.workload import array_limit
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Queue, Workload
 from gpupool.timeutil import as_utc, utcnow
@@ -255,7 +255,7 @@ class SnapshotBuilding:
                     self._resumable.add(wid)
                 if (spec or {}).get("after"):
                     self._after[wid] = dependencies_of(spec)
-                limit = parse_array(spec["array"]).limit if array_id and (spec or {}).get("array") else None
+                limit = array_limit(spec["array"]) if array_id and (spec or {}).get("array") else None
                 if array_id is not None and limit is not None:
                     self._array_limits[wid] = (array_id, limit)
         if len(self._views) > 2 * len(ids) + 1000:

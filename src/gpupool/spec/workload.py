@@ -169,6 +169,12 @@ def parse_array(value: object, field: str = "array") -> ArrayRange:
     return ArrayRange(tuple(sorted(indices)), limit)
 
 
+def array_limit(stored: str) -> int | None:
+    """The %N of an array as a spec stores it (`ArrayRange.text`), without making its indices."""
+    _, sep, limit = stored.rpartition("%")
+    return int(limit) if sep else None
+
+
 def priority_class_of(priority: str) -> str | None:
     """The canonical class name for a name given in any case (" Train " -> "train"), or None."""
     name = priority.strip().lower()

@@ -23,7 +23,13 @@ from gpupool.spec import (
     parse_workload_spec,
 )
 from gpupool.spec.document import example_for
-from gpupool.spec.workload import FIELD_EXAMPLES, NON_PREEMPTIBLE_BY_DEFAULT, RESERVED_ENV_NAMES, parse_array
+from gpupool.spec.workload import (
+    FIELD_EXAMPLES,
+    NON_PREEMPTIBLE_BY_DEFAULT,
+    RESERVED_ENV_NAMES,
+    array_limit,
+    parse_array,
+)
 
 # The example spec of DESIGN.md, verbatim.
 DESIGN_EXAMPLE = """\
@@ -378,6 +384,7 @@ def test_an_array_is_stored_in_one_canonical_form(
     parsed = parse_array(spec.array)
     assert (len(parsed.indices), parsed.limit) == (count, limit)
     assert parse_array(parsed.text()).indices == parsed.indices
+    assert array_limit(stored) == limit
 
 
 @pytest.mark.parametrize(
