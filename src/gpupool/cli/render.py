@@ -112,7 +112,7 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
     table = Table(box=None, header_style="bold")
     for column in (*PS_COLUMNS, "reason"):
         table.add_column(column.upper(), overflow="fold", max_width=70 if column == "reason" else None)
-    for row in ps_rows(workloads):
+    for row in _fold_waiting_tasks(ps_rows(workloads)):
         reason = row["reason"] if (wide or row["state"] in ("pending", "failed")) else ""
         if (
             row["state"] in ("succeeded", "failed", "cancelled")
@@ -121,7 +121,7 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
         ):
             reason = f"exit {row['exit_code']}"
         table.add_row(
-            str(row["id"]),
+            row.get("_id_text") or str(row["id"]),
             row["_name_text"],
             row["queue"],
             styled(row["state"]),
@@ -131,6 +131,48 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
             reason,
         )
     return table
+
+
+FOLD_AT = 3  # pending tasks of one array, in a row and waiting for the same reason, shown as one line
+
+
+def _fold_waiting_tasks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run of pending tasks of one job array that wait for the same reason as one row, as Slurm's
+    squeue shows `12_[5-999]`: ids FIRST..LAST, name NAME[FIRST_INDEX..LAST_INDEX], the count in the
+    reason. Everything else row by row."""
+    folded: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+
+    def close() -> None:
+        if len(run) < FOLD_AT:
+            folded.extend(run)
+        else:
+            first, last = run[0], run[-1]
+            name = first["_name_text"].rpartition("[")[0]
+            folded.append(
+                {
+                    **first,
+                    "_id_text": f"{first['id']}..{last['id']}",
+                    "_name_text": f"{name}[{first['array_index']}..{last['array_index']}]",
+                    "reason": f"{len(run)} tasks: {first['reason']}",
+                }
+            )
+        run.clear()
+
+    for row in rows:
+        same = (
+            row["state"] == "pending"
+            and row.get("array_id") is not None
+            and (not run or (row["array_id"] == run[-1]["array_id"] and row["reason"] == run[-1]["reason"]))
+        )
+        if not same:
+            close()
+        if row["state"] == "pending" and row.get("array_id") is not None:
+            run.append(row)
+        else:
+            folded.append(row)
+    close()
+    return folded
 
 
 def foreign_table(jobs: list[dict[str, Any]]) -> Table:

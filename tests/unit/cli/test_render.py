@@ -1,0 +1,44 @@
+"""`gpupool ps`'s table: a job array's pending tasks that wait for the same reason fold into one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from gpupool.cli.render import ps_table
+
+
+def _task(wid: int, index: int, state: str, reason: str = "") -> dict[str, Any]:
+    return {
+        "id": wid, "name": "sweep", "queue": "default", "state": state, "gpus": "1", "age_seconds": 5.0,
+        "reason": reason, "array_id": 10, "array_index": index, "exit_code": None,
+    }  # fmt: skip
+
+
+def _shown(workloads: list[dict[str, Any]]) -> list[str]:
+    console = Console(width=200, record=True)
+    console.print(ps_table(workloads))
+    # each row's first line (a long reason folds onto lines of its own, with no id)
+    return [line.strip() for line in console.export_text().splitlines()[1:] if line[:8].strip()]
+
+
+def test_a_run_of_waiting_tasks_is_one_line_and_the_rest_stay_row_by_row() -> None:
+    held = "array 10 runs at most 2 of its tasks at once (its %2); 2 are running or next in line"
+    workloads = [
+        _task(10, 0, "running"),
+        _task(11, 1, "running"),
+        *(_task(12 + i, 2 + i, "pending", held) for i in range(5)),
+        {**_task(17, 0, "pending", "no capacity"), "array_id": None, "array_index": None, "name": "solo"},
+    ]
+    lines = _shown(workloads)
+    assert len(lines) == 4, lines
+    assert lines[0].split()[:2] == ["10", "sweep[0]"] and lines[1].split()[:2] == ["11", "sweep[1]"]
+    assert lines[2].split()[:3] == ["12..16", "sweep[2..6]", "default"]
+    assert lines[2].endswith("5 tasks: array 10 runs at most 2 of its tasks at once (its %2); 2 are")
+    assert lines[3].split()[:2] == ["17", "solo"]
+
+
+def test_two_waiting_tasks_or_different_reasons_are_not_folded() -> None:
+    lines = _shown([_task(12, 2, "pending", "a"), _task(13, 3, "pending", "a"), _task(14, 4, "pending", "b")])
+    assert [line.split()[0] for line in lines] == ["12", "13", "14"]
