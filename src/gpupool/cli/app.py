@@ -518,6 +518,43 @@ def cancel(
 
 
 @app.command()
+def hold(
+    workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
+    task: bool = typer.Option(
+        False, "--task", help="a job array's id: hold its first task alone, not the whole array"
+    ),
+) -> None:
+    """Keep work pending until `gpupool release` (Slurm's scontrol hold; Run:ai's suspend). Running work is
+    stopped first (SIGTERM, then SIGKILL after its grace period) and resumes from its checkpoint once
+    released. A service is held whole, a job array whole by its id."""
+    c = client()
+    for workload_id in workload_ids:
+        w = c.hold(workload_id, task=task)
+        ids = w["held_ids"]
+        also = f" ({len(ids)} workloads: {', '.join(map(str, ids))})" if len(ids) > 1 else ""
+        console.print(
+            f"{workload_id} ({w['name']}): held{also}; waits pending until `gpupool release {workload_id}` "
+            "(running work stops first: SIGTERM, then SIGKILL after its grace period)"
+        )
+
+
+@app.command()
+def release(
+    workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
+    task: bool = typer.Option(
+        False, "--task", help="a job array's id: release its first task alone, not the whole array"
+    ),
+) -> None:
+    """Let held work be scheduled again (Slurm's scontrol release; Run:ai's resume)."""
+    c = client()
+    for workload_id in workload_ids:
+        w = c.release(workload_id, task=task)
+        ids = w["held_ids"]
+        also = f" ({len(ids)} workloads: {', '.join(map(str, ids))})" if len(ids) > 1 else ""
+        console.print(f"{workload_id} ({w['name']}): released{also}; the scheduler may start it again")
+
+
+@app.command()
 def scale(
     workload_id: int = typer.Argument(..., help="the service's id (or any of its replicas')"),
     replicas: str = typer.Argument(

@@ -139,6 +139,17 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/cancel", params=params)
         return result
 
+    def hold(self, workload_id: int, *, task: bool = False) -> dict[str, Any]:
+        """Keep it pending until `release` (a running one is stopped first); `task`: as for `cancel`."""
+        params = {"task": "true"} if task else None
+        result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/hold", params=params)
+        return result
+
+    def release(self, workload_id: int, *, task: bool = False) -> dict[str, Any]:
+        params = {"task": "true"} if task else None
+        result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/release", params=params)
+        return result
+
     def scale(self, workload_id: int, replicas: int | str) -> dict[str, Any]:
         """`replicas`: a count, or "MIN..MAX", the range of a service that scales itself."""
         body = {"replicas": replicas}

@@ -19,6 +19,9 @@ PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeede
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE = frozenset({PENDING, RUNNING})
 STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+# `gpupool hold`: the reason code of held pending work, and the stop reason of a held workload's running
+# attempt (control/observe.py stops it and requeues it pending)
+HELD = STOP_HOLD = "held"
 SERVICE = "service"  # the workload kind that runs until cancelled
 
 # The lifecycle graph. running -> pending is a retry (a new attempt follows).

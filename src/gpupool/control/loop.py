@@ -91,6 +91,7 @@ class Reconciler(Observation, SnapshotBuilding):
         self._nodes = NodeViews()  # read again only where a node changed (control/node_views.py)
         self._backoffs: dict[tuple[int, int], Backoff | None] = {}
         self.backing_off: dict[int, Backoff] = {}
+        self.held: dict[int, scheduler.Explanation] = {}
         self._after: dict[int, tuple[Dependency, ...]] = {}
         self.dependencies = Dependencies()
         self._array_limits: dict[int, tuple[int, int]] = {}
@@ -216,6 +217,7 @@ class Reconciler(Observation, SnapshotBuilding):
             snapshot = self._pass_snapshot(s, now)
         waiting = {wid: restart_explanation(b) for wid, b in self.backing_off.items()}
         waiting.update(self.dependencies.waiting)
+        waiting.update(self.held)
         waiting.update(self.array_held)
         if self.dependencies.never:
             self._cancel_unmeetable(self.dependencies.never)
@@ -327,8 +329,8 @@ class Reconciler(Observation, SnapshotBuilding):
         home = self.settings.home
         with self.store.session() as s:
             workload = s.get(Workload, bind.workload_id)
-            if workload is None or workload.state != PENDING:
-                return
+            if workload is None or workload.state != PENDING or workload.held:
+                return  # ended, started, or held since the pass read its snapshot
             number = len(workload.attempts)
             run_dir = home / "runs" / str(workload.id) / str(number)
             resources = workload.spec.get("resources") or {}

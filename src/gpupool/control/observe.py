@@ -19,7 +19,16 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.base import Backend, Handle, Phase, Status
-from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SERVICE, SUCCEEDED, transition
+from gpupool.control.lifecycle import (
+    CANCELLED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SERVICE,
+    STOP_HOLD,
+    SUCCEEDED,
+    transition,
+)
 from gpupool.control.settings import ControlSettings
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
@@ -103,7 +112,7 @@ class Observation:
             max_duration = spec.get("max_duration")
             return (
                 cancel_requested
-                or attempt.stop_reason == STOP_DRAIN
+                or attempt.stop_reason in (STOP_DRAIN, STOP_HOLD)
                 or bool(max_duration and age_seconds(attempt.started_at) > float(max_duration))
             )
         if attempt.killed_at is None:
@@ -128,8 +137,8 @@ class Observation:
                 self._request_stop(s, attempt, handle, STOP_CANCEL)
             elif max_duration and age_seconds(attempt.started_at) > float(max_duration):
                 self._request_stop(s, attempt, handle, STOP_TIMEOUT)
-            elif attempt.stop_reason == STOP_DRAIN:
-                self._request_stop(s, attempt, handle, STOP_DRAIN)
+            elif attempt.stop_reason in (STOP_DRAIN, STOP_HOLD):
+                self._request_stop(s, attempt, handle, attempt.stop_reason)
         elif attempt.killed_at is None:
             grace = float(spec.get("grace_period", 30.0))
             if age_seconds(attempt.stop_requested_at) >= grace:
@@ -180,6 +189,18 @@ class Observation:
             attempt.reason = f"node drained; exit code {code}{killed}"
             transition(
                 s, workload, PENDING, "node drained; requeued to resume from its checkpoint", actor="control"
+            )
+            return
+        if attempt.stop_reason == STOP_HOLD:
+            attempt.state = EVICTED
+            attempt.reason = f"{attempt.reason or 'held'}; exit code {code}{killed}"
+            transition(
+                s,
+                workload,
+                PENDING,
+                f"held: stopped, and waits pending until `gpupool release {workload.id}` (it resumes from "
+                "its checkpoint)",
+                actor="control",
             )
             return
         if attempt.stop_reason in EVICTIONS:

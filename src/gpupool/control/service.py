@@ -20,10 +20,12 @@ from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError, Un
 from gpupool.control.lifecycle import (
     ACTIVE,
     CANCELLED,
+    HELD,
     PENDING,
     RUNNING,
     SERVICE,
     STATES,
+    STOP_HOLD,
     TERMINAL,
     note,
     transition,
@@ -327,6 +329,7 @@ def workload_view(
         "restarts": workload.restarts,
         "exit_code": workload.exit_code,
         "cancel_requested": workload.cancel_requested,
+        "held": workload.held,
         "created_at": _iso(workload.created_at),
         "started_at": _iso(workload.started_at),
         "finished_at": _iso(workload.finished_at),
@@ -697,6 +700,53 @@ def cancel(store: Store, workload_id: int, *, actor: str = "admin", task: bool =
                 if whole_array:
                     view["cancelled_tasks"] = [w.id for w in active]
                 return view
+        except StaleDataError:
+            continue  # the control loop changed it at the same moment: read again and decide again
+    raise Conflict(f"workload {workload_id} is changing state; try again")
+
+
+def hold(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
+    """Keep work pending, out of the scheduler's reach, until `release` (Slurm's scontrol hold, Run:ai's
+    suspend). Running work is stopped first (SIGTERM, then SIGKILL after its grace period), like a
+    preemption that uses no restart, and waits pending. It names what `cancel` would: a service whole, a
+    job array whole by its id (unless `task`). Returns the workload, with `held_ids`."""
+    return _set_held(store, workload_id, True, actor, task)
+
+
+def release(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
+    """Let held work be scheduled again (Slurm's scontrol release, Run:ai's resume)."""
+    return _set_held(store, workload_id, False, actor, task)
+
+
+def _set_held(store: Store, workload_id: int, held: bool, actor: str, task: bool) -> dict[str, Any]:
+    verb = "hold" if held else "release"
+    for _ in range(5):
+        try:
+            with store.session() as s:
+                workload = _load(s, workload_id)
+                whole_array = workload.array_id == workload.id and not task
+                group = _tasks(s, workload.id) if whole_array else _replicas(s, workload)
+                active = [w for w in _active(group) if not w.cancel_requested]
+                if not active:
+                    raise Conflict(
+                        f"workload {workload_id} is {workload.state}"
+                        f"{' and stopping' if workload.cancel_requested else ''}; nothing to {verb}"
+                    )
+                changed = [w for w in active if w.held != held]
+                for w in changed:
+                    w.held = held
+                    said = f"held by {actor}" if held else f"released by {actor}"
+                    if held and w.state == RUNNING:
+                        said += ": stopping it, to wait pending until released"
+                        for attempt in w.attempts:
+                            if attempt.state == RUNNING and attempt.stop_requested_at is None:
+                                attempt.stop_reason = STOP_HOLD  # the control loop stops it
+                                attempt.reason = said
+                    elif held:  # the next pass says so too; the store says it at once
+                        w.reason, w.reason_code = f"{said}; `gpupool release {w.id}` lets it start", HELD
+                    note(s, w, said, actor=actor)
+                s.flush()
+                return {**workload_view(workload), "held": held, "held_ids": [w.id for w in active]}
         except StaleDataError:
             continue  # the control loop changed it at the same moment: read again and decide again
     raise Conflict(f"workload {workload_id} is changing state; try again")

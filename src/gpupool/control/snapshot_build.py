@@ -19,7 +19,7 @@ from gpupool import scheduler
 from gpupool.control import inventory
 from gpupool.control.arrays import throttled
 from gpupool.control.dependencies import Dependencies, Dependency, dependencies_of
-from gpupool.control.lifecycle import PENDING, RUNNING
+from gpupool.control.lifecycle import HELD, PENDING, RUNNING
 from gpupool.control.node_views import NodeViews
 from gpupool.control.policy import BandedPass
 from gpupool.control.restarts import Backoff, Ended, backoff
@@ -35,6 +35,7 @@ from gpupool.timeutil import as_utc, utcnow
 USAGE_REFRESH = 30.0  # seconds between recomputations of the queues' decayed usage
 USAGE_HORIZON_HALF_LIVES = 10  # attempts that ended longer ago than this many half-lives are ignored
 BY_SERVICE = ("attained", "las")  # orderings that rank pending work by the service it already received
+HELD_EXPLANATION = scheduler.Explanation(HELD, "held (`gpupool hold`); it is scheduled once released")
 
 
 class SnapshotBuilding:
@@ -52,6 +53,7 @@ class SnapshotBuilding:
     _nodes: NodeViews
     _backoffs: dict[tuple[int, int], Backoff | None]  # (workload id, restarts) -> backoff, see _backing_off
     backing_off: dict[int, Backoff]  # pending work the last snapshot left out: it waits to start again
+    held: dict[int, scheduler.Explanation]  # pending work the last snapshot left out: held until released
     _after: dict[int, tuple[Dependency, ...]]  # cached workloads whose spec lists `after`: what they wait for
     dependencies: Dependencies  # pending work the last snapshot left out: it waits for other workloads
     _array_limits: dict[int, tuple[int, int]]  # cached tasks of arrays with a %N: (array id, N)
@@ -61,13 +63,18 @@ class SnapshotBuilding:
         now = time.time() if now is None else now
         config = self._config
         rows = s.execute(
-            select(Workload.id, Workload.priority, Workload.restarts)
+            select(Workload.id, Workload.priority, Workload.restarts, Workload.held)
             .where(Workload.state == PENDING)
             .order_by(Workload.id)
         ).all()
-        restarted = [(int(wid), int(n)) for wid, _, n in rows if n]
+        self.held = {int(wid): HELD_EXPLANATION for wid, _, _, held in rows if held}
+        restarted = [(int(wid), int(n)) for wid, _, n, held in rows if n and not held]
         self.backing_off = self._backing_off(s, restarted, now) if restarted else {}
-        pending = [(int(wid), int(priority)) for wid, priority, _ in rows if wid not in self.backing_off]
+        pending = [
+            (int(wid), int(priority))
+            for wid, priority, _, held in rows
+            if not held and wid not in self.backing_off
+        ]
         attempts = s.execute(
             select(
                 Attempt.workload_id,

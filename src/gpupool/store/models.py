@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, object_session, relationship
 
@@ -139,6 +140,9 @@ class Workload(Base):
     # While pending: the scheduler's reason code (explain.CODES), e.g. "queue-limit"; "" otherwise.
     reason_code: Mapped[str] = mapped_column(String(32), default="", server_default="")
     cancel_requested: Mapped[bool] = mapped_column(default=False)
+    # `gpupool hold`: kept pending, out of the scheduler's reach, until `gpupool release` (a running one is
+    # stopped first, as a preemption that uses no restart, and waits pending).
+    held: Mapped[bool] = mapped_column(default=False, server_default=false())
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # A service's replicas are workloads of their own (each scheduled, started and stopped alone) that share

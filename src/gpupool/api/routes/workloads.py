@@ -75,6 +75,35 @@ def cancel(
 
 
 @router.post(
+    "/{workload_id}/hold",
+    summary="Hold: keep it pending until released (a running one is stopped first, then waits)",
+)
+def hold(
+    request: Request,
+    workload_id: int,
+    task: bool = Query(False, description="a job array's id: hold its first task alone, not the whole array"),
+) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    result = service.hold(runtime.store, workload_id, task=task)
+    runtime.wake()
+    return result
+
+
+@router.post("/{workload_id}/release", summary="Release held work: the scheduler may start it again")
+def release(
+    request: Request,
+    workload_id: int,
+    task: bool = Query(
+        False, description="a job array's id: release its first task alone, not the whole array"
+    ),
+) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    result = service.release(runtime.store, workload_id, task=task)
+    runtime.wake()
+    return result
+
+
+@router.post(
     "/{workload_id}/scale",
     summary="A service's replicas: add some (pending for the scheduler) or cancel some",
 )

@@ -1,0 +1,114 @@
+"""Holding work (`gpupool hold` / `release`, Slurm's scontrol hold, Run:ai's suspend and resume) on a real
+server running real processes: held work waits pending, running work stops with its grace period and
+resumes from its checkpoint once released."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.process import kill_attempts_under
+from tests.support.server import ServerProcess
+
+# Counts to 1000, one step per 0.05 s; on SIGTERM saves the step it reached and exits 0; starts again from
+# the saved step. Each attempt's first step goes to starts.log.
+COUNTER = """
+import os, signal, sys, time, pathlib
+ckpt = pathlib.Path(os.environ["GPUPOOL_CHECKPOINT_DIR"]) / "step"
+step = int(ckpt.read_text()) if ckpt.exists() else 0
+with open("starts.log", "a") as log:
+    log.write(f"{os.environ['GPUPOOL_ATTEMPT']} {step}\\n")
+def stop(*_):
+    ckpt.write_text(str(step))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while step < 1000:
+    step += 1
+    time.sleep(0.05)
+"""
+
+
+def _wait(server: ServerProcess, wid: int, ok: Any, timeout: float = 20.0) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    while not ok(w := server.workload(wid)):
+        assert time.time() < deadline, w
+        time.sleep(0.05)
+    return w
+
+
+def test_held_work_waits_pending_with_the_gpus_free_and_starts_once_released(server: ServerProcess) -> None:
+    blocker = server.submit({"name": "big", "resources": {"gpu": 8}, "commands": ["sleep 600"]})
+    server.wait_for(blocker["id"], states=("running",))
+    held = server.cli("hold", str(blocker["id"]), check=True)
+    assert "held; waits pending until `gpupool release" in held.stdout, held.stdout
+    w = _wait(server, blocker["id"], lambda w: w["state"] == "pending" and w["reason_code"] == "held")
+    assert w["held"] is True and w["attempts"] == 1  # it had started: stopped, now waiting
+    time.sleep(1.0)  # several passes: 8 GPUs free, and still it waits
+    assert server.workload(blocker["id"])["state"] == "pending"
+    why = server.cli("why", str(blocker["id"]), check=True)
+    assert "held" in why.stdout, why.stdout
+    server.cli("release", str(blocker["id"]), check=True)
+    again = server.wait_for(blocker["id"], states=("running",))
+    assert again["held"] is False and again["attempts"] == 2
+    events = [e["reason"] for e in again["events"]]
+    assert any(r.startswith("held by admin") for r in events) and "released by admin" in events
+    server.cli("cancel", str(blocker["id"]), check=True)
+
+
+def test_held_running_work_stops_gracefully_and_resumes_from_its_checkpoint(
+    tmp_path: Path, job_dir: Path
+) -> None:
+    (job_dir / "counter.py").write_text(COUNTER)
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        created = server.submit(
+            {
+                "name": "train",
+                "resources": {"gpu": 2},
+                "commands": ["python3 counter.py"],
+                "workdir": str(job_dir),
+                "checkpoint": {"dir": "ckpt"},
+                "retry": {"max_restarts": 0},
+            }
+        )
+        server.wait_for(created["id"], states=("running",))
+        time.sleep(1.5)
+        with server.http() as client:
+            response = client.post(f"/api/v1/workloads/{created['id']}/hold")
+            assert response.status_code == 200, response.text
+        held = _wait(server, created["id"], lambda w: w["state"] == "pending" and w["reason_code"] == "held")
+        first = held["attempt_list"][0]
+        assert first["state"] == "evicted" and first["reason"].startswith("held by admin: stopping it")
+        assert held["restarts"] == 0  # a hold uses no restart: max_restarts 0 still lets it resume
+        saved = int((job_dir / "ckpt" / "step").read_text())
+        assert saved > 0
+        with server.http() as client:
+            assert client.post(f"/api/v1/workloads/{created['id']}/release").status_code == 200
+        server.wait_for(created["id"], states=("running",))
+        _wait(server, created["id"], lambda w: len((job_dir / "starts.log").read_text().splitlines()) == 2)
+        starts = (job_dir / "starts.log").read_text().split()
+        assert starts == ["0", "0", "1", str(saved)]  # attempt 1 began where attempt 0 stopped
+        server.cli("cancel", str(created["id"]), check=True)
+    finally:
+        server.stop()
+        kill_attempts_under(tmp_path)
+
+
+def test_hold_names_what_cancel_names_and_refuses_what_has_ended(server: ServerProcess) -> None:
+    sweep = server.submit({"array": "0-2", "resources": {"gpu": 4}, "commands": ["sleep 600"]})
+    with server.http() as client:
+        whole = client.post(f"/api/v1/workloads/{sweep['id']}/hold").json()
+        assert whole["held_ids"] == sweep["array_ids"]
+        for wid in sweep["array_ids"]:
+            _wait(server, wid, lambda w: w["state"] == "pending" and w["held"])
+        one = client.post(f"/api/v1/workloads/{sweep['id']}/release", params={"task": "true"}).json()
+        assert one["held_ids"] == [sweep["id"]]
+        server.wait_for(sweep["id"], states=("running",))
+        assert all(server.workload(w)["state"] == "pending" for w in sweep["array_ids"][1:])
+        done = server.submit({"commands": ["true"]})
+        server.wait_for(done["id"])
+        refused = client.post(f"/api/v1/workloads/{done['id']}/hold")
+        assert refused.status_code == 409 and "nothing to hold" in refused.json()["error"]["message"]
+        assert client.post("/api/v1/workloads/999999/hold").status_code == 404
+    server.cli("cancel", str(sweep["id"]), check=True)
