@@ -194,14 +194,12 @@ class Observation:
         if attempt.stop_reason == STOP_HOLD:
             attempt.state = EVICTED
             attempt.reason = f"{attempt.reason or 'held'}; exit code {code}{killed}"
-            transition(
-                s,
-                workload,
-                PENDING,
-                f"held: stopped, and waits pending until `gpupool release {workload.id}` (it resumes from "
-                "its checkpoint)",
-                actor="control",
+            said = (
+                f"held: stopped, and waits pending until `gpupool release {workload.id}`"
+                if workload.held
+                else "stopped for a hold, released since: requeued"
             )
+            transition(s, workload, PENDING, f"{said} (it resumes from its checkpoint)", actor="control")
             return
         if attempt.stop_reason in EVICTIONS:
             attempt.state = EVICTED

@@ -742,6 +742,10 @@ def _set_held(store: Store, workload_id: int, held: bool, actor: str, task: bool
                             if attempt.state == RUNNING and attempt.stop_requested_at is None:
                                 attempt.stop_reason = STOP_HOLD  # the control loop stops it
                                 attempt.reason = said
+                    elif not held:
+                        for attempt in w.attempts:  # held and released before the loop stopped it: runs on
+                            if attempt.stop_reason == STOP_HOLD and attempt.stop_requested_at is None:
+                                attempt.stop_reason, attempt.reason = "", ""
                     elif held:  # the next pass says so too; the store says it at once
                         w.reason, w.reason_code = f"{said}; `gpupool release {w.id}` lets it start", HELD
                     note(s, w, said, actor=actor)

@@ -1,0 +1,54 @@
+"""`service.hold` and `release` on a real SQLite store: what they mark, and a hold taken back before the
+control loop acted on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool.control import service
+from gpupool.control.errors import Conflict
+from gpupool.control.lifecycle import HELD, RUNNING, STOP_HOLD, transition
+from gpupool.spec import parse_workload_spec
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Workload
+
+
+def _running(store: Store) -> int:
+    wid = int(service.submit(store, parse_workload_spec({"commands": ["train"]}))["id"])
+    with store.session() as s:
+        workload = s.get(Workload, wid)
+        assert workload is not None and transition(s, workload, RUNNING, "started").accepted
+        s.add(Attempt(workload_id=wid, number=0, state=RUNNING, node_name="node-1", backend="local"))
+    return wid
+
+
+def _attempt(store: Store, wid: int) -> tuple[str, bool]:
+    with store.read() as s:
+        attempt = s.query(Attempt).filter_by(workload_id=wid).one()
+        return attempt.stop_reason, attempt.stop_requested_at is not None
+
+
+def test_holding_running_work_asks_the_loop_to_stop_it_and_a_release_in_time_takes_that_back(
+    store: Store,
+) -> None:
+    wid = _running(store)
+    view = service.hold(store, wid)
+    assert view["held"] is True and view["held_ids"] == [wid]
+    assert _attempt(store, wid) == (STOP_HOLD, False)  # the control loop sends SIGTERM
+    service.release(store, wid)
+    assert _attempt(store, wid) == ("", False)  # released before the loop acted: it runs on
+    assert service.get_workload(store, wid)["held"] is False
+    events = [e["reason"] for e in service.get_workload(store, wid)["events"]]
+    assert events[-2:] == ["held by admin: stopping it, to wait pending until released", "released by admin"]
+
+
+def test_held_pending_work_says_so_at_once_and_ended_work_cannot_be_held(store: Store) -> None:
+    wid = int(service.submit(store, parse_workload_spec({"commands": ["true"]}))["id"])
+    service.hold(store, wid, actor="alice")
+    view = service.get_workload(store, wid)
+    assert view["held"] is True and view["reason_code"] == HELD
+    assert view["reason"] == f"held by alice; `gpupool release {wid}` lets it start"
+    service.cancel(store, wid)
+    with pytest.raises(Conflict) as caught:
+        service.hold(store, wid)
+    assert "nothing to hold" in caught.value.message
