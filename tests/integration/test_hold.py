@@ -112,3 +112,26 @@ def test_hold_names_what_cancel_names_and_refuses_what_has_ended(server: ServerP
         assert refused.status_code == 409 and "nothing to hold" in refused.json()["error"]["message"]
         assert client.post("/api/v1/workloads/999999/hold").status_code == 404
     server.cli("cancel", str(sweep["id"]), check=True)
+
+
+def test_raising_a_waiting_jobs_priority_lets_it_preempt_and_start_first(server: ServerProcess) -> None:
+    first = server.submit({"name": "first", "resources": {"gpu": 8}, "commands": ["sleep 600"]})
+    server.wait_for(first["id"], states=("running",))
+    second = server.submit({"name": "second", "resources": {"gpu": 8}, "commands": ["sleep 600"]})
+    urgent = server.submit({"name": "urgent", "resources": {"gpu": 8}, "commands": ["sleep 600"]})
+    server.wait_for_reason(urgent["id"])
+    out = server.cli("update", str(urgent["id"]), "--priority", "build", check=True)
+    assert f"{urgent['id']} (urgent): priority 100" in out.stdout, out.stdout
+    running = server.wait_for(urgent["id"], states=("running",))
+    assert any(e["reason"] == "priority 50 -> 100 by admin" for e in running["events"])
+    assert server.workload(first["id"])["state"] == "pending"  # preempted, requeued
+    assert server.workload(second["id"])["state"] == "pending"
+    with server.http() as client:
+        for body, field in (
+            ({"priority": 1001}, "priority"),
+            ({"priority": "urgent"}, "priority"),
+            ({"nice": 1}, "nice"),
+        ):
+            refused = client.patch(f"/api/v1/workloads/{second['id']}", json=body)
+            assert refused.status_code == 422 and refused.json()["error"]["field"] == field, refused.text
+    server.cli("cancel", str(first["id"]), str(second["id"]), str(urgent["id"]), check=True)

@@ -518,6 +518,26 @@ def cancel(
 
 
 @app.command()
+def update(
+    workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
+    priority: str = typer.Option(
+        ..., "--priority", help="inference|build|interactive|train or 0..1000 (Slurm's scontrol update)"
+    ),
+    task: bool = typer.Option(
+        False, "--task", help="a job array's id: change its first task alone, not the whole array"
+    ),
+) -> None:
+    """Change the priority of pending or running work; the next pass orders and preempts by it."""
+    c = client()
+    value: int | str = int(priority) if priority.strip().isdigit() else priority
+    for workload_id in workload_ids:
+        w = c.set_priority(workload_id, value, task=task)
+        ids = w["updated_ids"]
+        also = f" ({len(ids)} workloads: {', '.join(map(str, ids))})" if len(ids) > 1 else ""
+        console.print(f"{workload_id} ({w['name']}): priority {w['priority']}{also}")
+
+
+@app.command()
 def hold(
     workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
     task: bool = typer.Option(

@@ -139,6 +139,13 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/cancel", params=params)
         return result
 
+    def set_priority(self, workload_id: int, priority: int | str, *, task: bool = False) -> dict[str, Any]:
+        """`priority`: 0..1000 or a class name; `task`: as for `cancel`."""
+        params = {"task": "true"} if task else None
+        path = f"/api/v1/workloads/{workload_id}"
+        result: dict[str, Any] = self._call("PATCH", path, json={"priority": priority}, params=params)
+        return result
+
     def hold(self, workload_id: int, *, task: bool = False) -> dict[str, Any]:
         """Keep it pending until `release` (a running one is stopped first); `task`: as for `cancel`."""
         params = {"task": "true"} if task else None

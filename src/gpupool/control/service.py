@@ -37,7 +37,13 @@ from gpupool.gpu.catalog import families
 from gpupool.scheduler import Explanation
 from gpupool.scheduler.placement import split_model
 from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request
-from gpupool.spec.workload import MAX_REPLICAS, ArrayRange, parse_array
+from gpupool.spec.workload import (
+    MAX_PRIORITY,
+    MAX_REPLICAS,
+    PRIORITY_CLASSES,
+    ArrayRange,
+    parse_array,
+)
 from gpupool.store.db import Store
 from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc
@@ -751,6 +757,41 @@ def _set_held(store: Store, workload_id: int, held: bool, actor: str, task: bool
                     note(s, w, said, actor=actor)
                 s.flush()
                 return {**workload_view(workload), "held": held, "held_ids": [w.id for w in active]}
+        except StaleDataError:
+            continue  # the control loop changed it at the same moment: read again and decide again
+    raise Conflict(f"workload {workload_id} is changing state; try again")
+
+
+def set_priority(
+    store: Store, workload_id: int, priority: int, *, actor: str = "admin", task: bool = False
+) -> dict[str, Any]:
+    """Change the priority (0..1000) of pending or running work (Slurm's scontrol update Priority=): the
+    next pass orders and preempts by it. Whether it is preemptible stays as submitted. It names what
+    `cancel` names: a service whole, a job array whole by its id (unless `task`)."""
+    if not 0 <= priority <= MAX_PRIORITY:
+        raise Invalid(
+            f"priority must be 0..{MAX_PRIORITY} or a class name ({', '.join(PRIORITY_CLASSES)}), got "
+            f"{priority}",
+            field="priority",
+            example="100",
+        )
+    for _ in range(5):
+        try:
+            with store.session() as s:
+                workload = _load(s, workload_id)
+                whole_array = workload.array_id == workload.id and not task
+                group = _tasks(s, workload.id) if whole_array else _replicas(s, workload)
+                active = [w for w in _active(group) if not w.cancel_requested]
+                if not active:
+                    raise Conflict(
+                        f"workload {workload_id} is {workload.state}; its priority no longer matters"
+                    )
+                for w in active:
+                    if w.priority != priority:
+                        note(s, w, f"priority {w.priority} -> {priority} by {actor}", actor=actor)
+                        w.priority = priority
+                s.flush()
+                return {**workload_view(workload), "updated_ids": [w.id for w in active]}
         except StaleDataError:
             continue  # the control loop changed it at the same moment: read again and decide again
     raise Conflict(f"workload {workload_id} is changing state; try again")

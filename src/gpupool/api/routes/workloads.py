@@ -1,4 +1,5 @@
-"""/api/v1/workloads: submit, list, get, cancel, scale (a service's replicas), logs."""
+"""/api/v1/workloads: submit, list, get, update (priority), cancel, hold and release, scale (a service's
+replicas), logs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
 from gpupool.control import service
 from gpupool.spec import parse_workload_spec
-from gpupool.spec.workload import RANGE
+from gpupool.spec.workload import PRIORITY_CLASSES, RANGE
 
 router = APIRouter(prefix="/workloads", tags=["workloads"])
 
@@ -99,6 +100,29 @@ def release(
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
     result = service.release(runtime.store, workload_id, task=task)
+    runtime.wake()
+    return result
+
+
+@router.patch("/{workload_id}", summary="Change pending or running work: its priority")
+def update(
+    request: Request,
+    workload_id: int,
+    body: dict[str, Any] | None = Body(None, description='{"priority": 100} (0..1000, or a class name)'),
+    task: bool = Query(False, description="a job array's id: change its first task alone, not the array"),
+) -> dict[str, Any]:
+    given = fields(body, ("priority",)).get("priority")
+    priority = PRIORITY_CLASSES.get(given.strip().lower()) if isinstance(given, str) else given
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        said = "required" if given is None else f"{given!r} is not a number 0..1000 or a class name"
+        raise ApiError(
+            422,
+            "invalid",
+            f'priority: {said} ({", ".join(PRIORITY_CLASSES)}); e.g. {{"priority": 100}}',
+            field="priority",
+        )
+    runtime = request.app.state.runtime
+    result = service.set_priority(runtime.store, workload_id, priority, task=task)
     runtime.wake()
     return result
 
