@@ -510,6 +510,15 @@ def _tasks(s: Session, array_id: int) -> list[Workload]:
     )
 
 
+def _named(s: Session, workload: Workload, task: bool) -> tuple[list[Workload], bool]:
+    """What an id names for cancel, hold, release and update: a service's replicas, a job array's tasks
+    by the array's id (unless `task`: its first task alone), else the workload; and whether it named a
+    whole array."""
+    if workload.array_id == workload.id and not task:
+        return _tasks(s, workload.id), True
+    return _replicas(s, workload), False
+
+
 def _count_states(workloads: list[Workload]) -> dict[str, int]:
     """How many of `workloads` are in each state, "total" too."""
     counts = {"total": len(workloads)}
@@ -692,8 +701,7 @@ def cancel(store: Store, workload_id: int, *, actor: str = "admin", task: bool =
         try:
             with store.session() as s:
                 workload = _load(s, workload_id)
-                whole_array = workload.array_id == workload.id and not task
-                group = _tasks(s, workload.id) if whole_array else _replicas(s, workload)
+                group, whole_array = _named(s, workload, task)
                 active = _active(group)
                 if not active:
                     raise Conflict(f"workload {workload_id} already {workload.state}; nothing to cancel")
@@ -730,8 +738,7 @@ def _set_held(store: Store, workload_id: int, held: bool, actor: str, task: bool
         try:
             with store.session() as s:
                 workload = _load(s, workload_id)
-                whole_array = workload.array_id == workload.id and not task
-                group = _tasks(s, workload.id) if whole_array else _replicas(s, workload)
+                group, _ = _named(s, workload, task)
                 active = [w for w in _active(group) if not w.cancel_requested]
                 if not active:
                     raise Conflict(
@@ -779,8 +786,7 @@ def set_priority(
         try:
             with store.session() as s:
                 workload = _load(s, workload_id)
-                whole_array = workload.array_id == workload.id and not task
-                group = _tasks(s, workload.id) if whole_array else _replicas(s, workload)
+                group, _ = _named(s, workload, task)
                 active = [w for w in _active(group) if not w.cancel_requested]
                 if not active:
                     raise Conflict(
