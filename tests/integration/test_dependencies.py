@@ -10,14 +10,6 @@ from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
 
 
-def _wait(server: ServerProcess, wid: int, ok: Any, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.time() + timeout
-    while not ok(w := server.workload(wid)):
-        assert time.time() < deadline, w
-        time.sleep(0.05)
-    return w
-
-
 def _refused(server: ServerProcess, spec: dict[str, Any]) -> dict[str, Any]:
     with server.http() as client:
         before = len(client.get("/api/v1/workloads", params={"all": "true"}).json())
@@ -53,11 +45,13 @@ def test_a_pipeline_runs_each_step_after_the_one_before_succeeded(
     )
     # While prep runs, train waits with its reason, and holds no GPU though 7 of 8 are free.
     said = f"waits for workload {prep['id']} (prep) to succeed (it is running)"
-    waiting = _wait(server, train["id"], lambda w: w["reason_code"] == "dependency" and said in w["reason"])
+    waiting = server.wait_until(
+        train["id"], lambda w: w["reason_code"] == "dependency" and said in w["reason"]
+    )
     assert waiting["state"] == "pending"
     why = server.cli("why", str(train["id"]))
     assert "dependency" in why.stdout and "(prep) to succeed" in why.stdout, why.stdout
-    later = _wait(server, evaluate["id"], lambda w: w["reason_code"] == "dependency")
+    later = server.wait_until(evaluate["id"], lambda w: w["reason_code"] == "dependency")
     assert f"workload {train['id']} (train) to succeed (it is pending)" in later["reason"]
     time.sleep(1.0)  # several passes: still nothing started
     assert server.workload(train["id"])["attempts"] == 0
@@ -119,7 +113,7 @@ def test_dependencies_hold_across_a_kill_9_of_the_head(tmp_path: Path, job_dir: 
     try:
         first = server.submit({"commands": [f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
         second = server.submit({"commands": ["true"], "after": [first["id"]]})
-        _wait(server, second["id"], lambda w: w["reason_code"] == "dependency")
+        server.wait_until(second["id"], lambda w: w["reason_code"] == "dependency")
         server.kill9()
         server.start()
         assert server.workload(second["id"])["state"] == "pending"

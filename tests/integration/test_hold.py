@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
@@ -29,20 +28,12 @@ while step < 1000:
 """
 
 
-def _wait(server: ServerProcess, wid: int, ok: Any, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.time() + timeout
-    while not ok(w := server.workload(wid)):
-        assert time.time() < deadline, w
-        time.sleep(0.05)
-    return w
-
-
 def test_held_work_waits_pending_with_the_gpus_free_and_starts_once_released(server: ServerProcess) -> None:
     blocker = server.submit({"name": "big", "resources": {"gpu": 8}, "commands": ["sleep 600"]})
     server.wait_for(blocker["id"], states=("running",))
     held = server.cli("hold", str(blocker["id"]), check=True)
     assert "held; waits pending until `gpupool release" in held.stdout, held.stdout
-    w = _wait(server, blocker["id"], lambda w: w["state"] == "pending" and w["reason_code"] == "held")
+    w = server.wait_until(blocker["id"], lambda w: w["state"] == "pending" and w["reason_code"] == "held")
     assert w["held"] is True and w["attempts"] == 1  # it had started: stopped, now waiting
     time.sleep(1.0)  # several passes: 8 GPUs free, and still it waits
     assert server.workload(blocker["id"])["state"] == "pending"
@@ -77,7 +68,9 @@ def test_held_running_work_stops_gracefully_and_resumes_from_its_checkpoint(
         with server.http() as client:
             response = client.post(f"/api/v1/workloads/{created['id']}/hold")
             assert response.status_code == 200, response.text
-        held = _wait(server, created["id"], lambda w: w["state"] == "pending" and w["reason_code"] == "held")
+        held = server.wait_until(
+            created["id"], lambda w: w["state"] == "pending" and w["reason_code"] == "held"
+        )
         first = held["attempt_list"][0]
         assert first["state"] == "evicted" and first["reason"].startswith("held by admin: stopping it")
         assert held["restarts"] == 0  # a hold uses no restart: max_restarts 0 still lets it resume
@@ -86,7 +79,9 @@ def test_held_running_work_stops_gracefully_and_resumes_from_its_checkpoint(
         with server.http() as client:
             assert client.post(f"/api/v1/workloads/{created['id']}/release").status_code == 200
         server.wait_for(created["id"], states=("running",))
-        _wait(server, created["id"], lambda w: len((job_dir / "starts.log").read_text().splitlines()) == 2)
+        server.wait_until(
+            created["id"], lambda w: len((job_dir / "starts.log").read_text().splitlines()) == 2
+        )
         starts = (job_dir / "starts.log").read_text().split()
         assert starts == ["0", "0", "1", str(saved)]  # attempt 1 began where attempt 0 stopped
         server.cli("cancel", str(created["id"]), check=True)
@@ -101,7 +96,7 @@ def test_hold_names_what_cancel_names_and_refuses_what_has_ended(server: ServerP
         whole = client.post(f"/api/v1/workloads/{sweep['id']}/hold").json()
         assert whole["held_ids"] == sweep["array_ids"]
         for wid in sweep["array_ids"]:
-            _wait(server, wid, lambda w: w["state"] == "pending" and w["held"])
+            server.wait_until(wid, lambda w: w["state"] == "pending" and w["held"])
         one = client.post(f"/api/v1/workloads/{sweep['id']}/release", params={"task": "true"}).json()
         assert one["held_ids"] == [sweep["id"]]
         server.wait_for(sweep["id"], states=("running",))

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,17 @@ class ServerProcess:
             if time.time() > deadline:
                 raise AssertionError(f"workload {workload_id} was never explained: {w}")
             time.sleep(0.05)
+
+    def wait_until(
+        self, workload_id: int, ok: Callable[[dict[str, Any]], Any], timeout: float = 20.0
+    ) -> dict[str, Any]:
+        """The workload once `ok` holds for it (read again every 50 ms)."""
+        deadline = time.time() + timeout
+        while not ok(w := self.workload(workload_id)):
+            if time.time() > deadline:
+                raise AssertionError(f"workload {workload_id} never came to that in {timeout}s: {w}")
+            time.sleep(0.05)
+        return w
 
     def wait_for(
         self, workload_id: int, states: tuple[str, ...] = TERMINAL, timeout: float = 30.0

@@ -733,40 +733,27 @@ def release(store: Store, workload_id: int, *, actor: str = "admin", task: bool 
 
 
 def _set_held(store: Store, workload_id: int, held: bool, actor: str, task: bool) -> dict[str, Any]:
-    verb = "hold" if held else "release"
-    for _ in range(5):
-        try:
-            with store.session() as s:
-                workload = _load(s, workload_id)
-                group, _ = _named(s, workload, task)
-                active = [w for w in _active(group) if not w.cancel_requested]
-                if not active:
-                    raise Conflict(
-                        f"workload {workload_id} is {workload.state}"
-                        f"{' and stopping' if workload.cancel_requested else ''}; nothing to {verb}"
-                    )
-                changed = [w for w in active if w.held != held]
-                for w in changed:
-                    w.held = held
-                    said = f"held by {actor}" if held else f"released by {actor}"
-                    if held and w.state == RUNNING:
-                        said += ": stopping it, to wait pending until released"
-                        for attempt in w.attempts:
-                            if attempt.state == RUNNING and attempt.stop_requested_at is None:
-                                attempt.stop_reason = STOP_HOLD  # the control loop stops it
-                                attempt.reason = said
-                    elif not held:
-                        for attempt in w.attempts:  # held and released before the loop stopped it: runs on
-                            if attempt.stop_reason == STOP_HOLD and attempt.stop_requested_at is None:
-                                attempt.stop_reason, attempt.reason = "", ""
-                    elif held:  # the next pass says so too; the store says it at once
-                        w.reason, w.reason_code = f"{said}; `gpupool release {w.id}` lets it start", HELD
-                    note(s, w, said, actor=actor)
-                s.flush()
-                return {**workload_view(workload), "held": held, "held_ids": [w.id for w in active]}
-        except StaleDataError:
-            continue  # the control loop changed it at the same moment: read again and decide again
-    raise Conflict(f"workload {workload_id} is changing state; try again")
+    def change(s: Session, w: Workload) -> None:
+        if w.held == held:
+            return
+        w.held = held
+        said = f"held by {actor}" if held else f"released by {actor}"
+        if held and w.state == RUNNING:
+            said += ": stopping it, to wait pending until released"
+            for attempt in w.attempts:
+                if attempt.state == RUNNING and attempt.stop_requested_at is None:
+                    attempt.stop_reason = STOP_HOLD  # the control loop stops it
+                    attempt.reason = said
+        elif held:  # the next pass says so too; the store says it at once
+            w.reason, w.reason_code = f"{said}; `gpupool release {w.id}` lets it start", HELD
+        else:
+            for attempt in w.attempts:  # held and released before the loop stopped it: it runs on
+                if attempt.stop_reason == STOP_HOLD and attempt.stop_requested_at is None:
+                    attempt.stop_reason, attempt.reason = "", ""
+        note(s, w, said, actor=actor)
+
+    view, ids = _change_named(store, workload_id, task, "hold" if held else "release", change)
+    return {**view, "held": held, "held_ids": ids}
 
 
 def set_priority(
@@ -782,6 +769,21 @@ def set_priority(
             field="priority",
             example="100",
         )
+
+    def change(s: Session, w: Workload) -> None:
+        if w.priority != priority:
+            note(s, w, f"priority {w.priority} -> {priority} by {actor}", actor=actor)
+            w.priority = priority
+
+    view, ids = _change_named(store, workload_id, task, "change the priority of", change)
+    return {**view, "updated_ids": ids}
+
+
+def _change_named(
+    store: Store, workload_id: int, task: bool, verb: str, change: Callable[[Session, Workload], None]
+) -> tuple[dict[str, Any], list[int]]:
+    """`change` each pending or running workload that `workload_id` names (see `_named`) and nobody asked
+    to stop, in one transaction; the named workload's view and the ids changed. 409 when none is left."""
     for _ in range(5):
         try:
             with store.session() as s:
@@ -789,15 +791,12 @@ def set_priority(
                 group, _ = _named(s, workload, task)
                 active = [w for w in _active(group) if not w.cancel_requested]
                 if not active:
-                    raise Conflict(
-                        f"workload {workload_id} is {workload.state}; its priority no longer matters"
-                    )
+                    stopping = " and stopping" if workload.cancel_requested else ""
+                    raise Conflict(f"workload {workload_id} is {workload.state}{stopping}; nothing to {verb}")
                 for w in active:
-                    if w.priority != priority:
-                        note(s, w, f"priority {w.priority} -> {priority} by {actor}", actor=actor)
-                        w.priority = priority
+                    change(s, w)
                 s.flush()
-                return {**workload_view(workload), "updated_ids": [w.id for w in active]}
+                return workload_view(workload), [w.id for w in active]
         except StaleDataError:
             continue  # the control loop changed it at the same moment: read again and decide again
     raise Conflict(f"workload {workload_id} is changing state; try again")
