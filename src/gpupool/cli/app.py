@@ -218,6 +218,14 @@ def run(
     _created(client().submit(data), as_json, parsable)
 
 
+def _many(ids: list[int]) -> str:
+    """What to add when an id named several workloads, e.g. " (3 workloads: 4, 5, 6)"; many: first..last."""
+    if len(ids) < 2:
+        return ""
+    listed = ", ".join(map(str, ids)) if len(ids) <= 8 else f"{ids[0]}..{ids[-1]}"
+    return f" ({len(ids)} workloads: {listed})"
+
+
 def _add_array_and_after(data: dict[str, Any], array: str | None, after: list[str]) -> None:
     """`--array` and `--after` into a spec (the spec checks the values); `--after` adds to its own list."""
     if array is not None:
@@ -533,7 +541,7 @@ def update(
     for workload_id in workload_ids:
         w = c.set_priority(workload_id, value, task=task)
         ids = w["updated_ids"]
-        also = f" ({len(ids)} workloads: {', '.join(map(str, ids))})" if len(ids) > 1 else ""
+        also = _many(ids)
         console.print(f"{workload_id} ({w['name']}): priority {w['priority']}{also}")
 
 
@@ -551,7 +559,7 @@ def hold(
     for workload_id in workload_ids:
         w = c.hold(workload_id, task=task)
         ids = w["held_ids"]
-        also = f" ({len(ids)} workloads: {', '.join(map(str, ids))})" if len(ids) > 1 else ""
+        also = _many(ids)
         console.print(
             f"{workload_id} ({w['name']}): held{also}; waits pending until `gpupool release {workload_id}` "
             "(running work stops first: SIGTERM, then SIGKILL after its grace period)"
@@ -570,7 +578,7 @@ def release(
     for workload_id in workload_ids:
         w = c.release(workload_id, task=task)
         ids = w["held_ids"]
-        also = f" ({len(ids)} workloads: {', '.join(map(str, ids))})" if len(ids) > 1 else ""
+        also = _many(ids)
         console.print(f"{workload_id} ({w['name']}): released{also}; the scheduler may start it again")
 
 
