@@ -81,6 +81,7 @@ def server(
     from gpupool.backends.slurm_commands import SlurmError
     from gpupool.client.client import save_credentials
     from gpupool.control import service
+    from gpupool.control.accounting import load_prices
     from gpupool.control.policy import load_policy
     from gpupool.gpu import GpuUnavailable
     from gpupool.health.thresholds import load_config
@@ -91,11 +92,12 @@ def server(
     url = db or default_db_url()
     home = home_dir()
     # Everything that can refuse the start is checked before anything is created: the flags and the files
-    # of the home (scheduling.yaml, health.yaml), then the home, the store, the runtime, and the admin token
-    # last, so a server that refuses to start has written no token.
+    # of the home (scheduling.yaml, health.yaml, prices.yaml), then the home, the store, the runtime, and
+    # the admin token last, so a server that refuses to start has written no token.
     try:
         load_policy(home)  # SchedulingConfigError names the file, the field and the fix
         load_config(home)  # HealthConfigError likewise
+        load_prices(home)  # PricesConfigError likewise
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     if usage_weight < 0:

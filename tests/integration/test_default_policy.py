@@ -140,6 +140,7 @@ def test_gpupool_queues_shows_the_weight_the_last_pass_used_next_to_the_spec_wei
     [
         ("scheduling.yaml", "las_thresholds: [5m, 1m]\n", "las_thresholds[1]: '1m' is not above"),
         ("health.yaml", "schedule: {recheck_interval: soon}\n", "recheck_interval"),
+        ("prices.yaml", "gpu_hour: {H100: -2}\n", "gpu_hour.H100: -2 must be at least 0"),
     ],
 )
 def test_a_server_refused_for_a_bad_file_in_its_home_has_created_nothing(

@@ -16,7 +16,7 @@ from gpupool import __version__, web
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, require_token
 from gpupool.api.body import refuse_nul
-from gpupool.api.routes import agents, bench, foreign, health, metrics, nodes, proxy, queues, workloads
+from gpupool.api.routes import agents, bench, foreign, health, metrics, nodes, proxy, queues, usage, workloads
 from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
@@ -113,6 +113,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(agents.admin_router)
     api.include_router(health.router)
     api.include_router(bench.router)
+    api.include_router(usage.router)
     app.include_router(api)
     app.add_api_websocket_route("/api/v1/workloads/{workload_id}/proxy/{path:path}", proxy.proxy_websocket)
     app.include_router(agents.agent_router)

@@ -11,6 +11,7 @@ from pathlib import Path
 from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
 from gpupool.control import service
+from gpupool.control.accounting import load_prices
 from gpupool.control.autoscale import Autoscaler, Load
 from gpupool.control.health import HealthMonitor
 from gpupool.control.health_state import AgentNodes
@@ -54,6 +55,7 @@ class Runtime:
         self.telemetry = TelemetryCache(allocations=StoreAllocations(self.store), saved_from=SAVED_FROM)
         self.telemetry_log = open_log(settings.home)  # history on disk, bounded (control/telemetry_log.py)
         health_config = load_config(settings.home)  # HealthConfigError (a ValueError) names the file and key
+        self.prices = load_prices(settings.home)  # PricesConfigError likewise; None: reports without costs
         if settings.backend not in BACKENDS:
             raise ValueError(f"--backend {settings.backend}: unknown backend; one of {', '.join(BACKENDS)}")
         if settings.partition is not None and settings.backend != "slurm":

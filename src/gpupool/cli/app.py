@@ -25,6 +25,8 @@ from gpupool.cli.render import (
     ps_rows,
     ps_table,
     styled,
+    usage_table,
+    write_usage_csv,
 )
 from gpupool.cli.sim import sim_app
 from gpupool.client import ApiError, Client
@@ -742,6 +744,42 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
             str(q["pending"]),
         )
     console.print(table)
+
+
+USAGE_GROUPS = ("queue", "user", "workload", "node", "model", "day", "outcome")
+
+
+@app.command()
+def usage(
+    since: str | None = typer.Option(
+        None,
+        "--since",
+        help="start: a time or date (2026-11-01, UTC), or how long before --until (7d, 12h); default 7d",
+    ),
+    until: str | None = typer.Option(None, "--until", help="end, in the same forms; default now"),
+    by: str = typer.Option("queue", "--by", help=f"a line per {', '.join(USAGE_GROUPS)}"),
+    queue: str | None = typer.Option(None, "--queue", "-q", help="only this queue's work"),
+    top: int = typer.Option(
+        0, "--top", min=0, help="show only the first N lines (0: all); the total counts all"
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+    as_csv: bool = typer.Option(False, "--csv", help="CSV for a spreadsheet: a line per row, no total"),
+) -> None:
+    """GPU-hours used, and what they cost with $GPUPOOL_HOME/prices.yaml, per queue (or user, workload,
+    node, GPU model, day, or how the attempts ended) over a window: Slurm's sreport, Run:ai's consumption
+    report. Counts the GPUs allocated, whether or not the programs used them."""
+    if by not in USAGE_GROUPS:
+        raise CliError(f"--by {by}: not one of {', '.join(USAGE_GROUPS)}; e.g. --by queue")
+    if as_json and as_csv:
+        raise CliError("--json and --csv: give one of them")
+    report = client().usage(since=since, until=until, by=by, queue=queue)
+    if as_json:
+        print_json(report)
+        return
+    if as_csv:
+        write_usage_csv(report, sys.stdout)
+        return
+    console.print(usage_table(report, top))
 
 
 def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:

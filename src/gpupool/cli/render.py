@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -191,3 +192,87 @@ def foreign_table(jobs: list[dict[str, Any]]) -> Table:
             ",".join(job["nodes"]),
         )
     return table
+
+
+# -- usage and cost (gpupool usage) -----------------------------------------------------------------------
+
+USAGE_OUTCOMES = ("succeeded", "failed", "cancelled", "evicted", "running")
+
+
+def _hours(value: float) -> str:
+    """GPU-hours as a person reads them: whole above 1,000, two decimals above 1, else two digits."""
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.2f}" if value >= 1 or value == 0 else f"{value:.2g}"
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
+    """`gpupool usage`: a line per key, the total, and a caption with the window and the pool's use."""
+    by, currency = report["by"], report["currency"]
+    rows = list(report["rows"])
+    shown = rows[:top] if top else rows
+    quota = by == "queue"
+    columns = [by.upper()]
+    if by == "workload":
+        columns.append("NAME")
+    columns += ["GPU-H", "SHARE"]
+    if currency:
+        columns.append(currency)
+    columns += ["WORKLOADS", "FAILED", "EVICTED"]
+    if quota:
+        columns += ["QUOTA", "OF QUOTA"]
+    table = folding_table(columns, {columns[0]: [str(r["key"]) for r in shown]})
+    for row in [*shown, report["total"]]:
+        total = row is report["total"]
+        cells = ["TOTAL" if total else str(row["key"])]
+        if by == "workload":
+            cells.append("" if total else str(row.get("name", "")))
+        cells += [_hours(row["gpu_hours"]), f"{row['share']:.1%}"]
+        if currency:
+            unpriced = row.get("unpriced_gpu_hours") or 0.0
+            cells.append(_money(row["cost"]) + (f" (+{_hours(unpriced)} GPU-h unpriced)" if unpriced else ""))
+        outcome = row["by_outcome"]
+        cells += [str(row["workloads"]), _hours(outcome.get("failed", 0.0))]
+        cells.append(_hours(outcome.get("evicted", 0.0)))
+        if quota:
+            used = row.get("quota_used")
+            cells += ["" if total else _hours(row.get("quota_gpu_hours", 0.0)),
+                      "" if total or used is None else f"{used:.0%}"]  # fmt: skip
+        last = bool(shown) and row is shown[-1]
+        table.add_row(*cells, style="bold" if total else None, end_section=last)
+    capacity = report["capacity_gpu_hours"]
+    used = report["total"]["gpu_hours"]
+    pool = f"{used / capacity:.1%} of " if capacity > 0 else ""
+    more = f"; {len(rows) - len(shown)} more lines not shown (--top)" if len(shown) < len(rows) else ""
+    table.caption = (
+        f"{report['since'][:16].replace('T', ' ')} .. {report['until'][:16].replace('T', ' ')} UTC "
+        f"({report['hours']:,.1f} h): {pool}the pool's {report['capacity_gpus']} GPUs now x the window "
+        f"({_hours(capacity)} GPU-h){more}. GPU-H: GPU-hours allocated"
+        + (f"; {currency}: their cost" if currency else " (no prices.yaml: docs/operations.md)")
+        + "; FAILED, EVICTED: GPU-hours of attempts that failed or were stopped (preempted, drained, held)"
+        + ("; QUOTA: the GPU quota now x the window, in GPU-hours" if quota else "")
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def write_usage_csv(report: Mapping[str, Any], out: Any) -> None:
+    """`gpupool usage --csv`: a line per row, every figure the JSON has, in plain numbers."""
+    writer = csv.writer(out, lineterminator="\n")
+    header = ["since", "until", report["by"], "name", "gpu_hours", "share", "cost", "currency",
+              "unpriced_gpu_hours", "workloads", "attempts", *(f"{o}_gpu_hours" for o in USAGE_OUTCOMES),
+              "quota_gpu_hours", "quota_used"]  # fmt: skip
+    writer.writerow(header)
+    for row in report["rows"]:
+        outcome = row["by_outcome"]
+        writer.writerow([
+            report["since"], report["until"], row["key"], row.get("name", ""), row["gpu_hours"], row["share"],
+            "" if row["cost"] is None else row["cost"], report["currency"] or "",
+            "" if row["unpriced_gpu_hours"] is None else row["unpriced_gpu_hours"], row["workloads"],
+            row["attempts"], *(outcome.get(o, 0.0) for o in USAGE_OUTCOMES),
+            row.get("quota_gpu_hours", ""), "" if row.get("quota_used") is None else row["quota_used"],
+        ])  # fmt: skip

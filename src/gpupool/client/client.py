@@ -198,6 +198,16 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/drain", json=body)
         return result
 
+    # -- usage and cost --------------------------------------------------------------------------------
+    def usage(
+        self, since: str | None = None, until: str | None = None, by: str = "queue", queue: str | None = None
+    ) -> dict[str, Any]:
+        """GPU-hours (and cost) over a window, a row per `by` key; `since`/`until`: ISO times or durations
+        before now ("7d")."""
+        params = {k: v for k, v in (("since", since), ("until", until), ("queue", queue)) if v}
+        result: dict[str, Any] = self._call("GET", "/api/v1/usage", params={**params, "by": by})
+        return result
+
     # -- join tokens (node agents) --------------------------------------------------------------------
     def create_join_token(self, ttl: str | None = None, description: str = "") -> dict[str, Any]:
         body = {"ttl": ttl, "description": description}

@@ -16,7 +16,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -326,6 +326,8 @@ class Reconciler(Observation, SnapshotBuilding):
                 log.info("event=release_promised workload=%d to=%d", workload_id, waiting)
 
     def _start(self, bind: scheduler.Bind) -> None:
+        """Record and launch one bind. Each pod keeps its GPUs' model for accounting (control/accounting.py),
+        which prices an attempt as it ran, whatever its node holds later."""
         home = self.settings.home
         with self.store.session() as s:
             workload = s.get(Workload, bind.workload_id)
@@ -334,6 +336,7 @@ class Reconciler(Observation, SnapshotBuilding):
             number = len(workload.attempts)
             run_dir = home / "runs" / str(workload.id) / str(number)
             resources = workload.spec.get("resources") or {}
+            models = _gpu_models(s, bind.pods)
             attempt = Attempt(
                 workload_id=workload.id,
                 number=number,
@@ -347,7 +350,12 @@ class Reconciler(Observation, SnapshotBuilding):
                 run_dir=str(run_dir),
                 log_path=str(home / "logs" / str(workload.id) / f"attempt-{number}.log"),
                 pods=[
-                    {"node": p.node, "gpu_indices": list(p.gpu_indices), "gpu_fraction": p.gpu_fraction}
+                    {
+                        "node": p.node,
+                        "gpu_indices": list(p.gpu_indices),
+                        "gpu_fraction": p.gpu_fraction,
+                        "model": _pod_model(models, p),
+                    }
                     for p in bind.pods
                 ],
             )
@@ -484,3 +492,21 @@ class Reconciler(Observation, SnapshotBuilding):
             row["workloads"] = [wid for _, wid in holders.get(sample.index, [])]
             samples.append(row)
         self.telemetry.put(self.settings.node_name, samples)
+
+
+def _gpu_models(s: Session, pods: Sequence[scheduler.PodPlacement]) -> dict[tuple[str, int], str]:
+    """The model of each GPU of the nodes `pods` are on, by (node, index)."""
+    nodes = {pod.node for pod in pods if pod.gpu_indices}
+    if not nodes:
+        return {}
+    rows = s.execute(
+        select(Node.name, Gpu.index, Gpu.model).join(Gpu, Gpu.node_id == Node.id).where(Node.name.in_(nodes))
+    )
+    return {(node, index): model for node, index, model in rows}
+
+
+def _pod_model(models: Mapping[tuple[str, int], str], pod: scheduler.PodPlacement) -> str | None:
+    """The model of the GPUs a pod holds (that of its first GPU); None for a pod with no GPU."""
+    if not pod.gpu_indices:
+        return None
+    return models.get((pod.node, pod.gpu_indices[0]))

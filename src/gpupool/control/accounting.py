@@ -1,0 +1,332 @@
+"""GPU-hours and what they cost, per queue, user, workload, node, GPU model, day or attempt outcome, over a
+window of time: `gpupool usage` and `GET /api/v1/usage` (docs/user-guide.md#usage-and-cost).
+
+Counted from the attempts in the store. Each pod of an attempt holds its GPUs (a fraction of a GPU counts
+as that fraction) from the attempt's start to its end, or until now while it runs; the part of that span
+inside the window is counted, so a report of last week and one of this week never count an hour twice.
+What is counted is what was allocated, as Slurm's `sreport` and Run:ai's consumption reports count it, not
+what the programs made of it. A pod's GPU model is the one recorded when the attempt started (attempts from
+before gpupool recorded it take the model its node has now).
+
+Prices come from `$GPUPOOL_HOME/prices.yaml` (spec/prices.py), read when the server starts. Without the
+file the report has GPU-hours and no costs; with it, hours of a model it does not price (and no `default`)
+are reported as unpriced, never as free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from gpupool.control.errors import Invalid
+from gpupool.control.lifecycle import CANCELLED, FAILED, SUCCEEDED
+from gpupool.control.observe import EVICTED
+from gpupool.spec import SpecError, parse_duration
+from gpupool.spec.prices import PricesSpec, parse_prices_spec
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Gpu, Node, Queue, Workload
+from gpupool.timeutil import as_utc
+
+PRICES_FILE: Final = "prices.yaml"
+GROUPS: Final = ("queue", "user", "workload", "node", "model", "day", "outcome")
+RUNNING_OUTCOME: Final = "running"
+OUTCOMES: Final = (SUCCEEDED, FAILED, CANCELLED, EVICTED, RUNNING_OUTCOME)
+UNKNOWN_MODEL: Final = "unknown"
+DEFAULT_SPAN: Final = 7 * 86400.0  # a report with no `since` covers the last 7 days
+HOUR: Final = 3600.0
+
+
+class PricesConfigError(ValueError):
+    """A price list that cannot be used; the message names the file, the field and the fix."""
+
+
+def load_prices(home: Path) -> PricesSpec | None:
+    """$GPUPOOL_HOME/prices.yaml, or None when there is none (reports then have no costs)."""
+    path = home / PRICES_FILE
+    if not path.exists():
+        return None
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PricesConfigError(f"{path}: cannot read it ({exc})") from None
+    try:
+        return parse_prices_spec(text)
+    except SpecError as exc:
+        raise PricesConfigError(f"{path}: {exc}") from None
+
+
+# -- the window ------------------------------------------------------------------------------------------
+
+
+def window_edge(text: str | None, name: str, *, before: datetime) -> datetime | None:
+    """`since`/`until` as given to the API: an ISO 8601 time or date (without a zone, UTC), or a duration
+    ("7d", "12h") meaning that long before `before`; None when not given. Invalid (422) names the field."""
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    if text[0].isdigit() and not text[:4].isdigit():
+        try:
+            return before - timedelta(seconds=parse_duration(text, name))
+        except SpecError:
+            pass  # not a duration: read as a time below, whose error names both forms
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise Invalid(
+            f"{name}: {text!r} is neither a time nor a duration; give an ISO 8601 time "
+            "(2026-11-01 or 2026-11-01T08:00:00Z) or how long before now (7d, 12h)",
+            field=name,
+            example="7d",
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def window(since: str | None, until: str | None, now: datetime) -> tuple[datetime, datetime]:
+    """The report's window: `until` (default now, and never past now) back to `since` (default 7 days
+    before `until`); 422 naming the field when it is empty or starts after now."""
+    end = window_edge(until, "until", before=now) or now
+    end = min(end, now)
+    start = window_edge(since, "since", before=end) or end - timedelta(seconds=DEFAULT_SPAN)
+    if start >= now:
+        raise Invalid(
+            f"since: {start.isoformat()} is not in the past; a report counts what has been used "
+            "(e.g. since=7d)",
+            field="since",
+            example="7d",
+        )
+    if start >= end:
+        raise Invalid(
+            f"since: {start.isoformat()} is not before until ({end.isoformat()}); "
+            "give since earlier than until",
+            field="since",
+            example="7d",
+        )
+    return start, end
+
+
+# -- the report ------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Row:
+    """One line of the report as it is summed."""
+
+    gpu_hours: float = 0.0
+    cost: float = 0.0
+    unpriced_gpu_hours: float = 0.0
+    attempts: set[int] = field(default_factory=set)
+    workloads: set[int] = field(default_factory=set)
+    by_outcome: dict[str, float] = field(default_factory=dict)
+    name: str | None = None  # the workload's name, when grouped by workload
+
+    def add(self, hours: float, price: float | None, attempt: int, workload: int, outcome: str) -> None:
+        self.gpu_hours += hours
+        if price is None:
+            self.unpriced_gpu_hours += hours
+        else:
+            self.cost += hours * price
+        self.attempts.add(attempt)
+        self.workloads.add(workload)
+        self.by_outcome[outcome] = self.by_outcome.get(outcome, 0.0) + hours
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """One pod of an attempt, held from `start` to `end` (inside the window)."""
+
+    start: datetime
+    end: datetime
+    gpus: float
+    node: str
+    model: str
+    attempt: int
+    outcome: str
+    workload: int
+    name: str
+    queue: str
+    user: str
+
+
+def usage(
+    store: Store,
+    since: datetime,
+    until: datetime,
+    *,
+    by: str = "queue",
+    queue: str | None = None,
+    prices: PricesSpec | None = None,
+    now: datetime,
+) -> dict[str, Any]:
+    """The report: a row per `by` key (GPU-hours, share, cost, attempts, workloads, GPU-hours by how the
+    attempts ended), the total, and the pool's capacity over the window."""
+    if by not in GROUPS:
+        raise Invalid(f"by: {by!r} is not one of {', '.join(GROUPS)}", field="by", example="queue")
+    hours = (until - since).total_seconds() / HOUR
+    with store.read() as s:
+        if queue is not None and not _known_queue(s, queue):
+            raise Invalid(
+                f"queue: no queue named {queue!r} and no work in one; list them with `gpupool queues`",
+                field="queue",
+            )
+        models = _models(s)
+        pool = _pool_nodes(s)
+        capacity = sum(len(gpus) for node, gpus in models.items() if node in pool)  # the pool's GPUs now
+        quotas = {q.name: _gpu_quota(q.spec) for q in s.scalars(select(Queue))}
+        spans = list(_spans(s, since, until, queue, models, now))
+    rows: dict[str, _Row] = {}
+    total = _Row()
+    for span in spans:
+        price = prices.of(span.model) if prices is not None else None
+        for key, start, end in _keys(span, by):
+            held = span.gpus * (end - start).total_seconds() / HOUR
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = _Row(name=span.name if by == "workload" else None)
+            row.add(held, price, span.attempt, span.workload, span.outcome)
+        held = span.gpus * (span.end - span.start).total_seconds() / HOUR
+        total.add(held, price, span.attempt, span.workload, span.outcome)
+    if by == "queue" and queue is None:
+        for name in quotas:  # a queue that used nothing is a line too: its quota went unused
+            rows.setdefault(name, _Row())
+    ordered = _ordered(rows, by)
+    priced = prices is not None
+    return {
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "hours": round(hours, 6),
+        "by": by,
+        "queue": queue,
+        "currency": prices.currency if priced and prices is not None else None,
+        "capacity_gpu_hours": round(capacity * hours, 6),
+        "capacity_gpus": capacity,
+        "rows": [
+            _row_view(key, row, total.gpu_hours, priced, quotas.get(key) if by == "queue" else None, hours)
+            for key, row in ordered
+        ],
+        "total": _row_view("total", total, total.gpu_hours, priced, None, hours),
+    }
+
+
+def _known_queue(s: Session, queue: str) -> bool:
+    """A queue that exists, or did: one that work was submitted to."""
+    if s.scalar(select(Queue.id).where(Queue.name == queue)) is not None:
+        return True
+    return s.scalar(select(Workload.id).where(Workload.queue == queue).limit(1)) is not None
+
+
+def _models(s: Session) -> dict[str, dict[int, str]]:
+    """Each node's GPU models by index, as the store has them now."""
+    models: dict[str, dict[int, str]] = {}
+    rows = s.execute(select(Node.name, Gpu.index, Gpu.model).join(Gpu, Gpu.node_id == Node.id))
+    for node, index, model in rows:
+        models.setdefault(node, {})[index] = model
+    return models
+
+
+def _pool_nodes(s: Session) -> set[str]:
+    return set(s.scalars(select(Node.name).where(Node.state != "lost")))
+
+
+def _gpu_quota(spec: Mapping[str, Any] | None) -> float:
+    gpu = ((spec or {}).get("resources") or {}).get("gpu")
+    if isinstance(gpu, Mapping):
+        quota = gpu.get("quota")
+        return float(quota) if isinstance(quota, int | float) else 0.0
+    return 0.0
+
+
+def _spans(
+    s: Session,
+    since: datetime,
+    until: datetime,
+    queue: str | None,
+    models: dict[str, dict[int, str]],
+    now: datetime,
+) -> Iterator[_Span]:
+    """Every pod of every attempt that held GPUs inside the window, cut to it."""
+    columns = (
+        Attempt.id, Attempt.state, Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction,
+        Attempt.pods, Attempt.started_at, Attempt.finished_at,
+        Workload.id, Workload.name, Workload.queue, Workload.user,
+    )  # fmt: skip
+    query = (
+        select(*columns)
+        .join(Workload, Attempt.workload_id == Workload.id)
+        .where(Attempt.started_at < until, or_(Attempt.finished_at.is_(None), Attempt.finished_at > since))
+        .order_by(Attempt.id)
+    )
+    if queue is not None:
+        query = query.where(Workload.queue == queue)
+    for row in s.execute(query):
+        attempt_id, state, node, indices, fraction, pods, started, finished, wid, name, wqueue, user = row
+        began, ended = as_utc(started), as_utc(finished)
+        if began is None:
+            continue
+        start, end = max(began, since), min(ended or now, until)
+        if end <= start:
+            continue
+        outcome = state if state in OUTCOMES else RUNNING_OUTCOME
+        for pod in pods or [{"node": node, "gpu_indices": indices, "gpu_fraction": fraction}]:
+            held = list(pod.get("gpu_indices") or ())
+            gpus = len(held) * (pod.get("gpu_fraction") or 1.0)
+            if gpus <= 0:
+                continue
+            pod_node = str(pod.get("node") or node)
+            model = pod.get("model") or models.get(pod_node, {}).get(held[0]) or UNKNOWN_MODEL
+            yield _Span(start, end, gpus, pod_node, str(model), attempt_id, outcome, wid, name, wqueue, user)
+
+
+def _keys(span: _Span, by: str) -> Iterator[tuple[str, datetime, datetime]]:
+    """The report's key(s) for a span, with the part of the span each takes (days split at UTC midnight)."""
+    if by == "day":
+        start = span.start
+        while start < span.end:
+            midnight = datetime(start.year, start.month, start.day, tzinfo=UTC) + timedelta(days=1)
+            end = min(midnight, span.end)
+            yield start.date().isoformat(), start, end
+            start = end
+        return
+    key = {
+        "queue": span.queue,
+        "user": span.user,
+        "workload": str(span.workload),
+        "node": span.node,
+        "model": span.model,
+        "outcome": span.outcome,
+    }[by]
+    yield key, span.start, span.end
+
+
+def _ordered(rows: dict[str, _Row], by: str) -> list[tuple[str, _Row]]:
+    if by == "day":
+        return sorted(rows.items())
+    if by == "outcome":
+        return sorted(rows.items(), key=lambda item: OUTCOMES.index(item[0]))
+    return sorted(rows.items(), key=lambda item: (-item[1].gpu_hours, item[0]))
+
+
+def _row_view(
+    key: str, row: _Row, total: float, priced: bool, quota: float | None, hours: float
+) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "key": key,
+        "gpu_hours": round(row.gpu_hours, 6),
+        "share": round(row.gpu_hours / total, 6) if total > 0 else 0.0,
+        "cost": round(row.cost, 6) if priced else None,
+        "unpriced_gpu_hours": round(row.unpriced_gpu_hours, 6) if priced else None,
+        "attempts": len(row.attempts),
+        "workloads": len(row.workloads),
+        "by_outcome": {o: round(row.by_outcome[o], 6) for o in OUTCOMES if o in row.by_outcome},
+    }
+    if row.name is not None:
+        view["name"] = row.name
+    if quota is not None:
+        view["quota_gpu_hours"] = round(quota * hours, 6)
+        view["quota_used"] = round(row.gpu_hours / (quota * hours), 6) if quota > 0 and hours > 0 else None
+    return view
