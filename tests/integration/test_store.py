@@ -5,18 +5,19 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.orm.exc import StaleDataError
 
-from gpupool.control import service
+from gpupool.control import accounting, service
 from gpupool.control.errors import Conflict, Invalid
 from gpupool.control.lifecycle import transition
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.store.db import Store
-from gpupool.store.models import Event, Workload
+from gpupool.store.models import Attempt, Event, Workload
 from tests.support.postgres import PostgresServer, database_url
 from tests.support.server import ServerProcess
 
@@ -233,6 +234,27 @@ def test_tokens_are_hashed_and_the_admin_token_is_made_once(store: Store) -> Non
     assert token is not None and service.ensure_admin_token(store) is None
     assert service.token_role(store, token) == "admin"
     assert service.token_role(store, token + "x") is None
+
+
+def test_usage_counts_the_attempts_that_overlap_the_window_on_both_databases(store: Store) -> None:
+    """The window's bounds are compared in SQL (timezone-aware times on PostgreSQL, UTC text on SQLite):
+    attempts that ended before it or started after it count nothing, the rest are cut to it."""
+    now = datetime(2026, 12, 3, 12, tzinfo=UTC)
+    hour = timedelta(hours=1)
+    wid = int(service.submit(store, parse_workload_spec({"commands": ["train"]}))["id"])
+    spans = [(-9, -6), (-5, -3), (-2, None), (-30, -29)]  # hours from now; None: still running
+    with store.session() as s:
+        for number, (start, end) in enumerate(spans):
+            s.add(
+                Attempt(
+                    workload_id=wid, number=number, state="evicted" if end else "running", node_name="n",
+                    gpu_indices=[0, 1], started_at=now + start * hour,
+                    finished_at=None if end is None else now + end * hour,
+                )
+            )  # fmt: skip
+    report = accounting.usage(store, now - 4 * hour, now - hour, by="outcome", now=now)
+    assert report["total"]["attempts"] == 2  # (-5, -3) and (-2, running)
+    assert report["total"]["by_outcome"] == {"evicted": pytest.approx(2.0), "running": pytest.approx(2.0)}
 
 
 def test_the_server_runs_jobs_on_postgresql(postgres: PostgresServer, tmp_path: Path) -> None:
