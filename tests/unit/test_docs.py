@@ -18,6 +18,7 @@ from gpupool.spec import (
     ScalingSpec,
     WorkloadSpec,
 )
+from gpupool.spec.workload import IdleSpec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -31,6 +32,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
         (PlacementSpec, "placement."),
         (RetrySpec, "retry."),
         (ScalingSpec, "scaling."),
+        (IdleSpec, "idle."),
         (QueueSpec, ""),
         (QueueResources, "resources."),
         (ResourceShare, "resources.<gpu|cpu|memory>."),

@@ -27,8 +27,11 @@ from sqlalchemy.orm import Session
 
 from gpupool import scheduler
 from gpupool.backends.base import Backend, Launch, LaunchError, Pod
-from gpupool.control import contract, inventory
+from gpupool.control import contract, inventory, service
 from gpupool.control.dependencies import Dependencies, Dependency
+from gpupool.control.errors import ServiceError
+from gpupool.control.idle import CHECK_INTERVAL as IDLE_CHECK_INTERVAL
+from gpupool.control.idle import IdleWatch
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SERVICE, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.observe import Observation
@@ -110,6 +113,8 @@ class Reconciler(Observation, SnapshotBuilding):
         # Binds decided outside the scheduler (the health loop's check jobs, control/health_jobs.py), started
         # before each pass schedules, so its snapshot sees them as running work.
         self.direct_binds: Callable[[], list[scheduler.Bind]] | None = None
+        self.idle = IdleWatch(self.telemetry)  # running work whose GPUs sit idle (control/idle.py)
+        self._idle_due = 0.0
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -158,6 +163,9 @@ class Reconciler(Observation, SnapshotBuilding):
         self.schedule(now)
         if self.cycle_observer is not None:
             self.cycle_observer(time.perf_counter() - started)
+        if now >= self._idle_due:
+            self._idle_due = now + IDLE_CHECK_INTERVAL
+            self.stop_idle(now)
         # A backend that holds on to what this pass settled until its successors are started (Slurm's
         # hand-off) lets the rest go now.
         pass_finished = getattr(self.backend, "pass_finished", None)
@@ -239,6 +247,22 @@ class Reconciler(Observation, SnapshotBuilding):
             self._promise(decisions.released_to)
         for bind in decisions.binds:
             self._start(bind)
+
+    def stop_idle(self, now: float) -> None:
+        """Hold or cancel the running work whose GPUs have sat idle for its spec's `idle.timeout`: stopped
+        by the next observe, as `gpupool hold` or `cancel` would stop it (control/idle.py)."""
+        with self.store.read() as s:
+            watched = self.idle.watched(s)
+        if not watched:
+            return
+        for idle in self.idle.look(watched, now):
+            act = service.hold if idle.action == "hold" else service.cancel
+            try:
+                act(self.store, idle.workload_id, actor="idle", task=True, why=idle.reason)
+            except ServiceError as exc:  # it ended, or someone stopped it, since it was read
+                log.info("event=idle_not_stopped workload=%d why=%r", idle.workload_id, exc.message)
+                continue
+            log.info("event=idle_stopped workload=%d action=%s", idle.workload_id, idle.action)
 
     def _cancel_unmeetable(self, never: dict[int, str]) -> None:
         """Cancel the pending work whose dependencies can no longer be met (control/dependencies.py)."""

@@ -692,11 +692,14 @@ def list_workloads(
         return [workload_view(w, live=live, readiness=readiness) for w in reversed(s.scalars(query).all())]
 
 
-def cancel(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
+def cancel(
+    store: Store, workload_id: int, *, actor: str = "admin", task: bool = False, why: str | None = None
+) -> dict[str, Any]:
     """A pending workload is cancelled at once; a running one is stopped by the control loop. A service is
     cancelled whole: the id of any of its replicas cancels them all (`gpupool scale` removes some). A job
     array is cancelled whole by its id (its first task's, as Slurm's scancel of an array's id), unless
-    `task`; any other task's id cancels that task alone."""
+    `task`; any other task's id cancels that task alone. `why`: the reason, when not a person's request
+    (control/idle.py), recorded in each workload's history."""
     for _ in range(5):
         try:
             with store.session() as s:
@@ -706,7 +709,9 @@ def cancel(store: Store, workload_id: int, *, actor: str = "admin", task: bool =
                 if not active:
                     raise Conflict(f"workload {workload_id} already {workload.state}; nothing to cancel")
                 for replica in active:
-                    _cancel_one(s, replica, f"cancelled by {actor} before it started", actor)
+                    if why is not None and replica.state == RUNNING:
+                        note(s, replica, why, actor=actor)  # its stop ends it as cancelled
+                    _cancel_one(s, replica, why or f"cancelled by {actor} before it started", actor)
                 s.flush()
                 view = workload_view(workload)
                 if workload.kind == SERVICE:
@@ -719,12 +724,15 @@ def cancel(store: Store, workload_id: int, *, actor: str = "admin", task: bool =
     raise Conflict(f"workload {workload_id} is changing state; try again")
 
 
-def hold(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
+def hold(
+    store: Store, workload_id: int, *, actor: str = "admin", task: bool = False, why: str | None = None
+) -> dict[str, Any]:
     """Keep work pending, out of the scheduler's reach, until `release` (Slurm's scontrol hold, Run:ai's
     suspend). Running work is stopped first (SIGTERM, then SIGKILL after its grace period), like a
     preemption that uses no restart, and waits pending. It names what `cancel` would: a service whole, a
-    job array whole by its id (unless `task`). Returns the workload, with `held_ids`."""
-    return _set_held(store, workload_id, True, actor, task)
+    job array whole by its id (unless `task`). `why`: the reason, when not a person's request
+    (control/idle.py). Returns the workload, with `held_ids`."""
+    return _set_held(store, workload_id, True, actor, task, why)
 
 
 def release(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
@@ -732,12 +740,14 @@ def release(store: Store, workload_id: int, *, actor: str = "admin", task: bool 
     return _set_held(store, workload_id, False, actor, task)
 
 
-def _set_held(store: Store, workload_id: int, held: bool, actor: str, task: bool) -> dict[str, Any]:
+def _set_held(
+    store: Store, workload_id: int, held: bool, actor: str, task: bool, why: str | None = None
+) -> dict[str, Any]:
     def change(s: Session, w: Workload) -> None:
         if w.held == held:
             return
         w.held = held
-        said = f"held by {actor}" if held else f"released by {actor}"
+        said = why or (f"held by {actor}" if held else f"released by {actor}")
         if held and w.state == RUNNING:
             said += ": stopping it, to wait pending until released"
             for attempt in w.attempts:

@@ -35,7 +35,9 @@ from gpupool.timeutil import as_utc, utcnow
 USAGE_REFRESH = 30.0  # seconds between recomputations of the queues' decayed usage
 USAGE_HORIZON_HALF_LIVES = 10  # attempts that ended longer ago than this many half-lives are ignored
 BY_SERVICE = ("attained", "las")  # orderings that rank pending work by the service it already received
-HELD_EXPLANATION = scheduler.Explanation(HELD, "held (`gpupool hold`); it is scheduled once released")
+HELD_EXPLANATION = scheduler.Explanation(
+    HELD, "held (by `gpupool hold`, or stopped as idle: see its history); `gpupool release` lets it start"
+)
 
 
 class SnapshotBuilding:

@@ -208,6 +208,20 @@ class GpuHistory:
                 done.append((tier.resolution, point))
         return done
 
+    def peak_after(self, after: float) -> tuple[float, float] | None:
+        """(the newest finest-tier point's time, the highest utilization of the points after `after`), or
+        None when no point is newer than `after`."""
+        points = self.tiers[0].points
+        if not points or points[-1][0] <= after:
+            return None
+        peak = 0.0
+        for point in reversed(points):
+            if point[0] <= after:
+                break
+            if point[1] > peak:
+                peak = point[1]
+        return points[-1][0], peak
+
     def points(self) -> int:
         return sum(len(t.points) for t in self.tiers)
 
@@ -387,6 +401,13 @@ class TelemetryCache:
         with self._lock:
             at = self._received.get(node)
         return None if at is None else time.monotonic() - at
+
+    def peak_after(self, node: str, index: int, after: float) -> tuple[float, float] | None:
+        """A GPU's highest utilization in its finest history after `after` (its samples' own clock), with
+        the time of its newest point, for a reader that keeps up (control/idle.py); None: nothing newer."""
+        with self._lock:
+            series = self._history.get((node, index))
+            return None if series is None else series.peak_after(after)
 
     def history(self, node: str, index: int, seconds: float, now: float | None = None) -> dict[str, Any]:
         """`{"resolution": s, "fields": [...], "points": [[t, ...], ...]}` for the last `seconds`."""

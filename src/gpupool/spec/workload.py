@@ -96,6 +96,10 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "scaling.window": "60s",
     "scaling.scale_up_delay": "30s",
     "scaling.scale_down_delay": "5m",
+    "idle": "{timeout: 2h, action: hold} (or 2h)",
+    "idle.timeout": "2h",
+    "idle.action": "hold (or cancel)",
+    "idle.utilization": "1",
     "array": "0-15%4 (or 1,3,5-9, or 0-99:10)",
     "after": "[12, ended:13] (or [{workload: 12, when: succeeded}])",
     "after.workload": "12",
@@ -344,6 +348,53 @@ class DependencySpec(BaseModel):
         return data
 
 
+IdleAction = Literal["hold", "cancel"]
+MIN_IDLE_TIMEOUT: Final = 10.0
+MAX_IDLE_TIMEOUT: Final = 30 * 86400.0
+
+
+class IdleSpec(BaseModel):
+    """What happens to running work whose GPUs all sit idle this long (Run:ai's idle GPU timeout, dstack's
+    idle_duration): a notebook left holding GPUs over a weekend gives them back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout: Seconds = Field(
+        description="How long every GPU it holds must stay below `utilization` before the action, 10s..30d "
+        "(required), e.g. 2h."
+    )
+    action: IdleAction = Field(
+        default="hold",
+        description="hold: stop it (SIGTERM, then SIGKILL after its grace period) and keep it pending until "
+        "`gpupool release`, when it resumes from its checkpoint; cancel: stop it and end it; default hold.",
+    )
+    utilization: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False), BeforeValidator(refuse_bool)] = (
+        Field(
+            default=1.0,
+            description="A GPU below this utilization (percent, as NVML gives it) counts as idle; default 1.",
+        )
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        """`idle: 2h` is `idle: {timeout: 2h}`."""
+        return (
+            {"timeout": data} if isinstance(data, str | int | float) and not isinstance(data, bool) else data
+        )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> IdleSpec:
+        if not MIN_IDLE_TIMEOUT <= self.timeout <= MAX_IDLE_TIMEOUT:
+            raise SpecError(
+                "idle.timeout",
+                format_duration(self.timeout),
+                "must be 10s..30d",
+                "2h",
+            )
+        return self
+
+
 class PlacementSpec(BaseModel):
     """Where the workload may run, and how its pods are grouped."""
 
@@ -499,6 +550,12 @@ class WorkloadSpec(BaseModel):
         "scaling.max replicas (also given as replicas: MIN..MAX), e.g. {metric: rps, target: 10}; "
         "default null: the replica count changes only with `gpupool scale`.",
     )
+    idle: IdleSpec | None = Field(
+        default=None,
+        description="Stop it once every GPU it holds has been idle this long, e.g. {timeout: 2h, action: "
+        "hold} or just 2h: hold keeps it pending until `gpupool release`, cancel ends it; needs GPUs; "
+        "default null: never.",
+    )
     array: str | None = Field(
         default=None,
         description="Jobs only: run it as an array of tasks, one workload each, in Slurm's --array "
@@ -614,6 +671,13 @@ class WorkloadSpec(BaseModel):
                     f"is outside scaling's range {scaling.min}..{scaling.max}: start within it",
                     f"{scaling.min}..{scaling.max}",
                 )
+        if self.idle is not None and gpu.count <= 0:
+            raise SpecError(
+                "idle",
+                self.idle.model_dump(mode="json"),
+                "needs GPUs to watch, and this workload asks for none: remove it, or ask for GPUs",
+                "{resources: {gpu: 1}, idle: 2h}",
+            )
         if self.max_duration is not None and self.max_duration <= 0:
             raise SpecError("max_duration", self.max_duration, "must be longer than 0 seconds", "")
         if self.grace_period > MAX_GRACE_PERIOD:

@@ -27,6 +27,7 @@ from gpupool.spec.workload import (
     FIELD_EXAMPLES,
     NON_PREEMPTIBLE_BY_DEFAULT,
     RESERVED_ENV_NAMES,
+    IdleSpec,
     array_limit,
     parse_array,
 )
@@ -421,6 +422,45 @@ def _reload(spec: WorkloadSpec) -> WorkloadSpec:
     return parse_workload_spec(json.loads(json.dumps(spec.model_dump(mode="json"))))
 
 
+def test_idle_takes_a_duration_alone_or_in_full() -> None:
+    short = parse_workload_spec({"commands": ["x"], "resources": {"gpu": 1}, "idle": "2h"}).idle
+    assert short == IdleSpec(timeout=7200.0, action="hold", utilization=1.0)
+    full = {"timeout": "30m", "action": "cancel", "utilization": 5}
+    spec = parse_workload_spec({"commands": ["x"], "resources": {"gpu": 0.5}, "idle": full})
+    assert spec.idle == IdleSpec(timeout=1800.0, action="cancel", utilization=5.0)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ({"idle": "2h"}, "idle", "needs GPUs to watch"),
+        ({"resources": {"gpu": 1}, "idle": "5s"}, "idle.timeout", "must be 10s..30d"),
+        ({"resources": {"gpu": 1}, "idle": "31d"}, "idle.timeout", "must be 10s..30d"),
+        (
+            {"resources": {"gpu": 1}, "idle": {"timeout": "1h", "action": "stop"}},
+            "idle.action",
+            "'hold', 'cancel'",
+        ),
+        (
+            {"resources": {"gpu": 1}, "idle": {"timeout": "1h", "utilization": 0}},
+            "idle.utilization",
+            "greater than 0",
+        ),
+        (
+            {"resources": {"gpu": 1}, "idle": {"timeout": "1h", "utilization": True}},
+            "idle.utilization",
+            "true/false",
+        ),
+        ({"resources": {"gpu": 1}, "idle": {"after": "1h"}}, "idle.after", "not a field"),
+        ({"resources": {"gpu": 1}, "idle": {"action": "hold"}}, "idle.timeout", "is required"),
+    ],
+)
+def test_a_bad_idle_names_its_field(extra: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_workload_spec({"commands": ["x"], **extra})
+    assert caught.value.field == field and words in str(caught.value)
+
+
 def test_design_example_round_trips_through_json() -> None:
     spec = parse_workload_spec(DESIGN_EXAMPLE)
     dumped = spec.model_dump(mode="json")
@@ -537,11 +577,26 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
     elif spec.get("replicas", 1) != 1:
         spec.pop("replicas")  # a job runs once: replicas are refused
     gpu = spec.get("resources", {}).get("gpu")
-    if (
-        gpu is not None
-        and 0 < parse_workload_spec({"commands": ["x"], "resources": {"gpu": gpu}}).resources.gpu.count < 1
-    ):
+    count = (
+        0.0
+        if gpu is None
+        else parse_workload_spec({"commands": ["x"], "resources": {"gpu": gpu}}).resources.gpu.count
+    )
+    if 0 < count < 1:
         spec["nodes"] = 1
+    if count > 0 and draw(st.booleans()):  # idle needs GPUs to watch
+        spec["idle"] = draw(
+            st.one_of(
+                st.sampled_from(["10s", "2h", 1800, "30d"]),
+                st.fixed_dictionaries(
+                    {"timeout": st.floats(min_value=10, max_value=30 * 86400)},
+                    optional={
+                        "action": st.sampled_from(["hold", "cancel"]),
+                        "utilization": st.floats(min_value=0.01, max_value=100),
+                    },
+                ),
+            )
+        )
     return spec
 
 
@@ -558,7 +613,7 @@ def test_every_valid_spec_round_trips_through_its_json_dump(data: dict[str, Any]
 
 
 def _models() -> list[type[BaseModel]]:
-    return [WorkloadSpec, Resources, CheckpointSpec, RetrySpec, ScalingSpec]
+    return [WorkloadSpec, Resources, CheckpointSpec, RetrySpec, ScalingSpec, IdleSpec]
 
 
 @pytest.mark.parametrize("model", _models())
