@@ -53,3 +53,9 @@ def test_idle_work_is_held_or_cancelled_and_busy_work_runs_on(server: ServerProc
     again = server.wait_for(resting["id"], states=("running",))
     assert again["attempts"] == 2 and again["held"] is False
     server.cli("cancel", str(resting["id"]), str(busy["id"]), check=True)
+
+    ran = server.cli("run", "--idle", "10m:cancel", "--parsable", "--", "sleep", "1", check=True)
+    spec = server.workload(int(ran.stdout.strip()))["spec"]
+    assert spec["idle"] == {"timeout": 600.0, "action": "cancel", "utilization": 1.0}
+    refused = server.cli("run", "--idle", "10m:stop", "--", "true")
+    assert refused.returncode == 1 and "idle.action: 'stop' is not one of 'hold', 'cancel'" in refused.stderr

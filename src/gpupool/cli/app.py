@@ -176,6 +176,12 @@ def run(
         help="with --replicas MIN..MAX: what each replica should carry, rps:N (requests per second) or "
         "concurrency:N (requests in flight)",
     ),
+    idle: str | None = typer.Option(
+        None,
+        "--idle",
+        help="stop it once its GPUs have been idle this long, e.g. 2h (held until `gpupool release`); "
+        "2h:cancel ends it instead",
+    ),
     array: str | None = ARRAY_OPTION,
     after: list[str] = AFTER_OPTION,
     parsable: bool = PARSABLE_OPTION,
@@ -215,6 +221,9 @@ def run(
         data["replicas"] = int(replicas) if replicas.strip().isdigit() else replicas
     if scale is not None:
         data["scaling"] = _scaling(scale)
+    if idle is not None:
+        timeout, _, action = idle.partition(":")
+        data["idle"] = {"timeout": timeout, "action": action} if action else timeout
     _add_array_and_after(data, array, after)
     parse_workload_spec(data)
     _created(client().submit(data), as_json, parsable)
