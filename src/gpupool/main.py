@@ -80,7 +80,7 @@ def server(
     from gpupool.api.runtime import Runtime, ServerSettings
     from gpupool.backends.slurm_commands import SlurmError
     from gpupool.client.client import save_credentials
-    from gpupool.control import service
+    from gpupool.control import tokens
     from gpupool.control.accounting import load_prices
     from gpupool.control.policy import load_policy
     from gpupool.gpu import GpuUnavailable
@@ -145,7 +145,7 @@ def server(
         raise CliError(str(exc)) from exc
     public = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     server_url = f"http://{public}:{port}"
-    token = service.reset_admin_token(store) if new_admin_token else service.ensure_admin_token(store)
+    token = tokens.reset_admin_token(store) if new_admin_token else tokens.ensure_admin_token(store)
     if token is not None:
         path = save_credentials(server_url, token)
         err_console.print(

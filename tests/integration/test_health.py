@@ -7,11 +7,9 @@ heartbeat protocol (fault injection, active checks) and the drained job resumes 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -96,15 +94,10 @@ def failed_check_of_an_unhealthy_node(server: ServerProcess, name: str) -> subpr
     return ran
 
 
-def user_token(home: Path) -> str:
-    """A token of the role `user` (not admin), written into the head's store."""
-    token = "gpu_user_token_for_the_test"
-    with sqlite3.connect(home / "gpupool.db") as db:
-        db.execute(
-            "INSERT INTO api_tokens (name, token_hash, role, created_at) VALUES (?, ?, 'user', ?)",
-            ("alice", hashlib.sha256(token.encode()).hexdigest(), "2026-01-01 00:00:00"),
-        )
-    return token
+def user_token(server: ServerProcess) -> str:
+    """A token of the role `user` (not admin), made by the admin through the CLI."""
+    made = json.loads(server.cli("token", "create", "alice", "--role", "user", "--json", check=True).stdout)
+    return str(made["token"])
 
 
 def check_job(server: ServerProcess, workload_id: int, node_name: str, gpus: int) -> dict[str, Any]:
@@ -339,7 +332,7 @@ def test_gpu_history_survives_a_restart_of_the_head(tmp_path: Path) -> None:
 
 def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out(tmp_path: Path) -> None:
     """Scheduled checks on idle nodes find what passive checks cannot (a GPU computing at half speed);
-    the verdict is a metric; fault injection is for admins only."""
+    the verdict is a metric; fault injection takes an admin token."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "health.yaml").write_text("schedule: {recheck_interval: 2, idle_interval: 3}\n")
@@ -365,10 +358,10 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
         # if its agent missed the lease on a loaded box.)
         assert not [e for e in events("agent-0") if e[1] == "cordoned" and e[0] != "lost"]
 
-        user = user_token(home)
+        user = user_token(server)
         with server.http(token=user) as client:
             refused = client.post("/api/v1/nodes/agent-0/faults", json={"gpu": 0, "slow": 0.5})
-        assert refused.status_code == 403 and "admins only" in refused.json()["error"]["message"]
+        assert refused.status_code == 403 and "takes an admin token" in refused.json()["error"]["message"]
 
         server.cli("node", "inject-fault", "agent-0", "--gpu", "0", "--slow", "0.5", check=True)
         sick = until(
@@ -478,10 +471,10 @@ def test_a_node_back_from_lost_or_short_of_a_gpu_is_checked_and_only_an_admin_ac
             in (still["health_evidence"])
         )
 
-        user = user_token(home)
+        user = user_token(server)
         with server.http(token=user) as client:
             refused = client.post("/api/v1/nodes/agent-0/expected-gpus")
-        assert refused.status_code == 403 and "admins only" in refused.json()["error"]["message"]
+        assert refused.status_code == 403 and "takes an admin token" in refused.json()["error"]["message"]
 
         accepted = server.cli("node", "accept-gpus", "agent-0", check=True)
         assert f"expected GPUs 2 -> 1; no longer expected: GPU 1 {gone}" in accepted.stdout

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.orm.exc import StaleDataError
 
-from gpupool.control import accounting, service
+from gpupool.control import accounting, service, tokens
 from gpupool.control.errors import Conflict, Invalid
 from gpupool.control.lifecycle import transition
 from gpupool.spec import parse_queue_spec, parse_workload_spec
@@ -50,7 +50,7 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0012"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0013"
     again.close()
 
 
@@ -230,10 +230,10 @@ def test_queue_crud_round_trips(store: Store) -> None:
 
 
 def test_tokens_are_hashed_and_the_admin_token_is_made_once(store: Store) -> None:
-    token = service.ensure_admin_token(store)
-    assert token is not None and service.ensure_admin_token(store) is None
-    assert service.token_role(store, token) == "admin"
-    assert service.token_role(store, token + "x") is None
+    token = tokens.ensure_admin_token(store)
+    assert token is not None and tokens.ensure_admin_token(store) is None
+    assert tokens.caller_of(store, token) == tokens.Caller("admin", "admin", ())
+    assert tokens.caller_of(store, token + "x") is None
 
 
 def test_usage_counts_the_attempts_that_overlap_the_window_on_both_databases(store: Store) -> None:

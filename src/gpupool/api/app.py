@@ -14,9 +14,21 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool import __version__, web
 from gpupool.api import errors
-from gpupool.api.auth import TokenCache, require_token
+from gpupool.api.auth import TokenCache, admin_only, require_token
 from gpupool.api.body import refuse_nul
-from gpupool.api.routes import agents, bench, foreign, health, metrics, nodes, proxy, queues, usage, workloads
+from gpupool.api.routes import (
+    agents,
+    bench,
+    foreign,
+    health,
+    metrics,
+    nodes,
+    proxy,
+    queues,
+    tokens,
+    usage,
+    workloads,
+)
 from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
@@ -110,7 +122,8 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(nodes.router)
     api.include_router(queues.router)
     api.include_router(foreign.router)
-    api.include_router(agents.admin_router)
+    api.include_router(agents.admin_router, dependencies=[Depends(admin_only)])
+    api.include_router(tokens.router)
     api.include_router(health.router)
     api.include_router(bench.router)
     api.include_router(usage.router)

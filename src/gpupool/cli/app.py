@@ -319,6 +319,8 @@ def ps(
     all: bool = typer.Option(False, "--all", "-a", help="include finished workloads"),
     queue: str | None = typer.Option(None, "--queue", "-q"),
     state: str | None = typer.Option(None, "--state"),
+    user: str | None = typer.Option(None, "--user", "-u", help="only work this user submitted"),
+    me: bool = typer.Option(False, "--me", help="only your own work (Slurm's squeue --me)"),
     wide: bool = typer.Option(False, "--wide", "-w", help="show every reason"),
     limit: int = typer.Option(
         1000, "--limit", "-n", min=1, max=API_PAGE, help="at most this many, the newest (up to 100,000)"
@@ -327,8 +329,10 @@ def ps(
 ) -> None:
     """List workloads: pending and running ones, or all with --all."""
     c = client()
+    if me:
+        user = c.whoami()["name"]
     asked = min(limit + 1, API_PAGE)  # one more than shown tells whether there are more
-    workloads = c.workloads(all=all, state=state, queue=queue, limit=asked)
+    workloads = c.workloads(all=all, state=state, queue=queue, user=user, limit=asked)
     if len(workloads) > limit or len(workloads) == API_PAGE:  # on stderr: pipes and --json read rows alone
         workloads = workloads[len(workloads) - limit :]  # oldest first: the newest `limit`
         more = (
@@ -337,7 +341,7 @@ def ps(
             else "narrow it with --queue or --state"
         )
         err_console.print(f"[yellow]the newest {limit:,} only; {more}[/yellow]")
-    foreign = c.foreign_jobs() if all and state is None and queue is None else []
+    foreign = c.foreign_jobs() if all and state is None and queue is None and user is None else []
     if as_json:
         rows = [{k: v for k, v in row.items() if not k.startswith("_")} for row in ps_rows(workloads)]
         print_json(rows + [{"foreign": True, **job} for job in foreign] if foreign else rows)
@@ -885,3 +889,4 @@ class CliError(Exception):
 
 from gpupool.cli import health as _health  # noqa: E402, F401  (`gpupool top|health`, `node show|inject-fault`)
 from gpupool.cli import nodes as _nodes  # noqa: E402, F401  (registers `gpupool node join-token|drain`)
+from gpupool.cli import tokens as _tokens  # noqa: E402, F401  (registers `gpupool token ...`, `whoami`)

@@ -70,6 +70,7 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "id": w["id"],
                 "name": w["name"],
+                "user": w.get("user"),
                 "queue": w["queue"],
                 "state": w["state"],
                 "gpus": w["gpus"],
@@ -110,8 +111,11 @@ def folding_table(columns: Sequence[str], whole: Mapping[str, Sequence[str]] | N
 
 
 def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
+    """`gpupool ps`: a line per workload; a USER column after NAME when the work is more than one user's."""
     table = Table(box=None, header_style="bold")
-    for column in (*PS_COLUMNS, "reason"):
+    users = len({w.get("user") for w in workloads}) > 1
+    columns = (*PS_COLUMNS[:2], "user", *PS_COLUMNS[2:]) if users else PS_COLUMNS
+    for column in (*columns, "reason"):
         table.add_column(column.upper(), overflow="fold", max_width=70 if column == "reason" else None)
     for row in _fold_waiting_tasks(ps_rows(workloads)):
         reason = row["reason"] if (wide or row["state"] in ("pending", "failed")) else ""
@@ -121,16 +125,12 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
             and not reason
         ):
             reason = f"exit {row['exit_code']}"
-        table.add_row(
-            row.get("_id_text") or str(row["id"]),
-            row["_name_text"],
-            row["queue"],
-            styled(row["state"]),
-            row["_gpus_text"],
-            row["node"] or "-",
-            row["age"],
-            reason,
-        )
+        cells = [row.get("_id_text") or str(row["id"]), row["_name_text"]]
+        if users:
+            cells.append(row["user"])
+        cells += [row["queue"], styled(row["state"]), row["_gpus_text"], row["node"] or "-", row["age"]]
+        cells.append(reason)
+        table.add_row(*cells)
     return table
 
 

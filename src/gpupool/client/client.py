@@ -113,6 +113,7 @@ class Client:
         all: bool = False,
         state: str | None = None,
         queue: str | None = None,
+        user: str | None = None,
         since: datetime | None = None,
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
@@ -122,6 +123,8 @@ class Client:
             params["state"] = state
         if queue:
             params["queue"] = queue
+        if user:
+            params["user"] = user
         if since is not None:
             params["since"] = since.isoformat()
         if limit is not None:
@@ -196,6 +199,25 @@ class Client:
     def drain(self, name: str, reason: str | None = None) -> dict[str, Any]:
         body = {"reason": reason} if reason else None
         result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/drain", json=body)
+        return result
+
+    # -- tokens (people and scripts) -----------------------------------------------------------------
+    def whoami(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/api/v1/whoami")
+        return result
+
+    def create_token(self, name: str, role: str = "user", queues: list[str] | None = None) -> dict[str, Any]:
+        """A new token (admin); the answer's `token` is shown this once."""
+        body = {"name": name, "role": role, "queues": queues or []}
+        result: dict[str, Any] = self._call("POST", "/api/v1/tokens", json=body)
+        return result
+
+    def tokens(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/tokens")
+        return result
+
+    def revoke_token(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("DELETE", f"/api/v1/tokens/{name}")
         return result
 
     # -- usage and cost --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, cast
 from sqlalchemy import Table, bindparam, select, update
 
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError
-from gpupool.control.service import hash_token
+from gpupool.control.tokens import hash_token
 from gpupool.store.db import Store
 from gpupool.store.models import Event, JoinToken, Node
 from gpupool.timeutil import as_utc, utcnow

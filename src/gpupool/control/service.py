@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,7 +43,7 @@ from gpupool.spec.workload import (
     parse_array,
 )
 from gpupool.store.db import Store
-from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
+from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc
 
 DEFAULT_QUEUE = "default"
@@ -56,40 +54,6 @@ MAX_ID = (1 << 63) - 1  # the largest id a 64-bit integer column holds
 def _iso(value: Any) -> str | None:
     value = as_utc(value)
     return value.isoformat() if value is not None else None
-
-
-# -- tokens ----------------------------------------------------------------------------------------------
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def ensure_admin_token(store: Store) -> str | None:
-    """Create the admin token on first start and return it (once); None if one exists already."""
-    with store.session() as s:
-        if s.scalar(select(ApiToken).where(ApiToken.name == "admin")) is not None:
-            return None
-        token = "gpp_" + secrets.token_urlsafe(32)
-        s.add(ApiToken(name="admin", token_hash=hash_token(token), role="admin"))
-        return token
-
-
-def reset_admin_token(store: Store) -> str:
-    token = "gpp_" + secrets.token_urlsafe(32)
-    with store.session() as s:
-        existing = s.scalar(select(ApiToken).where(ApiToken.name == "admin"))
-        if existing is None:
-            s.add(ApiToken(name="admin", token_hash=hash_token(token), role="admin"))
-        else:
-            existing.token_hash = hash_token(token)
-    return token
-
-
-def token_role(store: Store, token: str) -> str | None:
-    with store.read() as s:
-        row = s.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
-        return row.role if row is not None else None
 
 
 # -- queues ----------------------------------------------------------------------------------------------
@@ -470,6 +434,12 @@ def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
         )
 
 
+def owner_of(store: Store, workload_id: int) -> str:
+    """Who submitted the workload (its `user`: the name of the token that submitted it)."""
+    with store.read() as s:
+        return _load(s, workload_id).user
+
+
 def _load(s: Session, workload_id: int) -> Workload:
     # An id past a 64-bit integer would reach the database as an error instead of a miss.
     workload = s.get(Workload, workload_id) if 0 < workload_id <= MAX_ID else None
@@ -671,6 +641,7 @@ def list_workloads(
     include_finished: bool = False,
     state: str | None = None,
     queue: str | None = None,
+    user: str | None = None,
     since: datetime | None = None,
     limit: int = 1000,
     live: Live | None = None,
@@ -689,6 +660,8 @@ def list_workloads(
             query = query.where(Workload.state.in_(ACTIVE))
         if queue is not None:
             query = query.where(Workload.queue == queue)
+        if user is not None:
+            query = query.where(Workload.user == user)
         return [workload_view(w, live=live, readiness=readiness) for w in reversed(s.scalars(query).all())]
 
 

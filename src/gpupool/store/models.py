@@ -271,7 +271,8 @@ class JoinToken(Base):
 
 
 class ApiToken(Base):
-    """A bearer token, kept only as its SHA-256 hash."""
+    """A bearer token, kept only as its SHA-256 hash: a person's (or a script's) identity, by `name`, with a
+    `role`: admin (everything), user (submit, and change their own work), viewer (read only)."""
 
     __tablename__ = "api_tokens"
 
@@ -279,6 +280,8 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[str] = mapped_column(String(16), default="admin")
+    # A user token may submit only to these queues; [] any queue.
+    queues: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

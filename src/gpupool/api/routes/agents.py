@@ -11,18 +11,19 @@ import threading
 import time
 from typing import Any
 
-from fastapi import APIRouter, Body, Request, Response
+from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpupool.api.auth import admin_only
 from gpupool.api.body import fields, text
 from gpupool.api.errors import ApiError
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.agent_heartbeats import UnknownNode
 from gpupool.backends.agent_records import BadRegistration, check_description, parse_devices, parse_ports
 from gpupool.control import agents, service
-from gpupool.control.service import hash_token
+from gpupool.control.tokens import Caller, hash_token
 from gpupool.spec import parse_duration
 from gpupool.store.db import Store
 
@@ -256,9 +257,14 @@ def revoke_join_token(request: Request, ident: str) -> dict[str, Any]:
 @admin_router.post(
     "/nodes/{name}/drain", summary="Evict a node's work (grace period, requeued) and cordon it"
 )
-def drain(request: Request, name: str, body: dict[str, Any] | None = Body(None)) -> dict[str, Any]:
+def drain(
+    request: Request,
+    name: str,
+    body: dict[str, Any] | None = Body(None),
+    caller: Caller = Depends(admin_only),
+) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    reason = text(fields(body, ("reason",)), "reason", example="replace GPU 3") or "drained by admin"
+    reason = text(fields(body, ("reason",)), "reason", example="replace GPU 3") or f"drained by {caller.name}"
     result = service.drain_node(runtime.store, name, reason)
     runtime.wake()
     return result

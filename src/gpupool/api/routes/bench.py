@@ -6,20 +6,20 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 
-from gpupool.api.auth import require_token
+from gpupool.api.auth import admin_only
 from gpupool.api.errors import ApiError
 from gpupool.bench.results import HISTORY_PER_SERIES, KINDS, BenchResultError, summarize
 from gpupool.control import bench
+from gpupool.control.tokens import Caller
 
 router = APIRouter(prefix="/bench-results", tags=["bench"])
 
 
 @router.post("", status_code=201, summary="Record a bench result (the JSON `gpupool bench --json` wrote)")
 def record(
-    request: Request, body: dict[str, Any] = Body(...), role: str = Depends(require_token)
+    request: Request, body: dict[str, Any] = Body(...), caller: Caller = Depends(admin_only)
 ) -> list[dict[str, Any]]:
-    if role != "admin":  # a result can flag or drain a node (health checks), like a fault injection
-        raise ApiError(403, "forbidden", "recording bench results is for admins only; use the admin token")
+    # admins only: a result can flag or drain a node (health checks), like a fault injection
     node = body.get("node")
     if not isinstance(node, str) or not node:
         raise ApiError(422, "invalid", "node: give the node the bench ran on, e.g. node-1", field="node")
@@ -38,7 +38,7 @@ def record(
         field = str(exc).split(":", 1)[0]
         raise ApiError(422, "invalid", str(exc), field=field) from exc
     source = str(body.get("source") or "api")[:64]
-    return bench.record(request.app.state.runtime.store, summaries, [node], source=source, actor=role)
+    return bench.record(request.app.state.runtime.store, summaries, [node], source=source, actor=caller.name)
 
 
 @router.get("", summary="Bench results, newest first; `latest`: the newest of each node, kind and key")

@@ -7,10 +7,11 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 
-from gpupool.api.auth import require_token
+from gpupool.api.auth import admin_only
 from gpupool.api.body import fields, text
 from gpupool.api.errors import ApiError
 from gpupool.control import health as node_health
+from gpupool.control.tokens import Caller
 
 router = APIRouter(tags=["health"])
 
@@ -40,7 +41,11 @@ def _known(runtime: Any, name: str) -> dict[str, dict[str, Any]]:
     return views
 
 
-@router.post("/health/run", summary="Run the passive and active checks now, and act on the verdict")
+@router.post(
+    "/health/run",
+    summary="Run the passive and active checks now, and act on the verdict (admin)",
+    dependencies=[Depends(admin_only)],
+)
 def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> list[dict[str, Any]]:
     body = fields(body, ("node", "level"))
     level = text(body, "level", example="quick") or "quick"
@@ -78,10 +83,8 @@ def telemetry(
 
 @router.post("/nodes/{name}/faults", summary="Inject a fault into a simulated GPU (admin; tests and demos)")
 def inject_fault(
-    request: Request, name: str, body: dict[str, Any] = Body(...), role: str = Depends(require_token)
+    request: Request, name: str, body: dict[str, Any] = Body(...), _: Caller = Depends(admin_only)
 ) -> dict[str, Any]:
-    if role != "admin":
-        raise ApiError(403, "forbidden", "fault injection is for admins only; use the admin token")
     body = fields(body, ("gpu", *FAULT_FIELDS))
     # Compared by identity: 0 == False, and `xid: 0` or `slow: 0` is a value to refuse, not no fault.
     chosen = [key for key in FAULT_FIELDS if body.get(key) is not None and body.get(key) is not False]
@@ -119,8 +122,6 @@ def _check_fault_value(fault: str, value: Any) -> None:
     "/nodes/{name}/expected-gpus",
     summary="Accept the GPUs the node has registered now as the ones it is expected to have (admin)",
 )
-def accept_gpus(request: Request, name: str, role: str = Depends(require_token)) -> dict[str, Any]:
-    if role != "admin":
-        raise ApiError(403, "forbidden", "accepting a node's GPUs is for admins only; use the admin token")
+def accept_gpus(request: Request, name: str, _: Caller = Depends(admin_only)) -> dict[str, Any]:
     result: dict[str, Any] = request.app.state.runtime.health.accept_gpus(name)
     return result

@@ -6,12 +6,13 @@ from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpupool.api.auth import require_token
+from gpupool.control.tokens import Caller
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", summary="Prometheus metrics (dcgm-exporter GPU series and gpupool's own)")
-def metrics(request: Request, _: str = Depends(require_token)) -> Response:
+def metrics(request: Request, _: Caller = Depends(require_token)) -> Response:
     return Response(
         generate_latest(request.app.state.runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST
     )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Depends, Request
 
+from gpupool.api.auth import admin_only
 from gpupool.api.body import fields, text
 from gpupool.control import service
+from gpupool.control.tokens import Caller
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 
@@ -18,15 +20,20 @@ def list_nodes(request: Request) -> list[dict[str, Any]]:
     return service.list_nodes(runtime.store, runtime.telemetry, runtime.health.views())
 
 
-@router.post("/{name}/cordon", summary="Take no new work on this node (running work continues)")
-def cordon(request: Request, name: str, body: dict[str, Any] | None = Body(None)) -> dict[str, Any]:
-    reason = text(fields(body, ("reason",)), "reason", example="bad fan") or "cordoned by admin"
+@router.post("/{name}/cordon", summary="Take no new work on this node (running work continues) (admin)")
+def cordon(
+    request: Request,
+    name: str,
+    body: dict[str, Any] | None = Body(None),
+    caller: Caller = Depends(admin_only),
+) -> dict[str, Any]:
+    reason = text(fields(body, ("reason",)), "reason", example="bad fan") or f"cordoned by {caller.name}"
     return service.set_node_state(request.app.state.runtime.store, name, "cordoned", reason)
 
 
-@router.post("/{name}/uncordon", summary="Return a cordoned node to service")
-def uncordon(request: Request, name: str) -> dict[str, Any]:
+@router.post("/{name}/uncordon", summary="Return a cordoned node to service (admin)")
+def uncordon(request: Request, name: str, caller: Caller = Depends(admin_only)) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    result = service.set_node_state(runtime.store, name, "ready", "uncordoned by admin")
+    result = service.set_node_state(runtime.store, name, "ready", f"uncordoned by {caller.name}")
     runtime.wake()
     return result

@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake
 
-from gpupool.api.auth import role_of
+from gpupool.api.auth import caller_from
 from gpupool.api.errors import ApiError
 from gpupool.control import service
 from gpupool.control.autoscale import Load
@@ -264,7 +264,7 @@ async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> 
     reached closes it at once with the reason (1008: not a service or ended; 1013: not running or not
     ready yet, try again; 1011: nothing answers on its port)."""
     try:
-        await role_of(websocket)
+        await caller_from(websocket)
     except ApiError:
         await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
         return

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Depends, Request
 
+from gpupool.api.auth import admin_only
 from gpupool.control import service
 from gpupool.scheduler import QueueView
 from gpupool.spec import parse_queue_spec
@@ -14,7 +15,12 @@ from gpupool.spec import parse_queue_spec
 router = APIRouter(prefix="/queues", tags=["queues"])
 
 
-@router.post("", status_code=201, summary="Create a queue (team or project)")
+@router.post(
+    "",
+    status_code=201,
+    summary="Create a queue (team or project) (admin)",
+    dependencies=[Depends(admin_only)],
+)
 def create(
     request: Request, body: Any = Body(..., description="A queue spec: see docs/specs.md")
 ) -> dict[str, Any]:
@@ -49,7 +55,11 @@ def _with_weight(row: dict[str, Any], weights: dict[str, float]) -> dict[str, An
     return row
 
 
-@router.patch("/{name}", summary="Change some fields of a queue (merged into its spec)")
+@router.patch(
+    "/{name}",
+    summary="Change some fields of a queue (merged into its spec) (admin)",
+    dependencies=[Depends(admin_only)],
+)
 def update(request: Request, name: str, body: Any = Body(...)) -> dict[str, Any]:
     def build(current: dict[str, Any]) -> Any:
         # A body that is not an object is refused as parse_queue_spec refuses any such spec.
@@ -61,7 +71,11 @@ def update(request: Request, name: str, body: Any = Body(...)) -> dict[str, Any]
     return result
 
 
-@router.delete("/{name}", summary="Delete a queue with no pending or running work and no child queues")
+@router.delete(
+    "/{name}",
+    summary="Delete a queue with no pending or running work and no child queues (admin)",
+    dependencies=[Depends(admin_only)],
+)
 def delete(request: Request, name: str) -> dict[str, Any]:
     runtime = request.app.state.runtime
     deleted = service.delete_queue(runtime.store, name)

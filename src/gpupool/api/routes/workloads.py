@@ -6,12 +6,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
+from gpupool.api.auth import may_change, require_token
 from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
 from gpupool.control import service
+from gpupool.control.tokens import Caller
 from gpupool.spec import parse_workload_spec
 from gpupool.spec.workload import PRIORITY_CLASSES, RANGE
 
@@ -20,11 +22,21 @@ router = APIRouter(prefix="/workloads", tags=["workloads"])
 
 @router.post("", status_code=201, summary="Submit a job or service (the YAML spec as JSON)")
 def submit(
-    request: Request, body: Any = Body(..., description="A workload spec: see docs/specs.md")
+    request: Request,
+    body: Any = Body(..., description="A workload spec: see docs/specs.md"),
+    caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     spec = parse_workload_spec(body)
+    if not caller.may_submit_to(spec.queue):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"queue: the token {caller.name!r} may submit only to {', '.join(caller.queues)}, not "
+            f"{spec.queue!r}; name one of those, or ask an admin",
+            field="queue",
+        )
     runtime = request.app.state.runtime
-    created = service.submit(runtime.store, spec)
+    created = service.submit(runtime.store, spec, user=caller.name)
     runtime.wake()
     return created
 
@@ -35,6 +47,7 @@ def list_workloads(
     all: bool = Query(False, description="include finished workloads"),
     state: str | None = Query(None, description="only this state"),
     queue: str | None = Query(None, description="only this queue"),
+    user: str | None = Query(None, description="only work this user (token name) submitted"),
     since: datetime | None = Query(
         None, description="only those submitted at or after this time (ISO 8601; without a zone, UTC)"
     ),
@@ -42,7 +55,7 @@ def list_workloads(
 ) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
     return service.list_workloads(
-        runtime.store, include_finished=all, state=state, queue=queue, since=since, limit=limit,
+        runtime.store, include_finished=all, state=state, queue=queue, user=user, since=since, limit=limit,
         live=runtime.reconciler.explanations, readiness=runtime.readiness.state,
     )  # fmt: skip
 
@@ -68,9 +81,11 @@ def cancel(
     task: bool = Query(
         False, description="a job array's id: cancel its first task alone, not the whole array"
     ),
+    caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    result = service.cancel(runtime.store, workload_id, task=task)
+    _owned(runtime, caller, workload_id)
+    result = service.cancel(runtime.store, workload_id, task=task, actor=caller.name)
     runtime.wake()
     return result
 
@@ -83,9 +98,11 @@ def hold(
     request: Request,
     workload_id: int,
     task: bool = Query(False, description="a job array's id: hold its first task alone, not the whole array"),
+    caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    result = service.hold(runtime.store, workload_id, task=task)
+    _owned(runtime, caller, workload_id)
+    result = service.hold(runtime.store, workload_id, task=task, actor=caller.name)
     runtime.wake()
     return result
 
@@ -97,9 +114,11 @@ def release(
     task: bool = Query(
         False, description="a job array's id: release its first task alone, not the whole array"
     ),
+    caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    result = service.release(runtime.store, workload_id, task=task)
+    _owned(runtime, caller, workload_id)
+    result = service.release(runtime.store, workload_id, task=task, actor=caller.name)
     runtime.wake()
     return result
 
@@ -110,6 +129,7 @@ def update(
     workload_id: int,
     body: dict[str, Any] | None = Body(None, description='{"priority": 100} (0..1000, or a class name)'),
     task: bool = Query(False, description="a job array's id: change its first task alone, not the array"),
+    caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     given = fields(body, ("priority",)).get("priority")
     priority = PRIORITY_CLASSES.get(given.strip().lower()) if isinstance(given, str) else given
@@ -122,7 +142,8 @@ def update(
             field="priority",
         )
     runtime = request.app.state.runtime
-    result = service.set_priority(runtime.store, workload_id, priority, task=task)
+    _owned(runtime, caller, workload_id)
+    result = service.set_priority(runtime.store, workload_id, priority, task=task, actor=caller.name)
     runtime.wake()
     return result
 
@@ -138,12 +159,15 @@ def scale(
         None,
         description='{"replicas": N}, 1..64; or {"replicas": "MIN..MAX"}: an autoscaled service\'s range',
     ),
+    caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     replicas = fields(body, ("replicas",)).get("replicas")
     runtime = request.app.state.runtime
+    _owned(runtime, caller, workload_id)
     found = RANGE.fullmatch(replicas) if isinstance(replicas, str) else None
     if found is not None:  # an autoscaled service's new range
-        result = service.scale_range(runtime.store, workload_id, int(found.group(1)), int(found.group(2)))
+        low, high = int(found.group(1)), int(found.group(2))
+        result = service.scale_range(runtime.store, workload_id, low, high, actor=caller.name)
         runtime.wake()
         return result
     if not isinstance(replicas, int) or isinstance(replicas, bool):
@@ -154,7 +178,7 @@ def scale(
             f'replicas: {said}; e.g. {{"replicas": 2}} or {{"replicas": "1..4"}}',
             field="replicas",
         )
-    result = service.scale(runtime.store, workload_id, replicas)
+    result = service.scale(runtime.store, workload_id, replicas, actor=caller.name)
     runtime.wake()
     return result
 
@@ -177,3 +201,9 @@ async def logs(
         limit=limit,
         rank=rank,
     )
+
+
+def _owned(runtime: Any, caller: Caller, workload_id: int) -> None:
+    """Refuse (403) a change of someone else's work to anyone but an admin (404 when there is none)."""
+    if not caller.admin:
+        may_change(caller, service.owner_of(runtime.store, workload_id), f"workload {workload_id}")

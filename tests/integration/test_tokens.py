@@ -1,0 +1,94 @@
+"""Users and roles on a real server: an admin makes tokens for people; a user submits to their queues and
+changes only their own work; a viewer only reads; a revoked token stops working at once."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.support.server import ServerProcess
+
+
+def _call(server: ServerProcess, token: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    with server.http(token) as client:
+        response = client.request(method, path, json=body)
+        return response.status_code, response.json()
+
+
+def _token(server: ServerProcess, *args: str) -> str:
+    made = json.loads(server.cli("token", "create", *args, "--json", check=True).stdout)
+    return str(made["token"])
+
+
+def test_users_submit_to_their_queues_and_change_only_their_own_work(server: ServerProcess) -> None:
+    server.cli("queue", "create", "nlp", "--gpu-quota", "2", check=True)
+    alice = _token(server, "alice", "--queue", "nlp")
+    bob = _token(server, "bob", "--role", "viewer")
+    assert _call(server, alice, "GET", "/api/v1/whoami") == (
+        200,
+        {"name": "alice", "role": "user", "queues": ["nlp"]},
+    )
+
+    status, mine = _call(
+        server, alice, "POST", "/api/v1/workloads", {"queue": "nlp", "commands": ["sleep 60"]}
+    )
+    assert status == 201 and mine["user"] == "alice"
+    status, refused = _call(server, alice, "POST", "/api/v1/workloads", {"commands": ["true"]})
+    assert status == 403 and refused["error"]["field"] == "queue", refused
+    assert "may submit only to nlp, not 'default'" in refused["error"]["message"]
+    theirs = server.submit({"commands": ["sleep 60"]})  # the admin's
+
+    status, denied = _call(server, alice, "POST", f"/api/v1/workloads/{theirs['id']}/cancel")
+    assert status == 403 and "belongs to admin" in denied["error"]["message"], denied
+    for path, body in (
+        ("/api/v1/queues", {"name": "mine"}),
+        ("/api/v1/tokens", {"name": "carol"}),
+        ("/api/v1/nodes/node-1/cordon", None),
+        ("/api/v1/join-tokens", None),
+    ):
+        status, denied = _call(server, alice, "POST", path, body)
+        assert status == 403 and "takes an admin token" in denied["error"]["message"], (path, denied)
+    status, held = _call(server, alice, "POST", f"/api/v1/workloads/{mine['id']}/hold")
+    assert status == 200, held
+    events = server.workload(mine["id"])["events"]
+    assert any(e["actor"] == "alice" and e["reason"].startswith("held by alice") for e in events), events
+
+    assert _call(server, bob, "GET", f"/api/v1/workloads/{mine['id']}")[0] == 200  # a viewer reads all
+    assert _call(server, bob, "GET", "/api/v1/usage?by=user")[0] == 200
+    status, denied = _call(server, bob, "POST", "/api/v1/workloads", {"queue": "nlp", "commands": ["true"]})
+    assert status == 403 and "viewer's, which may only read" in denied["error"]["message"]
+    assert _call(server, bob, "POST", f"/api/v1/workloads/{mine['id']}/release")[0] == 403
+
+    server.extra_env["GPUPOOL_TOKEN"] = alice  # the CLI as alice
+    try:
+        listed = json.loads(server.cli("ps", "--me", "--json", check=True).stdout)
+        assert [row["id"] for row in listed] == [mine["id"]] and listed[0]["user"] == "alice"
+        assert "alice (role user; submits to nlp)" in server.cli("whoami", check=True).stdout
+    finally:
+        del server.extra_env["GPUPOOL_TOKEN"]
+    table = server.cli("ps", check=True).stdout  # the admin's view: two users' work, so a USER column
+    assert "USER" in table and "alice" in table, table
+
+    server.cli("cancel", str(mine["id"]), str(theirs["id"]), check=True)  # an admin changes anyone's work
+    server.cli("token", "revoke", "alice", check=True)
+    status, gone = _call(server, alice, "GET", "/api/v1/whoami")
+    assert status == 401 and "invalid token" in gone["error"]["message"]
+
+
+def test_bad_token_requests_name_the_field_and_change_nothing(server: ServerProcess) -> None:
+    admin = server.token
+    for body, code, field in (
+        ({"name": "Alice Smith"}, 422, "name"),
+        ({"name": "carol", "role": "root"}, 422, "role"),
+        ({"name": "carol", "queues": ["nope"]}, 422, "queues[0]"),
+        ({"name": "carol", "queues": "nlp"}, 422, "queues"),
+        ({"name": "carol", "role": "viewer", "queues": ["default"]}, 422, "queues"),
+        ({"name": "admin"}, 409, "name"),
+        ({"name": "carol", "email": "c@x"}, 422, "email"),
+    ):
+        status, answer = _call(server, admin, "POST", "/api/v1/tokens", body)
+        assert status == code and answer["error"]["field"] == field, (body, answer)
+    assert [t["name"] for t in _call(server, admin, "GET", "/api/v1/tokens")[1]] == ["admin"]
+    status, answer = _call(server, admin, "DELETE", "/api/v1/tokens/admin")
+    assert status == 409 and "--new-admin-token" in answer["error"]["message"]
+    assert _call(server, admin, "DELETE", "/api/v1/tokens/nobody")[0] == 404
