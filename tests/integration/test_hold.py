@@ -130,3 +130,28 @@ def test_raising_a_waiting_jobs_priority_lets_it_preempt_and_start_first(server:
             refused = client.patch(f"/api/v1/workloads/{second['id']}", json=body)
             assert refused.status_code == 422 and refused.json()["error"]["field"] == field, refused.text
     server.cli("cancel", str(first["id"]), str(second["id"]), str(urgent["id"]), check=True)
+
+
+def test_work_submitted_held_waits_until_released_tasks_and_replicas_alike(server: ServerProcess) -> None:
+    submitted = server.cli("run", "--hold", "--array", "0-2", "--gpus", "1", "--", "true", check=True)
+    assert "held until `gpupool release" in submitted.stdout, submitted.stdout
+    array = server.workload(int(submitted.stdout.split()[1]))
+    tasks = [t["id"] for t in array["task_list"]]
+    with server.http() as client:
+        response = client.post(
+            "/api/v1/workloads?hold=true",
+            json={"kind": "service", "replicas": 2, "commands": ["sleep 600"]},
+        )
+        assert response.status_code == 201, response.text
+        service = response.json()
+    assert service["held"] is True and service["reason_code"] == "held"
+    time.sleep(1.5)  # passes with every GPU free: nothing starts
+    for wid in (*tasks, *service["replica_ids"]):
+        w = server.workload(wid)
+        assert (w["state"], w["held"], w["attempts"]) == ("pending", True, 0), w
+    server.cli("release", str(array["id"]), str(service["id"]), check=True)
+    for wid in tasks:
+        server.wait_for(wid, states=("succeeded",))
+    for wid in service["replica_ids"]:
+        server.wait_for(wid, states=("running",))
+    server.cli("cancel", str(service["id"]), check=True)

@@ -94,6 +94,9 @@ AFTER_OPTION = typer.Option(
 PARSABLE_OPTION = typer.Option(
     False, "--parsable", help="print only the new workload's id (Slurm's sbatch --parsable)"
 )
+HOLD_OPTION = typer.Option(
+    False, "--hold", help="submit it held: it waits until `gpupool release` (Slurm's sbatch --hold)"
+)
 
 
 @app.command()
@@ -103,6 +106,7 @@ def submit(
     name: str | None = typer.Option(None, "--name", "-n", help="override the spec's name"),
     array: str | None = ARRAY_OPTION,
     after: list[str] = AFTER_OPTION,
+    hold: bool = HOLD_OPTION,
     parsable: bool = PARSABLE_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print the created workload as JSON"),
 ) -> None:
@@ -121,7 +125,7 @@ def submit(
     folder = file.resolve().parent
     data["workdir"] = str(folder / data["workdir"]) if data.get("workdir") else str(folder)
     parse_workload_spec(data)
-    _created(client().submit(data), as_json, parsable)
+    _created(client().submit(data, hold=hold), as_json, parsable)
 
 
 # As `docker run`: run's options come first; from the command's first word on, every word is the command's.
@@ -184,6 +188,7 @@ def run(
     ),
     array: str | None = ARRAY_OPTION,
     after: list[str] = AFTER_OPTION,
+    hold: bool = HOLD_OPTION,
     parsable: bool = PARSABLE_OPTION,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -226,7 +231,7 @@ def run(
         data["idle"] = {"timeout": timeout, "action": action} if action else timeout
     _add_array_and_after(data, array, after)
     parse_workload_spec(data)
-    _created(client().submit(data), as_json, parsable)
+    _created(client().submit(data, hold=hold), as_json, parsable)
 
 
 def _many(ids: list[int]) -> str:
@@ -308,6 +313,7 @@ def _created(workload: dict[str, Any], as_json: bool, parsable: bool) -> None:
     console.print(
         f"submitted [bold]{workload['id']}[/bold] ({workload['name']}) to queue {workload['queue']}{also}: "
         f"{styled(workload['state'])}"
+        + (f", held until `gpupool release {workload['id']}`" if workload.get("held") else "")
     )
 
 

@@ -103,8 +103,10 @@ class Client:
         return result
 
     # -- workloads ------------------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/api/v1/workloads", json=spec)
+    def submit(self, spec: dict[str, Any], *, hold: bool = False) -> dict[str, Any]:
+        """Submit a spec; `hold`: it waits held until released."""
+        params = {"hold": "true"} if hold else None
+        result: dict[str, Any] = self._call("POST", "/api/v1/workloads", json=spec, params=params)
         return result
 
     def workloads(

@@ -311,8 +311,9 @@ def workload_view(
     return view
 
 
-def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str, Any]:
-    """Validate against the pool, then commit the workload; it is durable when this returns."""
+def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin", held: bool = False) -> dict[str, Any]:
+    """Validate against the pool, then commit the workload; it is durable when this returns. `held`: it
+    waits held until `release` (Slurm's sbatch --hold), a service's replicas and an array's tasks alike."""
     with store.session() as s:
         queue = s.scalar(select(Queue).where(Queue.name == spec.queue))
         if queue is None:
@@ -343,12 +344,16 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin") -> dict[str
             spec=spec.model_dump(mode="json"),
             state=PENDING,
             reason="waiting for the scheduler",
+            held=held,
             attempts=[],  # new: no query needed to know it has none
         )
         s.add(first)
         s.flush()
         if not first.name:
             first.name = f"{spec.kind}-{first.id}"
+        if held:  # the next pass says so too; the store says it at once
+            first.reason = f"held at submit; `gpupool release {first.id}` lets it start"
+            first.reason_code = HELD
         if spec.array is not None:
             return _submit_array(s, first, parse_array(spec.array), user)
         if spec.kind != SERVICE:
@@ -389,7 +394,12 @@ def _replica_like(s: Session, template: Workload, replica: int) -> Workload:
         nodes=template.nodes,
         spec=template.spec,
         state=PENDING,
-        reason="waiting for the scheduler",
+        # held with its service or array (held at submit, or the service held since): released with it
+        reason=f"held; `gpupool release {template.id}` lets it start"
+        if template.held
+        else "waiting for the scheduler",
+        reason_code=HELD if template.held else "",
+        held=template.held,
         service_id=template.service_id,
         replica=replica,
         attempts=[],

@@ -36,7 +36,7 @@ USAGE_REFRESH = 30.0  # seconds between recomputations of the queues' decayed us
 USAGE_HORIZON_HALF_LIVES = 10  # attempts that ended longer ago than this many half-lives are ignored
 BY_SERVICE = ("attained", "las")  # orderings that rank pending work by the service it already received
 HELD_EXPLANATION = scheduler.Explanation(
-    HELD, "held (by `gpupool hold`, or stopped as idle: see its history); `gpupool release` lets it start"
+    HELD, "held (its history says by whom: hold, --hold, idle); `gpupool release` lets it start"
 )
 
 

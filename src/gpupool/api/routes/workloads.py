@@ -24,6 +24,7 @@ router = APIRouter(prefix="/workloads", tags=["workloads"])
 def submit(
     request: Request,
     body: Any = Body(..., description="A workload spec: see docs/specs.md"),
+    hold: bool = Query(False, description="submit it held: it waits until released (Slurm's sbatch --hold)"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     spec = parse_workload_spec(body)
@@ -36,7 +37,7 @@ def submit(
             field="queue",
         )
     runtime = request.app.state.runtime
-    created = service.submit(runtime.store, spec, user=caller.name)
+    created = service.submit(runtime.store, spec, user=caller.name, held=hold)
     runtime.wake()
     return created
 
