@@ -24,6 +24,7 @@ from typing import Any, Final
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from gpupool.control.config_files import parse_file
 from gpupool.control.errors import Invalid
 from gpupool.control.lifecycle import CANCELLED, FAILED, SUCCEEDED
 from gpupool.control.observe import EVICTED
@@ -51,14 +52,7 @@ def load_prices(home: Path) -> PricesSpec | None:
     path = home / PRICES_FILE
     if not path.exists():
         return None
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PricesConfigError(f"{path}: cannot read it ({exc})") from None
-    try:
-        return parse_prices_spec(text)
-    except SpecError as exc:
-        raise PricesConfigError(f"{path}: {exc}") from None
+    return parse_file(path, parse_prices_spec, PricesConfigError)
 
 
 # -- the window ------------------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from gpupool.control.config_files import parse_file
 from gpupool.scheduler import Eviction, Explanation, QueueView, SchedulerConfig, WorkloadView
 from gpupool.scheduler.explain import CAPACITY_CODES, OVER_FAIR_SHARE
-from gpupool.spec import SpecError
 from gpupool.spec.scheduling import (
     DEFAULT_POLICY,
     band_text,
@@ -54,14 +54,7 @@ def load_policy(home: Path) -> SchedulerConfig:
                 f"${CONFIG_ENV}={named}: no such file; create it or unset the variable"
             )
         return DEFAULT_POLICY
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SchedulingConfigError(f"{path}: cannot read it ({exc})") from None
-    try:
-        return parse_scheduling_spec(text).config()
-    except SpecError as exc:
-        raise SchedulingConfigError(f"{path}: {exc}") from None
+    return parse_file(path, parse_scheduling_spec, SchedulingConfigError).config()
 
 
 class BandedPass:
