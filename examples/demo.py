@@ -93,6 +93,9 @@ def main() -> None:
     port = free_port()
     ENV.update({"GPUPOOL_HOME": str(DEMO / "home"), "GPUPOOL_SERVER": f"http://127.0.0.1:{port}"})
 
+    (DEMO / "home").mkdir(parents=True)
+    # What a GPU-hour costs, for `gpupool usage` (docs/operations.md#prices): read by the server at start.
+    (DEMO / "home" / "prices.yaml").write_text("currency: USD\ngpu_hour: {H100: 2.49}\n")
     say(f"Starting a gpupool server on 127.0.0.1:{port} with 8 simulated H100 GPUs (SQLite store)")
     log = open(DEMO / "server.log", "wb")  # noqa: SIM115 - held for the life of the server
     server = subprocess.Popen(
@@ -185,6 +188,8 @@ def run_tour() -> None:
     say("The resumed fine-tune's log, and the flaky job's retry")
     gpupool("logs", str(resumed))
     gpupool("show", str(flaky))
+    say("GPU-hours each team used in the last hour, and what they cost (prices.yaml)")
+    gpupool("usage", "--since", "1h")
 
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}

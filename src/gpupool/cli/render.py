@@ -200,10 +200,13 @@ USAGE_OUTCOMES = ("succeeded", "failed", "cancelled", "evicted", "running")
 
 
 def _hours(value: float) -> str:
-    """GPU-hours as a person reads them: whole above 1,000, two decimals above 1, else two digits."""
+    """GPU-hours as a person reads them: whole above 1,000, two decimals above 1, else three (a trace below
+    that shows as <0.001, never in scientific notation)."""
     if value >= 1000:
         return f"{value:,.0f}"
-    return f"{value:.2f}" if value >= 1 or value == 0 else f"{value:.2g}"
+    if value >= 1 or value == 0:
+        return f"{value:.2f}"
+    return f"{value:.3f}" if value >= 0.001 else "<0.001"
 
 
 def _money(value: float | None) -> str:
