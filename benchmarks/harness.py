@@ -133,6 +133,9 @@ class BenchServer:
             "--log-level",
             self.log_level,
             "--new-admin-token",
+            # the server's own capacity is measured, not the API's per-token limit (docs/operations.md)
+            "--rate-limit",
+            "0",
         ]
         if self.db_url:
             argv += ["--db", self.db_url]

@@ -11,6 +11,7 @@ import sys
 
 import typer
 
+from gpupool.api.ratelimit import DEFAULT_BURST, DEFAULT_RATE
 from gpupool.cli.app import CliError, app
 from gpupool.cli.render import err_console
 from gpupool.client import GpupoolError
@@ -68,6 +69,15 @@ def server(
     new_admin_token: bool = typer.Option(
         False, "--new-admin-token", help="replace the admin token and print it"
     ),
+    rate_limit: float = typer.Option(
+        DEFAULT_RATE,
+        "--rate-limit",
+        help="API calls a second each token may make, sustained; over it calls get 429 with Retry-After "
+        "(the CLI waits and retries); 0: no limit",
+    ),
+    rate_burst: int = typer.Option(
+        DEFAULT_BURST, "--rate-burst", help="API calls each token may make at once, after a quiet while"
+    ),
     telemetry_interval: str = typer.Option(
         "1s", "--telemetry-interval", help="how often this machine's GPUs are sampled (0.2s to 15s)"
     ),
@@ -120,6 +130,10 @@ def server(
     backoff = parse_duration(restart_backoff, "--restart-backoff")
     if backoff < 0 or backoff > 3600:
         raise CliError(f"--restart-backoff {restart_backoff}: must be 0 to 1h (e.g. 10s; 0 turns it off)")
+    if not 0 <= rate_limit <= 1_000_000:
+        raise CliError(f"--rate-limit {rate_limit:g}: must be 0 (no limit) to 1000000 calls a second; try 50")
+    if not 1 <= rate_burst <= 1_000_000:
+        raise CliError(f"--rate-burst {rate_burst}: must be 1 to 1000000 calls; try 200")
     sample_every = _telemetry_interval(telemetry_interval)
     home.mkdir(parents=True, exist_ok=True)
     try:
@@ -138,6 +152,8 @@ def server(
         node_lease=lease,
         telemetry_interval=sample_every,
         restart_backoff=backoff,
+        rate_limit=rate_limit,
+        rate_burst=rate_burst,
     )
     try:
         runtime = Runtime(settings, store=store)

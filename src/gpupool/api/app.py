@@ -16,6 +16,7 @@ from gpupool import __version__, web
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, admin_only, require_token
 from gpupool.api.body import refuse_nul
+from gpupool.api.ratelimit import RateLimiter
 from gpupool.api.routes import (
     agents,
     bench,
@@ -98,6 +99,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.runtime = runtime
     app.state.proxy = proxy.ProxyState()
     app.state.tokens = TokenCache()
+    app.state.limiter = RateLimiter(runtime.settings.rate_limit, runtime.settings.rate_burst)
     app.state.node_credentials = agents.NodeCredentials()
     errors.install(app)
 
@@ -118,7 +120,6 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token), Depends(refuse_nul)])
     api.include_router(workloads.router)
-    api.include_router(proxy.router)
     api.include_router(nodes.router)
     api.include_router(queues.router)
     api.include_router(foreign.router)
@@ -128,6 +129,8 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(bench.router)
     api.include_router(usage.router)
     app.include_router(api)
+    # The proxy checks its callers itself (`proxy._admit`): a public service takes requests with no token.
+    app.include_router(proxy.router, prefix="/api/v1")
     app.add_api_websocket_route("/api/v1/workloads/{workload_id}/proxy/{path:path}", proxy.proxy_websocket)
     app.include_router(agents.agent_router)
     app.include_router(metrics.router)

@@ -1,10 +1,10 @@
 """Bearer-token authentication and the roles' rules (control/tokens.py); tokens are compared by SHA-256
 hash, never stored in clear.
 
-Every route under /api/v1 depends on `require_token`, which answers who calls (`Caller`) and refuses a
-viewer anything but reading. Routes that change the pool itself (queues, nodes, join tokens, API tokens,
-health checks, bench results, faults) also depend on `admin_only`; routes that change a workload check
-that the caller owns it (`may_change`).
+Every route under /api/v1 depends on `require_token`, which answers who calls (`Caller`), refuses a
+viewer anything but reading, and refuses a caller over its rate limit (api/ratelimit.py). Routes that
+change the pool itself (queues, nodes, join tokens, API tokens, health checks, bench results, faults) also
+depend on `admin_only`; routes that change a workload check that the caller owns it (`may_change`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from gpupool.api.errors import ApiError
+from gpupool.api.ratelimit import RateLimiter, retry_after
 from gpupool.control.tokens import VIEWER, Caller, caller_of
 
 CACHE_SECONDS = 5.0
@@ -61,14 +62,32 @@ async def require_token(request: Request) -> Caller:
     last seconds is answered from memory, without the hop to a worker thread that a store read takes (a
     thread switch costs the loop more than the check, docs/benchmarks.md#service-proxy)."""
     caller = await caller_from(request)
-    if caller.role == VIEWER and request.method not in READS:
+    refuse_viewer_change(caller, request.method, request.url.path)
+    limiter: RateLimiter = request.app.state.limiter
+    wait = limiter.wait(caller.name)
+    if wait > 0:
+        request.app.state.runtime.metrics.rate_limited.labels(caller.name).inc()
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"the token {caller.name!r} made more than {limiter.burst} requests at once or "
+            f"{limiter.rate:g} a second for a while: wait {wait:.2f} s (Retry-After) and send it again, "
+            "unchanged (it changed nothing); the SDK and CLI do so by themselves. An admin sets the limit "
+            "with `gpupool server --rate-limit N --rate-burst N`",
+            headers={"Retry-After": retry_after(wait)},
+        )
+    return caller
+
+
+def refuse_viewer_change(caller: Caller, method: str, path: str) -> None:
+    """Refuse (403) a viewer anything but reading."""
+    if caller.role == VIEWER and method not in READS:
         raise ApiError(
             403,
             "forbidden",
-            f"{request.method} {request.url.path}: the token {caller.name!r} is a viewer's, which may only "
-            "read; ask an admin for a user token (`gpupool token create NAME --role user`)",
+            f"{method} {path}: the token {caller.name!r} is a viewer's, which may only read; ask an admin "
+            "for a user token (`gpupool token create NAME --role user`)",
         )
-    return caller
 
 
 async def admin_only(request: Request, caller: Caller = Depends(require_token)) -> Caller:

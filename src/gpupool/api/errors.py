@@ -14,9 +14,12 @@ from gpupool.spec import SpecError
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.extra = status, code, message, extra
+        self.headers = headers
 
 
 def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -26,7 +29,7 @@ def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else exc.headers
         return JSONResponse(
             _body(exc.code, exc.message, **exc.extra), status_code=exc.status, headers=headers
         )

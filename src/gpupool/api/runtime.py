@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpupool.api.ratelimit import DEFAULT_BURST, DEFAULT_RATE
 from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
 from gpupool.control import service
@@ -45,6 +46,8 @@ class ServerSettings:
     backend: str = "local"
     partition: str | None = None  # slurm: the partition whose nodes gpupool schedules (None: every node)
     node_lease: float = 10.0  # agent: a node with no heartbeat for this long is lost (docs/agents.md)
+    rate_limit: float = DEFAULT_RATE  # API calls a second per token, sustained (api/ratelimit.py); 0: none
+    rate_burst: int = DEFAULT_BURST  # API calls at once per token
 
 
 class Runtime:

@@ -168,6 +168,12 @@ def run(
         help="with --service: a path, e.g. /health, that must answer 2xx or 3xx before the head's proxy "
         "passes requests on",
     ),
+    access: str | None = typer.Option(
+        None,
+        "--access",
+        help="with --service: who may reach it through the head: private (you and admins; the default), "
+        "pool (any token of this head) or public (anyone, no token)",
+    ),
     replicas: str | None = typer.Option(
         None,
         "--replicas",
@@ -222,6 +228,8 @@ def run(
         data["env"] = _env_pairs(env)
     if readiness_probe is not None:
         data["readiness_probe"] = readiness_probe
+    if access is not None:
+        data["access"] = access
     if replicas is not None:
         data["replicas"] = int(replicas) if replicas.strip().isdigit() else replicas
     if scale is not None:
@@ -382,9 +390,12 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
             "" if w.get("ready") is None else f"  ready: {'yes' if w['ready'] else 'no'} ({w['readiness']})"
         )
         console.print(f"  endpoint: http://{w['endpoint']}  (listens on $GPUPOOL_PORT){ready}")
-        console.print(
-            f"  through the head: {c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/  (with the token)"
-        )
+        who = {
+            "public": "anyone, no token",
+            "pool": "any token of this head",
+        }.get(w["spec"].get("access") or "private", f"{w.get('user') or 'its owner'} and admins")
+        through = f"{c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/"
+        console.print(f"  through the head: {through}  ({who})")
     scaling = w["spec"].get("scaling")
     if scaling:
         console.print(f"  autoscaling: {_autoscaling(scaling, w.get('autoscaling'))}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -65,8 +66,26 @@ def resolve(server: str | None = None, token: str | None = None) -> tuple[str, s
     return url.rstrip("/"), tok
 
 
+def _retry_after(response: httpx.Response) -> float | None:
+    """The seconds a 429's `Retry-After` asks to wait (whole seconds, RFC 9110), or None."""
+    try:
+        return max(0.0, float(response.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
+
+
 class Client:
-    def __init__(self, server: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
+    """`rate_wait_max`: how long, at most, calls refused for the token's rate limit (429) are sent again
+    after the wait the server asks for, before the refusal is raised."""
+
+    def __init__(
+        self,
+        server: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        rate_wait_max: float = 60.0,
+    ) -> None:
+        self.rate_wait_max = rate_wait_max
         self.server, self.token = resolve(server, token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
@@ -81,13 +100,22 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(
-                f"cannot reach the gpupool server at {self.server} ({exc.__class__.__name__}); "
-                "start one with `gpupool server` or point --server / GPUPOOL_SERVER at it"
-            ) from exc
+        waited = 0.0
+        while True:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                raise ConnectionFailed(
+                    f"cannot reach the gpupool server at {self.server} ({exc.__class__.__name__}); "
+                    "start one with `gpupool server` or point --server / GPUPOOL_SERVER at it"
+                ) from exc
+            # Over the token's rate limit: the server refused the call before doing anything, so it is
+            # sent again, unchanged, once the server's Retry-After has passed (for up to `rate_wait_max`).
+            pause = _retry_after(response) if response.status_code == 429 else None
+            if pause is None or waited + pause > self.rate_wait_max:
+                break
+            time.sleep(pause)
+            waited += pause
         if response.status_code >= 400:
             try:
                 error = response.json().get("error", {})

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -394,6 +394,12 @@ class Metrics:
             "gpupool_scheduler_cycle_seconds",
             "Duration of one scheduling pass of the reconcile loop (snapshot, decide, apply).",
             buckets=CYCLE_BUCKETS,
+            registry=self.registry,
+        )
+        self.rate_limited = Counter(
+            "gpupool_api_rate_limited",
+            "API calls refused (429) because their token was over its rate limit (docs/operations.md).",
+            ["token"],
             registry=self.registry,
         )
         self.registry.register(

@@ -87,6 +87,7 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "grace_period": "30s",
     "placement": "{nodes: [node-3], topology: rack}",
     "readiness_probe": "/health",
+    "access": "private (or pool, public)",
     "replicas": "2 (or a range to scale by load, 1..4, with scaling)",
     "scaling": "{metric: rps, target: 10}",
     "scaling.metric": "rps (or concurrency)",
@@ -349,6 +350,8 @@ class DependencySpec(BaseModel):
 
 
 IdleAction = Literal["hold", "cancel"]
+# Who may reach a service through the head's proxy: its owner and admins, any token of the head, or anyone.
+ServiceAccess = Literal["private", "pool", "public"]
 MIN_IDLE_TIMEOUT: Final = 10.0
 MAX_IDLE_TIMEOUT: Final = 30 * 86400.0
 
@@ -535,6 +538,12 @@ class WorkloadSpec(BaseModel):
         "head's proxy passes requests on only while it answers 2xx or 3xx, e.g. /health; default null: "
         "no probe (requests pass as soon as the service runs).",
     )
+    access: ServiceAccess | None = Field(
+        default=None,
+        description="Services only: who may reach it through the head's proxy (HTTP, WebSocket, `gpupool "
+        "forward`): private, its owner and admins; pool, anyone with a token of this head (a viewer's "
+        "only reads); public, anyone, with no token; default null: private.",
+    )
     replicas: Whole = Field(
         default=1,
         ge=1,
@@ -638,6 +647,14 @@ class WorkloadSpec(BaseModel):
                 "applies to services only (a job is not reached through the head's proxy): remove it, or "
                 "use kind: service",
                 "{kind: service, readiness_probe: /health, commands: [python serve.py]}",
+            )
+        if self.kind != "service" and self.access is not None:
+            raise SpecError(
+                "access",
+                self.access,
+                "applies to services only (a job is not reached through the head's proxy): remove it, or "
+                "use kind: service",
+                "{kind: service, access: pool, commands: [python serve.py]}",
             )
         if self.kind != "service" and self.replicas != 1:
             raise SpecError(

@@ -3,8 +3,10 @@ while the service starts again on another port or node.
 
 The request goes, with its method, path below `proxy/`, query, headers and body, to the address the
 service's running attempt listens on (`GPUPOOL_PORT` on rank 0's node); the answer comes back streamed, so
-server-sent events and long downloads pass as they come. The head's own bearer token is checked like any
-API call and is not passed on. See docs/user-guide.md#reaching-a-service.
+server-sent events and long downloads pass as they come. Who may reach a service is its spec's `access`
+(`_admit`): its owner and admins (private, the default), any token of this head (pool), or anyone
+(public). The head's own bearer token is checked like any API call's and is not passed on; the body is the
+service's business (no NUL check, unlike the API's own routes). See docs/user-guide.md#reaching-a-service.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake
 
-from gpupool.api.auth import caller_from
+from gpupool.api.auth import caller_from, refuse_viewer_change
 from gpupool.api.errors import ApiError
 from gpupool.control import service
 from gpupool.control.autoscale import Load
@@ -64,6 +66,8 @@ class ProxyState:
         self.client = httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, trust_env=False)
         self.targets: dict[int, tuple[float, tuple[service.ServiceTarget, ...]]] = {}
         self.turns: dict[int, int] = {}
+        # who may reach each workload: its owner and spec never change, so an answer is kept (bounded)
+        self.access: dict[int, service.Access] = {}
 
     def take_turn(self, workload_id: int, choices: list[service.ServiceTarget]) -> service.ServiceTarget:
         turn = self.turns.get(workload_id, 0)
@@ -84,6 +88,33 @@ def _rest_of_path(request: HTTPConnection, workload_id: int) -> str:
     rest = path[at + len("/proxy") :] if at >= 0 else "/"
     query = request.url.query
     return f"{rest}?{query}" if query else rest
+
+
+async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> None:
+    """Refuse (ApiError 401 or 403) a caller the service's `access` does not let through. An id that
+    names no workload needs a token too: without one nobody learns which ids exist."""
+    runtime = connection.app.state.runtime
+    state = _state(connection)
+    access = state.access.get(workload_id)
+    if access is None:
+        access = await run_in_threadpool(service.access_of, runtime.store, workload_id)
+        if access is not None:
+            if len(state.access) >= MAX_TARGETS:
+                state.access.clear()
+            state.access[workload_id] = access
+    if access is not None and access.access == service.PUBLIC:
+        return
+    caller = await caller_from(connection)
+    refuse_viewer_change(caller, method, connection.url.path)
+    private = access is not None and access.access == service.PRIVATE
+    if private and access is not None and not caller.admin and caller.name != access.owner:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"workload {workload_id} belongs to {access.owner} and is private: only they or an admin may "
+            f"reach it (your token: {caller.name}); its owner can open it with access: pool (any token "
+            "of this head) or access: public in its spec",
+        )
 
 
 async def _target(
@@ -182,6 +213,7 @@ def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
     response_class=Response,
 )
 async def proxy(request: Request, workload_id: int, path: str) -> Response:
+    await _admit(request, workload_id, request.method)
     flight = _InFlight(request.app.state.runtime.load, workload_id)  # the autoscaler's measure
     try:
         return await _proxied(request, workload_id, flight)
@@ -260,11 +292,12 @@ async def _proxied(request: Request, workload_id: int, flight: _InFlight) -> Res
 async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> None:
     """A WebSocket to a running service, passed through message by message both ways (text and binary),
     until either side closes. Registered on the app itself (`app.py`): the API router's dependencies read
-    an HTTP request. A missing or bad token refuses the handshake (HTTP 403); a service that cannot be
+    an HTTP request. A caller its `access` refuses (a missing or bad token, someone else's private service)
+    is refused at the handshake (HTTP 403); a service that cannot be
     reached closes it at once with the reason (1008: not a service or ended; 1013: not running or not
     ready yet, try again; 1011: nothing answers on its port)."""
     try:
-        await caller_from(websocket)
+        await _admit(websocket, workload_id, "GET")
     except ApiError:
         await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
         return

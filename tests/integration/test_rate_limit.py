@@ -1,0 +1,65 @@
+"""The API's rate limit on a real server: a token over its limit gets 429 with Retry-After and a message
+that says what to do, the refused call changed nothing, other tokens go on, the CLI waits and succeeds,
+and Prometheus' counter says who was limited."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import ServerProcess
+
+
+def test_a_token_over_its_limit_waits_and_others_go_on(tmp_path: Path) -> None:
+    server = ServerProcess(
+        home=tmp_path / "home", extra_args=["--rate-limit", "1", "--rate-burst", "3"]
+    ).start()
+    try:
+        made = json.loads(server.cli("token", "create", "alice", "--json", check=True).stdout)
+        alice = str(made["token"])
+        with server.http(alice) as client:
+            time.sleep(3.5)  # a full bucket: the server may have been asked already
+            codes = [client.get("/api/v1/workloads").status_code for _ in range(3)]
+            assert codes == [200, 200, 200]
+            refused = client.post("/api/v1/workloads", json={"name": "late", "commands": ["true"]})
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["retry-after"] == "1"
+            error = refused.json()["error"]
+            assert error["code"] == "rate_limited"
+            assert "the token 'alice' made more than 3 requests at once" in error["message"]
+            assert "--rate-limit" in error["message"]  # the fix, for whoever reads it
+
+        with server.http() as admin:  # another token has its own bucket
+            assert admin.get("/api/v1/workloads?all=true").json() == []  # the refused submit made nothing
+            metrics = admin.get("/metrics").text
+            assert 'gpupool_api_rate_limited_total{token="alice"} 1.0' in metrics, metrics
+
+        # the CLI, as alice, waits out the limit and gets its answers
+        server.extra_env["GPUPOOL_TOKEN"] = alice
+        try:
+            began = time.monotonic()
+            for _ in range(5):
+                server.cli("ps", "--json", check=True)
+            assert time.monotonic() - began >= 1.5  # five calls at 1/s after an empty bucket
+        finally:
+            del server.extra_env["GPUPOOL_TOKEN"]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--rate-limit", "-1"], "--rate-limit -1: must be 0 (no limit) to 1000000"),
+        (["--rate-burst", "0"], "--rate-burst 0: must be 1 to 1000000"),
+    ],
+)
+def test_a_bad_rate_limit_is_refused_with_the_fix(tmp_path: Path, args: list[str], said: str) -> None:
+    server = ServerProcess(home=tmp_path / "home", extra_args=args)
+    with pytest.raises(RuntimeError) as failed:
+        server.start(timeout=20)
+    assert said in str(failed.value)
+    assert not (tmp_path / "home" / "credentials").exists()  # refused before anything was made

@@ -1,0 +1,152 @@
+"""Who may reach a service through the head (spec `access`): its owner and admins by default, any token of
+the head with `pool`, anyone with `public`; the same rules for HTTP, WebSocket and `gpupool forward`. A real
+server, real services in real processes, real tokens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from tests.support.server import ServerProcess
+from tests.support.services import ECHO, answer_of, proxy_path, wait_until
+
+
+def _token(server: ServerProcess, *args: str) -> str:
+    made = json.loads(server.cli("token", "create", *args, "--json", check=True).stdout)
+    return str(made["token"])
+
+
+def _as(server: ServerProcess, token: str | None) -> httpx.Client:
+    return server.http(token)
+
+
+def _echo(server: ServerProcess, token: str, workdir: Path, **spec: object) -> int:
+    """The echo service submitted with `token` (its owner is that token's name); its id once it answers."""
+    workdir.mkdir(exist_ok=True)
+    (workdir / "echo.py").write_text(ECHO)
+    body = {
+        "kind": "service",
+        "name": "echo",
+        "workdir": str(workdir),
+        "commands": [f"exec {sys.executable} echo.py"],
+        **spec,
+    }
+    with _as(server, token) as client:
+        created = client.post("/api/v1/workloads", json=body)
+        assert created.status_code == 201, created.text
+    sid = int(created.json()["id"])
+    wait_until(server, sid, lambda w: w["state"] == "running")
+    with server.http() as admin:
+        answer_of(admin, proxy_path(sid, "up"), "0")
+    return sid
+
+
+def _refusal(client: httpx.Client, url: str, method: str = "GET") -> tuple[int, str]:
+    response = client.request(method, url)
+    return response.status_code, response.json()["error"]["message"]
+
+
+def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    alice = _token(server, "alice")
+    bob = _token(server, "bob")
+    viewer = _token(server, "watcher", "--role", "viewer")
+
+    private = _echo(server, alice, tmp_path / "private")
+    with _as(server, alice) as client:  # the owner reaches it
+        assert client.get(proxy_path(private, "mine")).json()["path"] == "/mine"
+    with _as(server, None) as client:
+        status, said = _refusal(client, proxy_path(private, "x"))
+        assert status == 401 and "missing bearer token" in said
+    with _as(server, bob) as client:
+        status, said = _refusal(client, proxy_path(private, "x"), "POST")
+        assert status == 403, said
+        assert f"workload {private} belongs to alice and is private" in said
+        assert "access: pool" in said  # the fix
+    with _as(server, viewer) as client:
+        assert _refusal(client, proxy_path(private, "x"))[0] == 403
+    with server.http() as client:  # an admin reaches anyone's
+        assert client.get(proxy_path(private, "x")).json()["path"] == "/x"
+    shown = server.cli("show", str(private), check=True).stdout
+    assert "(alice and admins)" in shown, shown
+
+    pool = _echo(server, alice, tmp_path / "pool", access="pool")
+    with _as(server, bob) as client:
+        posted = client.post(proxy_path(pool, "generate"), json={"prompt": "hi"})
+        assert posted.status_code == 200 and posted.json()["method"] == "POST", posted.text
+    with _as(server, viewer) as client:
+        assert client.get(proxy_path(pool, "look")).json()["path"] == "/look"
+        status, said = _refusal(client, proxy_path(pool, "x"), "POST")
+        assert status == 403 and "viewer's, which may only read" in said
+    with _as(server, None) as client:
+        assert _refusal(client, proxy_path(pool, "x"))[0] == 401
+
+    public = _echo(server, alice, tmp_path / "public", access="public")
+    with _as(server, None) as client:  # no token at all; the body is the service's, NUL and all
+        posted = client.post(proxy_path(public, "v1"), content=b'{"text": "a\\u0000b"}')
+        assert posted.status_code == 200, posted.text
+        assert posted.json()["body"] == '{"text": "a\\u0000b"}'
+        # ids that name no workload, or a job, still need a token: nobody learns which exist
+        assert _refusal(client, proxy_path(999_999, "x"))[0] == 401
+    assert "(anyone, no token)" in server.cli("show", str(public), check=True).stdout
+
+    # WebSocket handshakes follow the same rules
+    head = server.url.replace("http://", "ws://")
+    for token in (bob, None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        with pytest.raises(InvalidStatus) as refused:
+            connect(head + proxy_path(private, "ws"), additional_headers=headers, open_timeout=10)
+        assert refused.value.response.status_code == 403
+    # admitted with no token: the head reaches the service, which (plain HTTP) refuses the upgrade itself
+    with (
+        connect(head + proxy_path(public, "ws"), open_timeout=10) as ws,
+        pytest.raises(ConnectionClosed) as closed,
+    ):
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+    assert "refused the WebSocket" in closed.value.rcvd.reason
+
+
+def test_gpupool_forward_as_someone_else_is_refused_with_the_reason(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    alice = _token(server, "alice")
+    bob = _token(server, "bob")
+    private = _echo(server, alice, tmp_path / "svc")
+    env = {**server.env, "GPUPOOL_TOKEN": bob}
+    forwarder = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.main", "forward", str(private), "--port", "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert forwarder.stdout is not None
+        address = forwarder.stdout.readline().split()[1]
+        answer = httpx.get(address + "x", timeout=30)
+        assert answer.status_code == 403, answer.text
+        assert "belongs to alice and is private" in answer.text
+    finally:
+        forwarder.terminate()
+        forwarder.wait(timeout=10)
+
+
+def test_access_on_a_job_or_unknown_is_refused_with_the_fix(server: ServerProcess) -> None:
+    with server.http() as client:
+        for body, said in (
+            ({"commands": ["true"], "access": "pool"}, "applies to services only"),
+            ({"kind": "service", "commands": ["true"], "access": "everyone"}, "is not one of"),
+        ):
+            refused = client.post("/api/v1/workloads", json=body)
+            assert refused.status_code == 422, refused.text
+            error = refused.json()["error"]
+            assert error["field"] == "access" and said in error["message"], error
+        assert client.get("/api/v1/workloads?all=true").json() == []  # nothing was made
+    failed = server.cli("run", "--service", "--access", "world", "--", "true")
+    assert failed.returncode != 0 and "access" in failed.stderr + failed.stdout
