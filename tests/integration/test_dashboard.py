@@ -136,18 +136,18 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     assert nlp[:4] == ["nlp", "2", "2", "2"]  # quota, fair share, allocated
     assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "3 / 8"]  # train and web
     train = shown.rows[("workload", str(running["id"]))]
-    assert train[1:7] == ["train", "job", "nlp", "running", "2", "node-1"] and train[8] == ""
+    assert train[1:8] == ["train", "job", "nlp", "admin", "running", "2", "node-1"] and train[9] == ""
     service = shown.rows[("workload", str(web["id"]))]
-    assert service[2] == "service" and service[8] == endpoint and endpoint.startswith("127.0.0.1:")
+    assert service[2] == "service" and service[9] == endpoint and endpoint.startswith("127.0.0.1:")
     waiting = shown.rows[("workload", str(huge["id"]))]
-    assert waiting[4] == "pending" and "can never fit this pool" in waiting[9]
+    assert waiting[5] == "pending" and "can never fit this pool" in waiting[10]
     first, second = (shown.rows[("workload", str(wid))] for wid in sweep["array_ids"])
-    assert first[1:5] == ["sweep[0]", "job", "default", "running"]
-    assert second[1] == "sweep[1]" and "runs at most 1 of its tasks at once" in second[9]
+    assert first[1:6] == ["sweep[0]", "job", "default", "admin", "running"]
+    assert second[1] == "sweep[1]" and "runs at most 1 of its tasks at once" in second[10]
     usage = shown.rows[("usage", "nlp")]  # train's GPU-hours so far, out of a quota of 2 GPUs
     assert usage[0] == "nlp" and usage[1] not in ("", "0.00") and usage[3] == "" and usage[4] == "0%", usage
     waits = shown.rows[("workload", str(after["id"]))]
-    assert f"waits for array {sweep['id']} (sweep) to succeed" in waits[9]
+    assert f"waits for array {sweep['id']} (sweep) to succeed" in waits[10]
     server.cli("cancel", str(running["id"]), str(huge["id"]), str(web["id"]), str(sweep["id"]), check=True)
 
 
