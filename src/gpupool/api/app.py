@@ -128,9 +128,10 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(health.router)
     api.include_router(bench.router)
     api.include_router(usage.router)
-    app.include_router(api)
     # The proxy checks its callers itself (`proxy._admit`): a public service takes requests with no token.
+    # First of the routes: each request to a service is matched against the routes in order.
     app.include_router(proxy.router, prefix="/api/v1")
+    app.include_router(api)
     app.add_api_websocket_route("/api/v1/workloads/{workload_id}/proxy/{path:path}", proxy.proxy_websocket)
     app.include_router(agents.agent_router)
     app.include_router(metrics.router)
