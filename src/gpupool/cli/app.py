@@ -7,6 +7,7 @@ import shlex
 import sys
 import time
 import webbrowser
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -97,6 +98,15 @@ PARSABLE_OPTION = typer.Option(
 HOLD_OPTION = typer.Option(
     False, "--hold", help="submit it held: it waits until `gpupool release` (Slurm's sbatch --hold)"
 )
+WAIT_OPTION = typer.Option(
+    False,
+    "--wait",
+    help="wait until it ends, printing its output, and exit with its exit code (Slurm's sbatch --wait; "
+    "Ctrl-C stops waiting, not the job)",
+)
+TIMEOUT_OPTION = typer.Option(
+    None, "--timeout", help="with --wait: stop waiting after this long, e.g. 2h (exit 124; the job goes on)"
+)
 
 
 @app.command()
@@ -107,6 +117,8 @@ def submit(
     array: str | None = ARRAY_OPTION,
     after: list[str] = AFTER_OPTION,
     hold: bool = HOLD_OPTION,
+    wait_end: bool = WAIT_OPTION,
+    timeout: str | None = TIMEOUT_OPTION,
     parsable: bool = PARSABLE_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print the created workload as JSON"),
 ) -> None:
@@ -125,7 +137,28 @@ def submit(
     folder = file.resolve().parent
     data["workdir"] = str(folder / data["workdir"]) if data.get("workdir") else str(folder)
     parse_workload_spec(data)
-    _created(client().submit(data, hold=hold), as_json, parsable)
+    _submit_and_wait(data, hold, wait_end, timeout, as_json, parsable)
+
+
+def _submit_and_wait(
+    data: dict[str, Any], hold: bool, wait_end: bool, timeout: str | None, as_json: bool, parsable: bool
+) -> None:
+    """Submit `data`; with `wait_end`, wait for it to end (cli/wait.py), its output printed as it comes."""
+    if not wait_end:
+        if timeout is not None:
+            raise CliError("--timeout goes with --wait: e.g. --wait --timeout 2h")
+        _created(client().submit(data, hold=hold), as_json, parsable)
+        return
+    from gpupool.cli import wait  # registers `gpupool wait`; imported at the end of this module
+
+    wait.refuse_service(str(data.get("kind") or "job"))
+    wait.check_timeout(timeout)
+    c = client()
+    created = c.submit(data, hold=hold)
+    with redirect_stdout(sys.stderr):  # stdout is the work's output
+        _created(created, as_json, parsable)
+    ids = created.get("array_ids") or [created["id"]]
+    wait.finish(c, ids, logs=True, timeout=timeout, quiet=False)
 
 
 # As `docker run`: run's options come first; from the command's first word on, every word is the command's.
@@ -195,6 +228,8 @@ def run(
     array: str | None = ARRAY_OPTION,
     after: list[str] = AFTER_OPTION,
     hold: bool = HOLD_OPTION,
+    wait_end: bool = WAIT_OPTION,
+    timeout: str | None = TIMEOUT_OPTION,
     parsable: bool = PARSABLE_OPTION,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -239,7 +274,7 @@ def run(
         data["idle"] = {"timeout": timeout, "action": action} if action else timeout
     _add_array_and_after(data, array, after)
     parse_workload_spec(data)
-    _created(client().submit(data, hold=hold), as_json, parsable)
+    _submit_and_wait(data, hold, wait_end, timeout, as_json, parsable)
 
 
 def _many(ids: list[int]) -> str:
@@ -469,7 +504,21 @@ def logs(
     rank: int = typer.Option(0, "--rank", min=0, help="rank of a multi-node gang (NODE_RANK); default 0"),
 ) -> None:
     """Print a workload's output (stdout and stderr of its latest attempt)."""
-    c = client()
+    stream_log(client(), workload_id, attempt=attempt, rank=rank, follow=follow)
+
+
+def stream_log(
+    c: Client,
+    workload_id: int,
+    *,
+    attempt: int | None = None,
+    rank: int = 0,
+    follow: bool = True,
+    deadline: float | None = None,
+) -> bool:
+    """Print a workload's output: the latest attempt's, or from `attempt` on. With `follow`, on as it comes
+    until the workload ends, each later attempt's after the last (a retry, a restart after preemption).
+    False when `deadline` (a time.monotonic() time) passed first."""
     offset = 0
     chosen = attempt
     while True:
@@ -482,11 +531,15 @@ def logs(
             sys.stdout.flush()
             continue  # the server sends a long log in chunks: read on until it has no more
         if not follow:
-            break
-        if chunk["eof"]:
-            if chunk["state"] != "pending":
-                break
-            chosen, offset = None, 0  # a retry is on its way: follow the next attempt
+            return True
+        latest = chunk.get("latest_attempt")
+        if chunk.get("attempt_ended") and chosen is not None and latest is not None and latest > chosen:
+            chosen, offset = chosen + 1, 0  # read whole: the next attempt's output follows
+            continue
+        if chunk["eof"] and chunk["state"] != "pending":
+            return True  # the workload ended (a pending one waits for its next attempt)
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
         time.sleep(0.5)
 
 
@@ -907,3 +960,4 @@ class CliError(Exception):
 from gpupool.cli import health as _health  # noqa: E402, F401  (`gpupool top|health`, `node show|inject-fault`)
 from gpupool.cli import nodes as _nodes  # noqa: E402, F401  (registers `gpupool node join-token|drain`)
 from gpupool.cli import tokens as _tokens  # noqa: E402, F401  (registers `gpupool token ...`, `whoami`)
+from gpupool.cli import wait as _wait  # noqa: E402, F401  (registers `gpupool wait`)

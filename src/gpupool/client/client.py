@@ -145,10 +145,14 @@ class Client:
         queue: str | None = None,
         user: str | None = None,
         since: datetime | None = None,
+        ids: list[int] | None = None,
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Oldest first; the server gives the newest `limit` (1,000 unless said) of those that match."""
+        """Oldest first; the server gives the newest `limit` (1,000 unless said) of those that match
+        (`ids`: only those workloads, at most 1,000)."""
         params: dict[str, Any] = {"all": all}
+        if ids is not None:
+            params["id"] = ids
         if state:
             params["state"] = state
         if queue:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -450,6 +450,7 @@ def owner_of(store: Store, workload_id: int) -> str:
         return _load(s, workload_id).user
 
 
+MAX_LISTED_IDS: Final = 1000  # ids one listing may name (`id=` repeated in the query)
 PRIVATE: Final = "private"
 PUBLIC: Final = "public"
 
@@ -678,11 +679,15 @@ def list_workloads(
     queue: str | None = None,
     user: str | None = None,
     since: datetime | None = None,
+    ids: Sequence[int] | None = None,
     limit: int = 1000,
     live: Live | None = None,
     readiness: Ready | None = None,
 ) -> list[dict[str, Any]]:
-    """Workloads oldest first: the newest `limit` of those matching (submitted at or after `since`)."""
+    """Workloads oldest first: the newest `limit` of those matching (submitted at or after `since`; among
+    `ids`, when given)."""
+    if ids is not None and len(ids) > MAX_LISTED_IDS:
+        raise Invalid(f"{len(ids)} ids: at most {MAX_LISTED_IDS} in one request; ask in parts", field="id")
     if state is not None and state not in STATES:
         raise Invalid(f"unknown state {state!r}; one of {', '.join(STATES)}", field="state")
     with store.read() as s:
@@ -697,6 +702,8 @@ def list_workloads(
             query = query.where(Workload.queue == queue)
         if user is not None:
             query = query.where(Workload.user == user)
+        if ids is not None:
+            query = query.where(Workload.id.in_([i for i in ids if 0 < i <= MAX_ID]))
         return [workload_view(w, live=live, readiness=readiness) for w in reversed(s.scalars(query).all())]
 
 
@@ -989,6 +996,8 @@ def read_log(
                 "eof": workload.state in TERMINAL,
                 "state": workload.state,
                 "path": None,
+                "attempt_ended": False,
+                "latest_attempt": None,
             }
         if attempt is None:
             chosen = workload.attempts[-1]
@@ -1025,6 +1034,9 @@ def read_log(
             "eof": finished and next_offset >= size and workload.state != RUNNING,
             "state": workload.state,
             "path": str(path),
+            # for a reader following the work: this attempt has ended, and which attempt is the newest
+            "attempt_ended": finished,
+            "latest_attempt": workload.attempts[-1].number,
         }
 
 

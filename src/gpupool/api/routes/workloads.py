@@ -52,11 +52,15 @@ def list_workloads(
     since: datetime | None = Query(
         None, description="only those submitted at or after this time (ISO 8601; without a zone, UTC)"
     ),
+    id: list[int] | None = Query(
+        None, description=f"only these workloads (repeat: id=3&id=4; at most {service.MAX_LISTED_IDS})"
+    ),
     limit: int = Query(1000, ge=1, le=100_000, description="at most this many, newest first"),
 ) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
     return service.list_workloads(
-        runtime.store, include_finished=all, state=state, queue=queue, user=user, since=since, limit=limit,
+        runtime.store, include_finished=all, state=state, queue=queue, user=user, since=since, ids=id,
+        limit=limit,
         live=runtime.reconciler.explanations, readiness=runtime.readiness.state,
     )  # fmt: skip
 

@@ -1,0 +1,184 @@
+"""`gpupool wait` and `gpupool run|submit --wait`: block until work has ended and exit with how it ended, as
+Slurm's `sbatch --wait` does, so that a script or a CI step can run a job and read its result.
+
+Exit codes: 0 when every workload succeeded; a single workload that failed with an exit code gives that
+code; 1 otherwise (failed without one, cancelled, or some of several did not succeed); 124 when `--timeout`
+passed first; 130 on Ctrl-C. Nothing is cancelled by waiting less: the work goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, Final, NoReturn
+
+import typer
+from rich.markup import escape
+
+from gpupool.cli.app import CliError, app, client, stream_log
+from gpupool.cli.render import err_console, styled
+from gpupool.client import ApiError, Client
+from gpupool.spec import parse_duration
+
+ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
+POLL: Final = 1.0  # seconds between looks at the workloads' states
+PAGE: Final = 1000  # ids asked for in one listing (the API's most)
+TIMED_OUT: Final = 124  # as timeout(1)
+INTERRUPTED: Final = 130  # 128 + SIGINT
+
+
+@app.command()
+def wait(
+    workload_ids: list[int] = typer.Argument(
+        ..., help="one or more workload ids (an array's id: all its tasks)"
+    ),
+    timeout: str | None = typer.Option(
+        None, "--timeout", help="give up after this long, e.g. 30m, 2h (exit 124; the work goes on)"
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing; only the exit code says"),
+) -> None:
+    """Wait until workloads end: exit 0 when all succeeded, a lone failed job's exit code, else 1 (124 on
+    --timeout, 130 on Ctrl-C; the work goes on). Slurm's sbatch --wait, for work already submitted."""
+    c = client()
+    ids: list[int] = []
+    for workload_id in workload_ids:
+        ids.extend(_members(c, workload_id))
+    finish(c, ids, logs=False, timeout=timeout, quiet=quiet)
+
+
+def check_timeout(timeout: str | None) -> float | None:
+    """The seconds `--timeout` gives, refused (CliError) before anything is submitted when it is bad."""
+    if timeout is None:
+        return None
+    try:
+        seconds = parse_duration(timeout, "--timeout")
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    if seconds <= 0:
+        raise CliError(f"--timeout {timeout}: must be longer than 0, e.g. 30m")
+    return seconds
+
+
+def refuse_service(kind: str) -> None:
+    if kind == "service":
+        raise CliError(
+            "--wait: a service runs until it is cancelled, so there is no end to wait for; drop --wait "
+            "(follow its output with `gpupool logs -f ID`)"
+        )
+
+
+def finish(c: Client, ids: list[int], *, logs: bool, timeout: str | None, quiet: bool = False) -> NoReturn:
+    """Wait for `ids` to end (printing the lone one's output as it comes when `logs`), say how each ended,
+    and exit with the code the module docstring gives."""
+    seconds = check_timeout(timeout)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    try:
+        if logs and len(ids) == 1:
+            ended = stream_log(c, ids[0], attempt=0, deadline=deadline)  # every attempt, from the first
+            done = _ended(c, ids, deadline, quiet=True) if ended else None
+        else:
+            done = _ended(c, ids, deadline, quiet=quiet)
+    except KeyboardInterrupt:
+        if not quiet:
+            err_console.print(f"stopped waiting: {_named(ids)} (gpupool ps; gpupool cancel ...)")
+        raise typer.Exit(INTERRUPTED) from None
+    if done is None:
+        if not quiet:
+            err_console.print(f"--timeout {timeout} passed before the end: {_named(ids)}")
+        raise typer.Exit(TIMED_OUT)
+    if not quiet:
+        for w in done:
+            err_console.print(_ending(w), highlight=False)
+        if len(done) > 1:
+            good = sum(1 for w in done if w["state"] == "succeeded")
+            err_console.print(f"{good} of {len(done)} succeeded")
+    raise typer.Exit(exit_code(done))
+
+
+def exit_code(workloads: list[dict[str, Any]]) -> int:
+    """0 when every one succeeded; a lone failed workload's own exit code (1..255); else 1."""
+    if all(w["state"] == "succeeded" for w in workloads):
+        return 0
+    if len(workloads) == 1:
+        code = workloads[0].get("exit_code")
+        if workloads[0]["state"] == "failed" and isinstance(code, int) and 0 < code < 256:
+            return code
+    return 1
+
+
+def _members(c: Client, workload_id: int) -> list[int]:
+    """The ids `workload_id` stands for: an array's tasks by the array's id, else itself; a service is
+    refused (it never ends by itself)."""
+    try:
+        w = c.workload(workload_id)
+    except ApiError as exc:
+        raise CliError(exc.message) from exc
+    refuse_service(w["kind"])
+    return [t["id"] for t in w.get("task_list") or ()] or [w["id"]]
+
+
+def _pages(ids: list[int]) -> Iterator[list[int]]:
+    for at in range(0, len(ids), PAGE):
+        yield ids[at : at + PAGE]
+
+
+def _ended(c: Client, ids: list[int], deadline: float | None, *, quiet: bool) -> list[dict[str, Any]] | None:
+    """Every workload of `ids` once all have ended (in the order of `ids`), or None at the deadline. Reads
+    their states in listings of up to PAGE ids a look, once a second; shows how many have ended."""
+    last: dict[int, dict[str, Any]] = {}
+    shown = not quiet and sys.stderr.isatty()
+    with err_console.status("waiting", spinner="dots") if shown else _Silent() as status:
+        while True:
+            for page in _pages([i for i in ids if last.get(i, {}).get("state") not in ENDED]):
+                for w in c.workloads(all=True, ids=page, limit=len(page)):
+                    last[w["id"]] = w
+            missing = [i for i in ids if i not in last]
+            if missing:
+                raise CliError(f"no workload with id {missing[0]}; list them with `gpupool ps --all`")
+            waiting = [last[i] for i in ids if last[i]["state"] not in ENDED]
+            if not waiting:
+                return [last[i] for i in ids]
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            status.update(_progress(len(ids) - len(waiting), len(ids), waiting))
+            time.sleep(POLL)
+
+
+def _progress(ended: int, total: int, waiting: list[dict[str, Any]]) -> str:
+    first = waiting[0]
+    why = f": {first['reason']}" if first["state"] == "pending" and first.get("reason") else ""
+    head = f"{ended} of {total} ended; " if total > 1 else ""
+    return escape(f"{head}{first['id']} ({first['name']}) {first['state']}{why}")[:200]
+
+
+def _ending(w: dict[str, Any]) -> str:
+    """One line on how a workload ended."""
+    state = w["state"]
+    code = w.get("exit_code")
+    said = f" with exit code {code}" if state == "failed" and code is not None else ""
+    why = w.get("reason") or ""
+    reason = f": {why}" if why and state != "succeeded" and why != f"exit code {code}" else ""
+    name = w["name"] if w.get("array_index") is None else f"{w['name']}[{w['array_index']}]"
+    return f"workload {w['id']} ({escape(name)}) {styled(state)}{said}{escape(reason)}"
+
+
+def _named(ids: Iterable[int]) -> str:
+    """What goes on running, in words."""
+    listed = list(ids)
+    if len(listed) == 1:
+        return f"workload {listed[0]} goes on"
+    return f"the {len(listed)} workloads go on"
+
+
+class _Silent:
+    """A status that shows nothing (not a terminal, or --quiet)."""
+
+    def __enter__(self) -> _Silent:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def update(self, _: str) -> None:
+        return None

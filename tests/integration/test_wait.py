@@ -1,0 +1,129 @@
+"""Waiting for work to end (`gpupool run|submit --wait`, `gpupool wait`): the output as it comes, the
+job's own exit code, arrays and several workloads, retries followed, --timeout and Ctrl-C leaving the work
+running. A real server, real jobs, the real CLI."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import ServerProcess
+
+
+def test_run_wait_prints_the_output_and_exits_with_the_jobs_code(server: ServerProcess) -> None:
+    failed = server.cli("run", "--wait", "--", "sh", "-c", "echo hello; sleep 1; echo bye; exit 3")
+    assert failed.returncode == 3, failed.stderr
+    assert failed.stdout == "hello\nbye\n"  # the work's output alone on stdout
+    assert "submitted 1" in failed.stderr and "workload 1 (" in failed.stderr
+    assert "failed with exit code 3" in failed.stderr
+
+    done = server.cli("run", "--wait", "--gpus", "0", "--", "echo", "ok")
+    assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
+    assert "succeeded" in done.stderr
+
+
+def test_an_array_and_several_workloads_exit_0_only_when_all_succeeded(server: ServerProcess) -> None:
+    array = server.cli(
+        "run", "--array", "0-2", "--wait", "--gpus", "0", "--", "sh", "-c", "exit $GPUPOOL_ARRAY_INDEX"
+    )
+    assert array.returncode == 1, array.stderr
+    assert "1 of 3 succeeded" in array.stderr
+    assert "([0]) succeeded" not in array.stderr and "[2]) failed with exit code 2" in array.stderr
+
+    good = server.submit({"commands": ["true"]})
+    slow = server.submit({"commands": ["sleep 30"]})
+    server.wait_for(good["id"])
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.main", "wait", str(good["id"]), str(slow["id"])],
+        env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(2)
+    assert waiter.poll() is None  # the slow one runs on
+    server.cli("cancel", str(slow["id"]), check=True)
+    _, said = waiter.communicate(timeout=60)
+    assert waiter.returncode == 1, said
+    assert f"workload {slow['id']} (" in said and "cancelled" in said and "1 of 2 succeeded" in said
+
+    first = int(array.stderr.split("as array ")[1].split()[0])
+    assert server.cli("wait", str(first), "--quiet").returncode == 1  # an array's id: all its tasks
+    assert server.cli("wait", str(good["id"])).returncode == 0
+
+
+def test_a_retried_job_is_followed_to_its_last_attempt(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "0"]).start()
+    try:
+        spec = tmp_path / "flaky.yaml"
+        spec.write_text(
+            "commands:\n"
+            "  - echo attempt $GPUPOOL_ATTEMPT\n"
+            "  - test $GPUPOOL_ATTEMPT -ge 1\n"
+            "retry: {max_restarts: 2, on: [failure]}\n"
+        )
+        done = server.cli("submit", str(spec), "--wait")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "attempt 0\nattempt 1\n"
+
+        # `logs -f` begun while the first attempt runs follows the retry too
+        flaky = server.submit(
+            {
+                "commands": ["echo attempt $GPUPOOL_ATTEMPT", "sleep 2", "test $GPUPOOL_ATTEMPT -ge 1"],
+                "retry": {"max_restarts": 2, "on": ["failure"]},
+            }
+        )
+        server.wait_for(flaky["id"], states=("running",))
+        followed = server.cli("logs", "-f", str(flaky["id"]))
+        assert followed.stdout == "attempt 0\nattempt 1\n", followed.stderr
+    finally:
+        server.stop()
+
+
+def test_timeout_and_ctrl_c_stop_waiting_not_the_work(server: ServerProcess) -> None:
+    timed = server.cli("run", "--wait", "--timeout", "2s", "--", "sleep", "60")
+    assert timed.returncode == 124, timed.stderr
+    assert "--timeout 2s passed before the end: workload 1 goes on" in timed.stderr
+    assert server.workload(1)["state"] in ("pending", "running")
+
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.main", "wait", "1"],
+        env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(2)
+    waiter.send_signal(signal.SIGINT)
+    _, said = waiter.communicate(timeout=30)
+    assert waiter.returncode == 130, said
+    assert "stopped waiting: workload 1 goes on" in said
+    assert server.workload(1)["state"] == "running"
+    server.cli("cancel", "1", check=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run", "--service", "--wait", "--", "sleep", "1"], "a service runs until it is cancelled"),
+        (["run", "--wait", "--timeout", "soon", "--", "true"], "--timeout: 'soon' is not a duration"),
+        (["run", "--timeout", "2s", "--", "true"], "--timeout goes with --wait"),
+        (["wait", "999"], "no workload with id 999"),
+    ],
+)
+def test_bad_waits_are_refused_with_the_fix_and_submit_nothing(
+    server: ServerProcess, args: list[str], said: str
+) -> None:
+    refused = server.cli(*args)
+    assert refused.returncode == 1 and said in refused.stderr, refused.stderr
+    with server.http() as client:
+        assert client.get("/api/v1/workloads?all=true").json() == []
+
+
+def test_the_listing_takes_ids(server: ServerProcess) -> None:
+    ids = [server.submit({"commands": ["true"], "resources": {"gpu": 0}})["id"] for _ in range(3)]
+    with server.http() as client:
+        listed = client.get(f"/api/v1/workloads?all=true&id={ids[0]}&id={ids[2]}&id=999").json()
+        assert [w["id"] for w in listed] == [ids[0], ids[2]]
+        query = "&".join(f"id={i}" for i in range(1, 1002))
+        refused = client.get(f"/api/v1/workloads?{query}")
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "id", refused.text
