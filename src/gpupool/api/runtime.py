@@ -101,6 +101,7 @@ class Runtime:
             lambda: self.reconciler.explanations,
             lambda: self.readiness.state,
             lambda: self.autoscaler.words,
+            lambda: self.reconciler.budgets.state,
         )
         self.reconciler.cycle_observer = self.metrics.cycle_seconds.observe
         self.reconciler.direct_binds = self.health.jobs.binds  # check jobs (control/health_jobs.py)

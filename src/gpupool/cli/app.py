@@ -805,13 +805,19 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print_json(rows)
         return
-    columns = ("NAME", "PARENT", "PRIORITY", "GPU QUOTA", "GPU LIMIT", "WEIGHT", "WEIGHT (NOW)", "FAIR SHARE",
-               "ALLOCATED", "PENDING GPUS", "RUNNING", "PENDING")  # fmt: skip
+    columns: tuple[str, ...] = (
+        "NAME", "PARENT", "PRIORITY", "GPU QUOTA", "GPU LIMIT", "WEIGHT", "WEIGHT (NOW)", "FAIR SHARE",
+        "ALLOCATED", "PENDING GPUS", "RUNNING", "PENDING",
+    )  # fmt: skip
+    budgets = any(q.get("budget") for q in rows)
+    if budgets:
+        columns += ("GPU-H BUDGET",)
     names = {"NAME": [q["name"] for q in rows], "PARENT": [q["parent"] or "-" for q in rows]}
     table = folding_table(columns, names)
     for q in rows:
         gpu = q["resources"].get("gpu", {})
         limit = gpu.get("limit")
+        budget = (_budget_cell(q["budget"]),) if budgets else ()
         table.add_row(
             q["name"],
             q["parent"] or "-",
@@ -825,8 +831,21 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
             f"{q['gpus_pending']:g}",
             str(q["running"]),
             str(q["pending"]),
+            *budget,
         )
     console.print(table)
+
+
+def _budget_cell(budget: dict[str, Any] | None) -> str:
+    """A queue's budget: GPU-hours used in this period (once the head counted them) of how many, per what."""
+    if not budget:
+        return "-"
+    limit = f"{budget['gpu_hours']:g} a {budget['period']}"
+    used = budget.get("used_gpu_hours")
+    if used is None:
+        return limit
+    spent = ", spent" if budget.get("spent") else ""
+    return f"{used:.3g} of {limit}{spent}" if used < 10 else f"{used:,.0f} of {limit}{spent}"
 
 
 USAGE_GROUPS = ("queue", "user", "workload", "node", "model", "day", "outcome")
@@ -868,6 +887,7 @@ def usage(
 def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
     """A queue spec from an optional YAML file plus the flags given (flags win)."""
     body: dict[str, Any] = {}
+    budget = _budget(fields.pop("budget", None))
     if file is not None:
         try:
             loaded = load_yaml(file.read_text(), "name: nlp")
@@ -880,6 +900,8 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
     if gpu:
         body.setdefault("resources", {}).setdefault("gpu", {}).update(gpu)
     body.update({key: value for key, value in fields.items() if value is not None and key not in _GPU_FLAGS})
+    if budget is not None:
+        body["budget"] = None if budget == "none" else budget
     return body
 
 
@@ -893,7 +915,30 @@ _DESCRIPTION = typer.Option(None, "--description")
 _ORDERING = typer.Option(None, "--ordering", help="fifo | attained | las | estimate")
 _MIN_PREEMPT = typer.Option(None, "--min-runtime-preempt", help="e.g. 10m: no preemption of younger work")
 _MIN_RECLAIM = typer.Option(None, "--min-runtime-reclaim", help="e.g. 30m: no reclaim of younger work")
+_BUDGET = typer.Option(
+    None,
+    "--budget",
+    help="GPU-hours per calendar month (UTC) for this queue and those below it, e.g. 5000, 200/week, "
+    "24/day; none removes it",
+)
 _FILE = typer.Option(None, "--file", "-f", help="a queue spec (YAML)")
+
+
+def _budget(text: str | None) -> dict[str, Any] | str | None:
+    """--budget as the spec's `budget` (None: no flag; "none": remove the budget)."""
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return "none"
+    hours, _, period = text.partition("/")
+    try:
+        gpu_hours = float(hours)
+    except ValueError:
+        raise CliError(
+            f"--budget {text}: GPU-hours, optionally per day, week or month, e.g. 5000 or 200/week"
+        ) from None
+    given = int(gpu_hours) if gpu_hours.is_integer() else gpu_hours  # errors echo it as it was written
+    return {"gpu_hours": given, "period": period.strip() or "month"}
 
 
 @queue_app.command("create")
@@ -908,9 +953,10 @@ def queue_create(
     ordering: str | None = _ORDERING,
     min_runtime_preempt: str | None = _MIN_PREEMPT,
     min_runtime_reclaim: str | None = _MIN_RECLAIM,
+    budget: str | None = _BUDGET,
     file: Path | None = _FILE,
 ) -> None:
-    """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16"""
+    """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16 [--budget 5000]"""
     fields = dict(locals())
     body = _queue_body(fields.pop("file"), {k: v for k, v in fields.items() if k != "name"})
     body["name"] = name
@@ -931,6 +977,7 @@ def queue_update(
     ordering: str | None = _ORDERING,
     min_runtime_preempt: str | None = _MIN_PREEMPT,
     min_runtime_reclaim: str | None = _MIN_RECLAIM,
+    budget: str | None = _BUDGET,
     file: Path | None = _FILE,
 ) -> None:
     """Change some fields of a queue; the others keep their values."""
@@ -939,7 +986,8 @@ def queue_update(
     if not body:
         raise CliError(
             "nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, --priority, "
-            "--parent, --description, --ordering, --min-runtime-preempt, --min-runtime-reclaim, --file"
+            "--parent, --description, --ordering, --min-runtime-preempt, --min-runtime-reclaim, --budget, "
+            "--file"
         )
     q = client().update_queue(name, body)
     console.print(f"queue {q['name']} updated")

@@ -207,6 +207,15 @@ def usage(
     }
 
 
+def gpu_hours_by_queue(s: Session, since: datetime, until: datetime, now: datetime) -> dict[str, float]:
+    """GPU-hours each queue's attempts held inside the window, as `usage --by queue` counts them."""
+    totals: dict[str, float] = {}
+    for span in _spans(s, since, until, None, _models(s), now):
+        held = span.gpus * (span.end - span.start).total_seconds() / HOUR
+        totals[span.queue] = totals.get(span.queue, 0.0) + held
+    return totals
+
+
 def _known_queue(s: Session, queue: str) -> bool:
     """A queue that exists, or did: one that work was submitted to."""
     if s.scalar(select(Queue.id).where(Queue.name == queue)) is not None:

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from gpupool import scheduler
 from gpupool.backends.base import Backend, Launch, LaunchError, Pod
 from gpupool.control import contract, inventory, service
+from gpupool.control.budgets import Budgets
 from gpupool.control.dependencies import Dependencies, Dependency
 from gpupool.control.errors import ServiceError
 from gpupool.control.idle import CHECK_INTERVAL as IDLE_CHECK_INTERVAL
@@ -99,6 +100,8 @@ class Reconciler(Observation, SnapshotBuilding):
         self.dependencies = Dependencies()
         self._array_limits: dict[int, tuple[int, int]] = {}
         self.array_held: dict[int, scheduler.Explanation] = {}
+        self.budgets = Budgets()
+        self.over_budget: dict[int, scheduler.Explanation] = {}
         self.fair_shares: dict[str, dict[str, float]] = {}
         # The queues as the last pass weighed them (young-work weights applied): `gpupool queues` shows them.
         self.pass_queues: tuple[scheduler.QueueView, ...] = ()
@@ -227,6 +230,7 @@ class Reconciler(Observation, SnapshotBuilding):
         waiting.update(self.dependencies.waiting)
         waiting.update(self.held)
         waiting.update(self.array_held)
+        waiting.update(self.over_budget)
         if self.dependencies.never:
             self._cancel_unmeetable(self.dependencies.never)
         if not snapshot.pending and not snapshot.running:

@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 
 from gpupool.control import bench, service
 from gpupool.control.autoscale import Word
+from gpupool.control.budgets import BudgetState
 from gpupool.control.health import HealthMonitor
 from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE
 from gpupool.control.readiness import Readiness, word_on
@@ -169,8 +170,10 @@ class PoolCollector(Collector):
         explanations: Callable[[], Mapping[int, Explanation]] = dict,
         readiness: Callable[[], Mapping[int, Readiness]] = dict,
         autoscaling: Callable[[], Mapping[int, Word]] = dict,
+        budgets: Callable[[], Mapping[str, BudgetState]] = dict,
     ) -> None:
         self.store, self.telemetry, self.health, self.fair_shares = store, telemetry, health, fair_shares
+        self.budgets = budgets  # the loop's last count of each budgeted queue's GPU-hours this period
         self.autoscaling = autoscaling  # the autoscaler's last look at each service with `scaling`
         self.explanations = explanations  # the reconcile loop's latest reason for each pending workload
         self.readiness = readiness  # the readiness prober's last word on each running service with a probe
@@ -293,6 +296,7 @@ class PoolCollector(Collector):
                 ready.add_metric([str(wid), name, queue], 1.0 if up else 0.0)
         yield ready
         yield from self._autoscaled()
+        yield from self._budgets()
         counts = dict.fromkeys(NODE_STATES, 0)
         for name, state, _ in node_rows:
             counts[state] = counts.get(state, 0) + 1
@@ -375,6 +379,23 @@ class PoolCollector(Collector):
                 replicas.add_metric([*labels, kind], float(value))
         yield from (load, replicas)
 
+    def _budgets(self) -> Iterator[Metric]:
+        limit = GaugeMetricFamily(
+            "gpupool_queue_budget_gpu_hours",
+            "A queue's GPU-hour budget for its current period (day, week or month, UTC).",
+            labels=["queue", "period"],
+        )
+        used = GaugeMetricFamily(
+            "gpupool_queue_budget_used_gpu_hours",
+            "GPU-hours the queue and the queues below it used in its budget's current period, as the "
+            "control loop last counted them (every 10 s); at or above the budget, its new work waits.",
+            labels=["queue", "period"],
+        )
+        for name, budget in sorted(self.budgets().items()):
+            limit.add_metric([name, budget.period], budget.gpu_hours)
+            used.add_metric([name, budget.period], budget.used)
+        yield from (limit, used)
+
 
 class Metrics:
     """One registry per server: the scrape-time collector and the scheduler cycle histogram."""
@@ -388,6 +409,7 @@ class Metrics:
         explanations: Callable[[], Mapping[int, Explanation]] = dict,
         readiness: Callable[[], Mapping[int, Readiness]] = dict,
         autoscaling: Callable[[], Mapping[int, Word]] = dict,
+        budgets: Callable[[], Mapping[str, BudgetState]] = dict,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.cycle_seconds = Histogram(
@@ -403,5 +425,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(
-            PoolCollector(store, telemetry, health, fair_shares, explanations, readiness, autoscaling)
+            PoolCollector(
+                store, telemetry, health, fair_shares, explanations, readiness, autoscaling, budgets
+            )
         )

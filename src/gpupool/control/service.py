@@ -85,6 +85,7 @@ def queue_view(
         "ordering": queue.spec.get("ordering"),
         "min_runtime_preempt": queue.spec.get("min_runtime_preempt"),
         "min_runtime_reclaim": queue.spec.get("min_runtime_reclaim"),
+        "budget": queue.spec.get("budget"),
         "running": int(used.get("running", 0)),
         "pending": int(used.get("pending", 0)),
         "created_at": _iso(queue.created_at),

@@ -8,6 +8,7 @@ nothing changed, so that the scheduler recognises an unchanged snapshot by ident
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session
 from gpupool import scheduler
 from gpupool.control import inventory
 from gpupool.control.arrays import throttled
+from gpupool.control.budgets import Budgets, blocked
 from gpupool.control.dependencies import Dependencies, Dependency, dependencies_of
 from gpupool.control.lifecycle import HELD, PENDING, RUNNING
 from gpupool.control.node_views import NodeViews
@@ -60,6 +62,8 @@ class SnapshotBuilding:
     dependencies: Dependencies  # pending work the last snapshot left out: it waits for other workloads
     _array_limits: dict[int, tuple[int, int]]  # cached tasks of arrays with a %N: (array id, N)
     array_held: dict[int, scheduler.Explanation]  # pending tasks the last snapshot left out: their array's %N
+    budgets: Budgets  # the queues' budgets as the last pass counted them
+    over_budget: dict[int, scheduler.Explanation]  # pending work the last snapshot left out: a budget used
 
     def _snapshot(self, s: Session, now: float | None = None) -> scheduler.Snapshot:
         now = time.time() if now is None else now
@@ -106,6 +110,7 @@ class SnapshotBuilding:
             if self.array_held:
                 pending = [(wid, priority) for wid, priority in pending if wid not in self.array_held]
         queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
+        pending = self._within_budget(s, queue_rows, pending, now)
         usage = self._usage(s, {q.name: q.parent for q in queue_rows})
         queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
         # Attained service is read where something ranks or weighs by it: las / attained ordering, the
@@ -166,6 +171,25 @@ class SnapshotBuilding:
         if bands is not None:
             queues = bands.queues(queues)
         return scheduler.Snapshot(nodes, tuple(views), queues, tuple(running), config)
+
+    def _within_budget(
+        self, s: Session, queue_rows: Sequence[Queue], pending: list[tuple[int, int]], now: float
+    ) -> list[tuple[int, int]]:
+        """`pending` without the work of queues whose budget (or an ancestor's) is used: that work is left
+        in `over_budget`, with why (control/budgets.py)."""
+        self.over_budget = {}
+        state = self.budgets.look(s, queue_rows, now)
+        if not state or not pending:
+            return pending
+        views = self._views
+        out = blocked(state, {q.name: q.parent for q in queue_rows}, {views[wid].queue for wid, _ in pending})
+        if not out:
+            return pending
+        for wid, _ in pending:
+            budget = out.get(views[wid].queue)
+            if budget is not None:
+                self.over_budget[wid] = budget.explanation()
+        return [(wid, priority) for wid, priority in pending if wid not in self.over_budget]
 
     def _same_view(self, view: scheduler.NodeView) -> scheduler.NodeView:
         """The view of the last pass when nothing changed: the scheduler then recognises the node (and an

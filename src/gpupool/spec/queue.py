@@ -43,6 +43,9 @@ QUEUE_FIELD_EXAMPLES: Final[dict[str, str]] = {
     "ordering": "fifo",
     "min_runtime_preempt": "10m",
     "min_runtime_reclaim": "30m",
+    "budget": "{gpu_hours: 5000, period: month}",
+    "budget.gpu_hours": "5000",
+    "budget.period": "month (or week, day)",
 }
 """A valid example for each field path, shown in every error about that field."""
 
@@ -74,6 +77,26 @@ class ResourceShare(BaseModel):
                 "limit", self.limit, f"is below the quota ({self.quota:g}); a limit must be >= quota", ""
             )
         return self
+
+
+BudgetPeriod = Literal["day", "week", "month"]
+GpuHours = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False), BeforeValidator(refuse_bool)]
+
+
+class BudgetSpec(BaseModel):
+    """GPU-hours a queue (with the queues below it) may use per calendar period (UTC): Slurm's
+    GrpTRESMins, but renewed each period."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_hours: GpuHours = Field(
+        description="GPU-hours per period, counted as `gpupool usage` counts them (GPUs held, fractions "
+        "as fractions); once used, the queue's pending work waits until the next period (required)."
+    )
+    period: BudgetPeriod = Field(
+        default="month",
+        description="day, week (from Monday) or month, in UTC; default month.",
+    )
 
 
 class QueueResources(BaseModel):
@@ -142,6 +165,11 @@ class QueueSpec(BaseModel):
         description="Work in this queue runs at least this long before another queue may reclaim it, "
         'e.g. "30m"; default null: the parent\'s, else 0.',
     )
+    budget: BudgetSpec | None = Field(
+        default=None,
+        description="GPU-hours it and the queues below it may use per day, week or month (UTC); once "
+        "used, their pending work waits (reason budget) and running work goes on; default null: no budget.",
+    )
 
     @model_validator(mode="after")
     def _not_its_own_parent(self) -> QueueSpec:
@@ -159,6 +187,7 @@ def parse_queue_spec(data: object) -> QueueSpec:
 
 __all__ = [
     "QUEUE_FIELD_EXAMPLES",
+    "BudgetSpec",
     "QueueResources",
     "QueueSpec",
     "ResourceShare",

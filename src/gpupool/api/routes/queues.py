@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Request
 
 from gpupool.api.auth import admin_only
 from gpupool.control import service
+from gpupool.control.budgets import BudgetState
 from gpupool.scheduler import QueueView
 from gpupool.spec import parse_queue_spec
 
@@ -32,7 +33,8 @@ def list_queues(request: Request) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
     reconciler = runtime.reconciler
     weights = _weights_now(reconciler.pass_queues)
-    return [_with_weight(row, weights) for row in service.list_queues(runtime.store, reconciler.fair_shares)]
+    rows = service.list_queues(runtime.store, reconciler.fair_shares)
+    return [_with_pass(row, weights, reconciler.budgets.state) for row in rows]
 
 
 @router.get("/{name}", summary="One queue")
@@ -40,7 +42,8 @@ def get_queue(request: Request, name: str) -> dict[str, Any]:
     runtime = request.app.state.runtime
     reconciler = runtime.reconciler
     weights = _weights_now(reconciler.pass_queues)
-    return _with_weight(service.get_queue(runtime.store, name, reconciler.fair_shares), weights)
+    row = service.get_queue(runtime.store, name, reconciler.fair_shares)
+    return _with_pass(row, weights, reconciler.budgets.state)
 
 
 def _weights_now(queues: Sequence[QueueView]) -> dict[str, float]:
@@ -49,9 +52,16 @@ def _weights_now(queues: Sequence[QueueView]) -> dict[str, float]:
     return {q.name: q.gpu.weight for q in queues}
 
 
-def _with_weight(row: dict[str, Any], weights: dict[str, float]) -> dict[str, Any]:
+def _with_pass(
+    row: dict[str, Any], weights: dict[str, float], budgets: Mapping[str, BudgetState]
+) -> dict[str, Any]:
+    """The queue with what the last pass knew: its weight then, and its budget's GPU-hours used so far in
+    the current period (control/budgets.py; counted again every few seconds)."""
     weight = weights.get(row["name"])
     row["gpu_weight_now"] = None if weight is None else round(weight, 6)
+    budget = budgets.get(row["name"])
+    if row.get("budget") and budget is not None:
+        row["budget"] = {**row["budget"], **budget.view()}
     return row
 
 

@@ -1,0 +1,97 @@
+"""Queue budgets (control/budgets.py) on a real SQLite store: the calendar periods, what a budget counts
+(its queue and the queues below it, in its period only), and which queues' work waits."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from gpupool.control import service
+from gpupool.control.budgets import BUDGET, REFRESH, Budgets, BudgetState, blocked, period_bounds
+from gpupool.spec import parse_queue_spec
+from gpupool.store.db import Store
+from gpupool.store.models import Attempt, Queue, Workload
+
+NOW = datetime(2026, 12, 31, 22, 0, tzinfo=UTC)  # a Thursday
+H = timedelta(hours=1)
+
+
+@pytest.mark.parametrize(
+    ("period", "start", "end"),
+    [
+        ("day", datetime(2026, 12, 31, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC)),
+        ("week", datetime(2026, 12, 28, tzinfo=UTC), datetime(2027, 1, 4, tzinfo=UTC)),
+        ("month", datetime(2026, 12, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC)),
+    ],
+)
+def test_periods_are_calendar_periods_in_utc(period: str, start: datetime, end: datetime) -> None:
+    assert period_bounds(period, NOW) == (start, end)
+    assert period_bounds("month", datetime(2027, 2, 10, tzinfo=UTC))[1] == datetime(2027, 3, 1, tzinfo=UTC)
+
+
+def _queue(store: Store, **spec: object) -> None:
+    service.create_queue(store, parse_queue_spec(spec))
+
+
+def _used(store: Store, queue: str, start: datetime, hours: float, gpus: int = 1) -> None:
+    with store.session() as s:
+        workload = Workload(name="w", queue=queue, user="admin", spec={}, state="succeeded", version=1)
+        s.add(workload)
+        s.flush()
+        s.add(
+            Attempt(
+                workload_id=workload.id, number=0, state="succeeded", node_name="a",
+                gpu_indices=list(range(gpus)), gpu_fraction=1.0, pods=[],
+                started_at=start, finished_at=start + hours * H,
+            )
+        )  # fmt: skip
+
+
+def _look(store: Store, budgets: Budgets, now: datetime = NOW) -> dict[str, BudgetState]:
+    with store.read() as s:
+        return dict(budgets.look(s, s.scalars(select(Queue)).all(), now.timestamp()))
+
+
+def test_a_budget_counts_its_tree_in_its_period_and_blocks_the_tree(store: Store) -> None:
+    _queue(store, name="research", budget={"gpu_hours": 100, "period": "month"})
+    _queue(store, name="nlp", parent="research", budget={"gpu_hours": 10, "period": "day"})
+    _queue(store, name="cv", parent="research")
+    _used(store, "nlp", NOW - 3 * H, 2, gpus=4)  # 8 GPU-hours today
+    _used(store, "nlp", NOW - 48 * H, 1, gpus=8)  # 8 this month, not today
+    _used(store, "cv", NOW - 10 * 24 * H, 10, gpus=8)  # 80 this month
+    _used(store, "cv", NOW - 40 * 24 * H, 10, gpus=8)  # last month: not counted
+
+    budgets = Budgets()
+    assert set(_look(store, budgets)) == {"research", "nlp"}
+    assert budgets.state["nlp"].used == pytest.approx(8.0) and not budgets.state["nlp"].spent
+    assert budgets.state["research"].used == pytest.approx(96.0) and not budgets.state["research"].spent
+    parents = {"research": None, "nlp": "research", "cv": "research", "default": None}
+    assert blocked(budgets.state, parents, ["nlp", "cv", "default"]) == {}
+
+    _used(store, "cv", NOW - 5 * H, 1, gpus=4)  # research reaches 100
+    assert _look(store, budgets)["research"].used == pytest.approx(96.0)
+    later = NOW + timedelta(seconds=REFRESH)
+    assert _look(store, budgets, later)["research"].used == pytest.approx(100.0)
+    out = blocked(budgets.state, parents, ["nlp", "cv", "default"])
+    assert set(out) == {"nlp", "cv"} and out["cv"].queue == "research"
+    why = out["nlp"].explanation()
+    assert why.code == BUDGET
+    assert why.message.startswith("queue research used 100.0 of its 100 GPU-hour budget for 2026-12: ")
+    assert "new work waits until 2027-01-01 00:00 UTC" in why.message
+
+
+def test_a_changed_budget_or_a_new_period_is_counted_at_once(store: Store) -> None:
+    _queue(store, name="nlp", budget={"gpu_hours": 4, "period": "day"})
+    _used(store, "nlp", NOW - 2 * H, 1, gpus=4)
+    budgets = Budgets()
+    assert _look(store, budgets)["nlp"].spent
+    service.update_queue(
+        store, "nlp", lambda spec: parse_queue_spec({**spec, "budget": {"gpu_hours": 8, "period": "day"}})
+    )
+    assert not _look(store, budgets)["nlp"].spent
+    _used(store, "nlp", NOW - 1 * H, 1, gpus=4)
+    assert _look(store, budgets)["nlp"].used == pytest.approx(4.0)  # cached
+    tomorrow = NOW + 2.5 * H  # past midnight: a new day, counted afresh within REFRESH
+    assert _look(store, budgets, tomorrow)["nlp"].used == 0.0
