@@ -81,6 +81,12 @@ def server(
     telemetry_interval: str = typer.Option(
         "1s", "--telemetry-interval", help="how often this machine's GPUs are sampled (0.2s to 15s)"
     ),
+    notify_hosts: str = typer.Option(
+        "",
+        "--notify-hosts",
+        help="hosts the workloads' notifications (spec notify.url) may go to, comma-separated, e.g. "
+        "hooks.slack.com; * for any; default none: notifications are refused at submit",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the gpupool head: API server, scheduler loop and the executor (local processes or Slurm jobs)."""
@@ -92,6 +98,7 @@ def server(
     from gpupool.client.client import save_credentials
     from gpupool.control import tokens
     from gpupool.control.accounting import load_prices
+    from gpupool.control.notify import allowed_hosts
     from gpupool.control.policy import load_policy
     from gpupool.gpu import GpuUnavailable
     from gpupool.health.thresholds import load_config
@@ -154,6 +161,7 @@ def server(
         restart_backoff=backoff,
         rate_limit=rate_limit,
         rate_burst=rate_burst,
+        notify_hosts=allowed_hosts(notify_hosts),
     )
     try:
         runtime = Runtime(settings, store=store)

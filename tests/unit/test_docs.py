@@ -18,7 +18,8 @@ from gpupool.spec import (
     ScalingSpec,
     WorkloadSpec,
 )
-from gpupool.spec.workload import IdleSpec
+from gpupool.spec.queue import BudgetSpec
+from gpupool.spec.workload import IdleSpec, NotifySpec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -33,9 +34,11 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
         (RetrySpec, "retry."),
         (ScalingSpec, "scaling."),
         (IdleSpec, "idle."),
+        (NotifySpec, "notify."),
         (QueueSpec, ""),
         (QueueResources, "resources."),
         (ResourceShare, "resources.<gpu|cpu|memory>."),
+        (BudgetSpec, "budget."),
     ],
 )
 def test_every_spec_field_is_in_docs_specs_md(model: type[BaseModel], prefix: str) -> None:

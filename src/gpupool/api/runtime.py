@@ -18,6 +18,7 @@ from gpupool.control.health import HealthMonitor
 from gpupool.control.health_state import AgentNodes
 from gpupool.control.loop import Reconciler
 from gpupool.control.metrics import Metrics
+from gpupool.control.notify import Notifier
 from gpupool.control.readiness import ReadinessProber
 from gpupool.control.restarts import DEFAULT_BASE
 from gpupool.control.settings import ControlSettings
@@ -48,6 +49,7 @@ class ServerSettings:
     node_lease: float = 10.0  # agent: a node with no heartbeat for this long is lost (docs/agents.md)
     rate_limit: float = DEFAULT_RATE  # API calls a second per token, sustained (api/ratelimit.py); 0: none
     rate_burst: int = DEFAULT_BURST  # API calls at once per token
+    notify_hosts: frozenset[str] = frozenset()  # hosts workloads' notifications may go to; "*": any
 
 
 class Runtime:
@@ -93,6 +95,7 @@ class Runtime:
         self.readiness = ReadinessProber(self.store)
         self.load = Load()  # what the proxy carries per service (control/autoscale.py)
         self.autoscaler = Autoscaler(self.store, self.load, self.reconciler.wake)
+        self.notifier = Notifier(self.store, settings.notify_hosts)  # control/notify.py
         self.metrics = Metrics(
             self.store,
             self.telemetry,
@@ -111,6 +114,7 @@ class Runtime:
         self._save_thread: threading.Thread | None = None
         self._readiness_thread: threading.Thread | None = None
         self._autoscale_thread: threading.Thread | None = None
+        self._notify_thread: threading.Thread | None = None
 
     def _open_backend(self) -> Backend:
         if self.settings.backend == "agent":
@@ -144,6 +148,7 @@ class Runtime:
         self.reconciler.register_node()
         self.reconciler.sync_inventory()
         self.reconciler.recover()
+        self.notifier.prepare()
         watch = getattr(self.backend, "watch", None)
         if watch is not None:
             watch()
@@ -168,6 +173,10 @@ class Runtime:
             target=self.autoscaler.run, args=(self._stop,), name="autoscale", daemon=True
         )
         self._autoscale_thread.start()
+        self._notify_thread = threading.Thread(
+            target=self.notifier.run, args=(self._stop,), name="notify", daemon=True
+        )
+        self._notify_thread.start()
         log.info(
             "event=control_started backend=%s node=%s gpus=%s",
             self.backend.name,
@@ -192,6 +201,8 @@ class Runtime:
             self._readiness_thread.join(timeout=10)
         if self._autoscale_thread is not None:
             self._autoscale_thread.join(timeout=10)
+        if self._notify_thread is not None:
+            self._notify_thread.join(timeout=10)
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()

@@ -201,6 +201,11 @@ def run(
         help="with --service: a path, e.g. /health, that must answer 2xx or 3xx before the head's proxy "
         "passes requests on",
     ),
+    notify: str | None = typer.Option(
+        None,
+        "--notify",
+        help="POST a JSON message to this URL when it ends (spec notify; a chat webhook, a pipeline)",
+    ),
     access: str | None = typer.Option(
         None,
         "--access",
@@ -265,6 +270,8 @@ def run(
         data["readiness_probe"] = readiness_probe
     if access is not None:
         data["access"] = access
+    if notify is not None:
+        data["notify"] = notify
     if replicas is not None:
         data["replicas"] = int(replicas) if replicas.strip().isdigit() else replicas
     if scale is not None:

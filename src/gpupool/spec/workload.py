@@ -12,6 +12,7 @@ import difflib
 import math
 import re
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -98,6 +99,9 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "scaling.scale_up_delay": "30s",
     "scaling.scale_down_delay": "5m",
     "idle": "{timeout: 2h, action: hold} (or 2h)",
+    "notify": "{url: 'https://hooks.slack.com/services/T000/B000/XXXX', on: [failed, succeeded]}",
+    "notify.url": "https://hooks.slack.com/services/T000/B000/XXXX",
+    "notify.on": "[started, succeeded, failed, cancelled]",
     "idle.timeout": "2h",
     "idle.action": "hold (or cancel)",
     "idle.utilization": "1",
@@ -398,6 +402,63 @@ class IdleSpec(BaseModel):
         return self
 
 
+NotifyOn = Literal["started", "succeeded", "failed", "cancelled"]
+NOTIFY_ENDS: Final[tuple[NotifyOn, ...]] = ("succeeded", "failed", "cancelled")
+MAX_URL: Final = 2000
+
+
+class NotifySpec(BaseModel):
+    """Where the head POSTs a JSON message when the workload starts or ends (Slurm's --mail-type), e.g. a
+    chat channel's incoming webhook (control/notify.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        max_length=MAX_URL,
+        description="An http(s) URL; the head's operator allows its host (`gpupool server --notify-hosts`) "
+        "(required).",
+    )
+    on: list[NotifyOn] = Field(
+        default_factory=lambda: list(NOTIFY_ENDS),
+        min_length=1,
+        description="When: started (each attempt that starts), succeeded, failed, cancelled; default "
+        "[succeeded, failed, cancelled].",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        """`notify: URL` is `notify: {url: URL}`."""
+        return {"url": data} if isinstance(data, str) else data
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or any(c.isspace() or not c.isprintable() for c in value)
+        ):
+            raise SpecError(
+                "url",
+                value,
+                "is not an http or https URL with a host",
+                "https://hooks.slack.com/services/T000/B000/XXXX",
+            )
+        return value
+
+    @field_validator("on")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        for index, kind in enumerate(value):
+            if kind in value[:index]:
+                raise SpecError(
+                    f"on[{index}]", kind, "is listed twice: list each once", "[failed, succeeded]"
+                )
+        return value
+
+
 class PlacementSpec(BaseModel):
     """Where the workload may run, and how its pods are grouped."""
 
@@ -558,6 +619,11 @@ class WorkloadSpec(BaseModel):
         description="Services only: follow the load through the head's proxy between scaling.min and "
         "scaling.max replicas (also given as replicas: MIN..MAX), e.g. {metric: rps, target: 10}; "
         "default null: the replica count changes only with `gpupool scale`.",
+    )
+    notify: NotifySpec | None = Field(
+        default=None,
+        description="POST a JSON message to this URL when it starts or ends, e.g. {url: https://hooks.example"
+        "/x, on: [failed]} or just the URL (succeeded, failed, cancelled); default null: none.",
     )
     idle: IdleSpec | None = Field(
         default=None,

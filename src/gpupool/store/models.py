@@ -317,3 +317,13 @@ class RetiredUsage(Base):
     gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)
     workloads: Mapped[int] = mapped_column(Integer, default=0)  # workloads deleted
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class HeadState(Base):
+    """Small values a head keeps across restarts, by key (the notifier's cursor, control/notify.py)."""
+
+    __tablename__ = "head_state"
+
+    key: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(Text, default="")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)

@@ -13,6 +13,7 @@ from gpupool.api.auth import may_change, require_token
 from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
 from gpupool.control import service
+from gpupool.control.notify import check_allowed
 from gpupool.control.tokens import Caller
 from gpupool.spec import parse_workload_spec
 from gpupool.spec.workload import PRIORITY_CLASSES, RANGE
@@ -37,6 +38,7 @@ def submit(
             field="queue",
         )
     runtime = request.app.state.runtime
+    check_allowed(spec.model_dump(mode="json"), runtime.settings.notify_hosts)
     created = service.submit(runtime.store, spec, user=caller.name, held=hold)
     runtime.wake()
     return created

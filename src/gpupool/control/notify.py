@@ -1,0 +1,248 @@
+"""Notifications: the head POSTs a JSON message to the URL a workload's spec names (`notify`) when the
+workload starts or ends, as Slurm mails on `--mail-type=BEGIN,END,FAIL`: for a chat channel (Slack,
+Mattermost and the like read the message's `text`) or a pipeline's own receiver.
+
+The messages come from the workloads' history: every state change is an `Event` row, committed with the
+change. A thread (`Notifier.run`) reads the events after its cursor once a second, sends those the spec
+asks for, and keeps the cursor in the store (`head_state`, key CURSOR) at the oldest event not yet settled
+(sent, or given up after TRIES tries, which the workload's history then says), so a head that is killed
+sends again, after its restart, whatever it had not settled (changes older than MAX_AGE are not announced
+any more): delivery is at least once, and each message carries its event's id for a receiver that must see
+each once. A URL that does not answer holds back no
+other: each failed message waits its own backoff.
+
+The head sends only to hosts its operator allows (`gpupool server --notify-hosts`), checked at submit
+(`check_allowed`) and again before each message, so that the head is no way into hosts it should not reach.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import httpx
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool import __version__
+from gpupool.control.errors import Invalid
+from gpupool.control.lifecycle import note
+from gpupool.store.db import Store
+from gpupool.store.models import Event, HeadState, Workload
+from gpupool.timeutil import as_utc, utcnow
+
+log = logging.getLogger(__name__)
+
+CURSOR: Final = "notify.cursor"  # head_state key: every event up to this id is settled
+PERIOD: Final = 1.0  # seconds between looks at new events
+BATCH: Final = 500  # events read in one look
+TRIES: Final = 6  # sends of one message before it is given up (after 1+2+4+8+16 s of backoff)
+TIMEOUT: Final = 5.0  # seconds a receiver has to answer
+MAX_AGE: Final = timedelta(hours=6)  # older changes are not announced (a head back after a long stop)
+ANY_HOST: Final = "*"
+
+
+def allowed_hosts(text: str) -> frozenset[str]:
+    """`--notify-hosts` as a set: host names (lower case) or `*`; empty: notifications off."""
+    return frozenset(h.strip().lower() for h in text.split(",") if h.strip())
+
+
+def check_allowed(spec: Mapping[str, Any], allowed: Collection[str]) -> None:
+    """Refuse (Invalid, naming notify.url) a spec whose notification goes to a host the operator does not
+    allow."""
+    notify = spec.get("notify")
+    if not notify:
+        return
+    host = (urlsplit(str(notify["url"])).hostname or "").lower()
+    if ANY_HOST in allowed or host in allowed:
+        return
+    if not allowed:
+        why = "this head sends no notifications (its operator allowed no hosts)"
+    else:
+        why = f"this head sends notifications only to {', '.join(sorted(allowed))}"
+    raise Invalid(
+        f"notify.url: {host or notify['url']!r} is not a host it may notify: {why}; ask an admin to start "
+        f"the server with --notify-hosts {host or 'HOST'}",
+        field="notify.url",
+    )
+
+
+@dataclass(slots=True)
+class _Message:
+    event_id: int
+    workload_id: int
+    url: str
+    body: dict[str, Any]
+    tries: int = 0
+    next_at: float = 0.0
+
+
+@dataclass(slots=True)
+class Notifier:
+    """The thread that sends the notifications (see the module docstring)."""
+
+    store: Store
+    allowed: frozenset[str]
+    clock: Any = time.monotonic
+    _cursor: int | None = None  # every event up to it is settled (read from the store at first)
+    _seen: int = 0  # the newest event read
+    _waiting: dict[int, _Message] = field(default_factory=dict)  # by event id: not yet sent
+    _client: httpx.Client | None = None
+    sent: int = 0
+    given_up: int = 0
+
+    def prepare(self) -> None:
+        """Read the cursor (at a first start: the newest event, saved), before the head takes requests:
+        whatever changes after is announced."""
+        if self.allowed and self._cursor is None:
+            self._cursor = self._seen = self._load_cursor()
+            self._save_cursor(self._cursor)
+
+    def run(self, stop: threading.Event) -> None:
+        if not self.allowed:
+            return  # nothing may be sent: no thread's worth of work
+        self._client = httpx.Client(timeout=TIMEOUT, trust_env=False, follow_redirects=False)
+        try:
+            while not stop.wait(PERIOD):
+                try:
+                    self.step()
+                except Exception:  # the store busy, a receiver misbehaving: the next look tries again
+                    log.exception("event=notify_failed")
+        finally:
+            self._client.close()
+
+    def step(self) -> None:
+        """Read new events, send what is due, and move the cursor past what is settled."""
+        if self._cursor is None:
+            self._cursor = self._seen = self._load_cursor()
+        self._read()
+        now = self.clock()
+        for message in sorted(self._waiting.values(), key=lambda m: m.event_id):
+            if message.next_at <= now:
+                self._send(message, now)
+        settled = min(self._waiting, default=self._seen + 1) - 1
+        if settled != self._cursor:
+            self._save_cursor(settled)
+            self._cursor = settled
+
+    def _read(self) -> None:
+        stale = utcnow() - MAX_AGE
+        with self.store.read() as s:
+            events = s.scalars(
+                select(Event)
+                .where(Event.id > self._seen, Event.object_kind == "workload")
+                .order_by(Event.id)
+                .limit(BATCH)
+            ).all()
+            for event in events:
+                self._seen = event.id
+                if event.from_state == event.to_state:
+                    continue  # a note in the history, no change of state
+                at = as_utc(event.at)
+                if at is not None and at < stale:
+                    continue
+                workload = s.get(Workload, int(event.object_id))
+                notify = ((workload.spec or {}).get("notify") if workload is not None else None) or {}
+                if workload is None or not notify or _kind(event) not in notify.get("on", ()):
+                    continue
+                self._waiting[event.id] = _Message(
+                    event.id, workload.id, str(notify["url"]), _body(event, workload)
+                )
+
+    def _send(self, message: _Message, now: float) -> None:
+        message.tries += 1
+        host = (urlsplit(message.url).hostname or "").lower()
+        if ANY_HOST not in self.allowed and host not in self.allowed:
+            self._give_up(message, f"{host} is no longer among the hosts this head may notify")
+            return
+        assert self._client is not None
+        try:
+            answer = self._client.post(
+                message.url,
+                json=message.body,
+                headers={"User-Agent": f"gpupool/{__version__}", "X-Gpupool-Event": str(message.event_id)},
+            )
+            failure = None if answer.is_success else f"answered {answer.status_code}"
+        except httpx.HTTPError as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        if failure is None:
+            del self._waiting[message.event_id]
+            self.sent += 1
+            return
+        if message.tries >= TRIES:
+            self._give_up(message, f"{failure}, {TRIES} times")
+            return
+        message.next_at = now + 2 ** (message.tries - 1)  # 1, 2, 4, 8, 16 s
+        log.warning("event=notify_retry workload=%s url=%s why=%s", message.workload_id, message.url, failure)
+
+    def _give_up(self, message: _Message, why: str) -> None:
+        del self._waiting[message.event_id]
+        self.given_up += 1
+        log.warning("event=notify_given_up workload=%s url=%s why=%s", message.workload_id, message.url, why)
+        with self.store.session() as s:
+            workload = s.get(Workload, message.workload_id)
+            if workload is not None:
+                note(
+                    s,
+                    workload,
+                    f"notify: the message that it {message.body['state']} did not reach {message.url}: {why}",
+                    actor="system",
+                )
+
+    def _load_cursor(self) -> int:
+        with self.store.read() as s:
+            row = s.get(HeadState, CURSOR)
+            if row is not None:
+                return int(row.value)
+            # a first start: the history before it is not announced
+            return int(s.scalar(select(Event.id).order_by(Event.id.desc()).limit(1)) or 0)
+
+    def _save_cursor(self, value: int) -> None:
+        with self.store.session() as s:
+            _put(s, CURSOR, str(value))
+
+
+def _put(s: Session, key: str, value: str) -> None:
+    row = s.get(HeadState, key)
+    if row is None:
+        s.add(HeadState(key=key, value=value))
+    else:
+        row.value = value
+
+
+def _kind(event: Event) -> str:
+    """What a state change is called in `notify.on`: started, or the state it ended in."""
+    return "started" if event.to_state == "running" else event.to_state
+
+
+def _body(event: Event, workload: Workload) -> dict[str, Any]:
+    at = as_utc(event.at)
+    kind = _kind(event)
+    code = workload.exit_code if kind == "failed" else None
+    said = f" (exit code {code})" if code is not None else ""
+    why = f": {event.reason}" if event.reason and kind in ("failed", "cancelled") else ""
+    return {
+        "text": f"gpupool: workload {workload.id} ({workload.name}) {kind}{said}{why} [queue "
+        f"{workload.queue}, user {workload.user}]",
+        "event_id": event.id,
+        "state": event.to_state,
+        "from": event.from_state,
+        "kind": kind,
+        "at": at.isoformat() if at else None,
+        "reason": event.reason,
+        "actor": event.actor,
+        "exit_code": code,
+        "workload": {
+            "id": workload.id,
+            "name": workload.name,
+            "kind": workload.kind,
+            "queue": workload.queue,
+            "user": workload.user,
+        },
+    }
