@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Final, NoReturn
 
 import typer
@@ -18,12 +18,10 @@ from rich.markup import escape
 
 from gpupool.cli.app import CliError, app, client, stream_log
 from gpupool.cli.render import err_console, styled
-from gpupool.client import ApiError, Client
+from gpupool.client import ApiError, Client, WaitTimeout
 from gpupool.spec import parse_duration
 
-ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
 POLL: Final = 1.0  # seconds between looks at the workloads' states
-PAGE: Final = 1000  # ids asked for in one listing (the API's most)
 TIMED_OUT: Final = 124  # as timeout(1)
 INTERRUPTED: Final = 130  # 128 + SIGINT
 
@@ -118,31 +116,23 @@ def _members(c: Client, workload_id: int) -> list[int]:
     return [t["id"] for t in w.get("task_list") or ()] or [w["id"]]
 
 
-def _pages(ids: list[int]) -> Iterator[list[int]]:
-    for at in range(0, len(ids), PAGE):
-        yield ids[at : at + PAGE]
-
-
 def _ended(c: Client, ids: list[int], deadline: float | None, *, quiet: bool) -> list[dict[str, Any]] | None:
-    """Every workload of `ids` once all have ended (in the order of `ids`), or None at the deadline. Reads
-    their states in listings of up to PAGE ids a look, once a second; shows how many have ended."""
-    last: dict[int, dict[str, Any]] = {}
+    """Every workload of `ids` once all have ended (in the order of `ids`), or None at the deadline; shows
+    how many have ended while it waits (`Client.wait`)."""
     shown = not quiet and sys.stderr.isatty()
-    with err_console.status("waiting", spinner="dots") if shown else _Silent() as status:
-        while True:
-            for page in _pages([i for i in ids if last.get(i, {}).get("state") not in ENDED]):
-                for w in c.workloads(all=True, ids=page, limit=len(page)):
-                    last[w["id"]] = w
-            missing = [i for i in ids if i not in last]
-            if missing:
-                raise CliError(f"no workload with id {missing[0]}; list them with `gpupool ps --all`")
-            waiting = [last[i] for i in ids if last[i]["state"] not in ENDED]
-            if not waiting:
-                return [last[i] for i in ids]
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            status.update(_progress(len(ids) - len(waiting), len(ids), waiting))
-            time.sleep(POLL)
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    try:
+        with err_console.status("waiting", spinner="dots") if shown else _Silent() as status:
+            return c.wait(
+                ids,
+                timeout=timeout,
+                poll=POLL,
+                progress=lambda ended, waiting: status.update(_progress(ended, len(ids), waiting)),
+            )
+    except WaitTimeout:
+        return None
+    except ApiError as exc:
+        raise CliError(exc.message) from exc
 
 
 def _progress(ended: int, total: int, waiting: list[dict[str, Any]]) -> str:

@@ -1,5 +1,12 @@
 """The Python SDK: `Client` talks to a gpupool server over HTTP."""
 
-from gpupool.client.client import ApiError, Client, ConnectionFailed, GpupoolError, load_credentials
+from gpupool.client.client import (
+    ApiError,
+    Client,
+    ConnectionFailed,
+    GpupoolError,
+    WaitTimeout,
+    load_credentials,
+)
 
-__all__ = ["ApiError", "Client", "ConnectionFailed", "GpupoolError", "load_credentials"]
+__all__ = ["ApiError", "Client", "ConnectionFailed", "GpupoolError", "WaitTimeout", "load_credentials"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +15,9 @@ import httpx
 
 from gpupool.home import DEFAULT_SERVER, credentials_path
 
+ENDED = frozenset({"succeeded", "failed", "cancelled"})  # the states a workload ends in
+WAIT_PAGE = 1000  # ids `Client.wait` asks about in one listing (the API's most)
+
 
 class GpupoolError(Exception):
     """Base of every error the SDK raises."""
@@ -21,6 +25,14 @@ class GpupoolError(Exception):
 
 class ConnectionFailed(GpupoolError):
     pass
+
+
+class WaitTimeout(GpupoolError):
+    """`Client.wait` stopped waiting: `waiting` holds the workloads that had not ended (they go on)."""
+
+    def __init__(self, message: str, waiting: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.waiting = waiting
 
 
 class ApiError(GpupoolError):
@@ -165,6 +177,40 @@ class Client:
             params["limit"] = limit
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/workloads", params=params)
         return result
+
+    def wait(
+        self,
+        ids: Sequence[int],
+        *,
+        timeout: float | None = None,
+        poll: float = 1.0,
+        progress: Callable[[int, list[dict[str, Any]]], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Block until every workload of `ids` has ended (succeeded, failed or cancelled); them, in the order
+        of `ids`. Looks every `poll` seconds, up to 1,000 ids a request; calls `progress(ended, waiting)`
+        after each look that leaves some waiting. WaitTimeout after `timeout` seconds (nothing is
+        cancelled); ApiError (404) when an id names no workload."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last: dict[int, dict[str, Any]] = {}
+        while True:
+            open_ids = [i for i in dict.fromkeys(ids) if last.get(i, {}).get("state") not in ENDED]
+            for at in range(0, len(open_ids), WAIT_PAGE):
+                page = open_ids[at : at + WAIT_PAGE]
+                for w in self.workloads(all=True, ids=page, limit=len(page)):
+                    last[w["id"]] = w
+            missing = [i for i in ids if i not in last]
+            if missing:
+                raise ApiError(
+                    404, "not_found", f"no workload with id {missing[0]}; list them with `gpupool ps --all`"
+                )
+            waiting = [last[i] for i in ids if last[i]["state"] not in ENDED]
+            if not waiting:
+                return [last[i] for i in ids]
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"{len(waiting)} of {len(ids)} workloads have not ended yet", waiting)
+            if progress is not None:
+                progress(len(ids) - len(waiting), waiting)
+            time.sleep(poll)
 
     def workload(self, workload_id: int) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/api/v1/workloads/{workload_id}")
