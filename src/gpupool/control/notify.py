@@ -9,7 +9,9 @@ asks for, and keeps the cursor in the store (`head_state`, key CURSOR) at the ol
 sends again, after its restart, whatever it had not settled (changes older than MAX_AGE are not announced
 any more): delivery is at least once, and each message carries its event's id for a receiver that must see
 each once. A URL that does not answer holds back no
-other: each failed message waits its own backoff.
+other: each failed message waits its own backoff. Event ids come from the store as transactions write;
+an id missing below the newest read (a transaction that commits later, on PostgreSQL) is looked for again
+for GAP_WAIT seconds, and the cursor stays below it meanwhile.
 
 The head sends only to hosts its operator allows (`gpupool server --notify-hosts`), checked at submit
 (`check_allowed`) and again before each message, so that the head is no way into hosts it should not reach.
@@ -22,7 +24,7 @@ import threading
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -46,6 +48,8 @@ TRIES: Final = 6  # sends of one message before it is given up (after 1+2+4+8+16
 TIMEOUT: Final = 5.0  # seconds a receiver has to answer
 MAX_AGE: Final = timedelta(hours=6)  # older changes are not announced (a head back after a long stop)
 ANY_HOST: Final = "*"
+GAP_WAIT: Final = 30.0  # seconds an event id missing below the newest read is looked for again
+MAX_GAPS: Final = 10_000  # a longer run of missing ids is taken as deleted (retention), not as being written
 
 
 def allowed_hosts(text: str) -> frozenset[str]:
@@ -93,6 +97,7 @@ class Notifier:
     _cursor: int | None = None  # every event up to it is settled (read from the store at first)
     _seen: int = 0  # the newest event read
     _waiting: dict[int, _Message] = field(default_factory=dict)  # by event id: not yet sent
+    _gaps: dict[int, float] = field(default_factory=dict)  # event ids missing below _seen -> looked for until
     _client: httpx.Client | None = None
     sent: int = 0
     given_up: int = 0
@@ -126,34 +131,47 @@ class Notifier:
         for message in sorted(self._waiting.values(), key=lambda m: m.event_id):
             if message.next_at <= now:
                 self._send(message, now)
-        settled = min(self._waiting, default=self._seen + 1) - 1
+        settled = min(min(self._waiting, default=self._seen + 1), min(self._gaps, default=self._seen + 1)) - 1
         if settled != self._cursor:
             self._save_cursor(settled)
             self._cursor = settled
 
     def _read(self) -> None:
+        """The events after the newest read, and those still missing below it: ids are handed out when a
+        transaction writes, so on PostgreSQL a later id may commit first. A missing id is looked for
+        again for GAP_WAIT seconds (a rolled-back transaction leaves one missing for good)."""
+        now = self.clock()
         stale = utcnow() - MAX_AGE
         with self.store.read() as s:
-            events = s.scalars(
-                select(Event)
-                .where(Event.id > self._seen, Event.object_kind == "workload")
-                .order_by(Event.id)
-                .limit(BATCH)
-            ).all()
-            for event in events:
+            found: list[Event] = []
+            if self._gaps:
+                missing = sorted(self._gaps)[:BATCH]
+                found.extend(s.scalars(select(Event).where(Event.id.in_(missing))).all())
+            new = s.scalars(select(Event).where(Event.id > self._seen).order_by(Event.id).limit(BATCH)).all()
+            for event in new:
+                if event.id - self._seen - 1 <= MAX_GAPS:  # a longer run was deleted, not being written
+                    for gap in range(self._seen + 1, event.id):
+                        self._gaps[gap] = now + GAP_WAIT
                 self._seen = event.id
-                if event.from_state == event.to_state:
-                    continue  # a note in the history, no change of state
-                at = as_utc(event.at)
-                if at is not None and at < stale:
-                    continue
-                workload = s.get(Workload, int(event.object_id))
-                notify = ((workload.spec or {}).get("notify") if workload is not None else None) or {}
-                if workload is None or not notify or _kind(event) not in notify.get("on", ()):
-                    continue
-                self._waiting[event.id] = _Message(
-                    event.id, workload.id, str(notify["url"]), _body(event, workload)
-                )
+            found.extend(new)
+            for event in found:
+                self._gaps.pop(event.id, None)
+                self._consider(s, event, stale)
+        for gap in [gap for gap, until in self._gaps.items() if until <= now]:
+            del self._gaps[gap]
+
+    def _consider(self, s: Session, event: Event, stale: datetime) -> None:
+        """Queue the message `event` calls for, if its workload's spec asks for one."""
+        if event.object_kind != "workload" or event.from_state == event.to_state:
+            return  # a node's event, or a note in a workload's history (no change of state)
+        at = as_utc(event.at)
+        if at is not None and at < stale:
+            return
+        workload = s.get(Workload, int(event.object_id))
+        notify = ((workload.spec or {}).get("notify") if workload is not None else None) or {}
+        if workload is None or not notify or _kind(event) not in notify.get("on", ()):
+            return
+        self._waiting[event.id] = _Message(event.id, workload.id, str(notify["url"]), _body(event, workload))
 
     def _send(self, message: _Message, now: float) -> None:
         message.tries += 1

@@ -94,3 +94,39 @@ def test_with_no_host_allowed_nothing_runs_and_the_spec_host_is_checked() -> Non
     notify.check_allowed({"notify": None}, frozenset())
     with pytest.raises(notify.Invalid, match="this head sends no notifications"):
         notify.check_allowed({"notify": {"url": "https://a.example/x"}}, frozenset())
+
+
+def test_an_event_that_commits_after_a_later_one_is_still_sent(
+    store: Store, receiver: tuple[str, list[str]]
+) -> None:
+    """On PostgreSQL a transaction holding a lower event id may commit after a higher one was read."""
+    base, paths = receiver
+    clock = Clock()
+    notifier = Notifier(store, allowed_hosts("127.0.0.1"), clock=clock)
+    notifier._client = notify.httpx.Client(timeout=5)
+    notifier.prepare()
+    start = notifier._seen
+    late = _ended(store, base + "/late")
+    with store.session() as s:  # the late event's id is taken by a later one: as if it had not committed
+        event = s.scalars(select(Event).where(Event.object_id == str(late))).one()
+        event.id = start + 5
+    notifier.step()
+    assert paths == ["/late"]
+    with store.session() as s:  # now "the transaction" of id start + 2 commits
+        workload = s.get(Workload, late)
+        assert workload is not None
+        s.add(Event(id=start + 2, object_kind="workload", object_id=str(late), from_state="running",
+                    to_state="succeeded"))  # fmt: skip
+        workload.spec = {"notify": {"url": base + "/later", "on": ["succeeded"]}}
+    with store.read() as s:
+        cursor = s.get(HeadState, CURSOR)
+        assert cursor is not None and int(cursor.value) == start  # held below the missing ids
+    clock.now += 1
+    notifier.step()
+    assert paths == ["/late", "/later"]
+    clock.now += notify.GAP_WAIT + 1  # the other missing ids never come: given up on
+    notifier.step()
+    with store.read() as s:
+        cursor = s.get(HeadState, CURSOR)
+        assert cursor is not None and int(cursor.value) == start + 5
+    notifier._client.close()
