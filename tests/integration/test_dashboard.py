@@ -111,7 +111,7 @@ def test_the_page_is_served_without_a_token_and_holds_no_data(server: ServerProc
 def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     server: ServerProcess, browser: str, tmp_path: Path
 ) -> None:
-    server.cli("queue", "create", "nlp", "--gpu-quota", "2", check=True)
+    server.cli("queue", "create", "nlp", "--gpu-quota", "2", "--budget", "1000", check=True)
     running = server.submit(
         {"name": "train", "queue": "nlp", "resources": {"gpu": 2}, "commands": ["sleep 60"]}
     )
@@ -134,6 +134,7 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     assert not "".join(shown.text).strip(), shown.text
     nlp = shown.rows[("queue", "nlp")]
     assert nlp[:4] == ["nlp", "2", "2", "2"]  # quota, fair share, allocated
+    assert nlp[7].endswith(" of 1000 a month"), nlp  # its budget, as the head last counted it
     assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "3 / 8"]  # train and web
     train = shown.rows[("workload", str(running["id"]))]
     assert train[1:8] == ["train", "job", "nlp", "admin", "running", "2", "node-1"] and train[9] == ""
