@@ -104,6 +104,8 @@ def test_a_receiver_hears_when_work_starts_and_how_it_ends(tmp_path: Path, recei
         assert succeeded["kind"] == "succeeded" and succeeded["workload"]["id"] == done["id"]
         time.sleep(2)
         assert len(receiver.got) == 3  # job 1 asked for no started message; nothing is sent twice
+        shown = server.cli("show", str(done["id"]), check=True).stdout
+        assert f"notifies: {receiver.url} when started, succeeded" in shown, shown
     finally:
         server.stop()
 

@@ -459,6 +459,9 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     if w["spec"].get("after"):
         waits = ", ".join(f"{d['workload']} {d['when']}" for d in w["spec"]["after"])
         console.print(f"  after: {waits}")
+    notify = w["spec"].get("notify")
+    if notify:
+        console.print(f"  notifies: {escape(notify['url'])} when {', '.join(notify['on'])}", highlight=False)
     console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:
