@@ -18,7 +18,7 @@ from gpupool.spec import (
     ScalingSpec,
     WorkloadSpec,
 )
-from gpupool.spec.queue import BudgetSpec
+from gpupool.spec.queue import BudgetSpec, UserLimits
 from gpupool.spec.workload import IdleSpec, NotifySpec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -39,6 +39,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
         (QueueResources, "resources."),
         (ResourceShare, "resources.<gpu|cpu|memory>."),
         (BudgetSpec, "budget."),
+        (UserLimits, "user_limits."),
     ],
 )
 def test_every_spec_field_is_in_docs_specs_md(model: type[BaseModel], prefix: str) -> None:

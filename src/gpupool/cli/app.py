@@ -898,6 +898,7 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
     """A queue spec from an optional YAML file plus the flags given (flags win)."""
     body: dict[str, Any] = {}
     budget = _budget(fields.pop("budget", None))
+    caps = _user_limits(fields.pop("user_gpus", None), fields.pop("user_workloads", None))
     if file is not None:
         try:
             loaded = load_yaml(file.read_text(), "name: nlp")
@@ -912,6 +913,8 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
     body.update({key: value for key, value in fields.items() if value is not None and key not in _GPU_FLAGS})
     if budget is not None:
         body["budget"] = None if budget == "none" else budget
+    if caps is not None:
+        body["user_limits"] = {**(body.get("user_limits") or {}), **caps}
     return body
 
 
@@ -931,7 +934,34 @@ _BUDGET = typer.Option(
     help="GPU-hours per calendar month (UTC) for this queue and those below it, e.g. 5000, 200/week, "
     "24/day; none removes it",
 )
+_USER_GPUS = typer.Option(
+    None,
+    "--user-gpus",
+    help="GPUs one user's running work in the queue may hold (user_limits.gpus); none: no cap",
+)
+_USER_WORKLOADS = typer.Option(
+    None,
+    "--user-workloads",
+    help="workloads one user may run in the queue (user_limits.workloads); none: no cap",
+)
 _FILE = typer.Option(None, "--file", "-f", help="a queue spec (YAML)")
+
+
+def _user_limits(gpus: str | None, workloads: str | None) -> dict[str, Any] | None:
+    """--user-gpus and --user-workloads as the spec's `user_limits` (None: neither flag)."""
+    caps: dict[str, Any] = {}
+    for flag, key, value in (("--user-gpus", "gpus", gpus), ("--user-workloads", "workloads", workloads)):
+        if value is None:
+            continue
+        if value.strip().lower() == "none":
+            caps[key] = None
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            raise CliError(f"{flag} {value}: a number, e.g. 8, or none to remove the cap") from None
+        caps[key] = int(number) if number.is_integer() else number
+    return caps or None
 
 
 def _budget(text: str | None) -> dict[str, Any] | str | None:
@@ -964,6 +994,8 @@ def queue_create(
     min_runtime_preempt: str | None = _MIN_PREEMPT,
     min_runtime_reclaim: str | None = _MIN_RECLAIM,
     budget: str | None = _BUDGET,
+    user_gpus: str | None = _USER_GPUS,
+    user_workloads: str | None = _USER_WORKLOADS,
     file: Path | None = _FILE,
 ) -> None:
     """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16 [--budget 5000]"""
@@ -988,6 +1020,8 @@ def queue_update(
     min_runtime_preempt: str | None = _MIN_PREEMPT,
     min_runtime_reclaim: str | None = _MIN_RECLAIM,
     budget: str | None = _BUDGET,
+    user_gpus: str | None = _USER_GPUS,
+    user_workloads: str | None = _USER_WORKLOADS,
     file: Path | None = _FILE,
 ) -> None:
     """Change some fields of a queue; the others keep their values."""
@@ -997,7 +1031,7 @@ def queue_update(
         raise CliError(
             "nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, --priority, "
             "--parent, --description, --ordering, --min-runtime-preempt, --min-runtime-reclaim, --budget, "
-            "--file"
+            "--user-gpus, --user-workloads, --file"
         )
     q = client().update_queue(name, body)
     console.print(f"queue {q['name']} updated")

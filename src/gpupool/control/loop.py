@@ -100,6 +100,8 @@ class Reconciler(Observation, SnapshotBuilding):
         self.dependencies = Dependencies()
         self._array_limits: dict[int, tuple[int, int]] = {}
         self.array_held: dict[int, scheduler.Explanation] = {}
+        self._users: dict[int, str] = {}
+        self.user_held: dict[int, scheduler.Explanation] = {}
         self.budgets = Budgets()
         self.over_budget: dict[int, scheduler.Explanation] = {}
         self.fair_shares: dict[str, dict[str, float]] = {}
@@ -230,6 +232,7 @@ class Reconciler(Observation, SnapshotBuilding):
         waiting.update(self.dependencies.waiting)
         waiting.update(self.held)
         waiting.update(self.array_held)
+        waiting.update(self.user_held)
         waiting.update(self.over_budget)
         if self.dependencies.never:
             self._cancel_unmeetable(self.dependencies.never)

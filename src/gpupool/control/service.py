@@ -86,6 +86,7 @@ def queue_view(
         "min_runtime_preempt": queue.spec.get("min_runtime_preempt"),
         "min_runtime_reclaim": queue.spec.get("min_runtime_reclaim"),
         "budget": queue.spec.get("budget"),
+        "user_limits": queue.spec.get("user_limits"),
         "running": int(used.get("running", 0)),
         "pending": int(used.get("pending", 0)),
         "created_at": _iso(queue.created_at),

@@ -27,6 +27,7 @@ from gpupool.control.policy import BandedPass
 from gpupool.control.restarts import Backoff, Ended, backoff
 from gpupool.control.settings import ControlSettings
 from gpupool.control.usage import AttainedService, attempt_gpus, queue_usage
+from gpupool.control.user_limits import held_back, limits_of
 from gpupool.spec import parse_gpu_request
 from gpupool.spec.views import queue_view
 from gpupool.spec.workload import array_limit
@@ -62,6 +63,8 @@ class SnapshotBuilding:
     dependencies: Dependencies  # pending work the last snapshot left out: it waits for other workloads
     _array_limits: dict[int, tuple[int, int]]  # cached tasks of arrays with a %N: (array id, N)
     array_held: dict[int, scheduler.Explanation]  # pending tasks the last snapshot left out: their array's %N
+    _users: dict[int, str]  # cached: who submitted each workload
+    user_held: dict[int, scheduler.Explanation]  # pending work the last snapshot left out: user_limits
     budgets: Budgets  # the queues' budgets as the last pass counted them
     over_budget: dict[int, scheduler.Explanation]  # pending work the last snapshot left out: a budget used
 
@@ -110,6 +113,7 @@ class SnapshotBuilding:
             if self.array_held:
                 pending = [(wid, priority) for wid, priority in pending if wid not in self.array_held]
         queue_rows = s.scalars(select(Queue).order_by(Queue.name)).all()
+        pending = self._within_user_limits(queue_rows, pending, [row[0] for row in attempts])
         pending = self._within_budget(s, queue_rows, pending, now)
         usage = self._usage(s, {q.name: q.parent for q in queue_rows})
         queues = tuple(replace(_queue_view(q), usage=usage.get(q.name, 0.0)) for q in queue_rows)
@@ -171,6 +175,25 @@ class SnapshotBuilding:
         if bands is not None:
             queues = bands.queues(queues)
         return scheduler.Snapshot(nodes, tuple(views), queues, tuple(running), config)
+
+    def _within_user_limits(
+        self, queue_rows: Sequence[Queue], pending: list[tuple[int, int]], running: list[int]
+    ) -> list[tuple[int, int]]:
+        """`pending` without the work its queue's `user_limits` hold back beside each user's running work:
+        that work is left in `user_held`, with why (control/user_limits.py)."""
+        self.user_held = {}
+        limits = limits_of((q.name, q.spec) for q in queue_rows)
+        if not limits or not pending:
+            return pending
+        views, users = self._views, self._users
+        self.user_held = held_back(
+            ((wid, views[wid].queue, users[wid], views[wid].gpu_units) for wid, _ in pending),
+            ((views[wid].queue, users[wid], views[wid].gpu_units) for wid in running),
+            limits,
+        )
+        if not self.user_held:
+            return pending
+        return [(wid, priority) for wid, priority in pending if wid not in self.user_held]
 
     def _within_budget(
         self, s: Session, queue_rows: Sequence[Queue], pending: list[tuple[int, int]], now: float
@@ -276,9 +299,12 @@ class SnapshotBuilding:
                     Workload.priority,
                     Workload.service_id,
                     Workload.array_id,
+                    Workload.user,
                 ).where(Workload.id.in_(missing[chunk : chunk + 500]))
             ).all()
-            for wid, queue, nodes, created_at, preemptible, spec, priority, service_id, array_id in rows:
+            for row in rows:
+                wid, queue, nodes, created_at, preemptible, spec, priority, service_id, array_id, user = row
+                self._users[wid] = user
                 self._views[wid] = replace(
                     _workload_view(wid, queue, nodes, created_at, preemptible, spec),
                     priority=priority,
@@ -297,6 +323,7 @@ class SnapshotBuilding:
             self._resumable &= wanted
             self._after = {wid: deps for wid, deps in self._after.items() if wid in wanted}
             self._array_limits = {wid: a for wid, a in self._array_limits.items() if wid in wanted}
+            self._users = {wid: user for wid, user in self._users.items() if wid in wanted}
 
 
 def _queue_view(queue: Queue) -> scheduler.QueueView:

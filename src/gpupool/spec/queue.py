@@ -43,6 +43,9 @@ QUEUE_FIELD_EXAMPLES: Final[dict[str, str]] = {
     "ordering": "fifo",
     "min_runtime_preempt": "10m",
     "min_runtime_reclaim": "30m",
+    "user_limits": "{gpus: 8, workloads: 4}",
+    "user_limits.gpus": "8",
+    "user_limits.workloads": "4",
     "budget": "{gpu_hours: 5000, period: month}",
     "budget.gpu_hours": "5000",
     "budget.period": "month (or week, day)",
@@ -96,6 +99,25 @@ class BudgetSpec(BaseModel):
     period: BudgetPeriod = Field(
         default="month",
         description="day, week (from Monday) or month, in UTC; default month.",
+    )
+
+
+class UserLimits(BaseModel):
+    """What one user's running work in a queue may hold at once (Slurm's MaxTRESPerUser and
+    MaxJobsPerUser): one person cannot take all of a team's GPUs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False), BeforeValidator(refuse_bool)] | None = (
+        Field(
+            default=None,
+            description="GPUs one user's running work in the queue may hold; default null: no cap.",
+        )
+    )
+    workloads: Whole | None = Field(
+        default=None,
+        ge=1,
+        description="Workloads one user may have running in the queue; default null: no cap.",
     )
 
 
@@ -165,6 +187,11 @@ class QueueSpec(BaseModel):
         description="Work in this queue runs at least this long before another queue may reclaim it, "
         'e.g. "30m"; default null: the parent\'s, else 0.',
     )
+    user_limits: UserLimits | None = Field(
+        default=None,
+        description="Caps on what each user's running work in this queue holds, e.g. {gpus: 8, workloads: "
+        "4}; a user's work beyond them waits (reason user-limit), oldest first; default null: none.",
+    )
     budget: BudgetSpec | None = Field(
         default=None,
         description="GPU-hours it and the queues below it may use per day, week or month (UTC); once "
@@ -191,6 +218,7 @@ __all__ = [
     "QueueResources",
     "QueueSpec",
     "ResourceShare",
+    "UserLimits",
     "check_name",
     "parse_queue_spec",
 ]
