@@ -39,10 +39,7 @@ def wait(
     """Wait until workloads end: exit 0 when all succeeded, a lone failed job's exit code, else 1 (124 on
     --timeout, 130 on Ctrl-C; the work goes on). Slurm's sbatch --wait, for work already submitted."""
     c = client()
-    ids: list[int] = []
-    for workload_id in workload_ids:
-        ids.extend(_members(c, workload_id))
-    finish(c, ids, logs=False, timeout=timeout, quiet=quiet)
+    finish(c, _members(c, workload_ids), logs=False, timeout=timeout, quiet=quiet)
 
 
 def check_timeout(timeout: str | None) -> float | None:
@@ -105,15 +102,26 @@ def exit_code(workloads: list[dict[str, Any]]) -> int:
     return 1
 
 
-def _members(c: Client, workload_id: int) -> list[int]:
-    """The ids `workload_id` stands for: an array's tasks by the array's id, else itself; a service is
-    refused (it never ends by itself)."""
-    try:
-        w = c.workload(workload_id)
-    except ApiError as exc:
-        raise CliError(exc.message) from exc
-    refuse_service(w["kind"])
-    return [t["id"] for t in w.get("task_list") or ()] or [w["id"]]
+def _members(c: Client, workload_ids: list[int]) -> list[int]:
+    """The ids `workload_ids` stand for: an array's tasks by the array's id, else each itself (listed a
+    thousand at a time; only an array's id is asked about alone, for its tasks); a service is refused (it
+    never ends by itself)."""
+    wanted = list(dict.fromkeys(workload_ids))
+    found: dict[int, dict[str, Any]] = {}
+    for at in range(0, len(wanted), 1000):
+        page = wanted[at : at + 1000]
+        found.update((w["id"], w) for w in c.workloads(all=True, ids=page, limit=len(page)))
+    ids: list[int] = []
+    for workload_id in wanted:
+        w = found.get(workload_id)
+        if w is None:
+            raise CliError(f"no workload with id {workload_id}; list them with `gpupool ps --all`")
+        refuse_service(w["kind"])
+        if w.get("array_id") == workload_id:
+            ids.extend(t["id"] for t in c.workload(workload_id).get("task_list") or ())
+        else:
+            ids.append(workload_id)
+    return list(dict.fromkeys(ids))
 
 
 def _ended(c: Client, ids: list[int], deadline: float | None, *, quiet: bool) -> list[dict[str, Any]] | None:
