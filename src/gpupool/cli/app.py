@@ -277,8 +277,8 @@ def run(
     if scale is not None:
         data["scaling"] = _scaling(scale)
     if idle is not None:
-        timeout, _, action = idle.partition(":")
-        data["idle"] = {"timeout": timeout, "action": action} if action else timeout
+        idle_for, _, action = idle.partition(":")
+        data["idle"] = {"timeout": idle_for, "action": action} if action else idle_for
     _add_array_and_after(data, array, after)
     parse_workload_spec(data)
     _submit_and_wait(data, hold, wait_end, timeout, as_json, parsable)
