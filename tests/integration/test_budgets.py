@@ -25,7 +25,7 @@ def test_work_waits_once_its_queues_budget_is_used_and_starts_when_raised(server
     why = server.wait_for_reason(waiting["id"])
     assert why["state"] == "pending" and why["reason_code"] == "budget", why
     assert "queue lab used 0.00" in why["reason"] and "of its 0.001 GPU-hour budget for 20" in why["reason"]
-    assert "`gpupool queue update lab --budget N`" in why["reason"]
+    assert "`gpupool queue update lab --budget N/day`" in why["reason"]
 
     queues = {q["name"]: q for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
     budget = queues["lab"]["budget"]
@@ -39,10 +39,14 @@ def test_work_waits_once_its_queues_budget_is_used_and_starts_when_raised(server
     assert 'gpupool_queue_budget_gpu_hours{period="day",queue="lab"} 0.001' in metrics, metrics
     assert 'gpupool_queue_budget_used_gpu_hours{period="day",queue="lab"} 0.00' in metrics
 
-    server.cli("queue", "update", "lab", "--budget", "1/day", check=True)
+    server.cli("queue", "update", "lab", "--budget", "1", check=True)  # its period stays a day
     assert server.wait_for(waiting["id"])["state"] == "succeeded"
+    listed = {q["name"]: q for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
+    raised = listed["lab"]["budget"]
+    assert (raised["gpu_hours"], raised["period"]) == (1, "day"), raised
     server.cli("queue", "update", "lab", "--budget", "none", check=True)
-    assert json.loads(server.cli("queues", "--json", check=True).stdout)[1]["budget"] is None
+    listed = {q["name"]: q for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
+    assert listed["lab"]["budget"] is None
 
 
 def test_a_bad_budget_is_refused_with_the_fix_and_changes_nothing(server: ServerProcess) -> None:

@@ -73,8 +73,9 @@ def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
         assert "access: pool" in said  # the fix
     with _as(server, viewer) as client:
         assert _refusal(client, proxy_path(private, "x"))[0] == 403
-    with server.http() as client:  # an admin reaches anyone's
-        assert client.get(proxy_path(private, "x")).json()["path"] == "/x"
+    with server.http() as client:  # an admin reaches anyone's; a private service is not sandboxed
+        reached = client.get(proxy_path(private, "x"))
+        assert reached.json()["path"] == "/x" and "content-security-policy" not in reached.headers
     shown = server.cli("show", str(private), check=True).stdout
     assert "(alice and admins)" in shown, shown
 
@@ -94,6 +95,9 @@ def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
         posted = client.post(proxy_path(public, "v1"), content=b'{"text": "a\\u0000b"}')
         assert posted.status_code == 200, posted.text
         assert posted.json()["body"] == '{"text": "a\\u0000b"}'
+        # anyone's browser may open it at the head's origin: sandboxed, away from the dashboard's token
+        assert posted.headers["content-security-policy"].startswith("sandbox ")
+        assert "allow-same-origin" not in posted.headers["content-security-policy"]
         # ids that name no workload, or a job, still need a token: nobody learns which exist
         assert _refusal(client, proxy_path(999_999, "x"))[0] == 401
     assert "(anyone, no token)" in server.cli("show", str(public), check=True).stdout

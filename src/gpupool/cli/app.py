@@ -157,8 +157,8 @@ def _submit_and_wait(
     created = c.submit(data, hold=hold)
     with redirect_stdout(sys.stderr):  # stdout is the work's output
         _created(created, as_json, parsable)
-    ids = created.get("array_ids") or [created["id"]]
-    wait.finish(c, ids, logs=True, timeout=timeout, quiet=False)
+    tasks = created.get("array_ids")  # an array's tasks: a line each, not their output
+    wait.finish(c, tasks or [created["id"]], logs=tasks is None, timeout=timeout, quiet=False)
 
 
 # As `docker run`: run's options come first; from the command's first word on, every word is the command's.
@@ -532,6 +532,8 @@ def stream_log(
     offset = 0
     chosen = attempt
     while True:
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
         chunk = c.logs(workload_id, attempt=chosen, offset=offset, rank=rank)
         if chosen is None and chunk["attempt"] is not None:
             chosen = chunk["attempt"]
@@ -978,7 +980,8 @@ def _budget(text: str | None) -> dict[str, Any] | str | None:
             f"--budget {text}: GPU-hours, optionally per day, week or month, e.g. 5000 or 200/week"
         ) from None
     given = int(gpu_hours) if gpu_hours.is_integer() else gpu_hours  # errors echo it as it was written
-    return {"gpu_hours": given, "period": period.strip() or "month"}
+    # no period given: the queue's own (or, for a new budget, the spec's default, month)
+    return {"gpu_hours": given, **({"period": period.strip()} if period.strip() else {})}
 
 
 @queue_app.command("create")

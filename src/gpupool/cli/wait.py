@@ -69,7 +69,7 @@ def finish(c: Client, ids: list[int], *, logs: bool, timeout: str | None, quiet:
     seconds = check_timeout(timeout)
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        if logs and len(ids) == 1:
+        if logs:
             ended = stream_log(c, ids[0], attempt=0, deadline=deadline)  # every attempt, from the first
             done = _ended(c, ids, deadline, quiet=True) if ended else None
         else:

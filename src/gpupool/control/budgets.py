@@ -83,7 +83,7 @@ class BudgetState:
             BUDGET,
             f"queue {self.queue} used {hours(self.used)} of its {self.gpu_hours:,g} GPU-hour budget for "
             f"{period_name(self.period, self.start)}: new work waits until {self.end:%Y-%m-%d %H:%M} UTC, "
-            f"or an admin raises it (`gpupool queue update {self.queue} --budget N`)",
+            f"or an admin raises it (`gpupool queue update {self.queue} --budget N/{self.period}`)",
         )
 
 

@@ -55,6 +55,7 @@ TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0)
 # the event loop more than the request it serves (docs/benchmarks.md#service-proxy).
 TARGET_TTL = 1.0
 MAX_TARGETS = 10_000
+PUBLIC_SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-downloads"
 
 
 class ProxyState:
@@ -90,9 +91,10 @@ def _rest_of_path(request: HTTPConnection, workload_id: int) -> str:
     return f"{rest}?{query}" if query else rest
 
 
-async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> None:
-    """Refuse (ApiError 401 or 403) a caller the service's `access` does not let through. An id that
-    names no workload needs a token too: without one nobody learns which ids exist."""
+async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> bool:
+    """Refuse (ApiError 401 or 403) a caller the service's `access` does not let through; whether the
+    service is public. An id that names no workload needs a token too: without one nobody learns which
+    ids exist."""
     runtime = connection.app.state.runtime
     state = _state(connection)
     access = state.access.get(workload_id)
@@ -103,7 +105,7 @@ async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> N
                 state.access.clear()
             state.access[workload_id] = access
     if access is not None and access.access == service.PUBLIC:
-        return
+        return True
     caller = await caller_from(connection)
     refuse_viewer_change(caller, method, connection.url.path)
     private = access is not None and access.access == service.PRIVATE
@@ -115,6 +117,7 @@ async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> N
             f"reach it (your token: {caller.name}); its owner can open it with access: pool (any token "
             "of this head) or access: public in its spec",
         )
+    return False
 
 
 async def _target(
@@ -213,10 +216,15 @@ def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
     response_class=Response,
 )
 async def proxy(request: Request, workload_id: int, path: str) -> Response:
-    await _admit(request, workload_id, request.method)
+    public = await _admit(request, workload_id, request.method)
     flight = _InFlight(request.app.state.runtime.load, workload_id)  # the autoscaler's measure
     try:
-        return await _proxied(request, workload_id, flight)
+        response = await _proxied(request, workload_id, flight)
+        if public:
+            # Anyone's browser may open a public service's pages, at the head's own origin: sandboxed,
+            # they run as an origin of their own and cannot read the dashboard's token from its storage.
+            response.raw_headers.append((b"content-security-policy", PUBLIC_SANDBOX))
+        return response
     except BaseException:
         flight.done()
         raise
