@@ -143,6 +143,7 @@ def test_notifications_go_only_to_allowed_hosts(tmp_path: Path) -> None:
             bad = client.post("/api/v1/workloads", json={"notify": "ftp://x", "commands": ["true"]})
             assert bad.status_code == 422 and bad.json()["error"]["field"] == "notify.url"
             assert client.get("/api/v1/workloads?all=true").json() == []
+        _others_see_no_secret(server)
     finally:
         server.stop()
     closed = _server(tmp_path / "off")
@@ -152,3 +153,31 @@ def test_notifications_go_only_to_allowed_hosts(tmp_path: Path) -> None:
         assert "this head sends no notifications" in refused.stderr, refused.stderr
     finally:
         closed.stop()
+
+
+def _others_see_no_secret(server: ServerProcess) -> None:
+    """A webhook's path and the environment's values are secrets: shown to the owner and admins only."""
+    tokens = {
+        name: str(json.loads(server.cli("token", "create", name, "--json", check=True).stdout)["token"])
+        for name in ("alice", "bob")
+    }
+    hook = "https://hooks.example.com/services/T0/B0/s3cret"
+    spec = {"notify": hook, "env": {"WANDB_API_KEY": "k-123"}, "commands": ["true"]}
+    with server.http(tokens["alice"]) as alice:
+        made = alice.post("/api/v1/workloads?hold=true", json=spec)
+        assert made.status_code == 201, made.text
+        path = f"/api/v1/workloads/{made.json()['id']}"
+        mine = alice.get(path).json()["spec"]
+        assert mine["notify"]["url"] == hook and mine["env"] == {"WANDB_API_KEY": "k-123"}
+    with server.http(tokens["bob"]) as bob:
+        theirs = bob.get(path).json()["spec"]
+        assert theirs["notify"]["url"] == "https://hooks.example.com/..." and theirs["notify"]["on"]
+        assert theirs["env"] == {"WANDB_API_KEY": "(hidden)"}
+    server.extra_env["GPUPOOL_TOKEN"] = tokens["bob"]
+    try:
+        shown = server.cli("show", path.rsplit("/", 1)[1], check=True).stdout
+        assert "notifies: https://hooks.example.com/... when" in shown and "s3cret" not in shown, shown
+    finally:
+        del server.extra_env["GPUPOOL_TOKEN"]
+    with server.http() as admin:
+        assert admin.get(path).json()["spec"]["notify"]["url"] == hook

@@ -37,6 +37,18 @@ def test_a_token_over_its_limit_waits_and_others_go_on(tmp_path: Path) -> None:
             metrics = admin.get("/metrics").text
             assert 'gpupool_api_rate_limited_total{token="alice"} 1.0' in metrics, metrics
 
+        # without a token, asking the proxy about ids the head has not seen costs a store read each: counted
+        # under the caller's address; an id just found missing is not read again (401 from memory)
+        with server.http(None) as anonymous:
+            codes = [anonymous.get(f"/api/v1/workloads/{900 + i}/proxy/").status_code for i in range(4)]
+            assert codes == [401, 401, 401, 429], codes
+            refused = anonymous.get("/api/v1/workloads/905/proxy/")
+            assert refused.status_code == 429 and "without a token from 127.0.0.1" in refused.text
+            assert refused.headers["retry-after"] == "1"
+            assert [anonymous.get("/api/v1/workloads/900/proxy/").status_code for _ in range(5)] == [401] * 5
+        with server.http(alice) as client:  # a token's proxy calls are not counted under the address
+            assert client.get("/api/v1/workloads/906/proxy/").status_code == 404
+
         # the CLI, as alice, waits out the limit and gets its answers
         server.extra_env["GPUPOOL_TOKEN"] = alice
         try:

@@ -5,7 +5,8 @@ Each caller's bucket holds at most `burst` requests and refills at `rate` a seco
 call that finds the bucket empty is refused before the route runs (429, with `Retry-After`), so it changed
 nothing and may be sent again as it is: the SDK and CLI wait and retry. One script polling in a tight loop
 then slows to the rate, and everyone else's calls, the scheduler and the agents' heartbeats (not API
-calls of a token) go on. Calls through the service proxy are the services' traffic and are not counted.
+calls of a token) go on. Calls through the service proxy are the services' traffic and are not counted,
+but for those without a token that make the head read the store (api/routes/proxy.py, by client address).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from gpupool.control.lifecycle import (
     note,
     transition,
 )
+from gpupool.control.notify import redacted_url
 from gpupool.control.readiness import Readiness, word_on
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
@@ -311,6 +312,22 @@ def workload_view(
         view["spec"] = workload.spec
         view["attempt_list"] = [attempt_view(a) for a in workload.attempts]
     return view
+
+
+HIDDEN: Final = "(hidden)"
+
+
+def redacted_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A workload's spec as a reader who is neither its owner nor an admin sees it: its environment
+    variables' values (where API keys go) and its notification URL's path and query (where a chat
+    webhook keeps its secret) hidden, as Slurm's PrivateData hides others' jobs' details."""
+    shown = dict(spec)
+    if shown.get("env"):
+        shown["env"] = dict.fromkeys(shown["env"], HIDDEN)
+    notify = shown.get("notify")
+    if notify:
+        shown["notify"] = {**notify, "url": redacted_url(str(notify["url"]))}
+    return shown
 
 
 def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin", held: bool = False) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from websockets.exceptions import InvalidHandshake
 
 from gpupool.api.auth import caller_from, refuse_viewer_change
 from gpupool.api.errors import ApiError
+from gpupool.api.ratelimit import RateLimiter, retry_after
 from gpupool.control import service
 from gpupool.control.autoscale import Load
 from gpupool.control.errors import ServiceError
@@ -55,6 +56,11 @@ TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0)
 # the event loop more than the request it serves (docs/benchmarks.md#service-proxy).
 TARGET_TTL = 1.0
 MAX_TARGETS = 10_000
+# For a caller without a token, an id that named no workload is not looked up again for MISSING_TTL seconds,
+# and a request that needs a store read (an id not known here) is counted by the API's rate limiter under
+# the caller's address: nobody without a token can make the head read the store at will. (A caller with a
+# token is always looked up: access once seen is kept, and a miss must not let a new private service by.)
+MISSING_TTL = 2.0
 PUBLIC_SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-downloads"
 
 
@@ -69,6 +75,7 @@ class ProxyState:
         self.turns: dict[int, int] = {}
         # who may reach each workload: its owner and spec never change, so an answer is kept (bounded)
         self.access: dict[int, service.Access] = {}
+        self.missing: dict[int, float] = {}  # ids that named no workload -> until when that is believed
 
     def take_turn(self, workload_id: int, choices: list[service.ServiceTarget]) -> service.ServiceTarget:
         turn = self.turns.get(workload_id, 0)
@@ -98,12 +105,19 @@ async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> b
     runtime = connection.app.state.runtime
     state = _state(connection)
     access = state.access.get(workload_id)
-    if access is None:
+    anonymous = "authorization" not in connection.headers
+    if access is None and not (anonymous and state.missing.get(workload_id, 0.0) > time.monotonic()):
+        if anonymous:
+            _count_anonymous(connection)
         access = await run_in_threadpool(service.access_of, runtime.store, workload_id)
         if access is not None:
             if len(state.access) >= MAX_TARGETS:
                 state.access.clear()
             state.access[workload_id] = access
+        elif anonymous:
+            if len(state.missing) >= MAX_TARGETS:
+                state.missing.clear()
+            state.missing[workload_id] = time.monotonic() + MISSING_TTL
     if access is not None and access.access == service.PUBLIC:
         return True
     caller = await caller_from(connection)
@@ -118,6 +132,21 @@ async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> b
             "of this head) or access: public in its spec",
         )
     return False
+
+
+def _count_anonymous(connection: HTTPConnection) -> None:
+    """Refuse (429) a caller without a token that asks too often for services not known here."""
+    limiter: RateLimiter = connection.app.state.limiter
+    address = connection.client.host if connection.client is not None else "unknown"
+    wait = limiter.wait(f"anonymous@{address}")
+    if wait > 0:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"too many requests without a token from {address} for services this head had not seen "
+            f"lately: wait {wait:.2f} s (Retry-After) and send it again",
+            headers={"Retry-After": retry_after(wait)},
+        )
 
 
 async def _target(

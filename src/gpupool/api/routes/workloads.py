@@ -68,11 +68,15 @@ def list_workloads(
 
 
 @router.get("/{workload_id}", summary="One workload with its attempts and history")
-def get_workload(request: Request, workload_id: int) -> dict[str, Any]:
+def get_workload(
+    request: Request, workload_id: int, caller: Caller = Depends(require_token)
+) -> dict[str, Any]:
     runtime = request.app.state.runtime
     view = service.get_workload(
         runtime.store, workload_id, live=runtime.reconciler.explanations, readiness=runtime.readiness.state
     )
+    if not caller.admin and caller.name != view["user"]:
+        view["spec"] = service.redacted_spec(view["spec"])  # others' secrets: env values, the webhook's path
     if view["spec"].get("scaling"):  # what the autoscaler last measured (control/autoscale.py)
         word = runtime.autoscaler.words.get(view["service_id"])
         view["autoscaling"] = word.as_dict() if word is not None else None
