@@ -20,6 +20,7 @@ from gpupool.api.ratelimit import RateLimiter
 from gpupool.api.routes import (
     agents,
     bench,
+    events,
     foreign,
     health,
     metrics,
@@ -128,6 +129,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(health.router)
     api.include_router(bench.router)
     api.include_router(usage.router)
+    api.include_router(events.router)
     # The proxy checks its callers itself (`proxy._admit`): a public service takes requests with no token.
     # First of the routes: each request to a service is matched against the routes in order.
     app.include_router(proxy.router, prefix="/api/v1")

@@ -1052,6 +1052,7 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit code 1."""
 
 
+from gpupool.cli import audit as _audit  # noqa: E402, F401  (registers `gpupool audit`)
 from gpupool.cli import health as _health  # noqa: E402, F401  (`gpupool top|health`, `node show|inject-fault`)
 from gpupool.cli import nodes as _nodes  # noqa: E402, F401  (registers `gpupool node join-token|drain`)
 from gpupool.cli import tokens as _tokens  # noqa: E402, F401  (registers `gpupool token ...`, `whoami`)

@@ -310,6 +310,23 @@ class Client:
         result: dict[str, Any] = self._call("GET", "/api/v1/usage", params={**params, "by": by})
         return result
 
+    # -- the audit log ---------------------------------------------------------------------------------
+    def events(
+        self,
+        since: str | None = None,
+        until: str | None = None,
+        kind: str | None = None,
+        object: str | None = None,
+        actor: str | None = None,
+        limit: int = 200,
+    ) -> list[dict[str, Any]]:
+        """The audit log (admin), newest first: who changed what; `since`/`until`: ISO times or durations
+        before now ("1d"); `kind`: workload, attempt, node, queue, token, join-token."""
+        given = (("since", since), ("until", until), ("kind", kind), ("object", object), ("actor", actor))
+        params: dict[str, Any] = {k: v for k, v in given if v}
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/events", params={**params, "limit": limit})
+        return result
+
     # -- join tokens (node agents) --------------------------------------------------------------------
     def create_join_token(self, ttl: str | None = None, description: str = "") -> dict[str, Any]:
         body = {"ttl": ttl, "description": description}

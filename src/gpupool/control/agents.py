@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, select, update
 
+from gpupool.control import audit
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError
 from gpupool.control.tokens import hash_token
 from gpupool.store.db import Store
@@ -50,7 +51,9 @@ def join_token_view(row: JoinToken) -> dict[str, Any]:
     }
 
 
-def create_join_token(store: Store, ttl_seconds: float | None, description: str = "") -> dict[str, Any]:
+def create_join_token(
+    store: Store, ttl_seconds: float | None, description: str = "", *, actor: str = "admin"
+) -> dict[str, Any]:
     """A new join token; the token itself is in the answer once and never again."""
     if ttl_seconds is not None and ttl_seconds <= 0:
         raise Invalid(f"ttl must be longer than 0 seconds, got {ttl_seconds:g}", field="ttl", example="1h")
@@ -65,6 +68,9 @@ def create_join_token(store: Store, ttl_seconds: float | None, description: str 
         )
         s.add(row)
         s.flush()
+        ttl = f"expires {row.expires_at.isoformat()}" if row.expires_at is not None else "never expires"
+        said = f", {description!r}" if description else ""
+        audit.record(s, audit.JOIN_TOKEN, str(row.id), f"created: {row.prefix}..., {ttl}{said}", actor)
         return {**join_token_view(row), "token": token}
 
 
@@ -73,7 +79,7 @@ def list_join_tokens(store: Store) -> list[dict[str, Any]]:
         return [join_token_view(r) for r in s.scalars(select(JoinToken).order_by(JoinToken.id))]
 
 
-def revoke_join_token(store: Store, ident: str) -> dict[str, Any]:
+def revoke_join_token(store: Store, ident: str, *, actor: str = "admin") -> dict[str, Any]:
     """Revoke by id or by prefix (as `join-token list` shows it). Nodes that joined with it stay."""
     with store.session() as s:
         rows = s.scalars(select(JoinToken)).all()
@@ -85,6 +91,7 @@ def revoke_join_token(store: Store, ident: str) -> dict[str, Any]:
         row = matches[0]
         if row.revoked_at is None:
             row.revoked_at = utcnow()
+            audit.record(s, audit.JOIN_TOKEN, str(row.id), f"revoked: {row.prefix}...", actor)
         s.flush()
         return join_token_view(row)
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent_records import rank_log_path
+from gpupool.control import audit
 from gpupool.control.dependencies import check_at_submit
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError, Unavailable
 from gpupool.control.lifecycle import (
@@ -35,7 +36,7 @@ from gpupool.control.usage import attempt_gpus
 from gpupool.gpu.catalog import families
 from gpupool.scheduler import Explanation
 from gpupool.scheduler.placement import split_model
-from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request
+from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request, parse_queue_spec
 from gpupool.spec.workload import (
     MAX_PRIORITY,
     MAX_REPLICAS,
@@ -141,7 +142,7 @@ def _check_parent(s: Session, spec: QueueSpec) -> None:
         above = parents.get(above)
 
 
-def create_queue(store: Store, spec: QueueSpec) -> dict[str, Any]:
+def create_queue(store: Store, spec: QueueSpec, *, actor: str = "admin") -> dict[str, Any]:
     with store.session() as s:
         if s.scalar(select(Queue).where(Queue.name == spec.name)) is not None:
             raise Conflict(
@@ -153,11 +154,20 @@ def create_queue(store: Store, spec: QueueSpec) -> dict[str, Any]:
             name=spec.name, parent=spec.parent, priority=spec.priority, spec=spec.model_dump(mode="json")
         )
         s.add(queue)
+        audit.record(s, audit.QUEUE, spec.name, f"created: {_queue_settings(queue)}", actor)
         s.flush()
         return queue_view(queue)
 
 
-def update_queue(store: Store, name: str, build: Callable[[dict[str, Any]], QueueSpec]) -> dict[str, Any]:
+def _queue_settings(queue: Queue) -> str:
+    """What the audit log says a queue was made with: the fields its spec sets away from the defaults."""
+    defaults = parse_queue_spec({"name": queue.name}).model_dump(mode="json")
+    return audit.settings(queue.spec, defaults)
+
+
+def update_queue(
+    store: Store, name: str, build: Callable[[dict[str, Any]], QueueSpec], *, actor: str = "admin"
+) -> dict[str, Any]:
     """`build` turns the current spec (as JSON) into the new, validated spec."""
     with store.session() as s:
         queue = s.scalar(select(Queue).where(Queue.name == name))
@@ -167,12 +177,14 @@ def update_queue(store: Store, name: str, build: Callable[[dict[str, Any]], Queu
         if spec.name != name:
             raise Invalid("a queue cannot be renamed", field="name")
         _check_parent(s, spec)
+        before = queue.spec
         queue.parent, queue.priority, queue.spec = spec.parent, spec.priority, spec.model_dump(mode="json")
+        audit.record(s, audit.QUEUE, name, f"updated: {audit.changes(before, queue.spec)}", actor)
         s.flush()
         return queue_view(queue, _queue_usage(s))
 
 
-def delete_queue(store: Store, name: str) -> dict[str, Any]:
+def delete_queue(store: Store, name: str, *, actor: str = "admin") -> dict[str, Any]:
     """Remove a queue nothing uses any more: no pending or running work, no child queues, and not the
     default queue. Finished work keeps the queue's name (its history and GPU-hours stay as they were).
     Returns the queue as it was."""
@@ -209,6 +221,7 @@ def delete_queue(store: Store, name: str) -> dict[str, Any]:
             )
         view = queue_view(queue)  # nothing pending or running: no usage to show
         s.delete(queue)
+        audit.record(s, audit.QUEUE, name, f"deleted (it had: {_queue_settings(queue)})", actor)
         return view
 
 
@@ -743,8 +756,10 @@ def cancel(
                 if not active:
                     raise Conflict(f"workload {workload_id} already {workload.state}; nothing to cancel")
                 for replica in active:
-                    if why is not None and replica.state == RUNNING:
-                        note(s, replica, why, actor=actor)  # its stop ends it as cancelled
+                    if (
+                        replica.state == RUNNING and not replica.cancel_requested
+                    ):  # its stop ends it cancelled
+                        note(s, replica, why or f"cancel asked by {actor}: stopping it", actor=actor)
                     _cancel_one(s, replica, why or f"cancelled by {actor} before it started", actor)
                 s.flush()
                 view = workload_view(workload)

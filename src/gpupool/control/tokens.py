@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from sqlalchemy import select
 
+from gpupool.control import audit
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.spec.errors import SpecError
 from gpupool.spec.fields import check_name
@@ -73,6 +74,7 @@ def reset_admin_token(store: Store) -> str:
             s.add(ApiToken(name=ADMIN_NAME, token_hash=hash_token(token), role=ADMIN, queues=[]))
         else:
             existing.token_hash = hash_token(token)
+        audit.record(s, audit.TOKEN, ADMIN_NAME, "replaced (gpupool server --new-admin-token)", "system")
     return token
 
 
@@ -83,7 +85,9 @@ def caller_of(store: Store, token: str) -> Caller | None:
         return None if row is None else Caller(row.name, row.role, tuple(row.queues or ()))
 
 
-def create_token(store: Store, name: Any, role: Any = USER, queues: Any = None) -> dict[str, Any]:
+def create_token(
+    store: Store, name: Any, role: Any = USER, queues: Any = None, *, actor: str = ADMIN_NAME
+) -> dict[str, Any]:
     """A new token for a person or a script; the answer holds the token itself, shown this once."""
     try:
         name = check_name(name, "name")
@@ -118,6 +122,8 @@ def create_token(store: Store, name: Any, role: Any = USER, queues: Any = None) 
             )
         row = ApiToken(name=name, token_hash=hash_token(token), role=role, queues=sorted(set(queues)))
         s.add(row)
+        kept = f", queues {', '.join(row.queues)}" if row.queues else ""
+        audit.record(s, audit.TOKEN, name, f"created: role {role}{kept}", actor)
         s.flush()
         return {**token_view(row), "token": token}
 
@@ -127,7 +133,7 @@ def list_tokens(store: Store) -> list[dict[str, Any]]:
         return [token_view(row) for row in s.scalars(select(ApiToken).order_by(ApiToken.name))]
 
 
-def revoke_token(store: Store, name: str) -> dict[str, Any]:
+def revoke_token(store: Store, name: str, *, actor: str = ADMIN_NAME) -> dict[str, Any]:
     """Delete a token: it stops working at once on this head (other heads: within their cache's seconds)."""
     if name == ADMIN_NAME:
         raise Conflict(
@@ -140,6 +146,7 @@ def revoke_token(store: Store, name: str) -> dict[str, Any]:
             raise NotFound(f"no token named {name!r}; list them with `gpupool token list`")
         view = token_view(row)
         s.delete(row)
+        audit.record(s, audit.TOKEN, name, f"revoked (role {row.role})", actor)
         return view
 
 

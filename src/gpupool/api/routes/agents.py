@@ -236,12 +236,14 @@ class HeartbeatEndpoint:
 
 
 @admin_router.post("/join-tokens", status_code=201, summary="Create a join token (shown once)")
-def create_join_token(request: Request, body: dict[str, Any] | None = Body(None)) -> dict[str, Any]:
+def create_join_token(
+    request: Request, body: dict[str, Any] | None = Body(None), caller: Caller = Depends(admin_only)
+) -> dict[str, Any]:
     body = fields(body, ("ttl", "description"))
     ttl = body.get("ttl")
     seconds = parse_duration(ttl, "ttl") if ttl not in (None, "", "never") else None
     description = text(body, "description", example="rack 12") or ""
-    return agents.create_join_token(request.app.state.runtime.store, seconds, description)
+    return agents.create_join_token(request.app.state.runtime.store, seconds, description, actor=caller.name)
 
 
 @admin_router.get("/join-tokens", summary="Join tokens (never the tokens themselves)")
@@ -250,8 +252,8 @@ def list_join_tokens(request: Request) -> list[dict[str, Any]]:
 
 
 @admin_router.post("/join-tokens/{ident}/revoke", summary="Revoke a join token by id or prefix")
-def revoke_join_token(request: Request, ident: str) -> dict[str, Any]:
-    return agents.revoke_join_token(request.app.state.runtime.store, ident)
+def revoke_join_token(request: Request, ident: str, caller: Caller = Depends(admin_only)) -> dict[str, Any]:
+    return agents.revoke_join_token(request.app.state.runtime.store, ident, actor=caller.name)
 
 
 @admin_router.post(

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Depends, Request
 from gpupool.api.auth import admin_only
 from gpupool.control import service
 from gpupool.control.budgets import BudgetState
+from gpupool.control.tokens import Caller
 from gpupool.scheduler import QueueView
 from gpupool.spec import parse_queue_spec
 
@@ -20,12 +21,13 @@ router = APIRouter(prefix="/queues", tags=["queues"])
     "",
     status_code=201,
     summary="Create a queue (team or project) (admin)",
-    dependencies=[Depends(admin_only)],
 )
 def create(
-    request: Request, body: Any = Body(..., description="A queue spec: see docs/specs.md")
+    request: Request,
+    body: Any = Body(..., description="A queue spec: see docs/specs.md"),
+    caller: Caller = Depends(admin_only),
 ) -> dict[str, Any]:
-    return service.create_queue(request.app.state.runtime.store, parse_queue_spec(body))
+    return service.create_queue(request.app.state.runtime.store, parse_queue_spec(body), actor=caller.name)
 
 
 @router.get("", summary="Queues with quotas, limits and what they use now")
@@ -68,15 +70,16 @@ def _with_pass(
 @router.patch(
     "/{name}",
     summary="Change some fields of a queue (merged into its spec) (admin)",
-    dependencies=[Depends(admin_only)],
 )
-def update(request: Request, name: str, body: Any = Body(...)) -> dict[str, Any]:
+def update(
+    request: Request, name: str, body: Any = Body(...), caller: Caller = Depends(admin_only)
+) -> dict[str, Any]:
     def build(current: dict[str, Any]) -> Any:
         # A body that is not an object is refused as parse_queue_spec refuses any such spec.
         return parse_queue_spec(merge(current, body) if isinstance(body, dict) else body)
 
     runtime = request.app.state.runtime
-    result = service.update_queue(runtime.store, name, build)
+    result = service.update_queue(runtime.store, name, build, actor=caller.name)
     runtime.wake()
     return result
 
@@ -84,11 +87,10 @@ def update(request: Request, name: str, body: Any = Body(...)) -> dict[str, Any]
 @router.delete(
     "/{name}",
     summary="Delete a queue with no pending or running work and no child queues (admin)",
-    dependencies=[Depends(admin_only)],
 )
-def delete(request: Request, name: str) -> dict[str, Any]:
+def delete(request: Request, name: str, caller: Caller = Depends(admin_only)) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    deleted = service.delete_queue(runtime.store, name)
+    deleted = service.delete_queue(runtime.store, name, actor=caller.name)
     runtime.wake()
     return deleted
 

@@ -20,11 +20,13 @@ def create(
     body: dict[str, Any] | None = Body(
         None, description='{"name": "alice", "role": "user", "queues": ["nlp"]}; role: admin, user, viewer'
     ),
-    _: Caller = Depends(admin_only),
+    caller: Caller = Depends(admin_only),
 ) -> dict[str, Any]:
     given = fields(body, ("name", "role", "queues"))
     store = request.app.state.runtime.store
-    return tokens.create_token(store, given.get("name"), given.get("role", tokens.USER), given.get("queues"))
+    return tokens.create_token(
+        store, given.get("name"), given.get("role", tokens.USER), given.get("queues"), actor=caller.name
+    )
 
 
 @router.get("/tokens", summary="The tokens, by name and role (never the tokens themselves) (admin)")
@@ -33,8 +35,8 @@ def list_tokens(request: Request, _: Caller = Depends(admin_only)) -> list[dict[
 
 
 @router.delete("/tokens/{name}", summary="Revoke a token: it stops working at once (admin)")
-def revoke(request: Request, name: str, _: Caller = Depends(admin_only)) -> dict[str, Any]:
-    revoked = tokens.revoke_token(request.app.state.runtime.store, name)
+def revoke(request: Request, name: str, caller: Caller = Depends(admin_only)) -> dict[str, Any]:
+    revoked = tokens.revoke_token(request.app.state.runtime.store, name, actor=caller.name)
     request.app.state.tokens.forget()
     return revoked
 
