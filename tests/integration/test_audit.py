@@ -21,6 +21,10 @@ def test_who_changed_what_is_listed_with_what_changed(server: ServerProcess) -> 
     alice = str(made["token"])
     joined = json.loads(server.cli("node", "join-token", "create", "--json", check=True).stdout)
     server.cli("node", "join-token", "revoke", str(joined["id"]), check=True)
+    made = json.loads(server.cli("token", "create", "ops", "--role", "admin", "--json", check=True).stdout)
+    with server.http(str(made["token"])) as ops:  # another admin: the log names who, not the role
+        assert ops.post("/api/v1/nodes/node-1/cordon").status_code == 200
+        assert ops.post("/api/v1/nodes/node-1/uncordon").status_code == 200
 
     with server.http(alice) as client:
         job = client.post("/api/v1/workloads", json={"queue": "nlp", "commands": ["sleep 600"]}).json()
@@ -39,7 +43,7 @@ def test_who_changed_what_is_listed_with_what_changed(server: ServerProcess) -> 
     ]
     assert all(e["actor"] == "admin" for e in queue)
 
-    tokens = _audit(server, "--kind", "token")
+    tokens = _audit(server, "--kind", "token", "--object", "alice")
     assert [e["change"] for e in tokens] == ["revoked (role user)", "created: role user, queues nlp"]
     assert alice not in json.dumps(_audit(server))  # a token itself is never written down
     joins = _audit(server, "--kind", "join-token")
@@ -52,6 +56,11 @@ def test_who_changed_what_is_listed_with_what_changed(server: ServerProcess) -> 
         ("workload", str(job["id"]), None, "pending"),
     ], by_alice
     assert by_alice[0]["change"] == "cancel asked by alice: stopping it"
+    nodes = _audit(server, "--kind", "node", "--actor", "ops")
+    assert [(e["from"], e["to"], e["change"]) for e in nodes] == [
+        ("cordoned", "ready", "uncordoned by ops"),
+        ("ready", "cordoned", "cordoned by ops"),
+    ]
     newest = _audit(server, "-n", "1")
     assert len(newest) == 1 and newest[0]["kind"] == "queue" and newest[0]["object"] == "nlp"
 

@@ -267,6 +267,6 @@ def drain(
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
     reason = text(fields(body, ("reason",)), "reason", example="replace GPU 3") or f"drained by {caller.name}"
-    result = service.drain_node(runtime.store, name, reason)
+    result = service.drain_node(runtime.store, name, reason, actor=caller.name)
     runtime.wake()
     return result

@@ -28,12 +28,16 @@ def cordon(
     caller: Caller = Depends(admin_only),
 ) -> dict[str, Any]:
     reason = text(fields(body, ("reason",)), "reason", example="bad fan") or f"cordoned by {caller.name}"
-    return service.set_node_state(request.app.state.runtime.store, name, "cordoned", reason)
+    return service.set_node_state(
+        request.app.state.runtime.store, name, "cordoned", reason, actor=caller.name
+    )
 
 
 @router.post("/{name}/uncordon", summary="Return a cordoned node to service (admin)")
 def uncordon(request: Request, name: str, caller: Caller = Depends(admin_only)) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    result = service.set_node_state(runtime.store, name, "ready", f"uncordoned by {caller.name}")
+    result = service.set_node_state(
+        runtime.store, name, "ready", f"uncordoned by {caller.name}", actor=caller.name
+    )
     runtime.wake()
     return result
