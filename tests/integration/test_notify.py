@@ -4,6 +4,8 @@ operator did not allow is refused at submit."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import socket
 import threading
@@ -26,6 +28,7 @@ class Receiver:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.got: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.raw: list[bytes] = []  # each body as it came
         self._server: ThreadingHTTPServer | None = None
 
     @property
@@ -33,12 +36,13 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}/hook"
 
     def start(self) -> Receiver:
-        got = self.got
+        got, raw = self.got, self.raw
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                got.append((dict(self.headers), body))
+                content = self.rfile.read(int(self.headers["Content-Length"]))
+                raw.append(content)
+                got.append((dict(self.headers), json.loads(content)))
                 self.send_response(204)
                 self.end_headers()
 
@@ -83,7 +87,11 @@ def test_a_receiver_hears_when_work_starts_and_how_it_ends(tmp_path: Path, recei
             "run", "--wait", "--notify", receiver.url, "--name", "train", "--", "sh", "-c", "exit 3"
         )
         assert ran.returncode == 3, ran.stderr
-        spec = {"notify": {"url": receiver.url, "on": ["started", "succeeded"]}, "commands": ["true"]}
+        secret = "k3y-" + "x" * 28
+        spec = {
+            "notify": {"url": receiver.url, "on": ["started", "succeeded"], "secret": secret},
+            "commands": ["true"],
+        }
         done = server.submit({**spec, "name": "eval"})
         server.wait_for(done["id"])
         failed, started, succeeded = receiver.wait_for(3)
@@ -102,6 +110,15 @@ def test_a_receiver_hears_when_work_starts_and_how_it_ends(tmp_path: Path, recei
         assert failed["text"].startswith("gpupool: workload 1 (train) failed (exit code 3)")
         assert (started["kind"], started["from"], started["state"]) == ("started", "pending", "running")
         assert succeeded["kind"] == "succeeded" and succeeded["workload"]["id"] == done["id"]
+        assert "X-Gpupool-Signature-256" not in headers  # job 1 gave no secret: its messages are unsigned
+        signed, content = receiver.got[2][0], receiver.raw[2]  # what a receiver checks, with its own code
+        stamp = signed["X-Gpupool-Timestamp"]
+        expected = hmac.new(secret.encode(), f"{stamp}.".encode() + content, hashlib.sha256).hexdigest()
+        assert signed["X-Gpupool-Signature-256"] == f"sha256={expected}"
+        assert abs(time.time() - int(stamp)) < 120
+        with server.http() as client:  # the secret is never shown back, not even to an admin
+            shown_spec = client.get(f"/api/v1/workloads/{done['id']}").json()["spec"]
+            assert shown_spec["notify"]["secret"] == "(hidden)" and secret not in json.dumps(shown_spec)
         time.sleep(2)
         assert len(receiver.got) == 3  # job 1 asked for no started message; nothing is sent twice
         shown = server.cli("show", str(done["id"]), check=True).stdout
@@ -142,6 +159,10 @@ def test_notifications_go_only_to_allowed_hosts(tmp_path: Path) -> None:
             assert "--notify-hosts 10.0.0.1" in error["message"]
             bad = client.post("/api/v1/workloads", json={"notify": "ftp://x", "commands": ["true"]})
             assert bad.status_code == 422 and bad.json()["error"]["field"] == "notify.url"
+            short = {"notify": {"url": "https://hooks.example.com/x", "secret": "abc"}, "commands": ["true"]}
+            bad = client.post("/api/v1/workloads", json=short)
+            assert bad.status_code == 422 and bad.json()["error"]["field"] == "notify.secret", bad.text
+            assert "16 to 256 printable characters" in bad.text and "abc" not in bad.text
             assert client.get("/api/v1/workloads?all=true").json() == []
         _others_see_no_secret(server)
     finally:

@@ -461,7 +461,10 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
         console.print(f"  after: {waits}")
     notify = w["spec"].get("notify")
     if notify:
-        console.print(f"  notifies: {escape(notify['url'])} when {', '.join(notify['on'])}", highlight=False)
+        signed = " (signed)" if notify.get("secret") else ""
+        console.print(
+            f"  notifies: {escape(notify['url'])} when {', '.join(notify['on'])}{signed}", highlight=False
+        )
     console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from gpupool.control.config_files import parse_file
@@ -244,6 +244,13 @@ def _gpu_quota(spec: Mapping[str, Any] | None) -> float:
     return 0.0
 
 
+_SPAN_COLUMNS: Final = (
+    Attempt.id, Attempt.state, Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction,
+    Attempt.pods, Attempt.started_at, Attempt.finished_at,
+    Workload.id, Workload.name, Workload.queue, Workload.user,
+)  # fmt: skip
+
+
 def _spans(
     s: Session,
     since: datetime,
@@ -253,13 +260,8 @@ def _spans(
     now: datetime,
 ) -> Iterator[_Span]:
     """Every pod of every attempt that held GPUs inside the window, cut to it."""
-    columns = (
-        Attempt.id, Attempt.state, Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction,
-        Attempt.pods, Attempt.started_at, Attempt.finished_at,
-        Workload.id, Workload.name, Workload.queue, Workload.user,
-    )  # fmt: skip
     query = (
-        select(*columns)
+        select(*_SPAN_COLUMNS)
         .join(Workload, Attempt.workload_id == Workload.id)
         .where(Attempt.started_at < until, or_(Attempt.finished_at.is_(None), Attempt.finished_at > since))
         .order_by(Attempt.id)
@@ -267,22 +269,77 @@ def _spans(
     if queue is not None:
         query = query.where(Workload.queue == queue)
     for row in s.execute(query):
-        attempt_id, state, node, indices, fraction, pods, started, finished, wid, name, wqueue, user = row
-        began, ended = as_utc(started), as_utc(finished)
-        if began is None:
+        yield from _row_spans(row, since, until, models, now)
+
+
+def _row_spans(
+    row: Any, since: datetime, until: datetime, models: dict[str, dict[int, str]], now: datetime
+) -> Iterator[_Span]:
+    """The pods of one attempt (a row of _SPAN_COLUMNS) that held GPUs inside the window, cut to it."""
+    attempt_id, state, node, indices, fraction, pods, started, finished, wid, name, wqueue, user = row
+    began, ended = as_utc(started), as_utc(finished)
+    if began is None:
+        return
+    start, end = max(began, since), min(ended or now, until)
+    if end <= start:
+        return
+    outcome = state if state in OUTCOMES else RUNNING_OUTCOME
+    for pod in pods or [{"node": node, "gpu_indices": indices, "gpu_fraction": fraction}]:
+        held = list(pod.get("gpu_indices") or ())
+        gpus = len(held) * (pod.get("gpu_fraction") or 1.0)
+        if gpus <= 0:
             continue
-        start, end = max(began, since), min(ended or now, until)
-        if end <= start:
-            continue
-        outcome = state if state in OUTCOMES else RUNNING_OUTCOME
-        for pod in pods or [{"node": node, "gpu_indices": indices, "gpu_fraction": fraction}]:
-            held = list(pod.get("gpu_indices") or ())
-            gpus = len(held) * (pod.get("gpu_fraction") or 1.0)
-            if gpus <= 0:
+        pod_node = str(pod.get("node") or node)
+        model = pod.get("model") or models.get(pod_node, {}).get(held[0]) or UNKNOWN_MODEL
+        yield _Span(start, end, gpus, pod_node, str(model), attempt_id, outcome, wid, name, wqueue, user)
+
+
+class Tally:
+    """GPU-hours by queue from `since` on, counted again and again (a budget's period, control/budgets.py),
+    each count reading only the attempts that may have changed since the last: those running, those that
+    ended after the last count's time less LAG (an end the control loop recorded after the fact), and
+    those written since the count before last (by id: a row inserted already ended; two counts back, so
+    that on PostgreSQL a transaction that took a lower id and committed late is read too). Finished
+    attempts' hours are final: kept in `closed`, each counted once. A count equals what
+    `gpu_hours_by_queue(s, since, now, now)` gives unless an attempt's end was recorded more than LAG
+    after it happened; the caller begins a new Tally now and then (control/budgets.py: every hour)."""
+
+    LAG: Final = timedelta(hours=1)
+
+    def __init__(self, since: datetime) -> None:
+        self.since = since
+        self.closed: dict[str, float] = {}
+        self.mark = since  # every attempt that ended by then is in `closed` (or was written after)
+        self.counted: dict[int, datetime] = {}  # in `closed` and still read by the query: id -> its end
+        self.newest: list[int] = []  # the newest attempt id at each of the last two counts
+
+    def count(self, s: Session, now: datetime) -> dict[str, float]:
+        recent = or_(Attempt.finished_at.is_(None), Attempt.finished_at > self.mark)
+        floor = self.newest[0] if self.newest else None
+        query = (
+            select(*_SPAN_COLUMNS)
+            .join(Workload, Attempt.workload_id == Workload.id)
+            .where(Attempt.started_at < now, recent if floor is None else or_(recent, Attempt.id > floor))
+        )
+        newest = int(s.scalar(select(func.max(Attempt.id))) or 0)
+        models = _models(s)
+        running: dict[str, float] = {}
+        for row in s.execute(query):
+            ended = as_utc(row[7])
+            over = ended if ended is not None and ended <= now else None  # its end, when it is final
+            if over is not None and row[0] in self.counted:
                 continue
-            pod_node = str(pod.get("node") or node)
-            model = pod.get("model") or models.get(pod_node, {}).get(held[0]) or UNKNOWN_MODEL
-            yield _Span(start, end, gpus, pod_node, str(model), attempt_id, outcome, wid, name, wqueue, user)
+            totals = self.closed if over is not None else running
+            for span in _row_spans(row, self.since, now, models, now):
+                held = span.gpus * (span.end - span.start).total_seconds() / HOUR
+                totals[span.queue] = totals.get(span.queue, 0.0) + held
+            if over is not None:
+                self.counted[row[0]] = over
+        self.newest = [*self.newest, newest][-2:]
+        self.mark = max(self.since, now - self.LAG)
+        floor = self.newest[0]
+        self.counted = {i: end for i, end in self.counted.items() if end > self.mark or i > floor}
+        return {q: self.closed.get(q, 0.0) + running.get(q, 0.0) for q in {*self.closed, *running}}
 
 
 def _keys(span: _Span, by: str) -> Iterator[tuple[str, datetime, datetime]]:

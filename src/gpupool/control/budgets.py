@@ -5,25 +5,32 @@ Once a budget is used, the pending work of its queue and of every queue below it
 code `budget`, until the next period begins or an admin raises the budget; running work goes on (it may
 take the queue past its budget: what it holds counts as it runs). The hours are counted as `gpupool
 usage` counts them (control/accounting.py): every attempt's GPUs from start to end, fractions as
-fractions. Each pass of the loop asks (`Budgets.look`); the hours are read from the store again at most
-every REFRESH seconds, and at once when a budget is changed or a period begins.
+fractions. Each pass of the loop asks (`Budgets.look`); the hours are counted again at most every
+REFRESH seconds, and at once when a budget is changed or a period begins. A count reads only the attempts
+that may have changed since the last (`accounting.Tally`: those running and those that ended lately); the
+whole period is read again every FULL_RECOUNT seconds. A count is never made more often than
+COST_SPACING times what the last one took, so that counting takes at most 1/COST_SPACING of the loop's
+time even on a store too big for that.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
-from gpupool.control.accounting import gpu_hours_by_queue
+from gpupool.control.accounting import Tally
 from gpupool.scheduler import Explanation
 from gpupool.store.models import Queue
 
 BUDGET: Final = "budget"  # the reason code of work held back by a used budget
-REFRESH: Final = 10.0  # seconds a count of the hours used serves
+REFRESH: Final = 10.0  # seconds a count of the hours used serves, at least
+COST_SPACING: Final = 50.0  # a count serves at least this many times what it took
+FULL_RECOUNT: Final = 3600.0  # seconds between counts of a whole period
 
 
 def period_bounds(period: str, now: datetime) -> tuple[datetime, datetime]:
@@ -90,9 +97,12 @@ class BudgetState:
 class Budgets:
     """The budgets of the last look (`state`, by queue) and what that look counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, timer: Callable[[], float] = time.perf_counter) -> None:
         self.state: dict[str, BudgetState] = {}
+        self._timer = timer
+        self.serves = REFRESH  # seconds the last count serves (longer when counting took long)
         self._counted_at = float("-inf")
+        self._tallies: dict[datetime, tuple[float, Tally]] = {}  # period start -> (begun at, its tally)
         self._asked: tuple[tuple[str, float, str], ...] = ()
         self._ends = float("inf")  # when the earliest period counted ends (timestamp)
 
@@ -103,8 +113,9 @@ class Budgets:
         if not asked:
             self.state, self._asked = {}, ()
             return self.state
-        if asked == self._asked and now < self._counted_at + REFRESH and now < self._ends:
+        if asked == self._asked and now < self._counted_at + self.serves and now < self._ends:
             return self.state
+        began = self._timer()
         when = datetime.fromtimestamp(now, UTC)
         parents = {q.name: q.parent for q in queues}
         counted: dict[datetime, dict[str, float]] = {}  # period start -> GPU-hours by queue
@@ -113,12 +124,21 @@ class Budgets:
             start, end = period_bounds(period, when)
             hours = counted.get(start)
             if hours is None:
-                hours = counted[start] = gpu_hours_by_queue(s, start, when, when)
+                hours = counted[start] = self._tally(start, now).count(s, when)
             used = sum(h for queue, h in hours.items() if name in chain(queue, parents))
             state[name] = BudgetState(name, gpu_hours, period, start, end, used)
         self.state, self._asked, self._counted_at = state, asked, now
         self._ends = min(b.end.timestamp() for b in state.values())
+        self.serves = max(REFRESH, COST_SPACING * (self._timer() - began))
+        self._tallies = {start: kept for start, kept in self._tallies.items() if start in counted}
         return state
+
+    def _tally(self, start: datetime, now: float) -> Tally:
+        """The running count of the period from `start`: begun afresh every FULL_RECOUNT seconds."""
+        kept = self._tallies.get(start)
+        if kept is None or now >= kept[0] + FULL_RECOUNT or now < kept[0]:
+            kept = self._tallies[start] = (now, Tally(start))
+        return kept[1]
 
 
 def _budgets(queues: Iterable[Queue]) -> Iterable[tuple[str, float, str]]:

@@ -20,6 +20,9 @@ The head sends only to hosts its operator allows (`gpupool server --notify-hosts
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import logging
 import threading
 import time
@@ -87,6 +90,7 @@ class _Message:
     workload_id: int
     url: str
     body: dict[str, Any]
+    secret: str | None = None
     tries: int = 0
     next_at: float = 0.0
 
@@ -191,7 +195,8 @@ class Notifier:
         notify = ((workload.spec or {}).get("notify") if workload is not None else None) or {}
         if workload is None or not notify or _kind(event) not in notify.get("on", ()):
             return
-        self._waiting[event.id] = _Message(event.id, workload.id, str(notify["url"]), _body(event, workload))
+        url, secret = str(notify["url"]), notify.get("secret")
+        self._waiting[event.id] = _Message(event.id, workload.id, url, _body(event, workload), secret)
 
     def _dispatch(self) -> None:
         """Hand each URL's due messages, in event order, to a sender, unless one is still at that URL."""
@@ -216,12 +221,16 @@ class Notifier:
         if ANY_HOST not in self.allowed and host not in self.allowed:
             return NOT_ALLOWED
         assert self._client is not None
+        content = json.dumps(message.body, separators=(",", ":")).encode()
+        headers = {
+            "User-Agent": f"gpupool/{__version__}",
+            "Content-Type": "application/json",
+            "X-Gpupool-Event": str(message.event_id),
+        }
+        if message.secret:
+            headers.update(signature(message.secret, content, int(time.time())))
         try:
-            answer = self._client.post(
-                message.url,
-                json=message.body,
-                headers={"User-Agent": f"gpupool/{__version__}", "X-Gpupool-Event": str(message.event_id)},
-            )
+            answer = self._client.post(message.url, content=content, headers=headers)
             return None if answer.is_success else f"answered {answer.status_code}"
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
@@ -281,6 +290,15 @@ class Notifier:
     def _save_cursor(self, value: int) -> None:
         with self.store.session() as s:
             _put(s, CURSOR, str(value))
+
+
+def signature(secret: str, content: bytes, timestamp: int) -> dict[str, str]:
+    """The headers that sign a message (as GitHub's and Slack's webhooks are signed): the time it was sent
+    (Unix seconds) and an HMAC-SHA256, keyed with the spec's `notify.secret`, of that time, a dot and the
+    body as sent. A receiver computes the same, compares in constant time, and refuses old timestamps
+    (a replay)."""
+    mac = hmac.new(secret.encode(), str(timestamp).encode() + b"." + content, hashlib.sha256)
+    return {"X-Gpupool-Timestamp": str(timestamp), "X-Gpupool-Signature-256": f"sha256={mac.hexdigest()}"}
 
 
 def redacted_url(url: str) -> str:

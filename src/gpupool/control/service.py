@@ -330,16 +330,18 @@ def workload_view(
 HIDDEN: Final = "(hidden)"
 
 
-def redacted_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A workload's spec as a reader who is neither its owner nor an admin sees it: its environment
-    variables' values (where API keys go) and its notification URL's path and query (where a chat
-    webhook keeps its secret) hidden, as Slurm's PrivateData hides others' jobs' details."""
+def redacted_spec(spec: Mapping[str, Any], *, whole: bool) -> dict[str, Any]:
+    """A workload's spec as the API shows it: a notification's signing secret hidden from everyone (its
+    owner has it); for a reader who is neither its owner nor an admin (`whole` false) also its
+    environment variables' values (where API keys go) and its notification URL's path and query (where a
+    chat webhook keeps its secret), as Slurm's PrivateData hides others' jobs' details."""
     shown = dict(spec)
-    if shown.get("env"):
+    if shown.get("env") and not whole:
         shown["env"] = dict.fromkeys(shown["env"], HIDDEN)
     notify = shown.get("notify")
     if notify:
-        shown["notify"] = {**notify, "url": redacted_url(str(notify["url"]))}
+        url = str(notify["url"]) if whole else redacted_url(str(notify["url"]))
+        shown["notify"] = {**notify, "url": url, **({"secret": HIDDEN} if notify.get("secret") else {})}
     return shown
 
 

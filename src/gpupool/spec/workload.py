@@ -405,6 +405,7 @@ class IdleSpec(BaseModel):
 NotifyOn = Literal["started", "succeeded", "failed", "cancelled"]
 NOTIFY_ENDS: Final[tuple[NotifyOn, ...]] = ("succeeded", "failed", "cancelled")
 MAX_URL: Final = 2000
+MIN_SECRET, MAX_SECRET = 16, 256
 
 
 class NotifySpec(BaseModel):
@@ -425,11 +426,32 @@ class NotifySpec(BaseModel):
         "[succeeded, failed, cancelled].",
     )
 
+    secret: str | None = Field(
+        default=None,
+        description="A shared secret, 16 to 256 characters without spaces: each message is then signed "
+        "(`X-Gpupool-Signature-256`, an HMAC-SHA256 of the timestamp and the body), so its receiver can "
+        "tell it came from this head; never shown back by the API.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _short_form(cls, data: Any) -> Any:
         """`notify: URL` is `notify: {url: URL}`."""
         return {"url": data} if isinstance(data, str) else data
+
+    @field_validator("secret")
+    @classmethod
+    def _usable_secret(cls, value: str | None) -> str | None:
+        if value is not None and not (
+            MIN_SECRET <= len(value) <= MAX_SECRET and all(c.isprintable() and not c.isspace() for c in value)
+        ):
+            raise SpecError(
+                "secret",
+                "(hidden)",
+                f"must be {MIN_SECRET} to {MAX_SECRET} printable characters without spaces",
+                "a random string, e.g. from `openssl rand -hex 32`",
+            )
+        return value
 
     @field_validator("url")
     @classmethod

@@ -9,7 +9,16 @@ import pytest
 from sqlalchemy import select
 
 from gpupool.control import service
-from gpupool.control.budgets import BUDGET, REFRESH, Budgets, BudgetState, blocked, period_bounds
+from gpupool.control.accounting import Tally, gpu_hours_by_queue
+from gpupool.control.budgets import (
+    BUDGET,
+    COST_SPACING,
+    REFRESH,
+    Budgets,
+    BudgetState,
+    blocked,
+    period_bounds,
+)
 from gpupool.spec import parse_queue_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Queue, Workload
@@ -95,3 +104,68 @@ def test_a_changed_budget_or_a_new_period_is_counted_at_once(store: Store) -> No
     assert _look(store, budgets)["nlp"].used == pytest.approx(4.0)  # cached
     tomorrow = NOW + 2.5 * H  # past midnight: a new day, counted afresh within REFRESH
     assert _look(store, budgets, tomorrow)["nlp"].used == 0.0
+
+
+def test_a_count_that_took_long_is_spaced_further(store: Store) -> None:
+    """Counting every attempt of a month on a big store takes time: the next count waits COST_SPACING times
+    as long (here the timer says each count took 1 s), so it takes at most 2% of the loop's time."""
+    _queue(store, name="nlp", budget={"gpu_hours": 100, "period": "month"})
+    ticks = iter(range(1000))
+    budgets = Budgets(timer=lambda: float(next(ticks)))
+    assert _look(store, budgets)["nlp"].used == 0.0
+    assert budgets.serves == COST_SPACING * 1.0
+    _used(store, "nlp", NOW - 3 * H, 2, gpus=4)
+    assert _look(store, budgets, NOW + timedelta(seconds=REFRESH * 2))["nlp"].used == 0.0  # still served
+    assert _look(store, budgets, NOW + timedelta(seconds=COST_SPACING))["nlp"].used == pytest.approx(8.0)
+
+
+def test_a_tally_reads_only_what_changed_and_equals_a_whole_count(store: Store) -> None:
+    """`accounting.Tally` against `gpu_hours_by_queue` after each change: running work counted as it runs,
+    an end recorded late (within LAG), an attempt written already ended, a finished one read again and
+    not counted twice, work from before the period cut at its start."""
+    since = NOW - 24 * H
+
+    def attempt(queue: str, start: datetime, end: datetime | None, gpus: int = 1) -> int:
+        with store.session() as s:
+            workload = Workload(name="w", queue=queue, user="u", spec={}, state="running", version=1)
+            s.add(workload)
+            s.flush()
+            row = Attempt(
+                workload_id=workload.id, number=0, state="running" if end is None else "succeeded",
+                node_name="a", gpu_indices=list(range(gpus)), gpu_fraction=1.0, pods=[],
+                started_at=start, finished_at=end,
+            )  # fmt: skip
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def end(attempt_id: int, at: datetime) -> None:
+        with store.session() as s:
+            row = s.get(Attempt, attempt_id)
+            assert row is not None
+            row.state, row.finished_at = "succeeded", at
+
+    tally = Tally(since)
+
+    def same(now: datetime) -> dict[str, float]:
+        with store.read() as s:
+            counted = tally.count(s, now)
+            whole = gpu_hours_by_queue(s, since, now, now)
+        assert counted.keys() == whole.keys() and all(counted[q] == pytest.approx(whole[q]) for q in whole)
+        return counted
+
+    early = attempt("nlp", since - 2 * H, None, gpus=2)  # began before the period
+    attempt("cv", since - 5 * H, since - H)  # ended before it: never counted
+    attempt("cv", since + H, since + 3 * H, gpus=4)
+    t1 = NOW - 6 * H
+    assert same(t1) == pytest.approx({"nlp": 2 * 18.0, "cv": 8.0})
+    end(early, t1 + 0.5 * H)  # recorded at the next count: late, but within LAG
+    attempt("cv", t1 - 4 * H, t1 - 3 * H, gpus=8)  # written already ended, hours in the past
+    t2 = t1 + 2 * H
+    assert same(t2) == pytest.approx({"nlp": 2 * 18.5, "cv": 16.0})
+    running = attempt("cv", t2 - 0.5 * H, None)
+    for later in (t2 + H, t2 + 2 * H, t2 + 3 * H):  # finished ones read again are not counted twice
+        same(later)
+    end(running, t2 + 3 * H)
+    assert same(t2 + 4 * H)["cv"] == pytest.approx(16.0 + 3.5)
+    assert len(tally.counted) <= 2  # what the query no longer reads is forgotten
