@@ -47,10 +47,12 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "join_tokens",
         "bench_results",
         "retired_usage",
+        "head_state",
+        "secrets",
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0014"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0015"
     again.close()
 
 

@@ -111,7 +111,7 @@ class ServerProcess:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
     def cli(
-        self, *args: str, cwd: Path | None = None, check: bool = False
+        self, *args: str, cwd: Path | None = None, check: bool = False, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "gpupool.main", *args],
@@ -120,6 +120,7 @@ class ServerProcess:
             capture_output=True,
             text=True,
             timeout=60,
+            input=input,
         )
         if check and result.returncode != 0:
             raise AssertionError(f"gpupool {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")

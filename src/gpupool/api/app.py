@@ -27,6 +27,7 @@ from gpupool.api.routes import (
     nodes,
     proxy,
     queues,
+    secrets,
     tokens,
     usage,
     workloads,
@@ -130,6 +131,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(bench.router)
     api.include_router(usage.router)
     api.include_router(events.router)
+    api.include_router(secrets.router)
     # The proxy checks its callers itself (`proxy._admit`): a public service takes requests with no token.
     # First of the routes: each request to a service is matched against the routes in order.
     app.include_router(proxy.router, prefix="/api/v1")

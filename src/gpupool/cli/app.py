@@ -465,6 +465,8 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
         console.print(
             f"  notifies: {escape(notify['url'])} when {', '.join(notify['on'])}{signed}", highlight=False
         )
+    if w["spec"].get("secrets"):
+        console.print(f"  secrets: {', '.join(w['spec']['secrets'])} (of {w.get('user')})", highlight=False)
     console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:
@@ -1058,5 +1060,6 @@ class CliError(Exception):
 from gpupool.cli import audit as _audit  # noqa: E402, F401  (registers `gpupool audit`)
 from gpupool.cli import health as _health  # noqa: E402, F401  (`gpupool top|health`, `node show|inject-fault`)
 from gpupool.cli import nodes as _nodes  # noqa: E402, F401  (registers `gpupool node join-token|drain`)
+from gpupool.cli import secrets as _secrets  # noqa: E402, F401  (registers `gpupool secret ...`)
 from gpupool.cli import tokens as _tokens  # noqa: E402, F401  (registers `gpupool token ...`, `whoami`)
 from gpupool.cli import wait as _wait  # noqa: E402, F401  (registers `gpupool wait`)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -298,6 +299,24 @@ class Client:
 
     def revoke_token(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("DELETE", f"/api/v1/tokens/{name}")
+        return result
+
+    # -- secrets -----------------------------------------------------------------------------------------
+    def set_secret(self, name: str, value: str) -> dict[str, Any]:
+        """Make or replace one of your secrets; work names it in its spec's `secrets`."""
+        result: dict[str, Any] = self._call(
+            "PUT", f"/api/v1/secrets/{quote(name, safe='')}", json={"value": value}
+        )
+        return result
+
+    def secrets(self, owner: str | None = None) -> list[dict[str, Any]]:
+        """Your secrets' names and when each was set (an admin: `owner`'s); never a value."""
+        params = {"owner": owner} if owner else None
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/secrets", params=params)
+        return result
+
+    def delete_secret(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("DELETE", f"/api/v1/secrets/{quote(name, safe='')}")
         return result
 
     # -- usage and cost --------------------------------------------------------------------------------

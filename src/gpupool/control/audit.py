@@ -2,7 +2,8 @@
 transaction that makes it: a workload's, an attempt's and a node's state changes (control/lifecycle.py),
 notes in a workload's history (a priority changed, a replica asked to stop), and, recorded here, changes
 of the pool's configuration that have no state of their own: queues (created, updated with what changed,
-deleted), API tokens and join tokens (created, revoked; never the token itself). `events` lists them for
+deleted), API tokens and join tokens (created, revoked; never the token itself), users' secrets (set,
+replaced, deleted; never the value). `events` lists them for
 an admin (`gpupool audit`), as Kubernetes' audit log and Slurm's `sacctmgr show transactions` do.
 """
 
@@ -23,7 +24,8 @@ from gpupool.timeutil import as_utc, utcnow
 QUEUE: Final = "queue"
 TOKEN: Final = "token"
 JOIN_TOKEN: Final = "join-token"
-KINDS: Final = ("workload", "attempt", "node", QUEUE, TOKEN, JOIN_TOKEN)
+SECRET: Final = "secret"  # a user's secret, as owner/name: set, replaced, deleted (never its value)
+KINDS: Final = ("workload", "attempt", "node", QUEUE, TOKEN, JOIN_TOKEN, SECRET)
 MAX_LISTED: Final = 10_000  # events one listing returns at most
 MAX_SHOWN: Final = 120  # characters of a changed value the log keeps (a spec value can be long)
 
@@ -100,12 +102,9 @@ def list_events(
         query = query.where(Event.at >= since)
     if until is not None:
         query = query.where(Event.at < until)
-    if kind is not None:
-        query = query.where(Event.object_kind == kind)
-    if name is not None:
-        query = query.where(Event.object_id == name)
-    if actor is not None:
-        query = query.where(Event.actor == actor)
+    for column, wanted in ((Event.object_kind, kind), (Event.object_id, name), (Event.actor, actor)):
+        if wanted is not None:
+            query = query.where(column == wanted)
     with store.read() as s:
         return [event_view(e) for e in s.scalars(query)]
 

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from gpupool import scheduler
 from gpupool.backends.base import Backend, Launch, LaunchError, Pod
-from gpupool.control import contract, inventory, service
+from gpupool.control import contract, inventory, secrets, service
 from gpupool.control.budgets import Budgets
 from gpupool.control.dependencies import Dependencies, Dependency
 from gpupool.control.errors import ServiceError
@@ -364,6 +364,11 @@ class Reconciler(Observation, SnapshotBuilding):
             workload = s.get(Workload, bind.workload_id)
             if workload is None or workload.state != PENDING or workload.held:
                 return  # ended, started, or held since the pass read its snapshot
+            try:  # read now, so that a secret set again reaches the next attempt
+                values = secrets.resolve(s, workload.user, workload.spec.get("secrets") or ())
+            except secrets.MissingSecret as exc:
+                transition(s, workload, FAILED, f"cannot start: {exc}", actor="control")
+                return
             number = len(workload.attempts)
             run_dir = home / "runs" / str(workload.id) / str(number)
             resources = workload.spec.get("resources") or {}
@@ -398,7 +403,7 @@ class Reconciler(Observation, SnapshotBuilding):
                 return
             s.add(attempt)
             s.flush()
-            launch = self._launch(workload, attempt, bind.pods)
+            launch = self._launch(workload, attempt, bind.pods, values)
         # The attempt is durable before its process exists; a crash here leaves a pid-less attempt that
         # observe() settles after PID_GRACE.
         try:
@@ -425,7 +430,11 @@ class Reconciler(Observation, SnapshotBuilding):
         )
 
     def _launch(
-        self, workload: Workload, attempt: Attempt, pods: tuple[scheduler.PodPlacement, ...] = ()
+        self,
+        workload: Workload,
+        attempt: Attempt,
+        pods: tuple[scheduler.PodPlacement, ...] = (),
+        secret_values: dict[str, str] | None = None,
     ) -> Launch:
         home = self.settings.home
         spec = workload.spec
@@ -451,6 +460,7 @@ class Reconciler(Observation, SnapshotBuilding):
             array_id=workload.array_id,
             array_index=workload.array_index,
         )
+        env.update(secret_values or {})
         try:
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

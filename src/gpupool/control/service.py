@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent_records import rank_log_path
-from gpupool.control import audit
+from gpupool.control import audit, secrets
 from gpupool.control.dependencies import check_at_submit
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError, Unavailable
 from gpupool.control.lifecycle import (
@@ -360,6 +360,7 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin", held: bool 
             )
         _check_gpu_models(s, spec)
         check_at_submit(s, spec.after)
+        secrets.check_at_submit(s, user, spec.secrets)
         if spec.workdir is not None and not Path(spec.workdir).is_absolute():
             raise Invalid(
                 f"workdir must be an absolute path, got {spec.workdir!r}",

@@ -62,6 +62,8 @@ _ARRAY_PART_RE: Final = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 DEPENDENCY_CONDITIONS: Final = ("succeeded", "failed", "ended", "started")
 _DEPENDENCY_RE: Final = re.compile(r"\s*(?:([A-Za-z-]+)\s*:)?\s*([0-9]+)\s*")
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_SECRETS: Final = 64
+MAX_ENV_NAME: Final = 128
 
 FIELD_EXAMPLES: Final[dict[str, str]] = {
     "": "{kind: job, commands: [python train.py]}",
@@ -102,6 +104,8 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "notify": "{url: 'https://hooks.slack.com/services/T000/B000/XXXX', on: [failed, succeeded]}",
     "notify.url": "https://hooks.slack.com/services/T000/B000/XXXX",
     "notify.on": "[started, succeeded, failed, cancelled]",
+    "notify.secret": "a random string of 16 to 256 characters, e.g. from `openssl rand -hex 32`",
+    "secrets": "[HF_TOKEN, WANDB_API_KEY] (made with `gpupool secret set NAME`)",
     "idle.timeout": "2h",
     "idle.action": "hold (or cancel)",
     "idle.utilization": "1",
@@ -590,6 +594,12 @@ class WorkloadSpec(BaseModel):
         description="Extra environment variables; numbers and booleans become text; GPUPOOL_* and the "
         "job-contract names are reserved; default none.",
     )
+    secrets: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_SECRETS,
+        description="Names of the submitter's secrets (`gpupool secret set NAME`) to put in the environment "
+        "under the same names, read when each attempt starts; the spec holds the names only; default none.",
+    )
     workdir: str | None = Field(
         default=None,
         min_length=1,
@@ -712,6 +722,14 @@ class WorkloadSpec(BaseModel):
                 f"is a fraction of one GPU, which only works on a single node (nodes is {self.nodes})",
                 "'1' with nodes: 2, or nodes: 1",
             )
+        for index, name in enumerate(self.secrets):
+            if name in self.env:
+                raise SpecError(
+                    f"secrets[{index}]",
+                    name,
+                    "is also set in env: the secret would replace it; keep one of them",
+                    "",
+                )
         named = self.placement.nodes
         if named and len(named) < self.nodes:
             raise SpecError(
@@ -869,15 +887,25 @@ class WorkloadSpec(BaseModel):
                     "is not an environment variable name (letters, digits, '_'; not a digit first)",
                     "",
                 )
-            if key.startswith(RESERVED_ENV_PREFIX) or key in RESERVED_ENV_NAMES:
-                raise SpecError(
-                    f"{field}.{key}",
-                    key,
-                    "is reserved: gpupool sets it for every attempt (the job contract)",
-                    "",
-                )
+            check_env_name(key, f"{field}.{key}")
             env[key] = _env_text(raw, f"{field}.{key}")
         return env
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secret_names(cls, value: Any, info: ValidationInfo) -> Any:
+        field = field_name(info, "secrets")
+        if isinstance(value, str):
+            value = [value]  # `secrets: HF_TOKEN`
+        if not isinstance(value, list):
+            return value  # pydantic reports "is not a list"
+        seen: set[str] = set()
+        for index, name in enumerate(value):
+            check_env_name(name, f"{field}[{index}]")
+            if name in seen:
+                raise SpecError(f"{field}[{index}]", name, "is named twice", "")
+            seen.add(name)
+        return value
 
     @field_validator("workdir")
     @classmethod
@@ -896,6 +924,22 @@ def _as_number(priority: object) -> object:
     if isinstance(priority, str):
         return int(priority)
     return priority
+
+
+def check_env_name(name: object, field: str) -> str:
+    """Refuse (SpecError naming `field`) what cannot be an environment variable's name a spec sets: not a
+    name, or one the job contract reserves."""
+    if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name) or len(name) > MAX_ENV_NAME:
+        raise SpecError(
+            field,
+            name,
+            f"is not an environment variable name (letters, digits, '_'; not a digit first; at most "
+            f"{MAX_ENV_NAME})",
+            "HF_TOKEN",
+        )
+    if name.startswith(RESERVED_ENV_PREFIX) or name in RESERVED_ENV_NAMES:
+        raise SpecError(field, name, "is reserved: gpupool sets it for every attempt (the job contract)", "")
+    return name
 
 
 def _env_text(value: object, field: str) -> str:

@@ -319,6 +319,20 @@ class RetiredUsage(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class Secret(Base):
+    """A value a user keeps on the head for their work's environment (spec `secrets`, control/secrets.py).
+    The API never returns it; only a starting attempt of its owner's work reads it."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (UniqueConstraint("owner", "name", name="uq_secrets_owner_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(63))
+    name: Mapped[str] = mapped_column(String(128))
+    value: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
 class HeadState(Base):
     """Small values a head keeps across restarts, by key (the notifier's cursor, control/notify.py)."""
 

@@ -194,6 +194,23 @@ def test_env_may_not_set_the_job_contract_names(name: str) -> None:
     assert caught.value.field == f"env.{name}"
 
 
+@pytest.mark.parametrize(
+    ("secrets", "field", "said"),
+    [
+        (["HF TOKEN"], "secrets[0]", "is not an environment variable name"),
+        (["A", "A"], "secrets[1]", "is named twice"),
+        (["OK", "GPUPOOL_X"], "secrets[1]", "is reserved"),
+        (["TOKEN"], "secrets[0]", "is also set in env"),
+        ([3], "secrets[0]", "is not an environment variable name"),
+    ],
+)
+def test_secrets_are_names_of_environment_variables(secrets: list[Any], field: str, said: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_workload_spec({"commands": ["x"], "env": {"TOKEN": "1"}, "secrets": secrets})
+    assert caught.value.field == field and said in str(caught.value)
+    assert parse_workload_spec({"commands": ["x"], "secrets": "HF_TOKEN"}).secrets == ["HF_TOKEN"]
+
+
 def test_yaml_is_read_with_yaml_1_2_scalars() -> None:
     spec = parse_workload_spec(
         "commands: [x]\n"
