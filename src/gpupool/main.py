@@ -87,6 +87,12 @@ def server(
         help="hosts the workloads' notifications (spec notify.url) may go to, comma-separated, e.g. "
         "hooks.slack.com; * for any; default none: notifications are refused at submit",
     ),
+    private_logs: bool = typer.Option(
+        False,
+        "--private-logs",
+        help="a workload's output is read by its owner and admins only (as Slurm's PrivateData); default: "
+        "by any token",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the gpupool head: API server, scheduler loop and the executor (local processes or Slurm jobs)."""
@@ -162,6 +168,7 @@ def server(
         rate_limit=rate_limit,
         rate_burst=rate_burst,
         notify_hosts=allowed_hosts(notify_hosts),
+        private_logs=private_logs,
     )
     try:
         runtime = Runtime(settings, store=store)

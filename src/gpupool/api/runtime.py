@@ -50,6 +50,7 @@ class ServerSettings:
     rate_limit: float = DEFAULT_RATE  # API calls a second per token, sustained (api/ratelimit.py); 0: none
     rate_burst: int = DEFAULT_BURST  # API calls at once per token
     notify_hosts: frozenset[str] = frozenset()  # hosts workloads' notifications may go to; "*": any
+    private_logs: bool = False  # a workload's output is read by its owner and admins only (--private-logs)
 
 
 class Runtime:

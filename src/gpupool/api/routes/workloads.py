@@ -202,7 +202,18 @@ async def logs(
     offset: int = Query(0, ge=0, description="byte offset to read from"),
     limit: int = Query(service.LOG_CHUNK_MAX, ge=1, le=service.LOG_CHUNK_MAX),
     rank: int = Query(0, ge=0, description="rank of a multi-node gang (NODE_RANK); default 0"),
+    caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    if runtime.settings.private_logs and not caller.admin:
+        owner = await run_in_threadpool(service.owner_of, runtime.store, workload_id)
+        if owner != caller.name:
+            raise ApiError(
+                403,
+                "forbidden",
+                f"workload {workload_id}'s output is private to its owner ({owner}) and admins on this head "
+                f"(gpupool server --private-logs); your token: {caller.name}",
+            )
     return await run_in_threadpool(
         service.read_log,
         request.app.state.runtime.store,
