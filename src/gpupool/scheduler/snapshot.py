@@ -112,20 +112,29 @@ class PodPlacement:
     gpu_fraction: float = 1.0
 
 
-@dataclass(frozen=True, slots=True)
+ANY_GPU: Final = GpuDemand()  # the default demand, no GPU (immutable, so one object serves every view)
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class WorkloadView:
     """A workload: pending when `placement` is empty, running otherwise.
 
     A gang has `nodes` pods, one per node (the job contract's NODE_RANK), each with the per-pod resources
     below. `stopping` work still holds its GPUs but no longer counts toward its queue's allocation (it will
-    be pending again soon); it does count as demand for fair share."""
+    be pending again soon); it does count as demand for fair share.
+
+    A value like the other views (equal and hashed by its fields; change one with `dataclasses.replace`),
+    though not declared frozen: a frozen dataclass's generated `__init__` sets each of the 22 fields
+    through `object.__setattr__`, interpreted even where this module runs compiled, and the simulator
+    builds hundreds of thousands of views (2.0 us each, against 0.04 us for the `__init__` written out
+    below, which mypyc compiles; docs/benchmarks.md "Simulator"). Nothing assigns to a view's fields."""
 
     id: int
     queue: str
     priority: int
     submit_time: float
     nodes: int = 1
-    gpus: GpuDemand = field(default_factory=GpuDemand)  # per pod
+    gpus: GpuDemand = ANY_GPU  # per pod
     cpus: float = 0.0  # per pod
     memory_bytes: int = 0  # per pod
     preemptible: bool = True
@@ -149,6 +158,39 @@ class WorkloadView:
     # The replicas of one service share it (its id): each replica's pod prefers a node where no other
     # running replica of the group is, so that one node lost does not take them all. None: no group.
     spread_group: int | None = None
+
+    def __init__(
+        self, id: int, queue: str, priority: int, submit_time: float, nodes: int = 1,
+        gpus: GpuDemand = ANY_GPU, cpus: float = 0.0, memory_bytes: int = 0, preemptible: bool = True,
+        topology: str | None = None, topology_preferred: str | None = None,
+        node_names: frozenset[str] = frozenset(), max_duration: float | None = None,
+        attained_service: float = 0.0, duration_estimate: float | None = None,
+        placement: tuple[PodPlacement, ...] = (), start_time: float | None = None,
+        last_checkpoint_time: float | None = None, stopping: bool = False, evicted_for: int | None = None,
+        victims_stopped: bool = False, spread_group: int | None = None,
+    ) -> None:  # fmt: skip
+        self.id = id
+        self.queue = queue
+        self.priority = priority
+        self.submit_time = submit_time
+        self.nodes = nodes
+        self.gpus = gpus
+        self.cpus = cpus
+        self.memory_bytes = memory_bytes
+        self.preemptible = preemptible
+        self.topology = topology
+        self.topology_preferred = topology_preferred
+        self.node_names = node_names
+        self.max_duration = max_duration
+        self.attained_service = attained_service
+        self.duration_estimate = duration_estimate
+        self.placement = placement
+        self.start_time = start_time
+        self.last_checkpoint_time = last_checkpoint_time
+        self.stopping = stopping
+        self.evicted_for = evicted_for
+        self.victims_stopped = victims_stopped
+        self.spread_group = spread_group
 
     @property
     def running(self) -> bool:
