@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import typer
 
@@ -93,6 +94,14 @@ def server(
         help="a workload's output is read by its owner and admins only (as Slurm's PrivateData); default: "
         "by any token",
     ),
+    secrets_key_file: Path | None = typer.Option(
+        None,
+        "--secrets-key-file",
+        envvar="GPUPOOL_SECRETS_KEY_FILE",
+        help="the keys that encrypt users' secrets in the store, one per line (the first encrypts); it must "
+        "exist; heads sharing one store share it (default $GPUPOOL_HOME/secrets.key, made at the first "
+        "start; docs/operations.md#secrets)",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the gpupool head: API server, scheduler loop and the executor (local processes or Slurm jobs)."""
@@ -106,6 +115,7 @@ def server(
     from gpupool.control.accounting import load_prices
     from gpupool.control.notify import allowed_hosts
     from gpupool.control.policy import load_policy
+    from gpupool.control.secret_keys import key_path, load_keys
     from gpupool.gpu import GpuUnavailable
     from gpupool.health.thresholds import load_config
     from gpupool.store.db import Store, StoreError
@@ -115,12 +125,15 @@ def server(
     url = db or default_db_url()
     home = home_dir()
     # Everything that can refuse the start is checked before anything is created: the flags and the files
-    # of the home (scheduling.yaml, health.yaml, prices.yaml), then the home, the store, the runtime, and
-    # the admin token last, so a server that refuses to start has written no token.
+    # of the home (scheduling.yaml, health.yaml, prices.yaml, the secrets key file), then the home, the
+    # store, the runtime, and the admin token last, so a server that refuses to start has written no token.
     try:
         load_policy(home)  # SchedulingConfigError names the file, the field and the fix
         load_config(home)  # HealthConfigError likewise
         load_prices(home)  # PricesConfigError likewise
+        keys_at = key_path(home, secrets_key_file)
+        if secrets_key_file is not None or keys_at.exists():  # the default one is made by the runtime
+            load_keys(keys_at)  # SecretKeyError names the file and the fix
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     if usage_weight < 0:
@@ -169,6 +182,7 @@ def server(
         rate_burst=rate_burst,
         notify_hosts=allowed_hosts(notify_hosts),
         private_logs=private_logs,
+        secrets_key_file=secrets_key_file,
     )
     try:
         runtime = Runtime(settings, store=store)
@@ -235,8 +249,6 @@ def agent(
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the node agent: join the head and run the work it places on this node (docs/agents.md)."""
-    from pathlib import Path
-
     from gpupool.agent.daemon import Agent, AgentRefused, AgentSettings
     from gpupool.gpu import GpuUnavailable, open_provider
 

@@ -1,13 +1,24 @@
 """Secrets on a real server with real processes: a user's work gets their secret in its environment, read
 when each attempt starts (a replaced value reaches the next one, a deleted one fails it with the reason);
 no listing, spec or audit entry shows a value; nobody else can use or list them; bad input is refused
-naming the field."""
+naming the field. The store holds every value encrypted with the head's key (the database file shows none),
+a value from before is encrypted at the next start, and a head without the key still starts, marks the
+secret and fails the work that needs it naming the key."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
+import sqlite3
+import stat
+from contextlib import closing
+from pathlib import Path
 
+import pytest
+
+from gpupool.control.secret_keys import load_keys
 from tests.support.server import ServerProcess
 
 
@@ -85,3 +96,101 @@ def test_work_gets_its_owners_secret_and_nobody_sees_it(server: ServerProcess) -
         ]
         everything = json.dumps(admin.get("/api/v1/events?limit=10000").json())
         assert "hf_abc123" not in everything and "hf_new" not in everything and "bobs" not in everything
+
+
+def _database(server: ServerProcess) -> bytes:
+    """Every byte SQLite keeps of the store, the write-ahead log included."""
+    return b"".join(p.read_bytes() for p in server.home.glob("gpupool.db*"))
+
+
+def _sql(server: ServerProcess, statement: str, *parameters: str) -> list[tuple[str, ...]]:
+    """`statement` on the store's SQLite file, straight, committed; the connection closed at once (one
+    left open would keep the write-ahead log the head deletes when it stops)."""
+    with closing(sqlite3.connect(server.home / "gpupool.db")) as db, db:
+        return db.execute(statement, parameters).fetchall()
+
+
+def _rows(server: ServerProcess) -> dict[str, tuple[str, str]]:
+    return {n: (v, u) for n, v, u in _sql(server, "select name, value, updated_at from secrets")}
+
+
+def test_the_store_holds_no_value_and_a_restarted_head_still_gives_them(server: ServerProcess) -> None:
+    alice = _token(server, "alice")
+    check = {
+        "secrets": ["HF_TOKEN"],
+        "commands": ['test "$(printf %s "$HF_TOKEN" | sha256sum | cut -d" " -f1)" = "$EXPECTED"'],
+        "env": {"EXPECTED": _sha("hf_abc123")},
+    }
+    with server.http(alice) as client:
+        assert client.put("/api/v1/secrets/HF_TOKEN", json={"value": "hf_abc123"}).status_code == 200
+        assert server.wait_for(client.post("/api/v1/workloads", json=check).json()["id"])["state"] == (
+            "succeeded"
+        )
+    key_file = server.home / "secrets.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # made at the first start
+    keys = load_keys(key_file)
+    stored, _ = _rows(server)["HF_TOKEN"]
+    assert stored.startswith(f"enc1:{keys.current}:") and b"hf_abc123" not in _database(server)
+
+    # a row from before encryption, written while the head is down, is encrypted at the next start
+    server.stop()
+    set_at = _rows(server)["HF_TOKEN"][1]
+    _sql(
+        server,
+        "insert into secrets (owner, name, value, updated_at) values (?, ?, ?, ?)",
+        *("alice", "LEGACY", "legacy_plain", set_at),
+    )
+    server.start()
+    assert "event=secrets_encrypted" in server.log() and "plain_encrypted=1" in server.log()
+    rows = _rows(server)
+    assert rows["LEGACY"][0].startswith(f"enc1:{keys.current}:") and rows["LEGACY"][1] == set_at
+    assert rows["HF_TOKEN"][0] == stored  # already under the key: left as it was
+    both = {
+        "secrets": ["HF_TOKEN", "LEGACY"],
+        "commands": ['test "$(printf %s "$HF_TOKEN:$LEGACY" | sha256sum | cut -d" " -f1)" = "$EXPECTED"'],
+        "env": {"EXPECTED": _sha("hf_abc123:legacy_plain")},
+    }
+    with server.http(alice) as client:
+        assert (
+            server.wait_for(client.post("/api/v1/workloads", json=both).json()["id"])["state"] == "succeeded"
+        )
+    # what the plain text left in free space (if any) goes with a VACUUM, as docs/operations.md advises
+    server.stop()
+    _sql(server, "vacuum")
+    assert b"legacy_plain" not in _database(server) and b"hf_abc123" not in _database(server)
+
+
+def test_a_head_without_the_key_starts_marks_the_secret_and_fails_the_work_naming_the_key(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    alice = _token(server, "alice")
+    with server.http(alice) as client:
+        assert client.put("/api/v1/secrets/HF_TOKEN", json={"value": "hf_abc123"}).status_code == 200
+    lost = load_keys(server.home / "secrets.key").current
+    server.stop()
+
+    other = tmp_path / "other.key"
+    other.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    other.chmod(0o644)
+    server.extra_env["GPUPOOL_SECRETS_KEY_FILE"] = str(other)  # the option's variable
+    with pytest.raises(RuntimeError) as refused:
+        server.start()
+    assert f"{other}: the secrets key file is open to every user of this machine" in str(refused.value)
+    assert f"chmod 600 {other}" in str(refused.value)
+
+    other.chmod(0o600)
+    server.start()  # a secret it cannot open does not stop the head: the rest of the pool works
+    assert f"event=secrets_unreadable count=1 need={lost}" in server.log()
+    server.extra_env["GPUPOOL_TOKEN"] = alice
+    try:
+        listed = server.cli("secret", "list", check=True).stdout
+    finally:
+        del server.extra_env["GPUPOOL_TOKEN"]
+    assert "unreadable" in listed and f"encrypted with the key {lost}" in listed, listed
+    with server.http(alice) as client:
+        job = client.post("/api/v1/workloads", json={"secrets": ["HF_TOKEN"], "commands": ["true"]}).json()
+    failed = server.wait_for(job["id"])
+    reason = failed["reason"]
+    assert failed["state"] == "failed", failed
+    assert f"the secret HF_TOKEN of alice cannot be decrypted: it was encrypted with the key {lost}" in reason
+    assert str(other) in reason and "put that key back" in reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,12 +13,14 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.orm.exc import StaleDataError
 
-from gpupool.control import accounting, service, tokens
+from gpupool.control import accounting, secrets, service, tokens
 from gpupool.control.errors import Conflict, Invalid
 from gpupool.control.lifecycle import transition
+from gpupool.control.secret_keys import SecretKeys
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Event, Workload
+from gpupool.store.models import Attempt, Event, Secret, Workload
+from gpupool.timeutil import as_utc
 from tests.support.postgres import PostgresServer, database_url
 from tests.support.server import ServerProcess
 
@@ -236,6 +239,22 @@ def test_tokens_are_hashed_and_the_admin_token_is_made_once(store: Store) -> Non
     assert token is not None and tokens.ensure_admin_token(store) is None
     assert tokens.caller_of(store, token) == tokens.Caller("admin", "admin", ())
     assert tokens.caller_of(store, token + "x") is None
+
+
+def test_secrets_are_encrypted_at_the_start_in_place_on_both_databases(store: Store, tmp_path: Path) -> None:
+    """The start's pass (control/secrets.encrypt_stored) selects by prefix and writes only unchanged rows,
+    keeping when each was set; a second pass writes nothing."""
+    keys = SecretKeys(path=tmp_path / "secrets.key", keys=(os.urandom(32),))
+    set_at = datetime(2026, 12, 1, tzinfo=UTC)
+    with store.session() as s:
+        s.add(Secret(owner="alice", name="A_B", value="plain%_text", updated_at=set_at))
+    secrets.set_secret(store, keys, "alice", "C", "already")
+    assert secrets.encrypt_stored(store, keys) == {"encrypted": 1, "rekeyed": 0, "unreadable": 0}
+    assert secrets.encrypt_stored(store, keys)["encrypted"] == 0
+    with store.read() as s:
+        row = s.scalars(select(Secret).where(Secret.name == "A_B")).one()
+        assert keys.is_current(row.value) and as_utc(row.updated_at) == set_at
+        assert secrets.resolve(s, keys, "alice", ["A_B", "C"]) == {"A_B": "plain%_text", "C": "already"}
 
 
 def test_usage_counts_the_attempts_that_overlap_the_window_on_both_databases(store: Store) -> None:

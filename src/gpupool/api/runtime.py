@@ -11,7 +11,7 @@ from pathlib import Path
 from gpupool.api.ratelimit import DEFAULT_BURST, DEFAULT_RATE
 from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
-from gpupool.control import service
+from gpupool.control import secrets, service
 from gpupool.control.accounting import load_prices
 from gpupool.control.autoscale import Autoscaler, Load
 from gpupool.control.health import HealthMonitor
@@ -21,6 +21,7 @@ from gpupool.control.metrics import Metrics
 from gpupool.control.notify import Notifier
 from gpupool.control.readiness import ReadinessProber
 from gpupool.control.restarts import DEFAULT_BASE
+from gpupool.control.secret_keys import key_path, open_keys
 from gpupool.control.settings import ControlSettings
 from gpupool.control.telemetry import SAVED_FROM, StoreAllocations, TelemetryCache
 from gpupool.control.telemetry_log import open_log, save_loop
@@ -51,6 +52,9 @@ class ServerSettings:
     rate_burst: int = DEFAULT_BURST  # API calls at once per token
     notify_hosts: frozenset[str] = frozenset()  # hosts workloads' notifications may go to; "*": any
     private_logs: bool = False  # a workload's output is read by its owner and admins only (--private-logs)
+    # The file of the keys of users' secrets (--secrets-key-file, control/secret_keys.py); None:
+    # $GPUPOOL_HOME/secrets.key, made at the first start.
+    secrets_key_file: Path | None = None
 
 
 class Runtime:
@@ -58,6 +62,12 @@ class Runtime:
         self.settings = settings
         self.store = store or Store(settings.db_url)
         service.ensure_default_queue(self.store)
+        # SecretKeyError (a ValueError) names the key file and the fix; then what is still plain text in the
+        # store is encrypted, before the API serves (control/secrets.py).
+        self.secret_keys = open_keys(
+            key_path(settings.home, settings.secrets_key_file), create=settings.secrets_key_file is None
+        )
+        secrets.encrypt_stored(self.store, self.secret_keys)
         self.telemetry = TelemetryCache(allocations=StoreAllocations(self.store), saved_from=SAVED_FROM)
         self.telemetry_log = open_log(settings.home)  # history on disk, bounded (control/telemetry_log.py)
         health_config = load_config(settings.home)  # HealthConfigError (a ValueError) names the file and key
@@ -81,6 +91,7 @@ class Runtime:
                 usage_weight=settings.usage_weight,
                 usage_half_life=settings.usage_half_life,
                 restart_backoff=settings.restart_backoff,
+                secret_keys=self.secret_keys,
             ),
             self.telemetry,
         )

@@ -47,7 +47,8 @@ def secret_list(
     owner: str | None = typer.Option(None, "--owner", help="another user's (admin)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Your secrets' names and when each was set; never their values."""
+    """Your secrets' names and when each was set; never their values. One the head cannot decrypt (its
+    key is not in the head's key file) is marked unreadable, with the reason: work that needs it fails."""
     rows = client().secrets(owner)
     if as_json:
         print_json(rows)
@@ -58,9 +59,17 @@ def secret_list(
     table = Table(box=None, header_style="bold")
     table.add_column("NAME")
     table.add_column("SET (UTC)")
+    unreadable = [row for row in rows if row.get("unreadable")]
+    if unreadable:
+        table.add_column("NOTE")
     for row in rows:
-        table.add_row(escape(row["name"]), (row["updated_at"] or "")[:19].replace("T", " "))
+        cells = [escape(row["name"]), (row["updated_at"] or "")[:19].replace("T", " ")]
+        if unreadable:
+            cells.append("[red]unreadable[/red]" if row.get("unreadable") else "")
+        table.add_row(*cells)
     console.print(table)
+    for row in unreadable:  # the reason names the key it needs and the fix
+        console.print(f"{escape(row['name'])}: {escape(row['unreadable'])}", highlight=False)
 
 
 @secret_app.command("delete")

@@ -310,7 +310,8 @@ class Client:
         return result
 
     def secrets(self, owner: str | None = None) -> list[dict[str, Any]]:
-        """Your secrets' names and when each was set (an admin: `owner`'s); never a value."""
+        """Your secrets' names and when each was set (an admin: `owner`'s); never a value. `unreadable`: why
+        the head cannot decrypt one (else None)."""
         params = {"owner": owner} if owner else None
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/secrets", params=params)
         return result

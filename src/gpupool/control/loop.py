@@ -38,6 +38,7 @@ from gpupool.control.node_views import NodeViews
 from gpupool.control.observe import Observation
 from gpupool.control.policy import BandNotes, load_policy, reword_preemptions
 from gpupool.control.restarts import Backoff, restart_explanation
+from gpupool.control.secret_keys import key_path, open_keys
 from gpupool.control.settings import ControlSettings
 from gpupool.control.snapshot_build import SnapshotBuilding
 from gpupool.control.telemetry import TelemetryCache
@@ -88,6 +89,8 @@ class Reconciler(Observation, SnapshotBuilding):
         self._released_for: dict[int, int] = {}
         policy = settings.policy if settings.policy is not None else load_policy(settings.home)
         self._config = replace(policy, usage_weight=settings.usage_weight)
+        # What opens users' secrets for starting attempts (control/secret_keys.py).
+        self.secret_keys = settings.secret_keys or open_keys(key_path(settings.home, None), create=True)
         self._band_notes = BandNotes(self._config)  # "why pending" in words, for work in a lower band
         self._usage_cache: tuple[float, dict[str, float]] | None = None
         self._attained = AttainedService()  # earlier attempts' GPU-seconds, for least-attained-service order
@@ -365,8 +368,10 @@ class Reconciler(Observation, SnapshotBuilding):
             if workload is None or workload.state != PENDING or workload.held:
                 return  # ended, started, or held since the pass read its snapshot
             try:  # read now, so that a secret set again reaches the next attempt
-                values = secrets.resolve(s, workload.user, workload.spec.get("secrets") or ())
-            except secrets.MissingSecret as exc:
+                values = secrets.resolve(
+                    s, self.secret_keys, workload.user, workload.spec.get("secrets") or ()
+                )
+            except secrets.SecretUnavailable as exc:
                 transition(s, workload, FAILED, f"cannot start: {exc}", actor="control")
                 return
             number = len(workload.attempts)

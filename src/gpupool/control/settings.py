@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpupool import scheduler
 from gpupool.control.restarts import DEFAULT_BASE
+from gpupool.control.secret_keys import SecretKeys
 
 
 @dataclass(frozen=True)
@@ -29,3 +30,5 @@ class ControlSettings:
     restart_backoff: float = DEFAULT_BASE
     # The scheduling policy; None: $GPUPOOL_HOME/scheduling.yaml, else gpupool's default (control/policy.py).
     policy: scheduler.SchedulerConfig | None = None
+    # The keys of users' secrets (control/secret_keys.py); None: $GPUPOOL_HOME/secrets.key, made if absent.
+    secret_keys: SecretKeys | None = None

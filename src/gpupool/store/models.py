@@ -329,6 +329,8 @@ class Secret(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     owner: Mapped[str] = mapped_column(String(63))
     name: Mapped[str] = mapped_column(String(128))
+    # Encrypted, bound to this row: `enc1:<key id>:<base64>` (control/secret_keys.py); plain text only if
+    # written before gpupool encrypted secrets, until the head's next start.
     value: Mapped[str] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 

@@ -15,7 +15,11 @@ from gpupool.control.tokens import Caller
 router = APIRouter(prefix="/secrets", tags=["secrets"])
 
 
-@router.get("", summary="Your secrets' names (an admin: anyone's, with owner), never their values")
+@router.get(
+    "",
+    summary="Your secrets' names (an admin: anyone's, with owner), never their values; `key`: the id of the "
+    "key each is encrypted with, `unreadable`: why no key of the head opens it (else null)",
+)
 def list_secrets(
     request: Request,
     owner: str | None = Query(None, description="whose (admin); default: the caller's own"),
@@ -25,7 +29,8 @@ def list_secrets(
         raise ApiError(
             403, "forbidden", f"only an admin lists another user's secrets (your token: {caller.name})"
         )
-    return secrets.list_secrets(request.app.state.runtime.store, owner or caller.name)
+    runtime = request.app.state.runtime
+    return secrets.list_secrets(runtime.store, runtime.secret_keys, owner or caller.name)
 
 
 @router.put("/{name}", summary='Set one of your secrets (made, or replaced): {"value": "..."}')
@@ -36,9 +41,11 @@ def set_secret(
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     given = fields(body, ("value",))
-    return secrets.set_secret(request.app.state.runtime.store, caller.name, name, given.get("value"))
+    runtime = request.app.state.runtime
+    return secrets.set_secret(runtime.store, runtime.secret_keys, caller.name, name, given.get("value"))
 
 
 @router.delete("/{name}", summary="Delete one of your secrets: work naming it fails when it next starts")
 def delete_secret(request: Request, name: str, caller: Caller = Depends(require_token)) -> dict[str, Any]:
-    return secrets.delete_secret(request.app.state.runtime.store, caller.name, name)
+    runtime = request.app.state.runtime
+    return secrets.delete_secret(runtime.store, runtime.secret_keys, caller.name, name)
