@@ -98,6 +98,20 @@ class GpuDemand:
     models: tuple[str, ...] = ()
     min_memory_bytes: int | None = None
 
+    # Written out, as the dataclass would generate them, so that mypyc compiles them: placement looks
+    # demands up by value in every cycle (the generated ones run interpreted).
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GpuDemand):
+            return NotImplemented
+        return (
+            self.count == other.count
+            and self.models == other.models
+            and self.min_memory_bytes == other.min_memory_bytes
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.count, self.models, self.min_memory_bytes))
+
     @property
     def is_fractional(self) -> bool:
         return 0 < self.count < 1
