@@ -100,7 +100,7 @@ def test_work_after_an_array_waits_for_every_task(server: ServerProcess, job_dir
     def waiting(w: dict[str, Any]) -> bool:
         return w["reason_code"] == "dependency" and "its tasks: 2 running, 1 succeeded" in w["reason"]
 
-    deadline = time.time() + 20
+    deadline = time.time() + 60  # the two tasks must start first: slow on a loaded box
     while not waiting(w := server.workload(pick["id"])):
         assert time.time() < deadline, w
         time.sleep(0.05)
