@@ -6,11 +6,14 @@ server's parts.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
+import typer.main
 
 from gpupool.api.ratelimit import DEFAULT_BURST, DEFAULT_RATE
 from gpupool.cli.app import CliError, app
@@ -122,6 +125,8 @@ def server(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied request and readiness probe
+    if logging.getLogger().level > logging.DEBUG:  # a line per migration; gpupool.store says it in one
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     url = db or default_db_url()
     home = home_dir()
     # Everything that can refuse the start is checked before anything is created: the flags and the files
@@ -310,9 +315,22 @@ def _hostname() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
 
 
+def reflow_help(command: Any) -> Any:
+    """`command` (a click command or group, as typer.main.get_command builds it) and its subcommands with
+    each paragraph of their help on one line: Typer's Rich help keeps a docstring's line breaks, so a
+    sentence broke where the source wrapped it rather than where the terminal does. A paragraph that
+    starts with \\b (click's "keep as written") is left alone."""
+    if command.help:
+        paragraphs = inspect.cleandoc(command.help).split("\n\n")
+        command.help = "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paragraphs)
+    for sub in getattr(command, "commands", {}).values():
+        reflow_help(sub)
+    return command
+
+
 def main() -> None:
     try:
-        app()
+        reflow_help(typer.main.get_command(app))()
     except (CliError, GpupoolError, SpecError) as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         sys.exit(1)

@@ -256,3 +256,53 @@ def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
             args,
             result.stderr,
         )
+
+
+def test_show_names_an_attempts_gpus_by_index_and_its_exit_code_once(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    """`show`'s attempt lines: "GPUs 0,1" (a bare "gpus=1" read as a count next to the header's gpus=2),
+    no "exit=None" for a running attempt, and "exit code 3" said once; a gang's header says per node."""
+    server.cli("run", "--gpus", "2", "--", "bash", "-c", "exit 3", cwd=job_dir, check=True)
+    assert server.wait_for(1)["state"] == "failed"
+    shown = server.cli("show", "1", check=True).stdout
+    assert "attempt 0: failed on node-1 GPUs 0,1 pid=" in shown, shown
+    attempt = next(line for line in shown.splitlines() if "attempt 0:" in line)
+    assert attempt.count("exit code 3") == 1 and "exit=" not in shown, shown
+    assert "started on node-1 GPUs 0,1 (scheduler)" in shown, shown
+    server.cli("run", "--gpus", "1", "--", "sleep", "30", cwd=job_dir, check=True)
+    server.wait_for(2, states=("running",))
+    running = server.cli("show", "2", check=True).stdout
+    assert "attempt 0: running on node-1 GPU 0 pid=" in running and "None" not in running, running
+    server.cli("run", "-N", "2", "--gpus", "8", "--", "true", cwd=job_dir, check=True)  # never fits one node
+    assert "gpus=8 nodes=2 (gpus per node)" in server.cli("show", "3", check=True).stdout
+    assert " 2x8 " in server.cli("ps", check=True).stdout
+
+
+def test_logs_of_work_that_has_not_started_says_so(server: ServerProcess, job_dir: Path) -> None:
+    """Not an empty output and exit 0 that reads as "it printed nothing": a line on stderr says it has not
+    run, and where to look; stdout stays the log's (empty)."""
+    server.cli("run", "--gpus", "64", "--", "true", cwd=job_dir, check=True)  # never fits: stays pending
+    pending = server.cli("logs", "1", check=True)
+    assert pending.stdout == "" and "workload 1 is pending: no output yet (gpupool why 1" in pending.stderr
+    server.cli("cancel", "1", check=True)
+    cancelled = server.cli("logs", "1", check=True)
+    assert cancelled.stdout == "" and "workload 1 cancelled before it started" in cancelled.stderr
+
+
+def test_top_into_a_pipe_prints_a_frame_each_interval(server: ServerProcess) -> None:
+    """Rich's live view writes nothing to a pipe until it ends (and nothing at all when killed, as
+    `timeout 5 gpupool top | tee` does): to a pipe, `top` prints one frame after another, as top -b."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.main", "top", "--interval", "0.3"],
+        env=server.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3.0)
+    finally:
+        proc.kill()
+    out, _ = proc.communicate(timeout=10)
+    assert out.count("gpupool top") >= 2, out

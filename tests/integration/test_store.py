@@ -91,6 +91,24 @@ def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> N
     upgraded.close()
 
 
+def test_a_first_start_says_its_migrations_in_one_line_not_one_per_migration(tmp_path: Path) -> None:
+    """Alembic's line per migration (fifteen at a first start) buried the admin token a person must copy;
+    the server says the migration in one line, and nothing at a start with nothing to migrate."""
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        first = server.log()
+    finally:
+        server.stop()
+    assert "Running upgrade" not in first and "admin token (shown once" in first, first
+    assert first.count("event=store_migrated from=empty to=") == 1, first
+    server.start()
+    try:
+        again = server.log()[len(first) :]
+    finally:
+        server.stop()
+    assert "store_migrated" not in again and "Running upgrade" not in again, again
+
+
 def test_a_service_stored_before_replicas_is_upgraded_to_replica_0_of_itself(tmp_path: Path) -> None:
     old = _store_at(tmp_path / "old.db", "0009")
     with old.engine.begin() as conn:

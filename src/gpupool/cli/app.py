@@ -7,6 +7,7 @@ import shlex
 import sys
 import time
 import webbrowser
+from collections.abc import Mapping
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from gpupool.cli.render import (
 )
 from gpupool.cli.sim import sim_app
 from gpupool.client import ApiError, Client
-from gpupool.spec import parse_queue_spec, parse_workload_spec
+from gpupool.spec import format_gpu_indices, parse_queue_spec, parse_workload_spec
 from gpupool.spec.document import load_yaml
 
 app = typer.Typer(
@@ -422,7 +423,9 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     console.print(
         f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  kind={w.get('kind', 'job')} "
         f"queue={w['queue']} priority={w['priority']} preemptible={str(w['preemptible']).lower()} "
-        f"gpus={w['gpus']}" + (f" restarts={w['restarts']}" if w.get("restarts") else "")
+        f"gpus={w['gpus']}"
+        + (f" nodes={w['nodes']} (gpus per node)" if (w.get("nodes") or 1) > 1 else "")
+        + (f" restarts={w['restarts']}" if w.get("restarts") else "")
     )
     if w["reason"]:
         label = "why pending" if w["state"] == "pending" else "reason"
@@ -470,17 +473,33 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:
-        gpus = ",".join(map(str, a["gpu_indices"])) or "-"
-        runs_as = f"slurm job {a['slurm_job_id']}" if a.get("slurm_job_id") else f"pid={a['pid']}"
-        if a.get("backend") == "agent":
-            runs_as = "ranks on " + ",".join(str(p["node"]) for p in a.get("pods") or [])
-        console.print(
-            f"  attempt {a['number']}: {styled(a['state'])} on {a['node']} gpus={gpus} {runs_as} "
-            f"exit={a['exit_code']} {a['reason']}\n    log: {a['log_path']}"
-        )
+        console.print(f"  attempt {a['number']}: {_attempt_line(a)}\n    log: {a['log_path']}")
     console.print("  history:")
     for e in w["events"]:
         console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {e['reason']} ({e['actor']})")
+
+
+def _attempt_line(a: Mapping[str, Any]) -> str:
+    """One attempt for `gpupool show`: its state, where, which GPUs (indices, not a count), how it runs, and
+    how it ended (the exit code once, where the reason does not already say it)."""
+    gpus = format_gpu_indices(a["gpu_indices"])
+    fraction = a.get("gpu_fraction")
+    if fraction and fraction < 1 and a["gpu_indices"]:
+        gpus = f"{fraction:g} of {gpus}"  # a share of one GPU (resources.gpu: 0.5)
+    parts = [f"{styled(a['state'])} on {a['node']}", gpus]
+    if a.get("backend") == "agent":
+        parts.append("ranks on " + ",".join(str(p["node"]) for p in a.get("pods") or []))
+    elif a.get("slurm_job_id"):
+        parts.append(f"slurm job {a['slurm_job_id']}")
+    elif a.get("pid") is not None:
+        parts.append(f"pid={a['pid']}")
+    reason = a.get("reason") or ""
+    code = a.get("exit_code")
+    if code is not None and f"exit code {code}" not in reason:
+        parts.append(f"exit code {code}")
+    if reason:
+        parts.append(reason)
+    return " ".join(parts)
 
 
 @app.command()
@@ -519,7 +538,7 @@ def logs(
     rank: int = typer.Option(0, "--rank", min=0, help="rank of a multi-node gang (NODE_RANK); default 0"),
 ) -> None:
     """Print a workload's output (stdout and stderr of its latest attempt)."""
-    stream_log(client(), workload_id, attempt=attempt, rank=rank, follow=follow)
+    stream_log(client(), workload_id, attempt=attempt, rank=rank, follow=follow, say_unstarted=True)
 
 
 def stream_log(
@@ -530,16 +549,34 @@ def stream_log(
     rank: int = 0,
     follow: bool = True,
     deadline: float | None = None,
+    say_unstarted: bool = False,
 ) -> bool:
     """Print a workload's output: the latest attempt's, or from `attempt` on. With `follow`, on as it comes
     until the workload ends, each later attempt's after the last (a retry, a restart after preemption).
-    False when `deadline` (a time.monotonic() time) passed first."""
+    False when `deadline` (a time.monotonic() time) passed first. With `say_unstarted`, a workload that has
+    not run yet is said so on stderr (rather than printing nothing)."""
     offset = 0
     chosen = attempt
     while True:
         if deadline is not None and time.monotonic() >= deadline:
             return False
         chunk = c.logs(workload_id, attempt=chosen, offset=offset, rank=rank)
+        if say_unstarted and chunk["attempt"] is None:
+            say_unstarted = False
+            if chunk["state"] != "pending":
+                err_console.print(
+                    f"workload {workload_id} {chunk['state']} before it started: it has no output"
+                )
+            elif follow:
+                err_console.print(
+                    f"workload {workload_id} is pending; its output follows once it starts "
+                    f"(gpupool why {workload_id})"
+                )
+            else:
+                err_console.print(
+                    f"workload {workload_id} is pending: no output yet "
+                    f"(gpupool why {workload_id}; gpupool logs -f waits for it)"
+                )
         if chosen is None and chunk["attempt"] is not None:
             chosen = chunk["attempt"]
         offset = chunk["offset"]
@@ -574,6 +611,7 @@ def cancel(
     ),
 ) -> None:
     """Cancel workloads: pending ones at once, running ones by SIGTERM then SIGKILL after the grace period.
+
     By ids, or a queue's work (`--queue Q [--state pending]`, as Slurm's scancel -p Q -t PENDING). A
     service is cancelled whole, all its replicas by the id of any (`gpupool scale` removes some). A job
     array is cancelled whole by its id (its first task's), a task alone by its own id."""
@@ -654,9 +692,10 @@ def hold(
         False, "--task", help="a job array's id: hold its first task alone, not the whole array"
     ),
 ) -> None:
-    """Keep work pending until `gpupool release` (Slurm's scontrol hold; Run:ai's suspend). Running work is
-    stopped first (SIGTERM, then SIGKILL after its grace period) and resumes from its checkpoint once
-    released. A service is held whole, a job array whole by its id."""
+    """Keep work pending until `gpupool release` (Slurm's scontrol hold; Run:ai's suspend).
+
+    Running work is stopped first (SIGTERM, then SIGKILL after its grace period) and resumes from its
+    checkpoint once released. A service is held whole, a job array whole by its id."""
     c = client()
     for workload_id in workload_ids:
         w = c.hold(workload_id, task=task)
@@ -692,9 +731,11 @@ def scale(
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Change how many replicas a service runs: new ones wait for the scheduler as any workload does;
-    removed ones (those still waiting first, then the highest-numbered) stop after their grace period.
-    For a service with `scaling`, give its new range instead: gpupool scale 5 2..6"""
+    """Change how many replicas a service runs.
+
+    New ones wait for the scheduler as any workload does; removed ones (those still waiting first, then
+    the highest-numbered) stop after their grace period. For a service with `scaling`, give its new range
+    instead: gpupool scale 5 2..6"""
     count = replicas.strip()
     w = client().scale(workload_id, int(count) if count.isdigit() else count)
     if as_json:
@@ -740,9 +781,10 @@ def forward(
     port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="local port; 0: any free one"),
     host: str = typer.Option("127.0.0.1", "--host", help="local address to listen on"),
 ) -> None:
-    """Reach a service at the root of a local address (http://127.0.0.1:8000/), through the head's proxy
-    with your token: for a browser, a notebook, or a client that cannot send the token (HTTP and WebSockets).
-    Ctrl-C ends it."""
+    """Reach a service at a local address (http://127.0.0.1:8000/), through the head's proxy.
+
+    The proxy gets your token: for a browser, a notebook, or a client that cannot send the token (HTTP
+    and WebSockets). Ctrl-C ends it."""
     import socket
 
     import uvicorn
@@ -816,8 +858,9 @@ def node_uncordon(name: str) -> None:
 
 @app.command()
 def queues(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Queues with their GPU quota, limit, weight (the spec's, and the one the last scheduling pass used)
-    and current use."""
+    """Queues with their GPU quota, limit, weight and current use.
+
+    WEIGHT is the spec's over-quota weight, WEIGHT (NOW) the one the last scheduling pass used."""
     rows = client().queues()
     if as_json:
         print_json(rows)
@@ -884,8 +927,10 @@ def usage(
     as_json: bool = typer.Option(False, "--json"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV for a spreadsheet: a line per row, no total"),
 ) -> None:
-    """GPU-hours used, and what they cost with $GPUPOOL_HOME/prices.yaml, per queue (or user, workload,
-    node, GPU model, day, or how the attempts ended) over a window: Slurm's sreport, Run:ai's consumption
+    """GPU-hours used per queue (or user, workload, node, ...), and what they cost.
+
+    Per queue (or user, workload, node, GPU model, day, or how the attempts ended) over a window, priced
+    with $GPUPOOL_HOME/prices.yaml: Slurm's sreport, Run:ai's consumption
     report. Counts the GPUs allocated, whether or not the programs used them."""
     if by not in USAGE_GROUPS:
         raise CliError(f"--by {by}: not one of {', '.join(USAGE_GROUPS)}; e.g. --by queue")
@@ -1047,8 +1092,9 @@ def queue_update(
 
 @queue_app.command("delete")
 def queue_delete(name: str) -> None:
-    """Delete a queue that has no pending or running work and no child queues (finished work keeps its
-    queue's name)."""
+    """Delete a queue that has no pending or running work and no child queues.
+
+    Finished work keeps its queue's name."""
     client().delete_queue(name)
     console.print(f"queue {name} deleted")
 

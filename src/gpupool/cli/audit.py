@@ -28,7 +28,9 @@ def audit(
     limit: int = typer.Option(200, "--limit", "-n", help="the newest this many"),
     as_json: bool = typer.Option(False, "--json", help="as JSON, newest first"),
 ) -> None:
-    """Who changed what, and when (admin): workloads' and nodes' state changes, queues, tokens and join
+    """Who changed what, and when (admin).
+
+    Workloads' and nodes' state changes, queues, tokens and join
     tokens made, changed or removed, oldest first (`--json`: newest first)."""
     rows = client().events(since=since, until=until, kind=kind, object=name, actor=actor, limit=limit)
     if as_json:

@@ -99,6 +99,13 @@ def top(
     if once:
         console.print(cluster_view(c.nodes()))
         return
+    if not console.is_terminal:  # a pipe or a file: a frame each interval, one after another (as top -b)
+        try:
+            while True:
+                console.print(cluster_view(c.nodes()))
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return
     with Live(cluster_view(c.nodes()), console=console, auto_refresh=False, screen=False) as live:
         try:
             while True:
@@ -253,6 +260,7 @@ def health_run(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run the passive and active checks now; an unhealthy node is drained, a passing one returns to service.
+
     The active checks run as a job on the node holding all its GPUs (queue gpupool-system), so a node that
     runs other work is refused (--node) or skipped. Exit status 2 when a node is unhealthy."""
     if level not in ("quick", "full"):

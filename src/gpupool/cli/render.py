@@ -64,6 +64,8 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for w in workloads:
         gpus = w["gpus"]
+        if (w.get("nodes") or 1) > 1:  # a gang: GPUs on each of its nodes (-N 2 --gpus 8 is 2x8, 16 GPUs)
+            gpus = f"{w['nodes']}x{gpus}"
         if w.get("gpu_indices"):
             gpus = f"{gpus} [{','.join(str(i) for i in w['gpu_indices'])}]"
         rows.append(

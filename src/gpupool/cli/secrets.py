@@ -23,7 +23,9 @@ def secret_set(
         None, "--from-file", help="read the value from this file (default: stdin, or a hidden prompt)"
     ),
 ) -> None:
-    """Make or replace a secret: the value comes from stdin (`echo $TOKEN | gpupool secret set HF_TOKEN`),
+    """Make or replace a secret (its value from stdin, a hidden prompt or --from-file).
+
+    The value comes from stdin (`echo $TOKEN | gpupool secret set HF_TOKEN`),
     a hidden prompt, or --from-file; never from the command line, where shell history would keep it.
     Work started after gets the new value."""
     if from_file is not None:
@@ -47,7 +49,9 @@ def secret_list(
     owner: str | None = typer.Option(None, "--owner", help="another user's (admin)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Your secrets' names and when each was set; never their values. One the head cannot decrypt (its
+    """Your secrets' names and when each was set; never their values.
+
+    One the head cannot decrypt (its
     key is not in the head's key file) is marked unreadable, with the reason: work that needs it fails."""
     rows = client().secrets(owner)
     if as_json:

@@ -54,7 +54,9 @@ def token_list(as_json: bool = typer.Option(False, "--json")) -> None:
 
 @token_app.command("revoke")
 def token_revoke(name: str = typer.Argument(..., help="the token's name")) -> None:
-    """Revoke a token (admin): it stops working at once. The admin token is replaced with
+    """Revoke a token (admin): it stops working at once.
+
+    The admin token is replaced with
     `gpupool server --new-admin-token` instead."""
     row = client().revoke_token(name)
     console.print(f"revoked the token of {row['name']} (role {row['role']})", highlight=False)

@@ -36,8 +36,10 @@ def wait(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing; only the exit code says"),
 ) -> None:
-    """Wait until workloads end: exit 0 when all succeeded, a lone failed job's exit code, else 1 (124 on
-    --timeout, 130 on Ctrl-C; the work goes on). Slurm's sbatch --wait, for work already submitted."""
+    """Wait until workloads end (Slurm's sbatch --wait, for work already submitted).
+
+    Exit 0 when all succeeded, a lone failed job's exit code, else 1 (124 on --timeout, 130 on Ctrl-C;
+    the work goes on)."""
     c = client()
     finish(c, _members(c, workload_ids), logs=False, timeout=timeout, quiet=quiet)
 

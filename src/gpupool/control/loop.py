@@ -44,6 +44,7 @@ from gpupool.control.snapshot_build import SnapshotBuilding
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import AttainedService
 from gpupool.gpu import GpuProvider
+from gpupool.spec import format_gpu_indices
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Event, Gpu, Node, Workload
 from gpupool.timeutil import utcnow
@@ -400,9 +401,13 @@ class Reconciler(Observation, SnapshotBuilding):
                     for p in bind.pods
                 ],
             )
-            gpus = ",".join(map(str, bind.gpu_indices)) or "none"
+            gpus = ",".join(map(str, bind.gpu_indices)) or "none"  # for the log line below
             verdict = transition(
-                s, workload, RUNNING, f"started on {bind.node} gpus={gpus}", actor="scheduler"
+                s,
+                workload,
+                RUNNING,
+                f"started on {bind.node} {format_gpu_indices(bind.gpu_indices)}",
+                actor="scheduler",
             )
             if not verdict.accepted:
                 return

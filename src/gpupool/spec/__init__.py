@@ -7,6 +7,7 @@ from gpupool.spec.errors import SpecError
 from gpupool.spec.quantities import (
     GpuRequest,
     format_duration,
+    format_gpu_indices,
     format_size,
     parse_duration,
     parse_gpu_request,
@@ -38,6 +39,7 @@ __all__ = [
     "SpecError",
     "WorkloadSpec",
     "format_duration",
+    "format_gpu_indices",
     "format_size",
     "parse_duration",
     "parse_gpu_request",

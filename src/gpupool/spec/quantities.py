@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Final
@@ -277,6 +278,14 @@ def format_size(n: int) -> str:
         return f"{n}B"
     number, name = min(whole)
     return f"{number}{name}"
+
+
+def format_gpu_indices(indices: Sequence[int]) -> str:
+    """Which GPUs of a node an attempt holds, as people read them: "GPU 4", "GPUs 0,1", "no GPU" (a
+    bare "gpus=4" reads as a count)."""
+    if not indices:
+        return "no GPU"
+    return f"GPU{'s' if len(indices) > 1 else ''} {','.join(str(i) for i in indices)}"
 
 
 # --- durations ------------------------------------------------------------------------------------

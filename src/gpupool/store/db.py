@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,10 +11,12 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+log = logging.getLogger("gpupool.store")
 
 
 class StoreError(RuntimeError):
@@ -77,13 +80,23 @@ def alembic_config(engine: Engine) -> Config:
 _migrate_lock = threading.Lock()
 
 
+def _revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest migration (idempotent)."""
+    """Bring the schema to the newest migration (idempotent), logging one line when it changed (Alembic's
+    own line per migration is at DEBUG under the server's logging: a first start ran fifteen of them)."""
     with _migrate_lock:
         try:
+            before = _revision(engine)
             command.upgrade(alembic_config(engine), "head")
+            after = _revision(engine)
         except Exception as exc:  # the driver's error says why (auth, unreachable, locked)
             raise StoreError(f"cannot migrate the store at {engine.url!r}: {exc}") from exc
+    if after != before:
+        log.info("event=store_migrated from=%s to=%s url=%s", before or "empty", after, engine.url)
 
 
 class Store:

@@ -42,3 +42,11 @@ def test_a_run_of_waiting_tasks_is_one_line_and_the_rest_stay_row_by_row() -> No
 def test_two_waiting_tasks_or_different_reasons_are_not_folded() -> None:
     lines = _shown([_task(12, 2, "pending", "a"), _task(13, 3, "pending", "a"), _task(14, 4, "pending", "b")])
     assert [line.split()[0] for line in lines] == ["12", "13", "14"]
+
+
+def test_a_gang_shows_its_nodes_times_the_gpus_of_each() -> None:
+    """`-N 2 --gpus 8` asks for 16 GPUs: GPUS says 2x8, not 8 (the API's gpus is per node)."""
+    gang = {**_task(3, 0, "pending", "needs 2 nodes"), "array_id": None, "nodes": 2, "gpus": "8"}
+    single = {**_task(4, 0, "pending"), "array_id": None, "nodes": 1, "gpus": "H100:8"}
+    lines = _shown([gang, single])
+    assert lines[0].split()[4] == "2x8" and lines[1].split()[4] == "H100:8", lines

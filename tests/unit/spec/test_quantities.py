@@ -12,6 +12,7 @@ from gpupool.spec import (
     GpuRequest,
     SpecError,
     format_duration,
+    format_gpu_indices,
     format_size,
     parse_duration,
     parse_gpu_request,
@@ -373,3 +374,10 @@ def test_gpu_request_round_trips_through_its_text(request_: GpuRequest) -> None:
 @given(gpu_requests())
 def test_gpu_request_text_is_canonical(request_: GpuRequest) -> None:
     assert str(parse_gpu_request(str(request_).lower())) == str(request_)
+
+
+@pytest.mark.parametrize(
+    ("indices", "text"), [((), "no GPU"), ((4,), "GPU 4"), ((0, 1), "GPUs 0,1"), ([2, 3, 5], "GPUs 2,3,5")]
+)
+def test_gpu_indices_read_as_indices_not_a_count(indices: tuple[int, ...], text: str) -> None:
+    assert format_gpu_indices(indices) == text
