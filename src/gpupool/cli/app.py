@@ -8,6 +8,7 @@ import sys
 import time
 import webbrowser
 from contextlib import redirect_stdout
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -18,6 +19,7 @@ from rich.markup import escape
 from gpupool.cli.bench import bench_app
 from gpupool.cli.render import (
     console,
+    efficiency_line,
     err_console,
     folding_table,
     foreign_table,
@@ -478,6 +480,11 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
             f"  attempt {a['number']}: {styled(a['state'])} on {a['node']} gpus={gpus} {runs_as} "
             f"exit={a['exit_code']} {a['reason']}\n    log: {a['log_path']}"
         )
+    if w["attempt_list"]:
+        last = w["attempt_list"][-1]
+        seff = efficiency_line(last, datetime.now(UTC))
+        if seff is not None:
+            console.print(f"  GPU efficiency (attempt {last['number']}): {seff}")
     console.print("  history:")
     for e in w["events"]:
         console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {e['reason']} ({e['actor']})")
@@ -886,7 +893,8 @@ def usage(
 ) -> None:
     """GPU-hours used, and what they cost with $GPUPOOL_HOME/prices.yaml, per queue (or user, workload,
     node, GPU model, day, or how the attempts ended) over a window: Slurm's sreport, Run:ai's consumption
-    report. Counts the GPUs allocated, whether or not the programs used them."""
+    report. Counts the GPUs allocated, whether or not the programs used them; USED and UTIL weigh them by
+    the mean GPU utilization their attempts' telemetry showed (Slurm's seff), "no telemetry" without it."""
     if by not in USAGE_GROUPS:
         raise CliError(f"--by {by}: not one of {', '.join(USAGE_GROUPS)}; e.g. --by queue")
     if as_json and as_csv:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
 
-from gpupool.cli.render import ps_table
+from gpupool.cli.render import efficiency_line, ps_table
 
 
 def _task(wid: int, index: int, state: str, reason: str = "") -> dict[str, Any]:
@@ -42,3 +43,18 @@ def test_a_run_of_waiting_tasks_is_one_line_and_the_rest_stay_row_by_row() -> No
 def test_two_waiting_tasks_or_different_reasons_are_not_folded() -> None:
     lines = _shown([_task(12, 2, "pending", "a"), _task(13, 3, "pending", "a"), _task(14, 4, "pending", "b")])
     assert [line.split()[0] for line in lines] == ["12", "13", "14"]
+
+
+def test_the_efficiency_line_says_no_telemetry_rather_than_zero() -> None:
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    ran = {"gpu_indices": [0, 1], "gpu_fraction": 1.0, "pods": [], "started_at": "2026-12-03T10:30:00+00:00",
+           "finished_at": "2026-12-03T11:48:00+00:00", "gpu_utilization_pct": 37.4,
+           "gpu_memory_peak_bytes": 13 * 2**30, "gpu_memory_total_bytes": 80 * 2**30}  # fmt: skip
+    assert efficiency_line(ran, now) == "2 GPUs x 1h18m, mean utilization 37%, peak memory 13.0GiB of 80.0GiB"
+    unseen = {**ran, "gpu_utilization_pct": None, "gpu_memory_peak_bytes": None}
+    assert efficiency_line(unseen, now) == "2 GPUs x 1h18m, no GPU telemetry"
+    running = {**ran, "finished_at": None}
+    assert str(efficiency_line(running, now)).endswith("so far") and "1h30m" in str(
+        efficiency_line(running, now)
+    )
+    assert efficiency_line({**ran, "gpu_indices": []}, now) is None  # no GPUs: no line
