@@ -9,6 +9,7 @@ import time
 import webbrowser
 from collections.abc import Mapping
 from contextlib import redirect_stdout
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -19,6 +20,7 @@ from rich.markup import escape
 from gpupool.cli.bench import bench_app
 from gpupool.cli.render import (
     console,
+    efficiency_line,
     err_console,
     folding_table,
     foreign_table,
@@ -474,6 +476,11 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
     for a in w["attempt_list"]:
         console.print(f"  attempt {a['number']}: {_attempt_line(a)}\n    log: {a['log_path']}")
+    if w["attempt_list"]:
+        last = w["attempt_list"][-1]
+        seff = efficiency_line(last, datetime.now(UTC))
+        if seff is not None:
+            console.print(f"  GPU efficiency (attempt {last['number']}): {seff}")
     console.print("  history:")
     for e in w["events"]:
         console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {e['reason']} ({e['actor']})")
@@ -930,8 +937,9 @@ def usage(
     """GPU-hours used per queue (or user, workload, node, ...), and what they cost.
 
     Per queue (or user, workload, node, GPU model, day, or how the attempts ended) over a window, priced
-    with $GPUPOOL_HOME/prices.yaml: Slurm's sreport, Run:ai's consumption
-    report. Counts the GPUs allocated, whether or not the programs used them."""
+    with $GPUPOOL_HOME/prices.yaml: Slurm's sreport, Run:ai's consumption report. Counts the GPUs
+    allocated, whether or not the programs used them; USED and UTIL weigh them by the mean GPU
+    utilization their attempts' telemetry showed (Slurm's seff), "no telemetry" without it."""
     if by not in USAGE_GROUPS:
         raise CliError(f"--by {by}: not one of {', '.join(USAGE_GROUPS)}; e.g. --by queue")
     if as_json and as_csv:

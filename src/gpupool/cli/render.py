@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console
@@ -50,6 +51,28 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
         n /= 1024
     return f"{n:.1f}TiB"
+
+
+def efficiency_line(attempt: Mapping[str, Any], now: datetime) -> str | None:
+    """Slurm's seff in one line for an attempt of `gpupool show`: its GPUs x hours, mean utilization, peak
+    memory; "no GPU telemetry" when none was recorded (never 0%); None for an attempt without GPUs."""
+    pods = attempt.get("pods") or [attempt]
+    gpus = sum(len(p.get("gpu_indices") or ()) * (p.get("gpu_fraction") or 1.0) for p in pods)
+    if gpus <= 0:
+        return None
+    started, finished = attempt.get("started_at"), attempt.get("finished_at")
+    seconds = 0.0
+    if started:
+        end = datetime.fromisoformat(finished) if finished else now
+        seconds = max(0.0, (end - datetime.fromisoformat(started)).total_seconds())
+    held = f"{gpus:g} GPU{'' if gpus == 1 else 's'} x {human_age(seconds)}"
+    mean = attempt.get("gpu_utilization_pct")
+    if mean is None:
+        return f"{held}, no GPU telemetry"
+    peak, total = attempt.get("gpu_memory_peak_bytes"), attempt.get("gpu_memory_total_bytes")
+    memory = f", peak memory {human_bytes(peak or 0)}" + (f" of {human_bytes(total)}" if total else "")
+    so_far = " so far" if not finished else ""
+    return f"{held}, mean utilization {mean:.0f}%{memory}{so_far}"
 
 
 def styled(state: str) -> str:
@@ -224,7 +247,7 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
     columns = [by.upper()]
     if by == "workload":
         columns.append("NAME")
-    columns += ["GPU-H", "SHARE"]
+    columns += ["GPU-H", "USED", "UTIL", "SHARE"]
     if currency:
         columns.append(currency)
     columns += ["WORKLOADS", "FAILED", "EVICTED"]
@@ -236,7 +259,7 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
         cells = ["TOTAL" if total else str(row["key"])]
         if by == "workload":
             cells.append("" if total else str(row.get("name", "")))
-        cells += [_hours(row["gpu_hours"]), f"{row['share']:.1%}"]
+        cells += [_hours(row["gpu_hours"]), *_used(row), f"{row['share']:.1%}"]
         if currency:
             unpriced = row.get("unpriced_gpu_hours") or 0.0
             cells.append(_money(row["cost"]) + (f" (+{_hours(unpriced)} GPU-h unpriced)" if unpriced else ""))
@@ -256,7 +279,8 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
     table.caption = (
         f"{report['since'][:16].replace('T', ' ')} .. {report['until'][:16].replace('T', ' ')} UTC "
         f"({report['hours']:,.1f} h): {pool}the pool's {report['capacity_gpus']} GPUs now x the window "
-        f"({_hours(capacity)} GPU-h){more}. GPU-H: GPU-hours allocated"
+        f"({_hours(capacity)} GPU-h){more}. GPU-H: GPU-hours allocated; UTIL: their mean GPU utilization, "
+        "over the attempts with GPU telemetry; USED: those attempts' GPU-hours x UTIL"
         + (f"; {currency}: their cost" if currency else " (no prices.yaml: docs/operations.md)")
         + "; FAILED, EVICTED: GPU-hours of attempts that failed or were stopped (preempted, drained, held)"
         + ("; QUOTA: the GPU quota now x the window, in GPU-hours" if quota else "")
@@ -265,12 +289,24 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
     return table
 
 
+def _used(row: Mapping[str, Any]) -> tuple[str, str]:
+    """USED and UTIL of a usage row: "-" and "no telemetry" where no attempt had GPU telemetry (not 0%); a
+    share of the GPU-hours that had telemetry, where only some did."""
+    used, pct = row.get("used_gpu_hours"), row.get("gpu_utilization_pct")
+    if used is None or pct is None:
+        return "-", "no telemetry"
+    measured, allocated = row.get("measured_gpu_hours") or 0.0, row["gpu_hours"]
+    part = f" ({measured / allocated:.0%} measured)" if allocated > 0 and measured < 0.995 * allocated else ""
+    return _hours(used), f"{pct:.0f}%{part}"
+
+
 def write_usage_csv(report: Mapping[str, Any], out: Any) -> None:
     """`gpupool usage --csv`: a line per row, every figure the JSON has, in plain numbers."""
     writer = csv.writer(out, lineterminator="\n")
     header = ["since", "until", report["by"], "name", "gpu_hours", "share", "cost", "currency",
               "unpriced_gpu_hours", "workloads", "attempts", *(f"{o}_gpu_hours" for o in USAGE_OUTCOMES),
-              "quota_gpu_hours", "quota_used"]  # fmt: skip
+              "quota_gpu_hours", "quota_used", "used_gpu_hours", "measured_gpu_hours",
+              "gpu_utilization_pct"]  # fmt: skip
     writer.writerow(header)
     for row in report["rows"]:
         outcome = row["by_outcome"]
@@ -280,4 +316,6 @@ def write_usage_csv(report: Mapping[str, Any], out: Any) -> None:
             "" if row["unpriced_gpu_hours"] is None else row["unpriced_gpu_hours"], row["workloads"],
             row["attempts"], *(outcome.get(o, 0.0) for o in USAGE_OUTCOMES),
             row.get("quota_gpu_hours", ""), "" if row.get("quota_used") is None else row["quota_used"],
+            *("" if row.get(k) is None else row[k]
+              for k in ("used_gpu_hours", "measured_gpu_hours", "gpu_utilization_pct")),
         ])  # fmt: skip

@@ -5,8 +5,11 @@ Counted from the attempts in the store. Each pod of an attempt holds its GPUs (a
 as that fraction) from the attempt's start to its end, or until now while it runs; the part of that span
 inside the window is counted, so a report of last week and one of this week never count an hour twice.
 What is counted is what was allocated, as Slurm's `sreport` and Run:ai's consumption reports count it, not
-what the programs made of it. A pod's GPU model is the one recorded when the attempt started (attempts from
-before gpupool recorded it take the model its node has now).
+what the programs made of it; beside it, `used_gpu_hours` weighs each attempt's hours by its mean GPU
+utilization (control/efficiency.py), over the attempts with GPU telemetry only (`measured_gpu_hours`): an
+attempt without any (an old one, a Slurm node's) is left out of both, never counted as idle. A pod's GPU
+model is the one recorded when the attempt started (attempts from before gpupool recorded it take the
+model its node has now).
 
 Prices come from `$GPUPOOL_HOME/prices.yaml` (spec/prices.py), read when the server starts. Without the
 file the report has GPU-hours and no costs; with it, hours of a model it does not price (and no `default`)
@@ -118,9 +121,22 @@ class _Row:
     workloads: set[int] = field(default_factory=set)
     by_outcome: dict[str, float] = field(default_factory=dict)
     name: str | None = None  # the workload's name, when grouped by workload
+    measured_gpu_hours: float = 0.0  # of attempts with GPU telemetry
+    used_gpu_hours: float = 0.0  # those hours x their attempt's mean utilization
 
-    def add(self, hours: float, price: float | None, attempt: int, workload: int, outcome: str) -> None:
+    def add(
+        self,
+        hours: float,
+        price: float | None,
+        attempt: int,
+        workload: int,
+        outcome: str,
+        utilization_pct: float | None = None,
+    ) -> None:
         self.gpu_hours += hours
+        if utilization_pct is not None:
+            self.measured_gpu_hours += hours
+            self.used_gpu_hours += hours * utilization_pct / 100.0
         if price is None:
             self.unpriced_gpu_hours += hours
         else:
@@ -145,6 +161,7 @@ class _Span:
     name: str
     queue: str
     user: str
+    utilization_pct: float | None  # the attempt's mean GPU utilization; None: no GPU telemetry
 
 
 def usage(
@@ -182,9 +199,9 @@ def usage(
             row = rows.get(key)
             if row is None:
                 row = rows[key] = _Row(name=span.name if by == "workload" else None)
-            row.add(held, price, span.attempt, span.workload, span.outcome)
+            row.add(held, price, span.attempt, span.workload, span.outcome, span.utilization_pct)
         held = span.gpus * (span.end - span.start).total_seconds() / HOUR
-        total.add(held, price, span.attempt, span.workload, span.outcome)
+        total.add(held, price, span.attempt, span.workload, span.outcome, span.utilization_pct)
     if by == "queue" and queue is None:
         for name in quotas:  # a queue that used nothing is a line too: its quota went unused
             rows.setdefault(name, _Row())
@@ -247,7 +264,7 @@ def _gpu_quota(spec: Mapping[str, Any] | None) -> float:
 _SPAN_COLUMNS: Final = (
     Attempt.id, Attempt.state, Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction,
     Attempt.pods, Attempt.started_at, Attempt.finished_at,
-    Workload.id, Workload.name, Workload.queue, Workload.user,
+    Workload.id, Workload.name, Workload.queue, Workload.user, Attempt.gpu_utilization_pct,
 )  # fmt: skip
 
 
@@ -276,7 +293,7 @@ def _row_spans(
     row: Any, since: datetime, until: datetime, models: dict[str, dict[int, str]], now: datetime
 ) -> Iterator[_Span]:
     """The pods of one attempt (a row of _SPAN_COLUMNS) that held GPUs inside the window, cut to it."""
-    attempt_id, state, node, indices, fraction, pods, started, finished, wid, name, wqueue, user = row
+    attempt_id, state, node, indices, fraction, pods, started, finished, wid, name, wqueue, user, util = row
     began, ended = as_utc(started), as_utc(finished)
     if began is None:
         return
@@ -291,7 +308,9 @@ def _row_spans(
             continue
         pod_node = str(pod.get("node") or node)
         model = pod.get("model") or models.get(pod_node, {}).get(held[0]) or UNKNOWN_MODEL
-        yield _Span(start, end, gpus, pod_node, str(model), attempt_id, outcome, wid, name, wqueue, user)
+        yield _Span(
+            start, end, gpus, pod_node, str(model), attempt_id, outcome, wid, name, wqueue, user, util
+        )
 
 
 class Tally:
@@ -374,6 +393,7 @@ def _ordered(rows: dict[str, _Row], by: str) -> list[tuple[str, _Row]]:
 def _row_view(
     key: str, row: _Row, total: float, priced: bool, quota: float | None, hours: float
 ) -> dict[str, Any]:
+    measured = row.measured_gpu_hours
     view: dict[str, Any] = {
         "key": key,
         "gpu_hours": round(row.gpu_hours, 6),
@@ -383,6 +403,10 @@ def _row_view(
         "attempts": len(row.attempts),
         "workloads": len(row.workloads),
         "by_outcome": {o: round(row.by_outcome[o], 6) for o in OUTCOMES if o in row.by_outcome},
+        # GPU efficiency: None (not 0) where no attempt counted had GPU telemetry.
+        "measured_gpu_hours": round(row.measured_gpu_hours, 6),
+        "used_gpu_hours": round(row.used_gpu_hours, 6) if measured else None,
+        "gpu_utilization_pct": round(100.0 * row.used_gpu_hours / measured, 3) if measured else None,
     }
     if row.name is not None:
         view["name"] = row.name

@@ -102,7 +102,7 @@ class IdleWatch:
         for row in rows:
             spec = self._specs.get(row.workload_id)
             if spec is not None:
-                gpus = _gpus(row.node_name, row.gpu_indices, row.pods)
+                gpus = held_gpus(row.node_name, row.gpu_indices, row.pods)
                 out.append(Watched(row.id, row.workload_id, row.service_id, spec, gpus))
         return out
 
@@ -164,7 +164,9 @@ def _idle_spec(spec: Any) -> IdleSpec | None:
         return None  # written by a gpupool that knew another shape: not watched rather than misread
 
 
-def _gpus(node: str, indices: Iterable[Any] | None, pods: list[Any] | None) -> tuple[tuple[str, int], ...]:
+def held_gpus(
+    node: str, indices: Iterable[Any] | None, pods: list[Any] | None
+) -> tuple[tuple[str, int], ...]:
     """Every (node, GPU index) an attempt holds, over all its pods."""
     if pods:
         return tuple((str(p["node"]), int(i)) for p in pods for i in p.get("gpu_indices") or ())

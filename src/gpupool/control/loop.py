@@ -27,9 +27,11 @@ from sqlalchemy.orm import Session
 
 from gpupool import scheduler
 from gpupool.backends.base import Backend, Launch, LaunchError, Pod
-from gpupool.control import contract, inventory, secrets, service
+from gpupool.control import contract, efficiency, inventory, secrets, service
 from gpupool.control.budgets import Budgets
 from gpupool.control.dependencies import Dependencies, Dependency
+from gpupool.control.efficiency import CHECK_INTERVAL as EFFICIENCY_CHECK_INTERVAL
+from gpupool.control.efficiency import EfficiencyWatch
 from gpupool.control.errors import ServiceError
 from gpupool.control.idle import CHECK_INTERVAL as IDLE_CHECK_INTERVAL
 from gpupool.control.idle import IdleWatch
@@ -124,6 +126,9 @@ class Reconciler(Observation, SnapshotBuilding):
         self.direct_binds: Callable[[], list[scheduler.Bind]] | None = None
         self.idle = IdleWatch(self.telemetry)  # running work whose GPUs sit idle (control/idle.py)
         self._idle_due = 0.0
+        # Each running attempt's mean GPU utilization and peak memory (control/efficiency.py).
+        self.efficiency = EfficiencyWatch(self.telemetry)
+        self._efficiency_due = 0.0
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -158,6 +163,10 @@ class Reconciler(Observation, SnapshotBuilding):
             if spare > 0 and not self._prompt.is_set():
                 self._prompt.wait(spare)
             self._prompt.clear()
+        try:  # the running attempts' figures since the last write, so a restart resumes from them
+            self.record_efficiency(time.time(), flush=True)
+        except Exception:
+            log.exception("event=efficiency_flush_failed")
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -175,6 +184,9 @@ class Reconciler(Observation, SnapshotBuilding):
         if now >= self._idle_due:
             self._idle_due = now + IDLE_CHECK_INTERVAL
             self.stop_idle(now)
+        if now >= self._efficiency_due:
+            self._efficiency_due = now + EFFICIENCY_CHECK_INTERVAL
+            self.record_efficiency(now)
         # A backend that holds on to what this pass settled until its successors are started (Slurm's
         # hand-off) lets the rest go now.
         pass_finished = getattr(self.backend, "pass_finished", None)
@@ -274,6 +286,17 @@ class Reconciler(Observation, SnapshotBuilding):
                 log.info("event=idle_not_stopped workload=%d why=%r", idle.workload_id, exc.message)
                 continue
             log.info("event=idle_stopped workload=%d action=%s", idle.workload_id, idle.action)
+
+    def record_efficiency(self, now: float, *, flush: bool = False) -> None:
+        """Count the telemetry of running attempts' GPUs since the last look; write the figures of those
+        that ended, and every 30 s (or when `flush`) of those that run (control/efficiency.py)."""
+        with self.store.read() as s:
+            running = self.efficiency.running(s)
+            ended = self.efficiency.ended(s, running)
+        writes = self.efficiency.look(running, ended, now, flush=flush)
+        if writes:
+            with self.store.session() as s:
+                efficiency.write(s, writes)
 
     def _cancel_unmeetable(self, never: dict[int, str]) -> None:
         """Cancel the pending work whose dependencies can no longer be met (control/dependencies.py)."""

@@ -261,6 +261,11 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "endpoint": attempt.endpoint or None,
         "started_at": _iso(attempt.started_at),
         "finished_at": _iso(attempt.finished_at),
+        # GPU efficiency from telemetry (control/efficiency.py); None: no GPU telemetry for this attempt.
+        "gpu_utilization_pct": attempt.gpu_utilization_pct,
+        "gpu_memory_peak_bytes": attempt.gpu_memory_peak_bytes,
+        "gpu_memory_total_bytes": attempt.gpu_memory_total_bytes,
+        "gpu_seconds_sampled": attempt.gpu_seconds_sampled,
     }
 
 

@@ -222,6 +222,17 @@ class GpuHistory:
                 peak = point[1]
         return points[-1][0], peak
 
+    def points_after(self, after: float, until: float) -> list[Point]:
+        """The finest tier's points newer than `after` and not newer than `until`, oldest first."""
+        newer: list[Point] = []
+        for point in reversed(self.tiers[0].points):
+            if point[0] <= after:
+                break
+            if point[0] <= until:
+                newer.append(point)
+        newer.reverse()
+        return newer
+
     def points(self) -> int:
         return sum(len(t.points) for t in self.tiers)
 
@@ -408,6 +419,13 @@ class TelemetryCache:
         with self._lock:
             series = self._history.get((node, index))
             return None if series is None else series.peak_after(after)
+
+    def points_after(self, node: str, index: int, after: float, until: float = float("inf")) -> list[Point]:
+        """A GPU's finest history points in (`after`, `until`] (its samples' own clock), oldest first, for a
+        reader that keeps up (control/efficiency.py); [] for a GPU never seen."""
+        with self._lock:
+            series = self._history.get((node, index))
+            return [] if series is None else series.points_after(after, until)
 
     def history(self, node: str, index: int, seconds: float, now: float | None = None) -> dict[str, Any]:
         """`{"resolution": s, "fields": [...], "points": [[t, ...], ...]}` for the last `seconds`."""

@@ -212,6 +212,14 @@ class Attempt(Base):
     pods: Mapped[list[Any] | None] = mapped_column(JSON, default=list, nullable=True)
     # A service's address while it runs, "host:port" (rank 0's node and its GPUPOOL_PORT); "" for a job.
     endpoint: Mapped[str] = mapped_column(String(300), default="", server_default="")
+    # GPU efficiency from the telemetry of the GPUs it held (control/efficiency.py), written every 30 s while
+    # it runs and at its end; all None while none arrived (an old attempt, a backend whose GPUs gpupool does
+    # not sample), which reads "no GPU telemetry", never 0%. `gpu_seconds_sampled`: the GPU-seconds of
+    # telemetry the mean is over (summed over its GPUs), the weight a restarted head resumes the mean with.
+    gpu_seconds_sampled: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_utilization_pct: Mapped[float | None] = mapped_column(Float, nullable=True)  # time-weighted mean
+    gpu_memory_peak_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # on any one GPU
+    gpu_memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # its largest GPU
 
     workload: Mapped[Workload] = relationship(back_populates="attempts")
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
 
-from gpupool.cli.render import ps_table
+from gpupool.cli.render import efficiency_line, ps_table
 
 
 def _task(wid: int, index: int, state: str, reason: str = "") -> dict[str, Any]:
@@ -50,3 +51,18 @@ def test_a_gang_shows_its_nodes_times_the_gpus_of_each() -> None:
     single = {**_task(4, 0, "pending"), "array_id": None, "nodes": 1, "gpus": "H100:8"}
     lines = _shown([gang, single])
     assert lines[0].split()[4] == "2x8" and lines[1].split()[4] == "H100:8", lines
+
+
+def test_the_efficiency_line_says_no_telemetry_rather_than_zero() -> None:
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    ran = {"gpu_indices": [0, 1], "gpu_fraction": 1.0, "pods": [], "started_at": "2026-12-03T10:30:00+00:00",
+           "finished_at": "2026-12-03T11:48:00+00:00", "gpu_utilization_pct": 37.4,
+           "gpu_memory_peak_bytes": 13 * 2**30, "gpu_memory_total_bytes": 80 * 2**30}  # fmt: skip
+    assert efficiency_line(ran, now) == "2 GPUs x 1h18m, mean utilization 37%, peak memory 13.0GiB of 80.0GiB"
+    unseen = {**ran, "gpu_utilization_pct": None, "gpu_memory_peak_bytes": None}
+    assert efficiency_line(unseen, now) == "2 GPUs x 1h18m, no GPU telemetry"
+    running = {**ran, "finished_at": None}
+    assert str(efficiency_line(running, now)).endswith("so far") and "1h30m" in str(
+        efficiency_line(running, now)
+    )
+    assert efficiency_line({**ran, "gpu_indices": []}, now) is None  # no GPUs: no line

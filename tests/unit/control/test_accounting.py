@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from gpupool.control import accounting, service
 from gpupool.control.errors import Invalid
@@ -163,6 +164,27 @@ def test_outcomes_users_and_workloads(store: Store) -> None:
     assert (
         rows[1]["key"] == str(first) and rows[1]["name"] == "big" and rows[1]["share"] == pytest.approx(1 / 3)
     )
+
+
+def test_used_gpu_hours_weigh_the_attempts_with_telemetry_and_none_is_not_zero(store: Store) -> None:
+    _node(store, "a", "H100")
+    _attempt(store, NOW - 4 * H, NOW - 2 * H, gpus=2, user="alice")  # 4 GPU-h at 25%
+    _attempt(store, NOW - 2 * H, NOW, gpus=1, user="alice")  # 2 GPU-h at 100%
+    _attempt(store, NOW - 2 * H, NOW, gpus=1, user="bob")  # 2 GPU-h, no GPU telemetry (e.g. Slurm)
+    with store.session() as s:
+        for attempt, pct in zip(s.scalars(select(Attempt).order_by(Attempt.id)), (25.0, 100.0), strict=False):
+            attempt.gpu_utilization_pct, attempt.gpu_seconds_sampled = pct, 3600.0
+    rows = {r["key"]: r for r in _report(store, NOW - 4 * H, by="user")["rows"]}
+    alice, bob = rows["alice"], rows["bob"]
+    assert alice["gpu_hours"] == pytest.approx(6.0) and alice["measured_gpu_hours"] == pytest.approx(6.0)
+    assert alice["used_gpu_hours"] == pytest.approx(4 * 0.25 + 2 * 1.0)
+    assert alice["gpu_utilization_pct"] == pytest.approx(100 * 3 / 6)
+    assert bob["used_gpu_hours"] is None and bob["gpu_utilization_pct"] is None  # never a made-up 0%
+    assert bob["measured_gpu_hours"] == 0.0
+    total = _report(store, NOW - 4 * H)["total"]
+    assert total["measured_gpu_hours"] == pytest.approx(6.0) and total["gpu_hours"] == pytest.approx(8.0)
+    cut = _report(store, NOW - 3 * H, by="user")["rows"][0]  # half of the 25% attempt inside the window
+    assert cut["key"] == "alice" and cut["used_gpu_hours"] == pytest.approx(2 * 0.25 + 2 * 1.0)
 
 
 def test_bad_groupings_queues_and_windows_are_refused_naming_the_field(store: Store) -> None:
