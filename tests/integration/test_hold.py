@@ -37,8 +37,8 @@ def test_held_work_waits_pending_with_the_gpus_free_and_starts_once_released(ser
     assert w["held"] is True and w["attempts"] == 1  # it had started: stopped, now waiting
     time.sleep(1.0)  # several passes: 8 GPUs free, and still it waits
     assert server.workload(blocker["id"])["state"] == "pending"
-    why = server.cli("why", str(blocker["id"]), check=True)
-    assert "held" in why.stdout, why.stdout
+    why = server.cli("why", str(blocker["id"]), check=True)  # who held it, still, after several passes
+    assert "held by admin: stopped, and waits pending until `gpupool release" in why.stdout, why.stdout
     server.cli("release", str(blocker["id"]), check=True)
     again = server.wait_for(blocker["id"], states=("running",))
     assert again["held"] is False and again["attempts"] == 2
@@ -149,6 +149,7 @@ def test_work_submitted_held_waits_until_released_tasks_and_replicas_alike(serve
     for wid in (*tasks, *service["replica_ids"]):
         w = server.workload(wid)
         assert (w["state"], w["held"], w["attempts"]) == ("pending", True, 0), w
+        assert w["reason"].startswith("held") and "`gpupool release" in w["reason"], w  # as submit said
     server.cli("release", str(array["id"]), str(service["id"]), check=True)
     for wid in tasks:
         server.wait_for(wid, states=("succeeded",))

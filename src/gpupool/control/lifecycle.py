@@ -22,6 +22,9 @@ STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 # `gpupool hold`: the reason code of held pending work, and the stop reason of a held workload's running
 # attempt (control/observe.py stops it and requeues it pending)
 HELD = STOP_HOLD = "held"
+# How a held running attempt's reason goes on after who held it ("held by alice", the idle rule's words):
+# the requeued workload's reason keeps that first part (control/observe.py).
+HOLD_STOPPING = ": stopping it, to wait pending until released"
 SERVICE = "service"  # the workload kind that runs until cancelled
 
 # The lifecycle graph. running -> pending is a retry (a new attempt follows).

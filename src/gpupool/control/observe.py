@@ -22,6 +22,8 @@ from gpupool.backends.base import Backend, Handle, Phase, Status
 from gpupool.control.lifecycle import (
     CANCELLED,
     FAILED,
+    HELD,
+    HOLD_STOPPING,
     PENDING,
     RUNNING,
     SERVICE,
@@ -192,14 +194,17 @@ class Observation:
             )
             return
         if attempt.stop_reason == STOP_HOLD:
+            who = (attempt.reason or "held").partition(HOLD_STOPPING)[0]  # "held by alice", the idle rule
             attempt.state = EVICTED
             attempt.reason = f"{attempt.reason or 'held'}; exit code {code}{killed}"
             said = (
-                f"held: stopped, and waits pending until `gpupool release {workload.id}`"
+                f"{who}: stopped, and waits pending until `gpupool release {workload.id}`"
                 if workload.held
                 else "stopped for a hold, released since: requeued"
             )
             transition(s, workload, PENDING, f"{said} (it resumes from its checkpoint)", actor="control")
+            if workload.held:  # its reason until released (the loop keeps a held workload's reason)
+                workload.reason_code = HELD
             return
         if attempt.stop_reason in EVICTIONS:
             attempt.state = EVICTED

@@ -20,6 +20,7 @@ from gpupool.control.lifecycle import (
     ACTIVE,
     CANCELLED,
     HELD,
+    HOLD_STOPPING,
     PENDING,
     RUNNING,
     SERVICE,
@@ -806,7 +807,7 @@ def _set_held(
         w.held = held
         said = why or (f"held by {actor}" if held else f"released by {actor}")
         if held and w.state == RUNNING:
-            said += ": stopping it, to wait pending until released"
+            said += HOLD_STOPPING
             for attempt in w.attempts:
                 if attempt.state == RUNNING and attempt.stop_requested_at is None:
                     attempt.stop_reason = STOP_HOLD  # the control loop stops it

@@ -68,6 +68,22 @@ class SnapshotBuilding:
     budgets: Budgets  # the queues' budgets as the last pass counted them
     over_budget: dict[int, scheduler.Explanation]  # pending work the last snapshot left out: a budget used
 
+    def _held_reasons(self, s: Session, held: list[int]) -> dict[int, scheduler.Explanation]:
+        """Why each held workload waits: the reason its hold wrote ("held by alice", "held at submit",
+        the idle rule's words), which stays until it is released; the general sentence where none was
+        kept (held before gpupool kept them)."""
+        if not held:
+            return {}
+        rows = s.execute(
+            select(Workload.id, Workload.reason, Workload.reason_code).where(Workload.id.in_(held))
+        ).all()
+        kept = {
+            int(wid): scheduler.Explanation(HELD, reason)
+            for wid, reason, code in rows
+            if code == HELD and reason
+        }
+        return {wid: kept.get(wid, HELD_EXPLANATION) for wid in held}
+
     def _snapshot(self, s: Session, now: float | None = None) -> scheduler.Snapshot:
         now = time.time() if now is None else now
         config = self._config
@@ -76,7 +92,7 @@ class SnapshotBuilding:
             .where(Workload.state == PENDING)
             .order_by(Workload.id)
         ).all()
-        self.held = {int(wid): HELD_EXPLANATION for wid, _, _, held in rows if held}
+        self.held = self._held_reasons(s, [int(wid) for wid, _, _, held in rows if held])
         restarted = [(int(wid), int(n)) for wid, _, n, held in rows if n and not held]
         self.backing_off = self._backing_off(s, restarted, now) if restarted else {}
         pending = [
