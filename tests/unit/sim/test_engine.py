@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from gpupool.scheduler import QueueView, Share
+from gpupool.scheduler import GpuDemand, PodPlacement, QueueView, Share, WorkloadView
+from gpupool.sim import engine
 from gpupool.sim.cluster import load_cluster
 from gpupool.sim.engine import Simulation, shape
 from gpupool.sim.errors import SimError
@@ -231,3 +234,25 @@ def test_the_oracle_bound_inside_quotas_lets_less_remaining_work_go_first_and_ke
     assert preempted == {0: 0, 1: 0, 2: 1, 3: 0}
     las_like = {j.id: j.preemptions for j in simulate(jobs, "1x8", "gpupool", queues).jobs}
     assert las_like[1] == 1 and las_like[0] == 0
+
+
+def test_the_engine_builds_each_view_as_the_keyword_form_would() -> None:
+    """`workload_view` passes WorkloadView's fields by position (for speed): it must give what naming
+    them gives, pending and running, so that a field added or moved in WorkloadView cannot slip by."""
+    trace = TraceJob(7, 1000.0, 60.0, 2, "a", cpus=4.0, memory_bytes=2**30)
+    job = engine._Job(3, trace, "a", 1, GpuDemand(2.0))
+    job.priority, job.attained = 5, 120.0
+    pending = engine.workload_view(job, 400.0, duration_estimate=90.0)
+    common = {
+        "id": 3, "queue": "a", "priority": 5, "submit_time": 600.0, "nodes": 1, "gpus": GpuDemand(2.0),
+        "cpus": 4.0, "memory_bytes": 2**30, "attained_service": 120.0,
+    }  # fmt: skip
+    assert pending == WorkloadView(**common, duration_estimate=90.0)
+    pods = (PodPlacement("n1", (0, 1)),)
+    running = engine.workload_view(job, 400.0, placement=pods, start_time=700.0, last_checkpoint_time=800.0)
+    assert running == WorkloadView(**common, placement=pods, start_time=700.0, last_checkpoint_time=800.0)
+    defaults = {f.name for f in dataclasses.fields(WorkloadView)} - set(common) - {
+        "duration_estimate", "placement", "start_time", "last_checkpoint_time"
+    }  # fmt: skip
+    # every other field is its default: anything the positions put elsewhere would show here
+    assert all(getattr(running, name) == getattr(WorkloadView(0, "q", 0, 0.0), name) for name in defaults)
