@@ -36,7 +36,7 @@ def server(
         None,
         "--db",
         help="store URL: sqlite:///path.db or postgresql://... "
-        "(default $GPUPOOL_DB, else ~/.gpupool/gpupool.db)",
+        "(default $GPUPOOL_DB, else $GPUPOOL_HOME/gpupool.db; $GPUPOOL_HOME is ~/.gpupool unless set)",
     ),
     node_name: str | None = typer.Option(None, "--node-name", help="name of this machine's node"),
     backend: str | None = typer.Option(
@@ -233,7 +233,8 @@ def agent(
     state_dir: str | None = typer.Option(
         None,
         "--state-dir",
-        help="where the agent keeps its credential and running work (default ~/.gpupool/agent)",
+        help="where the agent keeps its credential and running work "
+        "(default $GPUPOOL_HOME/agent; $GPUPOOL_HOME is ~/.gpupool unless set)",
     ),
     orphan_grace: str = typer.Option(
         "60s", "--orphan-grace", help="stop this node's work after the head has been unreachable this long"

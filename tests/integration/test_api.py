@@ -32,7 +32,8 @@ def test_every_api_call_without_a_token_is_401(server: ServerProcess, path: str,
         response = client.request(method, path, json={"commands": ["true"]})
     assert response.status_code == 401
     assert response.headers["www-authenticate"] == "Bearer"
-    assert "missing bearer token" in response.json()["error"]["message"]
+    said = response.json()["error"]["message"]
+    assert "missing bearer token" in said and "$GPUPOOL_HOME/credentials" in said, said  # not ~/.gpupool
 
 
 def test_a_wrong_token_is_401_and_changes_nothing(server: ServerProcess) -> None:

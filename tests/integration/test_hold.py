@@ -104,7 +104,8 @@ def test_hold_names_what_cancel_names_and_refuses_what_has_ended(server: ServerP
         done = server.submit({"commands": ["true"]})
         server.wait_for(done["id"])
         refused = client.post(f"/api/v1/workloads/{done['id']}/hold")
-        assert refused.status_code == 409 and "nothing to hold" in refused.json()["error"]["message"]
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["message"] == f"workload {done['id']} has succeeded; nothing to hold"
         assert client.post("/api/v1/workloads/999999/hold").status_code == 404
     server.cli("cancel", str(sweep["id"]), check=True)
 

@@ -24,7 +24,7 @@ READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 _HINT = (
     "pass the token in 'Authorization: Bearer <token>' "
-    "(the CLI reads ~/.gpupool/credentials or $GPUPOOL_TOKEN)"
+    "(the CLI reads $GPUPOOL_TOKEN, else $GPUPOOL_HOME/credentials; $GPUPOOL_HOME is ~/.gpupool unless set)"
 )
 
 

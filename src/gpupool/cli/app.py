@@ -28,6 +28,7 @@ from gpupool.cli.render import (
     print_json,
     ps_rows,
     ps_table,
+    queues_table,
     styled,
     usage_table,
     write_usage_csv,
@@ -867,52 +868,14 @@ def node_uncordon(name: str) -> None:
 def queues(as_json: bool = typer.Option(False, "--json")) -> None:
     """Queues with their GPU quota, limit, weight and current use.
 
-    WEIGHT is the spec's over-quota weight, WEIGHT (NOW) the one the last scheduling pass used."""
+    PRIO is the queue's priority; WEIGHT the spec's over-quota weight, WEIGHT (NOW) the one the last
+    scheduling pass used; GPUS ALLOC and GPUS PEND count GPUs allocated and asked for by pending work,
+    RUN and PEND its running and pending workloads; GPU-H BUDGET the GPU-hours used of its budget."""
     rows = client().queues()
     if as_json:
         print_json(rows)
         return
-    columns: tuple[str, ...] = (
-        "NAME", "PARENT", "PRIORITY", "GPU QUOTA", "GPU LIMIT", "WEIGHT", "WEIGHT (NOW)", "FAIR SHARE",
-        "ALLOCATED", "PENDING GPUS", "RUNNING", "PENDING",
-    )  # fmt: skip
-    budgets = any(q.get("budget") for q in rows)
-    if budgets:
-        columns += ("GPU-H BUDGET",)
-    names = {"NAME": [q["name"] for q in rows], "PARENT": [q["parent"] or "-" for q in rows]}
-    table = folding_table(columns, names)
-    for q in rows:
-        gpu = q["resources"].get("gpu", {})
-        limit = gpu.get("limit")
-        budget = (_budget_cell(q["budget"]),) if budgets else ()
-        table.add_row(
-            q["name"],
-            q["parent"] or "-",
-            str(q["priority"]),
-            f"{gpu.get('quota', 0):g}",
-            "-" if limit is None else f"{limit:g}",
-            f"{gpu.get('over_quota_weight', 1):g}",
-            "-" if q.get("gpu_weight_now") is None else f"{q['gpu_weight_now']:.3g}",
-            f"{q['fair_share'].get('gpu', 0):.3g}",
-            f"{q['gpus_allocated']:g}",
-            f"{q['gpus_pending']:g}",
-            str(q["running"]),
-            str(q["pending"]),
-            *budget,
-        )
-    console.print(table)
-
-
-def _budget_cell(budget: dict[str, Any] | None) -> str:
-    """A queue's budget: GPU-hours used in this period (once the head counted them) of how many, per what."""
-    if not budget:
-        return "-"
-    limit = f"{budget['gpu_hours']:g} a {budget['period']}"
-    used = budget.get("used_gpu_hours")
-    if used is None:
-        return limit
-    spent = ", spent" if budget.get("spent") else ""
-    return f"{used:.3g} of {limit}{spent}" if used < 10 else f"{used:,.0f} of {limit}{spent}"
+    console.print(queues_table(rows))
 
 
 USAGE_GROUPS = ("queue", "user", "workload", "node", "model", "day", "outcome")

@@ -123,9 +123,12 @@ def describe(result: dict[str, Any]) -> str:
     if result["kind"] == "gemm":
         fraction = f.get("worst_gpu_fraction_of_peak")
         share = f" = {fraction:.0%} of peak" if fraction is not None else ""
+        device, on = f["worst_gpu"], f"({p.get('devices')} x {p.get('device_name')})"
+        if not str(device).startswith("cuda"):  # the CPU: one device, no GPU to call slowest
+            return f"gemm {key}: best {f['best_tflops']:.4g} TFLOPS on {device}{share} {on}"
         return (
-            f"gemm {key}: best {f['best_tflops']:.4g} TFLOPS, slowest GPU {f['worst_gpu']} "
-            f"{f['worst_gpu_tflops']:.4g} TFLOPS{share} ({p.get('devices')} x {p.get('device_name')})"
+            f"gemm {key}: best {f['best_tflops']:.4g} TFLOPS, slowest GPU {device} "
+            f"{f['worst_gpu_tflops']:.4g} TFLOPS{share} {on}"
         )
     mfu = "-" if f.get("mfu") is None else f"{f['mfu']:.1%}"
     params = (p.get("model") or {}).get("parameters") or 0

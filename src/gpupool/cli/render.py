@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 
 console = Console(soft_wrap=True)
@@ -125,14 +126,97 @@ def _name_text(w: Mapping[str, Any]) -> str:
     return f"{w['name']}#{w['replica']}" if w.get("replica") else str(w["name"])
 
 
+class _WordWrappingTable(Table):
+    """A table that, too wide for the terminal, narrows its widest columns so that headers wrap first,
+    then cells, between words. Rich alone narrows the widest columns evenly and splits words ("ALLOCAT /
+    ED"); here a word is split only when even the longest ones do not fit."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        _, right, _, left = self.padding
+        room = options.max_width - (left + right) * len(self.columns)
+        whole = [column.min_width or 1 for column in self.columns]
+        # per column, the width of: its longest word, its widest cell, and its widest cell or header
+        words: list[int] = []
+        cells: list[int] = []
+        widest: list[int] = []
+        for column, kept in zip(self.columns, whole, strict=True):
+            column.max_width = None  # fitted afresh for each width rendered at
+            header = Measurement.get(console, options, column.header if self.show_header else "")
+            sizes = [Measurement.get(console, options, cell) for cell in column.cells]
+            words.append(max([kept, header.minimum, *(size.minimum for size in sizes)]))
+            cells.append(max([words[-1], *(size.maximum for size in sizes)]))
+            widest.append(max(cells[-1], header.maximum))
+        widths = list(widest)
+        # headers wrap first, then cells; words fold only when even the longest do not fit, and the
+        # names keep their width throughout
+        for floors in (cells, words, whole):
+            while sum(widths) > room:
+                wider = [index for index, width in enumerate(widths) if width > floors[index]]
+                if not wider:
+                    break
+                widths[max(wider, key=widths.__getitem__)] -= 1
+        for column, width, high in zip(self.columns, widths, widest, strict=True):
+            if width < high:
+                column.max_width = width
+        yield from super().__rich_console__(console, options)
+
+
 def folding_table(columns: Sequence[str], whole: Mapping[str, Sequence[str]] | None = None) -> Table:
     """A table that folds, never cuts, in a narrow terminal: `whole` gives, for some columns, the values
-    that keep their full width (names), so that only the other columns fold."""
-    table = Table(box=None, header_style="bold")
+    that keep their full width (names), so that only the other columns fold. Too wide for the terminal,
+    it wraps headers and cells between words before it splits one."""
+    table = _WordWrappingTable(box=None, header_style="bold")
     for column in columns:
         keep = (whole or {}).get(column, ())
         table.add_column(column, overflow="fold", min_width=max(map(len, keep), default=None))
     return table
+
+
+QUEUE_COLUMNS = (
+    "NAME", "PARENT", "PRIO", "GPU QUOTA", "GPU LIMIT", "WEIGHT", "WEIGHT (NOW)", "FAIR SHARE", "GPUS ALLOC",
+    "GPUS PEND", "RUN", "PEND",
+)  # fmt: skip
+
+
+def queues_table(queues: list[dict[str, Any]]) -> Table:
+    """`gpupool queues`: a line per queue; a GPU-H BUDGET column when some queue has a budget. Short
+    headers of short words (as squeue's and kubectl's) keep a line per queue from 100 columns."""
+    budgets = any(q.get("budget") for q in queues)
+    columns = (*QUEUE_COLUMNS, "GPU-H BUDGET") if budgets else QUEUE_COLUMNS
+    names = {"NAME": [q["name"] for q in queues], "PARENT": [q["parent"] or "-" for q in queues]}
+    table = folding_table(columns, names)
+    for q in queues:
+        gpu = q["resources"].get("gpu", {})
+        limit = gpu.get("limit")
+        budget = (_budget_cell(q["budget"]),) if budgets else ()
+        table.add_row(
+            q["name"],
+            q["parent"] or "-",
+            str(q["priority"]),
+            f"{gpu.get('quota', 0):g}",
+            "-" if limit is None else f"{limit:g}",
+            f"{gpu.get('over_quota_weight', 1):g}",
+            "-" if q.get("gpu_weight_now") is None else f"{q['gpu_weight_now']:.3g}",
+            f"{q['fair_share'].get('gpu', 0):.3g}",
+            f"{q['gpus_allocated']:g}",
+            f"{q['gpus_pending']:g}",
+            str(q["running"]),
+            str(q["pending"]),
+            *budget,
+        )
+    return table
+
+
+def _budget_cell(budget: Mapping[str, Any] | None) -> str:
+    """A queue's budget: GPU-hours used in this period (once the head counted them) of how many, per what."""
+    if not budget:
+        return "-"
+    limit = f"{budget['gpu_hours']:g} a {budget['period']}"
+    used = budget.get("used_gpu_hours")
+    if used is None:
+        return limit
+    spent = ", spent" if budget.get("spent") else ""
+    return f"{used:.3g} of {limit}{spent}" if used < 10 else f"{used:,.0f} of {limit}{spent}"
 
 
 def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:

@@ -763,7 +763,7 @@ def cancel(
                 group, whole_array = _named(s, workload, task)
                 active = _active(group)
                 if not active:
-                    raise Conflict(f"workload {workload_id} already {workload.state}; nothing to cancel")
+                    raise Conflict(f"workload {workload_id} {_standing(workload)}; nothing to cancel")
                 for replica in active:
                     if (
                         replica.state == RUNNING and not replica.cancel_requested
@@ -847,6 +847,16 @@ def set_priority(
     return {**view, "updated_ids": ids}
 
 
+def _standing(workload: Workload) -> str:
+    """Where a workload that cannot be changed stands, to follow its name: "has succeeded", "was cancelled",
+    "is running and stopping"."""
+    if workload.state == CANCELLED:
+        return "was cancelled"
+    if workload.state in TERMINAL:
+        return f"has {workload.state}"
+    return f"is {workload.state}" + (" and stopping" if workload.cancel_requested else "")
+
+
 def _change_named(
     store: Store, workload_id: int, task: bool, verb: str, change: Callable[[Session, Workload], None]
 ) -> tuple[dict[str, Any], list[int]]:
@@ -859,8 +869,7 @@ def _change_named(
                 group, _ = _named(s, workload, task)
                 active = [w for w in _active(group) if not w.cancel_requested]
                 if not active:
-                    stopping = " and stopping" if workload.cancel_requested else ""
-                    raise Conflict(f"workload {workload_id} is {workload.state}{stopping}; nothing to {verb}")
+                    raise Conflict(f"workload {workload_id} {_standing(workload)}; nothing to {verb}")
                 for w in active:
                     change(s, w)
                 s.flush()

@@ -1,13 +1,15 @@
-"""`gpupool ps`'s table: a job array's pending tasks that wait for the same reason fold into one line."""
+"""`gpupool ps`'s table: a job array's pending tasks that wait for the same reason fold into one line;
+`gpupool queues`' table wraps between words in a terminal too narrow for it."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from rich.console import Console
 
-from gpupool.cli.render import efficiency_line, ps_table
+from gpupool.cli.render import QUEUE_COLUMNS, efficiency_line, ps_table, queues_table
 
 
 def _task(wid: int, index: int, state: str, reason: str = "") -> dict[str, Any]:
@@ -66,3 +68,48 @@ def test_the_efficiency_line_says_no_telemetry_rather_than_zero() -> None:
         efficiency_line(running, now)
     )
     assert efficiency_line({**ran, "gpu_indices": []}, now) is None  # no GPUs: no line
+
+
+def _queue(name: str, parent: str | None = None, budget: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "name": name, "parent": parent, "priority": 0, "resources": {"gpu": {"quota": 4, "limit": 8}},
+        "gpu_weight_now": 1.0, "fair_share": {"gpu": 2.67}, "gpus_allocated": 4, "gpus_pending": 2,
+        "running": 3, "pending": 12, "budget": budget,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [100, 110, 120])
+def test_the_queues_table_wraps_headers_between_words_and_keeps_a_line_per_queue(width: int) -> None:
+    """With the budget column, from 100 columns: no header word split ("ALLOCAT / ED"), a line per queue
+    but the one whose budget wraps, and that between words."""
+    spent = {"gpu_hours": 0.001, "period": "day", "used_gpu_hours": 0.0013, "spent": True}
+    queues = [
+        _queue("default"),
+        _queue("research", budget={"gpu_hours": 5000, "period": "month", "used_gpu_hours": 1234.0}),
+        _queue("nlp-long-name", parent="research", budget=spent),
+    ]
+    console = Console(width=width, record=True)
+    console.print(queues_table(queues))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= width for line in lines)
+    header = lines[: next(i for i, line in enumerate(lines) if line.split()[:1] == ["default"])]
+    words = {word for column in (*QUEUE_COLUMNS, "GPU-H BUDGET") for word in column.split()}
+    assert {word for line in header for word in line.split()} == words, header
+    starts = [line.split()[0] for line in lines[len(header) :] if line[:16].strip()]
+    assert starts == ["default", "research", "nlp-long-name"]
+    budget = next(line.index("GPU-H") for line in header if "GPU-H" in line)  # the last column
+    wrapped = " ".join(line[budget:] for line in lines[len(header) :]).split()
+    assert wrapped == [
+        "-",
+        "1,234",
+        "of",
+        "5000",
+        "a",
+        "month",
+        "0.0013",
+        "of",
+        "0.001",
+        "a",
+        "day,",
+        "spent",
+    ]

@@ -51,4 +51,7 @@ def test_held_pending_work_says_so_at_once_and_ended_work_cannot_be_held(store: 
     service.cancel(store, wid)
     with pytest.raises(Conflict) as caught:
         service.hold(store, wid)
-    assert "nothing to hold" in caught.value.message
+    assert caught.value.message == f"workload {wid} was cancelled; nothing to hold"
+    with pytest.raises(Conflict) as caught:
+        service.cancel(store, wid)
+    assert caught.value.message == f"workload {wid} was cancelled; nothing to cancel"

@@ -1,0 +1,31 @@
+"""`gpupool bench ... --record`'s line per stored result: a CPU is not called a GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpupool.cli.bench import describe
+
+
+def _gemm(devices: dict[str, float], name: str) -> dict[str, Any]:
+    slowest = min(devices, key=devices.__getitem__)
+    figures = {
+        "best_tflops": max(devices.values()), "worst_gpu": slowest, "worst_gpu_tflops": devices[slowest],
+        "worst_gpu_fraction_of_peak": None,
+    }  # fmt: skip
+    return {
+        "kind": "gemm",
+        "key": "fp32",
+        "figures": figures,
+        "parameters": {"devices": len(devices), "device_name": name},
+    }
+
+
+def test_a_gemm_on_gpus_names_the_slowest_gpu() -> None:
+    line = describe(_gemm({"cuda:0": 700.0, "cuda:1": 400.0}, "NVIDIA H100"))
+    assert line == "gemm fp32: best 700 TFLOPS, slowest GPU cuda:1 400 TFLOPS (2 x NVIDIA H100)"
+
+
+def test_a_gemm_on_the_cpu_says_where_it_ran_not_slowest_gpu() -> None:
+    line = describe(_gemm({"cpu": 0.25}, "cpu"))
+    assert line == "gemm fp32: best 0.25 TFLOPS on cpu (1 x cpu)"
