@@ -28,6 +28,7 @@ def test_who_changed_what_is_listed_with_what_changed(server: ServerProcess) -> 
 
     with server.http(alice) as client:
         job = client.post("/api/v1/workloads", json={"queue": "nlp", "commands": ["sleep 600"]}).json()
+        server.wait_for(job["id"], states=("running",))  # cancelled while running, not while still pending
         assert client.post(f"/api/v1/workloads/{job['id']}/cancel").status_code == 202
         refused = client.get("/api/v1/events")
         assert refused.status_code == 403 and "takes an admin token" in refused.text
