@@ -105,6 +105,11 @@ def main() -> None:
     parser.add_argument("--policy", default="gpupool")
     parser.add_argument("--start", type=int, default=8000, help="the first decide call captured (1-based)")
     parser.add_argument("--count", type=int, default=300, help="consecutive calls captured")
+    parser.add_argument(
+        "--profiles",
+        type=Path,
+        help="keep each code's callgrind profile here (read it with callgrind_annotate --inclusive=yes)",
+    )
     args = parser.parse_args()
     if args.start < 1 or args.count < 1:
         raise SystemExit("--start and --count must be at least 1")
@@ -123,11 +128,14 @@ def main() -> None:
         console.print(
             f"captured {got} consecutive calls of {args.policy} from call {args.start} ({codes[0]})"
         )
-        for code in codes:
+        if args.profiles is not None:
+            args.profiles.mkdir(parents=True, exist_ok=True)
+        for n, code in enumerate(codes):
+            profile = "/dev/null" if args.profiles is None else str(args.profiles / f"callgrind.{n}")
             grind = [
                 "valgrind",
                 "--tool=callgrind",
-                "--callgrind-out-file=/dev/null",
+                f"--callgrind-out-file={profile}",
                 f"--toggle-collect={ENTRY}",
             ]
             output = run(code, DECIDE, str(snapshots), valgrind=grind)

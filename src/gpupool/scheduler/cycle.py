@@ -17,13 +17,8 @@ from gpupool.scheduler.allocate import Allocation
 from gpupool.scheduler.evict_search import Budget
 from gpupool.scheduler.prepare import GLOBAL
 from gpupool.scheduler.snapshot import Decisions, Eviction, PodPlacement, WorkloadView
-from gpupool.scheduler.state import EPSILON
+from gpupool.scheduler.state import EPSILON, GANG_LOST_STATES, LOST_STATES
 
-# A pod on a lost node is gone. A pod on an unhealthy node still runs: the health loop drains such a node's
-# work gracefully (checkpoint, then stop), and its own check jobs run there; only a gang, whose other pods
-# cannot go on without it, is restarted whole at once.
-LOST_STATES: Final = frozenset({"lost"})
-GANG_LOST_STATES: Final = frozenset({"lost", "unhealthy"})
 MAX_CONSOLIDATION_TRIES: Final = 8
 MAX_CONSOLIDATION_TARGETS: Final = 8  # nodes per pod considered for emptying
 
@@ -80,21 +75,23 @@ class Cycle(Allocation):
     # -- stale gangs ----------------------------------------------------------------------------------
 
     def stale_gang(self) -> None:
-        nodes = {n.name: n for n in self.snapshot.nodes}
+        state = self.state
+        nodes = state.nodes  # every node of the snapshot, by name, the last when a name repeats
         # Each node that running work (or a bind of this cycle, placed only on nodes in service) is on,
-        # once: when all are known and in service, only a gang missing pods is stale.
-        whole = all(
-            (node := nodes.get(name)) is not None and node.state not in GANG_LOST_STATES
+        # once: when all are known and in service, only a gang missing pods is stale (`_short`: those, in
+        # the order of the running work). The state counted when every node is.
+        whole = (not state.lost_nodes and not state.unknown_nodes) or all(
+            (node := nodes.get(name)) is not None and node.view.state not in GANG_LOST_STATES
             for name in self.by_node
         )
-        for w in self.snapshot.running:
+        for w in self._short if whole else self.snapshot.running:
             if w.stopping or (whole and len(w.placement) >= w.nodes):
                 continue
             gone = GANG_LOST_STATES if len(w.placement) > 1 else LOST_STATES
             lost: list[str] = []
             for pod in w.placement:
                 node = nodes.get(pod.node)
-                if node is None or node.state in gone:
+                if node is None or node.view.state in gone:
                     lost.append(pod.node)
             if lost or len(w.placement) < w.nodes:
                 where = ", ".join(sorted(set(lost))) or "a missing pod"

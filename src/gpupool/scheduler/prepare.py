@@ -26,7 +26,7 @@ from gpupool.scheduler.snapshot import (
     Snapshot,
     WorkloadView,
 )
-from gpupool.scheduler.state import EPSILON, ClusterState, NodeState, Reservation, Sums
+from gpupool.scheduler.state import EPSILON, ClusterState, Loaded, NodeState, QueueSums, Reservation, Sums
 
 ACTIONS: Final = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
 PLACEMENTS: Final = ("binpack", "spread", "fragmentation")
@@ -105,27 +105,72 @@ class Prepared:
         self.now = now
         self.decisions = Decisions()
         queues = {q.name: q for q in snapshot.queues}
-        unknown: set[str] = set()
-        for workloads in (snapshot.pending, snapshot.running):
-            for w in workloads:
-                if w.queue not in queues:
-                    unknown.add(w.queue)
-        for name in sorted(unknown):
+        # One pass over the work: each queue's sums (see QueueSums) and each node's running work.
+        sums: dict[str, QueueSums] = {}
+        for w in snapshot.pending:
+            row = sums.get(w.queue)
+            if row is None:
+                row = sums[w.queue] = QueueSums()
+            row.demand.add(w)
+        loaded: Loaded = []
+        short: list[WorkloadView] = []  # running work with fewer pods placed than it has (see stale_gang)
+        # running single-pod work that may be evicted, by node, the nodes in the order it first reaches them
+        # (see Victims._victim_groups)
+        singles: dict[str, list[WorkloadView]] = {}
+        self.by_node: dict[str, list[WorkloadView]] = {}
+        by_node = self.by_node
+        for w in snapshot.running:
+            queue = w.queue
+            row = sums.get(queue)
+            if row is None:
+                row = sums[queue] = QueueSums()
+            pods = w.nodes
+            gpu = w.gpus.count * pods  # as Sums.add sums them
+            cpu = w.cpus * pods
+            memory = w.memory_bytes * pods
+            demand = row.demand
+            demand.gpu += gpu
+            demand.cpu += cpu
+            demand.memory += memory
+            if not w.stopping:
+                if w.preemptible:
+                    part = row.preemptible
+                    if part is None:
+                        part = row.preemptible = Sums()
+                        loaded.append((queue, True, part))
+                else:
+                    part = row.other
+                    if part is None:
+                        part = row.other = Sums()
+                        loaded.append((queue, False, part))
+                part.gpu += gpu
+                part.cpu += cpu
+                part.memory += memory
+            placement = w.placement
+            if len(placement) < pods:
+                short.append(w)
+            if len(placement) == 1 and w.preemptible and not w.stopping:
+                name = placement[0].node
+                group = singles.get(name)
+                if group is None:
+                    group = singles[name] = []
+                group.append(w)
+            for pod in placement:
+                on_node = by_node.get(pod.node)
+                if on_node is None:
+                    on_node = by_node[pod.node] = []
+                on_node.append(w)
+        self._sums = sums
+        self._short = short
+        self._singles = singles
+        for name in sorted(name for name in sums if name not in queues):
             queues[name] = QueueView(name)  # work in an unknown queue: a queue with no quota
         self.queues = queues
         # whether any queue sets a minimum runtime above zero (else work is old enough once it started)
         self._floors = any(
             (q.min_runtime_preempt or 0.0) > 0 or (q.min_runtime_reclaim or 0.0) > 0 for q in queues.values()
         )
-        self.by_node: dict[str, list[WorkloadView]] = {}
-        by_node = self.by_node
-        for w in snapshot.running:
-            for pod in w.placement:
-                on_node = by_node.get(pod.node)
-                if on_node is None:
-                    on_node = by_node[pod.node] = []
-                on_node.append(w)
-        self.state = ClusterState(snapshot.nodes, queues.values(), snapshot.running, by_node)
+        self.state = ClusterState(snapshot.nodes, queues.values(), snapshot.running, by_node, loaded)
         state = self.state
         # the nodes' own, before running work
         self._capacity = (state.capacity_gpu, state.capacity_cpu, state.capacity_memory)
@@ -193,15 +238,9 @@ class Prepared:
 
     def _fair_shares(self) -> dict[str, dict[str, float]]:
         capacity = dict(zip(RESOURCES, self._capacity, strict=True))
-        sums: dict[str, Sums] = {}
-        for workloads in (self.snapshot.pending, self.snapshot.running):
-            for w in workloads:
-                row = sums.get(w.queue)
-                if row is None:
-                    row = sums[w.queue] = Sums()
-                row.add(w)
         demand = {
-            queue: {"gpu": row.gpu, "cpu": row.cpu, "memory": row.memory} for queue, row in sums.items()
+            queue: {"gpu": row.demand.gpu, "cpu": row.demand.cpu, "memory": row.demand.memory}
+            for queue, row in self._sums.items()
         }
         asked = _Shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
         # The last cycle's shares serve when its queues (the same objects), demand, capacity and usage

@@ -20,6 +20,11 @@ from gpupool.scheduler.snapshot import RESOURCES, NodeView, PodPlacement, QueueV
 
 EPSILON: Final = 1e-9
 MIXED: Final = "*"
+# A pod on a lost node is gone. A pod on an unhealthy node still runs: the health loop drains such a node's
+# work gracefully (checkpoint, then stop), and its own check jobs run there; only a gang, whose other pods
+# cannot go on without it, is restarted whole at once.
+LOST_STATES: Final = frozenset({"lost"})
+GANG_LOST_STATES: Final = frozenset({"lost", "unhealthy"})
 
 
 class NodeState:
@@ -104,6 +109,42 @@ class Sums:
         self.gpu += w.gpus.count * w.nodes
         self.cpu += w.cpus * w.nodes
         self.memory += w.memory_bytes * w.nodes
+
+
+class QueueSums:
+    """One queue's work, summed in a cycle's first pass over the snapshot: all of it, pending and running
+    (its demand, for fair shares), and its running work that is not stopping, preemptible and not (what the
+    state accounts to it, see `ClusterState`)."""
+
+    __slots__ = ("demand", "other", "preemptible")
+
+    def __init__(self) -> None:
+        self.demand = Sums()
+        self.preemptible: Sums | None = None
+        self.other: Sums | None = None
+
+
+# Running work's sums by (queue, preemptible), in the order the pairs first appear (see `running_sums`).
+Loaded = list[tuple[str, bool, Sums]]
+
+
+def running_sums(workloads: Iterable[WorkloadView]) -> Loaded:
+    """Each queue's running work that is not stopping, preemptible and not, summed in the order the pairs
+    first appear."""
+    totals: Loaded = []
+    # queue -> its sums, of preemptible work and of the rest (two names: a tuple indexed by a variable
+    # would be built as an object for each workload, compiled)
+    preemptible_rows: dict[str, Sums] = {}
+    other_rows: dict[str, Sums] = {}
+    for workload in workloads:
+        if not workload.stopping:
+            rows = preemptible_rows if workload.preemptible else other_rows
+            row = rows.get(workload.queue)
+            if row is None:
+                row = rows[workload.queue] = Sums()
+                totals.append((workload.queue, workload.preemptible, row))
+            row.add(workload)
+    return totals
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,9 +372,11 @@ class ClusterState:
         queues: Iterable[QueueView],
         running: Iterable[WorkloadView] = (),
         by_node: dict[str, list[WorkloadView]] | None = None,
+        loaded: Loaded | None = None,
     ) -> None:
         """The state of `nodes` with the `running` work loaded: `by_node` holds each node's running work, the
-        nodes in the order the workloads first reach them, a workload once per pod it has there."""
+        nodes in the order the workloads first reach them, a workload once per pod it has there; `loaded`,
+        when the caller has summed it already, is `running_sums(running)`."""
         self.nodes: dict[str, NodeState] = {}
         # GPUs, CPUs, memory of schedulable nodes, before running work
         self.capacity_gpu = 0.0
@@ -359,12 +402,14 @@ class ClusterState:
         self.evicted: dict[int, str] = {}
         # Spread groups' members placed (+1) or taken off (-1) this cycle, by group and node (see `spread`).
         self.group_moves: dict[int, dict[str, int]] = {}
+        self.lost_nodes = 0  # nodes lost or unhealthy (GANG_LOST_STATES)
+        self.unknown_nodes = 0  # nodes that running work is on but the snapshot lacks
         queues = list(queues)
         self.parents = {q.name: q.parent for q in queues}
         self.chains: dict[str, tuple[str, ...]] = {q.name: self._chain(q.name) for q in queues}
         self.alloc: dict[str, list[float]] = {q.name: [0.0, 0.0, 0.0] for q in queues}
         self.alloc_np: dict[str, list[float]] = {q.name: [0.0, 0.0, 0.0] for q in queues}
-        self._load_queues(running)
+        self._load_queues(running_sums(running) if loaded is None else loaded)
         self._add_nodes(nodes, by_node if by_node is not None else {})
 
     # -- construction ---------------------------------------------------------------------------------
@@ -425,8 +470,11 @@ class ClusterState:
         nodes = self.nodes
         free_total = 0.0
         parked = _POOL.take()
+        lost = 0
         for view in views:
             name = view.name
+            if view.state in GANG_LOST_STATES:
+                lost += 1
             on_node = by_node.get(name)
             node = parked.get(name)
             if (
@@ -445,10 +493,12 @@ class ClusterState:
                 _bucket(self.buckets, t.model, t.whole)  # its keys, made as indexing it now would
             else:
                 _enter(self.buckets, self.partial_nodes, self.holding_by_count, nodes[name])
+        self.lost_nodes = lost
         touched: list[NodeState] = []
         for name, on_node in by_node.items():
             node = nodes.get(name)
             if node is None:
+                self.unknown_nodes += 1
                 continue
             touched.append(node)
             if node.schedulable:
@@ -545,22 +595,8 @@ class ClusterState:
                 domain.held -= node.held_sum
                 _leave(domain.buckets, domain.partial_nodes, domain.holding_by_count, node, holding)
 
-    def _load_queues(self, workloads: Iterable[WorkloadView]) -> None:
-        """Account the running workloads of the snapshot to their queues (no undo)."""
-        # each queue's running work, preemptible and not, summed in the order the pairs first appear
-        totals: list[tuple[str, bool, Sums]] = []
-        # queue -> its sums, of preemptible work and of the rest (two names: a tuple indexed by a variable
-        # would be built as an object for each workload, compiled)
-        preemptible_rows: dict[str, Sums] = {}
-        other_rows: dict[str, Sums] = {}
-        for workload in workloads:
-            if not workload.stopping:
-                rows = preemptible_rows if workload.preemptible else other_rows
-                row = rows.get(workload.queue)
-                if row is None:
-                    row = rows[workload.queue] = Sums()
-                    totals.append((workload.queue, workload.preemptible, row))
-                row.add(workload)
+    def _load_queues(self, totals: Loaded) -> None:
+        """Account the running workloads of the snapshot to their queues, from their sums (no undo)."""
         for queue, preemptible, row in totals:
             for name in self.chain(queue):
                 for target in (self.alloc[name], None if preemptible else self.alloc_np[name]):

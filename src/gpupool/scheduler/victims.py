@@ -186,17 +186,25 @@ class Victims(Prepared):
         if self._groups is None:
             groups: dict[str, list[WorkloadView]] = {}
             nodes = self.state.nodes
-            for v in self.snapshot.running:
-                if len(v.placement) != 1 or not self._evictable(v):
-                    continue
-                name = v.placement[0].node
-                group = groups.get(name)  # made only for a schedulable node
-                if group is None:
+            if not self.state.evicted:
+                # Nothing evicted yet: the victims are the running work `Prepared` grouped by node in its
+                # pass (`_singles`, the nodes in the same order), on the nodes that are schedulable.
+                for name, group in self._singles.items():
                     node = nodes.get(name)
-                    if node is None or not node.schedulable:
+                    if node is not None and node.schedulable:
+                        groups[name] = group
+            else:
+                for v in self.snapshot.running:
+                    if len(v.placement) != 1 or not self._evictable(v):
                         continue
-                    group = groups[name] = []
-                group.append(v)
+                    name = v.placement[0].node
+                    found = groups.get(name)  # made only for a schedulable node
+                    if found is None:
+                        node = nodes.get(name)
+                        if node is None or not node.schedulable:
+                            continue
+                        found = groups[name] = []
+                    found.append(v)
             # This cycle's own binds give way first: they lose no work and nothing needs stopping.
             for v in self._binds_as_victims(gangs=False):
                 groups.setdefault(v.placement[0].node, []).append(v)
