@@ -432,11 +432,23 @@ class Cycle(Allocation):
         """Each queue's lowest victim priority (built once a cycle)."""
         if self._lowest is None:
             lowest: dict[str, int] = {}
-            for victims in self._victim_groups().values():
-                for v in victims:
+            groups = self._victim_groups()
+            if self._singles_whole:
+                # The victims are all that `Prepared` grouped (each queue's lowest counted in its pass) and
+                # this cycle's binds.
+                for queue, row in self._sums.items():
+                    if row.lowest is not None:
+                        lowest[queue] = row.lowest
+                for v in self._bind_victims:
                     low = lowest.get(v.queue)
                     if low is None or v.priority < low:
                         lowest[v.queue] = v.priority
+            else:
+                for victims in groups.values():
+                    for v in victims:
+                        low = lowest.get(v.queue)
+                        if low is None or v.priority < low:
+                            lowest[v.queue] = v.priority
             self._lowest = lowest
         return self._lowest
 

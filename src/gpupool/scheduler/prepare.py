@@ -155,6 +155,9 @@ class Prepared:
                 if group is None:
                     group = singles[name] = []
                 group.append(w)
+                lowest = row.lowest
+                if lowest is None or w.priority < lowest:
+                    row.lowest = w.priority
             for pod in placement:
                 on_node = by_node.get(pod.node)
                 if on_node is None:
@@ -163,6 +166,10 @@ class Prepared:
         self._sums = sums
         self._short = short
         self._singles = singles
+        # whether the victims (see Victims._victim_groups) are all of `singles` and this cycle's binds
+        # (`_bind_victims`), once taken
+        self._singles_whole = False
+        self._bind_victims: list[WorkloadView] = []
         for name in sorted(name for name in sums if name not in queues):
             queues[name] = QueueView(name)  # work in an unknown queue: a queue with no quota
         self.queues = queues

@@ -189,10 +189,14 @@ class Victims(Prepared):
             if not self.state.evicted:
                 # Nothing evicted yet: the victims are the running work `Prepared` grouped by node in its
                 # pass (`_singles`, the nodes in the same order), on the nodes that are schedulable.
+                whole = True
                 for name, group in self._singles.items():
                     node = nodes.get(name)
                     if node is not None and node.schedulable:
                         groups[name] = group
+                    else:
+                        whole = False
+                self._singles_whole = whole
             else:
                 for v in self.snapshot.running:
                     if len(v.placement) != 1 or not self._evictable(v):
@@ -206,7 +210,8 @@ class Victims(Prepared):
                         found = groups[name] = []
                     found.append(v)
             # This cycle's own binds give way first: they lose no work and nothing needs stopping.
-            for v in self._binds_as_victims(gangs=False):
+            binds = self._bind_victims = self._binds_as_victims(gangs=False)
+            for v in binds:
                 groups.setdefault(v.placement[0].node, []).append(v)
             self._groups = groups
         return self._groups
