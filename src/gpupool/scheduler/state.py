@@ -270,9 +270,9 @@ _LOADED: Final[dict[str, _Loaded]] = {}
 
 
 class _Pool:
-    """The nodes that the last cycle left unchanged, by name (see ClusterState.park). A cycle takes them all
-    at once (two cycles at once never share one) and uses those whose view and running work are the same;
-    the next cycle gets only what the last one left."""
+    """The last cycle's nodes, by name (see ClusterState.park). A cycle takes them all at once (two cycles
+    at once never share one) and uses those that the last cycle left unchanged (not `dirty`) and whose
+    view and running work are the same; the next cycle gets only what the last one left."""
 
     __slots__ = ("nodes",)
 
@@ -481,7 +481,9 @@ class ClusterState:
             node = parked.get(name)
             if (
                 node is not None
+                and not node.dirty
                 and node.view is view
+                and node.name == name
                 and (same_work(node.workloads, on_node) if on_node is not None else not node.workloads)
             ):
                 del parked[name]  # a view listed twice gets a node of its own
@@ -523,13 +525,9 @@ class ClusterState:
             self._index(node)
 
     def park(self) -> None:
-        """The cycle is over: leave its unchanged nodes for the next cycle to take (see `_add_nodes`).
-        Nothing of this state may be used after."""
-        unchanged: dict[str, NodeState] = {}
-        for name, node in self.nodes.items():
-            if not node.dirty and node.name == name:
-                unchanged[name] = node
-        _POOL.nodes = unchanged
+        """The cycle is over: leave its nodes for the next cycle to take those it left unchanged (see
+        `_add_nodes`). Nothing of this state may be used after."""
+        _POOL.nodes = self.nodes
 
     def track(self, label: str) -> dict[str, Domain]:
         """The domains of `label` (values on schedulable nodes), kept current from now on."""
