@@ -21,6 +21,7 @@ from gpupool.scheduler.snapshot import (
     Decisions,
     Eviction,
     Explanation,
+    NodeView,
     PodPlacement,
     QueueView,
     Snapshot,
@@ -74,6 +75,22 @@ class _Remembered:
 
 
 _LAST_SHARES: Final = _Remembered()
+
+
+class _NodeAnswers:
+    """Whether work of a shape can never fit (see Allocation._never_keyed), by shape: answers that depend on
+    the snapshot's nodes alone, kept while callers pass the very same tuple of node views (the simulator
+    does, cycle after cycle; the control loop builds new views, and starts afresh each cycle). Bounded."""
+
+    __slots__ = ("never", "nodes")
+
+    def __init__(self) -> None:
+        self.nodes: tuple[NodeView, ...] | None = None
+        self.never: dict[tuple[object, ...], Explanation | None] = {}
+
+
+_NODE_ANSWERS: Final = _NodeAnswers()
+MAX_NODE_ANSWERS: Final = 10_000
 
 
 class ConfigError(ValueError):
@@ -198,7 +215,10 @@ class Prepared:
         self._ids_unique = len(self.unplaced) == len(snapshot.pending)
         # shape -> why placing failed, in the state's generation, under the reservation then in force
         self.failed: dict[tuple[object, ...], tuple[int, Explanation, Reservation | None]] = {}
-        self._never: dict[tuple[object, ...], Explanation | None] = {}
+        answers = _NODE_ANSWERS
+        if answers.nodes is not snapshot.nodes or len(answers.never) >= MAX_NODE_ANSWERS:
+            answers.nodes, answers.never = snapshot.nodes, {}
+        self._never = answers.never
         # the last workload _never_fits answered for, and its answer
         self._never_last_asked: WorkloadView | None = None
         self._never_last: Explanation | None = None
