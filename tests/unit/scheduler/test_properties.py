@@ -14,6 +14,7 @@ from gpupool.scheduler import ordering as scheduler_ordering
 from gpupool.scheduler import prepare as scheduler_prepare
 from gpupool.scheduler import state as scheduler_state
 from gpupool.scheduler import victims as scheduler_victims
+from gpupool.scheduler.cycle import Cycle
 from gpupool.scheduler.prepare import Prepared
 from gpupool.scheduler.snapshot import Decisions, Snapshot, WorkloadView
 from gpupool.scheduler.state import ClusterState
@@ -290,9 +291,9 @@ def test_a_cycle_decides_as_a_first_cycle_would(
     snapshot: Snapshot, steps: list[int], data: st.DataObject
 ) -> None:
     """What cycles remember for the next (nodes they left unchanged, loaded nodes, victim and pending
-    orders, fair shares) changes no answer: cycle after cycle, each snapshot the last one with its
-    decisions applied, some running work finished and the clock moved on, as in a replay, decides as it
-    does with nothing remembered."""
+    orders, fair shares, what can never fit) changes no answer: cycle after cycle, each snapshot the last
+    one with its decisions applied, some running work finished and the clock moved on, as in a replay,
+    decides as it does with nothing remembered."""
     current = snapshot
     for step in sorted(steps):
         now = NOW + step
@@ -311,6 +312,7 @@ def _forget() -> None:
     scheduler_victims._by_first([])  # an empty order remembered: the next is made afresh
     scheduler_ordering._LAST.clear()
     scheduler_prepare._LAST_SHARES.last = None
+    scheduler_prepare._NODE_ANSWERS.nodes = None
 
 
 def apply(snapshot: Snapshot, decisions: Decisions, now: float = NOW) -> Snapshot:
@@ -409,3 +411,94 @@ def test_nodes_indexed_once_loaded_are_the_nodes_indexed_then_loaded_one_by_one(
     for node in touched:
         state._index(node)
     assert _contents(prepared.state) == _contents(state)
+
+
+@BOUNDED
+@given(snapshots(), st.booleans())
+def test_victims_taken_in_the_first_pass_are_those_a_walk_of_the_running_work_finds(
+    snapshot: Snapshot, evict_first: bool
+) -> None:
+    """`Prepared` groups the evictable single-pod work by node, and counts each queue's lowest priority
+    among it, in its one pass over the snapshot; the victims a cycle takes from there (with nothing evicted
+    yet) and their lowest priorities are those that walking the running work when first asked gives: the
+    single-pod work, preemptible, not stopping nor evicted, on schedulable nodes, the nodes in the order
+    that work first reaches them, then the cycle's own binds."""
+    cycle = Cycle(snapshot, NOW)
+    cycle.stale_gang()
+    if evict_first:  # then the pass's groups may not serve: the walk is made
+        for w in snapshot.running:
+            if w.preemptible and not w.stopping:
+                cycle._evict(w, "preempt", "a test")
+                break
+    cycle.allocate()  # binds so far are victims too
+    walked: dict[str, list[WorkloadView]] = {}
+    for v in snapshot.running:
+        if len(v.placement) != 1 or not cycle._evictable(v):
+            continue
+        node = cycle.state.nodes.get(v.placement[0].node)
+        if node is not None and node.schedulable:
+            walked.setdefault(node.name, []).append(v)
+    binds = cycle._binds_as_victims(gangs=False)
+    for v in binds:
+        walked.setdefault(v.placement[0].node, []).append(v)
+    groups = cycle._victim_groups()
+    assert list(groups) == list(walked)
+    assert {name: [v.id for v in vs] for name, vs in groups.items()} == {
+        name: [v.id for v in vs] for name, vs in walked.items()
+    }
+    lowest: dict[str, int] = {}
+    for vs in walked.values():
+        for v in vs:
+            lowest[v.queue] = min(lowest.get(v.queue, v.priority), v.priority)
+    assert cycle._lowest_victims() == lowest
+
+
+def test_each_queues_lowest_victim_priority_is_the_lowest_of_all_its_victims() -> None:
+    """The pass counts the lowest priority whatever order the work comes in (higher first here), and only
+    over the work that may be evicted (not the non-preemptible work at priority 1, nor stopping work)."""
+    scenario = parse_scenario(
+        {
+            "description": "lowest victims",
+            "nodes": [{"name": "n1", "gpus": 4}, {"name": "n2", "gpus": 4}],
+            "queues": [{"name": "a", "gpu": 4}, {"name": "b", "gpu": 4}],
+            "running": [
+                {"id": 1, "queue": "a", "gpus": 1, "on": {"n1": [0]}, "priority": 50, "start": 0},
+                {"id": 2, "queue": "a", "gpus": 1, "on": {"n2": [0]}, "priority": 10, "start": 0},
+                {"id": 3, "queue": "a", "gpus": 1, "on": {"n1": [1]}, "priority": 100, "start": 0},
+                {"id": 4, "queue": "b", "gpus": 1, "on": {"n2": [1]}, "priority": 1, "preemptible": False},
+                {"id": 5, "queue": "b", "gpus": 1, "on": {"n1": [2]}, "priority": 70, "start": 0},
+                {"id": 6, "queue": "b", "gpus": 1, "on": {"n2": [2]}, "priority": 60, "start": 0},
+            ],
+            "pending": [],
+            "expect": {"binds": {}, "evictions": {}},
+        },
+        "lowest_victims",
+    )
+    cycle = Cycle(scenario.snapshot, scenario.now)
+    assert cycle._lowest_victims() == {"a": 10, "b": 60}
+    assert {name: [v.id for v in vs] for name, vs in cycle._victim_groups().items()} == {
+        "n1": [1, 3, 5],
+        "n2": [2, 6],
+    }
+
+
+def test_a_gang_missing_a_pod_on_a_healthy_pool_is_restarted_whole() -> None:
+    """With every node known and ready, stale-gang cleanup looks only at the gangs the pass found lacking
+    pods: a two-pod gang that has one placed is evicted whole; work beside it stays."""
+    scenario = parse_scenario(
+        {
+            "description": "missing pod",
+            "nodes": [{"name": "n1", "gpus": 8}, {"name": "n2", "gpus": 8}],
+            "running": [
+                {"id": 1, "on": {"n1": "0-3", "n2": "0-3"}},
+                {"id": 2, "gpus": 1, "on": {"n2": [7]}},
+            ],
+            "expect": {"binds": {}, "evictions": {}},
+        },
+        "missing_pod",
+    )
+    gang, single = scenario.snapshot.running
+    snapshot = replace(scenario.snapshot, running=(replace(gang, placement=gang.placement[:1]), single))
+    decisions = decide(snapshot, scenario.now)
+    assert [(e.workload_id, e.code) for e in decisions.evictions] == [(1, "stale-gang")]
+    assert "a missing pod" in decisions.evictions[0].reason
