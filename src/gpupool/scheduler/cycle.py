@@ -324,11 +324,27 @@ class Cycle(Allocation):
         """The GPUs of the victims reclaim could take at all (past their queue's minimum runtime for
         reclaim), by queue, then by node."""
         out: dict[str, dict[str, float]] = {}
+        nodes: dict[str, float] = {}
         for name, victims in index.items():
+            # A node's victims mostly come in runs of one queue: each run's GPUs are added up unboxed, in
+            # the same order as adding each victim's to the queue's row.
+            queue: str | None = None
+            total = 0.0
             for v in victims:
-                if self._old_enough(v, "reclaim"):
-                    nodes = out.setdefault(v.queue, {})
-                    nodes[name] = nodes.get(name, 0.0) + v.gpus.count
+                if not self._old_enough(v, "reclaim"):
+                    continue
+                if v.queue != queue:
+                    if queue is not None:
+                        nodes[name] = total
+                    queue = v.queue
+                    found = out.get(queue)
+                    if found is None:
+                        found = out[queue] = {}
+                    nodes = found
+                    total = nodes.get(name, 0.0)
+                total += v.gpus.count
+            if queue is not None:
+                nodes[name] = total
         return out
 
     def _reclaimable(
