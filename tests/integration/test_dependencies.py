@@ -63,12 +63,19 @@ def test_a_pipeline_runs_each_step_after_the_one_before_succeeded(
     assert f"after: {train['id']} succeeded" in shown.stdout, shown.stdout
 
 
-def test_work_after_a_failure_is_cancelled_with_the_chain_behind_it(server: ServerProcess) -> None:
-    first = server.submit({"name": "flaky", "commands": ["sleep 0.5", "exit 3"]})
+def test_work_after_a_failure_is_cancelled_with_the_chain_behind_it(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    # `flaky` fails once the work after it is submitted (ended before, that work would be refused at submit).
+    gate = job_dir / "gate"
+    first = server.submit(
+        {"name": "flaky", "commands": [f'while [ ! -e "{gate}" ]; do sleep 0.05; done', "exit 3"]}
+    )
     on_success = server.submit({"name": "next", "commands": ["true"], "after": [first["id"]]})
     behind = server.submit({"name": "last", "commands": ["true"], "after": [on_success["id"]]})
     cleanup = server.submit({"name": "cleanup", "commands": ["true"], "after": [f"failed:{first['id']}"]})
     report = server.submit({"name": "report", "commands": ["true"], "after": [f"ended:{first['id']}"]})
+    gate.touch()
     assert server.wait_for(first["id"])["state"] == "failed"
     cancelled = server.wait_for(on_success["id"])
     assert cancelled["state"] == "cancelled" and cancelled["attempts"] == 0
