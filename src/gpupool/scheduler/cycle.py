@@ -455,16 +455,10 @@ class Cycle(Allocation):
                 for queue, row in self._sums.items():
                     if row.lowest is not None:
                         lowest[queue] = row.lowest
-                for v in self._bind_victims:
-                    low = lowest.get(v.queue)
-                    if low is None or v.priority < low:
-                        lowest[v.queue] = v.priority
+                _lower(lowest, self._bind_victims)
             else:
                 for victims in groups.values():
-                    for v in victims:
-                        low = lowest.get(v.queue)
-                        if low is None or v.priority < low:
-                            lowest[v.queue] = v.priority
+                    _lower(lowest, victims)
             self._lowest = lowest
         return self._lowest
 
@@ -560,6 +554,14 @@ class Cycle(Allocation):
             self.decisions.evictions.append(Eviction(v.id, "consolidate", why, w.id))
         self._waiting(w, [v.id for v in moved], placed)
         return True
+
+
+def _lower(lowest: dict[str, int], victims: list[WorkloadView]) -> None:
+    """Lower each queue's entry in `lowest` to the priority of any of its `victims` below it."""
+    for v in victims:
+        low = lowest.get(v.queue)
+        if low is None or v.priority < low:
+            lowest[v.queue] = v.priority
 
 
 def _below(
