@@ -58,7 +58,8 @@ def metrics_from_a_real_server(out: Path) -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     home = Path(tempfile.mkdtemp(prefix="gpupool-hc-"))
-    env = {**os.environ, "GPUPOOL_HOME": str(home), "PYTHONPATH": str(REPO / "src")}
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "GPUPOOL_HOME": str(home), "PYTHONPATH": path}  # carried wheels stay on the path
     argv = [sys.executable, "-m", "gpupool.main", "server", "--port", str(port), "--gpus", "nvml"]
     with open(out / "server.log", "wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
