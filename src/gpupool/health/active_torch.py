@@ -3,7 +3,8 @@
 Prints one JSON object (the shape of `checks.ActiveResult`) on stdout; progress goes to stderr.
 - gemm: BF16 matmul TFLOPS per GPU (bench.gemm_torch.run_gemm; 8192^3 quick, 16384^3 full).
 - h2d / d2h: pinned host memory to and from each GPU, 1 GiB quick / 4 GiB full, GB/s = 1e9 B/s.
-- memtest: fills 1 GiB (quick) or a third of the free memory (full) with two patterns and counts mismatches.
+- memtest: fills 1 GiB (quick) or 90% of the free memory (full) with two bit patterns, then each word's
+  index, and counts mismatches, 256 MiB compared at a time.
 - allreduce (full, 2+ GPUs): `gpupool bench collective --op all_reduce` at 1 GiB over NCCL; best busbw.
 """
 
@@ -17,6 +18,8 @@ import sys
 from typing import Any
 
 GIB = 1 << 30
+CHUNK = 256 << 20  # bytes of the memory test compared at a time
+FULL_MEMTEST_SHARE = 0.9  # of the memory free once the other checks' buffers are released
 
 
 def _copy_gbps(device: Any, nbytes: int, to_device: bool, iters: int = 5) -> float:
@@ -37,21 +40,28 @@ def _copy_gbps(device: Any, nbytes: int, to_device: bool, iters: int = 5) -> flo
     return nbytes * iters / seconds / 1e9
 
 
-def _memtest(device: Any, nbytes: int) -> int:
+def _memtest(device: Any, nbytes: int, chunk_bytes: int = CHUNK) -> int:
+    """Mismatched 8-byte words after writing two bit patterns, then every word's own index, over one buffer
+    of `nbytes`. Compared `chunk_bytes` at a time, so the comparison's temporaries stay that small whatever
+    the buffer's size (comparing the whole buffer at once made a bool and an int64 copy of it: the full
+    check, a third of an H200's free memory, ran out of memory on a healthy GPU)."""
     import torch
 
-    words = nbytes // 8
+    words, step = nbytes // 8, max(1, chunk_bytes // 8)
     buf = torch.empty(words, dtype=torch.int64, device=device)
-    errors = 0
+    errors = torch.zeros((), dtype=torch.int64, device=device)
+    spans = [(start, min(start + step, words)) for start in range(0, words, step)]
     for pattern in (0x5555555555555555, -0x5555555555555556):  # 0101... then 1010...
         buf.fill_(pattern)
-        torch.cuda.synchronize(device)
-        errors += int((buf != pattern).sum().item())
-    ramp = torch.arange(words, dtype=torch.int64, device=device)  # every word its own address
-    buf.copy_(ramp)
-    torch.cuda.synchronize(device)
-    errors += int((buf != ramp).sum().item())
-    return errors
+        for start, end in spans:
+            errors += torch.count_nonzero(buf[start:end] != pattern)
+    for start, end in spans:  # the whole buffer written before any of it is read: catches aliased addresses
+        torch.arange(start, end, dtype=torch.int64, device=device, out=buf[start:end])
+    for start, end in spans:
+        errors += torch.count_nonzero(
+            buf[start:end] != torch.arange(start, end, dtype=torch.int64, device=device)
+        )
+    return int(errors.item())
 
 
 def _allreduce_busbw(nbytes: int) -> float | None:
@@ -98,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             row["gemm_tflops"] = round(max(r.tflops for r in rows), 1)
             row["h2d_gbps"] = round(_copy_gbps(device, copy_bytes, to_device=True), 2)
             row["d2h_gbps"] = round(_copy_gbps(device, copy_bytes, to_device=False), 2)
+            torch.cuda.empty_cache()  # the GEMM's and copies' cached blocks back to the free memory
             free, _total = torch.cuda.mem_get_info(device)
-            row["memtest_errors"] = _memtest(device, free // 3 if full else GIB)  # buffer + ramp
+            row["memtest_errors"] = _memtest(device, int(free * FULL_MEMTEST_SHARE) if full else GIB)
         except Exception as exc:  # a broken GPU must be reported, not crash the other GPUs' checks
             row["error"] = f"{type(exc).__name__}: {exc}"
         gpus.append(row)
