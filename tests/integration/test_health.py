@@ -144,7 +144,7 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     # stays out and the job waits.
     failed = until("a failed recheck", lambda: (h := health(server)).get("active") and h)
     assert failed["active"]["health"] == "unhealthy"
-    assert "GPU 3: BF16 GEMM 396 TFLOPS < 692" in failed["active"]["evidence"]
+    assert "GPU 3: BF16 GEMM 396 TFLOPS < 593" in failed["active"]["evidence"]
     check = check_job(server, failed["active"]["job"], "node-1", 8)
     assert "  395.6  " in server.cli("logs", str(check["id"]), check=True).stdout  # GPU 3 at half speed
     failed_check_of_an_unhealthy_node(server, "node-1")
@@ -271,11 +271,11 @@ def test_on_two_agent_nodes_xid_79_drains_one_and_the_job_resumes_on_the_other_f
         # Its agent runs the active checks every 2 s: GPU 0 computes at half speed, so the node stays out.
         failed = until("a failed recheck", lambda: (h := agent_health(sick_name)).get("active") and h)
         assert failed["active"]["health"] == "unhealthy"
-        assert "GPU 0: BF16 GEMM 396 TFLOPS < 692" in failed["active"]["evidence"]
+        assert "GPU 0: BF16 GEMM 396 TFLOPS < 593" in failed["active"]["evidence"]
         assert failed["active"]["result"]["runner"] == "simulated"
         check_job(server, failed["active"]["job"], sick_name, 1)  # ran on the sick node, through its agent
         ran = failed_check_of_an_unhealthy_node(server, sick_name)
-        assert "BF16 GEMM 396 TFLOPS < 692" in ran.stdout and "check job" in ran.stdout, ran.stdout
+        assert "BF16 GEMM 396 TFLOPS < 593" in ran.stdout and "check job" in ran.stdout, ran.stdout
         time.sleep(3)  # and its scheduled rechecks
         assert out_of_service(agent_node(sick_name))
 
@@ -367,7 +367,7 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
         sick = until(
             "agent-0 out of service", lambda: (n := pool.nodes()["agent-0"])["state"] == "unhealthy" and n
         )
-        assert "GPU 0: BF16 GEMM 396 TFLOPS < 692" in sick["health_evidence"]
+        assert "GPU 0: BF16 GEMM 396 TFLOPS < 593" in sick["health_evidence"]
         assert pool.nodes()["agent-1"]["state"] in ("ready", "cordoned")
         with server.http() as client:
             metrics = client.get("/metrics").text

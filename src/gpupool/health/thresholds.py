@@ -7,8 +7,11 @@ Seeded from Azure's published node health checks (github.com/Azure/azurehpc-heal
 - ND H100 v5 (`nd96isr_h100_v5.conf`): `check_gpu_bw 48 335` (host<->device 48 GB/s, peer 335 GB/s),
   `check_nccl_allreduce 460.0`.
 - ND H200 v5 (`nd96isr_h200_v5.conf`): `check_gpu_bw 48 335`, `check_nccl_allreduce 431.0`.
-GEMM: at least 70% of the catalog's dense BF16 peak (gpupool.gpu.catalog), the target of `gpupool bench
-gemm` (docs/bench.md). Temperatures: warnings below NVIDIA's slowdown points (H100/H200 GPU slowdown near
+GEMM: at least 60% of the catalog's dense BF16 peak (gpupool.gpu.catalog). Not the bench's 70% target: the
+peak assumes the boost clock, and a healthy H200 measured here (docs/benchmarks.md, "On a GPU") gave 68 to
+70% at 16384^3, the size of the full check, held at its 700 W power cap (SM clock 1,380 to 1,500 MHz of
+1,980); a 70% floor would cordon healthy GPUs by chance. A GPU at half speed (a stuck clock, a failing
+part) still falls well below 60%. Temperatures: warnings below NVIDIA's slowdown points (H100/H200 GPU slowdown near
 90 C, HBM3 rated to 95 C). A model with no Azure figure is checked for GEMM, memory and temperature only.
 
 Override any field, per model or for every model, in a YAML file (`$GPUPOOL_HOME/health.yaml`, or the
@@ -41,7 +44,7 @@ class Thresholds:
 
     gpu_temp_warn_c: float = 85.0  # warning above this GPU temperature
     memory_temp_warn_c: float = 92.0  # warning above this HBM/GDDR temperature
-    gemm_min_fraction: float = 0.7  # active: BF16 GEMM TFLOPS at least this share of the dense peak
+    gemm_min_fraction: float = 0.6  # active: BF16 GEMM TFLOPS at least this share of the dense peak
     h2d_min_gbps: float | None = None  # active: host-to-device copy GB/s per GPU
     d2h_min_gbps: float | None = None  # active: device-to-host copy GB/s per GPU
     allreduce_min_busbw_gbps: float | None = None  # active, full level, 8 GPUs: all-reduce bus bandwidth

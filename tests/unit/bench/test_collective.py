@@ -133,6 +133,21 @@ def test_row_and_header_columns_line_up_as_in_nccl_tests() -> None:
     assert any("N/A columns: out-of-place" in h for h in header)
 
 
+def test_a_one_rank_table_says_what_its_bus_bandwidth_means() -> None:
+    # One GPU: busbw is 0 for all-reduce (factor 2(n-1)/n) and a no-op's GB/s for broadcast (factor 1);
+    # the table says so, in a comment line that nccl-tests parsers skip.
+    def said(op: str, nranks: int) -> list[str]:
+        header = header_lines(
+            OPS[op], nranks=nranks, min_bytes=8, max_bytes=1024, factor=2, warmup=5, iters=20,
+            blocking=False, backend="nccl", devices=[],
+        )  # fmt: skip
+        return [h for h in header if h.startswith("# One rank")]
+
+    assert "busbw is 0 by definition" in said("all_reduce", 1)[0]
+    assert "busbw equals algbw" in said("broadcast", 1)[0]
+    assert said("all_reduce", 2) == [] and said("broadcast", 8) == []
+
+
 def test_footer_has_the_average_bus_bandwidth_of_every_measured_cell() -> None:
     rows = [
         Row(8, 2, "float", "none", -1, Cell(1, 1, 1.0, 0), Cell(1, 1, 2.0, 0)),

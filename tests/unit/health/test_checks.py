@@ -171,7 +171,7 @@ def test_active_checks_pass_on_healthy_simulated_gpus_and_fail_a_slow_one() -> N
     gpus.inject_slowdown(2, 0.5)
     verdict = checks.active(runner.run("full"), CONFIG)
     assert verdict.health == checks.UNHEALTHY
-    assert "GPU 2: BF16 GEMM 396 TFLOPS < 692 (70% of the 989 TFLOPS H100 peak)" in verdict.evidence
+    assert "GPU 2: BF16 GEMM 396 TFLOPS < 593 (60% of the 989 TFLOPS H100 peak)" in verdict.evidence
     assert "GPU 2: host-to-device 27.5 GB/s < 48 GB/s" in verdict.evidence
     assert "8-GPU all-reduce busbw 240 GB/s < 460 GB/s" in verdict.evidence
 
