@@ -11,8 +11,9 @@ GEMM: at least 60% of the catalog's dense BF16 peak (gpupool.gpu.catalog). Not t
 peak assumes the boost clock, and a healthy H200 measured here (docs/benchmarks.md, "On a GPU") gave 68 to
 70% at 16384^3, the size of the full check, held at its 700 W power cap (SM clock 1,380 to 1,500 MHz of
 1,980); a 70% floor would cordon healthy GPUs by chance. A GPU at half speed (a stuck clock, a failing
-part) still falls well below 60%. Temperatures: warnings below NVIDIA's slowdown points (H100/H200 GPU slowdown near
-90 C, HBM3 rated to 95 C). A model with no Azure figure is checked for GEMM, memory and temperature only.
+part) still falls well below 60%. Temperatures: warnings below NVIDIA's slowdown points (H100/H200 GPU
+slowdown near 90 C, HBM3 rated to 95 C). A model with no Azure figure is checked for GEMM, memory and
+temperature only.
 
 Override any field, per model or for every model, in a YAML file (`$GPUPOOL_HOME/health.yaml`, or the
 path in $GPUPOOL_HEALTH_CONFIG); see docs/telemetry.md.
