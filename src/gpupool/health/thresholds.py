@@ -9,7 +9,7 @@ Seeded from Azure's published node health checks (github.com/Azure/azurehpc-heal
 - ND H200 v5 (`nd96isr_h200_v5.conf`): `check_gpu_bw 48 335`, `check_nccl_allreduce 431.0`.
 GEMM: at least 60% of the catalog's dense BF16 peak (gpupool.gpu.catalog). Not the bench's 70% target: the
 peak assumes the boost clock, and a healthy H200 measured here (docs/benchmarks.md, "On a GPU") gave 68 to
-70% at 16384^3, the size of the full check, held at its 700 W power cap (SM clock 1,380 to 1,500 MHz of
+70% at 16384^3, the size of the full check, held at its 700 W power cap (SM clock a median 1,455 MHz of
 1,980); a 70% floor would cordon healthy GPUs by chance. A GPU at half speed (a stuck clock, a failing
 part) still falls well below 60%. Temperatures: warnings below NVIDIA's slowdown points (H100/H200 GPU
 slowdown near 90 C, HBM3 rated to 95 C). A model with no Azure figure is checked for GEMM, memory and
