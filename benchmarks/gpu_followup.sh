@@ -11,13 +11,7 @@ OUT=${OUT:-/tmp/gpu-followup}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/followup.log") 2>&1
 export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || exit 3
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-gpupool() { python3 -m gpupool.main "$@"; }
+. benchmarks/gpu_python.sh || exit 3
 
 echo "# $(date -u +%TZ) full health checks"
 rm -rf /tmp/hf && timeout 150 python3 benchmarks/health_checks_gpu.py --out /tmp/hf --level full > /tmp/hf.log 2>&1

@@ -26,13 +26,7 @@ echo "# $(date -u +%FT%TZ) on $(hostname): budget ${BUDGET}s"
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max \
   --format=csv 2>&1 | head -10
 
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || { echo "the carried wheels did not install"; exit 3; }
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-python3 -c "import gpupool" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-python3 -c "import gpupool.main" || { echo "gpupool.main does not import: see above"; exit 3; }
+. benchmarks/gpu_python.sh || exit 3
 echo "# $(elapsed)s: python $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
 
 build_pid=

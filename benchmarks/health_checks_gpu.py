@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -37,6 +36,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
+
+from gpu_checks import env_with_src  # noqa: E402  (this folder is on the path of a script run from it)
 
 
 def step(summary: dict[str, Any], name: str, run: Callable[[], Any]) -> Any:
@@ -58,8 +59,7 @@ def metrics_from_a_real_server(out: Path) -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     home = Path(tempfile.mkdtemp(prefix="gpupool-hc-"))
-    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "GPUPOOL_HOME": str(home), "PYTHONPATH": path}  # carried wheels stay on the path
+    env = {**env_with_src(), "GPUPOOL_HOME": str(home)}  # carried wheels stay on the path
     argv = [sys.executable, "-m", "gpupool.main", "server", "--port", str(port), "--gpus", "nvml"]
     with open(out / "server.log", "wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)

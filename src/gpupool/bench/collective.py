@@ -272,14 +272,6 @@ def float_str(value: float, width: int) -> str:
     return f"{value:{width}.1e}"
 
 
-# What a one-rank table measures (nccl-tests prints the same figures without saying so), by whether the
-# op's bus factor at one rank is above 0.
-ONE_RANK = {
-    False: "busbw is 0 by definition (bus factor 2(n-1)/n or (n-1)/n); time and algbw measure the call alone",
-    True: "with bus factor 1, busbw equals algbw, and an in-place call moves no data (a no-op's GB/s)",
-}
-
-
 def header_lines(
     op: Op,
     *,
@@ -304,8 +296,13 @@ def header_lines(
     lines += ["#", "# Using devices", *devices]
     if op.name in WHY_NOT_MEASURED:
         lines.append(f"# N/A columns: {WHY_NOT_MEASURED[op.name]}")
-    if nranks == 1:
-        lines.append(f"# One rank: nothing crosses a bus; {ONE_RANK[op.bus_factor(1) > 0]}")
+    if nranks == 1:  # what the table measures (nccl-tests prints the same figures without saying so)
+        meaning = (
+            "busbw equals algbw (bus factor 1), and an in-place call moves no data"
+            if op.bus_factor(1) > 0
+            else "busbw is 0 by definition (bus factor 2(n-1)/n or (n-1)/n); time and algbw measure the call"
+        )
+        lines.append(f"# One rank: nothing crosses a bus; {meaning}")
     lines += [
         "#",
         f"# {'':>10s}  {'':>12s}  {'':>8s}  {'':>6s}  {'':>6s}           out-of-place"
