@@ -17,6 +17,7 @@ from urllib.parse import quote
 import typer
 from rich.markup import escape
 
+from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
 from gpupool.cli.bench import bench_app
 from gpupool.cli.render import (
     console,
@@ -35,8 +36,7 @@ from gpupool.cli.render import (
 )
 from gpupool.cli.sim import sim_app
 from gpupool.client import ApiError, Client
-from gpupool.spec import format_gpu_indices, parse_queue_spec, parse_workload_spec
-from gpupool.spec.document import load_yaml
+from gpupool.spec import format_gpu_indices
 
 app = typer.Typer(
     name="gpupool",
@@ -132,7 +132,7 @@ def submit(
     except OSError as exc:
         raise CliError(f"cannot read {file}: {exc.strerror}") from exc
     # Parsed here with the spec's own YAML rules (`on:` stays a key), so a bad spec fails before any request.
-    data = parse_workload_spec(text).model_dump(mode="json")
+    data = spec.parse_workload_spec(text).model_dump(mode="json")
     if queue:
         data["queue"] = queue
     if name:
@@ -140,7 +140,7 @@ def submit(
     _add_array_and_after(data, array, after)
     folder = file.resolve().parent
     data["workdir"] = str(folder / data["workdir"]) if data.get("workdir") else str(folder)
-    parse_workload_spec(data)
+    spec.parse_workload_spec(data)
     _submit_and_wait(data, hold, wait_end, timeout, as_json, parsable)
 
 
@@ -284,7 +284,7 @@ def run(
         idle_for, _, action = idle.partition(":")
         data["idle"] = {"timeout": idle_for, "action": action} if action else idle_for
     _add_array_and_after(data, array, after)
-    parse_workload_spec(data)
+    spec.parse_workload_spec(data)
     _submit_and_wait(data, hold, wait_end, timeout, as_json, parsable)
 
 
@@ -919,6 +919,8 @@ def usage(
 
 def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
     """A queue spec from an optional YAML file plus the flags given (flags win)."""
+    from gpupool.spec.document import load_yaml  # with pydantic: loaded by the commands that need it
+
     body: dict[str, Any] = {}
     budget = _budget(fields.pop("budget", None))
     caps = _user_limits(fields.pop("user_gpus", None), fields.pop("user_workloads", None))
@@ -1026,7 +1028,7 @@ def queue_create(
     fields = dict(locals())
     body = _queue_body(fields.pop("file"), {k: v for k, v in fields.items() if k != "name"})
     body["name"] = name
-    parse_queue_spec(body)
+    spec.parse_queue_spec(body)
     q = client().create_queue(body)
     console.print(f"queue {q['name']} created")
 

@@ -1,7 +1,17 @@
 """The user-facing schema: workload and queue specs and the quantities in them ("H100:8", "256GB", "12h").
 
 Pure: no I/O beyond parsing text. Every bad value raises SpecError naming the field, the value and a fix.
+
+The quantities and SpecError load with the package; the pydantic models of queue and workload specs (most
+of the package's import time: a client command that only reads durations or sizes never needs them) load
+on first use of one of their names (PEP 562), so `from gpupool.spec import parse_workload_spec` works as
+usual and `import gpupool.spec` alone stays cheap.
 """
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from gpupool.spec.errors import SpecError
 from gpupool.spec.quantities import (
@@ -13,17 +23,41 @@ from gpupool.spec.quantities import (
     parse_gpu_request,
     parse_size,
 )
-from gpupool.spec.queue import QueueResources, QueueSpec, ResourceShare, parse_queue_spec
-from gpupool.spec.workload import (
-    PRIORITY_CLASSES,
-    CheckpointSpec,
-    PlacementSpec,
-    Resources,
-    RetrySpec,
-    ScalingSpec,
-    WorkloadSpec,
-    parse_workload_spec,
-)
+
+if TYPE_CHECKING:
+    from gpupool.spec.queue import QueueResources, QueueSpec, ResourceShare, parse_queue_spec
+    from gpupool.spec.workload import (
+        PRIORITY_CLASSES,
+        CheckpointSpec,
+        PlacementSpec,
+        Resources,
+        RetrySpec,
+        ScalingSpec,
+        WorkloadSpec,
+        parse_workload_spec,
+    )
+
+# name -> the submodule that defines it, imported when the name is first asked for
+_LAZY = {
+    **dict.fromkeys(("QueueResources", "QueueSpec", "ResourceShare", "parse_queue_spec"), "queue"),
+    **dict.fromkeys(
+        (
+            "PRIORITY_CLASSES", "CheckpointSpec", "PlacementSpec", "Resources", "RetrySpec", "ScalingSpec",
+            "WorkloadSpec", "parse_workload_spec",
+        ),
+        "workload",
+    ),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
 
 __all__ = [
     "PRIORITY_CLASSES",
