@@ -342,10 +342,39 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     return pairs
 
 
+# sbatch/srun options a Slurm user reaches for, and what `gpupool run` calls them (its own -N, -c, -n,
+# --nodes and --gpus are taken by typer before a command is seen).
+SLURM_OPTIONS: dict[str, str] = {
+    "--time": "--max-duration 2h (Slurm's --time=2:00:00)",
+    "-t": "--max-duration 2h (Slurm's --time=2:00:00)",
+    "--partition": "--queue NAME (a queue, with its quota, is what a partition is here)",
+    "-p": "--queue NAME (a queue, with its quota, is what a partition is here)",
+    "--gres": "--gpus H100:8 (per node)",
+    "--gpus-per-node": "--gpus 8",
+    "--mem": "--memory 64GB (per node)",
+    "--cpus-per-task": "--cpus 8 (per node)",
+    "--job-name": "--name NAME",
+    "-J": "--name NAME",
+    "--nodelist": "--node NAME (repeat it for several)",
+    "-w": "--node NAME (repeat it for several)",
+    "--dependency": "--after ID (starts once workload ID succeeded)",
+    "-d": "--after ID (starts once workload ID succeeded)",
+    "--export": "--env KEY=VALUE (repeat it)",
+    "--qos": "--priority inference|build|interactive|train",
+}
+
+
 def _no_stray_option(command: list[str]) -> None:
     """A command never starts with an option: one there is an option `run` does not have (a typo, or one
-    meant for the command but put before `--`). Taken as the command, it would fail as a job."""
+    meant for the command but put before `--`). Taken as the command, it would fail as a job. Slurm's
+    names for options `run` has under another name get that name in the error."""
     if command and command[0].startswith("-"):
+        option = command[0].split("=", 1)[0]
+        if not option.startswith("--"):
+            option = option[:2]  # -t60, -pgpu
+        ours = SLURM_OPTIONS.get(option)
+        if ours is not None:
+            raise CliError(f"{option!r} is not an option of gpupool run: use {ours}")
         raise CliError(
             f"{command[0]!r} is not an option of gpupool run (see gpupool run --help); the command goes "
             "after --, e.g. gpupool run --gpus 2 -- python train.py"

@@ -153,7 +153,7 @@ class Allocation(EvictionSearch):
             for name, position, limit in limits:
                 allocated = state.alloc[name][position]
                 if allocated + wants[position] > limit + EPSILON:
-                    return explain.queue_limit(name, RESOURCES[position], allocated, limit)
+                    return explain.queue_limit(name, RESOURCES[position], allocated, limit, wants[position])
         if not w.preemptible and w.gpu_units > 0:
             for name in state.chain(w.queue):
                 queue = self.queues.get(name)

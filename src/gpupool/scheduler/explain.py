@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from gpupool.scheduler.snapshot import Explanation, NodeView, WorkloadView
+from gpupool.scheduler.state import EPSILON
 
 QUEUE_LIMIT: Final = "queue-limit"
 OVER_QUOTA_NONPREEMPTIBLE: Final = "over-quota-nonpreemptible"
@@ -47,11 +48,22 @@ def gpu_text(w: WorkloadView) -> str:
     return f"{count} {what} GPU".replace("  ", " ") + ("" if demand.count == 1 else "s")
 
 
-def queue_limit(queue: str, resource: str, allocated: float, limit: float) -> Explanation:
-    return Explanation(
-        QUEUE_LIMIT,
-        f"queue {queue} is at its limit ({allocated:g}/{limit:g} {UNITS.get(resource, resource)})",
-    )
+def queue_limit(queue: str, resource: str, allocated: float, limit: float, wants: float) -> Explanation:
+    """`wants` more of `resource` would take `queue` past its limit. Work that alone asks for more than the
+    limit waits until the limit is raised, however idle the queue: said so, with the command."""
+    units = UNITS.get(resource, resource)
+    if wants > limit + EPSILON:
+        fix = (
+            f"`gpupool queue update {queue} --gpu-limit {wants:g}`"
+            if resource == "gpu"
+            else f"its {resource} limit in the queue's spec"
+        )
+        return Explanation(
+            QUEUE_LIMIT,
+            f"needs {wants:g} {units}, more than queue {queue}'s limit of {limit:g}: it starts only once "
+            f"the limit is raised ({fix}) or it asks for less",
+        )
+    return Explanation(QUEUE_LIMIT, f"queue {queue} is at its limit ({allocated:g}/{limit:g} {units})")
 
 
 def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Explanation:

@@ -15,7 +15,10 @@ def test_a_read_only_command_loads_no_spec_models_and_no_ca_bundle() -> None:
         "import ssl, sys\n"
         "loaded = []\n"
         "real = ssl.SSLContext.load_verify_locations\n"
-        "ssl.SSLContext.load_verify_locations = lambda self, *a, **k: loaded.append(a) or real(self, *a, **k)\n"
+        "def counted(self, *a, **k):\n"
+        "    loaded.append(a)\n"
+        "    return real(self, *a, **k)\n"
+        "ssl.SSLContext.load_verify_locations = counted\n"
         "sys.argv = ['gpupool', 'ps']\n"
         "import gpupool.main\n"
         "try:\n"
@@ -35,7 +38,8 @@ def test_a_spec_name_loads_its_model_on_first_use() -> None:
         "import sys, gpupool.spec\n"
         "before = 'gpupool.spec.workload' in sys.modules\n"
         "from gpupool.spec import WorkloadSpec, parse_workload_spec\n"
-        "print(before, WorkloadSpec.__module__, parse_workload_spec('name: a\\ncommands: [echo hi]\\n').name)\n"
+        "spec = parse_workload_spec('name: a\\ncommands: [echo hi]\\n')\n"
+        "print(before, WorkloadSpec.__module__, spec.name)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "gpupool.spec.workload", "a"], out.stderr

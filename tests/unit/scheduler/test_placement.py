@@ -125,6 +125,18 @@ def test_queue_gpu_limit_is_never_exceeded() -> None:
     d = decide(snapshot, now=0)
     assert [b.workload_id for b in d.binds] == [1]
     assert d.explanations[2].code == "queue-limit"
+    assert d.explanations[2].message == "queue q is at its limit (4/4 GPUs)"
+
+
+def test_work_larger_than_its_queues_limit_is_told_the_limit_must_be_raised() -> None:
+    queues = (QueueView("team", gpu=Share(limit=8)), QueueView("nlp", parent="team", gpu=Share()))
+    gang = job(1, 5, queue="nlp", nodes=2)  # 10 GPUs: the two nodes have room, the limit has not
+    d = decide(Snapshot((node(), node("n2")), (gang,), queues), now=0)
+    assert not d.binds and d.explanations[1].code == "queue-limit"
+    assert d.explanations[1].message == (
+        "needs 10 GPUs, more than queue team's limit of 8: it starts only once the limit is raised "
+        "(`gpupool queue update team --gpu-limit 10`) or it asks for less"
+    )
 
 
 def test_smaller_jobs_behind_a_blocked_one_start_when_skipping() -> None:
