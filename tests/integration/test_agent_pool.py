@@ -181,6 +181,36 @@ def test_join_tokens_bad_revoked_and_expired_are_refused_with_the_fix(tmp_path: 
         pool.stop()
 
 
+def test_a_node_that_joins_with_fewer_gpus_than_its_join_token_declares_is_taken_out(tmp_path: Path) -> None:
+    """As Slurm drains a node whose registered Gres count is below the configured one: the token says each
+    node has 4 GPUs; an agent that comes with 2 is unhealthy from its first verdict, saying so."""
+    pool = start_pool(tmp_path, 0)
+    server = pool.server
+    try:
+        bad = server.cli("node", "join-token", "create", "--gpus", "-1")
+        assert bad.returncode == 1
+        assert "gpus must be a whole number of GPUs per node, 0..1024, got -1" in bad.stderr
+        import json
+
+        created = server.cli("node", "join-token", "create", "--gpus", "4", "--json", check=True)
+        row = json.loads(created.stdout)
+        assert row["gpus"] == 4
+        listed = server.cli("node", "join-token", "list", check=True).stdout.splitlines()
+        assert listed[0].split() == ["ID", "PREFIX", "STATE", "EXPIRES", "USES", "GPUS", "DESCRIPTION"]
+        assert listed[-1].split()[5] == "4"  # the pool's own token, made first, declares none
+        short = AgentProcess(server, "short", tmp_path / "short", row["token"], gpus="sim:2xH100").start()
+        pool.agents.append(short)
+        pool.wait_for_nodes(["short"], state="unhealthy")
+        node = pool.nodes()["short"]
+        assert node["state_reason"] == (
+            "health: 2 of 4 expected GPUs answer; 2 never registered (its join token declares 4)"
+        )
+        shown = server.cli("node", "show", "short", check=True).stdout
+        assert "expected GPUs: 4; its join token declares 4" in shown
+    finally:
+        pool.stop()
+
+
 def test_an_agent_restarted_without_its_join_token_comes_back_with_its_credential(tmp_path: Path) -> None:
     pool = start_pool(tmp_path, 1)
     server = pool.server

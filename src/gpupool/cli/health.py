@@ -149,7 +149,11 @@ def node_show(
         console.print(f"  state reason: {node['state_reason']}", highlight=False)
     console.print(f"  health: {health['evidence']}", highlight=False)
     if health.get("expected_gpus") is not None:
-        console.print(f"  expected GPUs: {health['expected_gpus']} (`gpupool node accept-gpus` changes it)")
+        declared = health.get("declared_gpus")
+        said = f"; its join token declares {declared}" if declared is not None else ""
+        console.print(
+            f"  expected GPUs: {health['expected_gpus']}{said} (`gpupool node accept-gpus` changes it)"
+        )
     history_by_gpu = {g["index"]: g["history"] for g in telemetry["gpus"]}
     table = Table(box=None, header_style="bold")
     for column in (

@@ -23,6 +23,12 @@ POLL = 0.5  # seconds between looks at a draining node
 def join_token_create(
     ttl: str = typer.Option("1h", "--ttl", help="how long it admits new agents: 30m, 1h, 7d, or never"),
     description: str = typer.Option("", "--description", help="what it is for (shown in list)"),
+    gpus: int | None = typer.Option(
+        None,
+        "--gpus",
+        help="GPUs each node joining with it has, as Slurm's configured Gres count: one that registers "
+        "fewer is unhealthy (default: what each node first registers)",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Create a join token; start agents with `gpupool agent --server URL --join-token TOKEN`."""
@@ -31,7 +37,7 @@ def join_token_create(
             parse_duration(ttl, "--ttl")
         except SpecError as exc:
             raise CliError(f"--ttl: {ttl!r} {exc.message}; e.g. --ttl 1h, or --ttl never") from exc
-    row = client().create_join_token(None if ttl == "never" else ttl, description)
+    row = client().create_join_token(None if ttl == "never" else ttl, description, gpus)
     if as_json:
         print_json(row)
         return
@@ -45,18 +51,20 @@ def join_token_create(
 
 @join_token_app.command("list")
 def join_token_list(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Join tokens: prefix, state (valid, expired, revoked), expiry and how many nodes joined with each."""
+    """Join tokens: prefix, state (valid, expired, revoked), expiry, how many nodes joined with each, and
+    the GPUs it declares each has."""
     rows = client().join_tokens()
     if as_json:
         print_json(rows)
         return
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "PREFIX", "STATE", "EXPIRES", "USES", "DESCRIPTION"):
+    for column in ("ID", "PREFIX", "STATE", "EXPIRES", "USES", "GPUS", "DESCRIPTION"):
         table.add_column(column)
     for r in rows:
+        gpus = r.get("gpus")
         table.add_row(
             str(r["id"]), r["prefix"] + "...", r["state"], r["expires_at"] or "never", str(r["uses"]),
-            r["description"],
+            "-" if gpus is None else str(gpus), r["description"],
         )  # fmt: skip
     console.print(table if rows else "no join tokens (create one with `gpupool node join-token create`)")
 

@@ -360,8 +360,13 @@ class Client:
         return result
 
     # -- join tokens (node agents) --------------------------------------------------------------------
-    def create_join_token(self, ttl: str | None = None, description: str = "") -> dict[str, Any]:
-        body = {"ttl": ttl, "description": description}
+    def create_join_token(
+        self, ttl: str | None = None, description: str = "", gpus: int | None = None
+    ) -> dict[str, Any]:
+        """`gpus`: how many GPUs each node that joins with it has; one that registers fewer is unhealthy."""
+        body: dict[str, Any] = {"ttl": ttl, "description": description}
+        if gpus is not None:
+            body["gpus"] = gpus
         result: dict[str, Any] = self._call("POST", "/api/v1/join-tokens", json=body)
         return result
 

@@ -48,15 +48,39 @@ def join_token_view(row: JoinToken) -> dict[str, Any]:
         "revoked_at": _iso(row.revoked_at),
         "uses": row.uses,
         "last_used_at": _iso(row.last_used_at),
+        "gpus": row.gpus,
     }
 
 
+MAX_DECLARED_GPUS = 1024
+
+
+def _declared(gpus: object) -> int | None:
+    """A join token's GPUs per node: a whole number 0..MAX_DECLARED_GPUS, or None (nothing declared)."""
+    if gpus is None:
+        return None
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= MAX_DECLARED_GPUS:
+        raise Invalid(
+            f"gpus must be a whole number of GPUs per node, 0..{MAX_DECLARED_GPUS}, got {gpus!r}",
+            field="gpus",
+            example="8",
+        )
+    return gpus
+
+
 def create_join_token(
-    store: Store, ttl_seconds: float | None, description: str = "", *, actor: str = "admin"
+    store: Store,
+    ttl_seconds: float | None,
+    description: str = "",
+    *,
+    gpus: object = None,
+    actor: str = "admin",
 ) -> dict[str, Any]:
-    """A new join token; the token itself is in the answer once and never again."""
+    """A new join token; the token itself is in the answer once and never again. `gpus`: how many GPUs each
+    node joining with it has (Slurm's configured Gres count): one that registers fewer is unhealthy."""
     if ttl_seconds is not None and ttl_seconds <= 0:
         raise Invalid(f"ttl must be longer than 0 seconds, got {ttl_seconds:g}", field="ttl", example="1h")
+    declared = _declared(gpus)
     token = JOIN_PREFIX + secrets.token_urlsafe(24)
     with store.session() as s:
         row = JoinToken(
@@ -65,12 +89,14 @@ def create_join_token(
             description=description,
             expires_at=utcnow() + timedelta(seconds=ttl_seconds) if ttl_seconds is not None else None,
             uses=0,
+            gpus=declared,
         )
         s.add(row)
         s.flush()
         ttl = f"expires {row.expires_at.isoformat()}" if row.expires_at is not None else "never expires"
         said = f", {description!r}" if description else ""
-        audit.record(s, audit.JOIN_TOKEN, str(row.id), f"created: {row.prefix}..., {ttl}{said}", actor)
+        each = f", {declared} GPUs per node" if declared is not None else ""
+        audit.record(s, audit.JOIN_TOKEN, str(row.id), f"created: {row.prefix}..., {ttl}{each}{said}", actor)
         return {**join_token_view(row), "token": token}
 
 
@@ -142,6 +168,7 @@ def register(store: Store, name: str, *, join_token: str | None, credential: str
         row.uses += 1
         row.last_used_at = utcnow()
         issued = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+        declares = f" (it declares {row.gpus} GPUs per node)" if row.gpus is not None else ""
         if node is None:
             node = Node(name=name, state="ready", state_reason="", labels={}, backend=AGENT_BACKEND)
             s.add(node)
@@ -151,10 +178,14 @@ def register(store: Store, name: str, *, join_token: str | None, credential: str
                     object_id=name,
                     from_state="",
                     to_state="ready",
-                    reason=f"joined with join token {row.prefix}...",
+                    reason=f"joined with join token {row.prefix}...{declares}",
                     actor=AGENT_BACKEND,
                 )
             )
+        if row.gpus is not None and node.expected_gpus is None:
+            # The GPUs it must have, before it has registered any (a node that joins short of a GPU is
+            # caught); a node whose GPUs are known already keeps them (`gpupool node accept-gpus`).
+            node.declared_gpus = row.gpus
         node.credential_hash = hash_token(issued)
         return issued
 

@@ -254,8 +254,9 @@ class HealthMonitor(Judging):
                     f"node {name} is lost; accept its GPUs once its agent is back and has registered them",
                     field="node",
                 )
-            now, before = _listing(node.gpus), node.expected_gpus
-            if before is not None and {g["uuid"] for g in before} == {g["uuid"] for g in now}:
+            now, before, declared = _listing(node.gpus), node.expected_gpus, node.declared_gpus
+            short = declared is not None and declared > len(now)  # joined short of what its token declares
+            if not short and before is not None and {g["uuid"] for g in before} == {g["uuid"] for g in now}:
                 silent = [
                     f"GPU {int(row['index'])}"
                     for row in self.telemetry.node_samples(name)
@@ -273,10 +274,14 @@ class HealthMonitor(Judging):
                     field="node",
                 )
             was = len(before) if before is not None else None
+            if short:
+                was = max(was or 0, declared or 0)
             old = {g["uuid"]: g for g in before or []}
             gone = [g for g in before or [] if g["uuid"] not in {n["uuid"] for n in now}]
             added = [g for g in now if g["uuid"] not in old]
             parts = [f"expected GPUs {was if was is not None else 'unknown'} -> {len(now)}"]
+            if short:
+                parts.append(f"its join token declared {declared}, it registered {len(now)}")
             if gone:
                 parts.append(
                     "no longer expected: " + ", ".join(f"GPU {g['index']} {g['uuid']}" for g in gone)
@@ -285,6 +290,7 @@ class HealthMonitor(Judging):
                 parts.append("newly expected: " + ", ".join(f"GPU {g['index']} {g['uuid']}" for g in added))
             text = "; ".join(parts)
             node.expected_gpus = now
+            node.declared_gpus = None  # what the admin accepted is what is expected from now on
             s.add(
                 Event(
                     object_kind="node", object_id=name, from_state=node.state, to_state=node.state,
@@ -293,6 +299,7 @@ class HealthMonitor(Judging):
             )  # fmt: skip
         with self._lock:
             self._expected_now[name] = len(now)
+            self._declared_now.pop(name, None)
             self._failed_rechecks.pop(name, None)  # its next recheck comes at the shortest interval
         log.warning("event=node_gpus_accepted node=%s actor=%s change=%r", name, actor, text)
         return {"node": name, "expected_gpus": len(now), "was": was, "gpus": now, "result": text}
@@ -336,6 +343,9 @@ class HealthMonitor(Judging):
         with self._lock:
             entry = self._nodes.get(name)
             expected = self._expected_now.get(name)  # GPUs it is expected to have; None: not known yet
+            declared = self._declared_now.get(name)  # at least these, as its join token declares
+        if declared is not None and (expected is None or declared > expected):
+            expected = declared
         if entry is None:
             if state == "unhealthy":
                 return {
@@ -344,6 +354,7 @@ class HealthMonitor(Judging):
                     "findings": [],
                     "checked_at": None,
                     "expected_gpus": expected,
+                    "declared_gpus": declared,
                 }
             return {
                 "health": checks.UNKNOWN,
@@ -351,6 +362,7 @@ class HealthMonitor(Judging):
                 "findings": [],
                 "checked_at": None,
                 "expected_gpus": expected,
+                "declared_gpus": declared,
             }
         out = state == "unhealthy" or _rechecking(state, state_reason)
         health = checks.UNHEALTHY if out else entry.verdict.health
@@ -365,6 +377,7 @@ class HealthMonitor(Judging):
             "active": entry.active,
             "active_at": entry.active_at,
             "expected_gpus": expected,
+            "declared_gpus": declared,
         }
 
     def views(self) -> dict[str, dict[str, Any]]:

@@ -76,8 +76,9 @@ class Judging(HealthState):
             with self._lock:
                 models, uuids = self._gpus_now.get(name, {}), self._uuids_now.get(name, {})
                 count = self._expected_now.get(name)
+                declared = self._declared_now.get(name)
         else:
-            models, uuids, listed = self._inventory(name)
+            models, uuids, listed, declared = self._inventory(name)
             count = len(listed) if listed is not None else None
         samples = [row for row in self.telemetry.node_samples(name) if uuids.get(row["index"]) == row["uuid"]]
         if not samples:
@@ -92,6 +93,7 @@ class Judging(HealthState):
             samples,
             expected_gpus=count,
             expected_uuids=expected,
+            declared_gpus=declared,
             models=models,
             config=self.config,
             baseline=baseline,
@@ -108,16 +110,20 @@ class Judging(HealthState):
         with self._lock:
             return self._baselines.setdefault(name, Baseline())
 
-    def _inventory(self, name: str) -> tuple[dict[int, str], dict[int, str], list[dict[str, Any]] | None]:
-        """The node's GPUs now (index -> model, index -> UUID) and the GPUs it is expected to have."""
+    def _inventory(
+        self, name: str
+    ) -> tuple[dict[int, str], dict[int, str], list[dict[str, Any]] | None, int | None]:
+        """The node's GPUs now (index -> model, index -> UUID), the GPUs it is expected to have, and how many
+        its join token declares."""
         with self.store.read() as s:
             node = s.scalar(select(Node).where(Node.name == name))
             if node is None:
-                return {}, {}, None
+                return {}, {}, None, None
             return (
                 {g.index: g.model for g in node.gpus},
                 {g.index: g.uuid for g in node.gpus},
                 node.expected_gpus,
+                node.declared_gpus,
             )
 
     def _check_locked(self, name: str, level: str) -> dict[str, Any]:

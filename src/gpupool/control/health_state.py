@@ -97,6 +97,7 @@ class HealthState:
         self._gpus_now: dict[str, dict[int, str]] = {}
         self._uuids_now: dict[str, dict[int, str]] = {}
         self._expected_now: dict[str, int | None] = {}
+        self._declared_now: dict[str, int] = {}  # node -> GPUs its join token declares (Node.declared_gpus)
         self._back_since: dict[str, float] = {}  # node back from lost -> when this head first saw it so
         self._parallel = threading.BoundedSemaphore(PARALLEL_CHECKS)
         self._started = time.time()
@@ -198,12 +199,15 @@ class HealthState:
             # both have json_array_length): the list itself is read only where it is needed (_judge).
             expected = func.json_array_length(Node.expected_gpus)
             rows = s.execute(
-                select(Node.name, Node.state, Node.state_reason, expected).order_by(Node.name)
+                select(Node.name, Node.state, Node.state_reason, expected, Node.declared_gpus).order_by(
+                    Node.name
+                )
             ).all()
         with self._lock:
             self._gpus_now, self._uuids_now = gpus, uuids
-            self._expected_now = {name: count for name, _, _, count in rows}
-        return [(name, state, reason, name in busy) for name, state, reason, _ in rows]
+            self._expected_now = {name: count for name, _, _, count, _ in rows}
+            self._declared_now = {name: declared for name, _, _, _, declared in rows if declared is not None}
+        return [(name, state, reason, name in busy) for name, state, reason, _, _ in rows]
 
 
 def _health_cordon(reason: str) -> bool:

@@ -97,12 +97,14 @@ def passive(
     config: HealthConfig,
     baseline: Baseline,
     expected_uuids: Mapping[str, int] | None = None,
+    declared_gpus: int | None = None,
 ) -> Verdict:
     """Check one node's latest samples (one per GPU). `expected_gpus`: how many GPUs the node is expected
-    to have; `expected_uuids`: those GPUs, UUID -> index when they were expected (names the missing ones)."""
+    to have; `expected_uuids`: those GPUs, UUID -> index when they were expected (names the missing ones);
+    `declared_gpus`: how many its join token says it has, when that is more (GPUs it never registered)."""
     findings: list[Finding] = []
     checks = ["gpu_count", "xid", "ecc", "remapped_rows", "throttle", "temperature", "pcie", "nvlink"]
-    findings.extend(_gpu_count(samples, expected_gpus, expected_uuids or {}))
+    findings.extend(_gpu_count(samples, expected_gpus, expected_uuids or {}, declared_gpus))
     for s in samples:
         index, uuid = int(s["index"]), str(s["uuid"])
         limits = config.for_model(models.get(index, ""))
@@ -182,23 +184,33 @@ def passive(
 
 
 def _gpu_count(
-    samples: Sequence[Mapping[str, Any]], expected: int, uuids: Mapping[str, int]
+    samples: Sequence[Mapping[str, Any]],
+    expected: int,
+    uuids: Mapping[str, int],
+    declared: int | None = None,
 ) -> list[Finding]:
     """Fewer GPUs answer than the node is expected to have (unhealthy), or more (a warning until an operator
-    accepts them: `gpupool node accept-gpus`)."""
+    accepts them: `gpupool node accept-gpus`). A join token's declared count, when larger, is expected:
+    the difference are GPUs the node never registered (it joined short of them)."""
     answering = {str(s["uuid"]): int(s["index"]) for s in samples if not s.get("lost")}
     lost = {str(s["uuid"]) for s in samples if s.get("lost")}
+    never = 0
+    if declared is not None and declared > expected:
+        never, expected = declared - expected, declared
     if len(answering) < expected:
+        what = ""
         if uuids:
             missing = sorted((index, uuid) for uuid, index in uuids.items() if uuid not in answering)
             named = ", ".join(
                 f"GPU {index} {uuid} ({'does not answer' if uuid in lost else 'not listed by the driver'})"
                 for index, uuid in missing
             )
-            what = f"; missing: {named}"
+            what = f"; missing: {named}" if named else ""
         else:
             gone = sorted(int(s["index"]) for s in samples if s.get("lost"))
             what = f" (lost: GPU {', '.join(map(str, gone))})" if gone else ""
+        if never:
+            what += f"; {never} never registered (its join token declares {declared})"
         return [Finding("gpu_count", UNHEALTHY, f"{len(answering)} of {expected} expected GPUs answer{what}")]
     if uuids and len(answering) > expected:
         new = sorted((index, uuid) for uuid, index in answering.items() if uuid not in uuids)

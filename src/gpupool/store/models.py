@@ -54,6 +54,9 @@ class Node(Base):
     # as an operator last accepted them (`gpupool node accept-gpus`); None: not known yet. The health
     # checks take a node with fewer out of service (control/health.py).
     expected_gpus: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # At least this many GPUs, as the join token it joined with declares (None: nothing declared). The GPU
+    # count check expects the larger of this and `expected_gpus`; an admin's accept-gpus clears it.
+    declared_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", order_by="Gpu.index", cascade="all, delete-orphan", lazy="selectin"
@@ -276,6 +279,7 @@ class JoinToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     uses: Mapped[int] = mapped_column(Integer, default=0)  # nodes that joined with it
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)  # each joining node has (None: not said)
 
 
 class ApiToken(Base):

@@ -232,3 +232,29 @@ def test_docs_telemetry_md_names_every_threshold_and_schedule_field() -> None:
     for f in [*fields(Thresholds), *fields(Schedule)]:
         if f.name != "source":
             assert f"`{f.name}`" in text or f"{f.name}:" in text, f"docs/telemetry.md lacks {f.name}"
+
+
+def test_gpus_a_join_token_declares_but_the_node_never_registered_fail_the_gpu_count() -> None:
+    gpus = SimulatedProvider("sim:4xH100", seed="t")
+    short = checks.passive(
+        node(gpus), expected_gpus=4, models={}, config=CONFIG, baseline=Baseline(), declared_gpus=8
+    )
+    assert short.health == checks.UNHEALTHY
+    assert short.evidence == "4 of 8 expected GPUs answer; 4 never registered (its join token declares 8)"
+    gpus.fall_off_bus(1)  # and one it registered stops answering: both are said
+    uuid = gpus.devices()[1].uuid
+    both = checks.passive(
+        node(gpus), expected_gpus=4, models={}, config=CONFIG, baseline=Baseline(),
+        expected_uuids={d.uuid: d.index for d in gpus.devices()}, declared_gpus=8,
+    )  # fmt: skip
+    assert both.evidence.startswith(
+        f"3 of 8 expected GPUs answer; missing: GPU 1 {uuid} (does not answer); 4 never registered (its join "
+        "token declares 8); GPU 1: Xid 79"
+    )
+    enough = SimulatedProvider("sim:8xH100", seed="t")  # a declaration is a floor: as many or more is fine
+    for declared in (8, 4, None):
+        verdict = checks.passive(
+            node(enough), expected_gpus=8, models={}, config=CONFIG, baseline=Baseline(),
+            declared_gpus=declared,
+        )  # fmt: skip
+        assert verdict.health == checks.HEALTHY

@@ -15,6 +15,7 @@ from gpupool.control.errors import Conflict, NotFound
 from gpupool.control.health import HealthMonitor
 from gpupool.control.inventory import BACK_FROM_LOST
 from gpupool.control.telemetry import TelemetryCache
+from gpupool.gpu.simulated import SimulatedProvider
 from gpupool.health.thresholds import HealthConfig, Schedule, parse_config
 from gpupool.store.db import Store
 from gpupool.store.models import Event, Node
@@ -135,3 +136,41 @@ def test_after_lost_in_health_yaml_is_true_or_false() -> None:
         parse_config({"schedule": {"after_lost": "off"}})
     with pytest.raises(ValueError, match=r"schedule\.after_lost_level: 'slow'; one of quick, full"):
         parse_config({"schedule": {"after_lost_level": "slow"}})
+
+
+def test_a_node_that_joins_with_fewer_gpus_than_its_join_token_declares_is_unhealthy_until_accepted(
+    store: Store,
+) -> None:
+    from gpupool.control import agents
+    from gpupool.control.errors import Invalid
+
+    for bad in (-1, 1025, 2.5, "eight", True):
+        with pytest.raises(Invalid, match=r"gpus must be a whole number of GPUs per node, 0\.\.1024"):
+            agents.create_join_token(store, 3600.0, gpus=bad)
+    token = agents.create_join_token(store, 3600.0, "rack 12", gpus=8)
+    assert token["gpus"] == 8 and agents.list_join_tokens(store)[-1]["gpus"] == 8
+    agents.register(store, "node-3", join_token=token["token"], credential=None)
+    inventory.apply(store, "agent", _inventory(2, ("node-1", "ready", 2), ("node-3", "ready", 4)))
+    monitor = _monitor(store)
+    telemetry = monitor.telemetry
+    samples = [s.to_dict() for s in SimulatedProvider("sim:4xH100", seed="n3").sample()]
+    for row in samples:
+        row["uuid"] = f"GPU-{row['index']}"  # the UUIDs the inventory registered
+    telemetry.put("node-3", samples)
+    monitor.tick()
+    assert _nodes(store)["node-3"] == (
+        "unhealthy", "health: 4 of 8 expected GPUs answer; 4 never registered (its join token declares 8)",
+        [0, 1, 2, 3],
+    )  # fmt: skip
+    assert monitor.views()["node-3"]["expected_gpus"] == 8 and monitor.views()["node-3"]["declared_gpus"] == 8
+    done = monitor.accept_gpus("node-3")
+    assert done["result"] == "expected GPUs 8 -> 4; its join token declared 8, it registered 4"
+    with store.read() as s:
+        assert s.scalars(select(Node.declared_gpus).where(Node.name == "node-3")).one() is None
+    monitor.tick()
+    assert monitor.views()["node-3"]["findings"] == [] and monitor.views()["node-3"]["expected_gpus"] == 4
+    # A node whose GPUs are known already keeps them when it joins again with a declaring token.
+    again = agents.create_join_token(store, 3600.0, gpus=16)
+    agents.register(store, "node-1", join_token=again["token"], credential=None)
+    with store.read() as s:
+        assert s.scalars(select(Node.declared_gpus).where(Node.name == "node-1")).one() is None

@@ -239,11 +239,13 @@ class HeartbeatEndpoint:
 def create_join_token(
     request: Request, body: dict[str, Any] | None = Body(None), caller: Caller = Depends(admin_only)
 ) -> dict[str, Any]:
-    body = fields(body, ("ttl", "description"))
+    body = fields(body, ("ttl", "description", "gpus"))
     ttl = body.get("ttl")
     seconds = parse_duration(ttl, "ttl") if ttl not in (None, "", "never") else None
     description = text(body, "description", example="rack 12") or ""
-    return agents.create_join_token(request.app.state.runtime.store, seconds, description, actor=caller.name)
+    return agents.create_join_token(
+        request.app.state.runtime.store, seconds, description, gpus=body.get("gpus"), actor=caller.name
+    )
 
 
 @admin_router.get("/join-tokens", summary="Join tokens (never the tokens themselves)")
