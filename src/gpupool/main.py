@@ -17,7 +17,7 @@ import typer.main
 
 from gpupool.api.ratelimit import DEFAULT_BURST, DEFAULT_RATE
 from gpupool.cli.app import CliError, app
-from gpupool.cli.render import err_console
+from gpupool.cli.render import err_console, print_error
 from gpupool.client import GpupoolError
 from gpupool.home import DEFAULT_PORT, default_db_url, home_dir
 from gpupool.spec import SpecError, parse_duration
@@ -333,7 +333,7 @@ def main() -> None:
     try:
         reflow_help(typer.main.get_command(app))()
     except (CliError, GpupoolError, SpecError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        print_error(exc)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

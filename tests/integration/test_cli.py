@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -41,6 +42,19 @@ def test_run_ps_logs_show_cancel_through_the_cli(server: ServerProcess, job_dir:
     server.wait_for(2, states=("running",))
     assert "stopping" in server.cli("cancel", "2", check=True).stdout
     assert server.wait_for(2)["state"] == "cancelled"
+
+    # What the user wrote comes back as written: brackets are text, not Rich markup.
+    listed = "python3 -c 'print([i for i in range(3)])'; echo [bold]x"
+    server.cli("run", "--gpus", "0", "--", "bash", "-c", listed, cwd=job_dir, check=True)
+    assert server.wait_for(3)["state"] == "succeeded"
+    shown = server.cli("show", "3", check=True).stdout
+    assert f"commands: bash -c {shlex.quote(listed)}" in shown, shown
+    assert "[0, 1, 2]\n[bold]x" in server.cli("logs", "3", check=True).stdout
+    (job_dir / "broken.yaml").write_text("kind: job\nresources: {gpu: 2\n")
+    broken = server.cli("submit", str(job_dir / "broken.yaml"))
+    assert broken.returncode == 1 and broken.stderr.rstrip().endswith(
+        "e.g. {kind: job, commands: [python train.py]}"
+    ), broken.stderr
 
 
 def test_run_takes_slurm_style_nodes_cpus_and_memory(server: ServerProcess, job_dir: Path) -> None:

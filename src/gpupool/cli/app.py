@@ -461,7 +461,7 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     )
     if w["reason"]:
         label = "why pending" if w["state"] == "pending" else "reason"
-        console.print(f"  {label}: {w['reason']}")
+        console.print(f"  {label}: {escape(w['reason'])}")
     if w.get("endpoint"):
         ready = (
             "" if w.get("ready") is None else f"  ready: {'yes' if w['ready'] else 'no'} ({w['readiness']})"
@@ -502,10 +502,12 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
         )
     if w["spec"].get("secrets"):
         console.print(f"  secrets: {', '.join(w['spec']['secrets'])} (of {w.get('user')})", highlight=False)
-    console.print(f"  commands: {'; '.join(w['spec'].get('commands', []))}")
-    console.print(f"  workdir: {w['spec'].get('workdir') or '(server default)'}")
+    # What users wrote (commands, paths, reasons quoting them) is printed as text: `[i for i in x]` in a
+    # command is not Rich markup.
+    console.print(f"  commands: {escape('; '.join(w['spec'].get('commands', [])))}", highlight=False)
+    console.print(f"  workdir: {escape(w['spec'].get('workdir') or '(server default)')}", highlight=False)
     for a in w["attempt_list"]:
-        console.print(f"  attempt {a['number']}: {_attempt_line(a)}\n    log: {a['log_path']}")
+        console.print(f"  attempt {a['number']}: {_attempt_line(a)}\n    log: {escape(a['log_path'])}")
     if w["attempt_list"]:
         last = w["attempt_list"][-1]
         seff = efficiency_line(last, datetime.now(UTC))
@@ -513,7 +515,8 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
             console.print(f"  GPU efficiency (attempt {last['number']}): {seff}")
     console.print("  history:")
     for e in w["events"]:
-        console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {e['reason']} ({e['actor']})")
+        said = escape(f"{e['reason']} ({e['actor']})")
+        console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {said}")
 
 
 def _attempt_line(a: Mapping[str, Any]) -> str:
@@ -535,7 +538,7 @@ def _attempt_line(a: Mapping[str, Any]) -> str:
     if code is not None and f"exit code {code}" not in reason:
         parts.append(f"exit code {code}")
     if reason:
-        parts.append(reason)
+        parts.append(escape(reason))
     return " ".join(parts)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from gpupool.bench.errors import BenchError
-from gpupool.cli.render import console, err_console, print_json
+from gpupool.cli.render import console, err_console, print_error, print_json
 
 bench_app = typer.Typer(
     help="Benchmarks in the formats people already read: nccl-tests tables, GEMM TFLOPS, Megatron-style MFU.",
@@ -36,12 +36,12 @@ def _bench_errors() -> Iterator[None]:
     try:
         yield
     except BenchError as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        print_error(exc)
         raise typer.Exit(1) from None
     except ModuleNotFoundError as exc:
         if exc.name != "torch":
             raise
-        err_console.print(f"[red]error:[/red] {_TORCH_MISSING}", highlight=False, soft_wrap=True)
+        print_error(_TORCH_MISSING)
         raise typer.Exit(1) from None
 
 

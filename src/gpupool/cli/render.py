@@ -9,11 +9,19 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+def print_error(message: object) -> None:
+    """`error: MESSAGE` on stderr, one line. The message is printed as written: its brackets (an example
+    such as `commands: [python train.py]`) are text, not Rich markup that would swallow them."""
+    err_console.print(f"[red]error:[/red] {escape(str(message))}", highlight=False, soft_wrap=True)
+
 
 STATE_STYLE = {
     "pending": "yellow",

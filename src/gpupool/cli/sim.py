@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.cli.render import console, err_console
+from gpupool.cli.render import console, err_console, print_error
 from gpupool.sim.errors import SimError
 from gpupool.spec import SpecError
 from gpupool.spec.quantities import parse_duration
@@ -39,7 +39,7 @@ def _sim_errors() -> Iterator[None]:
     try:
         yield
     except SimError as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        print_error(exc)
         raise typer.Exit(1) from None
 
 
