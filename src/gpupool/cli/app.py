@@ -681,7 +681,7 @@ def cancel(
         except ApiError as exc:
             if queue is None or exc.status != 409:
                 raise
-            console.print(f"{workload_id}: {exc.message}")  # it ended since it was listed: go on
+            console.print(f"{workload_id}: {escape(exc.message)}")  # it ended since it was listed: go on
             continue
         what = (
             "cancelled"

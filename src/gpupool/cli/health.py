@@ -9,6 +9,7 @@ from typing import Any
 import typer
 from rich.console import Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -146,8 +147,8 @@ def node_show(
         f"{human_bytes(node['memory_bytes'])}  backend {node['backend']}"
     )
     if node.get("state_reason"):
-        console.print(f"  state reason: {node['state_reason']}", highlight=False)
-    console.print(f"  health: {health['evidence']}", highlight=False)
+        console.print(f"  state reason: {escape(node['state_reason'])}", highlight=False)
+    console.print(f"  health: {escape(health['evidence'])}", highlight=False)
     if health.get("expected_gpus") is not None:
         declared = health.get("declared_gpus")
         said = f"; its join token declares {declared}" if declared is not None else ""
@@ -189,7 +190,8 @@ def node_show(
     if health.get("findings"):
         console.print("[bold]findings[/bold]")
         for f in health["findings"]:
-            console.print(f"  {health_styled(f['severity'])} {f['check']}: {f['message']}", highlight=False)
+            said = escape(f"{f['check']}: {f['message']}")
+            console.print(f"  {health_styled(f['severity'])} {said}", highlight=False)
     active = health.get("active")
     if active:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(health["active_at"]))
@@ -205,7 +207,8 @@ def node_show(
         console.print("[bold]events[/bold]")
         for e in health["events"][-10:]:
             change = f"{e['from']} -> {e['to']}" if e["from"] != e["to"] else e["to"]
-            console.print(f"  {e['at'][:19]}  {change:24s} {e['actor']:8s} {e['reason']}", highlight=False)
+            said = escape(f"{e['at'][:19]}  {change:24s} {e['actor']:8s} {e['reason']}")
+            console.print(f"  {said}", highlight=False)
 
 
 @node_app.command("inject-fault")
