@@ -202,6 +202,14 @@ def test_a_queue_is_deleted_only_once_nothing_uses_it(server: ServerProcess, job
     assert [line.split()[:2] for line in narrow.stdout.splitlines()[-4:]] == [
         ["default", "-"], ["nlp", "-"], ["research", "-"], ["vision", "research"],
     ]  # fmt: skip
+    piped = subprocess.run(  # no terminal and no $COLUMNS (`gpupool queues | grep nlp`): whole lines
+        [sys.executable, "-m", "gpupool.main", "queues"],
+        env={k: v for k, v in server.env.items() if k != "COLUMNS"},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    lines = piped.stdout.splitlines()
+    assert lines[0].split()[:4] == ["NAME", "PARENT", "PRIO", "GPU"] and "WEIGHT (NOW)" in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["default", "nlp", "research", "vision"]
 
     server.cli("cancel", "1", check=True)
     assert server.wait_for(1)["state"] == "cancelled"

@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+# A pipe or a file gets whole lines, as squeue's and kubectl's output does (`gpupool ps | grep running`
+# finds a workload's whole row), not the 80 columns Rich assumes when it cannot ask a terminal; a
+# terminal's own width, or $COLUMNS, is kept.
+PIPE_WIDTH = 250
+
+
+def _width(stream: TextIO) -> int | None:
+    if os.environ.get("COLUMNS") or stream.isatty():
+        return None
+    return PIPE_WIDTH
+
+
+console = Console(soft_wrap=True, width=_width(sys.stdout))
+err_console = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr))
 
 
 def print_error(message: object) -> None:
