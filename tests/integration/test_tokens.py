@@ -24,6 +24,12 @@ def test_users_submit_to_their_queues_and_change_only_their_own_work(server: Ser
     server.cli("queue", "create", "nlp", "--gpu-quota", "2", check=True)
     alice = _token(server, "alice", "--queue", "nlp")
     bob = _token(server, "bob", "--role", "viewer")
+    made = server.cli("token", "create", "carol", check=True)
+    carol = made.stdout.splitlines()[-1]  # the token alone on the last line, for scripts
+    assert carol.startswith("gpp_") and carol not in made.stderr  # shown once
+    assert made.stderr.strip() == (
+        f"give it to carol: export GPUPOOL_TOKEN=<the token above> GPUPOOL_SERVER={server.url}"
+    )
     assert _call(server, alice, "GET", "/api/v1/whoami") == (
         200,
         {"name": "alice", "role": "user", "queues": ["nlp"]},

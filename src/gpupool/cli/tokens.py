@@ -26,14 +26,18 @@ def token_create(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Make a token (admin): printed once; its holder sets GPUPOOL_TOKEN (and GPUPOOL_SERVER) to use it."""
-    row = client().create_token(name, role, queue)
+    pool = client()
+    row = pool.create_token(name, role, queue)
     if as_json:
         print_json(row)
         return
     where = f", queues {', '.join(row['queues'])}" if row["queues"] else ""
     console.print(f"token for {row['name']} (role {row['role']}{where}; shown once):", highlight=False)
     print(row["token"])
-    err_console.print(f"give it to {row['name']}: export GPUPOOL_TOKEN=<token> GPUPOOL_SERVER=<this server>")
+    err_console.print(  # the token once only (above, on stdout); the server as this CLI reached it
+        f"give it to {row['name']}: export GPUPOOL_TOKEN=<the token above> GPUPOOL_SERVER={pool.server}",
+        highlight=False,
+    )
 
 
 @token_app.command("list")
