@@ -227,7 +227,10 @@ def agent(
     ),
     name: str | None = typer.Option(None, "--name", help="this node's name (default: the host name)"),
     gpus: str = typer.Option(
-        "auto", "--gpus", help="auto (NVML, else simulated 8xH100), nvml, sim:8xH100, none"
+        "nvml",
+        "--gpus",
+        help="nvml (the default: this machine's GPUs; refused without a driver), none (no GPUs), "
+        "sim:8xH100 (simulated), or auto (NVML, else simulated 8xH100)",
     ),
     labels: str = typer.Option("", "--labels", help="node labels, e.g. zone=a,rack=r1"),
     state_dir: str | None = typer.Option(
@@ -256,7 +259,7 @@ def agent(
 ) -> None:
     """Run the node agent: join the head and run the work it places on this node (docs/agents.md)."""
     from gpupool.agent.daemon import Agent, AgentRefused, AgentSettings
-    from gpupool.gpu import GpuUnavailable, open_provider
+    from gpupool.gpu import GpuUnavailable, describe, open_provider
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
@@ -275,7 +278,9 @@ def agent(
     try:
         provider = open_provider(gpus, seed=node)
     except GpuUnavailable as exc:
-        raise CliError(f"--gpus {gpus}: {exc}") from exc
+        # A node daemon never invents GPUs on its own: a GPU machine whose driver broke must not join the
+        # pool with simulated ones that real work would be placed on.
+        raise CliError(f"--gpus {gpus}: {exc}; on a machine without GPUs give --gpus none") from exc
     settings = AgentSettings(
         server=server_url,
         state_dir=Path(state_dir).expanduser() if state_dir else home_dir() / "agent",
@@ -289,7 +294,8 @@ def agent(
     )
     runner = Agent(settings, provider)
     err_console.print(
-        f"gpupool agent {node} -> {server_url} (gpus {gpus}, state {settings.state_dir})", highlight=False
+        f"gpupool agent {node} -> {server_url} (gpus: {describe(provider)}, state {settings.state_dir})",
+        highlight=False,
     )
     try:
         runner.run()
