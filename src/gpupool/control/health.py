@@ -93,7 +93,7 @@ class HealthMonitor(Judging):
                 self._back_since.pop(name, None)
             if (state == "unhealthy" or back) and self._left_to_its_checks(name, checking):
                 continue
-            verdict = self._with_bench(name, self._passive(name, fresh=True), now)
+            verdict = self._with_bench(name, self._passive(name, fresh=True) or self._no_gpus(name, now), now)
             if verdict is not None:
                 self._record(name, state, verdict, now)
                 if verdict.health == checks.UNHEALTHY:

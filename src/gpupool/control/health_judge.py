@@ -69,6 +69,24 @@ class Judging(HealthState):
             return None
         return self._judge(name, self._baseline(name), fresh=fresh)
 
+    def _no_gpus(self, name: str, now: float) -> Verdict | None:
+        """A node whose join token declares GPUs but that has registered none (its driver lists none: all
+        fell off the bus) sends no samples to judge. Once this head has seen it so for STALE_AFTER (an agent
+        registers its GPUs with its first heartbeats), the count alone is its verdict: unhealthy."""
+        with self._lock:
+            declared = self._declared_now.get(name)
+            registered = self._gpus_now.get(name)
+            if not declared or registered or self.telemetry.age(name) is not None:
+                self._bare_since.pop(name, None)
+                return None
+            since = self._bare_since.setdefault(name, now)
+        if now - since < STALE_AFTER:
+            return None
+        return checks.passive(
+            [], expected_gpus=0, models={}, config=self.config, baseline=self._baseline(name),
+            declared_gpus=declared,
+        )  # fmt: skip
+
     def _judge(self, name: str, baseline: Baseline, *, fresh: bool = False) -> Verdict | None:
         """The passive checks of the node's latest samples of the GPUs it has registered now (rows of a GPU
         it no longer lists stay in the telemetry cache), against the GPUs it is expected to have."""

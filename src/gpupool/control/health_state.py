@@ -99,6 +99,8 @@ class HealthState:
         self._expected_now: dict[str, int | None] = {}
         self._declared_now: dict[str, int] = {}  # node -> GPUs its join token declares (Node.declared_gpus)
         self._back_since: dict[str, float] = {}  # node back from lost -> when this head first saw it so
+        # node that declares GPUs but has registered none -> when this head first saw it so (`_no_gpus`)
+        self._bare_since: dict[str, float] = {}
         self._parallel = threading.BoundedSemaphore(PARALLEL_CHECKS)
         self._started = time.time()
         self.verdicts_total: Counter[tuple[str, str]] = Counter()  # (node, health) -> verdicts that changed

@@ -174,3 +174,24 @@ def test_a_node_that_joins_with_fewer_gpus_than_its_join_token_declares_is_unhea
     agents.register(store, "node-1", join_token=again["token"], credential=None)
     with store.read() as s:
         assert s.scalars(select(Node.declared_gpus).where(Node.name == "node-1")).one() is None
+
+
+def test_a_node_that_declares_gpus_but_registers_none_is_unhealthy_once_it_has_had_time_to(
+    store: Store,
+) -> None:
+    """Its driver lists no GPU (all fell off the bus): no samples come to judge, so the count alone is the
+    verdict, after STALE_AFTER (an agent registers its GPUs with its first heartbeats)."""
+    from gpupool.control import agents
+    from gpupool.control.health_judge import STALE_AFTER
+
+    token = agents.create_join_token(store, 3600.0, gpus=8)
+    agents.register(store, "node-4", join_token=token["token"], credential=None)
+    inventory.apply(store, "agent", _inventory(2, ("node-1", "ready", 2), ("node-4", "ready", 0)))
+    monitor = _monitor(store)
+    monitor.tick(now=1000.0)
+    monitor.tick(now=1000.0 + STALE_AFTER - 1)
+    assert _nodes(store)["node-4"] == ("ready", "", None)  # its GPUs may still be on their way
+    monitor.tick(now=1000.0 + STALE_AFTER)
+    why = "health: 0 of 8 expected GPUs answer; 8 never registered (its join token declares 8)"
+    assert _nodes(store)["node-4"] == ("unhealthy", why, None)
+    assert _nodes(store)["node-1"][:2] == ("ready", "")  # no declaration: no samples, no verdict, as before
