@@ -170,6 +170,7 @@ class Cycle(Allocation):
                 if self.state.reservation is None:
                     key = (w.queue, self._shape(w))
                     if fruitless.get(key) == stamp:
+                        self._unreclaimable(w)
                         continue
                 if not self._reclaim_for(w, lines):
                     return
@@ -202,6 +203,7 @@ class Cycle(Allocation):
         if self._fits_after_release(w):
             return True
         if not self._victim_groups() and not self._gangs():  # taken only once someone could gain from them
+            self._unreclaimable(w)
             return False
         floors: list[str] = ["fair share"]
         if self._within_quota(w):
@@ -212,7 +214,19 @@ class Cycle(Allocation):
         for floor in floors:
             if self._reclaim_gang(w, floor):
                 return True
+        self._unreclaimable(w)
         return True
+
+    def _unreclaimable(self, w: WorkloadView) -> None:
+        """Nothing may be reclaimed for `w`: when its queue is within its quota and `w` waits for capacity,
+        its explanation says why the quota's guarantee does not start it (the code stays allocate's)."""
+        why = self.decisions.explanations.get(w.id)
+        if why is None or why.code != explain.NO_CAPACITY or not self._within_quota(w):
+            return
+        queue = w.queue
+        self.decisions.explanations[w.id] = explain.quota_not_reclaimable(
+            why, queue, self.state.allocated(queue), self.reclaim_floor(queue, "quota")
+        )
 
     def _within_quota(self, w: WorkloadView) -> bool:
         """Whether `w`'s queue and every ancestor stay within their GPU quota with `w` started."""

@@ -74,6 +74,20 @@ def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Exp
     )
 
 
+def quota_not_reclaimable(why: Explanation, queue: str, allocated: float, quota: float) -> Explanation:
+    """`why` (a capacity explanation) of work whose queue is within its quota, for which reclaim found
+    nothing it may take: the person expecting the quota's guarantee is told what stands in its way."""
+    return Explanation(why.code, render=_quota_not_reclaimable, args=(why, queue, allocated, quota))
+
+
+def _quota_not_reclaimable(why: Explanation, queue: str, allocated: float, quota: float) -> str:
+    return (
+        f"{why.message}; queue {queue} is within its quota ({allocated:g} of {quota:g} GPUs in use), but no "
+        "running work may be reclaimed for it: stopping what holds borrowed GPUs would take its queue below "
+        "its own quota (a job is stopped whole), or the work is non-preemptible or within its minimum runtime"
+    )
+
+
 def too_large(w: WorkloadView, why: str) -> Explanation:
     return Explanation(TOO_LARGE, f"can never fit this pool: {why}")
 
