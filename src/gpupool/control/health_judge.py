@@ -73,12 +73,12 @@ class Judging(HealthState):
         """A node whose join token declares GPUs but that has registered none (its driver lists none: all
         fell off the bus) sends no samples to judge. Once this head has seen it so for STALE_AFTER (an agent
         registers its GPUs with its first heartbeats), the count alone is its verdict: unhealthy."""
+        sampled = self.telemetry.age(name) is not None  # the cache's own lock, not under the monitor's
         with self._lock:
-            declared = self._declared_now.get(name)
-            registered = self._gpus_now.get(name)
-            if not declared or registered or self.telemetry.age(name) is not None:
+            if sampled or not self._declared_now.get(name) or self._gpus_now.get(name):
                 self._bare_since.pop(name, None)
                 return None
+            declared = self._declared_now[name]
             since = self._bare_since.setdefault(name, now)
         if now - since < STALE_AFTER:
             return None
