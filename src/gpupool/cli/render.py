@@ -151,9 +151,15 @@ def _name_text(w: Mapping[str, Any]) -> str:
 class _WordWrappingTable(Table):
     """A table that, too wide for the terminal, narrows its widest columns so that headers wrap first,
     then cells, between words. Rich alone narrows the widest columns evenly and splits words ("ALLOCAT /
-    ED"); here a word is split only when even the longest ones do not fit."""
+    ED"); here a word is split only when even the longest ones do not fit, with one space between
+    columns (two where they fit, as in a wide terminal)."""
+
+    _roomy: tuple[bool, bool] | None = None  # collapse_padding and pad_edge as made
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self._roomy is None:
+            self._roomy = (self.collapse_padding, self.pad_edge)
+        self.collapse_padding, self.pad_edge = self._roomy  # fitted afresh for each width rendered at
         _, right, _, left = self.padding
         room = options.max_width - (left + right) * len(self.columns)
         whole = [column.min_width or 1 for column in self.columns]
@@ -168,6 +174,11 @@ class _WordWrappingTable(Table):
             words.append(max([kept, header.minimum, *(size.minimum for size in sizes)]))
             cells.append(max([words[-1], *(size.maximum for size in sizes)]))
             widest.append(max(cells[-1], header.maximum))
+        if sum(words) > room and left + right > 1:
+            # a word would be split (an 80-column terminal's `gpupool queues`: "PARE / NT"): one space
+            # between columns, none at the edges
+            self.collapse_padding, self.pad_edge = True, False
+            room = options.max_width - max(right, left) * (len(self.columns) - 1)
         widths = list(widest)
         # headers wrap first, then cells; words fold only when even the longest do not fit, and the
         # names keep their width throughout
@@ -396,11 +407,11 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
 
 
 def _used(row: Mapping[str, Any]) -> tuple[str, str]:
-    """USED and UTIL of a usage row: "-" and "no telemetry" where no attempt had GPU telemetry (not 0%); a
-    share of the GPU-hours that had telemetry, where only some did."""
+    """USED and UTIL of a usage row: "-" and "no telemetry" where no attempt had GPU telemetry (not 0%),
+    "-" and "-" where it held no GPUs; a share of the GPU-hours that had telemetry, where only some did."""
     used, pct = row.get("used_gpu_hours"), row.get("gpu_utilization_pct")
     if used is None or pct is None:
-        return "-", "no telemetry"
+        return "-", "no telemetry" if row["gpu_hours"] > 0 else "-"  # no GPU-hours: nothing to measure
     measured, allocated = row.get("measured_gpu_hours") or 0.0, row["gpu_hours"]
     part = f" ({measured / allocated:.0%} measured)" if allocated > 0 and measured < 0.995 * allocated else ""
     return _hours(used), f"{pct:.0f}%{part}"

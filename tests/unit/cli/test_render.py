@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gpupool.cli.render import QUEUE_COLUMNS, efficiency_line, ps_table, queues_table
+from gpupool.cli.render import QUEUE_COLUMNS, efficiency_line, ps_table, queues_table, usage_table
 
 
 def _task(wid: int, index: int, state: str, reason: str = "") -> dict[str, Any]:
@@ -113,3 +113,46 @@ def test_the_queues_table_wraps_headers_between_words_and_keeps_a_line_per_queue
         "day,",
         "spent",
     ]
+
+
+def test_in_an_80_column_terminal_the_queues_table_keeps_every_header_word_whole() -> None:
+    """Two spaces between columns leave an 80-column terminal too little room for the longest header words
+    ("PARE / NT", "WEIGH / T"): one space is used instead, before any word is split."""
+    console = Console(width=80, record=True)
+    console.print(queues_table([_queue("default"), _queue("research"), _queue("nlp", parent="research")]))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    header = lines[: next(i for i, line in enumerate(lines) if line.split()[:1] == ["default"])]
+    words = {word for column in QUEUE_COLUMNS for word in column.split()}
+    assert {word for line in header for word in line.split()} == words, header
+    assert [line.split()[:2] for line in lines[len(header) :]] == [
+        ["default", "-"], ["research", "-"], ["nlp", "research"],
+    ]  # fmt: skip
+    wide = Console(width=200, record=True)
+    wide.print(queues_table([_queue("default")]))
+    assert "NAME     PARENT  PRIO" in wide.export_text()  # with room, two spaces as before
+
+
+def _usage_row(key: str, gpu_hours: float, pct: float | None) -> dict[str, Any]:
+    return {
+        "key": key, "gpu_hours": gpu_hours, "share": 0.5, "workloads": 1 if gpu_hours else 0,
+        "used_gpu_hours": None if pct is None else gpu_hours * pct / 100, "gpu_utilization_pct": pct,
+        "measured_gpu_hours": gpu_hours if pct is not None else 0.0, "by_outcome": {},
+        "quota_gpu_hours": 96.0, "quota_used": 0.0,
+    }  # fmt: skip
+
+
+def test_usage_says_no_telemetry_only_for_gpu_hours_without_it() -> None:
+    rows = [_usage_row("nlp", 4.0, 50.0), _usage_row("cv", 2.0, None), _usage_row("default", 0.0, None)]
+    report = {
+        "by": "queue", "currency": None, "rows": rows, "total": {**_usage_row("TOTAL", 6.0, 50.0)},
+        "capacity_gpu_hours": 192.0, "capacity_gpus": 8, "since": "2026-12-03T20:00:00",
+        "until": "2026-12-04T20:00:00", "hours": 24.0,
+    }  # fmt: skip
+    console = Console(width=200, record=True)
+    console.print(usage_table(report))
+    lines = [line.split() for line in console.export_text().splitlines() if line.strip()]
+    cells = {words[0]: words[1:4] for words in lines}
+    assert cells["nlp"] == ["4.00", "2.00", "50%"]
+    assert cells["cv"] == ["2.00", "-", "no"]  # "no telemetry": its GPU-hours were not measured
+    assert cells["default"] == ["0.00", "-", "-"]  # it held no GPUs: nothing to measure
