@@ -133,6 +133,61 @@ def test_raising_a_waiting_jobs_priority_lets_it_preempt_and_start_first(server:
     server.cli("cancel", str(first["id"]), str(second["id"]), str(urgent["id"]), check=True)
 
 
+def test_a_new_time_limit_applies_to_running_work_and_a_bad_change_changes_nothing(
+    server: ServerProcess,
+) -> None:
+    """`gpupool update --max-duration` (Slurm's scontrol update TimeLimit=): a running attempt's limit
+    counts from its start, so lowering it below the time run stops the work as its own limit would."""
+    job = server.submit({"name": "long", "resources": {"gpu": 1}, "commands": ["sleep 600"],
+                         "max_duration": "1h"})  # fmt: skip
+    waiting = server.submit({"name": "big", "resources": {"gpu": 16}, "commands": ["true"]})
+    server.wait_for(job["id"], states=("running",))
+    out = server.cli("update", str(job["id"]), str(waiting["id"]), "--max-duration", "4h", check=True)
+    assert f"{job['id']} (long): max duration 4h" in out.stdout, out.stdout
+    assert f"{waiting['id']} (big): max duration 4h" in out.stdout, out.stdout
+    out = server.cli("update", str(waiting["id"]), "--max-duration", "none", check=True)
+    assert "no time limit" in out.stdout and server.workload(waiting["id"])["max_duration"] is None
+    for args, message in (
+        (("--max-duration", "5x"), "max_duration: '5x' is not a duration"),
+        (("--max-duration", "0"), "max_duration must be longer than 0 seconds"),
+        (("--priority", "2000", "--max-duration", "1s"), "priority must be 0..1000"),
+        ((), "give --priority, --max-duration or both"),
+    ):
+        refused = server.cli("update", str(job["id"]), *args)
+        assert refused.returncode != 0 and message in refused.stderr, refused.stderr
+    time.sleep(1.0)  # passes: a refused change stopped nothing and changed nothing
+    still = server.workload(job["id"])
+    assert (still["state"], still["priority"], still["max_duration"]) == ("running", 50, 4 * 3600.0), still
+    with server.http() as client:
+        refused = client.patch(f"/api/v1/workloads/{job['id']}", json={"max_duration": True})
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "max_duration", refused.text
+    time.sleep(1.5)  # it has run longer than the limit it is about to get
+    server.cli("update", str(job["id"]), "--max-duration", "1s", check=True)
+    ended = server.wait_for(job["id"], states=("failed",))
+    assert ended["reason"].startswith("exceeded max_duration (1s)"), ended["reason"]
+    reasons = [e["reason"] for e in ended["events"]]
+    assert "max_duration 1h -> 4h by admin" in reasons and "max_duration 4h -> 1s by admin" in reasons
+    server.cli("cancel", str(waiting["id"]), check=True)
+    # Stopped for its limit, a job that ignores SIGTERM has its limit removed during its grace period: it
+    # is still killed, and fails for the limit it had.
+    stubborn = server.submit({"name": "stubborn", "resources": {"gpu": 1}, "grace_period": 6, "commands": [
+        "python3 -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'"
+    ]})  # fmt: skip
+    server.wait_for(stubborn["id"], states=("running",))
+    time.sleep(1.2)
+    with server.http() as client:
+        path = f"/api/v1/workloads/{stubborn['id']}"
+        assert client.patch(path, json={"max_duration": 1}).status_code == 200
+        stopping = f"event=attempt_stopping workload={stubborn['id']} attempt=0 why=max_duration"
+        deadline = time.time() + 10
+        while stopping not in server.log():  # SIGTERM sent, ignored: SIGKILL comes after the grace period
+            assert time.time() < deadline, server.log()
+            time.sleep(0.05)
+        assert client.patch(path, json={"max_duration": None}).status_code == 200
+    ended = server.wait_for(stubborn["id"], states=("failed",))
+    assert ended["reason"].startswith("exceeded max_duration (its limit, since removed)"), ended["reason"]
+
+
 def test_work_submitted_held_waits_until_released_tasks_and_replicas_alike(server: ServerProcess) -> None:
     submitted = server.cli("run", "--hold", "--array", "0-2", "--gpus", "1", "--", "true", check=True)
     assert "held until `gpupool release" in submitted.stdout, submitted.stdout

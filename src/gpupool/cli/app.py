@@ -36,7 +36,7 @@ from gpupool.cli.render import (
 )
 from gpupool.cli.sim import sim_app
 from gpupool.client import ApiError, Client
-from gpupool.spec import format_gpu_indices
+from gpupool.spec import format_duration, format_gpu_indices
 
 app = typer.Typer(
     name="gpupool",
@@ -708,21 +708,34 @@ def cancel(
 @app.command()
 def update(
     workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
-    priority: str = typer.Option(
-        ..., "--priority", help="inference|build|interactive|train or 0..1000 (Slurm's scontrol update)"
+    priority: str | None = typer.Option(
+        None, "--priority", help="inference|build|interactive|train or 0..1000 (Slurm's scontrol update)"
+    ),
+    max_duration: str | None = typer.Option(
+        None,
+        "--max-duration",
+        help="a new time limit, e.g. 4h or 1h30m, counted from the start of a running attempt; none: no "
+        "limit (Slurm's TimeLimit=)",
     ),
     task: bool = typer.Option(
         False, "--task", help="a job array's id: change its first task alone, not the whole array"
     ),
 ) -> None:
-    """Change the priority of pending or running work; the next pass orders and preempts by it."""
+    """Change the priority or the time limit of pending or running work, as Slurm's scontrol update.
+
+    The next pass orders and preempts by the new priority. A running attempt already past its new time
+    limit is stopped at the next pass (SIGTERM, then SIGKILL after its grace period)."""
+    if priority is None and max_duration is None:
+        raise CliError("give --priority, --max-duration or both; e.g. gpupool update 12 --max-duration 4h")
     c = client()
-    value: int | str = int(priority) if priority.strip().isdigit() else priority
+    value: int | str | None = int(priority) if priority and priority.strip().isdigit() else priority
     for workload_id in workload_ids:
-        w = c.set_priority(workload_id, value, task=task)
-        ids = w["updated_ids"]
-        also = _many(ids)
-        console.print(f"{workload_id} ({w['name']}): priority {w['priority']}{also}")
+        w = c.update(workload_id, priority=value, max_duration=max_duration, task=task)
+        said = [f"priority {w['priority']}"] if priority is not None else []
+        if max_duration is not None:
+            limit = w["max_duration"]
+            said.append("no time limit" if limit is None else f"max duration {format_duration(limit)}")
+        console.print(f"{workload_id} ({w['name']}): {', '.join(said)}{_many(w['updated_ids'])}")
 
 
 @app.command()

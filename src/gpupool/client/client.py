@@ -237,9 +237,22 @@ class Client:
 
     def set_priority(self, workload_id: int, priority: int | str, *, task: bool = False) -> dict[str, Any]:
         """`priority`: 0..1000 or a class name; `task`: as for `cancel`."""
+        return self.update(workload_id, priority=priority, task=task)
+
+    def update(
+        self,
+        workload_id: int,
+        *,
+        priority: int | str | None = None,
+        max_duration: str | float | None = None,
+        task: bool = False,
+    ) -> dict[str, Any]:
+        """Change pending or running work (Slurm's scontrol update): `priority` (0..1000 or a class name),
+        `max_duration` (seconds, or text like "4h"; "none" removes the limit); `task`: as for `cancel`."""
+        body = {k: v for k, v in (("priority", priority), ("max_duration", max_duration)) if v is not None}
         params = {"task": "true"} if task else None
         path = f"/api/v1/workloads/{workload_id}"
-        result: dict[str, Any] = self._call("PATCH", path, json={"priority": priority}, params=params)
+        result: dict[str, Any] = self._call("PATCH", path, json=body, params=params)
         return result
 
     def hold(self, workload_id: int, *, task: bool = False) -> dict[str, Any]:

@@ -214,8 +214,9 @@ class Observation:
             return
         if attempt.stop_reason == STOP_TIMEOUT:
             attempt.state = FAILED
-            limit = workload.spec.get("max_duration")
-            attempt.reason = f"exceeded max_duration ({limit:g}s); exit code {code}{killed}"
+            limit = workload.spec.get("max_duration")  # removed since the stop (`gpupool update`): none
+            said = "its limit, since removed" if limit is None else f"{limit:g}s"
+            attempt.reason = f"exceeded max_duration ({said}); exit code {code}{killed}"
             transition(s, workload, FAILED, attempt.reason, actor="control")
             return
         if state.phase is Phase.EXITED and code == 0:

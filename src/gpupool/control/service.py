@@ -38,6 +38,7 @@ from gpupool.gpu.catalog import families
 from gpupool.scheduler import Explanation
 from gpupool.scheduler.placement import split_model
 from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request, parse_queue_spec
+from gpupool.spec.quantities import format_duration
 from gpupool.spec.workload import (
     MAX_PRIORITY,
     MAX_REPLICAS,
@@ -310,6 +311,7 @@ def workload_view(
         "array_index": workload.array_index,
         "gpus": workload.gpus,
         "nodes": workload.nodes,
+        "max_duration": workload.spec.get("max_duration"),  # seconds an attempt may run; null: no limit
         "node": last.node_name if running and last else None,
         "gpu_indices": list(last.gpu_indices) if running and last else [],
         # a running service's address, "host:port"; the head proxies to it (see `service_targets`)
@@ -824,27 +826,69 @@ def _set_held(
     return {**view, "held": held, "held_ids": ids}
 
 
-def set_priority(
-    store: Store, workload_id: int, priority: int, *, actor: str = "admin", task: bool = False
+@dataclass(frozen=True)
+class TimeLimit:
+    """A new `max_duration` for `update`: seconds, or None for no limit."""
+
+    seconds: float | None
+
+
+def update(
+    store: Store,
+    workload_id: int,
+    *,
+    priority: int | None = None,
+    limit: TimeLimit | None = None,
+    actor: str = "admin",
+    task: bool = False,
 ) -> dict[str, Any]:
-    """Change the priority (0..1000) of pending or running work (Slurm's scontrol update Priority=): the
-    next pass orders and preempts by it. Whether it is preemptible stays as submitted. It names what
-    `cancel` names: a service whole, a job array whole by its id (unless `task`)."""
-    if not 0 <= priority <= MAX_PRIORITY:
+    """Change pending or running work, as Slurm's scontrol update: its priority (0..1000; the next pass
+    orders and preempts by it; whether it is preemptible stays as submitted) and its time limit
+    (TimeLimit=). A running attempt's limit counts from its start, so one already past a new limit is
+    stopped at the next pass (SIGTERM, then SIGKILL after its grace period) and ends as `max_duration` ends
+    it; a backfill reservation reads the new limit at the next pass too. Both are checked before either
+    changes, and both change in one transaction. It names what `cancel` names: a service whole, a job
+    array whole by its id (unless `task`)."""
+    if priority is None and limit is None:
+        raise Invalid("give a priority or a max_duration to change", field="priority", example="100")
+    if priority is not None and not 0 <= priority <= MAX_PRIORITY:
         raise Invalid(
             f"priority must be 0..{MAX_PRIORITY} or a class name ({', '.join(PRIORITY_CLASSES)}), got "
             f"{priority}",
             field="priority",
             example="100",
         )
+    seconds = None if limit is None else limit.seconds
+    if seconds is not None and not seconds > 0:
+        raise Invalid(
+            f"max_duration must be longer than 0 seconds, or none for no limit, got {seconds:g}",
+            field="max_duration",
+            example="12h",
+        )
 
     def change(s: Session, w: Workload) -> None:
-        if w.priority != priority:
+        if priority is not None and w.priority != priority:
             note(s, w, f"priority {w.priority} -> {priority} by {actor}", actor=actor)
             w.priority = priority
+        before = w.spec.get("max_duration")
+        if limit is not None and before != seconds:
+            note(s, w, f"max_duration {_limit(before)} -> {_limit(seconds)} by {actor}", actor=actor)
+            w.spec = {**w.spec, "max_duration": seconds}  # a new dict: the JSON column sees the change
 
-    view, ids = _change_named(store, workload_id, task, "change the priority of", change)
+    verb = "change the priority of" if limit is None else "change"
+    view, ids = _change_named(store, workload_id, task, verb, change)
     return {**view, "updated_ids": ids}
+
+
+def set_priority(
+    store: Store, workload_id: int, priority: int, *, actor: str = "admin", task: bool = False
+) -> dict[str, Any]:
+    """`update` of the priority alone."""
+    return update(store, workload_id, priority=priority, actor=actor, task=task)
+
+
+def _limit(seconds: float | None) -> str:
+    return "none" if seconds is None else format_duration(seconds)
 
 
 def _standing(workload: Workload) -> str:

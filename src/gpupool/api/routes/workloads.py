@@ -15,7 +15,7 @@ from gpupool.api.errors import ApiError
 from gpupool.control import service
 from gpupool.control.notify import check_allowed
 from gpupool.control.tokens import Caller
-from gpupool.spec import parse_workload_spec
+from gpupool.spec import parse_duration, parse_workload_spec
 from gpupool.spec.workload import PRIORITY_CLASSES, RANGE
 
 router = APIRouter(prefix="/workloads", tags=["workloads"])
@@ -134,15 +134,45 @@ def release(
     return result
 
 
-@router.patch("/{workload_id}", summary="Change pending or running work: its priority")
+@router.patch("/{workload_id}", summary="Change pending or running work: its priority, its time limit")
 def update(
     request: Request,
     workload_id: int,
-    body: dict[str, Any] | None = Body(None, description='{"priority": 100} (0..1000, or a class name)'),
+    body: dict[str, Any] | None = Body(
+        None,
+        description='{"priority": 100} (0..1000, or a class name) and/or {"max_duration": "12h"} (seconds or '
+        'text like 1h30m; null or "none": no limit)',
+    ),
     task: bool = Query(False, description="a job array's id: change its first task alone, not the array"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    given = fields(body, ("priority",)).get("priority")
+    given = fields(body, ("priority", "max_duration"))
+    if "priority" not in given and "max_duration" not in given:
+        raise ApiError(
+            422,
+            "invalid",
+            'priority: required, or max_duration; e.g. {"priority": 100} or {"max_duration": "12h"}',
+            field="priority",
+        )
+    priority = _priority(given["priority"]) if "priority" in given else None
+    wanted = given.get("max_duration")  # null or "none": no limit
+    seconds: float | None = None
+    if wanted is not None and not (isinstance(wanted, str) and wanted.strip().lower() in NO_LIMIT):
+        seconds = parse_duration(wanted, "max_duration")
+    runtime = request.app.state.runtime
+    _owned(runtime, caller, workload_id)
+    limit = service.TimeLimit(seconds) if "max_duration" in given else None
+    result = service.update(
+        runtime.store, workload_id, priority=priority, limit=limit, task=task, actor=caller.name
+    )
+    runtime.wake()
+    return result
+
+
+NO_LIMIT = ("none", "unlimited", "infinite")  # Slurm's TimeLimit=UNLIMITED and INFINITE
+
+
+def _priority(given: object) -> int:
     priority = PRIORITY_CLASSES.get(given.strip().lower()) if isinstance(given, str) else given
     if not isinstance(priority, int) or isinstance(priority, bool):
         said = "required" if given is None else f"{given!r} is not a number 0..1000 or a class name"
@@ -152,11 +182,7 @@ def update(
             f'priority: {said} ({", ".join(PRIORITY_CLASSES)}); e.g. {{"priority": 100}}',
             field="priority",
         )
-    runtime = request.app.state.runtime
-    _owned(runtime, caller, workload_id)
-    result = service.set_priority(runtime.store, workload_id, priority, task=task, actor=caller.name)
-    runtime.wake()
-    return result
+    return priority
 
 
 @router.post(
