@@ -145,8 +145,11 @@ def test_a_new_time_limit_applies_to_running_work_and_a_bad_change_changes_nothi
     out = server.cli("update", str(job["id"]), str(waiting["id"]), "--max-duration", "4h", check=True)
     assert f"{job['id']} (long): max duration 4h" in out.stdout, out.stdout
     assert f"{waiting['id']} (big): max duration 4h" in out.stdout, out.stdout
+    shown = server.cli("show", str(job["id"]), check=True).stdout
+    assert "time limit: 4h per attempt (max_duration); 3h59m" in shown, shown  # what is left of it
     out = server.cli("update", str(waiting["id"]), "--max-duration", "none", check=True)
     assert "no time limit" in out.stdout and server.workload(waiting["id"])["max_duration"] is None
+    assert "time limit" not in server.cli("show", str(waiting["id"]), check=True).stdout
     for args, message in (
         (("--max-duration", "5x"), "max_duration: '5x' is not a duration"),
         (("--max-duration", "0"), "max_duration must be longer than 0 seconds"),

@@ -506,6 +506,9 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     # command is not Rich markup.
     console.print(f"  commands: {escape('; '.join(w['spec'].get('commands', [])))}", highlight=False)
     console.print(f"  workdir: {escape(w['spec'].get('workdir') or '(server default)')}", highlight=False)
+    limit = _time_limit(w)
+    if limit:
+        console.print(f"  time limit: {limit}")
     for a in w["attempt_list"]:
         console.print(f"  attempt {a['number']}: {_attempt_line(a)}\n    log: {escape(a['log_path'])}")
     if w["attempt_list"]:
@@ -517,6 +520,21 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     for e in w["events"]:
         said = escape(f"{e['reason']} ({e['actor']})")
         console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {said}")
+
+
+def _time_limit(w: Mapping[str, Any]) -> str:
+    """`max_duration` for `gpupool show` (Slurm's TimeLimit), with what a running attempt has left of it;
+    empty without a limit."""
+    limit = w.get("max_duration")
+    if limit is None:
+        return ""
+    said = f"{format_duration(limit)} per attempt (max_duration)"
+    running = [a for a in w["attempt_list"] if a["state"] == "running" and a.get("started_at")]
+    if running:
+        ran = (datetime.now(UTC) - datetime.fromisoformat(running[-1]["started_at"])).total_seconds()
+        left = limit - ran
+        said += f"; {format_duration(round(left))} left" if left >= 1 else "; passed: stopping"
+    return said
 
 
 def _attempt_line(a: Mapping[str, Any]) -> str:
