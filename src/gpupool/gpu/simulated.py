@@ -4,6 +4,11 @@ A machine without GPUs (CI, a laptop, a demo) still runs real work: the executor
 process trees it started on which GPU (`attach`), and the simulated GPU's utilization follows the CPU use
 of those trees, its memory their resident memory plus a CUDA context, its temperature and power the
 utilization. Nothing here is random: UUIDs and per-GPU quirks derive from a seed (the host name by default).
+
+Each look counts the CPU seconds the trees used since the look before: of processes seen then, the
+difference; of processes born since, all of it; of those that ended and were reaped by a process still in
+the trees, what their parent's children's time gained beyond what was seen of them. Only the CPU of a tree
+whose last process ended since the last look is lost (nothing is left to ask): up to one sample period.
 """
 
 from __future__ import annotations
@@ -45,20 +50,26 @@ ProcessKey = tuple[int, float]  # (pid, create_time): a pid alone can be reused 
 
 @dataclass(frozen=True)
 class ProcessTreeUsage:
-    """CPU seconds and resident memory of every live process in some process trees."""
+    """CPU seconds and resident memory of every process in some process trees.
+
+    A process's CPU seconds include those of the children it has reaped (the kernel adds them to its own
+    `cutime` and `cstime` when it waits for them), so the CPU of a command that ended between two looks is
+    not lost: it moves into its parent's figure. `parents` names the parent of each process whose parent
+    is in the trees too. Zombies (ended, not yet reaped) keep their final CPU seconds and hold no memory.
+    """
 
     cpu_seconds: dict[ProcessKey, float] = field(default_factory=dict)
     rss_bytes: int = 0
-
-    @property
-    def alive(self) -> bool:
-        return bool(self.cpu_seconds)
+    parents: dict[ProcessKey, ProcessKey] = field(default_factory=dict)
+    alive: bool = False  # some process in the trees still runs
 
 
 def measure_process_trees(pids: Sequence[int]) -> ProcessTreeUsage:
-    """Usage of the trees rooted at `pids`; dead, zombie and inaccessible processes are skipped silently."""
+    """Usage of the trees rooted at `pids`; dead and inaccessible processes are skipped silently."""
     cpu: dict[ProcessKey, float] = {}
+    keys: dict[ProcessKey, int] = {}  # key -> parent pid
     rss = 0
+    alive = False
     for pid in pids:
         try:
             root = psutil.Process(pid)
@@ -68,18 +79,31 @@ def measure_process_trees(pids: Sequence[int]) -> ProcessTreeUsage:
         for proc in tree:
             try:
                 with proc.oneshot():
-                    if proc.status() == psutil.STATUS_ZOMBIE:
-                        continue
                     key = (proc.pid, proc.create_time())
                     if key in cpu:
                         continue  # the same process reached through two attached pids
+                    zombie = proc.status() == psutil.STATUS_ZOMBIE
                     times = proc.cpu_times()
-                    resident = proc.memory_info().rss
+                    parent = proc.ppid()
+                    resident = 0 if zombie else proc.memory_info().rss
             except psutil.Error:
                 continue
-            cpu[key] = times.user + times.system
+            cpu[key] = times.user + times.system + times.children_user + times.children_system
+            keys[key] = parent
             rss += resident
-    return ProcessTreeUsage(cpu, rss)
+            alive = alive or not zombie
+    by_pid = {key[0]: key for key in cpu}
+    parents = {key: by_pid[ppid] for key, ppid in keys.items() if ppid in by_pid}
+    return ProcessTreeUsage(cpu, rss, parents, alive)
+
+
+def process_clock() -> float:
+    """Now, on the clock of psutil's `create_time`: the boot time it uses (/proc/stat's btime, a whole
+    second) plus the time since boot. `time.time()` can be up to a second ahead of it, which made a process
+    born just after a look seem born before it."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return psutil.boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.time()
 
 
 @dataclass
@@ -91,8 +115,10 @@ class _SimulatedGpu:
     temperature_offset_c: float  # a fixed per-GPU quirk so eight GPUs do not read identically
     pids: tuple[int, ...] = ()
     cpu_seen: dict[ProcessKey, float] = field(default_factory=dict)
+    parents_seen: dict[ProcessKey, ProcessKey] = field(default_factory=dict)
+    newly_attached: bool = False  # count the whole CPU time of processes first seen at the next look
     last_monotonic: float | None = None
-    last_wall: float = 0.0  # real unix time of the last look at the processes
+    last_look: float = 0.0  # process_clock() at the last look at the processes
     utilization_pct: float = 0.0
     memory_used_bytes: int = 0
     temperature_c: float = IDLE_TEMPERATURE_C
@@ -115,14 +141,7 @@ class _SimulatedGpu:
         raw_pct = 0.0
         elapsed = None if self.last_monotonic is None else now_monotonic - self.last_monotonic
         if elapsed is not None and elapsed > 0:
-            busy = 0.0
-            for key, seconds in usage.cpu_seconds.items():
-                previous = self.cpu_seen.get(key)
-                if previous is not None:
-                    busy += max(0.0, seconds - previous)
-                elif key[1] > self.last_wall:
-                    busy += seconds  # born since the last look: all its CPU time is new
-            raw_pct = min(100.0, 100.0 * busy / elapsed)
+            raw_pct = min(100.0, 100.0 * self._busy_seconds(usage) / elapsed)
         if elapsed is None:
             self.utilization_pct = raw_pct
         elif elapsed > 0:
@@ -131,10 +150,36 @@ class _SimulatedGpu:
         if self.utilization_pct < 0.05:
             self.utilization_pct = 0.0
         self.cpu_seen = dict(usage.cpu_seconds)
+        self.parents_seen = dict(usage.parents)
+        self.newly_attached = False
         self.last_monotonic = now_monotonic
-        self.last_wall = time.time()
+        self.last_look = process_clock()
         total = self.device.memory_bytes
         self.memory_used_bytes = min(total, CUDA_CONTEXT_BYTES + usage.rss_bytes) if usage.alive else 0
+
+    def _busy_seconds(self, usage: ProcessTreeUsage) -> float:
+        """CPU seconds the trees used since the last look."""
+        busy = 0.0
+        for key, seconds in usage.cpu_seconds.items():
+            previous = self.cpu_seen.get(key)
+            if previous is not None:
+                busy += max(0.0, seconds - previous)
+            elif key[1] > self.last_look or self.newly_attached:
+                busy += seconds  # born since the last look (or just attached): all its CPU time is new
+        for key, previous in self.cpu_seen.items():
+            if key not in usage.cpu_seconds and self._reaped_within(key, usage):
+                busy -= previous  # its whole CPU time now sits in an ancestor's figure: count it once
+        return max(0.0, busy)
+
+    def _reaped_within(self, key: ProcessKey, usage: ProcessTreeUsage) -> bool:
+        """Whether a process gone since the last look has an ancestor still in the trees, whose reaped
+        children's time now holds its own (through any parents that ended with it)."""
+        parent = self.parents_seen.get(key)
+        while parent is not None:
+            if parent in usage.cpu_seconds:
+                return True
+            parent = self.parents_seen.get(parent)
+        return False
 
     def advance_physics(self, at: float) -> None:
         """Move temperature, power and energy forward to time `at` (a clock going backwards counts as 0 s)."""
@@ -285,7 +330,9 @@ class SimulatedProvider:
         if bad:
             raise ValueError(f"attach: process ids must be positive, got {bad} for GPU {index}")
         with self._lock:
-            self._gpu(index).pids = chosen
+            gpu = self._gpu(index)
+            gpu.newly_attached = gpu.newly_attached or bool(set(chosen) - set(gpu.pids))
+            gpu.pids = chosen
 
     def inject_xid(self, index: int, code: int) -> None:
         """Fault injection: GPU `index` reports Xid `code` (e.g. 79, fallen off the bus) from now on."""
