@@ -745,8 +745,8 @@ def update(
     limit is stopped at the next pass (SIGTERM, then SIGKILL after its grace period)."""
     if priority is None and max_duration is None:
         raise CliError("give --priority, --max-duration or both; e.g. gpupool update 12 --max-duration 4h")
+    value = None if priority is None else _priority_option(priority)
     c = client()
-    value: int | str | None = int(priority) if priority and priority.strip().isdigit() else priority
     for workload_id in workload_ids:
         w = c.update(workload_id, priority=value, max_duration=max_duration, task=task)
         said = [f"priority {w['priority']}"] if priority is not None else []
@@ -754,6 +754,20 @@ def update(
             limit = w["max_duration"]
             said.append("no time limit" if limit is None else f"max duration {format_duration(limit)}")
         console.print(f"{workload_id} ({w['name']}): {', '.join(said)}{_many(w['updated_ids'])}")
+
+
+def _priority_option(given: str) -> int | str:
+    """--priority as the API takes it: a number, or a class name (the range is the server's to check)."""
+    text = given.strip()
+    if text.isdigit():
+        return int(text)
+    if text.lower() in spec.PRIORITY_CLASSES:
+        return text.lower()
+    classes = ", ".join(spec.PRIORITY_CLASSES)
+    raise CliError(
+        f"--priority: {given!r} is not a number 0..1000 or a class name ({classes}); "
+        "e.g. --priority 100 or --priority train"
+    )
 
 
 @app.command()
