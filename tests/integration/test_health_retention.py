@@ -80,7 +80,7 @@ def _job(
             pods = [{"node": node, "gpu_indices": list(range(gpus)), "gpu_fraction": 1.0}]
             s.add(
                 Attempt(
-                    workload_id=wid, number=0, state="running" if end is None else "succeeded",
+                    workload_id=wid, queue=queue, number=0, state="running" if end is None else "succeeded",
                     node_name=node, gpu_indices=list(range(gpus)), pods=pods, started_at=started,
                     finished_at=end, log_path=str(log), run_dir=str(run_dir),
                 )

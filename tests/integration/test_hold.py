@@ -155,7 +155,7 @@ def test_a_new_time_limit_applies_to_running_work_and_a_bad_change_changes_nothi
         (("--max-duration", "0"), "max_duration must be longer than 0 seconds"),
         (("--priority", "2000", "--max-duration", "1s"), "priority must be 0..1000"),
         (("--priority", "urgent"), "--priority: 'urgent' is not a number 0..1000 or a class name"),
-        ((), "give --priority, --max-duration or both"),
+        ((), "give --priority, --max-duration or --queue"),
     ):
         refused = server.cli("update", str(job["id"]), *args)
         assert refused.returncode != 0 and message in refused.stderr, refused.stderr

@@ -55,7 +55,7 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0017"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0018"
     again.close()
 
 
@@ -88,6 +88,29 @@ def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> N
     upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
     created = service.submit(upgraded, parse_workload_spec({"commands": ["true"]}))
     assert service.get_workload(upgraded, created["id"])["state"] == "pending"
+    upgraded.close()
+
+
+def test_attempts_from_before_work_could_move_keep_their_workloads_queue(tmp_path: Path) -> None:
+    """Migration 0018 records the queue each attempt ran in: for attempts from before it, their
+    workload's (work never moved until then), so `usage --by queue` reads as it did."""
+    old = _store_at(tmp_path / "old.db", "0017")
+    workload = (
+        "insert into workloads (id, name, kind, queue, user, priority, preemptible, gpus, nodes, spec, "
+        "state, reason, cancel_requested, restarts, created_at, updated_at, version) values (7, 'train', "
+        "'job', 'nlp', 'admin', 50, 1, '1', 1, '{}', 'succeeded', '', 0, 0, '2026-12-01', '2026-12-01', 1)"
+    )
+    attempt = (
+        "insert into attempts (workload_id, number, state, node_name, gpu_indices, gpu_fraction, cpus, "
+        "memory_bytes, run_dir, log_path, reason, stop_reason, started_at) values (7, 0, 'succeeded', 'a', "
+        "'[0]', 1.0, 0, 0, '', '', '', '', '2026-12-01')"
+    )
+    with old.engine.begin() as conn:
+        conn.execute(text(workload))
+        conn.execute(text(attempt))
+    old.close()
+    upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    assert service.get_workload(upgraded, 7)["attempt_list"][0]["queue"] == "nlp"
     upgraded.close()
 
 
@@ -286,7 +309,8 @@ def test_usage_counts_the_attempts_that_overlap_the_window_on_both_databases(sto
         for number, (start, end) in enumerate(spans):
             s.add(
                 Attempt(
-                    workload_id=wid, number=number, state="evicted" if end else "running", node_name="n",
+                    workload_id=wid, queue="default",
+                    number=number, state="evicted" if end else "running", node_name="n",
                     gpu_indices=[0, 1], started_at=now + start * hour,
                     finished_at=None if end is None else now + end * hour,
                 )

@@ -18,7 +18,8 @@ def run_attempt(
         workload.state = "running"
         s.add(
             Attempt(
-                workload_id=workload_id, number=len(workload.attempts), state="running", node_name=node,
+                workload_id=workload_id, queue=workload.queue,
+                number=len(workload.attempts), state="running", node_name=node,
                 gpu_indices=gpus, gpu_fraction=1.0, pods=[{"node": node, "gpu_indices": gpus}],
                 **({"started_at": since} if since is not None else {}),
             )

@@ -296,6 +296,15 @@ def _many(ids: list[int]) -> str:
     return f" ({len(ids)} workloads: {listed})"
 
 
+def _moved(w: dict[str, Any], queue: str) -> str:
+    """What `update --queue` did: "queue nlp", or how many moved when running ones stayed."""
+    moved, updated = w.get("moved_ids") or [], w["updated_ids"]
+    if len(moved) == len(updated):
+        return f"queue {queue}"
+    stay = len(updated) - len(moved)
+    return f"queue {queue} for the {len(moved)} pending; {stay} running stay where they are"
+
+
 def _add_array_and_after(data: dict[str, Any], array: str | None, after: list[str]) -> None:
     """`--array` and `--after` into a spec (the spec checks the values); `--after` adds to its own list."""
     if array is not None:
@@ -510,7 +519,8 @@ def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fa
     if limit:
         console.print(f"  time limit: {limit}")
     for a in w["attempt_list"]:
-        console.print(f"  attempt {a['number']}: {_attempt_line(a)}\n    log: {escape(a['log_path'])}")
+        line = _attempt_line(a, w["queue"])
+        console.print(f"  attempt {a['number']}: {line}\n    log: {escape(a['log_path'])}")
     if w["attempt_list"]:
         last = w["attempt_list"][-1]
         seff = efficiency_line(last, datetime.now(UTC))
@@ -537,14 +547,17 @@ def _time_limit(w: Mapping[str, Any]) -> str:
     return said
 
 
-def _attempt_line(a: Mapping[str, Any]) -> str:
-    """One attempt for `gpupool show`: its state, where, which GPUs (indices, not a count), how it runs, and
-    how it ended (the exit code once, where the reason does not already say it)."""
+def _attempt_line(a: Mapping[str, Any], queue: str) -> str:
+    """One attempt for `gpupool show`: its state, where, which GPUs (indices, not a count), the queue it
+    ran in where the work has moved since (`queue`: the work's now), how it runs, and how it ended (the
+    exit code once, where the reason does not already say it)."""
     gpus = format_gpu_indices(a["gpu_indices"])
     fraction = a.get("gpu_fraction")
     if fraction and fraction < 1 and a["gpu_indices"]:
         gpus = f"{fraction:g} of {gpus}"  # a share of one GPU (resources.gpu: 0.5)
     parts = [f"{styled(a['state'])} on {a['node']}", gpus]
+    if a.get("queue") and a["queue"] != queue:
+        parts.append(f"in queue {a['queue']}")
     if a.get("backend") == "agent":
         parts.append("ranks on " + ",".join(str(p["node"]) for p in a.get("pods") or []))
     elif a.get("slurm_job_id"):
@@ -735,24 +748,30 @@ def update(
         help="a new time limit, e.g. 4h or 1h30m, counted from the start of a running attempt; none: no "
         "limit (Slurm's TimeLimit=)",
     ),
+    queue: str | None = typer.Option(
+        None, "--queue", help="move pending work to this queue (Slurm's Partition=); running work stays"
+    ),
     task: bool = typer.Option(
         False, "--task", help="a job array's id: change its first task alone, not the whole array"
     ),
 ) -> None:
-    """Change the priority or the time limit of pending or running work, as Slurm's scontrol update.
+    """Change the priority, the time limit or the queue of work, as Slurm's scontrol update.
 
     The next pass orders and preempts by the new priority. A running attempt already past its new time
-    limit is stopped at the next pass (SIGTERM, then SIGKILL after its grace period)."""
-    if priority is None and max_duration is None:
-        raise CliError("give --priority, --max-duration or both; e.g. gpupool update 12 --max-duration 4h")
+    limit is stopped at the next pass (SIGTERM, then SIGKILL after its grace period). Only pending work
+    moves to another queue (hold running work first); GPU-hours already used stay with the old queue."""
+    if priority is None and max_duration is None and queue is None:
+        raise CliError("give --priority, --max-duration or --queue; e.g. gpupool update 12 --max-duration 4h")
     value = None if priority is None else _priority_option(priority)
     c = client()
     for workload_id in workload_ids:
-        w = c.update(workload_id, priority=value, max_duration=max_duration, task=task)
+        w = c.update(workload_id, priority=value, max_duration=max_duration, queue=queue, task=task)
         said = [f"priority {w['priority']}"] if priority is not None else []
         if max_duration is not None:
             limit = w["max_duration"]
             said.append("no time limit" if limit is None else f"max duration {format_duration(limit)}")
+        if queue is not None:
+            said.append(_moved(w, queue))
         console.print(f"{workload_id} ({w['name']}): {', '.join(said)}{_many(w['updated_ids'])}")
 
 

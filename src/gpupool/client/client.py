@@ -245,11 +245,14 @@ class Client:
         *,
         priority: int | str | None = None,
         max_duration: str | float | None = None,
+        queue: str | None = None,
         task: bool = False,
     ) -> dict[str, Any]:
         """Change pending or running work (Slurm's scontrol update): `priority` (0..1000 or a class name),
-        `max_duration` (seconds, or text like "4h"; "none" removes the limit); `task`: as for `cancel`."""
-        body = {k: v for k, v in (("priority", priority), ("max_duration", max_duration)) if v is not None}
+        `max_duration` (seconds, or text like "4h"; "none" removes the limit), `queue` (pending work only;
+        Partition=); `task`: as for `cancel`."""
+        given = (("priority", priority), ("max_duration", max_duration), ("queue", queue))
+        body = {k: v for k, v in given if v is not None}
         params = {"task": "true"} if task else None
         path = f"/api/v1/workloads/{workload_id}"
         result: dict[str, Any] = self._call("PATCH", path, json=body, params=params)

@@ -264,7 +264,7 @@ def _gpu_quota(spec: Mapping[str, Any] | None) -> float:
 _SPAN_COLUMNS: Final = (
     Attempt.id, Attempt.state, Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction,
     Attempt.pods, Attempt.started_at, Attempt.finished_at,
-    Workload.id, Workload.name, Workload.queue, Workload.user, Attempt.gpu_utilization_pct,
+    Workload.id, Workload.name, Attempt.queue, Workload.user, Attempt.gpu_utilization_pct,
 )  # fmt: skip
 
 
@@ -284,7 +284,7 @@ def _spans(
         .order_by(Attempt.id)
     )
     if queue is not None:
-        query = query.where(Workload.queue == queue)
+        query = query.where(Attempt.queue == queue)  # where its GPU-hours were spent (work may move)
     for row in s.execute(query):
         yield from _row_spans(row, since, until, models, now)
 

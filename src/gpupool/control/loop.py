@@ -407,6 +407,7 @@ class Reconciler(Observation, SnapshotBuilding):
                 number=number,
                 state=RUNNING,
                 node_name=bind.node,
+                queue=workload.queue,
                 backend=self.backend.name,
                 gpu_indices=list(bind.gpu_indices),
                 gpu_fraction=bind.gpu_fraction,

@@ -339,13 +339,13 @@ class PoolCollector(Collector):
         with self.store.read() as s:
             for queue, indices, fraction, pods, started, finished in s.execute(
                 select(
-                    Workload.queue,
+                    Attempt.queue,
                     Attempt.gpu_indices,
                     Attempt.gpu_fraction,
                     Attempt.pods,
                     Attempt.started_at,
                     Attempt.finished_at,
-                ).join(Workload, Attempt.workload_id == Workload.id)
+                )
             ):
                 start, end = as_utc(started), as_utc(finished)
                 if start is None:

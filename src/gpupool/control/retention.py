@@ -41,6 +41,7 @@ def delete_finished(store: Store, workload_ids: Collection[int]) -> list[int]:
         attempts = s.execute(
             select(
                 Attempt.workload_id,
+                Attempt.queue,
                 Attempt.state,
                 Attempt.gpu_indices,
                 Attempt.gpu_fraction,
@@ -57,9 +58,9 @@ def delete_finished(store: Store, workload_ids: Collection[int]) -> list[int]:
         hours: dict[str, float] = {}
         paths: list[tuple[int, str, str]] = []
         for row in attempts:
-            queue = finished.get(row.workload_id)
-            if queue is None:
+            if row.workload_id not in finished:
                 continue
+            queue = row.queue  # where its GPU-hours were spent (pending work may have moved since)
             start, end = as_utc(row.started_at), as_utc(row.finished_at)
             if start is not None and end is not None:
                 seconds = max(0.0, end.timestamp() - start.timestamp())

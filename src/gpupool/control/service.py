@@ -251,6 +251,7 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "number": attempt.number,
         "state": attempt.state,
         "node": attempt.node_name,
+        "queue": attempt.queue,  # the queue it ran in (its workload may have moved since)
         "gpu_indices": list(attempt.gpu_indices),
         "gpu_fraction": attempt.gpu_fraction,
         "backend": attempt.backend,
@@ -839,18 +840,22 @@ def update(
     *,
     priority: int | None = None,
     limit: TimeLimit | None = None,
+    queue: str | None = None,
     actor: str = "admin",
     task: bool = False,
 ) -> dict[str, Any]:
     """Change pending or running work, as Slurm's scontrol update: its priority (0..1000; the next pass
-    orders and preempts by it; whether it is preemptible stays as submitted) and its time limit
-    (TimeLimit=). A running attempt's limit counts from its start, so one already past a new limit is
-    stopped at the next pass (SIGTERM, then SIGKILL after its grace period) and ends as `max_duration` ends
-    it; a backfill reservation reads the new limit at the next pass too. Both are checked before either
-    changes, and both change in one transaction. It names what `cancel` names: a service whole, a job
-    array whole by its id (unless `task`)."""
-    if priority is None and limit is None:
-        raise Invalid("give a priority or a max_duration to change", field="priority", example="100")
+    orders and preempts by it; whether it is preemptible stays as submitted), its time limit (TimeLimit=)
+    and, while it waits, its queue (Partition=). A running attempt's limit counts from its start, so one
+    already past a new limit is stopped at the next pass (SIGTERM, then SIGKILL after its grace period) and
+    ends as `max_duration` ends it; a backfill reservation reads the new limit at the next pass too. Only
+    pending work moves to another queue: of a job array, its pending tasks (those running finish where
+    they are); a service, only with no replica running. The GPU-hours of attempts that ran before stay
+    with the queue they ran in (Attempt.queue). Everything is checked before anything changes, and all
+    changes in one transaction. It names what `cancel` names: a service whole, a job array whole by its
+    id (unless `task`)."""
+    if priority is None and limit is None and queue is None:
+        raise Invalid("give a priority, a max_duration or a queue to change", field="priority", example="100")
     if priority is not None and not 0 <= priority <= MAX_PRIORITY:
         raise Invalid(
             f"priority must be 0..{MAX_PRIORITY} or a class name ({', '.join(PRIORITY_CLASSES)}), got "
@@ -866,6 +871,10 @@ def update(
             example="12h",
         )
 
+    def check(s: Session, named: Workload, active: list[Workload]) -> None:
+        if queue is not None:
+            _check_move(s, named, active, queue)
+
     def change(s: Session, w: Workload) -> None:
         if priority is not None and w.priority != priority:
             note(s, w, f"priority {w.priority} -> {priority} by {actor}", actor=actor)
@@ -874,10 +883,45 @@ def update(
         if limit is not None and before != seconds:
             note(s, w, f"max_duration {_limit(before)} -> {_limit(seconds)} by {actor}", actor=actor)
             w.spec = {**w.spec, "max_duration": seconds}  # a new dict: the JSON column sees the change
+        if queue is not None and w.state == PENDING:
+            moved.append(w.id)
+            if w.queue != queue:
+                note(s, w, f"queue {w.queue} -> {queue} by {actor}", actor=actor)
+                w.queue = queue
+                w.spec = {**w.spec, "queue": queue}
 
-    verb = "change the priority of" if limit is None else "change"
-    view, ids = _change_named(store, workload_id, task, verb, change)
-    return {**view, "updated_ids": ids}
+    moved: list[int] = []
+    verb = "change the priority of" if limit is None and queue is None else "change"
+    view, ids = _change_named(store, workload_id, task, verb, change, check)
+    return {**view, "updated_ids": ids, **({"moved_ids": moved} if queue is not None else {})}
+
+
+def _check_move(s: Session, named: Workload, active: list[Workload], queue: str) -> None:
+    """Refuse to move work to `queue` (409, or 422 for a queue that does not exist) where nothing named
+    is pending, or where a service would be split between queues."""
+    if s.scalar(select(Queue.id).where(Queue.name == queue)) is None:
+        names = ", ".join(s.scalars(select(Queue.name).order_by(Queue.name))) or "none"
+        raise Invalid(
+            f"queue {queue!r} does not exist (queues: {names})", field="queue", example=DEFAULT_QUEUE
+        )
+    running = [w for w in active if w.state != PENDING]
+    if not running:
+        return
+    if named.kind == SERVICE:
+        raise Conflict(
+            f"service {named.name} (workload {named.service_id}) has {len(running)} replica"
+            f"{'s' if len(running) != 1 else ''} running; a service moves to another queue only while none "
+            f"runs: `gpupool hold {named.service_id}`, update, then `gpupool release {named.service_id}`",
+            field="queue",
+        )
+    if len(running) == len(active):
+        what = f"job array {named.array_id}'s tasks are all" if len(active) > 1 else f"workload {named.id} is"
+        raise Conflict(
+            f"{what} running; only pending work moves to another queue (as Slurm's Partition=): "
+            f"`gpupool hold {named.id}` stops it (from its checkpoint if it has one), then update and "
+            f"`gpupool release {named.id}`",
+            field="queue",
+        )
 
 
 def set_priority(
@@ -902,10 +946,16 @@ def _standing(workload: Workload) -> str:
 
 
 def _change_named(
-    store: Store, workload_id: int, task: bool, verb: str, change: Callable[[Session, Workload], None]
+    store: Store,
+    workload_id: int,
+    task: bool,
+    verb: str,
+    change: Callable[[Session, Workload], None],
+    check: Callable[[Session, Workload, list[Workload]], None] | None = None,
 ) -> tuple[dict[str, Any], list[int]]:
     """`change` each pending or running workload that `workload_id` names (see `_named`) and nobody asked
-    to stop, in one transaction; the named workload's view and the ids changed. 409 when none is left."""
+    to stop, in one transaction, once `check` (given the named workload and those) has not refused; the
+    named workload's view and the ids changed. 409 when none is left."""
     for _ in range(5):
         try:
             with store.session() as s:
@@ -914,6 +964,8 @@ def _change_named(
                 active = [w for w in _active(group) if not w.cancel_requested]
                 if not active:
                     raise Conflict(f"workload {workload_id} {_standing(workload)}; nothing to {verb}")
+                if check is not None:
+                    check(s, workload, active)
                 for w in active:
                     change(s, w)
                 s.flush()

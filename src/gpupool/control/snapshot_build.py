@@ -8,7 +8,7 @@ nothing changed, so that the scheduler recognises an unchanged snapshot by ident
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +37,8 @@ from gpupool.timeutil import as_utc, utcnow
 
 USAGE_REFRESH = 30.0  # seconds between recomputations of the queues' decayed usage
 USAGE_HORIZON_HALF_LIVES = 10  # attempts that ended longer ago than this many half-lives are ignored
+# What `gpupool update` may change of cached views besides the priority, read each pass with the work.
+CHANGEABLE = (Workload.queue, Workload.spec["max_duration"].as_float())
 BY_SERVICE = ("attained", "las")  # orderings that rank pending work by the service it already received
 HELD_EXPLANATION = scheduler.Explanation(
     HELD, "held (its history says by whom: hold, --hold, idle); `gpupool release` lets it start"
@@ -88,16 +90,16 @@ class SnapshotBuilding:
         now = time.time() if now is None else now
         config = self._config
         rows = s.execute(
-            select(Workload.id, Workload.priority, Workload.restarts, Workload.held)
+            select(Workload.id, Workload.priority, Workload.restarts, Workload.held, *CHANGEABLE)
             .where(Workload.state == PENDING)
             .order_by(Workload.id)
         ).all()
-        self.held = self._held_reasons(s, [int(wid) for wid, _, _, held in rows if held])
-        restarted = [(int(wid), int(n)) for wid, _, n, held in rows if n and not held]
+        self.held = self._held_reasons(s, [int(wid) for wid, _, _, held, *_ in rows if held])
+        restarted = [(int(wid), int(n)) for wid, _, n, held, *_ in rows if n and not held]
         self.backing_off = self._backing_off(s, restarted, now) if restarted else {}
         pending = [
             (int(wid), int(priority))
-            for wid, priority, _, held in rows
+            for wid, priority, _, held, *_ in rows
             if not held and wid not in self.backing_off
         ]
         attempts = s.execute(
@@ -111,12 +113,16 @@ class SnapshotBuilding:
                 Attempt.stop_requested_at,
                 Attempt.pods,
                 Attempt.stop_for_workload,
+                *CHANGEABLE,
             )
             .join(Workload, Attempt.workload_id == Workload.id)
             .where(Attempt.state == RUNNING)
             .order_by(Attempt.workload_id)
         ).all()
         self._cache_views(s, [wid for wid, _ in pending] + [row[0] for row in attempts])
+        listed = {int(wid) for wid, _ in pending}
+        self._updated((row[0], row[-2], row[-1]) for row in rows if row[0] in listed)
+        self._updated((row[0], row[-2], row[-1]) for row in attempts)
         after = self._after
         self.dependencies.sort(s, {wid: after[wid] for wid, _ in pending if wid in after})
         held = self.dependencies.waiting.keys() | self.dependencies.never.keys()
@@ -149,7 +155,7 @@ class SnapshotBuilding:
         earlier = self._attained.of_running(s, keys) if bands is not None else {}
         running = []
         for row, start, key in zip(attempts, started, keys, strict=True):
-            wid, priority, node, indices, fraction, _, stopping, pods, stop_for = row
+            wid, priority, node, indices, fraction, _, stopping, pods, stop_for, *_ = row
             placement = tuple(
                 scheduler.PodPlacement(
                     p["node"], tuple(int(i) for i in p["gpu_indices"]), p.get("gpu_fraction") or 1.0
@@ -191,6 +197,15 @@ class SnapshotBuilding:
         if bands is not None:
             queues = bands.queues(queues)
         return scheduler.Snapshot(nodes, tuple(views), queues, tuple(running), config)
+
+    def _updated(self, rows: Iterable[tuple[int, str, float | None]]) -> None:
+        """Refresh the cached views of work whose queue or time limit changed since they were made
+        (`gpupool update --queue / --max-duration`; `rows`: id, queue, max_duration read this pass)."""
+        views = self._views
+        for wid, queue, limit in rows:
+            view = views[wid]
+            if view.queue != queue or view.max_duration != limit:
+                views[wid] = replace(view, queue=queue, max_duration=limit)
 
     def _within_user_limits(
         self, queue_rows: Sequence[Queue], pending: list[tuple[int, int]], running: list[int]
@@ -252,9 +267,8 @@ class SnapshotBuilding:
             return self._usage_cache[1]
         horizon = datetime.fromtimestamp(now - USAGE_HORIZON_HALF_LIVES * settings.usage_half_life, UTC)
         rows = s.execute(
-            select(Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods,
+            select(Attempt.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods,
                    Attempt.started_at, Attempt.finished_at)
-            .join(Workload, Attempt.workload_id == Workload.id)
             .where(or_(Attempt.finished_at.is_(None), Attempt.finished_at >= horizon))
         ).all()  # fmt: skip
         intervals = []

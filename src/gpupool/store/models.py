@@ -185,6 +185,8 @@ class Attempt(Base):
     number: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16), default="starting")
     node_name: Mapped[str] = mapped_column(String(253))
+    # The queue it ran in: its workload's when it started (pending work may move; its GPU-hours stay).
+    queue: Mapped[str] = mapped_column(String(63))
     gpu_indices: Mapped[list[Any]] = mapped_column(JSON, default=list)
     gpu_fraction: Mapped[float] = mapped_column(Float, default=0.0)
     cpus: Mapped[float] = mapped_column(Float, default=0.0)

@@ -79,8 +79,8 @@ def ended_bench_job(store: Store, tmp_path: Path, logs: dict[int, str], *, comma
         s.add(w)
         s.flush()
         pods = [{"node": "node-1", "gpu_indices": [0]}, {"node": "node-2", "gpu_indices": [0]}]
-        s.add(Attempt(workload_id=w.id, number=0, state="succeeded", node_name="node-1", pods=pods,
-                      log_path=str(log_path), finished_at=ended))  # fmt: skip
+        s.add(Attempt(workload_id=w.id, queue="default", number=0, state="succeeded", node_name="node-1",
+                      pods=pods, log_path=str(log_path), finished_at=ended))  # fmt: skip
         return w.id
 
 

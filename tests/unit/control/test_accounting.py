@@ -47,7 +47,7 @@ def _attempt(
         s.flush()
         s.add(
             Attempt(
-                workload_id=workload.id, number=0, state=state, node_name=node,
+                workload_id=workload.id, queue=queue, number=0, state=state, node_name=node,
                 gpu_indices=list(range(gpus)), gpu_fraction=fraction, pods=pods or [],
                 started_at=start, finished_at=end,
             )

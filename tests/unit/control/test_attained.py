@@ -37,10 +37,13 @@ def _submit(store: Store, queue: str) -> int:
 
 def _ended_attempt(store: Store, workload_id: int, pods: list[dict[str, object]], seconds: float) -> None:
     with store.session() as s:
-        number = len(s.get(Workload, workload_id).attempts) + 1  # type: ignore[union-attr]
+        workload = s.get(Workload, workload_id)
+        assert workload is not None
+        number = len(workload.attempts) + 1
         s.add(
             Attempt(
-                workload_id=workload_id, number=number, state="preempted", node_name=str(pods[0]["node"]),
+                workload_id=workload_id, queue=workload.queue, number=number, state="preempted",
+                node_name=str(pods[0]["node"]),
                 gpu_indices=pods[0]["gpu_indices"], gpu_fraction=1.0, pods=pods,
                 started_at=T0, finished_at=T0 + timedelta(seconds=seconds),
             )

@@ -51,7 +51,7 @@ def _used(store: Store, queue: str, start: datetime, hours: float, gpus: int = 1
         s.flush()
         s.add(
             Attempt(
-                workload_id=workload.id, number=0, state="succeeded", node_name="a",
+                workload_id=workload.id, queue=queue, number=0, state="succeeded", node_name="a",
                 gpu_indices=list(range(gpus)), gpu_fraction=1.0, pods=[],
                 started_at=start, finished_at=start + hours * H,
             )
@@ -131,7 +131,8 @@ def test_a_tally_reads_only_what_changed_and_equals_a_whole_count(store: Store) 
             s.add(workload)
             s.flush()
             row = Attempt(
-                workload_id=workload.id, number=0, state="running" if end is None else "succeeded",
+                workload_id=workload.id, queue=queue,
+                number=0, state="running" if end is None else "succeeded",
                 node_name="a", gpu_indices=list(range(gpus)), gpu_fraction=1.0, pods=[],
                 started_at=start, finished_at=end,
             )  # fmt: skip

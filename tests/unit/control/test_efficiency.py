@@ -108,7 +108,8 @@ def test_a_restarted_head_resumes_the_stored_figures(store: Store) -> None:
         s.add(workload)
         s.flush()
         started = datetime.fromtimestamp(START, UTC)
-        s.add(Attempt(workload_id=workload.id, number=0, state="running", node_name="n1", gpu_indices=[0],
+        s.add(Attempt(workload_id=workload.id, queue=workload.queue, number=0, state="running",
+                      node_name="n1", gpu_indices=[0],
                       started_at=started))  # fmt: skip
     cache = TelemetryCache()
     _feed(cache, 0, START, START + 11, 100.0, GIB)

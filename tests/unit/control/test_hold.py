@@ -18,7 +18,16 @@ def _running(store: Store) -> int:
     with store.session() as s:
         workload = s.get(Workload, wid)
         assert workload is not None and transition(s, workload, RUNNING, "started").accepted
-        s.add(Attempt(workload_id=wid, number=0, state=RUNNING, node_name="node-1", backend="local"))
+        s.add(
+            Attempt(
+                workload_id=wid,
+                queue=workload.queue,
+                number=0,
+                state=RUNNING,
+                node_name="node-1",
+                backend="local",
+            )
+        )
     return wid
 
 

@@ -100,7 +100,17 @@ def test_watched_attempts_are_those_running_that_declare_idle_and_nobody_stopped
         with store.session() as s:
             workload = s.get(Workload, wid)
             assert workload is not None and transition(s, workload, RUNNING, "started").accepted
-            s.add(Attempt(workload_id=wid, number=0, state=RUNNING, node_name="n", gpu_indices=[3], pods=[]))
+            s.add(
+                Attempt(
+                    workload_id=wid,
+                    queue=workload.queue,
+                    number=0,
+                    state=RUNNING,
+                    node_name="n",
+                    gpu_indices=[3],
+                    pods=[],
+                )
+            )
         return wid
 
     watched = running({"resources": {"gpu": 1}, "idle": "30m"})

@@ -126,7 +126,7 @@ def test_the_earlier_attempts_count_toward_a_running_workloads_band(tmp_path: Pa
     with store.session() as s:
         s.add(
             Attempt(
-                workload_id=resumed, number=0, state="evicted", node_name="a", gpu_indices=[0],
+                workload_id=resumed, queue="team", number=0, state="evicted", node_name="a", gpu_indices=[0],
                 gpu_fraction=1.0, pods=[{"node": "a", "gpu_indices": [0]}],
                 started_at=T0 - timedelta(hours=1), finished_at=T0 - timedelta(minutes=50),
             )

@@ -18,7 +18,16 @@ def test_a_service_being_launched_is_starting_and_then_reached_at_its_endpoint(s
     with store.session() as s:
         workload = s.get(Workload, wid)
         assert workload is not None and transition(s, workload, RUNNING, "started").accepted
-        s.add(Attempt(workload_id=wid, number=0, state=RUNNING, node_name="node-1", backend="local"))
+        s.add(
+            Attempt(
+                workload_id=wid,
+                queue=workload.queue,
+                number=0,
+                state=RUNNING,
+                node_name="node-1",
+                backend="local",
+            )
+        )
     with pytest.raises(Unavailable) as caught:
         service.service_targets(store, wid)
     assert "attempt 0 is starting" in caught.value.message and "try again in a moment" in caught.value.message

@@ -65,7 +65,16 @@ def test_the_control_loop_starts_a_check_job_only_on_a_node_with_nothing_running
         user = Workload(name="train", queue="default", spec={}, state="running")
         s.add(user)
         s.flush()
-        s.add(Attempt(workload_id=user.id, number=0, state="running", node_name="node-2", gpu_indices=[0]))
+        s.add(
+            Attempt(
+                workload_id=user.id,
+                queue="default",
+                number=0,
+                state="running",
+                node_name="node-2",
+                gpu_indices=[0],
+            )
+        )
     refused: list[Exception] = []
 
     def ask(node: str) -> threading.Thread:
@@ -267,8 +276,8 @@ def test_a_check_job_whose_node_was_lost_gives_no_verdict_and_a_lost_node_keeps_
                        started_at=utcnow())  # fmt: skip
         s.add(job)
         s.flush()
-        s.add(Attempt(workload_id=job.id, number=0, state="failed", node_name="node-1", gpu_indices=[0, 1],
-                      reason=lost, log_path=str(tmp_path / "none.log")))  # fmt: skip
+        s.add(Attempt(workload_id=job.id, queue=SYSTEM_QUEUE, number=0, state="failed", node_name="node-1",
+                      gpu_indices=[0, 1], reason=lost, log_path=str(tmp_path / "none.log")))  # fmt: skip
         job_id = job.id
         s.query(Node).filter_by(name="node-2").one().state = "lost"
     with pytest.raises(CheckInterrupted, match="was stopped before it reported \\(lost: node-lost: rank 0"):

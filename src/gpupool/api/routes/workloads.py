@@ -29,14 +29,7 @@ def submit(
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     spec = parse_workload_spec(body)
-    if not caller.may_submit_to(spec.queue):
-        raise ApiError(
-            403,
-            "forbidden",
-            f"queue: the token {caller.name!r} may submit only to {', '.join(caller.queues)}, not "
-            f"{spec.queue!r}; name one of those, or ask an admin",
-            field="queue",
-        )
+    _may_submit_to(caller, spec.queue)
     runtime = request.app.state.runtime
     check_allowed(spec.model_dump(mode="json"), runtime.settings.notify_hosts)
     created = service.submit(runtime.store, spec, user=caller.name, held=hold)
@@ -134,27 +127,31 @@ def release(
     return result
 
 
-@router.patch("/{workload_id}", summary="Change pending or running work: its priority, its time limit")
+@router.patch(
+    "/{workload_id}", summary="Change work: its priority, its time limit, and while it waits its queue"
+)
 def update(
     request: Request,
     workload_id: int,
     body: dict[str, Any] | None = Body(
         None,
-        description='{"priority": 100} (0..1000, or a class name) and/or {"max_duration": "12h"} (seconds or '
-        'text like 1h30m; null or "none": no limit)',
+        description='{"priority": 100} (0..1000, or a class name), {"max_duration": "12h"} (seconds or '
+        'text like 1h30m; null or "none": no limit) and/or {"queue": "nlp"} (pending work only)',
     ),
     task: bool = Query(False, description="a job array's id: change its first task alone, not the array"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    given = fields(body, ("priority", "max_duration"))
-    if "priority" not in given and "max_duration" not in given:
+    given = fields(body, ("priority", "max_duration", "queue"))
+    if not given.keys() & {"priority", "max_duration", "queue"}:
         raise ApiError(
             422,
             "invalid",
-            'priority: required, or max_duration; e.g. {"priority": 100} or {"max_duration": "12h"}',
+            'priority: required, or max_duration, or queue; e.g. {"priority": 100}, {"max_duration": "12h"} '
+            'or {"queue": "nlp"}',
             field="priority",
         )
     priority = _priority(given["priority"]) if "priority" in given else None
+    queue = _queue(given["queue"], caller) if "queue" in given else None
     wanted = given.get("max_duration")  # null or "none": no limit
     seconds: float | None = None
     if wanted is not None and not (isinstance(wanted, str) and wanted.strip().lower() in NO_LIMIT):
@@ -163,13 +160,37 @@ def update(
     _owned(runtime, caller, workload_id)
     limit = service.TimeLimit(seconds) if "max_duration" in given else None
     result = service.update(
-        runtime.store, workload_id, priority=priority, limit=limit, task=task, actor=caller.name
+        runtime.store, workload_id, priority=priority, limit=limit, queue=queue, task=task, actor=caller.name
     )
     runtime.wake()
     return result
 
 
 NO_LIMIT = ("none", "unlimited", "infinite")  # Slurm's TimeLimit=UNLIMITED and INFINITE
+
+
+def _queue(given: object, caller: Caller) -> str:
+    """The queue work moves to: a name the caller's token may submit to (whether it exists is the
+    store's to say)."""
+    if not isinstance(given, str) or not given.strip():
+        raise ApiError(
+            422, "invalid", 'queue: a queue name is required; e.g. {"queue": "nlp"}', field="queue"
+        )
+    name = given.strip()
+    _may_submit_to(caller, name)
+    return name
+
+
+def _may_submit_to(caller: Caller, queue: str) -> None:
+    """Refuse (403) work in a queue the caller's token is not for (tokens limited to some queues)."""
+    if not caller.may_submit_to(queue):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"queue: the token {caller.name!r} may submit only to {', '.join(caller.queues)}, not "
+            f"{queue!r}; name one of those, or ask an admin",
+            field="queue",
+        )
 
 
 def _priority(given: object) -> int:
