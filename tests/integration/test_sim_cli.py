@@ -39,6 +39,8 @@ def test_sim_run_compares_policies_and_writes_json_and_a_report(tmp_path: Path) 
     assert data["policies"]["las"]["avg_jct_s"] <= data["policies"]["fifo"]["avg_jct_s"]
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| las |" in report and "![JCT distribution](jct_cdf.png)" in report
+    fair_share = report.index("![Allocation against fair share: gpupool](fair_share_gpupool.png)")
+    assert report.index("Shaded: GPUs a queue holds above its fair share", fair_share) > fair_share
     for png in ("jct_cdf.png", "queue_length.png", "gpu_util.png", "fair_share_gpupool.png"):
         assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

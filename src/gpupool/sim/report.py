@@ -34,6 +34,17 @@ def _figure(width: float = 7.0, height: float = 4.0) -> Figure:
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
+ABOVE_FAIR_SHARE = (
+    "Shaded: GPUs a queue holds above its fair share. Fair shares divide what the queues ask for, so "
+    "while one queue is above its share another is below it and would take those GPUs: it has not, "
+    "because reclaim starts only work that fits within its queue's fair share once started, takes only "
+    "preemptible single-pod work, and leaves every victim queue at or above its own share "
+    "(docs/simulator.md). Long shaded stretches mean the waiting queues' jobs are larger than the gap to "
+    "their fair share, or larger than what the queues above theirs may give; the per-queue quota "
+    "violation below counts what it cost."
+)
+
+
 def write_report(experiment: Experiment, folder: Path) -> Path:
     """Write report.md and the plots into `folder`; returns report.md's path."""
     check_plotting()
@@ -90,6 +101,8 @@ def _markdown(experiment: Experiment, plots: list[tuple[str, Path]]) -> str:
         lines.append(f"- **{p.name}**: {p.description}")
     for title, path in plots:
         lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
+        if path.name.startswith("fair_share_"):
+            lines += ["", ABOVE_FAIR_SHARE]
     lines += ["", "## Per queue", ""]
     lines.append("| policy | queue | quota (GPUs) | jobs | avg JCT (h) | mean slowdown | quota violation |")
     lines.append("|---|---|---:|---:|---:|---:|---:|")
@@ -153,8 +166,13 @@ def _fair_share(experiment: Experiment, result: Any, path: Path) -> Path:
     xs = [s.t / HOUR for s in result.timeline]
     for i, queue in enumerate(queues):
         ax = axes[i // cols][i % cols]
-        ax.plot(xs, [s.allocated.get(queue, 0.0) for s in result.timeline], label="allocated", linewidth=1)
-        ax.plot(xs, [s.fair_share.get(queue, 0.0) for s in result.timeline], label="fair share", linewidth=1)
+        allocated = [s.allocated.get(queue, 0.0) for s in result.timeline]
+        fair = [s.fair_share.get(queue, 0.0) for s in result.timeline]
+        ax.plot(xs, allocated, label="allocated", linewidth=1)
+        ax.plot(xs, fair, label="fair share", linewidth=1)
+        above = [a > f for a, f in zip(allocated, fair, strict=True)]
+        ax.fill_between(xs, fair, allocated, where=above, color="tab:red", alpha=0.25, linewidth=0,
+                        label="above fair share")  # fmt: skip
         ax.axhline(result.quotas.get(queue, 0.0), color="grey", linestyle="--", linewidth=0.8, label="quota")
         ax.set_title(queue, fontsize=9)
         ax.tick_params(labelsize=7)
