@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.browser import Page
 from tests.support.server import ServerProcess
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -158,3 +159,50 @@ def test_a_refused_token_says_so_and_shows_no_pool(
     shown = parse(render(browser, f"{server.url}/ui#token=not-a-token", tmp_path / "profile"))
     assert "the token was refused (401)" in "".join(shown.text)
     assert not shown.rows
+
+
+def _button(workload_id: int, action: str) -> str:
+    return f'document.querySelector(\'tr[data-workload="{workload_id}"] button[data-action="{action}"]\')'
+
+
+def test_work_is_held_released_and_cancelled_from_the_dashboard_by_those_allowed_to(
+    server: ServerProcess, browser: str, tmp_path: Path
+) -> None:
+    train = server.submit({"name": "train", "resources": {"gpu": 2}, "commands": ["sleep 60"]})
+    huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
+    server.wait_for(train["id"], ("running",))
+    page = Page(browser, server.cli("ui", check=True).stdout.strip(), tmp_path / "admin")
+    try:
+        page.wait_for(f"{_button(train['id'], 'hold')} !== null")
+        page.evaluate(f"{_button(train['id'], 'hold')}.click()")
+        server.wait_until(train["id"], lambda w: w["held"] and w["state"] == "pending")
+        assert (
+            page.wait_for("document.getElementById('notice').textContent") == f"hold: {train['id']} (train)"
+        )
+        page.wait_for(f"{_button(train['id'], 'release')} !== null")  # the page shows it held
+        page.evaluate(f"{_button(train['id'], 'release')}.click()")
+        server.wait_until(train["id"], lambda w: not w["held"])
+
+        # Cancel takes a second click: the first only arms the button.
+        page.evaluate(f"{_button(huge['id'], 'cancel')}.click()")
+        assert page.evaluate(f"{_button(huge['id'], 'cancel')}.textContent") == "confirm cancel"
+        time.sleep(1.0)
+        assert server.workload(huge["id"])["state"] == "pending"
+        page.evaluate(f"{_button(huge['id'], 'cancel')}.click()")
+        assert server.wait_for(huge["id"])["state"] == "cancelled"
+    finally:
+        page.close()
+
+    made = server.cli("token", "create", "bob", "--role", "viewer", check=True)
+    viewer = Page(browser, f"{server.url}/ui#token={made.stdout.splitlines()[-1]}", tmp_path / "viewer")
+    try:
+        cancel = _button(train["id"], "cancel")
+        viewer.wait_for(f"{cancel} !== null")
+        viewer.evaluate(f"{cancel}.click(); {cancel}.click()")
+        said = viewer.wait_for("document.getElementById('notice').textContent")
+        assert said.startswith(f"cancel {train['id']} refused: ") and "viewer" in said, said
+        assert viewer.evaluate("document.getElementById('notice').className") == "error"
+    finally:
+        viewer.close()
+    assert server.workload(train["id"])["state"] in ("pending", "running")  # the viewer changed nothing
+    server.cli("cancel", str(train["id"]), check=True)
