@@ -13,9 +13,11 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.orm.exc import StaleDataError
 
+from gpupool.backends.agent import AgentBackend
 from gpupool.control import accounting, secrets, service, tokens
 from gpupool.control.errors import Conflict, Invalid
 from gpupool.control.lifecycle import transition
+from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.secret_keys import SecretKeys
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.store.db import Store
@@ -23,6 +25,7 @@ from gpupool.store.models import Attempt, Event, Secret, Workload
 from gpupool.timeutil import as_utc
 from tests.support.postgres import PostgresServer, database_url
 from tests.support.server import ServerProcess
+from tests.support.store import run_attempt
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -340,3 +343,28 @@ def test_the_server_runs_jobs_on_postgresql(postgres: PostgresServer, tmp_path: 
         assert done["state"] == "succeeded" and done["attempts"] == 1, done
     finally:
         server.stop()
+
+
+def test_the_next_pass_sees_a_new_queue_and_time_limit_on_both_databases(
+    store: Store, tmp_path: Path
+) -> None:
+    """The control loop keeps each workload's scheduler view from pass to pass; `gpupool update` may change
+    its queue and time limit (read from the spec's JSON in SQL), which the next pass must see."""
+    service.create_queue(store, parse_queue_spec({"name": "nlp"}))
+    spec = parse_workload_spec({"commands": ["x"], "max_duration": "1h"})
+    waiting, running = (int(service.submit(store, spec)["id"]) for _ in range(2))
+    now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    run_attempt(store, running, "a", [0], now)
+    reconciler = Reconciler(
+        store, AgentBackend(lease=10.0), None, ControlSettings(home=tmp_path, node_name="h")
+    )
+
+    def views() -> dict[int, tuple[str, float | None]]:
+        with store.read() as s:
+            snapshot = reconciler._snapshot(s, now.timestamp())
+        return {w.id: (w.queue, w.max_duration) for w in (*snapshot.pending, *snapshot.running)}
+
+    assert views() == {waiting: ("default", 3600.0), running: ("default", 3600.0)}
+    service.update(store, waiting, queue="nlp", limit=service.TimeLimit(7200.0))
+    service.update(store, running, limit=service.TimeLimit(None))
+    assert views() == {waiting: ("nlp", 7200.0), running: ("default", None)}  # the same reconciler

@@ -175,7 +175,9 @@ class _SimulatedGpu:
         """Whether a process gone since the last look has an ancestor still in the trees, whose reaped
         children's time now holds its own (through any parents that ended with it)."""
         parent = self.parents_seen.get(key)
-        while parent is not None:
+        for _ in range(len(self.parents_seen)):  # a chain, never longer than the tree (no loop on bad data)
+            if parent is None:
+                return False
             if parent in usage.cpu_seconds:
                 return True
             parent = self.parents_seen.get(parent)
