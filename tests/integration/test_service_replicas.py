@@ -71,6 +71,11 @@ def test_requests_go_round_the_replicas_and_follow_a_scale_up_a_scale_down_and_a
             listed = server.cli("ps", check=True).stdout
             assert "echo#1" in listed
 
+            refused = server.cli("scale", str(sid), "three")
+            assert refused.returncode != 0 and refused.stderr.startswith(
+                "error: replicas: 'three' is not a whole"
+            )
+            assert f"e.g. gpupool scale {sid} 2" in refused.stderr, refused.stderr
             scaled = server.cli("scale", str(sid), "3", check=True).stdout
             assert "3 replicas" in scaled
             shown = _running(server, sid, 3)

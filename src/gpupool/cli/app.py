@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import time
@@ -841,6 +842,11 @@ def scale(
     the highest-numbered) stop after their grace period. For a service with `scaling`, give its new range
     instead: gpupool scale 5 2..6"""
     count = replicas.strip()
+    if not re.fullmatch(r"\d+|\d+\s*\.\.\s*\d+", count):
+        raise CliError(
+            f"replicas: {replicas!r} is not a whole number or a range MIN..MAX; e.g. gpupool scale "
+            f"{workload_id} 2, or gpupool scale {workload_id} 1..4 for a service that scales itself"
+        )
     w = client().scale(workload_id, int(count) if count.isdigit() else count)
     if as_json:
         print_json(w)
