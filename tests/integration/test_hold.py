@@ -90,6 +90,52 @@ def test_held_running_work_stops_gracefully_and_resumes_from_its_checkpoint(
         kill_attempts_under(tmp_path)
 
 
+def test_requeued_work_stops_gracefully_and_starts_again_from_its_checkpoint_unheld(
+    tmp_path: Path, job_dir: Path
+) -> None:
+    """`gpupool requeue` (Slurm's scontrol requeue): running work stops with its grace period and goes back
+    to the scheduler, which starts it again at once here (nothing holds it), from its checkpoint."""
+    (job_dir / "counter.py").write_text(COUNTER)
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        created = server.submit(
+            {
+                "name": "train",
+                "resources": {"gpu": 2},
+                "commands": ["python3 counter.py"],
+                "workdir": str(job_dir),
+                "checkpoint": {"dir": "ckpt"},
+                "retry": {"max_restarts": 0},
+            }
+        )
+        huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
+        server.wait_for(created["id"], states=("running",))
+        time.sleep(1.5)
+        out = server.cli("requeue", str(created["id"]), check=True).stdout
+        assert f"{created['id']} (train): requeued; stopping" in out, out
+        again = server.wait_until(created["id"], lambda w: w["attempts"] == 2 and w["state"] == "running")
+        first = again["attempt_list"][0]
+        assert first["state"] == "evicted" and first["reason"].startswith("requeued by admin; exit code ")
+        assert again["restarts"] == 0 and not again["held"]  # no restart used, nothing holds it
+        reasons = [e["reason"] for e in again["events"]]
+        assert "requeued by admin: stopping it, to wait pending for the scheduler" in reasons, reasons
+        assert any(r.startswith("requeued by admin: stopped, and waits pending") for r in reasons), reasons
+        server.wait_until(
+            created["id"], lambda _: len((job_dir / "starts.log").read_text().splitlines()) == 2
+        )
+        saved = int((job_dir / "ckpt" / "step").read_text())
+        starts = (job_dir / "starts.log").read_text().split()
+        assert starts[:2] == ["0", "0"] and starts[2] == "1" and 0 < int(starts[3]) <= saved, starts
+
+        refused = server.cli("requeue", str(huge["id"]))
+        assert refused.returncode != 0 and "is pending, not running; nothing to requeue" in refused.stderr
+        assert server.workload(huge["id"])["state"] == "pending"
+        server.cli("cancel", str(created["id"]), str(huge["id"]), check=True)
+    finally:
+        server.stop()
+        kill_attempts_under(tmp_path)
+
+
 def test_hold_names_what_cancel_names_and_refuses_what_has_ended(server: ServerProcess) -> None:
     sweep = server.submit({"array": "0-2", "resources": {"gpu": 4}, "commands": ["sleep 600"]})
     with server.http() as client:

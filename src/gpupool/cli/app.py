@@ -813,6 +813,31 @@ def hold(
 
 
 @app.command()
+def requeue(
+    workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
+    task: bool = typer.Option(
+        False, "--task", help="a job array's id: requeue its first task alone, not the whole array"
+    ),
+) -> None:
+    """Stop running work and let the scheduler place it again (Slurm's scontrol requeue).
+
+    Each running attempt stops (SIGTERM, then SIGKILL after its grace period); the work waits pending and
+    resumes from its checkpoint wherever the next pass puts it, maybe the same node (`gpupool node cordon`
+    keeps it off one). A service's replicas and a job array's tasks go together, by the array's id."""
+    c = client()
+    for workload_id in workload_ids:
+        w = c.requeue(workload_id, task=task)
+        ids = w["requeued_ids"]
+        if not ids:
+            console.print(f"{workload_id} ({w['name']}): already stopping; nothing more to do")
+            continue
+        console.print(
+            f"{workload_id} ({w['name']}): requeued{_many(ids)}; stopping (SIGTERM, then SIGKILL after its "
+            "grace period), then pending for the scheduler"
+        )
+
+
+@app.command()
 def release(
     workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
     task: bool = typer.Option(

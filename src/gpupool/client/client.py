@@ -264,6 +264,12 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/hold", params=params)
         return result
 
+    def requeue(self, workload_id: int, *, task: bool = False) -> dict[str, Any]:
+        """Stop running work and let the scheduler place it again (Slurm's scontrol requeue)."""
+        params = {"task": "true"} if task else None
+        result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/requeue", params=params)
+        return result
+
     def release(self, workload_id: int, *, task: bool = False) -> dict[str, Any]:
         params = {"task": "true"} if task else None
         result: dict[str, Any] = self._call("POST", f"/api/v1/workloads/{workload_id}/release", params=params)

@@ -25,6 +25,10 @@ HELD = STOP_HOLD = "held"
 # How a held running attempt's reason goes on after who held it ("held by alice", the idle rule's words):
 # the requeued workload's reason keeps that first part (control/observe.py).
 HOLD_STOPPING = ": stopping it, to wait pending until released"
+# `gpupool requeue` (Slurm's scontrol requeue): the stop reason of a running attempt sent back to pending, and
+# how its reason goes on after who asked ("requeued by alice").
+STOP_REQUEUE = "requeue"
+REQUEUE_STOPPING = ": stopping it, to wait pending for the scheduler"
 SERVICE = "service"  # the workload kind that runs until cancelled
 
 # The lifecycle graph. running -> pending is a retry (a new attempt follows).

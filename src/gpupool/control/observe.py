@@ -25,9 +25,11 @@ from gpupool.control.lifecycle import (
     HELD,
     HOLD_STOPPING,
     PENDING,
+    REQUEUE_STOPPING,
     RUNNING,
     SERVICE,
     STOP_HOLD,
+    STOP_REQUEUE,
     SUCCEEDED,
     transition,
 )
@@ -114,7 +116,7 @@ class Observation:
             max_duration = spec.get("max_duration")
             return (
                 cancel_requested
-                or attempt.stop_reason in (STOP_DRAIN, STOP_HOLD)
+                or attempt.stop_reason in (STOP_DRAIN, STOP_HOLD, STOP_REQUEUE)
                 or bool(max_duration and age_seconds(attempt.started_at) > float(max_duration))
             )
         if attempt.killed_at is None:
@@ -139,7 +141,7 @@ class Observation:
                 self._request_stop(s, attempt, handle, STOP_CANCEL)
             elif max_duration and age_seconds(attempt.started_at) > float(max_duration):
                 self._request_stop(s, attempt, handle, STOP_TIMEOUT)
-            elif attempt.stop_reason in (STOP_DRAIN, STOP_HOLD):
+            elif attempt.stop_reason in (STOP_DRAIN, STOP_HOLD, STOP_REQUEUE):
                 self._request_stop(s, attempt, handle, attempt.stop_reason)
         elif attempt.killed_at is None:
             grace = float(spec.get("grace_period", 30.0))
@@ -205,6 +207,13 @@ class Observation:
             transition(s, workload, PENDING, f"{said} (it resumes from its checkpoint)", actor="control")
             if workload.held:  # its reason until released (the loop keeps a held workload's reason)
                 workload.reason_code = HELD
+            return
+        if attempt.stop_reason == STOP_REQUEUE:
+            who = (attempt.reason or "requeued").partition(REQUEUE_STOPPING)[0]  # "requeued by alice"
+            attempt.state = EVICTED
+            attempt.reason = f"{who}; exit code {code}{killed}"
+            transition(s, workload, PENDING, f"{who}: stopped, and waits pending for the scheduler "
+                       "(it resumes from its checkpoint)", actor="control")  # fmt: skip
             return
         if attempt.stop_reason in EVICTIONS:
             attempt.state = EVICTED

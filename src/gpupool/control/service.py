@@ -22,10 +22,12 @@ from gpupool.control.lifecycle import (
     HELD,
     HOLD_STOPPING,
     PENDING,
+    REQUEUE_STOPPING,
     RUNNING,
     SERVICE,
     STATES,
     STOP_HOLD,
+    STOP_REQUEUE,
     TERMINAL,
     note,
     transition,
@@ -825,6 +827,37 @@ def _set_held(
 
     view, ids = _change_named(store, workload_id, task, "hold" if held else "release", change)
     return {**view, "held": held, "held_ids": ids}
+
+
+def requeue(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
+    """Send running work back to pending for the scheduler to place again (Slurm's scontrol requeue): each
+    running attempt is stopped (SIGTERM, then SIGKILL after its grace period) and the work waits pending,
+    to resume from its checkpoint wherever the next pass puts it; unlike `hold`, nothing keeps it waiting.
+    It names what `cancel` names; pending work among it stays as it is, and a name with nothing running is
+    refused (409). Returns the workload, with `requeued_ids`."""
+    said = f"requeued by {actor}"
+    requeued: list[int] = []
+
+    def check(s: Session, named: Workload, active: list[Workload]) -> None:
+        del s
+        if not any(w.state == RUNNING for w in active):
+            raise Conflict(
+                f"workload {named.id} is pending, not running; nothing to requeue (it waits for the "
+                f"scheduler: `gpupool why {named.id}` says why)"
+            )
+
+    def change(s: Session, w: Workload) -> None:
+        stopping = [a for a in w.attempts if a.state == RUNNING and a.stop_requested_at is None]
+        if w.state != RUNNING or not stopping or stopping[0].stop_reason:
+            return  # pending, or already stopping for a hold, a drain, a requeue or an eviction
+        for attempt in stopping:
+            attempt.stop_reason = STOP_REQUEUE  # the control loop stops it
+            attempt.reason = said + REQUEUE_STOPPING
+        requeued.append(w.id)
+        note(s, w, said + REQUEUE_STOPPING, actor=actor)
+
+    view, _ = _change_named(store, workload_id, task, "requeue", change, check)
+    return {**view, "requeued_ids": requeued}
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,25 @@ def hold(
     return result
 
 
+@router.post(
+    "/{workload_id}/requeue",
+    summary="Requeue running work: stop it (grace period) and let the scheduler place it again",
+)
+def requeue(
+    request: Request,
+    workload_id: int,
+    task: bool = Query(
+        False, description="a job array's id: requeue its first task alone, not the whole array"
+    ),
+    caller: Caller = Depends(require_token),
+) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    _owned(runtime, caller, workload_id)
+    result = service.requeue(runtime.store, workload_id, task=task, actor=caller.name)
+    runtime.wake()
+    return result
+
+
 @router.post("/{workload_id}/release", summary="Release held work: the scheduler may start it again")
 def release(
     request: Request,
