@@ -181,7 +181,10 @@ def test_work_is_held_released_and_cancelled_from_the_dashboard_by_those_allowed
         )
         page.wait_for(f"{_button(train['id'], 'release')} !== null")  # the page shows it held
         page.evaluate(f"{_button(train['id'], 'release')}.click()")
-        server.wait_until(train["id"], lambda w: not w["held"])
+        server.wait_until(train["id"], lambda w: not w["held"] and w["state"] == "running")
+        page.wait_for(f"{_button(train['id'], 'requeue')} !== null")
+        page.evaluate(f"{_button(train['id'], 'requeue')}.click()")
+        server.wait_until(train["id"], lambda w: w["attempts"] == 3 and w["state"] == "running")
 
         # Cancel takes a second click: the first only arms the button.
         page.evaluate(f"{_button(huge['id'], 'cancel')}.click()")
