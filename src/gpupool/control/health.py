@@ -75,8 +75,10 @@ class HealthMonitor(Judging):
         if not self._restored:
             self._restore_held_out()
             self._restored = True
+        with self._lock:
+            accepted = self._accepted
         checking = self._checks_now()  # before the nodes are read: see _left_to_its_checks
-        nodes = self._nodes_now()
+        nodes = self._nodes_now(accepted)
         self._remember_expected()
         for name, state, reason, busy in nodes:
             if state == "lost":
@@ -94,6 +96,9 @@ class HealthMonitor(Judging):
             if (state == "unhealthy" or back) and self._left_to_its_checks(name, checking):
                 continue
             verdict = self._with_bench(name, self._passive(name, fresh=True) or self._no_gpus(name, now), now)
+            with self._lock:
+                if self._accepted != accepted:  # an admin accepted a node's GPUs meanwhile: judge next pass
+                    return
             if verdict is not None:
                 self._record(name, state, verdict, now)
                 if verdict.health == checks.UNHEALTHY:
@@ -298,6 +303,7 @@ class HealthMonitor(Judging):
                 )
             )  # fmt: skip
         with self._lock:
+            self._accepted += 1
             self._expected_now[name] = len(now)
             self._declared_now.pop(name, None)
             self._failed_rechecks.pop(name, None)  # its next recheck comes at the shortest interval
@@ -382,7 +388,9 @@ class HealthMonitor(Judging):
 
     def views(self) -> dict[str, dict[str, Any]]:
         """Health of every node, by name."""
-        return {name: self.view(name, state, reason) for name, state, reason, _ in self._nodes_now()}
+        with self._lock:
+            accepted = self._accepted
+        return {name: self.view(name, state, reason) for name, state, reason, _ in self._nodes_now(accepted)}
 
 
 def node_events(store: Store, name: str, limit: int = 50) -> list[dict[str, Any]]:

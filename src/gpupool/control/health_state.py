@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import func, select
 
@@ -98,6 +98,9 @@ class HealthState:
         self._uuids_now: dict[str, dict[int, str]] = {}
         self._expected_now: dict[str, int | None] = {}
         self._declared_now: dict[str, int] = {}  # node -> GPUs its join token declares (Node.declared_gpus)
+        # Counts `accept_gpus` calls: a pass that read the nodes before one must not write back, or judge by,
+        # the expected GPUs it read (a node just accepted would fall again for the GPU accepted as gone).
+        self._accepted = 0
         self._back_since: dict[str, float] = {}  # node back from lost -> when this head first saw it so
         # node that declares GPUs but has registered none -> when this head first saw it so (`_no_gpus`)
         self._bare_since: dict[str, float] = {}
@@ -181,8 +184,13 @@ class HealthState:
                 raise NotFound(f"no node named {name!r} (nodes: {names})")
             return node.state, node.state_reason
 
-    def _nodes_now(self) -> list[tuple[str, str, str, bool]]:
-        """Every node: (name, state, state reason, whether work runs on it); its GPUs go to `_gpus_now`."""
+    def _nodes_now(self, accepted: int) -> list[tuple[str, str, str, bool]]:
+        """Every node: (name, state, state reason, whether work runs on it); its GPUs go to `_gpus_now`, and
+        the GPUs each is expected to have to `_expected_now` unless GPUs were accepted since `accepted` (the
+        count of `accept_gpus` calls when the pass began): those the accept wrote stay."""
+        return self._keep_nodes(self._read_nodes(), accepted)
+
+    def _read_nodes(self) -> NodesRead:
         with self.store.read() as s:
             busy: set[str] = set()  # nodes with running work; a check job counts too (one at a time)
             for node_name, pods in s.execute(
@@ -205,11 +213,26 @@ class HealthState:
                     Node.name
                 )
             ).all()
+        return NodesRead(busy, gpus, uuids, [tuple(row) for row in rows])
+
+    def _keep_nodes(self, read: NodesRead, accepted: int) -> list[tuple[str, str, str, bool]]:
+        busy, gpus, uuids, rows = read
         with self._lock:
             self._gpus_now, self._uuids_now = gpus, uuids
-            self._expected_now = {name: count for name, _, _, count, _ in rows}
-            self._declared_now = {name: declared for name, _, _, _, declared in rows if declared is not None}
+            if self._accepted == accepted:
+                self._expected_now = {name: count for name, _, _, count, _ in rows}
+                self._declared_now = {n: declared for n, _, _, _, declared in rows if declared is not None}
         return [(name, state, reason, name in busy) for name, state, reason, _, _ in rows]
+
+
+class NodesRead(NamedTuple):
+    """What `_read_nodes` read: nodes with running work, each node's GPU models and UUIDs by index, and
+    (name, state, state reason, expected GPU count, declared GPUs) per node."""
+
+    busy: set[str]
+    gpus: dict[str, dict[int, str]]
+    uuids: dict[str, dict[int, str]]
+    rows: list[tuple[Any, ...]]
 
 
 def _health_cordon(reason: str) -> bool:

@@ -96,6 +96,25 @@ def test_an_admin_accepts_a_smaller_node_and_is_refused_when_nothing_differs(sto
         monitor.accept_gpus("node-1")
 
 
+def test_a_pass_that_read_the_nodes_before_an_accept_keeps_what_the_accept_set(store: Store) -> None:
+    """The health loop reads the nodes, then keeps what it read; an admin's `accept-gpus` in between must
+    not be undone by the older read (the node, judged against the GPU just accepted as gone, would fall
+    unhealthy again: seen once in CI as a node back `ready` with an `unhealthy` verdict)."""
+    monitor = _monitor(store)
+    monitor.tick()
+    inventory.apply(store, "agent", _inventory(2, ("node-1", "ready", 1), ("node-2", "ready", 0)))
+    with monitor._lock:
+        began = monitor._accepted
+    read = monitor._read_nodes()  # a pass reads: node-1 expected to have 2 GPUs
+    monitor.accept_gpus("node-1")
+    monitor._keep_nodes(read, began)
+    assert monitor._expected_now["node-1"] == 1
+    with monitor._lock:
+        now = monitor._accepted
+    monitor._keep_nodes(monitor._read_nodes(), now)  # the next pass: from the store, as accepted
+    assert monitor._expected_now["node-1"] == 1
+
+
 def test_an_agent_node_back_from_lost_is_cordoned_until_its_checks_pass_and_a_slurm_node_is_not(
     store: Store,
 ) -> None:
