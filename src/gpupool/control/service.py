@@ -840,6 +840,7 @@ def requeue(store: Store, workload_id: int, *, actor: str = "admin", task: bool 
 
     def check(s: Session, named: Workload, active: list[Workload]) -> None:
         del s
+        requeued.clear()  # once per try of the transaction (a retried one starts again)
         if not any(w.state == RUNNING for w in active):
             raise Conflict(
                 f"workload {named.id} is pending, not running; nothing to requeue (it waits for the "
@@ -904,7 +905,10 @@ def update(
             example="12h",
         )
 
+    moved: list[int] = []
+
     def check(s: Session, named: Workload, active: list[Workload]) -> None:
+        moved.clear()  # once per try of the transaction (a retried one starts again)
         if queue is not None:
             _check_move(s, named, active, queue)
 
@@ -923,7 +927,6 @@ def update(
                 w.queue = queue
                 w.spec = {**w.spec, "queue": queue}
 
-    moved: list[int] = []
     verb = "change the priority of" if limit is None and queue is None else "change"
     view, ids = _change_named(store, workload_id, task, verb, change, check)
     return {**view, "updated_ids": ids, **({"moved_ids": moved} if queue is not None else {})}
