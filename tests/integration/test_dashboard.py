@@ -161,6 +161,10 @@ def test_a_refused_token_says_so_and_shows_no_pool(
     assert not shown.rows
 
 
+def _menu(workload_id: int, action: str) -> str:
+    return f'document.querySelector(\'tr[data-workload="{workload_id}"] select[data-action="{action}"]\')'
+
+
 def _button(workload_id: int, action: str) -> str:
     return f'document.querySelector(\'tr[data-workload="{workload_id}"] button[data-action="{action}"]\')'
 
@@ -168,8 +172,10 @@ def _button(workload_id: int, action: str) -> str:
 def test_work_is_held_released_and_cancelled_from_the_dashboard_by_those_allowed_to(
     server: ServerProcess, browser: str, tmp_path: Path
 ) -> None:
+    server.cli("queue", "create", "nlp", check=True)
     train = server.submit({"name": "train", "resources": {"gpu": 2}, "commands": ["sleep 60"]})
     huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
+    wide = server.submit({"name": "wide", "resources": {"gpu": 16}, "commands": ["true"]})
     server.wait_for(train["id"], ("running",))
     page = Page(browser, server.cli("ui", check=True).stdout.strip(), tmp_path / "admin")
     try:
@@ -193,6 +199,17 @@ def test_work_is_held_released_and_cancelled_from_the_dashboard_by_those_allowed
         assert server.workload(huge["id"])["state"] == "pending"
         page.evaluate(f"{_button(huge['id'], 'cancel')}.click()")
         assert server.wait_for(huge["id"])["state"] == "cancelled"
+
+        # Waiting work moves to another queue, and any work gets another priority, from two menus.
+        for action, value in (("queue", "nlp"), ("priority", "100")):
+            menu = _menu(wide["id"], action)
+            page.wait_for(f"{menu} !== null && !{menu}.disabled")
+            page.evaluate(f"{menu}.value = '{value}'; {menu}.dispatchEvent(new Event('change'))")
+            said = f"{action} {value}: {wide['id']} (wide)"
+            assert page.wait_for(f"document.getElementById('notice').textContent === '{said}'")
+        moved = server.workload(wide["id"])
+        assert (moved["queue"], moved["priority"]) == ("nlp", 100), moved
+        assert page.evaluate(f"{_menu(train['id'], 'queue')} === null")  # running work does not move
     finally:
         page.close()
 
@@ -208,4 +225,4 @@ def test_work_is_held_released_and_cancelled_from_the_dashboard_by_those_allowed
     finally:
         viewer.close()
     assert server.workload(train["id"])["state"] in ("pending", "running")  # the viewer changed nothing
-    server.cli("cancel", str(train["id"]), check=True)
+    server.cli("cancel", str(train["id"]), str(wide["id"]), check=True)
