@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
@@ -26,6 +27,14 @@ while step < 1000:
     step += 1
     time.sleep(0.05)
 """
+
+
+def _counter(server: ServerProcess, job_dir: Path) -> dict[str, Any]:
+    """COUNTER as a 2-GPU job in job_dir, checkpointing to job_dir/ckpt, with no restart to spend."""
+    (job_dir / "counter.py").write_text(COUNTER)
+    spec = {"name": "train", "resources": {"gpu": 2}, "commands": ["python3 counter.py"],
+            "workdir": str(job_dir), "checkpoint": {"dir": "ckpt"}, "retry": {"max_restarts": 0}}  # fmt: skip
+    return server.submit(spec)
 
 
 def test_held_work_waits_pending_with_the_gpus_free_and_starts_once_released(server: ServerProcess) -> None:
@@ -50,19 +59,9 @@ def test_held_work_waits_pending_with_the_gpus_free_and_starts_once_released(ser
 def test_held_running_work_stops_gracefully_and_resumes_from_its_checkpoint(
     tmp_path: Path, job_dir: Path
 ) -> None:
-    (job_dir / "counter.py").write_text(COUNTER)
     server = ServerProcess(home=tmp_path / "home").start()
     try:
-        created = server.submit(
-            {
-                "name": "train",
-                "resources": {"gpu": 2},
-                "commands": ["python3 counter.py"],
-                "workdir": str(job_dir),
-                "checkpoint": {"dir": "ckpt"},
-                "retry": {"max_restarts": 0},
-            }
-        )
+        created = _counter(server, job_dir)
         server.wait_for(created["id"], states=("running",))
         time.sleep(1.5)
         with server.http() as client:
@@ -95,19 +94,9 @@ def test_requeued_work_stops_gracefully_and_starts_again_from_its_checkpoint_unh
 ) -> None:
     """`gpupool requeue` (Slurm's scontrol requeue): running work stops with its grace period and goes back
     to the scheduler, which starts it again at once here (nothing holds it), from its checkpoint."""
-    (job_dir / "counter.py").write_text(COUNTER)
     server = ServerProcess(home=tmp_path / "home").start()
     try:
-        created = server.submit(
-            {
-                "name": "train",
-                "resources": {"gpu": 2},
-                "commands": ["python3 counter.py"],
-                "workdir": str(job_dir),
-                "checkpoint": {"dir": "ckpt"},
-                "retry": {"max_restarts": 0},
-            }
-        )
+        created = _counter(server, job_dir)
         huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
         server.wait_for(created["id"], states=("running",))
         time.sleep(1.5)

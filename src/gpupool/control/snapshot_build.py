@@ -315,7 +315,8 @@ class SnapshotBuilding:
         return waiting
 
     def _cache_views(self, s: Session, ids: list[int]) -> None:
-        """Views of workloads by id; a spec never changes, so each is parsed once and kept."""
+        """Views of workloads by id, each parsed from its spec once and kept; what `gpupool update` may
+        change is read each pass (the priority; the queue and time limit through `_updated`)."""
         missing = [wid for wid in ids if wid not in self._views]
         for chunk in range(0, len(missing), 500):
             rows = s.execute(

@@ -13,6 +13,7 @@ whose last process ended since the last look is lost (nothing is left to ask): u
 
 from __future__ import annotations
 
+import functools
 import math
 import socket
 import threading
@@ -102,8 +103,14 @@ def process_clock() -> float:
     second) plus the time since boot. `time.time()` can be up to a second ahead of it, which made a process
     born just after a look seem born before it."""
     if hasattr(time, "CLOCK_BOOTTIME"):
-        return psutil.boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME)
+        return _boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME)
     return time.time()
+
+
+@functools.cache
+def _boot_time() -> float:
+    """psutil's boot time, read from /proc/stat once: it does not change while the machine runs."""
+    return float(psutil.boot_time())
 
 
 @dataclass

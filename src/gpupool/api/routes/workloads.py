@@ -3,6 +3,7 @@ replicas), logs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -87,11 +88,7 @@ def cancel(
     ),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    runtime = request.app.state.runtime
-    _owned(runtime, caller, workload_id)
-    result = service.cancel(runtime.store, workload_id, task=task, actor=caller.name)
-    runtime.wake()
-    return result
+    return _act(request, caller, workload_id, service.cancel, task)
 
 
 @router.post(
@@ -104,11 +101,7 @@ def hold(
     task: bool = Query(False, description="a job array's id: hold its first task alone, not the whole array"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    runtime = request.app.state.runtime
-    _owned(runtime, caller, workload_id)
-    result = service.hold(runtime.store, workload_id, task=task, actor=caller.name)
-    runtime.wake()
-    return result
+    return _act(request, caller, workload_id, service.hold, task)
 
 
 @router.post(
@@ -123,11 +116,7 @@ def requeue(
     ),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    runtime = request.app.state.runtime
-    _owned(runtime, caller, workload_id)
-    result = service.requeue(runtime.store, workload_id, task=task, actor=caller.name)
-    runtime.wake()
-    return result
+    return _act(request, caller, workload_id, service.requeue, task)
 
 
 @router.post("/{workload_id}/release", summary="Release held work: the scheduler may start it again")
@@ -139,11 +128,7 @@ def release(
     ),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    runtime = request.app.state.runtime
-    _owned(runtime, caller, workload_id)
-    result = service.release(runtime.store, workload_id, task=task, actor=caller.name)
-    runtime.wake()
-    return result
+    return _act(request, caller, workload_id, service.release, task)
 
 
 @router.patch(
@@ -289,6 +274,18 @@ async def logs(
         limit=limit,
         rank=rank,
     )
+
+
+def _act(
+    request: Request, caller: Caller, workload_id: int, act: Callable[..., dict[str, Any]], task: bool
+) -> dict[str, Any]:
+    """`act` (service.cancel, hold, requeue, release) on what `workload_id` names, by its owner or an admin;
+    the control loop is woken to carry it out."""
+    runtime = request.app.state.runtime
+    _owned(runtime, caller, workload_id)
+    result = act(runtime.store, workload_id, task=task, actor=caller.name)
+    runtime.wake()
+    return result
 
 
 def _owned(runtime: Any, caller: Caller, workload_id: int) -> None:
