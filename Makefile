@@ -3,7 +3,8 @@
 # venv, else python3 on PATH; `make PYTHON=...` chooses another. Distributions (Debian, Ubuntu, Fedora)
 # build theirs with profile-guided and link-time optimization, which version managers such as pyenv leave
 # out unless asked: the scheduler and the simulator spend most of their time in the interpreter, and
-# Philly week replays about 15% faster on Debian's build than on this box's pyenv one (docs/benchmarks.md).
+# the Philly week replays in about 13% less CPU on Debian's build than on this box's pyenv one
+# (docs/benchmarks.md, "The interpreter").
 SYSTEM_PYTHON := /usr/bin/python3
 PYTHON ?= $(shell $(SYSTEM_PYTHON) -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' \
 	>/dev/null 2>&1 && echo $(SYSTEM_PYTHON) || echo python3)

@@ -60,7 +60,8 @@ def digest(path: Path) -> str:
 
 
 def up_to_date(target: Target) -> bool:
-    """Whether the target's compiled modules are those of its sources as they are now, for this Python."""
+    """Whether the target's compiled modules are those of its sources as they are now, built by this Python
+    (its version too: a .venv made again from another 3.11 build gets modules compiled by it)."""
     try:
         manifest = json.loads((target.native / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -68,6 +69,7 @@ def up_to_date(target: Target) -> bool:
     current = {f"{name}.py": digest(target.package / f"{name}.py") for name in target.modules}
     return (
         manifest.get("abi") == sysconfig.get_config_var("EXT_SUFFIX")
+        and manifest.get("python") == sys.version.split()[0]
         and manifest.get("sources") == current
         and all(any(target.native.glob(f"{name}.*.so")) for name in target.modules)
     )
