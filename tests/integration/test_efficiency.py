@@ -53,7 +53,10 @@ def test_busy_work_shows_higher_gpu_utilization_than_sleeping_work_and_keeps_it(
         read = busy_attempt["gpu_utilization_pct"]
         assert used - READS_LOW_BY_AT_MOST < read < used + 10.0, (used, busy_attempt)
         assert resting_attempt["gpu_utilization_pct"] < 5.0, resting_attempt
-        assert busy_attempt["gpu_utilization_pct"] > resting_attempt["gpu_utilization_pct"] + 15.0
+        # Far above the sleeping job: by half of what the busy one really got at least (its CPU share, about
+        # 95% on an idle box, 30% under the suite's -n 4), not by a fixed margin a busy box could eat.
+        apart = used / 2
+        assert busy_attempt["gpu_utilization_pct"] > resting_attempt["gpu_utilization_pct"] + apart
         assert 3.0 <= busy_attempt["gpu_seconds_sampled"] <= 12.0, busy_attempt  # ~6 s on one GPU
         assert busy_attempt["gpu_memory_total_bytes"] > 0 and busy_attempt["gpu_memory_peak_bytes"] >= 0
 
@@ -63,7 +66,7 @@ def test_busy_work_shows_higher_gpu_utilization_than_sleeping_work_and_keeps_it(
 
         report = json.loads(server.cli("usage", "--by", "workload", "--json", check=True).stdout)
         rows = {int(r["key"]): r for r in report["rows"]}
-        assert rows[busy["id"]]["gpu_utilization_pct"] > rows[resting["id"]]["gpu_utilization_pct"] + 15.0
+        assert rows[busy["id"]]["gpu_utilization_pct"] > rows[resting["id"]]["gpu_utilization_pct"] + apart
         assert 0 < rows[busy["id"]]["used_gpu_hours"] <= rows[busy["id"]]["gpu_hours"]
         assert "gpu_hours" in rows[busy["id"]] and "share" in rows[busy["id"]]  # the keys it had stay
         table = server.cli("usage", "--by", "workload", check=True).stdout
