@@ -379,7 +379,8 @@ class Simulation:
     # -- cycles ---------------------------------------------------------------------------------------
 
     def _cycles(self, tick: bool) -> bool:
-        """Run the scheduler at this instant as often as evictions ask for; whether the clock matters."""
+        """Run the scheduler at this instant as often as evictions ask for; whether the clock matters (by the
+        next tick: False where an event comes first)."""
         if not (self._dirty or tick):
             return False
         if self.shortcuts:
@@ -392,15 +393,18 @@ class Simulation:
                 self.skipped += 1
                 self._sample()
                 return False
-        clock = False
         for _ in range(MAX_ROUNDS):
             self._reset_triggers()
             decisions = self._cycle()
-            clock = self._clock_matters(decisions)
             if not decisions.evictions:
                 break
         self._sample()
-        return clock
+        # The answer only matters where no event comes before the tick it would set: an event sooner is
+        # the loop's next instant either way, and its cycles set the tick afresh (`run`).
+        events = self.events
+        if events and events[0][0] < self.now + self.options.cycle:
+            return False
+        return self._clock_matters(decisions)
 
     def _reset_triggers(self) -> None:
         self._dirty = False

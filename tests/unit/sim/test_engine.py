@@ -256,3 +256,29 @@ def test_the_engine_builds_each_view_as_the_keyword_form_would() -> None:
     }  # fmt: skip
     # every other field is its default: anything the positions put elsewhere would show here
     assert all(getattr(running, name) == getattr(WorkloadView(0, "q", 0, 0.0), name) for name in defaults)
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "starts_at"),
+    [
+        ([], 95.0),  # the first tick after it arrived (35 + 60): a running job is old enough to move
+        ([TraceJob(5, 50.0, 100.0, 4, "a")], 110.0),  # an arrival at 50 runs a cycle; the tick is 60 s on
+    ],
+)
+def test_work_that_only_consolidation_can_place_starts_at_a_clock_tick_with_no_event_to_wake_it(
+    arrivals: list[TraceJob], starts_at: float
+) -> None:
+    """Two GPUs free, one on each node, and a 2-GPU job waits ("fragmented"): consolidation may move a
+    1-GPU job once it has run MIN_MOVE_AGE (60 s), a change only the clock brings. With no event for
+    hours, the engine's periodic cycle must come: the job starts at a tick, not when a job ends at 10,000."""
+    jobs = [
+        TraceJob(0, 0.0, 10_000.0, 1, "a"),  # node 0, with job 1
+        TraceJob(1, 0.0, 30.0, 1, "a"),
+        TraceJob(2, 0.0, 20.0, 2, "a"),  # node 1
+        TraceJob(3, 5.0, 10_000.0, 1, "a"),  # waits, then starts on node 1 at 20
+        TraceJob(4, 35.0, 100.0, 2, "a"),  # at 35: one GPU free on each node
+        *arrivals,
+    ]
+    result = simulate(jobs, "2x2", "gpupool-estimate")  # consolidation, and no bands (no band events)
+    assert by_id(result)[4] == (starts_at, starts_at + 100.0)
+    assert sum(j.preemptions for j in result.jobs) == 1  # one job moved to make room
