@@ -209,10 +209,10 @@ class Simulation:
             while self.events and self.events[0][0] <= t:
                 _, _, kind, index, token = heapq.heappop(self.events)
                 self._handle(kind, self.jobs[index], token)
-            clock_matters = False
-            if self.pending:
-                clock_matters = self._cycles(t == next_tick)
-            next_tick = t + self.options.cycle if clock_matters else math.inf
+            if not self.pending:
+                next_tick = math.inf
+            elif self._dirty or t == next_tick:
+                next_tick = t + self.options.cycle if self._cycles(t == next_tick) else math.inf
             steps += 1
             if progress is not None and steps % 200 == 0:
                 progress(self.settled, len(self.jobs))
@@ -380,7 +380,7 @@ class Simulation:
 
     def _cycles(self, tick: bool) -> bool:
         """Run the scheduler at this instant as often as evictions ask for; whether the clock matters (by the
-        next tick: False where an event comes first)."""
+        next tick: False where an event that surely runs a cycle comes first)."""
         if not (self._dirty or tick):
             return False
         if self.shortcuts:
@@ -399,12 +399,22 @@ class Simulation:
             if not decisions.evictions:
                 break
         self._sample()
-        # The answer only matters where no event comes before the tick it would set: an event sooner is
-        # the loop's next instant either way, and its cycles set the tick afresh (`run`).
+        # The answer matters only if the tick it would set can come: not where an event before it surely
+        # runs a cycle, whose own answer sets the tick afresh (`run`).
         events = self.events
-        if events and events[0][0] < self.now + self.options.cycle:
+        if events and events[0][0] < self.now + self.options.cycle and self._wakes(events[0]):
             return False
         return self._clock_matters(decisions)
+
+    def _wakes(self, event: tuple[float, int, int, int, int]) -> bool:
+        """Whether this event surely runs a cycle at its instant: a job arriving that the cluster can hold,
+        or the end of a running attempt. An event of an attempt evicted since, or a band change that moves
+        no priority, changes nothing, and a tick set before it must still come."""
+        _, _, kind, index, token = event
+        job = self.jobs[index]
+        if kind == ARRIVAL:
+            return self._fits_empty(job)
+        return kind == FINISH and token == job.attempt and job.state == "running"
 
     def _reset_triggers(self) -> None:
         self._dirty = False

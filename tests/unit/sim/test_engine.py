@@ -263,6 +263,8 @@ def test_the_engine_builds_each_view_as_the_keyword_form_would() -> None:
     [
         ([], 95.0),  # the first tick after it arrived (35 + 60): a running job is old enough to move
         ([TraceJob(5, 50.0, 100.0, 4, "a")], 110.0),  # an arrival at 50 runs a cycle; the tick is 60 s on
+        # a job larger than the cluster arrives at 50 and is dropped: nothing changed, the tick still comes
+        ([TraceJob(5, 50.0, 100.0, 8, "a")], 95.0),
     ],
 )
 def test_work_that_only_consolidation_can_place_starts_at_a_clock_tick_with_no_event_to_wake_it(
@@ -270,7 +272,8 @@ def test_work_that_only_consolidation_can_place_starts_at_a_clock_tick_with_no_e
 ) -> None:
     """Two GPUs free, one on each node, and a 2-GPU job waits ("fragmented"): consolidation may move a
     1-GPU job once it has run MIN_MOVE_AGE (60 s), a change only the clock brings. With no event for
-    hours, the engine's periodic cycle must come: the job starts at a tick, not when a job ends at 10,000."""
+    hours, the engine's periodic cycle must come: the job starts at a tick, not when a job ends at 10,000;
+    an event that changes nothing (a job dropped as too large) must not cancel that tick."""
     jobs = [
         TraceJob(0, 0.0, 10_000.0, 1, "a"),  # node 0, with job 1
         TraceJob(1, 0.0, 30.0, 1, "a"),
@@ -282,3 +285,4 @@ def test_work_that_only_consolidation_can_place_starts_at_a_clock_tick_with_no_e
     result = simulate(jobs, "2x2", "gpupool-estimate")  # consolidation, and no bands (no band events)
     assert by_id(result)[4] == (starts_at, starts_at + 100.0)
     assert sum(j.preemptions for j in result.jobs) == 1  # one job moved to make room
+    assert result.dropped == [j.id for j in arrivals if j.gpus > 4]
