@@ -1,13 +1,14 @@
 # gpupool: `make demo` shows the pool at work; `make test` passes the suite. Both set up what they need.
 # The interpreter of the .venv: the operating system's own Python 3 where it is 3.11 or newer and can make a
-# venv, else python3 on PATH; `make PYTHON=...` chooses another. Distributions (Debian, Ubuntu, Fedora)
+# venv and compile extensions (its Python.h), else python3 on PATH; `make PYTHON=...` chooses another. Distributions (Debian, Ubuntu, Fedora)
 # build theirs with profile-guided and link-time optimization, which version managers such as pyenv leave
 # out unless asked: the scheduler and the simulator spend most of their time in the interpreter, and
 # the Philly week replays in about 13% less CPU on Debian's build than on this box's pyenv one
 # (docs/benchmarks.md, "The interpreter").
 SYSTEM_PYTHON := /usr/bin/python3
-PYTHON ?= $(shell $(SYSTEM_PYTHON) -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' \
-	>/dev/null 2>&1 && echo $(SYSTEM_PYTHON) || echo python3)
+SYSTEM_PYTHON_FITS := import sys, os, sysconfig, ensurepip, venv; \
+	sys.exit(sys.version_info < (3, 11) or not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))
+PYTHON ?= $(shell $(SYSTEM_PYTHON) -c '$(SYSTEM_PYTHON_FITS)' >/dev/null 2>&1 && echo $(SYSTEM_PYTHON) || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

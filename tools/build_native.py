@@ -148,6 +148,11 @@ def main() -> None:
         names = " and ".join(target.name for target in stale)
         print(f"build_native: no C compiler ({compiler}) here; the pure-Python source runs ({names})")
         return
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not header.exists():
+        names = " and ".join(target.name for target in stale)
+        print(f"build_native: no {header} (a python3-dev package); the pure-Python source runs ({names})")
+        return
     for target in stale:
         build(target)
 
