@@ -1,10 +1,10 @@
 # gpupool: `make demo` shows the pool at work; `make test` passes the suite. Both set up what they need.
 # The interpreter of the .venv: the operating system's own Python 3 where it is 3.11 or newer and can make a
-# venv and compile extensions (its Python.h), else python3 on PATH; `make PYTHON=...` chooses another. Distributions (Debian, Ubuntu, Fedora)
-# build theirs with profile-guided and link-time optimization, which version managers such as pyenv leave
-# out unless asked: the scheduler and the simulator spend most of their time in the interpreter, and
-# the Philly week replays in about 13% less CPU on Debian's build than on this box's pyenv one
-# (docs/benchmarks.md, "The interpreter").
+# venv and compile extensions (its Python.h), else python3 on PATH; `make PYTHON=...` chooses another.
+# Distributions (Debian, Ubuntu, Fedora) build theirs with profile-guided and link-time optimization,
+# which version managers such as pyenv leave out unless asked: the scheduler and the simulator spend most
+# of their time in the interpreter, and the Philly week replays in about 13% less CPU on Debian's build
+# than on this box's pyenv one (docs/benchmarks.md, "The interpreter").
 SYSTEM_PYTHON := /usr/bin/python3
 SYSTEM_PYTHON_FITS := import sys, os, sysconfig, ensurepip, venv; \
 	sys.exit(sys.version_info < (3, 11) or not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))
