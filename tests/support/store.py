@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
+from gpupool.control import service
+from gpupool.control.lifecycle import RUNNING, transition
+from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Workload
 
@@ -24,3 +28,16 @@ def run_attempt(
                 **({"started_at": since} if since is not None else {}),
             )
         )  # fmt: skip
+
+
+def submit_running(store: Store, spec: dict[str, Any], node: str = "node-1", **attempt: Any) -> int:
+    """A workload submitted with `spec` and started through the lifecycle (its history says so), with
+    attempt 0 running on `node` (`attempt`: more of the attempt's columns; no process). Its id."""
+    wid = int(service.submit(store, parse_workload_spec(spec))["id"])
+    with store.session() as s:
+        workload = s.get(Workload, wid)
+        assert workload is not None and transition(s, workload, RUNNING, "started").accepted
+        s.add(
+            Attempt(workload_id=wid, queue=workload.queue, number=0, state=RUNNING, node_name=node, **attempt)
+        )
+    return wid

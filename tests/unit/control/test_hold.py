@@ -7,28 +7,15 @@ import pytest
 
 from gpupool.control import service
 from gpupool.control.errors import Conflict
-from gpupool.control.lifecycle import HELD, RUNNING, STOP_HOLD, transition
+from gpupool.control.lifecycle import HELD, STOP_HOLD
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Workload
+from gpupool.store.models import Attempt
+from tests.support.store import submit_running
 
 
 def _running(store: Store) -> int:
-    wid = int(service.submit(store, parse_workload_spec({"commands": ["train"]}))["id"])
-    with store.session() as s:
-        workload = s.get(Workload, wid)
-        assert workload is not None and transition(s, workload, RUNNING, "started").accepted
-        s.add(
-            Attempt(
-                workload_id=wid,
-                queue=workload.queue,
-                number=0,
-                state=RUNNING,
-                node_name="node-1",
-                backend="local",
-            )
-        )
-    return wid
+    return submit_running(store, {"commands": ["train"]}, backend="local")
 
 
 def _attempt(store: Store, wid: int) -> tuple[str, bool]:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from gpupool.control import service
 from gpupool.control.idle import STALE, Idle, IdleWatch, Watched
-from gpupool.control.lifecycle import RUNNING, transition
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.spec import parse_workload_spec
 from gpupool.spec.workload import IdleSpec
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Workload
+from tests.support.store import submit_running
 
 T0 = 1_000_000.0  # the head's clock
 SKEW = -5_000.0  # the node's clock runs behind: verdicts must not depend on the two agreeing
@@ -96,22 +94,7 @@ def test_a_service_is_idle_only_when_every_replica_is_and_then_once_by_its_id() 
 
 def test_watched_attempts_are_those_running_that_declare_idle_and_nobody_stopped(store: Store) -> None:
     def running(spec: dict[str, object]) -> int:
-        wid = int(service.submit(store, parse_workload_spec({"commands": ["x"], **spec}))["id"])
-        with store.session() as s:
-            workload = s.get(Workload, wid)
-            assert workload is not None and transition(s, workload, RUNNING, "started").accepted
-            s.add(
-                Attempt(
-                    workload_id=wid,
-                    queue=workload.queue,
-                    number=0,
-                    state=RUNNING,
-                    node_name="n",
-                    gpu_indices=[3],
-                    pods=[],
-                )
-            )
-        return wid
+        return submit_running(store, {"commands": ["x"], **spec}, node="n", gpu_indices=[3], pods=[])
 
     watched = running({"resources": {"gpu": 1}, "idle": "30m"})
     running({"resources": {"gpu": 1}})  # declares no idle

@@ -7,27 +7,13 @@ import pytest
 
 from gpupool.control import service
 from gpupool.control.errors import Unavailable
-from gpupool.control.lifecycle import RUNNING, transition
-from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Workload
+from gpupool.store.models import Attempt
+from tests.support.store import submit_running
 
 
 def test_a_service_being_launched_is_starting_and_then_reached_at_its_endpoint(store: Store) -> None:
-    wid = int(service.submit(store, parse_workload_spec({"kind": "service", "commands": ["serve"]}))["id"])
-    with store.session() as s:
-        workload = s.get(Workload, wid)
-        assert workload is not None and transition(s, workload, RUNNING, "started").accepted
-        s.add(
-            Attempt(
-                workload_id=wid,
-                queue=workload.queue,
-                number=0,
-                state=RUNNING,
-                node_name="node-1",
-                backend="local",
-            )
-        )
+    wid = submit_running(store, {"kind": "service", "commands": ["serve"]}, backend="local")
     with pytest.raises(Unavailable) as caught:
         service.service_targets(store, wid)
     assert "attempt 0 is starting" in caught.value.message and "try again in a moment" in caught.value.message

@@ -77,15 +77,18 @@ def get_workload(
     return view
 
 
+def _task_query(verb: str) -> Any:
+    """The `task` query parameter of an action on a workload or on a job array's first task alone."""
+    return Query(False, description=f"a job array's id: {verb} its first task alone, not the whole array")
+
+
 @router.post(
     "/{workload_id}/cancel", status_code=202, summary="Cancel: SIGTERM, then SIGKILL after the grace period"
 )
 def cancel(
     request: Request,
     workload_id: int,
-    task: bool = Query(
-        False, description="a job array's id: cancel its first task alone, not the whole array"
-    ),
+    task: bool = _task_query("cancel"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     return _act(request, caller, workload_id, service.cancel, task)
@@ -98,7 +101,7 @@ def cancel(
 def hold(
     request: Request,
     workload_id: int,
-    task: bool = Query(False, description="a job array's id: hold its first task alone, not the whole array"),
+    task: bool = _task_query("hold"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     return _act(request, caller, workload_id, service.hold, task)
@@ -111,9 +114,7 @@ def hold(
 def requeue(
     request: Request,
     workload_id: int,
-    task: bool = Query(
-        False, description="a job array's id: requeue its first task alone, not the whole array"
-    ),
+    task: bool = _task_query("requeue"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     return _act(request, caller, workload_id, service.requeue, task)
@@ -123,9 +124,7 @@ def requeue(
 def release(
     request: Request,
     workload_id: int,
-    task: bool = Query(
-        False, description="a job array's id: release its first task alone, not the whole array"
-    ),
+    task: bool = _task_query("release"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     return _act(request, caller, workload_id, service.release, task)
@@ -142,7 +141,7 @@ def update(
         description='{"priority": 100} (0..1000, or a class name), {"max_duration": "12h"} (seconds or '
         'text like 1h30m; null or "none": no limit) and/or {"queue": "nlp"} (pending work only)',
     ),
-    task: bool = Query(False, description="a job array's id: change its first task alone, not the array"),
+    task: bool = _task_query("change"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     given = fields(body, ("priority", "max_duration", "queue"))
