@@ -1,5 +1,5 @@
 """The Makefile's choice of interpreter for the .venv: the system's Python where it can make a venv and
-compile the scheduler (3.11+, venv, Python.h), else `python3` on the PATH, and `PYTHON=` always wins."""
+compile the scheduler (3.11+, venv, Python.h), else `python3` on the PATH."""
 
 from __future__ import annotations
 
@@ -36,7 +36,3 @@ def test_a_system_python_that_can_make_a_venv_and_compile_is_chosen() -> None:
     if not fits:
         pytest.skip("this interpreter has no Python.h to compile against")
     assert chosen(f"SYSTEM_PYTHON={sys.executable}") == sys.executable
-
-
-def test_python_given_on_the_command_line_wins() -> None:
-    assert chosen("PYTHON=python3.12") == "python3.12"

@@ -669,6 +669,12 @@ def stream_log(
         time.sleep(0.5)
 
 
+def _task_option(verb: str) -> Any:
+    """The `--task` option of an action on a workload or on a job array's first task alone."""
+    what = f"a job array's id: {verb} its first task alone, not the whole array"
+    return typer.Option(False, "--task", help=what)
+
+
 @app.command()
 def cancel(
     workload_ids: list[int] | None = typer.Argument(None, help="one or more workload ids"),
@@ -678,9 +684,7 @@ def cancel(
     state: str | None = typer.Option(
         None, "--state", help="with --queue: only pending, or only running, ones"
     ),
-    task: bool = typer.Option(
-        False, "--task", help="a job array's id: cancel its first task alone, not the whole array"
-    ),
+    task: bool = _task_option("cancel"),
 ) -> None:
     """Cancel workloads: pending ones at once, running ones by SIGTERM then SIGKILL after the grace period.
 
@@ -752,9 +756,7 @@ def update(
     queue: str | None = typer.Option(
         None, "--queue", help="move pending work to this queue (Slurm's Partition=); running work stays"
     ),
-    task: bool = typer.Option(
-        False, "--task", help="a job array's id: change its first task alone, not the whole array"
-    ),
+    task: bool = _task_option("change"),
 ) -> None:
     """Change the priority, the time limit or the queue of work, as Slurm's scontrol update.
 
@@ -793,9 +795,7 @@ def _priority_option(given: str) -> int | str:
 @app.command()
 def hold(
     workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
-    task: bool = typer.Option(
-        False, "--task", help="a job array's id: hold its first task alone, not the whole array"
-    ),
+    task: bool = _task_option("hold"),
 ) -> None:
     """Keep work pending until `gpupool release` (Slurm's scontrol hold; Run:ai's suspend).
 
@@ -815,9 +815,7 @@ def hold(
 @app.command()
 def requeue(
     workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
-    task: bool = typer.Option(
-        False, "--task", help="a job array's id: requeue its first task alone, not the whole array"
-    ),
+    task: bool = _task_option("requeue"),
 ) -> None:
     """Stop running work and let the scheduler place it again (Slurm's scontrol requeue).
 
@@ -840,9 +838,7 @@ def requeue(
 @app.command()
 def release(
     workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
-    task: bool = typer.Option(
-        False, "--task", help="a job array's id: release its first task alone, not the whole array"
-    ),
+    task: bool = _task_option("release"),
 ) -> None:
     """Let held work be scheduled again (Slurm's scontrol release; Run:ai's resume)."""
     c = client()
