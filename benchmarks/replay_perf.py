@@ -13,6 +13,7 @@ Needs `perf` (Debian's `linux-perf`) and a compiled scheduler and engine (`tools
 source scheduler runs as interpreted Python, which perf cannot attribute to Python functions.
 
     python benchmarks/replay_perf.py                          # the Philly week under gpupool
+    python benchmarks/replay_perf.py --code /tmp/old/src      # another code (the first --code only)
     python benchmarks/replay_perf.py --policy las --root CPyDef_allocate___Allocation___allocate
 """
 
