@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The scheduler core and the simulator's engine compiled with mypyc (tools/build_native.py compiles each
-# only when one of its sources changed). Without a C compiler the source runs; gpupool.scheduler.NATIVE and
-# gpupool.sim.NATIVE say which.
+# only when one of its sources changed; with GCC profile-guided, trained by tools/native_training.py: about
+# three minutes). Without a C compiler the source runs; gpupool.scheduler.NATIVE and gpupool.sim.NATIVE say
+# which.
 native: $(STAMP)
 	$(BIN)/python tools/build_native.py
 
