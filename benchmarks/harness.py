@@ -67,6 +67,51 @@ def replay_codes(args: argparse.Namespace) -> list[Path]:
     return codes
 
 
+# A fixed piece of interpreter-bound work, run in a fresh process beside a replay: its CPU time says how
+# fast the box is at that hour (this 2-vCPU box has run the same replay 10 to 20 s from one hour to the
+# next). It does what a replay does most (objects with slots, dicts keyed by ints, small tuples, sorts,
+# float sums) and depends on nothing of gpupool, so it measures the box, not the code.
+REFERENCE = """
+import time
+
+class View:
+    __slots__ = ("id", "queue", "gpus", "attained")
+
+    def __init__(self, id, queue, gpus, attained):
+        self.id, self.queue, self.gpus, self.attained = id, queue, gpus, attained
+
+began = time.process_time()
+state = 12345
+views = []
+for i in range(4000):
+    state = (state * 1103515245 + 12345) % 2147483648
+    views.append(View(i, "q%d" % (state % 7), 1 + state % 8, (state % 10007) / 7.0))
+total = 0.0
+for rounds in range(200):
+    by_id = {v.id: v for v in views}
+    sums = {}
+    for v in views:
+        row = sums.get(v.queue)
+        if row is None:
+            row = sums[v.queue] = [0.0, 0]
+        row[0] += v.gpus * 1.5
+        row[1] += 1
+    ordered = sorted(views, key=lambda v: (v.queue, v.attained, v.id))
+    for v in ordered[: len(ordered) // 2]:
+        total += by_id[v.id].attained + sums[v.queue][0]
+print(time.process_time() - began, total)
+"""
+
+
+def reference_cpu_s() -> float:
+    """CPU seconds of REFERENCE in a fresh process of this interpreter (1.1 to 1.3 s on this box at an hour
+    when the Philly week under `gpupool` took about 19 s)."""
+    done = subprocess.run(
+        [sys.executable, "-c", REFERENCE], capture_output=True, text=True, timeout=300, check=True
+    )
+    return float(done.stdout.split()[0])
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
@@ -327,17 +372,20 @@ def spread_of_runs(runs: list[dict[str, Any]], keys: Sequence[str]) -> dict[str,
 
 def machine() -> dict[str, Any]:
     cpu_model = ""
+    cpu_mhz: float | None = None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and not cpu_model:
                 cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
+            elif line.startswith("cpu MHz") and cpu_mhz is None:
+                cpu_mhz = float(line.split(":", 1)[1])
+    except (OSError, ValueError):
         pass
     code_root, commit, modified = code_under_test()
     return {
         "nproc": os.cpu_count(),
         "cpu_model": cpu_model,
+        "cpu_mhz": cpu_mhz,
         "memory_bytes": psutil.virtual_memory().total,
         "python": platform.python_version(),
         "platform": platform.platform(),

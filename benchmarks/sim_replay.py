@@ -6,7 +6,10 @@ to compare (a folder holding `gpupool/`, e.g. the `src/` of a `git archive` of a
 `tools/build_native.py` build; default: this checkout's src/); rounds alternate the codes, each round in
 the other order than the last, so drift on a shared machine and the cost of running second fall on all
 of them alike. Every replay also hashes every job's outcome (submit, start, finish, time queued,
-preemptions, lost work): codes that should replay alike must print the same hash.
+preemptions, lost work): codes that should replay alike must print the same hash. Each round also times a
+fixed piece of work that uses no gpupool code (`harness.REFERENCE`), so that figures taken at different
+hours can be read against how fast the box was then (`reference_cpu_s` in the JSON; the last line gives
+each policy's median in units of it).
 
 Target (issue 4): the Philly week 2017-10-02..2017-10-09 on `--cluster 64x8 --queues auto` in <= 10 s per
 policy on this machine.
@@ -27,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import add_replay_options, console, machine, replay_codes, write_results
+from harness import add_replay_options, console, machine, reference_cpu_s, replay_codes, write_results
 from rich.table import Table
 
 NAME = "sim_replay"
@@ -81,10 +84,13 @@ def main() -> None:
     codes = replay_codes(args)
     policies = [p for p in args.policies.split(",") if p]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {str(c): {p: [] for p in policies} for c in codes}
+    reference: list[float] = []  # the box's speed: harness.REFERENCE's CPU seconds, once a round
     for round_no in range(args.rounds):
         # Each round runs the codes in the other order: on a shared box the later of two back-to-back
         # replays tends to run slower (about 2% here), which would otherwise fall on one code every time.
         order = codes if round_no % 2 == 0 else codes[::-1]
+        reference.append(reference_cpu_s())
+        console.print(f"round {round_no + 1} reference work  {reference[-1]:6.2f} s")
         for policy in policies:
             for code in order:
                 row = replay(code, args, policy)
@@ -114,10 +120,16 @@ def main() -> None:
     console.print(
         f"last code: {sum(m <= TARGET_S for m in last)} of {len(policies)} policies <= {TARGET_S:g} s"
     )
+    box = statistics.median(reference)
+    console.print(
+        f"the box: reference work {box:.2f} s (median of {len(reference)}); last code in units of it: "
+        + ", ".join(f"{p} {m / box:.1f}" for p, m in zip(policies, last, strict=True))
+    )
     payload = {
         "machine": machine(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "summary": summary,
+        "reference_cpu_s": reference,
         "runs": runs,
     }
     console.print(f"wrote {write_results(NAME, payload, args.output)}")
