@@ -90,7 +90,7 @@ def main() -> None:
         # replays tends to run slower (about 2% here), which would otherwise fall on one code every time.
         order = codes if round_no % 2 == 0 else codes[::-1]
         reference.append(reference_cpu_s())
-        console.print(f"round {round_no + 1} reference work  {reference[-1]:6.2f} s")
+        console.print(f"round {round_no + 1} reference work  {reference[-1]:6.3f} s")
         for policy in policies:
             for code in order:
                 row = replay(code, args, policy)
@@ -122,7 +122,7 @@ def main() -> None:
     )
     box = statistics.median(reference)
     console.print(
-        f"the box: reference work {box:.2f} s (median of {len(reference)}); last code in units of it: "
+        f"the box: reference work {box:.3f} s (median of {len(reference)}); last code in units of it: "
         + ", ".join(f"{p} {m / box:.1f}" for p, m in zip(policies, last, strict=True))
     )
     payload = {
