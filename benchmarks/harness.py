@@ -67,10 +67,11 @@ def replay_codes(args: argparse.Namespace) -> list[Path]:
     return codes
 
 
-# A fixed piece of interpreter-bound work, run in a fresh process beside a replay: its CPU time says how
-# fast the box is at that hour (this 2-vCPU box has run the same replay 10 to 20 s from one hour to the
-# next). It does what a replay does most (objects with slots, dicts keyed by ints, small tuples, sorts,
-# float sums) and depends on nothing of gpupool, so it measures the box, not the code.
+# A fixed piece of interpreter-bound work, run in a fresh process beside a replay, as a note of how fast the
+# box was at that hour (this 2-vCPU box has run the same replay 10 to 20 s from one hour to the next). It
+# does what a replay does most (objects with slots, dicts keyed by ints, small tuples, sorts, float sums)
+# and depends on nothing of gpupool. Not shown to follow the replay: within an hour it does not take the
+# noise out (docs/benchmarks.md, "The box from hour to hour"); compare codes side by side, not in its units.
 REFERENCE = """
 import time
 
