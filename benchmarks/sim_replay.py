@@ -7,9 +7,9 @@ to compare (a folder holding `gpupool/`, e.g. the `src/` of a `git archive` of a
 the other order than the last, so drift on a shared machine and the cost of running second fall on all
 of them alike. Every replay also hashes every job's outcome (submit, start, finish, time queued,
 preemptions, lost work): codes that should replay alike must print the same hash. Each round also times a
-fixed piece of work that uses no gpupool code (`harness.REFERENCE`), so that figures taken at different
-hours can be read against how fast the box was then (`reference_cpu_s` in the JSON; the last line gives
-each policy's median in units of it).
+fixed piece of work that uses no gpupool code (`harness.REFERENCE`, `reference_cpu_s` in the JSON; the
+last line gives each policy's median in units of it): a note of how fast the box was, not yet shown to
+follow the replay, so codes are still compared side by side.
 
 Target (issue 4): the Philly week 2017-10-02..2017-10-09 on `--cluster 64x8 --queues auto` in <= 10 s per
 policy on this machine.
