@@ -71,7 +71,7 @@ def replay_codes(args: argparse.Namespace) -> list[Path]:
 # box was at that hour (this 2-vCPU box has run the same replay 10 to 20 s from one hour to the next). It
 # does what a replay does most (objects with slots, dicts keyed by ints, small tuples, sorts, float sums)
 # and depends on nothing of gpupool. Not shown to follow the replay: within an hour it does not take the
-# noise out (docs/benchmarks.md, "The box from hour to hour"); compare codes side by side, not in its units.
+# noise out (docs/benchmarks.md, "The box from hour to hour"); compare codes side by side.
 REFERENCE = """
 import time
 
@@ -113,7 +113,7 @@ print(min(times))
 
 def reference_cpu_s() -> float:
     """The fewest CPU seconds of fifteen runs of REFERENCE's work in a fresh process of this interpreter
-    (0.22 to 0.23 s on this box at an hour when the Philly week under `gpupool` took about 19 s, where
+    (0.22 to 0.24 s on this box at an hour when the Philly week under `gpupool` took about 20 s, where
     single runs spread from 0.22 to 0.37 s): the fewest, the run least disturbed by the rest of the box."""
     done = subprocess.run(
         [sys.executable, "-c", REFERENCE], capture_output=True, text=True, timeout=300, check=True

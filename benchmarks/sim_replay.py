@@ -7,9 +7,8 @@ to compare (a folder holding `gpupool/`, e.g. the `src/` of a `git archive` of a
 the other order than the last, so drift on a shared machine and the cost of running second fall on all
 of them alike. Every replay also hashes every job's outcome (submit, start, finish, time queued,
 preemptions, lost work): codes that should replay alike must print the same hash. Each round also times a
-fixed piece of work that uses no gpupool code (`harness.REFERENCE`, `reference_cpu_s` in the JSON; the
-last line gives each policy's median in units of it): a note of how fast the box was, not yet shown to
-follow the replay, so codes are still compared side by side.
+fixed piece of work that uses no gpupool code (`harness.REFERENCE`, `reference_cpu_s` in the JSON): a
+note of how fast the box was, not shown to follow the replay, so codes are compared side by side.
 
 Target (issue 4): the Philly week 2017-10-02..2017-10-09 on `--cluster 64x8 --queues auto` in <= 10 s per
 policy on this machine.
@@ -84,7 +83,7 @@ def main() -> None:
     codes = replay_codes(args)
     policies = [p for p in args.policies.split(",") if p]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {str(c): {p: [] for p in policies} for c in codes}
-    reference: list[float] = []  # the box's speed: harness.REFERENCE's CPU seconds, once a round
+    reference: list[float] = []  # a note of the box's speed: harness.REFERENCE's CPU seconds, once a round
     for round_no in range(args.rounds):
         # Each round runs the codes in the other order: on a shared box the later of two back-to-back
         # replays tends to run slower (about 2% here), which would otherwise fall on one code every time.
@@ -119,11 +118,6 @@ def main() -> None:
     last = [summary[p]["median_cpu_s"][str(codes[-1])] for p in policies]
     console.print(
         f"last code: {sum(m <= TARGET_S for m in last)} of {len(policies)} policies <= {TARGET_S:g} s"
-    )
-    box = statistics.median(reference)
-    console.print(
-        f"the box: reference work {box:.3f} s (median of {len(reference)}); last code in units of it: "
-        + ", ".join(f"{p} {m / box:.1f}" for p, m in zip(policies, last, strict=True))
     )
     payload = {
         "machine": machine(),
