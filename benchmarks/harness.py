@@ -67,60 +67,6 @@ def replay_codes(args: argparse.Namespace) -> list[Path]:
     return codes
 
 
-# A fixed piece of interpreter-bound work, run in a fresh process beside a replay, as a note of how fast the
-# box was at that hour (this 2-vCPU box has run the same replay 10 to 20 s from one hour to the next). It
-# does what a replay does most (objects with slots, dicts keyed by ints, small tuples, sorts, float sums)
-# and depends on nothing of gpupool. Not shown to follow the replay: within an hour it does not take the
-# noise out (docs/benchmarks.md, "The box from hour to hour"); compare codes side by side.
-REFERENCE = """
-import time
-
-class View:
-    __slots__ = ("id", "queue", "gpus", "attained")
-
-    def __init__(self, id, queue, gpus, attained):
-        self.id, self.queue, self.gpus, self.attained = id, queue, gpus, attained
-
-def work():
-    state = 12345
-    views = []
-    for i in range(4000):
-        state = (state * 1103515245 + 12345) % 2147483648
-        views.append(View(i, "q%d" % (state % 7), 1 + state % 8, (state % 10007) / 7.0))
-    total = 0.0
-    for rounds in range(50):
-        by_id = {v.id: v for v in views}
-        sums = {}
-        for v in views:
-            row = sums.get(v.queue)
-            if row is None:
-                row = sums[v.queue] = [0.0, 0]
-            row[0] += v.gpus * 1.5
-            row[1] += 1
-        ordered = sorted(views, key=lambda v: (v.queue, v.attained, v.id))
-        for v in ordered[: len(ordered) // 2]:
-            total += by_id[v.id].attained + sums[v.queue][0]
-    return total
-
-times = []
-for _ in range(15):
-    began = time.process_time()
-    work()
-    times.append(time.process_time() - began)
-print(min(times))
-"""
-
-
-def reference_cpu_s() -> float:
-    """The fewest CPU seconds of fifteen runs of REFERENCE's work in a fresh process of this interpreter
-    (0.22 to 0.24 s on this box at an hour when the Philly week under `gpupool` took about 20 s, where
-    single runs spread from 0.22 to 0.37 s): the fewest, the run least disturbed by the rest of the box."""
-    done = subprocess.run(
-        [sys.executable, "-c", REFERENCE], capture_output=True, text=True, timeout=300, check=True
-    )
-    return float(done.stdout.split()[0])
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))

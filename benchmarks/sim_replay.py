@@ -6,9 +6,9 @@ to compare (a folder holding `gpupool/`, e.g. the `src/` of a `git archive` of a
 `tools/build_native.py` build; default: this checkout's src/); rounds alternate the codes, each round in
 the other order than the last, so drift on a shared machine and the cost of running second fall on all
 of them alike. Every replay also hashes every job's outcome (submit, start, finish, time queued,
-preemptions, lost work): codes that should replay alike must print the same hash. Each round also times a
-fixed piece of work that uses no gpupool code (`harness.REFERENCE`, `reference_cpu_s` in the JSON): a
-note of how fast the box was, not shown to follow the replay, so codes are compared side by side.
+preemptions, lost work): codes that should replay alike must print the same hash. This box runs the same
+replay up to 2.6x slower from one hour to the next, and no fixed piece of work timed beside it was found to
+follow that (docs/benchmarks.md, "The box from hour to hour"): compare codes side by side, in one run.
 
 Target (issue 4): the Philly week 2017-10-02..2017-10-09 on `--cluster 64x8 --queues auto` in <= 10 s per
 policy on this machine.
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import add_replay_options, console, machine, reference_cpu_s, replay_codes, write_results
+from harness import add_replay_options, console, machine, replay_codes, write_results
 from rich.table import Table
 
 NAME = "sim_replay"
@@ -83,13 +83,10 @@ def main() -> None:
     codes = replay_codes(args)
     policies = [p for p in args.policies.split(",") if p]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {str(c): {p: [] for p in policies} for c in codes}
-    reference: list[float] = []  # a note of the box's speed: harness.REFERENCE's CPU seconds, once a round
     for round_no in range(args.rounds):
         # Each round runs the codes in the other order: on a shared box the later of two back-to-back
         # replays tends to run slower (about 2% here), which would otherwise fall on one code every time.
         order = codes if round_no % 2 == 0 else codes[::-1]
-        reference.append(reference_cpu_s())
-        console.print(f"round {round_no + 1} reference work  {reference[-1]:6.3f} s")
         for policy in policies:
             for code in order:
                 row = replay(code, args, policy)
@@ -123,7 +120,6 @@ def main() -> None:
         "machine": machine(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "summary": summary,
-        "reference_cpu_s": reference,
         "runs": runs,
     }
     console.print(f"wrote {write_results(NAME, payload, args.output)}")
