@@ -9,8 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from tests.support import plain_http
 from tests.support.agent import AgentProcess, join_token, start_pool
 
 
@@ -108,7 +107,7 @@ def test_heartbeat_answers_carry_the_version_they_were_written_at_so_an_agent_ca
     server = pool.server
     try:
         info = {"gpus": [["H100", 1]], "cpus": 8, "memory_bytes": 64 << 30}
-        with httpx.Client(base_url=server.url, timeout=30) as client:
+        with plain_http.client(base_url=server.url, timeout=30) as client:
             joined = client.post(
                 "/api/v1/agents/register",
                 json={"name": "probe", "join_token": join_token(server), "info": info},
@@ -295,7 +294,7 @@ def test_heartbeats_with_a_bad_credential_or_body_get_the_api_error_with_the_fix
     server = pool.server
     try:
         token = join_token(server)
-        with httpx.Client(base_url=server.url, timeout=30) as client:
+        with plain_http.client(base_url=server.url, timeout=30) as client:
             joined = client.post(
                 "/api/v1/agents/register",
                 json={"name": "probe", "join_token": token, "info": {"gpus": [["H100", 1]], "cpus": 4}},

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import plain_http
 from tests.support.agent import agent_head, join_token
 from tests.support.server import ServerProcess
 
@@ -158,7 +159,7 @@ def test_an_agent_registration_of_the_wrong_types_is_refused_and_admits_nothing(
     # Before, each of these was a 500, some after the node was admitted and the join token used.
     token = join_token(head)
     good: dict[str, Any] = {"name": "agent-0", "join_token": token}
-    with httpx.Client(base_url=head.url, timeout=30) as agent, head.http() as client:
+    with plain_http.client(base_url=head.url, timeout=30) as agent, head.http() as client:
         for body, field in [
             ({**good, "join_token": 5}, "join_token"),
             ({**good, "credential": 5}, "credential"),

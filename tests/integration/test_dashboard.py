@@ -10,9 +10,9 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import plain_http
 from tests.support.browser import Page
 from tests.support.server import ServerProcess
 
@@ -99,12 +99,12 @@ def parse(dom: str) -> Rows:
 
 
 def test_the_page_is_served_without_a_token_and_holds_no_data(server: ServerProcess) -> None:
-    page = httpx.get(f"{server.url}/ui")
+    page = plain_http.get(f"{server.url}/ui")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
     assert server.token not in page.text
-    assert httpx.get(f"{server.url}/", follow_redirects=False).headers["location"] == "/ui"
-    assert httpx.get(f"{server.url}/api/v1/queues").status_code == 401  # the data still needs the token
+    assert plain_http.get(f"{server.url}/", follow_redirects=False).headers["location"] == "/ui"
+    assert plain_http.get(f"{server.url}/api/v1/queues").status_code == 401  # the data still needs the token
     refused = server.cli("--token", "nope", "ui")
     assert refused.returncode == 1 and "invalid token" in refused.stderr and "/ui" not in refused.stdout
 

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.support import plain_http
 from tests.support.agent import start_pool
 from tests.support.prometheus import CI_MESSAGE, PrometheusProcess, find_prometheus
 from tests.support.server import ServerProcess
@@ -45,7 +45,7 @@ def prometheus(server: ServerProcess, tmp_path: Path) -> Iterator[PrometheusProc
 
 
 def test_metrics_need_the_api_token(server: ServerProcess) -> None:
-    assert httpx.get(f"{server.url}/metrics").status_code == 401
+    assert plain_http.get(f"{server.url}/metrics").status_code == 401
     with server.http() as client:
         response = client.get("/metrics")
     assert response.status_code == 200

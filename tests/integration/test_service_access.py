@@ -14,6 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from tests.support import plain_http
 from tests.support.server import ServerProcess
 from tests.support.services import ECHO, answer_of, proxy_path, wait_until
 
@@ -133,7 +134,7 @@ def test_gpupool_forward_as_someone_else_is_refused_with_the_reason(
     try:
         assert forwarder.stdout is not None
         address = forwarder.stdout.readline().split()[1]
-        answer = httpx.get(address + "x", timeout=30)
+        answer = plain_http.get(address + "x", timeout=30)
         assert answer.status_code == 403, answer.text
         assert "belongs to alice and is private" in answer.text
     finally:

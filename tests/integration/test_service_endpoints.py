@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from tests.support import plain_http
 from tests.support.agent import start_pool
 from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
@@ -222,7 +222,7 @@ def test_gpupool_forward_serves_the_service_at_the_root_of_a_local_address(
     with _forwarding(server, sid) as said:
         assert "to service echo (workload" in said and "running" in said, said
         local = said.split()[1]  # http://127.0.0.1:PORT/
-        with httpx.Client(base_url=local, timeout=30) as plain:  # no token: the forwarder adds it
+        with plain_http.client(base_url=local, timeout=30) as plain:  # no token: the forwarder adds it
             got = plain.get("lab/tree?x=1", headers={"X-Test": "passed on"})
             assert got.status_code == 200, got.text
             assert got.json()["path"] == "/lab/tree?x=1" and got.json()["x_test"] == "passed on"

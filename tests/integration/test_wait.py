@@ -10,9 +10,18 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.server import ServerProcess
+
+
+def until_connected(pid: int, port: int, timeout: float = 30.0) -> None:
+    """Until process `pid` holds a TCP connection to 127.0.0.1:`port`."""
+    deadline = time.monotonic() + timeout
+    while not any(c.raddr and c.raddr.port == port for c in psutil.Process(pid).net_connections("tcp")):
+        assert time.monotonic() < deadline, f"process {pid} never connected to port {port}"
+        time.sleep(0.05)
 
 
 def test_run_wait_prints_the_output_and_exits_with_the_jobs_code(server: ServerProcess) -> None:
@@ -88,11 +97,17 @@ def test_timeout_and_ctrl_c_stop_waiting_not_the_work(server: ServerProcess) -> 
     assert "--timeout 2s passed before the end: workload 1 goes on" in timed.stderr
     assert server.workload(1)["state"] in ("pending", "running")
 
+    # Started as a shell starts a command in the foreground, with Ctrl-C at its default: one started in the
+    # background (`pytest ... &`) would inherit it ignored, and Python keeps ignoring it.
     waiter = subprocess.Popen(
         [sys.executable, "-m", "gpupool.main", "wait", "1"],
         env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
-    time.sleep(2)
+    # Ctrl-C once it waits: it has asked the server (its client keeps the connection open) and gone on to
+    # its loop. A signal during the interpreter's start-up would test Python, not the command.
+    until_connected(waiter.pid, server.port)
+    time.sleep(1)
     waiter.send_signal(signal.SIGINT)
     _, said = waiter.communicate(timeout=30)
     assert waiter.returncode == 130, said

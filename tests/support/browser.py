@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from websockets.sync.client import ClientConnection, connect
+
+from tests.support import plain_http
 
 
 class Page:
@@ -42,7 +43,7 @@ class Page:
             assert self._proc.poll() is None, f"the browser exited ({self._proc.returncode})"
             lines = port_file.read_text().splitlines() if port_file.exists() else []
             if lines:
-                pages = httpx.get(f"http://127.0.0.1:{lines[0]}/json/list", timeout=5).json()
+                pages = plain_http.get(f"http://127.0.0.1:{lines[0]}/json/list", timeout=5).json()
                 page = next((p for p in pages if p.get("type") == "page"), None)
                 if page is not None:
                     return connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=timeout)

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from tests.support import plain_http
 from tests.support.server import free_port
 
 CI_MESSAGE = "Prometheus is not installed; .ci/run installs Debian's prometheus package"
@@ -60,7 +61,7 @@ class PrometheusProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                if plain_http.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
@@ -73,7 +74,7 @@ class PrometheusProcess:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """The instant vector of `promql`, through Prometheus' HTTP API (/api/v1/query)."""
-        response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10)
+        response = plain_http.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10)
         response.raise_for_status()
         body = response.json()
         assert body["status"] == "success", body
@@ -87,7 +88,7 @@ class PrometheusProcess:
             if len(result) >= count:
                 return result
             if time.time() > deadline:
-                targets = httpx.get(f"{self.url}/api/v1/targets", timeout=10).text[:2000]
+                targets = plain_http.get(f"{self.url}/api/v1/targets", timeout=10).text[:2000]
                 raise AssertionError(f"{promql}: {len(result)} series after {timeout}s; targets: {targets}")
             time.sleep(0.5)
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from tests.support import plain_http
+
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -75,7 +77,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if plain_http.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
@@ -108,7 +110,7 @@ class ServerProcess:
             headers["Authorization"] = f"Bearer {self.token}"
         elif token is not None:
             headers["Authorization"] = f"Bearer {token}"
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        return plain_http.client(base_url=self.url, headers=headers, timeout=30)
 
     def cli(
         self, *args: str, cwd: Path | None = None, check: bool = False, input: str | None = None

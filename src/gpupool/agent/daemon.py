@@ -25,6 +25,7 @@ import psutil
 
 from gpupool import __version__
 from gpupool.agent.attempts import NodeAttempts
+from gpupool.client.client import tls_for
 from gpupool.gpu import GpuProvider, GpuSample
 from gpupool.gpu.catalog import lookup_model
 from gpupool.gpu.errors import UnknownGpuModel
@@ -65,8 +66,9 @@ class Agent:
         # The head's instructions (active health checks, fault injection); a reply is sent at once.
         self.tasks = NodeTasks(gpus, settings.name, on_done=self._exited.set)
         self._credential = self._load_credential()
-        self._http = httpx.Client(base_url=settings.server.rstrip("/"), timeout=30.0)
-        self._report_http = httpx.Client(base_url=settings.server.rstrip("/"), timeout=10.0)
+        head, tls = settings.server.rstrip("/"), tls_for(settings.server)
+        self._http = httpx.Client(base_url=head, timeout=30.0, verify=tls)
+        self._report_http = httpx.Client(base_url=head, timeout=10.0, verify=tls)
         self._send_lock = threading.Lock()
         self.interval = 1.0
         self.last_contact = time.monotonic()

@@ -88,7 +88,7 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def _tls_for(server: str) -> ssl.SSLContext | bool:
+def tls_for(server: str) -> ssl.SSLContext | bool:
     """TLS for the server at `server`: httpx's default (verified against certifi's CA bundle) for https. Over
     plain http no TLS is ever spoken: the bundle is not loaded (about 45 ms, a tenth of a CLI command) and
     a context that verifies and trusts nothing stands in."""
@@ -112,7 +112,7 @@ class Client:
         self.server, self.token = resolve(server, token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(
-            base_url=self.server, headers=headers, timeout=timeout, verify=_tls_for(self.server)
+            base_url=self.server, headers=headers, timeout=timeout, verify=tls_for(self.server)
         )
 
     def close(self) -> None:

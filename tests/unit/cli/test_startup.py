@@ -7,7 +7,7 @@ import ssl
 import subprocess
 import sys
 
-from gpupool.client.client import _tls_for
+from gpupool.client.client import tls_for
 
 
 def test_a_read_only_command_loads_no_spec_models_and_no_ca_bundle() -> None:
@@ -50,9 +50,9 @@ def test_a_spec_name_loads_its_model_on_first_use() -> None:
 
 
 def test_https_servers_are_verified_and_plain_http_needs_no_ca_bundle() -> None:
-    assert _tls_for("https://pool.example.com") is True
-    assert _tls_for("HTTPS://pool.example.com") is True
-    plain = _tls_for("http://127.0.0.1:8470")
+    assert tls_for("https://pool.example.com") is True
+    assert tls_for("HTTPS://pool.example.com") is True
+    plain = tls_for("http://127.0.0.1:8470")
     assert isinstance(plain, ssl.SSLContext)
     assert plain.verify_mode == ssl.CERT_REQUIRED and plain.check_hostname
     assert plain.get_ca_certs() == []  # trusts nothing: were TLS ever spoken, it would fail closed
