@@ -2,25 +2,24 @@
 
 A new `httpx.Client` builds a TLS context from the CA bundle unless it is given one: 30 to 60 ms of CPU on
 a 2-core box, and the tests make a client for nearly every request they poll with (every 50 to 100 ms).
-One context without certificates, built once, serves them all; a URL that did use TLS would fail its
-verification with it, never pass it.
+These take the product's own choice instead (`tls_for`, as the CLI and the agent do): over plain http a
+context with no certificates to load; an https URL is verified as httpx does by default.
 """
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
 
 import httpx
 
-PLAIN = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+from gpupool.client.client import tls_for
 
 
-def client(**kwargs: Any) -> httpx.Client:
-    """An `httpx.Client` (its keyword arguments) with no CA bundle to load."""
-    return httpx.Client(verify=PLAIN, **kwargs)
+def client(base_url: str, **kwargs: Any) -> httpx.Client:
+    """An `httpx.Client` for `base_url` (other arguments as httpx takes them); no CA bundle over http."""
+    return httpx.Client(base_url=base_url, verify=tls_for(base_url), **kwargs)
 
 
 def get(url: str, **kwargs: Any) -> httpx.Response:
-    """`httpx.get` with no CA bundle to load."""
-    return httpx.get(url, verify=PLAIN, **kwargs)
+    """`httpx.get` that loads no CA bundle over http."""
+    return httpx.get(url, verify=tls_for(url), **kwargs)
