@@ -62,6 +62,47 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
     again.close()
 
 
+def test_the_head_revision_is_the_newest_migration(tmp_path: Path) -> None:
+    """A store at HEAD_REVISION opens without Alembic: a new migration must move it, or it would never run."""
+    from alembic.script import ScriptDirectory
+
+    from gpupool.store.db import HEAD_REVISION, MIGRATIONS_DIR, alembic_config
+
+    config = alembic_config(Store(f"sqlite:///{tmp_path / 'g.db'}", run_migrations=False).engine)
+    assert config.get_main_option("script_location") == str(MIGRATIONS_DIR)
+    assert ScriptDirectory.from_config(config).get_heads() == [HEAD_REVISION]
+
+
+def test_a_store_at_the_newest_migration_opens_without_alembic(tmp_path: Path) -> None:
+    """The second start of a head skips Alembic's imports (about 0.15 s); the first still migrates."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    probe = (
+        "import sys; from gpupool.store.db import Store; s = Store(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic')[:1]); s.close()"
+    )
+    first = subprocess.run([sys.executable, "-c", probe, url], capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", probe, url], capture_output=True, text=True, check=True)
+    assert first.stdout.strip() == "['alembic']"
+    assert second.stdout.strip() == "[]"
+
+
+def test_a_store_from_a_newer_gpupool_is_refused_by_name(tmp_path: Path) -> None:
+    """A store a newer gpupool migrated past what this one knows: a clear error, the store unchanged."""
+    from gpupool.store.db import StoreError
+
+    path = tmp_path / "newer.db"
+    Store(f"sqlite:///{path}").close()
+    with Store(f"sqlite:///{path}", run_migrations=False).engine.begin() as conn:
+        conn.execute(text("update alembic_version set version_num = '9999'"))
+    with pytest.raises(StoreError, match=r"cannot migrate the store at .*newer\.db.*9999"):
+        Store(f"sqlite:///{path}")
+    with Store(f"sqlite:///{path}", run_migrations=False).engine.connect() as conn:
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "9999"
+
+
 def test_the_migrations_give_every_column_the_models_declare(store: Store) -> None:
     """A column added to a model without a migration would fail only on a store created before it."""
     from gpupool.store.models import Base
