@@ -145,7 +145,12 @@ class Allocation(EvictionSearch):
         return False
 
     def _admission(self, w: WorkloadView) -> Explanation | None:
-        """Queue limits, the quota rule for non-preemptible work, and whether it could ever fit."""
+        """Whether it could ever fit, then queue limits and the quota rule for non-preemptible work: work no
+        node could hold is told so, not to wait for a limit whose raising would not start it (and, being
+        `too-large`, it holds back no other work of its queue under strict blocking)."""
+        never = self._never_fits(w)
+        if never is not None:
+            return never
         state = self.state
         limits = self._limits(w.queue)
         if limits:
@@ -163,7 +168,7 @@ class Allocation(EvictionSearch):
                 would = state.allocated_np(name) + w.gpu_units
                 if would > quota + EPSILON:
                     return explain.over_quota_nonpreemptible(name, would, quota)
-        return self._never_fits(w)
+        return None
 
     def _limits(self, queue: str) -> list[tuple[str, int, float]]:
         """(queue, resource position, limit) for every limit set on `queue` or above it."""
