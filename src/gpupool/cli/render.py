@@ -261,12 +261,11 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
         table.add_column(column.upper(), overflow="fold", max_width=70 if column == "reason" else None)
     for row in _fold_waiting_tasks(ps_rows(workloads)):
         reason = row["reason"] if (wide or row["state"] in ("pending", "failed")) else ""
-        if (
-            row["state"] in ("succeeded", "failed", "cancelled")
-            and row["exit_code"] is not None
-            and not reason
-        ):
-            reason = f"exit {row['exit_code']}"
+        if row["state"] in ("succeeded", "failed", "cancelled") and not reason:
+            # its exit code; work that never ran has none: why it ended ("cancelled by alice before it
+            # started")
+            code = row["exit_code"]
+            reason = f"exit {code}" if code is not None else row["reason"]
         cells = [row.get("_id_text") or str(row["id"]), row["_name_text"]]
         if users:
             cells.append(row["user"])

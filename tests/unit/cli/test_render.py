@@ -55,6 +55,15 @@ def test_a_gang_shows_its_nodes_times_the_gpus_of_each() -> None:
     assert lines[0].split()[4] == "2x8" and lines[1].split()[4] == "H100:8", lines
 
 
+def test_finished_work_shows_its_exit_code_or_why_it_ended_without_one() -> None:
+    never = {**_task(5, 0, "cancelled", "cancelled by alice before it started"), "array_id": None}
+    ran = {**_task(6, 0, "cancelled", "cancelled; exit code 143"), "array_id": None, "exit_code": 143}
+    done = {**_task(7, 0, "succeeded", "exit code 0"), "array_id": None, "exit_code": 0}
+    lines = _shown([never, ran, done])
+    assert lines[0].endswith("cancelled by alice before it started"), lines
+    assert lines[1].endswith("exit 143") and lines[2].endswith("exit 0"), lines
+
+
 def test_the_efficiency_line_says_no_telemetry_rather_than_zero() -> None:
     now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
     ran = {"gpu_indices": [0, 1], "gpu_fraction": 1.0, "pods": [], "started_at": "2026-12-03T10:30:00+00:00",
