@@ -49,12 +49,7 @@ class Allocation(EvictionSearch):
                 i += 1
                 changes = len(accounted)
                 placed = self._try_allocate(w, i - 1)
-                if (
-                    not placed
-                    and strict
-                    and self.decisions.explanations[w.id].code
-                    in (explain.CAPACITY_CODES | {explain.QUEUE_LIMIT})
-                ):
+                if not placed and strict and self._holds_back(w, self.decisions.explanations[w.id].code):
                     for rest in items[i:]:
                         if rest.id in unplaced:
                             self.decisions.explanations[rest.id] = explain.blocked(w.id)
@@ -154,7 +149,7 @@ class Allocation(EvictionSearch):
         state = self.state
         limits = self._limits(w.queue)
         if limits:
-            wants = (w.gpus.count * w.nodes, w.cpus * w.nodes, float(w.memory_bytes * w.nodes))
+            wants = _whole_demand(w)
             for name, position, limit in limits:
                 allocated = state.alloc[name][position]
                 if allocated + wants[position] > limit + EPSILON:
@@ -169,6 +164,18 @@ class Allocation(EvictionSearch):
                 if would > quota + EPSILON:
                     return explain.over_quota_nonpreemptible(name, would, quota)
         return None
+
+    def _holds_back(self, w: WorkloadView, code: str) -> bool:
+        """Under `blocking: strict`, whether `w`, left pending for `code`, holds back the later work of its
+        group: work that waits for capacity, or for its queue's allocation to fall below a limit, does; work
+        that alone asks for more than a limit waits for the limit to change, not for its turn, and holds
+        back nothing, as work too large for the pool does not."""
+        if code in explain.CAPACITY_CODES:
+            return True
+        if code != explain.QUEUE_LIMIT:
+            return False
+        wants = _whole_demand(w)
+        return all(wants[position] <= limit + EPSILON for _, position, limit in self._limits(w.queue))
 
     def _limits(self, queue: str) -> list[tuple[str, int, float]]:
         """(queue, resource position, limit) for every limit set on `queue` or above it."""
@@ -458,3 +465,8 @@ def _same(a: object, b: object) -> bool:
 def _listed(names: frozenset[str]) -> str:
     ordered = sorted(names)
     return ", ".join(ordered[:5]) + (f" and {len(ordered) - 5} more" if len(ordered) > 5 else "")
+
+
+def _whole_demand(w: WorkloadView) -> tuple[float, float, float]:
+    """GPUs, CPUs and memory that all of `w`'s pods ask for, in `RESOURCES`' order (as queue limits count)."""
+    return (w.gpus.count * w.nodes, w.cpus * w.nodes, float(w.memory_bytes * w.nodes))

@@ -136,8 +136,7 @@ class Cycle(Allocation):
         if self._try_allocate(w) or not self.still_unplaced(w):
             return False  # started, or waits for GPUs being released
         code = self.decisions.explanations[w.id].code
-        blocks = code in explain.CAPACITY_CODES or code == explain.QUEUE_LIMIT
-        if blocks and self.config.blocking == "strict":
+        if self.config.blocking == "strict" and self._holds_back(w, code):
             self._blockers[group] = w
         return code in explain.CAPACITY_CODES
 
