@@ -161,17 +161,18 @@ def parse_array(value: object, field: str = "array") -> ArrayRange:
             raise SpecError(field, value, "has a limit after % that is not a whole number >= 1", example)
         limit = int(limit_text)
     indices: set[int] = set()
-    for part in spec.split(","):
+    parts = spec.split(",")
+    for part in parts:
+        # the part at fault, named where the value has several ("0-3,5-1"); a value of one is the part
+        named = f"has {part!r}, which is" if len(parts) > 1 else "is"
         match = _ARRAY_PART_RE.fullmatch(part)
         if match is None:
-            raise SpecError(
-                field, value, f"has {part!r}, which is not N, N-M or N-M:STEP (task indices)", example
-            )
+            raise SpecError(field, value, f"{named} not N, N-M or N-M:STEP (task indices)", example)
         first, last, step = match.groups()
         low, high = int(first), int(last if last is not None else first)
         stride = int(step) if step is not None else 1
         if high < low or stride < 1:
-            raise SpecError(field, value, f"has {part!r}: give N-M with N <= M and a step >= 1", example)
+            raise SpecError(field, value, f"{named} not a range N-M with N <= M and a step >= 1", example)
         if high > MAX_ARRAY_INDEX:
             raise SpecError(field, value, f"has an index above {MAX_ARRAY_INDEX}", example)
         if (high - low) // stride + 1 > MAX_ARRAY_TASKS:  # checked before the range is made
