@@ -128,6 +128,9 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "age_seconds": w.get("age_seconds", 0.0),
                 "reason": w.get("reason", ""),
                 "exit_code": w.get("exit_code"),
+                # a running service's readiness probe: true, false (and what the probe saw), null without
+                "ready": w.get("ready"),
+                "readiness": w.get("readiness"),
                 "service_id": w.get("service_id"),
                 "replica": w.get("replica", 0),
                 "_gpus_text": gpus,
@@ -266,6 +269,8 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
             # started")
             code = row["exit_code"]
             reason = f"exit {code}" if code is not None else row["reason"]
+        if row["state"] == "running" and row.get("ready") is False and not reason:
+            reason = f"not ready: {row['readiness']}"  # the head's proxy holds its requests back meanwhile
         cells = [row.get("_id_text") or str(row["id"]), row["_name_text"]]
         if users:
             cells.append(row["user"])

@@ -64,6 +64,15 @@ def test_finished_work_shows_its_exit_code_or_why_it_ended_without_one() -> None
     assert lines[1].endswith("exit 143") and lines[2].endswith("exit 0"), lines
 
 
+def test_a_running_service_not_ready_says_what_its_probe_saw() -> None:
+    base = {**_task(8, 0, "running"), "array_id": None}
+    waiting = {**base, "ready": False, "readiness": "GET /health answered 404"}
+    ready = {**base, "id": 9, "ready": True, "readiness": "GET /health answered 200"}
+    lines = _shown([waiting, ready, {**base, "id": 10}])
+    assert lines[0].endswith("not ready: GET /health answered 404"), lines
+    assert lines[1].endswith("5s") and lines[2].endswith("5s"), lines  # ready, or no probe: no reason
+
+
 def test_the_efficiency_line_says_no_telemetry_rather_than_zero() -> None:
     now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
     ran = {"gpu_indices": [0, 1], "gpu_fraction": 1.0, "pods": [], "started_at": "2026-12-03T10:30:00+00:00",
