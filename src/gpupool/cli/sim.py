@@ -317,6 +317,7 @@ def whatif(
     import time
 
     from gpupool.cli.app import client
+    from gpupool.gpu.catalog import families
     from gpupool.sim import whatif as wi
     from gpupool.sim.parallel import processes
     from gpupool.sim.policies import resolve_policies
@@ -348,6 +349,7 @@ def whatif(
                 )
             workloads.extend(found)
         nodes = wi.cluster_from_nodes(api.nodes())
+        wi.check_models(add, nodes, families())
         queues = [queue_view(q) for q in api.queues()]
         history = wi.history_jobs(workloads, now - period, now)
         after = wi.changed(nodes, queues, add, remove, quota)

@@ -8,12 +8,13 @@ as it ran; work still running counts with the time it has run so far.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from gpupool.scheduler import GpuView, NodeView, QueueView
-from gpupool.sim.cluster import Cluster, parse_groups
+from gpupool.scheduler.placement import split_model
+from gpupool.sim.cluster import DEFAULT_MODEL, Cluster, parse_groups
 from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import summarize
 from gpupool.sim.parallel import Replay, processes, replay_all
@@ -92,6 +93,23 @@ def check_changes(add: Sequence[str] = (), quotas: Sequence[str] = ()) -> None:
         parse_groups(spec, "--add", prefix="added")
     for item in quotas:
         _quota_item(item)
+
+
+def check_models(add: Sequence[str], nodes: Sequence[NodeView], known: Collection[str]) -> None:
+    """Refuse added nodes of a GPU model that no node of the pool has and `known` (the GPU catalog's
+    families) lacks, as a submission asking for one is refused: a typo ("H10O") would replay new GPUs that
+    no job asking for a model could use."""
+    in_pool = {g.model.upper() for n in nodes for g in n.gpus}
+    families = {m.upper() for m in known} | in_pool
+    for spec in add:
+        models = {g.model for node in parse_groups(spec, "--add", prefix="added") for g in node.gpus}
+        for model in sorted(models - {DEFAULT_MODEL}):  # `--add 2x8` names none: GPUs any request may use
+            if split_model(model)[0] not in families:
+                raise SimError(
+                    "--add",
+                    f"unknown GPU model {model!r} in {spec!r}; models in this pool: "
+                    f"{', '.join(sorted(in_pool)) or 'none'}; known models: {', '.join(sorted(families))}",
+                )
 
 
 def _quota_item(item: str) -> tuple[str, float]:

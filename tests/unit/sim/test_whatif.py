@@ -8,7 +8,14 @@ from gpupool.scheduler import QueueView, Share
 from gpupool.sim.cluster import parse_groups
 from gpupool.sim.errors import SimError
 from gpupool.sim.policies import BY_NAME
-from gpupool.sim.whatif import changed, check_changes, cluster_from_nodes, compare, history_jobs
+from gpupool.sim.whatif import (
+    changed,
+    check_changes,
+    check_models,
+    cluster_from_nodes,
+    compare,
+    history_jobs,
+)
 
 T0 = "2026-11-30T10:00:00+00:00"
 
@@ -87,3 +94,18 @@ def test_more_gpus_never_make_the_replayed_history_wait_longer() -> None:
     assert result["before"]["gpus"] == 8 and result["after"]["gpus"] == 16
     assert result["after"]["avg_queue_s"] < result["before"]["avg_queue_s"]
     assert result["queues"]["nlp"]["jobs"] == 4
+
+
+def test_an_added_gpu_model_must_be_in_the_pool_or_known() -> None:
+    """A typo in `--add 4x8:H10O` is refused with the models to choose from; the pool's own models (one the
+    catalog lacks too) and the catalog's, in any case or with a memory size, pass."""
+    pool = parse_groups("1x4:L4,1x2:MI300X", "--cluster")
+    check_models(
+        ["4x8:H100", "2x8:h200", "1x8:A100-80GB", "1x8:mi300x", "2x8"], pool, ["H100", "H200", "A100"]
+    )
+    with pytest.raises(SimError) as raised:
+        check_models(["1x8:H100", "4x8:H10O"], pool, ["H100", "H200", "A100"])
+    assert str(raised.value) == (
+        "--add: unknown GPU model 'H10O' in '4x8:H10O'; models in this pool: L4, MI300X; "
+        "known models: A100, H100, H200, L4, MI300X"
+    )
