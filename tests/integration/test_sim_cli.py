@@ -156,3 +156,7 @@ def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(
     assert data["after"]["avg_queue_s"] <= data["before"]["avg_queue_s"]
     bad = server.cli("sim", "whatif", "--remove", "no-such-node")
     assert bad.returncode == 1 and "--remove: no node named 'no-such-node'" in bad.stderr
+    typo = server.cli("sim", "whatif", "--add", "1x8:H10O")
+    assert typo.returncode == 1 and "replaying" not in typo.stdout
+    said = "--add: unknown GPU model 'H10O' in '1x8:H10O'; models in this pool: H100; known models:"
+    assert said in typo.stderr, typo.stderr
