@@ -55,6 +55,7 @@ def test_run_ps_logs_show_cancel_through_the_cli(server: ServerProcess, job_dir:
     assert broken.returncode == 1 and broken.stderr.rstrip().endswith(
         "e.g. {kind: job, commands: [python train.py]}"
     ), broken.stderr
+    assert broken.stderr.startswith(f"error: {job_dir / 'broken.yaml'}: <yaml>: "), broken.stderr  # the file
 
 
 def test_run_takes_slurm_style_nodes_cpus_and_memory(server: ServerProcess, job_dir: Path) -> None:

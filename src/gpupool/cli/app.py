@@ -132,8 +132,12 @@ def submit(
         text = file.read_text()
     except OSError as exc:
         raise CliError(f"cannot read {file}: {exc.strerror}") from exc
-    # Parsed here with the spec's own YAML rules (`on:` stays a key), so a bad spec fails before any request.
-    data = spec.parse_workload_spec(text).model_dump(mode="json")
+    # Parsed here with the spec's own YAML rules (`on:` stays a key), so a bad spec fails before any request;
+    # its error names the file first, as a compiler's does.
+    try:
+        data = spec.parse_workload_spec(text).model_dump(mode="json")
+    except spec.SpecError as exc:
+        raise CliError(f"{file}: {exc}") from exc
     if queue:
         data["queue"] = queue
     if name:
@@ -1052,6 +1056,8 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
             loaded = load_yaml(file.read_text(), "name: nlp")
         except OSError as exc:
             raise CliError(f"cannot read {file}: {exc.strerror}") from exc
+        except spec.SpecError as exc:
+            raise CliError(f"{file}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise CliError(f"{file}: a queue spec must be a YAML mapping")
         body.update(loaded)
