@@ -91,12 +91,14 @@ def refuse_viewer_change(caller: Caller, method: str, path: str) -> None:
 
 
 async def admin_only(request: Request, caller: Caller = Depends(require_token)) -> Caller:
-    """Refuse (403) anyone but an admin: for the routes that change the pool itself."""
+    """Refuse (403) anyone but an admin: for the routes that change the pool itself, or read what only
+    admins see (the audit log, the tokens)."""
     if not caller.admin:
+        what = "is for admins only" if request.method in READS else "changes the pool itself"
         raise ApiError(
             403,
             "forbidden",
-            f"{request.method} {request.url.path} changes the pool itself, which takes an admin token; "
+            f"{request.method} {request.url.path} {what}, which takes an admin token; "
             f"the token {caller.name!r} has role {caller.role}",
         )
     return caller
