@@ -39,7 +39,9 @@ def test_users_submit_to_their_queues_and_change_only_their_own_work(server: Ser
         server, alice, "POST", "/api/v1/workloads", {"queue": "nlp", "commands": ["sleep 60"]}
     )
     assert status == 201 and mine["user"] == "alice"
-    status, refused = _call(server, alice, "POST", "/api/v1/workloads", {"commands": ["true"]})
+    status, refused = _call(
+        server, alice, "POST", "/api/v1/workloads", {"queue": "default", "commands": ["true"]}
+    )
     assert status == 403 and refused["error"]["field"] == "queue", refused
     assert "may submit only to nlp, not 'default'" in refused["error"]["message"]
     theirs = server.submit({"commands": ["sleep 60"]})  # the admin's
@@ -98,3 +100,32 @@ def test_bad_token_requests_name_the_field_and_change_nothing(server: ServerProc
     status, answer = _call(server, admin, "DELETE", "/api/v1/tokens/admin")
     assert status == 409 and "--new-admin-token" in answer["error"]["message"]
     assert _call(server, admin, "DELETE", "/api/v1/tokens/nobody")[0] == 404
+
+
+def test_work_that_names_no_queue_goes_to_the_queue_of_a_token_for_one(server: ServerProcess) -> None:
+    """As Slurm's default account: a token for one queue needs no --queue; a token for several must name one;
+    an admin's work without a queue goes to `default`."""
+    import subprocess
+    import sys
+
+    for name in ("nlp", "cv"):
+        server.cli("queue", "create", name, check=True)
+    alice = _token(server, "alice", "--queue", "nlp")
+    both = _token(server, "dana", "--queue", "nlp", "--queue", "cv")
+    status, made = _call(
+        server, alice, "POST", "/api/v1/workloads", {"commands": ["true"], "resources": {"gpu": 0}}
+    )
+    assert status == 201 and made["queue"] == "nlp", made
+    as_alice = {**server.env, "GPUPOOL_TOKEN": alice}
+    folder = server.home / "specs"
+    folder.mkdir()
+    (folder / "job.yaml").write_text("kind: job\ncommands: [echo hi]\nresources: {gpu: 0}\n")
+    for command in (["run", "--gpus", "0", "--", "true"], ["submit", "job.yaml"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "gpupool.main", *command], env=as_alice, cwd=folder, capture_output=True,
+            text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0 and "to queue nlp" in out.stdout, (command, out.stdout, out.stderr)
+    status, refused = _call(server, both, "POST", "/api/v1/workloads", {"commands": ["true"]})
+    assert status == 403 and "may submit only to cv, nlp, not 'default'" in refused["error"]["message"]
+    assert server.submit({"commands": ["true"], "resources": {"gpu": 0}})["queue"] == "default"

@@ -135,9 +135,12 @@ def submit(
     # Parsed here with the spec's own YAML rules (`on:` stays a key), so a bad spec fails before any request;
     # its error names the file first, as a compiler's does.
     try:
-        data = spec.parse_workload_spec(text).model_dump(mode="json")
+        parsed = spec.parse_workload_spec(text)
     except spec.SpecError as exc:
         raise CliError(f"{file}: {exc}") from exc
+    data = parsed.model_dump(mode="json")
+    if "queue" not in parsed.model_fields_set:
+        del data["queue"]  # the server's choice, as `run` without --queue
     if queue:
         data["queue"] = queue
     if name:
@@ -180,7 +183,9 @@ def run(
     gpus: str = typer.Option(
         "1", "--gpus", "-g", help="GPUs per node: 2, H100:8, 'A100|H100:2', 80GB:1, 0.5"
     ),
-    queue: str = typer.Option("default", "--queue", "-q"),
+    queue: str | None = typer.Option(
+        None, "--queue", "-q", help="default: the token's queue when it is for one queue, else 'default'"
+    ),
     name: str | None = typer.Option(None, "--name", "-n"),
     priority: str | None = typer.Option(
         None, "--priority", help="inference|build|interactive|train or 0..1000"
@@ -256,11 +261,12 @@ def run(
         resources["memory"] = memory
     data: dict[str, Any] = {
         "kind": "service" if service else "job",
-        "queue": queue,
         "resources": resources,
         "commands": [shlex.join(command)],
         "workdir": os.getcwd(),
     }
+    if queue is not None:
+        data["queue"] = queue  # none: the server's choice (the token's only queue, else default)
     if nodes != 1:
         data["nodes"] = nodes
     if name:

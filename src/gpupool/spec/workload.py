@@ -540,7 +540,9 @@ class WorkloadSpec(BaseModel):
         description="DNS-label-like name, e.g. llama-finetune; default null: the server names it.",
     )
     queue: Name = Field(
-        default="default", description="The queue (team or project) it runs in; default 'default'."
+        default="default",
+        description="The queue (team or project) it runs in; default 'default', or the submitting token's "
+        "queue when the token is for one queue only.",
     )
     priority: Annotated[
         Whole,

@@ -30,6 +30,9 @@ def submit(
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     spec = parse_workload_spec(body)
+    if "queue" not in spec.model_fields_set and len(caller.queues) == 1:
+        # no queue named: a token for one queue submits to it, as Slurm's default account is used
+        spec = spec.model_copy(update={"queue": caller.queues[0]})
     _may_submit_to(caller, spec.queue)
     runtime = request.app.state.runtime
     check_allowed(spec.model_dump(mode="json"), runtime.settings.notify_hosts)
