@@ -103,8 +103,9 @@ def check_models(add: Sequence[str], nodes: Sequence[NodeView], known: Collectio
     families = {m.upper() for m in known} | in_pool
     for spec in add:
         models = {g.model for node in parse_groups(spec, "--add", prefix="added") for g in node.gpus}
-        for model in sorted(models - {DEFAULT_MODEL}):  # `--add 2x8` names none: GPUs any request may use
-            if split_model(model)[0] not in families:
+        for model in sorted(models):
+            family = split_model(model)[0]
+            if family != DEFAULT_MODEL and family not in families:  # `--add 2x8`: GPUs of no model
                 raise SimError(
                     "--add",
                     f"unknown GPU model {model!r} in {spec!r}; models in this pool: "

@@ -101,7 +101,9 @@ def test_an_added_gpu_model_must_be_in_the_pool_or_known() -> None:
     catalog lacks too) and the catalog's, in any case or with a memory size, pass."""
     pool = parse_groups("1x4:L4,1x2:MI300X", "--cluster")
     check_models(
-        ["4x8:H100", "2x8:h200", "1x8:A100-80GB", "1x8:mi300x", "2x8"], pool, ["H100", "H200", "A100"]
+        ["4x8:H100", "2x8:h200", "1x8:A100-80GB", "1x8:mi300x", "2x8", "2x8:gpu"],
+        pool,
+        ["H100", "H200", "A100"],
     )
     with pytest.raises(SimError) as raised:
         check_models(["1x8:H100", "4x8:H10O"], pool, ["H100", "H200", "A100"])
