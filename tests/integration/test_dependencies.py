@@ -122,8 +122,8 @@ def test_dependencies_hold_across_a_kill_9_of_the_head(tmp_path: Path, job_dir: 
         first = server.submit({"commands": [f"touch {up}; while [ ! -e {gate} ]; do sleep 0.05; done"]})
         second = server.submit({"commands": ["true"], "after": [first["id"]]})
         server.wait_until(second["id"], lambda w: w["reason_code"] == "dependency")
-        # Killed once the first runs: a kill between its start being recorded and its process launched is
-        # another matter (the attempt "never started", and fails; see the session note of 2026-12-05).
+        # Killed once the first runs, so that it is re-adopted (a kill between its start being recorded and
+        # its launch requeues it instead: test_restart.py's test_a_job_the_server_died_while_starting_...).
         deadline = time.time() + 20
         while not up.exists():
             assert time.time() < deadline, "the first job never started"

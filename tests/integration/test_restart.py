@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -102,5 +103,48 @@ def test_accepted_workloads_survive_kill9_immediately_after_201(tmp_path: Path) 
         with server.http() as client:
             known = {w["id"] for w in client.get("/api/v1/workloads", params={"all": True}).json()}
         assert set(ids) | {blocker["id"]} <= known
+    finally:
+        server.stop()
+
+
+def test_a_job_the_server_died_while_starting_is_requeued_and_runs(tmp_path: Path) -> None:
+    """kill -9 between recording an attempt and launching its process leaves an attempt with no pid and
+    no process: the restarted head requeues the work (no restart used) instead of failing it."""
+    server = ServerProcess(home=tmp_path / "home").start()
+    marker = tmp_path / "ran-once"
+    try:
+        created = server.submit(
+            {
+                "commands": [
+                    f"if [ -e {marker} ]; then echo second run; exit 0; fi",
+                    f"touch {marker}",
+                    "sleep 60",
+                ]
+            }
+        )
+        wid = created["id"]
+        server.wait_for(wid, states=("running",))
+        pid = _pid(server, wid)
+        deadline = time.time() + 30
+        while not marker.exists():  # its first run is under way (so a second run says so)
+            assert time.time() < deadline, "the job's first run never began"
+            time.sleep(0.1)
+        server.kill9()
+        # What such a crash leaves: the store says running with no pid, and nothing was launched.
+        os.killpg(pid, signal.SIGKILL)
+        runs = tmp_path / "home" / "runs" / str(wid) / "0"
+        for name in ("pid", "shim_pid", "exit_code"):
+            (runs / name).unlink(missing_ok=True)
+        with sqlite3.connect(tmp_path / "home" / "gpupool.db") as db:
+            db.execute("UPDATE attempts SET pid = NULL, pid_start_time = NULL WHERE workload_id = ?", (wid,))
+        server.start()
+        done = server.wait_for(wid, timeout=60)
+        assert done["state"] == "succeeded", done
+        assert done["attempts"] == 2 and done["restarts"] == 0
+        first = done["attempt_list"][0]
+        assert first["state"] == "evicted" and first["reason"].startswith("never started")
+        with server.http() as client:
+            log = client.get(f"/api/v1/workloads/{wid}/logs").json()["data"]
+        assert "second run" in log
     finally:
         server.stop()

@@ -127,6 +127,10 @@ class LaunchError(RuntimeError):
     """The attempt could not be started; the message says why (missing workdir, bad interpreter, ...)."""
 
 
+class BackendUnavailable(RuntimeError):
+    """The backend cannot answer now (its controller is down, say): ask again later, settle nothing on it."""
+
+
 class Backend(Protocol):
     name: str
 
@@ -137,7 +141,8 @@ class Backend(Protocol):
     def signal(self, handle: Handle, signum: int) -> None: ...
 
     def find(self, run_dir: Path) -> Handle | None:
-        """The handle an attempt wrote at start, for attempts whose pid never reached the store."""
+        """The handle an attempt wrote at start, for attempts whose pid never reached the store; None when
+        the attempt was never launched. Raises BackendUnavailable when the backend cannot tell now."""
         ...
 
     def cleanup(self, handle: Handle) -> None:

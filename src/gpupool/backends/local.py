@@ -20,9 +20,10 @@ SCRIPT_PRELUDE = "trap 'exit 143' TERM INT\nset -e\n"
 
 # The attempt's parent, so its exit status outlives a head restart: a POSIX shell (cheap to start) that
 # outlasts SIGTERM (a trapped signal waits for the foreground command), then writes RUN_DIR/exit_code
-# atomically. $1 is the run dir, $2 the job script.
+# atomically. It first writes its own pid (RUN_DIR/shim_pid), so that an attempt whose head died between
+# starting it and writing RUN_DIR/pid is still found (`find`). $1 is the run dir, $2 the job script.
 SHIM = (
-    'trap true TERM INT HUP; bash -c "$2"; code=$?; '
+    'printf "%s\n" "$$" > "$1/shim_pid"; trap true TERM INT HUP; bash -c "$2"; code=$?; '
     'printf "%s\\n" "$code" > "$1/exit_code.tmp" && mv -f "$1/exit_code.tmp" "$1/exit_code"; exit "$code"'
 )
 START_TIME_TOLERANCE = 0.05  # seconds; psutil start times are float-rounded differently across calls
@@ -100,7 +101,7 @@ class LocalBackend:
             pid, start = (run_dir / "pid").read_text().split()
             return Handle(int(pid), float(start))
         except (OSError, ValueError):
-            return None
+            return _find_shim(run_dir)
 
     def cleanup(self, handle: Handle) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -114,6 +115,26 @@ class LocalBackend:
 
     def resume_node(self, name: str) -> None:
         """Nothing to undo; see drain_node."""
+
+
+def _find_shim(run_dir: Path) -> Handle | None:
+    """The attempt's shim by the pid it wrote itself, when the head died before writing RUN_DIR/pid: the
+    process of that pid counts only if its command line names this run dir (else the pid was reused). One
+    that ended already gives a handle that is not alive, whose status is its recorded exit code."""
+    try:
+        pid = int((run_dir / "shim_pid").read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        process = psutil.Process(pid)
+        ours = process.cmdline()[4:5] == [str(run_dir)]
+        start = process.create_time() if ours else 0.0
+    except (psutil.Error, OSError):
+        start = 0.0
+    handle = Handle(pid, start)
+    with contextlib.suppress(OSError):
+        (run_dir / "pid").write_text(f"{handle.pid} {handle.start_time!r}\n")
+    return handle
 
 
 def _start_time(pid: int) -> float | None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpupool.backends.base import (
+    BackendUnavailable,
     ForeignJob,
     Handle,
     Inventory,
@@ -437,8 +438,8 @@ class SlurmBackend:
         name = f"{JOB_PREFIX}{run_dir.parent.name}.{run_dir.name}"
         try:
             found = self.commands.job_ids_named(name)
-        except SlurmError:
-            return None
+        except SlurmError as exc:  # not knowing is not "never launched": that would start it twice
+            raise BackendUnavailable(f"cannot look up Slurm job {name}: {exc}") from exc
         if not found:
             return None
         (run_dir / "slurm_job_id").write_text(found[0] + "\n")

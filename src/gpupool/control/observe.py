@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from gpupool.backends.base import Backend, Handle, Phase, Status
+from gpupool.backends.base import Backend, BackendUnavailable, Handle, Phase, Status
 from gpupool.control.lifecycle import (
     CANCELLED,
     FAILED,
@@ -45,6 +45,8 @@ STOP_DRAIN = "drain"  # set by service.drain_node on the attempts of a draining 
 EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
 EVICTED = "evicted"
 PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
+NEVER_STARTED = "never started"  # how such an attempt's reason begins
+START_TRIES = 3  # attempts in a row that never start before the workload fails instead of requeueing
 
 
 class Observation:
@@ -124,10 +126,14 @@ class Observation:
         return False
 
     def _observe_one(self, s: Session, attempt: Attempt, now: float) -> None:
-        handle = self._handle(attempt)
+        try:
+            handle = self._handle(attempt, strict=True)
+        except BackendUnavailable as exc:
+            log.warning("event=attempt_lookup_failed workload=%d error=%s", attempt.workload_id, exc)
+            return
         if handle is None:
             if age_seconds(attempt.started_at) > PID_GRACE:
-                self._finish(s, attempt, Status(Phase.VANISHED, detail="the attempt never started"), now)
+                self._never_started(s, attempt, now)
             return
         state = self.backend.status(handle, Path(attempt.run_dir))
         if state.phase is not Phase.RUNNING:
@@ -155,6 +161,49 @@ class Observation:
                     grace,
                 )
 
+    def _never_started(self, s: Session, attempt: Attempt, now: float) -> None:
+        """An attempt recorded but never launched: the head stopped (a crash, kill -9) between writing it
+        down and starting its process, or the backend lost the launch. The work never ran, so it waits
+        pending again without using a restart, and the attempt costs nothing (it held its GPUs for no
+        time). A workload whose launches keep vanishing fails after START_TRIES of them in a row. One
+        whose run dir holds an exit code ran after all (a backend that cannot find finished attempts,
+        as Slurm's squeue): it is settled by that code."""
+        code = _recorded_exit_code(Path(attempt.run_dir))
+        if code is not None:
+            self._finish(s, attempt, Status(Phase.EXITED, code), now)
+            return
+        workload = attempt.workload
+        attempt.finished_at = attempt.started_at
+        earlier = [a for a in workload.attempts if a.id != attempt.id and a.finished_at is not None]
+        earlier.sort(key=lambda a: a.number)
+        streak = 1
+        for previous in reversed(earlier):
+            if not (previous.reason or "").startswith(NEVER_STARTED):
+                break
+            streak += 1
+        if streak >= START_TRIES:
+            attempt.state = FAILED
+            attempt.reason = f"{NEVER_STARTED}: no process after {PID_GRACE:g}s"
+            transition(
+                s, workload, FAILED, f"lost: the attempt never started ({streak} attempts in a row)",
+                actor="control",
+            )  # fmt: skip
+            return
+        log.warning("event=attempt_never_started workload=%d attempt=%d", attempt.workload_id, attempt.number)
+        if workload.cancel_requested:
+            attempt.state, attempt.reason = CANCELLED, f"{NEVER_STARTED}: cancelled"
+            transition(s, workload, CANCELLED, "cancelled before its attempt started", actor="control")
+            return
+        attempt.state = EVICTED
+        attempt.reason = f"{NEVER_STARTED}: no process after {PID_GRACE:g}s; requeued"
+        transition(
+            s, workload, PENDING,
+            f"attempt {attempt.number} never started (the head stopped while starting it?); requeued, "
+            "no restart used", actor="control",
+        )  # fmt: skip
+        if workload.held:  # held while it was starting: it waits for `gpupool release`, as in _finish
+            workload.reason_code = HELD
+
     def _request_stop(self, s: Session, attempt: Attempt, handle: Handle, why: str) -> None:
         self.backend.signal(handle, signal.SIGTERM)
         attempt.stop_requested_at = utcnow()
@@ -163,10 +212,18 @@ class Observation:
             "event=attempt_stopping workload=%d attempt=%d why=%s", attempt.workload_id, attempt.number, why
         )
 
-    def _handle(self, attempt: Attempt) -> Handle | None:
+    def _handle(self, attempt: Attempt, *, strict: bool = False) -> Handle | None:
+        """The attempt's handle: its stored pid, or what the backend finds of it (then stored). None if it
+        was never launched, and, unless `strict` (then it raises), while the backend cannot tell."""
         if attempt.pid is not None:
             return Handle(attempt.pid, attempt.pid_start_time or 0.0)
-        found = self.backend.find(Path(attempt.run_dir))
+        try:
+            found = self.backend.find(Path(attempt.run_dir))
+        except BackendUnavailable as exc:
+            if strict:
+                raise
+            log.warning("event=attempt_lookup_failed workload=%d error=%s", attempt.workload_id, exc)
+            return None
         if found is not None:
             attempt.pid, attempt.pid_start_time = found.pid, found.start_time
         return found
@@ -285,3 +342,11 @@ class Observation:
             if verdict.accepted:
                 return
         transition(s, workload, FAILED, why, actor="control")
+
+
+def _recorded_exit_code(run_dir: Path) -> int | None:
+    """The exit code an attempt's wrapper wrote in its run dir (local and Slurm backends), if any."""
+    try:
+        return int((run_dir / "exit_code").read_text().strip())
+    except (OSError, ValueError):
+        return None
