@@ -105,7 +105,9 @@ class Load:
         requests begun per second ("rps"), or requests in flight on average ("concurrency")."""
         now = self._clock() if now is None else now
         span = max(1.0, min(window, now - self.started))
-        oldest = math.floor(now) - span
+        start = now - span  # the window is exactly `span` long: of the second it begins in, the part after
+        # `start` counts (a whole oldest bucket would count up to a second more: one client always waiting
+        # on an answer would read as 1.33 requests in flight over 3 s, and be given a second replica)
         total = 0.0
         with self._lock:
             for workload_id in set(ids):
@@ -114,9 +116,10 @@ class Load:
                     continue
                 counts.settle(now)
                 for second, requests, busy in reversed(counts.buckets):
-                    if second < oldest:
+                    if second + 1.0 <= start:
                         break
-                    total += requests if metric == "rps" else busy
+                    inside = min(1.0, second + 1.0 - start)
+                    total += (requests if metric == "rps" else busy) * inside
         return total / span
 
     def _forget_idle(self, now: float) -> None:

@@ -165,3 +165,23 @@ def test_one_service_the_autoscaler_cannot_read_leaves_the_others_scaling(store:
     autoscaler.step()
     assert service.get_workload(store, busy)["replicas"] == 4
     assert set(autoscaler.words) == {busy}
+
+
+@pytest.mark.parametrize("window", [3.0, 10.0])
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.9])
+def test_one_client_always_waiting_is_one_request_in_flight_at_any_instant(
+    window: float, fraction: float
+) -> None:
+    """The window is exactly as long as it says, wherever in a second it ends: one client that always has a
+    request waiting is 1 request in flight (so a target of 1 gives it one replica, not two)."""
+    clock = Clock(1000.0 + fraction)
+    load = Load(clock)
+    clock.now += 100
+    load.began(5)
+    for _ in range(80):  # one request after another, each 0.25 s, for longer than the window
+        clock.now += 0.25
+        load.ended(5)
+        load.began(5)
+    measured = load.measure([5], "concurrency", window=window)
+    assert measured == pytest.approx(1.0, abs=1e-9)
+    assert wanted(measured, _scaling(min=1, max=4, target=1)) == 1
