@@ -119,7 +119,7 @@ def server(
     from gpupool.control.notify import allowed_hosts
     from gpupool.control.policy import load_policy
     from gpupool.control.secret_keys import key_path, load_keys
-    from gpupool.gpu import GpuUnavailable
+    from gpupool.gpu import GpuUnavailable, parse_selector
     from gpupool.health.thresholds import load_config
     from gpupool.store.db import Store, StoreError
 
@@ -133,6 +133,7 @@ def server(
     # of the home (scheduling.yaml, health.yaml, prices.yaml, the secrets key file), then the home, the
     # store, the runtime, and the admin token last, so a server that refuses to start has written no token.
     try:
+        parse_selector(gpus)  # GpuSelectorError: "--gpus: unknown GPU model ..."; nvml is opened later
         load_policy(home)  # SchedulingConfigError names the file, the field and the fix
         load_config(home)  # HealthConfigError likewise
         load_prices(home)  # PricesConfigError likewise
@@ -259,7 +260,7 @@ def agent(
 ) -> None:
     """Run the node agent: join the head and run the work it places on this node (docs/agents.md)."""
     from gpupool.agent.daemon import Agent, AgentRefused, AgentSettings
-    from gpupool.gpu import GpuUnavailable, describe, open_provider
+    from gpupool.gpu import GpuSelectorError, GpuUnavailable, describe, open_provider
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
@@ -277,6 +278,8 @@ def agent(
     node = name or _hostname()
     try:
         provider = open_provider(gpus, seed=node)
+    except GpuSelectorError as exc:  # says "--gpus: ..." itself
+        raise CliError(str(exc)) from exc
     except GpuUnavailable as exc:
         # A node daemon never invents GPUs on its own: a GPU machine whose driver broke must not join the
         # pool with simulated ones that real work would be placed on.

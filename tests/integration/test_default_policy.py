@@ -161,3 +161,32 @@ def test_a_server_refused_for_a_bad_file_in_its_home_has_created_nothing(
     lines = started.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {home / name}: ") and message in lines[0], lines
     assert sorted(p.name for p in home.iterdir()) == [name]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["server", "--port", "1", "--gpus", "sim:2x8xA100"], "--gpus: unknown GPU model '8xA100'"),
+        (["server", "--port", "1", "--gpus", "sim:0xH100"], "--gpus: GPU count must be at least 1"),
+        (["server", "--port", "1", "--node-lease", "0s"], "--node-lease 0s: must be at least 1s"),
+        (
+            ["agent", "--server", "http://127.0.0.1:1", "--gpus", "sim:2x8xA100"],
+            "--gpus: unknown GPU model '8xA100'",
+        ),
+    ],
+)
+def test_a_head_or_agent_refused_for_a_bad_flag_has_created_nothing(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    """A bad flag is refused before the home, the store or the admin token exist: one line, no home."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_HOME"] = str(home)
+    started = subprocess.run(
+        [sys.executable, "-m", "gpupool.main", *argv],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert started.returncode == 1, started.stderr
+    lines = started.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert not home.exists()
