@@ -26,7 +26,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpupool import scheduler
-from gpupool.backends.base import Backend, Launch, LaunchError, Pod
+from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Pod
 from gpupool.control import contract, efficiency, inventory, secrets, service
 from gpupool.control.budgets import Budgets
 from gpupool.control.dependencies import Dependencies, Dependency
@@ -334,7 +334,10 @@ class Reconciler(Observation, SnapshotBuilding):
         self._released_for = released
 
     def _evict(self, evictions: list[scheduler.Eviction]) -> None:
-        """Stop evicted work gracefully (SIGTERM, SIGKILL after the grace period); it is requeued on exit."""
+        """Stop evicted work gracefully (SIGTERM, SIGKILL after the grace period); it is requeued on exit.
+        The SIGTERMs go out once the evictions are on record (see `observe`): work that heard one before a
+        head died could otherwise end with 143 and be failed as if it had ended on its own."""
+        stopping: list[Handle] = []
         with self.store.session() as s:
             for eviction in evictions:
                 attempt = s.scalar(
@@ -346,7 +349,7 @@ class Reconciler(Observation, SnapshotBuilding):
                     continue
                 handle = self._handle(attempt)
                 if handle is not None:
-                    self.backend.signal(handle, signal.SIGTERM)
+                    stopping.append(handle)
                 attempt.stop_requested_at = utcnow()
                 attempt.stop_reason = eviction.code
                 attempt.stop_for_workload = eviction.for_workload
@@ -368,6 +371,8 @@ class Reconciler(Observation, SnapshotBuilding):
                     eviction.for_workload,
                     eviction.reason,
                 )
+        for handle in stopping:
+            self.backend.signal(handle, signal.SIGTERM)
 
     def _promise(self, released_to: dict[int, int]) -> None:
         """Keep the pending workload that the GPUs of stopping work were promised to (cancelled or drained

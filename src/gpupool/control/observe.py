@@ -75,6 +75,15 @@ class Observation:
                         attempt.number,
                         handle.pid,
                     )
+                    if attempt.stop_requested_at is not None:
+                        # Its stop was recorded, and the signal goes out only after that (observe): the
+                        # last head may have died in between, so the work may not have heard it.
+                        signum = signal.SIGKILL if attempt.killed_at is not None else signal.SIGTERM
+                        self.backend.signal(handle, signum)
+                        log.info(
+                            "event=stop_resent workload=%d attempt=%d signal=%s",
+                            attempt.workload_id, attempt.number, signal.Signals(signum).name,
+                        )  # fmt: skip
                 else:
                     self._finish(s, attempt, state, time.time())
 
@@ -91,6 +100,7 @@ class Observation:
             due = [attempt.id for attempt, cancel, spec in rows if self._needs_action(attempt, cancel, spec)]
         if not due:
             return
+        sends: list[tuple[Handle, int]] = []
         with self.store.session() as s:
             for attempt_id in due:
                 attempt = s.get(Attempt, attempt_id)
@@ -98,9 +108,14 @@ class Observation:
                     continue
                 try:
                     with s.begin_nested():
-                        self._observe_one(s, attempt, now)
+                        sent = self._observe_one(s, attempt, now)
+                    sends.extend(sent)
                 except StaleDataError:
                     log.info("event=observe_conflict workload=%d", attempt.workload_id)
+        # Signals go out once the stops are on record: a head that dies in between finds the stop at its
+        # restart (`recover` sends it again), not work that ended on its own with code 143.
+        for handle, signum in sends:
+            self.backend.signal(handle, signum)
 
     def _observed(self) -> Any:
         """Which running attempts this head observes: those on its own node, or on the backend's nodes."""
@@ -125,34 +140,34 @@ class Observation:
             return age_seconds(attempt.stop_requested_at) >= float(spec.get("grace_period", 30.0))
         return False
 
-    def _observe_one(self, s: Session, attempt: Attempt, now: float) -> None:
+    def _observe_one(self, s: Session, attempt: Attempt, now: float) -> list[tuple[Handle, int]]:
+        """Settle or stop one attempt; the signals to send once this is committed."""
         try:
             handle = self._handle(attempt, strict=True)
         except BackendUnavailable as exc:
             log.warning("event=attempt_lookup_failed workload=%d error=%s", attempt.workload_id, exc)
-            return
+            return []
         if handle is None:
             if age_seconds(attempt.started_at) > PID_GRACE:
                 self._never_started(s, attempt, now)
-            return
+            return []
         state = self.backend.status(handle, Path(attempt.run_dir))
         if state.phase is not Phase.RUNNING:
             self._finish(s, attempt, state, now)
-            return
+            return []
         workload = attempt.workload
         spec = workload.spec
         if attempt.stop_requested_at is None:
             max_duration = spec.get("max_duration")
             if workload.cancel_requested:
-                self._request_stop(s, attempt, handle, STOP_CANCEL)
-            elif max_duration and age_seconds(attempt.started_at) > float(max_duration):
-                self._request_stop(s, attempt, handle, STOP_TIMEOUT)
-            elif attempt.stop_reason in (STOP_DRAIN, STOP_HOLD, STOP_REQUEUE):
-                self._request_stop(s, attempt, handle, attempt.stop_reason)
+                return [self._request_stop(attempt, handle, STOP_CANCEL)]
+            if max_duration and age_seconds(attempt.started_at) > float(max_duration):
+                return [self._request_stop(attempt, handle, STOP_TIMEOUT)]
+            if attempt.stop_reason in (STOP_DRAIN, STOP_HOLD, STOP_REQUEUE):
+                return [self._request_stop(attempt, handle, attempt.stop_reason)]
         elif attempt.killed_at is None:
             grace = float(spec.get("grace_period", 30.0))
             if age_seconds(attempt.stop_requested_at) >= grace:
-                self.backend.signal(handle, signal.SIGKILL)
                 attempt.killed_at = utcnow()
                 log.info(
                     "event=attempt_killed workload=%d attempt=%d grace=%s",
@@ -160,6 +175,8 @@ class Observation:
                     attempt.number,
                     grace,
                 )
+                return [(handle, signal.SIGKILL)]
+        return []
 
     def _never_started(self, s: Session, attempt: Attempt, now: float) -> None:
         """An attempt recorded but never launched: the head stopped (a crash, kill -9) between writing it
@@ -204,13 +221,14 @@ class Observation:
         if workload.held:  # held while it was starting: it waits for `gpupool release`, as in _finish
             workload.reason_code = HELD
 
-    def _request_stop(self, s: Session, attempt: Attempt, handle: Handle, why: str) -> None:
-        self.backend.signal(handle, signal.SIGTERM)
+    def _request_stop(self, attempt: Attempt, handle: Handle, why: str) -> tuple[Handle, int]:
+        """Record the stop; the SIGTERM to send once it is committed."""
         attempt.stop_requested_at = utcnow()
         attempt.stop_reason = why
         log.info(
             "event=attempt_stopping workload=%d attempt=%d why=%s", attempt.workload_id, attempt.number, why
         )
+        return handle, signal.SIGTERM
 
     def _handle(self, attempt: Attempt, *, strict: bool = False) -> Handle | None:
         """The attempt's handle: its stored pid, or what the backend finds of it (then stored). None if it
