@@ -71,6 +71,29 @@ def test_run_takes_slurm_style_nodes_cpus_and_memory(server: ServerProcess, job_
     assert spec["commands"] == ["true"]
 
 
+def test_interactive_work_waits_for_a_quota_unless_run_preemptible(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    """Above priority train, work is non-preemptible and runs only within its queue's GPU quota (Run:ai's
+    rule): on a fresh head, whose default queue has none, it waits, and its reason says both ways out;
+    `--preemptible` (Run:ai's flag for interactive work) lets it borrow the idle GPUs at once."""
+    waits = int(
+        server.cli("run", "--parsable", "--priority", "interactive", "--", "true", cwd=job_dir).stdout
+    )
+    told = server.wait_until(waits, lambda w: w["reason_code"] == "over-quota-nonpreemptible")
+    assert "`gpupool queue update default --gpu-quota 1`" in told["reason"]
+    assert "`gpupool run --preemptible`" in told["reason"]
+    runs = server.cli(
+        "run", "--parsable", "--priority", "interactive", "--preemptible", "--", "true", cwd=job_dir
+    )
+    done = server.wait_for(int(runs.stdout))
+    assert done["state"] == "succeeded" and done["preemptible"] is True
+    assert done["priority"] == told["priority"] and told["preemptible"] is False
+    assert server.workload(waits)["state"] == "pending"
+    server.cli("queue", "update", "default", "--gpu-quota", "1", check=True)  # the other way out
+    assert server.wait_for(waits)["state"] == "succeeded"
+
+
 def test_run_without_dashes_gives_the_command_every_word_after_its_name(
     server: ServerProcess, job_dir: Path
 ) -> None:

@@ -190,6 +190,12 @@ def run(
     priority: str | None = typer.Option(
         None, "--priority", help="inference|build|interactive|train or 0..1000"
     ),
+    preemptible: bool | None = typer.Option(
+        None,
+        "--preemptible/--no-preemptible",
+        help="whether other work may preempt it (default: yes up to priority train, 50; no above). "
+        "Non-preemptible work runs only within its queue's GPU quota",
+    ),
     max_duration: str | None = typer.Option(None, "--max-duration", help="e.g. 90s, 30m, 12h"),
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir"),
     node: list[str] = typer.Option(
@@ -273,6 +279,8 @@ def run(
         data["name"] = name
     if priority:
         data["priority"] = int(priority) if priority.isdigit() else priority
+    if preemptible is not None:
+        data["preemptible"] = preemptible
     if max_duration:
         data["max_duration"] = max_duration
     if checkpoint_dir:

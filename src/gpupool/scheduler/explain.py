@@ -67,10 +67,14 @@ def queue_limit(queue: str, resource: str, allocated: float, limit: float, wants
 
 
 def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Explanation:
+    """Run:ai's rule (no borrowed GPU may be held by work that reclaim could not take back), with both ways
+    out: a quota that covers it, or the work made preemptible."""
     return Explanation(
         OVER_QUOTA_NONPREEMPTIBLE,
         f"non-preemptible work runs only within quota: queue {queue} would hold {would_use:g} "
-        f"non-preemptible GPUs, over its quota of {quota:g}",
+        f"non-preemptible GPUs, over its quota of {quota:g}; it starts once the quota covers it "
+        f"(`gpupool queue update {queue} --gpu-quota {would_use:g}`), or submit it preemptible "
+        "(`gpupool run --preemptible`, `preemptible: true`)",
     )
 
 
