@@ -142,3 +142,50 @@ def test_the_listing_takes_ids(server: ServerProcess) -> None:
         query = "&".join(f"id={i}" for i in range(1, 1002))
         refused = client.get(f"/api/v1/workloads?{query}")
         assert refused.status_code == 422 and refused.json()["error"]["field"] == "id", refused.text
+
+
+def test_waiting_and_following_ride_out_a_restart_of_the_head(tmp_path: Path) -> None:
+    """`gpupool wait` and `gpupool logs -f` outlive a kill -9 and restart of the head: the work goes on
+    running meanwhile, so they try again (saying so once) and end as the work ends, with its exit code."""
+    server = ServerProcess(home=tmp_path / "home").start()
+    gate = tmp_path / "gate"
+    try:
+        wid = server.submit(
+            {
+                "commands": [
+                    "echo before",
+                    f"while [ ! -e {gate} ]; do sleep 0.1; done",
+                    "echo after",
+                    "exit 4",
+                ]
+            }
+        )["id"]
+        server.wait_until(wid, lambda w: w["state"] == "running")
+        run = [sys.executable, "-m", "gpupool.main"]
+        waiter = subprocess.Popen(
+            [*run, "wait", str(wid)],
+            env=server.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        follower = subprocess.Popen(
+            [*run, "logs", "-f", str(wid)], env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        until_connected(waiter.pid, server.port)
+        until_connected(follower.pid, server.port)
+        server.kill9()
+        time.sleep(2.5)  # both find the head gone, and try again
+        server.start()
+        gate.touch()
+        _, waited = waiter.communicate(timeout=60)
+        followed, said = follower.communicate(timeout=60)
+        assert waiter.returncode == 4, waited
+        assert "cannot be reached (restarting?)" in waited and "the head answers again" in waited
+        assert "failed with exit code 4" in waited
+        assert follower.returncode == 0, said
+        assert followed == "before\nafter\n"
+        assert "cannot be reached (restarting?)" in said and "the head answers again" in said
+    finally:
+        server.stop()

@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 import webbrowser
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import redirect_stdout
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +36,8 @@ from gpupool.cli.render import (
     write_usage_csv,
 )
 from gpupool.cli.sim import sim_app
-from gpupool.client import ApiError, Client
+from gpupool.client import ApiError, Client, ConnectionFailed
+from gpupool.client.client import RIDE_OUT, Outage
 from gpupool.spec import format_duration, format_gpu_indices
 
 app = typer.Typer(
@@ -647,10 +648,20 @@ def stream_log(
     not run yet is said so on stderr (rather than printing nothing)."""
     offset = 0
     chosen = attempt
+    outage, note = Outage(), outage_note(c.server)
     while True:
         if deadline is not None and time.monotonic() >= deadline:
             return False
-        chunk = c.logs(workload_id, attempt=chosen, offset=offset, rank=rank)
+        try:
+            chunk = c.logs(workload_id, attempt=chosen, offset=offset, rank=rank)
+        except ConnectionFailed as exc:
+            if not follow:
+                raise
+            note(outage.failed(exc))  # the head restarting: the work and its output go on
+            time.sleep(1.0)
+            continue
+        if outage.answered():
+            note(None)
         if say_unstarted and chunk["attempt"] is None:
             say_unstarted = False
             if chunk["state"] != "pending":
@@ -685,6 +696,27 @@ def stream_log(
         if deadline is not None and time.monotonic() >= deadline:
             return False
         time.sleep(0.5)
+
+
+def outage_note(server: str) -> Callable[[float | None], None]:
+    """What a command waiting on work says on stderr while the head cannot be reached (`Outage`): once
+    when it stops answering, once when it answers again."""
+    told = False
+
+    def note(down: float | None) -> None:
+        nonlocal told
+        if down is not None and not told:
+            told = True
+            err_console.print(
+                f"the head at {server} cannot be reached (restarting?); the work goes on, and this tries "
+                f"again for up to {RIDE_OUT / 60:g} minutes",
+                highlight=False,
+            )
+        elif down is None and told:
+            told = False
+            err_console.print("the head answers again", highlight=False)
+
+    return note
 
 
 def _task_option(verb: str) -> Any:

@@ -16,7 +16,7 @@ from typing import Any, Final, NoReturn
 import typer
 from rich.markup import escape
 
-from gpupool.cli.app import CliError, app, client, stream_log
+from gpupool.cli.app import CliError, app, client, outage_note, stream_log
 from gpupool.cli.render import err_console, styled
 from gpupool.client import ApiError, Client, WaitTimeout
 from gpupool.spec import parse_duration
@@ -138,6 +138,7 @@ def _ended(c: Client, ids: list[int], deadline: float | None, *, quiet: bool) ->
                 timeout=timeout,
                 poll=POLL,
                 progress=lambda ended, waiting: status.update(_progress(ended, len(ids), waiting)),
+                on_outage=None if quiet else outage_note(c.server),
             )
     except WaitTimeout:
         return None

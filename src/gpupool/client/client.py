@@ -19,6 +19,7 @@ from gpupool.home import DEFAULT_SERVER, credentials_path
 
 ENDED = frozenset({"succeeded", "failed", "cancelled"})  # the states a workload ends in
 WAIT_PAGE = 1000  # ids `Client.wait` asks about in one listing (the API's most)
+RIDE_OUT = 300.0  # seconds a caller waiting on work keeps trying a head it cannot reach (a restart)
 
 
 class GpupoolError(Exception):
@@ -27,6 +28,31 @@ class GpupoolError(Exception):
 
 class ConnectionFailed(GpupoolError):
     pass
+
+
+class Outage:
+    """How long a caller that waits on work has not reached the head. A head restarting (an upgrade, a
+    crash) is not the end of the work, which goes on running: the caller tries again until `limit` seconds
+    have passed without an answer, then gives up with the last ConnectionFailed."""
+
+    def __init__(self, limit: float = RIDE_OUT) -> None:
+        self.limit = limit
+        self.since: float | None = None
+
+    def failed(self, exc: ConnectionFailed) -> float:
+        """Seconds without an answer so far; raises `exc` once they pass the limit."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        if now - self.since > self.limit:
+            raise exc
+        return now - self.since
+
+    def answered(self) -> bool:
+        """The head answered; whether it had not before (an outage just ended)."""
+        ended = self.since is not None
+        self.since = None
+        return ended
 
 
 class WaitTimeout(GpupoolError):
@@ -198,19 +224,36 @@ class Client:
         timeout: float | None = None,
         poll: float = 1.0,
         progress: Callable[[int, list[dict[str, Any]]], None] | None = None,
+        outage: Outage | None = None,
+        on_outage: Callable[[float | None], None] | None = None,
     ) -> list[dict[str, Any]]:
         """Block until every workload of `ids` has ended (succeeded, failed or cancelled); them, in the order
         of `ids`. Looks every `poll` seconds, up to 1,000 ids a request; calls `progress(ended, waiting)`
         after each look that leaves some waiting. WaitTimeout after `timeout` seconds (nothing is
-        cancelled); ApiError (404) when an id names no workload."""
+        cancelled); ApiError (404) when an id names no workload. A head that cannot be reached is tried
+        again for `outage`'s limit (default RIDE_OUT seconds; ConnectionFailed after it), calling
+        `on_outage(seconds)` each time, and `on_outage(None)` when it answers again."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = outage or Outage()
         last: dict[int, dict[str, Any]] = {}
         while True:
             open_ids = [i for i in dict.fromkeys(ids) if last.get(i, {}).get("state") not in ENDED]
-            for at in range(0, len(open_ids), WAIT_PAGE):
-                page = open_ids[at : at + WAIT_PAGE]
-                for w in self.workloads(all=True, ids=page, limit=len(page)):
-                    last[w["id"]] = w
+            try:
+                for at in range(0, len(open_ids), WAIT_PAGE):
+                    page = open_ids[at : at + WAIT_PAGE]
+                    for w in self.workloads(all=True, ids=page, limit=len(page)):
+                        last[w["id"]] = w
+            except ConnectionFailed as exc:
+                down = outage.failed(exc)
+                if on_outage is not None:
+                    on_outage(down)
+                if deadline is not None and time.monotonic() >= deadline:
+                    waiting = [last[i] for i in ids if i in last and last[i]["state"] not in ENDED]
+                    raise WaitTimeout(f"the head was unreachable for {down:.0f}s", waiting) from exc
+                time.sleep(poll)
+                continue
+            if outage.answered() and on_outage is not None:
+                on_outage(None)
             missing = [i for i in ids if i not in last]
             if missing:
                 raise ApiError(

@@ -1,0 +1,43 @@
+"""A caller waiting on work tries a head it cannot reach again for a while (a restart), then gives up with
+the connection error; `on_outage` hears how long, and the CLI says it once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpupool.cli.app import outage_note
+from gpupool.client import Client, ConnectionFailed
+from gpupool.client.client import Outage
+
+
+def test_waiting_on_a_head_that_never_answers_gives_up_after_the_outage_limit() -> None:
+    heard: list[float | None] = []
+    began = time.monotonic()
+    with pytest.raises(ConnectionFailed, match="cannot reach the gpupool server"):
+        Client(server="http://127.0.0.1:1", token="t").wait(
+            [1], poll=0.05, outage=Outage(limit=0.5), on_outage=heard.append
+        )
+    assert 0.5 <= time.monotonic() - began < 5
+    assert len(heard) >= 3 and all(isinstance(s, float) for s in heard)
+    assert heard == sorted(heard)
+
+
+def test_an_outage_ends_when_the_head_answers_and_a_new_one_starts_from_zero() -> None:
+    outage = Outage(limit=10)
+    error = ConnectionFailed("down")
+    assert outage.failed(error) == 0.0
+    time.sleep(0.05)
+    assert outage.failed(error) >= 0.05
+    assert outage.answered() is True and outage.answered() is False
+    assert outage.failed(error) == 0.0
+
+
+def test_the_cli_says_an_outage_once_and_its_end_once(capsys: pytest.CaptureFixture[str]) -> None:
+    note = outage_note("http://head:8470")
+    for down in (0.0, 1.0, 2.0, None, None):
+        note(down)
+    said = capsys.readouterr().err
+    assert said.count("the head at http://head:8470 cannot be reached (restarting?)") == 1
+    assert said.count("the head answers again") == 1
