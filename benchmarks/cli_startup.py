@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import BenchServer, console, machine, replay_codes, write_results
+from harness import BenchServer, console, replay_codes, write_run
 from rich.table import Table
 
 NAME = "cli_startup"
@@ -92,11 +92,7 @@ def main() -> None:
             cells.append(f"{walls[-1] / walls[0]:.2f}")
         table.add_row(key, *cells)
     console.print(table)
-    path = write_results(
-        NAME, {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "summary": summary},
-        args.output,
-    )  # fmt: skip
-    console.print(f"wrote {path}")
+    console.print(f"wrote {write_run(NAME, args, {'summary': summary})}")
 
 
 if __name__ == "__main__":

@@ -384,6 +384,13 @@ def write_results(name: str, payload: dict[str, Any], output: Path | None = None
     return path
 
 
+def write_run(name: str, args: argparse.Namespace, results: dict[str, Any]) -> Path:
+    """`results` with the machine and the command's arguments, written to `args.output` (else the
+    results folder); the path."""
+    payload = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, **results}
+    return write_results(name, payload, args.output)
+
+
 @dataclass(frozen=True)
 class Column:
     key: str

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import add_replay_options, console, machine, replay_codes, write_results
+from harness import add_replay_options, console, replay_codes, write_run
 from rich.table import Table
 
 NAME = "replay_instructions"
@@ -159,13 +159,7 @@ def main() -> None:
     console.print(table)
     same = len({r["digest"] for r in rows.values()}) == 1
     console.print("decisions identical" if same else "[red]decisions DIFFER between codes[/red]")
-    payload = {
-        "machine": machine(),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "calls": got,
-        "codes": rows,
-    }
-    console.print(f"wrote {write_results(NAME, payload, args.output)}")
+    console.print(f"wrote {write_run(NAME, args, {'calls': got, 'codes': rows})}")
 
 
 if __name__ == "__main__":

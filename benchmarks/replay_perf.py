@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import add_replay_options, console, machine, replay_codes, write_results
+from harness import add_replay_options, console, replay_codes, write_run
 from rich.table import Table
 
 NAME = "replay_perf"
@@ -147,14 +147,12 @@ def main() -> None:
         console.print(table)
         roots[root] = {"share": share, "below": {c: n / len(stacks) for c, n in below.most_common()}}
     payload = {
-        "machine": machine(),
-        "args": {k: str(v) for k, v in vars(args).items()},
         "samples": len(stacks),
         "cpu_s_under_perf": float(replay[1]),
         "calls": int(replay[3]),
         "roots": roots,
     }
-    console.print(f"wrote {write_results(NAME, payload, args.output)}")
+    console.print(f"wrote {write_run(NAME, args, payload)}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import psutil
-from harness import console, free_port, machine, replay_codes, write_results
+from harness import console, free_port, replay_codes, write_run
 from rich.table import Table
 
 NAME = "server_startup"
@@ -89,11 +89,7 @@ def main() -> None:
         first = summary[str(codes[0])]["wall_s"]
         table.add_row(f"{code.parent.name}/{code.name}", f"{wall:.2f}", f"{cpu:.2f}", f"{wall / first:.2f}")
     console.print(table)
-    path = write_results(
-        NAME, {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "summary": summary},
-        args.output,
-    )  # fmt: skip
-    console.print(f"wrote {path}")
+    console.print(f"wrote {write_run(NAME, args, {'summary': summary})}")
 
 
 if __name__ == "__main__":

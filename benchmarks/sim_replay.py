@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import add_replay_options, console, machine, replay_codes, write_results
+from harness import add_replay_options, console, replay_codes, write_run
 from rich.table import Table
 
 NAME = "sim_replay"
@@ -116,13 +116,7 @@ def main() -> None:
     console.print(
         f"last code: {sum(m <= TARGET_S for m in last)} of {len(policies)} policies <= {TARGET_S:g} s"
     )
-    payload = {
-        "machine": machine(),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "summary": summary,
-        "runs": runs,
-    }
-    console.print(f"wrote {write_results(NAME, payload, args.output)}")
+    console.print(f"wrote {write_run(NAME, args, {'summary': summary, 'runs': runs})}")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,15 @@ class LaunchError(RuntimeError):
     """The attempt could not be started; the message says why (missing workdir, bad interpreter, ...)."""
 
 
+def recorded_exit_code(run_dir: Path) -> int | None:
+    """The exit code an attempt's wrapper wrote in RUN_DIR/exit_code (the local shim, the Slurm batch
+    script), if it ended and wrote one."""
+    try:
+        return int((run_dir / "exit_code").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 class BackendUnavailable(RuntimeError):
     """The backend cannot answer now (its controller is down, say): ask again later, settle nothing on it."""
 

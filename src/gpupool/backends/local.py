@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from gpupool.backends.base import Handle, Inventory, Launch, LaunchError, Phase, Status
+from gpupool.backends.base import Handle, Inventory, Launch, LaunchError, Phase, Status, recorded_exit_code
 
 # bash runs the commands in order and stops at the first failure; on SIGTERM it lets the running command
 # finish its own shutdown (checkpointing) before exiting, instead of dying under it.
@@ -81,11 +81,11 @@ class LocalBackend:
                 return Status(Phase.RUNNING)
             with self._lock:
                 self._children.pop(handle.pid, None)
-            recorded = _read_exit_code(run_dir)
+            recorded = recorded_exit_code(run_dir)
             return Status(Phase.EXITED, recorded if recorded is not None else _shell_code(code))
         if _alive(handle):
             return Status(Phase.RUNNING, detail="adopted")
-        recorded = _read_exit_code(run_dir)
+        recorded = recorded_exit_code(run_dir)
         if recorded is not None:
             return Status(Phase.EXITED, recorded)
         return Status(Phase.VANISHED, detail="the process ended without recording an exit status")
@@ -153,13 +153,6 @@ def _alive(handle: Handle) -> bool:
         return psutil.Process(handle.pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def _read_exit_code(run_dir: Path) -> int | None:
-    try:
-        return int((run_dir / "exit_code").read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _shell_code(code: int) -> int:

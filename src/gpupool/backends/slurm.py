@@ -30,6 +30,7 @@ from gpupool.backends.base import (
     Phase,
     Pod,
     Status,
+    recorded_exit_code,
 )
 from gpupool.backends.local import SCRIPT_PRELUDE
 from gpupool.backends.slurm_commands import (
@@ -201,7 +202,7 @@ class SlurmBackend:
             for job_id, _ in due:
                 self._handing_off.pop(job_id, None)
         for job_id, run_dir in due:
-            code = _read_exit_code(run_dir)
+            code = recorded_exit_code(run_dir)
             if code is not None and self.commands.complete_job(job_id, code):
                 continue
             try:
@@ -390,7 +391,7 @@ class SlurmBackend:
 
     def status(self, handle: Handle, run_dir: Path) -> Status:
         job_id = str(handle.pid)
-        code = _read_exit_code(run_dir)
+        code = recorded_exit_code(run_dir)
         if code is not None:
             return Status(Phase.EXITED, code, detail=f"slurm job {job_id}")
         with self._lock:
@@ -497,7 +498,7 @@ def _final_status(job_id: str, record: dict[str, str], run_dir: Path) -> Status:
     state = record.get("JobState", "")
     if state in HOLDING or state == "PENDING":
         return Status(Phase.RUNNING, detail=f"slurm job {job_id} {state}")
-    code = _read_exit_code(run_dir)  # written a moment after we last looked
+    code = recorded_exit_code(run_dir)  # written a moment after we last looked
     if code is not None:
         return Status(Phase.EXITED, code, detail=f"slurm job {job_id} {state}")
     exited, signalled = exit_status(record.get("ExitCode", "0:0"))
@@ -538,10 +539,3 @@ def _devices_by_rank(pods: tuple[Pod, ...]) -> str:
         lines.append(f'  {rank}) export CUDA_VISIBLE_DEVICES="{indices}" ;;')
     lines.append("esac")
     return "\n".join(lines)
-
-
-def _read_exit_code(run_dir: Path) -> int | None:
-    try:
-        return int((run_dir / "exit_code").read_text().strip())
-    except (OSError, ValueError):
-        return None

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from gpupool.backends.base import Backend, BackendUnavailable, Handle, Phase, Status
+from gpupool.backends.base import Backend, BackendUnavailable, Handle, Phase, Status, recorded_exit_code
 from gpupool.control.lifecycle import (
     CANCELLED,
     FAILED,
@@ -185,7 +185,7 @@ class Observation:
         time). A workload whose launches keep vanishing fails after START_TRIES of them in a row. One
         whose run dir holds an exit code ran after all (a backend that cannot find finished attempts,
         as Slurm's squeue): it is settled by that code."""
-        code = _recorded_exit_code(Path(attempt.run_dir))
+        code = recorded_exit_code(Path(attempt.run_dir))
         if code is not None:
             self._finish(s, attempt, Status(Phase.EXITED, code), now)
             return
@@ -360,11 +360,3 @@ class Observation:
             if verdict.accepted:
                 return
         transition(s, workload, FAILED, why, actor="control")
-
-
-def _recorded_exit_code(run_dir: Path) -> int | None:
-    """The exit code an attempt's wrapper wrote in its run dir (local and Slurm backends), if any."""
-    try:
-        return int((run_dir / "exit_code").read_text().strip())
-    except (OSError, ValueError):
-        return None
