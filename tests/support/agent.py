@@ -7,11 +7,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpupool.backends.agent import AgentBackend
+from gpupool.backends.base import InventoryNode
 from tests.support.server import ServerProcess
+
+
+def described(backend: AgentBackend, name: str, info: dict[str, Any]) -> Callable[[], InventoryNode]:
+    """What POST /api/v1/agents/register hands `agents.register` once the node is admitted: the agent
+    backend takes in the node's description (`info`), and the store is written as it says."""
+
+    def describe() -> InventoryNode:
+        backend.register(name, info, "127.0.0.1")
+        return backend.registered(name)
+
+    return describe
 
 
 def _port_block(size: int = 20) -> str:

@@ -36,7 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.backends.agent_heartbeats import AgentHeartbeats
-from gpupool.backends.agent_records import DEFAULT_RENDEZVOUS_PORTS, AgentAttempt, Rank, write_atomic
+from gpupool.backends.agent_records import (
+    DEFAULT_RENDEZVOUS_PORTS,
+    AgentAttempt,
+    AgentNode,
+    Rank,
+    write_atomic,
+)
 from gpupool.backends.base import (
     Handle,
     Inventory,
@@ -286,21 +292,27 @@ class AgentBackend(AgentHeartbeats):
     def _inventory_nodes(self, lost: dict[str, float]) -> tuple[InventoryNode, ...]:
         """Every registered node, the lost ones marked so (lock held by the caller)."""
         return tuple(
-            InventoryNode(
-                name=n.name,
-                address=n.address,
-                state="lost" if n.name in lost else "ready",
-                state_reason=f"agent: no heartbeat within the node lease ({self.lease:g}s)"
-                if n.name in lost
-                else "",
-                cpus=n.cpus,
-                memory_bytes=n.memory_bytes,
-                gpus=n.gpus,
-                labels=n.labels,
-                devices=n.devices,
-            )
+            self._inventory_node(n, n.name in lost)
             for n in sorted(self._nodes.values(), key=lambda n: n.name)
         )
+
+    def _inventory_node(self, node: AgentNode, lost: bool) -> InventoryNode:
+        return InventoryNode(
+            name=node.name,
+            address=node.address,
+            state="lost" if lost else "ready",
+            state_reason=f"agent: no heartbeat within the node lease ({self.lease:g}s)" if lost else "",
+            cpus=node.cpus,
+            memory_bytes=node.memory_bytes,
+            gpus=node.gpus,
+            labels=node.labels,
+            devices=node.devices,
+        )
+
+    def registered(self, name: str) -> InventoryNode:
+        """A node as its agent has just registered it (heard from now: not lost)."""
+        with self._lock:
+            return self._inventory_node(self._nodes[name], False)
 
     def listening(self) -> None:
         """A tick of the API's event loop (every LISTEN_TICK): the head reads heartbeats. After a gap in

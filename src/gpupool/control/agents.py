@@ -8,12 +8,15 @@ and presents on every later call. Both are kept only as SHA-256 hashes, like API
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy.orm import Session, selectinload
 
-from gpupool.control import audit
+from gpupool.backends.base import InventoryNode
+from gpupool.control import audit, inventory
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError
 from gpupool.control.tokens import hash_token
 from gpupool.store.db import Store
@@ -122,72 +125,87 @@ def revoke_join_token(store: Store, ident: str, *, actor: str = "admin") -> dict
         return join_token_view(row)
 
 
-def register(store: Store, name: str, *, join_token: str | None, credential: str | None) -> str | None:
+def register(
+    store: Store,
+    name: str,
+    *,
+    join_token: str | None,
+    credential: str | None,
+    described: Callable[[], InventoryNode],
+) -> str | None:
     """Admit node `name`: with a valid join token (a new credential is returned), or with the credential it
-    got before (None is returned: it keeps it). Raises Unauthorized with the fix otherwise."""
+    got before (None is returned: it keeps it). Raises Unauthorized with the fix otherwise.
+
+    Once admitted, the node is written as `described()` says (its GPUs, CPUs, labels) in the same
+    transaction: a node that joins is never seen ready without its GPUs, waiting for a reconcile pass."""
     if not name or len(name) > 253 or any(c.isspace() or c == "/" for c in name):
         raise Invalid(f"node name {name!r}: use 1-253 characters without spaces or '/'", field="name")
-    with store.session() as s:
-        node = s.scalar(select(Node).where(Node.name == name))
-        if node is not None and node.backend != AGENT_BACKEND:
-            raise Conflict(
-                f"node {name!r} exists and is run by the {node.backend} backend, not by an agent; "
-                "start the agent with another --name",
-                field="name",
-            )
-        if credential:
-            if node is not None and node.credential_hash == hash_token(credential):
-                return None
-            if not join_token:
-                raise Unauthorized(
-                    f"the node credential of {name!r} is not known to this head (its store was replaced, or "
-                    "the node was removed); start the agent with a new --join-token "
-                    "(`gpupool node join-token create` on the head)"
-                )
+    with store.session() as s, s.no_autoflush:
+        issued = _admit(s, name, join_token, credential)
+        s.flush()
+        node = s.scalar(select(Node).where(Node.name == name).options(selectinload(Node.gpus)))
+        inventory.apply_node(s, AGENT_BACKEND, described(), node)
+        return issued
+
+
+def _admit(s: Session, name: str, join_token: str | None, credential: str | None) -> str | None:
+    node = s.scalar(select(Node).where(Node.name == name))
+    if node is not None and node.backend != AGENT_BACKEND:
+        raise Conflict(
+            f"node {name!r} exists and is run by the {node.backend} backend, not by an agent; "
+            "start the agent with another --name",
+            field="name",
+        )
+    if credential:
+        if node is not None and node.credential_hash == hash_token(credential):
+            return None
         if not join_token:
             raise Unauthorized(
-                "no join token: pass --join-token (`gpupool node join-token create` on the head)"
+                f"the node credential of {name!r} is not known to this head (its store was replaced, or "
+                "the node was removed); start the agent with a new --join-token "
+                "(`gpupool node join-token create` on the head)"
             )
-        row = s.scalar(select(JoinToken).where(JoinToken.token_hash == hash_token(join_token)))
-        if row is None:
-            raise Unauthorized(
-                "invalid join token: it matches no join token of this head; create one with "
-                "`gpupool node join-token create` and pass it as --join-token"
+    if not join_token:
+        raise Unauthorized("no join token: pass --join-token (`gpupool node join-token create` on the head)")
+    row = s.scalar(select(JoinToken).where(JoinToken.token_hash == hash_token(join_token)))
+    if row is None:
+        raise Unauthorized(
+            "invalid join token: it matches no join token of this head; create one with "
+            "`gpupool node join-token create` and pass it as --join-token"
+        )
+    if row.revoked_at is not None:
+        raise Unauthorized(
+            f"join token {row.prefix}... was revoked; create a new one with `gpupool node join-token create`"
+        )
+    expires = as_utc(row.expires_at)
+    if expires is not None and expires <= utcnow():
+        raise Unauthorized(
+            f"join token {row.prefix}... expired at {expires.isoformat()}; create a new one with "
+            "`gpupool node join-token create --ttl 1h`"
+        )
+    row.uses += 1
+    row.last_used_at = utcnow()
+    issued = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+    declares = f" (it declares {row.gpus} GPUs per node)" if row.gpus is not None else ""
+    if node is None:
+        node = Node(name=name, state="ready", state_reason="", labels={}, backend=AGENT_BACKEND)
+        s.add(node)
+        s.add(
+            Event(
+                object_kind="node",
+                object_id=name,
+                from_state="",
+                to_state="ready",
+                reason=f"joined with join token {row.prefix}...{declares}",
+                actor=AGENT_BACKEND,
             )
-        if row.revoked_at is not None:
-            raise Unauthorized(
-                f"join token {row.prefix}... was revoked; "
-                "create a new one with `gpupool node join-token create`"
-            )
-        expires = as_utc(row.expires_at)
-        if expires is not None and expires <= utcnow():
-            raise Unauthorized(
-                f"join token {row.prefix}... expired at {expires.isoformat()}; create a new one with "
-                "`gpupool node join-token create --ttl 1h`"
-            )
-        row.uses += 1
-        row.last_used_at = utcnow()
-        issued = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
-        declares = f" (it declares {row.gpus} GPUs per node)" if row.gpus is not None else ""
-        if node is None:
-            node = Node(name=name, state="ready", state_reason="", labels={}, backend=AGENT_BACKEND)
-            s.add(node)
-            s.add(
-                Event(
-                    object_kind="node",
-                    object_id=name,
-                    from_state="",
-                    to_state="ready",
-                    reason=f"joined with join token {row.prefix}...{declares}",
-                    actor=AGENT_BACKEND,
-                )
-            )
-        if row.gpus is not None and node.expected_gpus is None:
-            # The GPUs it must have, before it has registered any (a node that joins short of a GPU is
-            # caught); a node whose GPUs are known already keeps them (`gpupool node accept-gpus`).
-            node.declared_gpus = row.gpus
-        node.credential_hash = hash_token(issued)
-        return issued
+        )
+    if row.gpus is not None and node.expected_gpus is None:
+        # The GPUs it must have, before it has registered any (a node that joins short of a GPU is
+        # caught); a node whose GPUs are known already keeps them (`gpupool node accept-gpus`).
+        node.declared_gpus = row.gpus
+    node.credential_hash = hash_token(issued)
+    return issued
 
 
 def credential_names(store: Store) -> dict[str, str]:

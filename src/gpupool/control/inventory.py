@@ -55,6 +55,11 @@ def apply(store: Store, backend: str, inventory: Inventory) -> None:
         _apply_foreign(s, backend, inventory)
 
 
+def apply_node(s: Session, backend: str, item: InventoryNode, node: Node | None) -> None:
+    """Write one node (`node`, its row, None if it has none yet) as `backend` has just described it."""
+    _apply_node(s, backend, item, node)
+
+
 def _apply_node(s: Session, backend: str, item: InventoryNode, node: Node | None) -> None:
     if node is None:
         node = Node(name=item.name, state="ready", state_reason="", labels={})

@@ -17,6 +17,7 @@ from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt
 from gpupool.timeutil import utcnow
+from tests.support.agent import described
 from tests.support.process import Clock
 from tests.support.store import run_attempt
 
@@ -56,8 +57,8 @@ def test_the_gpus_of_cancelled_work_are_promised_to_the_workload_waiting_for_the
     # One agent node with two GPUs (no agent process: the agent backend only records what it is sent).
     backend = AgentBackend(lease=60.0, clock=Clock())
     token = str(agents.create_join_token(store, 3600)["token"])
-    agents.register(store, "a", join_token=token, credential=None)
-    backend.register("a", {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 2]]}, "127.0.0.1")
+    joining = described(backend, "a", {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 2]]})
+    agents.register(store, "a", join_token=token, credential=None, described=joining)
     reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
     cancelled = _submit(store, gpus=2)
     reconciler.tick()

@@ -18,6 +18,7 @@ from gpupool.control.node_views import NodeViews
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
+from tests.support.agent import described
 from tests.support.process import Clock
 
 LEASE = 10.0
@@ -27,8 +28,8 @@ def _pool(store: Store, tmp_path: Path, clock: Clock) -> tuple[Reconciler, Agent
     """A head with two agent nodes of one GPU each, `a` and `b`, as their agents register them."""
     backend = AgentBackend(lease=LEASE, clock=clock)
     for name in ("a", "b"):
-        agents.register(store, name, join_token=_join_token(store), credential=None)
-        backend.register(name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]}, "127.0.0.1")
+        joining = described(backend, name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]})
+        agents.register(store, name, join_token=_join_token(store), credential=None, described=joining)
     reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
     return reconciler, backend
 
@@ -121,20 +122,21 @@ def test_views_are_read_again_only_for_nodes_that_changed(store: Store, tmp_path
     _pool(store, tmp_path, clock)
     views = NodeViews()
     first = views.read(store)
-    assert [(v.name, v.state, len(v.gpus)) for v in first] == [("a", "ready", 0), ("b", "ready", 0)]
+    assert [(v.name, v.state, len(v.gpus)) for v in first] == [("a", "ready", 1), ("b", "ready", 1)]
     assert views.read(store) is first  # nothing written: the same views, not read again
 
     agents.record_heartbeats(store, {"a": clock.now, "b": clock.now})  # no view reads last_heartbeat
     assert views.read(store) is first
 
-    same_a = InventoryNode("a", "127.0.0.1", "ready", "", cpus=0.0, memory_bytes=0, gpus=())
+    bare_c = InventoryNode("c", "127.0.0.1", "ready", "", cpus=0.0, memory_bytes=0, gpus=())
+    same_a = InventoryNode("a", "127.0.0.1", "ready", "", 8.0, 1 << 34, (("H100", 1),))
     new_b = InventoryNode("b", "127.0.0.1", "ready", "", 8.0, 1 << 34, (("H100", 2),), (("zone", "z1"),))
     inventory.apply(store, "agent", Inventory((same_a, new_b), (), 1))
     second = views.read(store)
     assert second[0] is first[0]  # a: untouched, the same object
     assert (second[1].name, len(second[1].gpus), second[1].labels) == ("b", 2, (("zone", "z1"),))
 
-    agents.register(store, "c", join_token=_join_token(store), credential=None)
+    agents.register(store, "c", join_token=_join_token(store), credential=None, described=lambda: bare_c)
     assert [v.name for v in views.read(store)] == ["a", "b", "c"]
 
     with store.session() as s:
@@ -181,8 +183,8 @@ def test_work_on_a_node_lost_during_a_pass_is_retried_on_another_node(store: Sto
 def _join(store: Store, reconciler: Reconciler, backend: AgentBackend, name: str) -> None:
     """What POST /api/v1/agents/register does (api/routes/agents.py): the store row, then the backend's."""
     with reconciler.inventory_lock:
-        agents.register(store, name, join_token=_join_token(store), credential=None)
-        backend.register(name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]}, "127.0.0.1")
+        joining = described(backend, name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]})
+        agents.register(store, name, join_token=_join_token(store), credential=None, described=joining)
 
 
 def test_a_node_joining_while_a_pass_applies_the_inventory_is_not_lost(store: Store, tmp_path: Path) -> None:
@@ -218,3 +220,31 @@ def test_a_node_joining_while_a_pass_applies_the_inventory_is_not_lost(store: St
         states = {n.name: (n.state, n.state_reason) for n in s.scalars(select(Node))}
     assert states["d"] == ("ready", ""), states["d"]
     assert states["c"][0] == "ready"
+
+
+def test_a_node_that_joins_is_stored_with_its_gpus_before_its_join_is_answered(store: Store) -> None:
+    """No reconcile pass between the join and the node's GPUs: a node that joined was `ready` with no GPUs
+    until the next pass (`gpupool node ls` showed it so, and a CI run read it so). A refused join leaves
+    neither a node nor anything in the backend."""
+    backend = AgentBackend(lease=LEASE, clock=Clock())
+    devices = [
+        {"index": i, "uuid": f"GPU-{i}", "kind": "H100", "nvlink_island": i // 2, "memory_bytes": 80 << 30}
+        for i in range(4)
+    ]
+    info = {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 4]], "devices": devices}
+    with pytest.raises(agents.Unauthorized, match="invalid join token"):
+        agents.register(
+            store, "n", join_token="gpj_nope", credential=None, described=described(backend, "n", info)
+        )
+    assert NodeViews().read(store) == () and not backend.knows("n")
+
+    agents.register(
+        store, "n", join_token=_join_token(store), credential=None, described=described(backend, "n", info)
+    )
+    with store.read() as s:
+        node = s.scalar(select(Node).where(Node.name == "n"))
+        assert node is not None and node.state == "ready" and node.cpus == 8
+        gpus = sorted(node.gpus, key=lambda g: g.index)
+        assert [(g.uuid, g.model, g.nvlink_island) for g in gpus] == [
+            ("GPU-0", "H100", 0), ("GPU-1", "H100", 0), ("GPU-2", "H100", 1), ("GPU-3", "H100", 1)
+        ]  # fmt: skip

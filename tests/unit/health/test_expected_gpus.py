@@ -4,6 +4,7 @@ control/inventory.py). On a real SQLite store; the integration test runs them on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,11 @@ def _devices(count: int) -> tuple[InventoryGpu, ...]:
     return tuple(
         InventoryGpu(i, f"GPU-{i}", "H100", "NVIDIA H100", 0, 0, simulated=True) for i in range(count)
     )
+
+
+def _described(name: str, gpus: int) -> Callable[[], InventoryNode]:
+    """A node as its agent describes it when it joins, with `gpus` H100s."""
+    return lambda: _inventory(1, (name, "ready", gpus)).nodes[0]
 
 
 def _inventory(generation: int, *nodes: tuple[str, str, int]) -> Inventory:
@@ -168,7 +174,9 @@ def test_a_node_that_joins_with_fewer_gpus_than_its_join_token_declares_is_unhea
             agents.create_join_token(store, 3600.0, gpus=bad)
     token = agents.create_join_token(store, 3600.0, "rack 12", gpus=8)
     assert token["gpus"] == 8 and agents.list_join_tokens(store)[-1]["gpus"] == 8
-    agents.register(store, "node-3", join_token=token["token"], credential=None)
+    agents.register(
+        store, "node-3", join_token=token["token"], credential=None, described=_described("node-3", 4)
+    )
     inventory.apply(store, "agent", _inventory(2, ("node-1", "ready", 2), ("node-3", "ready", 4)))
     monitor = _monitor(store)
     telemetry = monitor.telemetry
@@ -190,7 +198,9 @@ def test_a_node_that_joins_with_fewer_gpus_than_its_join_token_declares_is_unhea
     assert monitor.views()["node-3"]["findings"] == [] and monitor.views()["node-3"]["expected_gpus"] == 4
     # A node whose GPUs are known already keeps them when it joins again with a declaring token.
     again = agents.create_join_token(store, 3600.0, gpus=16)
-    agents.register(store, "node-1", join_token=again["token"], credential=None)
+    agents.register(
+        store, "node-1", join_token=again["token"], credential=None, described=_described("node-1", 2)
+    )
     with store.read() as s:
         assert s.scalars(select(Node.declared_gpus).where(Node.name == "node-1")).one() is None
 
@@ -204,7 +214,9 @@ def test_a_node_that_declares_gpus_but_registers_none_is_unhealthy_once_it_has_h
     from gpupool.control.health_judge import STALE_AFTER
 
     token = agents.create_join_token(store, 3600.0, gpus=8)
-    agents.register(store, "node-4", join_token=token["token"], credential=None)
+    agents.register(
+        store, "node-4", join_token=token["token"], credential=None, described=_described("node-4", 0)
+    )
     inventory.apply(store, "agent", _inventory(2, ("node-1", "ready", 2), ("node-4", "ready", 0)))
     monitor = _monitor(store)
     monitor.tick(now=1000.0)

@@ -22,6 +22,7 @@ from gpupool.api.errors import ApiError
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.agent_heartbeats import UnknownNode
 from gpupool.backends.agent_records import BadRegistration, check_description, parse_devices, parse_ports
+from gpupool.backends.base import InventoryNode
 from gpupool.control import agents, service
 from gpupool.control.tokens import Caller, hash_token
 from gpupool.spec import parse_duration
@@ -128,15 +129,21 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
     name = body.get("name") or ""
     runtime = request.app.state.runtime
     address = request.client.host if request.client else "127.0.0.1"
+    answer: dict[str, Any] = {}
+
+    def described() -> InventoryNode:  # once the store admitted the node: the backend takes it in
+        answer.update(backend.register(name, dict(info), address))
+        return backend.registered(name)
+
     with runtime.reconciler.inventory_lock:  # no inventory taken before this join is applied after it
         credential = agents.register(
             runtime.store,
             name,
             join_token=body.get("join_token") or None,
             credential=body.get("credential") or None,
+            described=described,
         )
         request.app.state.node_credentials.registered(name, credential)
-        answer = backend.register(name, dict(info), address)
     if credential is not None:
         answer["credential"] = credential
     return answer
