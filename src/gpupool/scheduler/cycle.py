@@ -192,10 +192,10 @@ class Cycle(Allocation):
 
         Two rules, as KAI-Scheduler's reclaim strategies: first from queues above their fair share, each
         kept at or above it; then, for a reclaimer that stays within its quota, from queues above their
-        quota, each kept at or above it. Single-pod victims first; a whole gang only when they cannot
-        make room. The reclaimer never ends above its own fair share, so no victim queue can take the
-        GPUs straight back by either rule (it would have to be below its quota, or the reclaimer above
-        its fair share)."""
+        quota, each while it is above its quota (a job holding borrowed GPUs may go whole: see Budget).
+        Single-pod victims first; a whole gang only when they cannot make room. The reclaimer never ends
+        above its own fair share or, by quota, its quota, so no victim queue can take the GPUs straight
+        back by either rule (the reclaimer would have to be above its quota, or above its fair share)."""
         queue, state = w.queue, self.state
         if state.allocated(queue) + w.gpu_units > self.fair(queue) + EPSILON:
             return True  # the reclaimer may not end above its fair share
@@ -253,13 +253,16 @@ class Cycle(Allocation):
             units = lines[line] = self._reclaimable(self._reclaim_gpus, mine, floor)
         headroom: dict[str, float] = {}
 
+        by_quota = floor == "quota"
+
         def allowed(v: WorkloadView) -> bool:
             if v.queue in mine or not self._old_enough(v, "reclaim"):
                 return False
             room = headroom.get(v.queue)
             if room is None:
                 room = headroom[v.queue] = self._headroom(v.queue, mine, floor)
-            return room >= v.gpu_units - EPSILON
+            # by quota, any work of a queue above its quota may go (Budget): the job is borrowed whole
+            return room > EPSILON if by_quota else room >= v.gpu_units - EPSILON
 
         return self._evict_for(
             w, index, "reclaim", self._reclaim_reason(w, floor), allowed, units, Budget(self, queue, floor)
@@ -271,7 +274,12 @@ class Cycle(Allocation):
         def reason(v: WorkloadView) -> str:  # written only for the victims taken
             return (
                 f"reclaimed for queue {queue} (below its {floor} of {self.reclaim_floor(queue, floor):.3g} "
-                f"GPUs) by workload {w.id}; queue {v.queue} stays at or above its {floor}"
+                f"GPUs) by workload {w.id}; "
+                + (
+                    f"queue {v.queue} holds GPUs beyond its quota, and a job that borrows is stopped whole"
+                    if floor == "quota"
+                    else f"queue {v.queue} stays at or above its {floor}"
+                )
             )
 
         return reason
@@ -371,12 +379,14 @@ class Cycle(Allocation):
         lower the victims' queues, and a gainer never ends above its own share (its parent may: then this
         misses what the next cycle finds)."""
         units: dict[str, float] = {}
+        by_quota = floor == "quota"
         for queue, nodes in by_queue.items():
             room = self._headroom(queue, mine, floor)
             if room <= EPSILON:
                 continue
             for name, gpus in nodes.items():
-                units[name] = units.get(name, 0.0) + min(gpus, room)
+                # by quota, a queue above it may lose a whole job past its headroom (Budget)
+                units[name] = units.get(name, 0.0) + (gpus if by_quota else min(gpus, room))
         return units
 
     def _surplus_elsewhere(self, queue: str) -> float:
@@ -414,14 +424,15 @@ class Cycle(Allocation):
         return min(self.state.allocated(n) - self.reclaim_floor(n, floor) for n in levels)
 
     def _above_quota_elsewhere(self, queue: str) -> float:
-        """GPUs the victim queues outside `queue`'s line hold above their quota (an upper bound on what
-        reclaim by quota could free for it)."""
-        line = set(self.state.chain(queue))
+        """An upper bound on what reclaim by quota could free for `queue`: all the GPUs of the victim
+        queues outside its line that hold more than their quota (each may lose a whole job, and a job may
+        be most of what it holds)."""
+        line, state = set(self.state.chain(queue)), self.state
         return sum(
             (
-                max(0.0, self.state.allocated(name) - self.reclaim_floor(name, "quota"))
+                state.allocated(name)
                 for name in self._victim_queues()
-                if name not in line
+                if name not in line and state.allocated(name) > self.reclaim_floor(name, "quota") + EPSILON
             ),
             0.0,
         )

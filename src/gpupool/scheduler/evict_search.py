@@ -497,7 +497,7 @@ class EvictionSearch(Victims):
         if fits([]):
             return []
         chosen: list[WorkloadView] = []
-        taken: dict[str, float] = {}
+        taken: dict[str, Taken] = {}
         for v in victims:
             if budget is not None and not budget.take(taken, v):
                 continue
@@ -561,29 +561,45 @@ def _able_gpus(entry: AbleNode) -> float:
     return entry[1] + EPSILON
 
 
+# Per level of a victim queue: the GPUs a search has taken there so far, and its largest victim's.
+Taken = tuple[float, float]
+
+
 class Budget:
-    """What reclaim may take from the queues outside a reclaimer's line, in total: every level of them
-    keeps at least its `floor` (its fair share, or its quota)."""
+    """What reclaim may take from the queues outside a reclaimer's line, in total.
+
+    By fair share, every level of them keeps at least its fair share. By quota, a level may be taken from
+    while it is above its quota before each victim goes (KAI-Scheduler's rule): a job that holds borrowed
+    GPUs is borrowed whole, so a quota is a guarantee even where the lender's borrowed GPUs are part of
+    one larger job; the lender ends below its quota by less than one job. Victims are checked as if the
+    largest went last (whatever order they are taken in), so a set is admitted whenever some order is."""
 
     def __init__(self, cycle: Prepared, queue: str, floor: str = "fair share") -> None:
         self.cycle = cycle
         self.mine = frozenset(cycle.state.chain(queue))
         self.floor = floor
+        self.by_quota = floor == "quota"
 
-    def take(self, taken: dict[str, float], v: WorkloadView) -> bool:
-        """Add `v` to `taken` (GPUs taken per level so far, all within budget) if that stays within budget;
-        only `v`'s own levels change, so only they are checked."""
+    def take(self, taken: dict[str, Taken], v: WorkloadView) -> bool:
+        """Add `v` to `taken` (per level: the GPUs taken so far and the largest victim's, all within
+        budget) if that stays within budget; only `v`'s own levels change, so only they are checked."""
         state, cycle = self.cycle.state, self.cycle
         levels = [level for level in state.chain(v.queue) if level not in self.mine]
         units = v.gpu_units
         for level in levels:
             floor = cycle.reclaim_floor(level, self.floor)
-            if state.allocated(level) - taken.get(level, 0.0) - units < floor - EPSILON:
+            total, largest = taken.get(level, (0.0, 0.0))
+            if self.by_quota:
+                # before the largest victim goes, the level still holds more than its quota
+                if state.allocated(level) - (total + units - max(largest, units)) <= floor + EPSILON:
+                    return False
+            elif state.allocated(level) - total - units < floor - EPSILON:
                 return False
         for level in levels:
-            taken[level] = taken.get(level, 0.0) + units
+            total, largest = taken.get(level, (0.0, 0.0))
+            taken[level] = (total + units, max(largest, units))
         return True
 
     def admits(self, victims: list[WorkloadView]) -> bool:
-        taken: dict[str, float] = {}
+        taken: dict[str, Taken] = {}
         return all(self.take(taken, v) for v in victims)

@@ -86,9 +86,9 @@ def quota_not_reclaimable(why: Explanation, queue: str, allocated: float, quota:
 
 def _quota_not_reclaimable(why: Explanation, queue: str, allocated: float, quota: float) -> str:
     return (
-        f"{why.message}; queue {queue} is within its quota ({allocated:g} of {quota:g} GPUs in use), but no "
-        "running work may be reclaimed for it: stopping what holds borrowed GPUs would take its queue below "
-        "its own quota (a job is stopped whole), or the work is non-preemptible or within its minimum runtime"
+        f"{why.message}; queue {queue} is within its quota ({allocated:g} of {quota:g} GPUs in use), but "
+        "reclaim found nothing to take for it: the work beyond other queues' quotas is non-preemptible or "
+        "within its minimum runtime, or stopping it would not free room this work can use"
     )
 
 

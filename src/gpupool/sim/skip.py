@@ -244,7 +244,8 @@ class SkipTest:
         - preempt needs pending work that outranks running work of its own queue;
         - reclaim needs a pending workload that stays within its queue's fair share when it starts,
           while the other queues hold at least its GPUs above their fair shares or quotas (the lower
-          of the two), or free."""
+          of the two; all they hold, for a queue above its quota and a reclaimer within its own), or
+          free."""
         self.fair = None
         free = self._cluster_gpus - used + EPS
         if self._strict:
@@ -373,11 +374,16 @@ class SkipTest:
             self._fair_for = (views, demand, fair)
         self.fair = fair  # what the skipped cycle would have reported
         # Reclaim keeps a victim queue at its fair share; for a reclaimer that stays within its quota, at
-        # the lower of its fair share and its quota (reclaim by quota).
+        # the lower of its fair share and its quota (reclaim by quota), except that a queue above its quota
+        # may lose any of its work, a job that borrows going whole (all it holds is counted then).
         above_fair = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
         quotas = {q.name: q.gpu.quota for q in views}
         floors = {q: min(fair.get(q, 0.0), quotas.get(q, 0.0)) for q in alloc}
-        above_quota = {q: a - floors[q] for q, a in alloc.items() if a > floors[q] + SLACK}
+        above_quota = {
+            q: a if a > quotas.get(q, 0.0) + SLACK else a - floors[q]
+            for q, a in alloc.items()
+            if a > floors[q] + SLACK
+        }
         classes: tuple[tuple[dict[str, float], list[str]], ...] = ((above_fair, []), (above_quota, []))
         surpluses = (sum(above_fair.values()), sum(above_quota.values()))
         for queue, gpus in smallest.items():
@@ -409,9 +415,10 @@ class SkipTest:
         (the lower of fair share and quota) must cover its GPUs per pod (a reclaimer is never above its
         own share, so none of its own work counts). Reclaim's budget keeps every victim queue at or above
         its floor: from a queue `above` it by h GPUs, only jobs of at most h GPUs may go, and at most h
-        GPUs in all (a whole number when every running pod holds whole GPUs), so the GPUs missing on the
-        nodes it would use must not exceed what all those queues may give (models and fractions ignored,
-        on the permissive side)."""
+        GPUs in all (a whole number when every running pod holds whole GPUs; a queue above its quota, for
+        a reclaimer within its own, comes with h = all it holds, so any of its jobs counts), so the GPUs
+        missing on the nodes it would use must not exceed what all those queues may give (models and
+        fractions ignored, on the permissive side)."""
         room = self._node_room()
         gain = dict(room)
         budget = 0.0  # GPUs reclaim may take in all

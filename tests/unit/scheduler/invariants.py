@@ -291,8 +291,9 @@ def _check_explanations(snapshot: Snapshot, decisions: Decisions) -> list[str]:
 
 def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
     """Reclaim keeps every victim queue (and its ancestors) at or above its fair share, and no reclaimer
-    above its own; or, reclaiming by quota, keeps the victim queue at or above its GPU quota and every
-    queue it gave to within its own. Allocation = running, non-stopping GPU units, plus this cycle's binds,
+    above its own; or, reclaiming by quota, takes from a victim queue only while it is above its GPU quota
+    (it ends below it by less than its largest victim: a job that borrows goes whole) and keeps every queue
+    it gave to within its own. Allocation = running, non-stopping GPU units, plus this cycle's binds,
     less work it evicts for other reasons but preemptions made after reclaim's (use on snapshots without
     stopping work)."""
     problems: list[str] = []
@@ -326,12 +327,14 @@ def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
             for name in ancestors(pending[bind.workload_id].queue, queues):
                 allocated[name] += pending[bind.workload_id].gpu_units
     reclaimed: dict[str, float] = defaultdict(float)
+    largest: dict[str, float] = defaultdict(float)  # the largest victim reclaim took from each level
     beneficiaries: dict[str, set[int]] = defaultdict(set)
     for e in decisions.evictions:
         if e.code != "reclaim":
             continue
         for name in ancestors(running[e.workload_id].queue, queues):
             reclaimed[name] += running[e.workload_id].gpu_units
+            largest[name] = max(largest[name], running[e.workload_id].gpu_units)
         if e.for_workload in pending:
             for name in ancestors(pending[e.for_workload].queue, queues):
                 beneficiaries[name].add(e.for_workload)
@@ -343,10 +346,13 @@ def reclaim_problems(snapshot: Snapshot, decisions: Decisions) -> list[str]:
             continue
         after = allocated[name] - reclaimed[name]
         if after < share - EPS and name not in beneficiaries:
+            # By quota, a queue above its quota may lose a job that borrows whole: it ends below its
+            # quota by less than its largest victim (it was above its quota before that one went).
             quota = _quota(queues, name)
-            if after < quota - EPS:
+            if after + largest[name] < quota + EPS:
                 problems.append(
-                    f"reclaim takes queue {name} below its fair share and its quota: {after:g} < {share:g}"
+                    f"reclaim takes queue {name} below its fair share ({after:g} < {share:g}) and below its "
+                    f"quota by its largest victim or more ({after:g} + {largest[name]:g} <= {quota:g})"
                 )
             for gainer, line in _gainers_of(name, decisions, running, pending, queues):
                 if gainer in victims:

@@ -222,22 +222,29 @@ def test_work_in_a_pool_no_node_has_joined_yet_waits_for_one_and_is_told_so() ->
 
 def test_work_within_its_quota_that_nothing_can_be_reclaimed_for_is_told_why() -> None:
     # cv is within its quota of 4 and wants 4; 2 GPUs are free, and nlp borrows 2 beyond its own quota of
-    # 4, but in one 6-GPU job: stopping it would take nlp to 0, below its quota, so reclaim may not.
+    # 4 in one 6-GPU job that is within its minimum runtime for reclaim: nothing may be taken yet.
     data: dict[str, object] = {
         "description": "quota not reclaimable",
         "now": 10000,
         "nodes": [{"name": "n1", "gpus": 8}],
-        "queues": [{"name": "nlp", "gpu": 4}, {"name": "cv", "gpu": 4}],
-        "running": [{"id": 1, "queue": "nlp", "gpus": 6, "on": {"n1": [0, 1, 2, 3, 4, 5]}}],
+        "queues": [{"name": "nlp", "gpu": 4, "min_runtime_reclaim": 3600}, {"name": "cv", "gpu": 4}],
+        "running": [{"id": 1, "queue": "nlp", "gpus": 6, "on": {"n1": [0, 1, 2, 3, 4, 5]}, "start": 9940}],
         "pending": [{"id": 10, "queue": "cv", "gpus": 4}],
     }
     reasons = _reasons(data)
     assert reasons[10] == (
         "no-capacity",
-        "needs 4 GPUs; 2 GPUs free in the pool; queue cv is within its quota (0 of 4 GPUs in use), but no "
-        "running work may be reclaimed for it: stopping what holds borrowed GPUs would take its queue below "
-        "its own quota (a job is stopped whole), or the work is non-preemptible or within its minimum "
-        "runtime",
+        "needs 4 GPUs; 2 GPUs free in the pool; queue cv is within its quota (0 of 4 GPUs in use), but "
+        "reclaim found nothing to take for it: the work beyond other queues' quotas is non-preemptible or "
+        "within its minimum runtime, or stopping it would not free room this work can use",
+    )
+    # Past its minimum runtime, the 6-GPU job goes whole, though nlp ends below its quota: the job borrows.
+    old = {**data, "running": [{**data["running"][0], "start": 2800}]}  # type: ignore[index]
+    scenario = parse_scenario({**old, "expect": {"evictions": {1: "reclaim for 10"}}}, "borrowed whole")
+    decisions = decide(scenario.snapshot, scenario.now)
+    assert [(e.workload_id, e.for_workload) for e in decisions.evictions] == [(1, 10)]
+    assert "queue nlp holds GPUs beyond its quota, and a job that borrows is stopped whole" in (
+        decisions.evictions[0].reason
     )
     # The same 6 GPUs in a 2-GPU and a 4-GPU job: the 2-GPU one goes (nlp keeps its 4), and cv waits for it.
     split = {
