@@ -49,6 +49,14 @@ NEVER_STARTED = "never started"  # how such an attempt's reason begins
 START_TRIES = 3  # attempts in a row that never start before the workload fails instead of requeueing
 
 
+def resumes(workload: Workload) -> str:
+    """How a stopped workload's next attempt starts, for the sentence that requeues it: from its checkpoint
+    where its spec declares one, else over, unless its program saved one in $GPUPOOL_CHECKPOINT_DIR."""
+    if workload.spec.get("checkpoint"):
+        return "it resumes from its checkpoint"
+    return "it starts over, unless it saved a checkpoint in $GPUPOOL_CHECKPOINT_DIR"
+
+
 class Observation:
     """The observe phase of `Reconciler` (control/loop.py), which sets these attributes."""
 
@@ -266,9 +274,7 @@ class Observation:
         if attempt.stop_reason == STOP_DRAIN:
             attempt.state = EVICTED
             attempt.reason = f"node drained; exit code {code}{killed}"
-            transition(
-                s, workload, PENDING, "node drained; requeued to resume from its checkpoint", actor="control"
-            )
+            transition(s, workload, PENDING, f"node drained; requeued ({resumes(workload)})", actor="control")
             return
         if attempt.stop_reason == STOP_HOLD:
             who = (attempt.reason or "held").partition(HOLD_STOPPING)[0]  # "held by alice", the idle rule
@@ -279,7 +285,7 @@ class Observation:
                 if workload.held
                 else "stopped for a hold, released since: requeued"
             )
-            transition(s, workload, PENDING, f"{said} (it resumes from its checkpoint)", actor="control")
+            transition(s, workload, PENDING, f"{said} ({resumes(workload)})", actor="control")
             if workload.held:  # its reason until released (the loop keeps a held workload's reason)
                 workload.reason_code = HELD
             return
@@ -288,7 +294,7 @@ class Observation:
             attempt.state = EVICTED
             attempt.reason = f"{who}; exit code {code}{killed}"
             transition(s, workload, PENDING, f"{who}: stopped, and waits pending for the scheduler "
-                       "(it resumes from its checkpoint)", actor="control")  # fmt: skip
+                       f"({resumes(workload)})", actor="control")  # fmt: skip
             return
         if attempt.stop_reason in EVICTIONS:
             attempt.state = EVICTED
@@ -324,7 +330,7 @@ class Observation:
                 s,
                 workload,
                 PENDING,
-                f"evicted ({code}); requeued to resume from its checkpoint",
+                f"evicted ({code}); requeued ({resumes(workload)})",
                 actor="control",
             )
             return

@@ -117,3 +117,24 @@ def test_a_restarted_head_sends_a_recorded_stop_again(tmp_path: Path, store: Sto
         workload = s.get(Workload, wid)
         assert workload is not None
         assert workload.state == "pending", "a preempted job is requeued, not failed with code 143"
+
+
+def test_requeued_work_is_told_whether_it_resumes_from_a_checkpoint(tmp_path: Path, store: Store) -> None:
+    """A hold says "it resumes from its checkpoint" only of work whose spec declares one: of work that
+    declares none it says that it starts over (unless its program saved one where the contract says)."""
+    said = {}
+    for name, spec in (("plain", {}), ("declared", {"checkpoint": {"dir": "./ckpt"}})):
+        backend = LocalBackend()
+        (tmp_path / name).mkdir()
+        wid, handle = _running(store, backend, tmp_path / name, spec)
+        service.hold(store, wid)
+        reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name=NODE))
+        reconciler.observe(time.time())
+        assert _exit_code(backend, handle, tmp_path / name / "run") == 143
+        reconciler.observe(time.time())
+        with store.read() as s:
+            workload = s.get(Workload, wid)
+            assert workload is not None and workload.state == "pending"
+            said[name] = workload.reason
+    assert said["plain"].endswith("(it starts over, unless it saved a checkpoint in $GPUPOOL_CHECKPOINT_DIR)")
+    assert said["declared"].endswith("(it resumes from its checkpoint)"), said["declared"]
