@@ -178,3 +178,16 @@ def test_workloads_can_be_listed_from_a_time_on(server: ServerProcess) -> None:
         assert bad.status_code == 422 and "since" in bad.text
         for workload_id in (first, second):
             client.post(f"/api/v1/workloads/{workload_id}/cancel")
+
+
+def test_workloads_can_be_listed_by_name(server: ServerProcess) -> None:
+    with server.http() as client:
+        a, b, c = (
+            client.post("/api/v1/workloads", json={"name": name, "commands": ["sleep 30"]}).json()["id"]
+            for name in ("train", "eval", "train")
+        )
+        named = client.get("/api/v1/workloads", params={"all": True, "name": "train"}).json()
+        assert [w["id"] for w in named] == [a, c]
+        assert client.get("/api/v1/workloads", params={"all": True, "name": "nobody"}).json() == []
+        for workload_id in (a, b, c):
+            client.post(f"/api/v1/workloads/{workload_id}/cancel")

@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
+from gpupool.cli import refs
 from gpupool.cli.bench import bench_app
 from gpupool.cli.render import (
     console,
@@ -474,10 +475,12 @@ def ps(
 
 
 @app.command()
-def show(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+def show(
+    workload: str = typer.Argument(..., help=refs.ID_HELP), as_json: bool = typer.Option(False, "--json")
+) -> None:
     """Everything about one workload: spec, attempts, history, and why it is pending."""
     c = client()
-    w = c.workload(workload_id)
+    w = c.workload(refs.workload_id(c, workload, reading=True))
     if as_json:
         print_json(w)
         return
@@ -594,10 +597,12 @@ def _attempt_line(a: Mapping[str, Any], queue: str) -> str:
 
 
 @app.command()
-def why(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+def why(
+    workload: str = typer.Argument(..., help=refs.ID_HELP), as_json: bool = typer.Option(False, "--json")
+) -> None:
     """Why a workload is where it is: the scheduler's reason, and its queue's share of the pool."""
     c = client()
-    w = c.workload(workload_id)
+    w = c.workload(refs.workload_id(c, workload, reading=True))
     queue = c.queue(w["queue"])
     fair = queue["fair_share"].get("gpu", 0.0)
     if as_json:
@@ -623,13 +628,15 @@ def why(workload_id: int = typer.Argument(...), as_json: bool = typer.Option(Fal
 
 @app.command()
 def logs(
-    workload_id: int = typer.Argument(...),
+    workload: str = typer.Argument(..., help=refs.ID_HELP),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the workload ends"),
     attempt: int | None = typer.Option(None, "--attempt", help="attempt number (default: latest)"),
     rank: int = typer.Option(0, "--rank", min=0, help="rank of a multi-node gang (NODE_RANK); default 0"),
 ) -> None:
     """Print a workload's output (stdout and stderr of its latest attempt)."""
-    stream_log(client(), workload_id, attempt=attempt, rank=rank, follow=follow, say_unstarted=True)
+    c = client()
+    found = refs.workload_id(c, workload, reading=True)
+    stream_log(c, found, attempt=attempt, rank=rank, follow=follow, say_unstarted=True)
 
 
 def stream_log(
@@ -727,9 +734,12 @@ def _task_option(verb: str) -> Any:
 
 @app.command()
 def cancel(
-    workload_ids: list[int] | None = typer.Argument(None, help="one or more workload ids"),
+    workloads: list[str] | None = typer.Argument(None, help=refs.IDS_HELP),
     queue: str | None = typer.Option(
-        None, "--queue", "-q", help="instead of ids: every pending and running workload of this queue"
+        None,
+        "--queue",
+        "-q",
+        help="instead of ids or names: every pending and running workload of this queue",
     ),
     state: str | None = typer.Option(
         None, "--state", help="with --queue: only pending, or only running, ones"
@@ -738,11 +748,12 @@ def cancel(
 ) -> None:
     """Cancel workloads: pending ones at once, running ones by SIGTERM then SIGKILL after the grace period.
 
-    By ids, or a queue's work (`--queue Q [--state pending]`, as Slurm's scancel -p Q -t PENDING). A
-    service is cancelled whole, all its replicas by the id of any (`gpupool scale` removes some). A job
-    array is cancelled whole by its id (its first task's), a task alone by its own id."""
+    By ids or names, or a queue's work (`--queue Q [--state pending]`, as Slurm's scancel -p Q -t PENDING).
+    A service is cancelled whole, all its replicas by the id of any or by its name (`gpupool scale` removes
+    some). A job array is cancelled whole by its id (its first task's) or its name, a task alone by its own
+    id."""
     c = client()
-    if workload_ids and queue is not None:
+    if workloads and queue is not None:
         raise CliError("give workload ids or --queue, not both")
     if state is not None and queue is None:
         raise CliError("--state needs --queue: e.g. gpupool cancel --queue nlp --state pending")
@@ -750,16 +761,18 @@ def cancel(
         raise CliError(f"--state: {state!r} cannot be cancelled; give pending or running")
     if queue is not None:
         c.queue(queue)  # a queue that does not exist is an error, not "nothing to cancel"
-        workload_ids = _active_ids(c, queue, state)
-        if not workload_ids:
+        ids = _active_ids(c, queue, state)
+        if not ids:
             console.print(f"queue {queue} has no {state or 'pending or running'} work to cancel")
             return
-    if not workload_ids:
+    elif workloads:
+        ids = refs.workload_ids(c, workloads, reading=False)
+    else:
         raise CliError(
-            "which workloads? give their ids (gpupool cancel 3 4), or --queue Q for a queue's work"
+            "which workloads? give their ids or names (gpupool cancel 3 4), or --queue Q for a queue's work"
         )
     covered: set[int] = set()  # a service's replicas, cancelled with it
-    for workload_id in workload_ids:
+    for workload_id in ids:
         if workload_id in covered:
             continue
         try:
@@ -793,7 +806,7 @@ def cancel(
 
 @app.command()
 def update(
-    workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
+    workloads: list[str] = typer.Argument(..., help=refs.IDS_HELP),
     priority: str | None = typer.Option(
         None, "--priority", help="inference|build|interactive|train or 0..1000 (Slurm's scontrol update)"
     ),
@@ -817,7 +830,7 @@ def update(
         raise CliError("give --priority, --max-duration or --queue; e.g. gpupool update 12 --max-duration 4h")
     value = None if priority is None else _priority_option(priority)
     c = client()
-    for workload_id in workload_ids:
+    for workload_id in refs.workload_ids(c, workloads, reading=False):
         w = c.update(workload_id, priority=value, max_duration=max_duration, queue=queue, task=task)
         said = [f"priority {w['priority']}"] if priority is not None else []
         if max_duration is not None:
@@ -844,7 +857,7 @@ def _priority_option(given: str) -> int | str:
 
 @app.command()
 def hold(
-    workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
+    workloads: list[str] = typer.Argument(..., help=refs.IDS_HELP),
     task: bool = _task_option("hold"),
 ) -> None:
     """Keep work pending until `gpupool release` (Slurm's scontrol hold; Run:ai's suspend).
@@ -852,7 +865,7 @@ def hold(
     Running work is stopped first (SIGTERM, then SIGKILL after its grace period) and resumes from its
     checkpoint once released. A service is held whole, a job array whole by its id."""
     c = client()
-    for workload_id in workload_ids:
+    for workload_id in refs.workload_ids(c, workloads, reading=False):
         w = c.hold(workload_id, task=task)
         ids = w["held_ids"]
         also = _many(ids)
@@ -864,7 +877,7 @@ def hold(
 
 @app.command()
 def requeue(
-    workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
+    workloads: list[str] = typer.Argument(..., help=refs.IDS_HELP),
     task: bool = _task_option("requeue"),
 ) -> None:
     """Stop running work and let the scheduler place it again (Slurm's scontrol requeue).
@@ -873,7 +886,7 @@ def requeue(
     resumes from its checkpoint wherever the next pass puts it, maybe the same node (`gpupool node cordon`
     keeps it off one). A service's replicas and a job array's tasks go together, by the array's id."""
     c = client()
-    for workload_id in workload_ids:
+    for workload_id in refs.workload_ids(c, workloads, reading=False):
         w = c.requeue(workload_id, task=task)
         ids = w["requeued_ids"]
         if not ids:
@@ -887,12 +900,12 @@ def requeue(
 
 @app.command()
 def release(
-    workload_ids: list[int] = typer.Argument(..., help="one or more workload ids"),
+    workloads: list[str] = typer.Argument(..., help=refs.IDS_HELP),
     task: bool = _task_option("release"),
 ) -> None:
     """Let held work be scheduled again (Slurm's scontrol release; Run:ai's resume)."""
     c = client()
-    for workload_id in workload_ids:
+    for workload_id in refs.workload_ids(c, workloads, reading=False):
         w = c.release(workload_id, task=task)
         ids = w["held_ids"]
         also = _many(ids)
@@ -901,7 +914,7 @@ def release(
 
 @app.command()
 def scale(
-    workload_id: int = typer.Argument(..., help="the service's id (or any of its replicas')"),
+    service: str = typer.Argument(..., help="the service's id (or any of its replicas') or name"),
     replicas: str = typer.Argument(
         ..., help="how many copies run, 1..64; or MIN..MAX, the range of a service that scales itself"
     ),
@@ -916,9 +929,10 @@ def scale(
     if not re.fullmatch(r"\d+|\d+\s*\.\.\s*\d+", count):
         raise CliError(
             f"replicas: {replicas!r} is not a whole number or a range MIN..MAX; e.g. gpupool scale "
-            f"{workload_id} 2, or gpupool scale {workload_id} 1..4 for a service that scales itself"
+            f"{service} 2, or gpupool scale {service} 1..4 for a service that scales itself"
         )
-    w = client().scale(workload_id, int(count) if count.isdigit() else count)
+    c = client()
+    w = c.scale(refs.workload_id(c, service, reading=False), int(count) if count.isdigit() else count)
     if as_json:
         print_json(w)
         return
@@ -958,7 +972,7 @@ def ui(open_it: bool = typer.Option(False, "--open", help="open it in this machi
 
 @app.command()
 def forward(
-    workload_id: int = typer.Argument(..., help="the service's id"),
+    service: str = typer.Argument(..., help="the service's id or name"),
     port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="local port; 0: any free one"),
     host: str = typer.Option("127.0.0.1", "--host", help="local address to listen on"),
 ) -> None:
@@ -973,6 +987,7 @@ def forward(
     from gpupool.client.forward import Forwarder
 
     c = client()
+    workload_id = refs.workload_id(c, service, reading=False)
     w = c.workload(workload_id)  # exists, and the token is good: else the server's error, with the fix
     if w.get("kind") != "service":
         raise CliError(

@@ -16,6 +16,7 @@ from typing import Any, Final, NoReturn
 import typer
 from rich.markup import escape
 
+from gpupool.cli import refs
 from gpupool.cli.app import CliError, app, client, outage_note, stream_log
 from gpupool.cli.render import err_console, styled
 from gpupool.client import ApiError, Client, WaitTimeout
@@ -28,9 +29,7 @@ INTERRUPTED: Final = 130  # 128 + SIGINT
 
 @app.command()
 def wait(
-    workload_ids: list[int] = typer.Argument(
-        ..., help="one or more workload ids (an array's id: all its tasks)"
-    ),
+    workloads: list[str] = typer.Argument(..., help=f"{refs.IDS_HELP}; an array's id or name: all its tasks"),
     timeout: str | None = typer.Option(
         None, "--timeout", help="give up after this long, e.g. 30m, 2h (exit 124; the work goes on)"
     ),
@@ -41,7 +40,8 @@ def wait(
     Exit 0 when all succeeded, a lone failed job's exit code, else 1 (124 on --timeout, 130 on Ctrl-C;
     the work goes on)."""
     c = client()
-    finish(c, _members(c, workload_ids), logs=False, timeout=timeout, quiet=quiet)
+    ids = refs.workload_ids(c, workloads, reading=True)
+    finish(c, _members(c, ids), logs=False, timeout=timeout, quiet=quiet)
 
 
 def check_timeout(timeout: str | None) -> float | None:

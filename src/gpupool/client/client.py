@@ -195,12 +195,13 @@ class Client:
         state: str | None = None,
         queue: str | None = None,
         user: str | None = None,
+        name: str | None = None,
         since: datetime | None = None,
         ids: list[int] | None = None,
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
         """Oldest first; the server gives the newest `limit` (1,000 unless said) of those that match
-        (`ids`: only those workloads, at most 1,000)."""
+        (`ids`: only those workloads, at most 1,000; `name`: only those of this name)."""
         params: dict[str, Any] = {"all": all}
         if ids is not None:
             params["id"] = ids
@@ -210,6 +211,8 @@ class Client:
             params["queue"] = queue
         if user:
             params["user"] = user
+        if name is not None:  # "" too: it names no workload, and must not list every one
+            params["name"] = name
         if since is not None:
             params["since"] = since.isoformat()
         if limit is not None:

@@ -724,6 +724,7 @@ def list_workloads(
     state: str | None = None,
     queue: str | None = None,
     user: str | None = None,
+    name: str | None = None,
     since: datetime | None = None,
     ids: Sequence[int] | None = None,
     limit: int = 1000,
@@ -731,7 +732,7 @@ def list_workloads(
     readiness: Ready | None = None,
 ) -> list[dict[str, Any]]:
     """Workloads oldest first: the newest `limit` of those matching (submitted at or after `since`; among
-    `ids`, when given)."""
+    `ids`, when given; of `name`: a service's replicas and an array's tasks share theirs)."""
     if ids is not None and len(ids) > MAX_LISTED_IDS:
         raise Invalid(f"{len(ids)} ids: at most {MAX_LISTED_IDS} in one request; ask in parts", field="id")
     if state is not None and state not in STATES:
@@ -748,6 +749,8 @@ def list_workloads(
             query = query.where(Workload.queue == queue)
         if user is not None:
             query = query.where(Workload.user == user)
+        if name is not None:
+            query = query.where(Workload.name == name)
         if ids is not None:
             query = query.where(Workload.id.in_([i for i in ids if 0 < i <= MAX_ID]))
         return [workload_view(w, live=live, readiness=readiness) for w in reversed(s.scalars(query).all())]

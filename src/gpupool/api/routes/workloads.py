@@ -48,6 +48,9 @@ def list_workloads(
     state: str | None = Query(None, description="only this state"),
     queue: str | None = Query(None, description="only this queue"),
     user: str | None = Query(None, description="only work this user (token name) submitted"),
+    name: str | None = Query(
+        None, description="only workloads of this name (a service's replicas and an array's tasks share it)"
+    ),
     since: datetime | None = Query(
         None, description="only those submitted at or after this time (ISO 8601; without a zone, UTC)"
     ),
@@ -58,8 +61,8 @@ def list_workloads(
 ) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
     return service.list_workloads(
-        runtime.store, include_finished=all, state=state, queue=queue, user=user, since=since, ids=id,
-        limit=limit,
+        runtime.store, include_finished=all, state=state, queue=queue, user=user, name=name, since=since,
+        ids=id, limit=limit,
         live=runtime.reconciler.explanations, readiness=runtime.readiness.state,
     )  # fmt: skip
 

@@ -1,0 +1,72 @@
+"""Workloads as the command line names them: by id, or by the name they were submitted with.
+
+An argument made only of digits is an id (so a workload named `42` is given by its id). Any other is a
+name, standing for the one pending or running workload of that name. A service's replicas and a job
+array's tasks share their name, so they count as one, by the id that names them whole: the service's
+(replica 0's) or the array's (its first task's). `NAME#N`, as `gpupool ps` shows a replica, is replica N
+of the service NAME. Commands that only read (`show`, `why`, `logs`, `wait`) take the newest finished
+workload of the name when none is pending or running; commands that change something refuse it, so that
+a name never reaches ended work by surprise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from gpupool.client import Client
+
+ID_HELP: Final = "a workload's id or name (a name made only of digits: give its id)"
+IDS_HELP: Final = "one or more workload ids or names (a name made only of digits: give its id)"
+_SHOWN: Final = 10  # the ids an ambiguous name's error lists
+_REPLICA_PAGE: Final = 1000  # finished workloads of a name looked through for the newest replica N
+
+
+def workload_ids(c: Client, refs: list[str], *, reading: bool) -> list[int]:
+    """The ids `refs` stand for, in their order: every one resolved before the caller acts on any."""
+    return [workload_id(c, ref, reading=reading) for ref in refs]
+
+
+def workload_id(c: Client, ref: str, *, reading: bool) -> int:
+    """The id `ref` stands for (the module docstring says how). `reading`: the command only reads, so a
+    name with no pending or running workload stands for its newest finished one."""
+    if re.fullmatch(r"[0-9]+", ref):
+        return int(ref)
+    from gpupool.cli.app import CliError  # app imports this module
+
+    replica_of = re.fullmatch(r"(.+)#([0-9]+)", ref)  # names have no '#'
+    name, replica = (replica_of[1], int(replica_of[2])) if replica_of else (ref, None)
+    active = sorted({_id_of(w, replica) for w in _of_replica(c.workloads(name=name), replica)})
+    if len(active) == 1:
+        return active[0]
+    if active:
+        listed = ", ".join(map(str, active[:_SHOWN])) + (", ..." if len(active) > _SHOWN else "")
+        raise CliError(
+            f"{len(active)} pending or running workloads are named {ref!r} (ids {listed}): give an id"
+        )
+    page = 1 if replica is None else _REPLICA_PAGE
+    newest = _of_replica(c.workloads(all=True, name=name, limit=page), replica)
+    if not newest:
+        raise CliError(f"no workload is named {ref!r} (gpupool ps lists them)")
+    if not reading:
+        raise CliError(
+            f"no pending or running workload is named {ref!r} (gpupool ps --all lists finished ones)"
+        )
+    return _id_of(newest[-1], replica)
+
+
+def _of_replica(listed: list[dict[str, Any]], replica: int | None) -> list[dict[str, Any]]:
+    """Those of `listed` that are a service's replica `replica` (all of them when None)."""
+    if replica is None:
+        return listed
+    return [w for w in listed if w.get("service_id") is not None and w.get("replica") == replica]
+
+
+def _id_of(w: dict[str, Any], replica: int | None) -> int:
+    """The id a name stands for: a replica asked for by number, its own; else the id that names `w`'s
+    service or job array whole (a plain job's own)."""
+    if replica is None:
+        for key in ("service_id", "array_id"):
+            if w.get(key) is not None:
+                return int(w[key])
+    return int(w["id"])

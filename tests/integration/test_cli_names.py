@@ -1,0 +1,78 @@
+"""Workloads named by their names where the CLI takes ids (`gpupool logs train`, `gpupool cancel web`): the
+real CLI against a real head."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.support.server import ServerProcess
+
+
+def _refused(result: subprocess.CompletedProcess[str]) -> str:
+    """The one error line of a command that failed with exit code 1."""
+    assert result.returncode == 1 and not result.stdout, (result.returncode, result.stdout, result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    return result.stderr.strip()
+
+
+def test_logs_show_and_why_take_a_workload_by_its_name(server: ServerProcess, job_dir: Path) -> None:
+    server.cli("run", "--name", "hello", "--gpus", "0", "--", "echo", "hi there", cwd=job_dir, check=True)
+    assert server.wait_for(1)["state"] == "succeeded"
+    assert server.cli("logs", "hello", check=True).stdout == "hi there\n"
+    assert server.cli("show", "hello", check=True).stdout.startswith("1 hello  succeeded")
+    assert server.cli("why", "hello", check=True).stdout.startswith("1 (hello) is succeeded")
+
+
+def test_cancel_by_name_stops_the_running_job_of_that_name(server: ServerProcess, job_dir: Path) -> None:
+    server.cli("run", "--name", "train", "--gpus", "1", "--", "sleep", "60", cwd=job_dir, check=True)
+    server.wait_for(1, states=("running",))
+    out = server.cli("cancel", "train", check=True).stdout
+    assert out.startswith("1 (train): stopping (SIGTERM sent"), out
+    assert server.wait_for(1)["state"] == "cancelled"
+
+
+def test_a_service_is_named_whole_by_its_name_and_a_replica_as_ps_shows_it(server: ServerProcess) -> None:
+    service = {"kind": "service", "name": "web", "replicas": 2, "resources": {"gpu": 1},
+               "commands": ["sleep 60"]}  # fmt: skip
+    first, second = server.submit(service)["replica_ids"]
+    for replica in (first, second):
+        server.wait_for(replica, states=("running",))
+    assert server.cli("show", "web", check=True).stdout.startswith(f"{first} web  running")
+    assert server.cli("show", "web#1", check=True).stdout.startswith(f"{second} web  running")
+    out = server.cli("cancel", "web", check=True).stdout
+    assert out.startswith(f"{first} (web): service cancelled, all 2 replicas ({first}, {second})"), out
+    assert [server.wait_for(r)["state"] for r in (first, second)] == ["cancelled", "cancelled"]
+
+
+def test_a_name_that_several_active_workloads_have_is_refused_naming_their_ids(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    for _ in range(3):  # 64 GPUs never fit: all three stay pending
+        server.cli("run", "--name", "train", "--gpus", "64", "--", "true", cwd=job_dir, check=True)
+    said = "error: 3 pending or running workloads are named 'train' (ids 1, 2, 3): give an id"
+    for command in ("logs", "cancel", "hold"):
+        assert _refused(server.cli(command, "train")) == said
+    assert {server.workload(i)["state"] for i in (1, 2, 3)} == {"pending"}  # nothing was cancelled
+    assert server.workload(1)["held"] is False
+    assert "1 (train): cancelled" in server.cli("cancel", "1", check=True).stdout  # by id, as ever
+
+
+def test_a_name_with_no_active_work_reads_its_newest_finished_one_but_changes_nothing(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    for word in ("first", "second"):
+        server.cli("run", "--name", "once", "--gpus", "0", "--", "echo", word, cwd=job_dir, check=True)
+    assert [server.wait_for(i)["state"] for i in (1, 2)] == ["succeeded", "succeeded"]
+    assert server.cli("logs", "once", check=True).stdout == "second\n"  # the newest: the highest id
+    waited = server.cli("wait", "once")
+    assert waited.returncode == 0 and "workload 2 (once) succeeded" in waited.stderr, waited.stderr
+    finished = "error: no pending or running workload is named 'once' (gpupool ps --all lists finished ones)"
+    for command in (("cancel", "once"), ("hold", "once"), ("update", "once", "--priority", "100")):
+        assert _refused(server.cli(*command)) == finished, command
+    unknown = "error: no workload is named 'nothing' (gpupool ps lists them)"
+    for command in (("logs", "nothing"), ("cancel", "nothing"), ("scale", "nothing", "2")):
+        assert _refused(server.cli(*command)) == unknown, command
+    # a name made only of digits is read as an id: such a workload is given by its id
+    server.cli("run", "--name", "7", "--gpus", "0", "--", "true", cwd=job_dir, check=True)
+    assert _refused(server.cli("show", "7")).startswith("error: no workload with id 7")
