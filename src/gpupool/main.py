@@ -16,7 +16,8 @@ import typer
 import typer.main
 
 from gpupool.api.ratelimit import DEFAULT_BURST, DEFAULT_RATE
-from gpupool.cli.app import CliError, app
+from gpupool.cli.app import app
+from gpupool.cli.errors import CliError
 from gpupool.cli.render import err_console, print_error
 from gpupool.client import GpupoolError
 from gpupool.home import DEFAULT_PORT, default_db_url, home_dir

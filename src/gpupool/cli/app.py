@@ -21,6 +21,7 @@ from rich.markup import escape
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
 from gpupool.cli import refs
 from gpupool.cli.bench import bench_app
+from gpupool.cli.errors import CliError
 from gpupool.cli.render import (
     console,
     efficiency_line,
@@ -1260,10 +1261,6 @@ def queue_delete(name: str) -> None:
     Finished work keeps its queue's name."""
     client().delete_queue(name)
     console.print(f"queue {name} deleted")
-
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit code 1."""
 
 
 from gpupool.cli import audit as _audit  # noqa: E402, F401  (registers `gpupool audit`)

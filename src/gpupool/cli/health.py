@@ -13,8 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpupool.cli.app import CliError, app, client, node_app
+from gpupool.cli.app import app, client, node_app
 from gpupool.cli.bench import result_lines as bench_result_lines
+from gpupool.cli.errors import CliError
 from gpupool.cli.render import console, err_console, human_bytes, print_json, styled
 from gpupool.spec import SpecError, parse_duration
 

@@ -8,7 +8,8 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.cli.app import CliError, client, node_app
+from gpupool.cli.app import client, node_app
+from gpupool.cli.errors import CliError
 from gpupool.cli.render import console, err_console, print_json, styled
 from gpupool.client import Client
 from gpupool.spec import SpecError, parse_duration

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
+from gpupool.cli.errors import CliError
 from gpupool.client import Client
 
 ID_HELP: Final = "a workload's id or name (a name made only of digits: give its id)"
@@ -32,8 +33,6 @@ def workload_id(c: Client, ref: str, *, reading: bool) -> int:
     name with no pending or running workload stands for its newest finished one."""
     if re.fullmatch(r"[0-9]+", ref):
         return int(ref)
-    from gpupool.cli.app import CliError  # app imports this module
-
     replica_of = re.fullmatch(r"(.+)#([0-9]+)", ref)  # names have no '#'
     name, replica = (replica_of[1], int(replica_of[2])) if replica_of else (ref, None)
     active = sorted({_id_of(w, replica) for w in _of_replica(c.workloads(name=name), replica)})

@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gpupool.cli.app import CliError, app, client
+from gpupool.cli.app import app, client
+from gpupool.cli.errors import CliError
 from gpupool.cli.render import console, print_json
 
 secret_app = typer.Typer(help="Your secrets: values your work gets in its environment (spec secrets).")

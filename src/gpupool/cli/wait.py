@@ -17,7 +17,8 @@ import typer
 from rich.markup import escape
 
 from gpupool.cli import refs
-from gpupool.cli.app import CliError, app, client, outage_note, stream_log
+from gpupool.cli.app import app, client, outage_note, stream_log
+from gpupool.cli.errors import CliError
 from gpupool.cli.render import err_console, styled
 from gpupool.client import ApiError, Client, WaitTimeout
 from gpupool.spec import parse_duration
