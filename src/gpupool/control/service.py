@@ -50,7 +50,7 @@ from gpupool.spec.workload import (
 )
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload
-from gpupool.timeutil import age_seconds, as_utc
+from gpupool.timeutil import age_seconds, as_utc, utcnow
 
 DEFAULT_QUEUE = "default"
 LOG_CHUNK_MAX = 1 << 20
@@ -286,6 +286,18 @@ def _readiness_of(workload: Workload, last: Attempt | None, readiness: Ready | N
     return word_on(readiness or {}, workload.id, last.number)
 
 
+def run_seconds(attempts: Sequence[Attempt]) -> float:
+    """The time `attempts` ran (each from its start to its end, or to now while it runs), added up."""
+    now = utcnow()
+    total = 0.0
+    for attempt in attempts:
+        started = as_utc(attempt.started_at)
+        ended = as_utc(attempt.finished_at) or now
+        if started is not None and ended > started:
+            total += (ended - started).total_seconds()
+    return total
+
+
 def workload_view(
     workload: Workload, *, detail: bool = False, live: Live | None = None, readiness: Ready | None = None
 ) -> dict[str, Any]:
@@ -330,6 +342,8 @@ def workload_view(
         "created_at": _iso(workload.created_at),
         "started_at": _iso(workload.started_at),
         "finished_at": _iso(workload.finished_at),
+        # how long its attempts held their GPUs, in all: not the time it waited between them
+        "run_seconds": round(run_seconds(workload.attempts), 3),
         "age_seconds": round(age_seconds(workload.created_at), 3),
     }
     if detail:

@@ -2,7 +2,8 @@
 
 The history comes as the API shows it (workloads, nodes and queues as JSON mappings), so this module reads
 no store and the CLI stays a client. Each finished workload becomes a job that asks for its GPUs for as long
-as it ran; work still running counts with the time it has run so far.
+as its attempts ran, added up (a preempted job's wait between attempts is not work; work an attempt redid
+counts again); work still running counts with the time it has run so far.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ def history_jobs(workloads: Sequence[Mapping[str, Any]], since: float, now: floa
         submit, started = _stamp(w.get("created_at")), _stamp(w.get("started_at"))
         if submit is None or started is None or submit < since or w.get("kind", "job") != "job":
             continue
-        ended = _stamp(w.get("finished_at")) if w.get("state") in FINISHED else now
-        if ended is None or ended <= started:
+        ran = w.get("run_seconds")  # its attempts' run times: a preempted job's wait between them is not work
+        if isinstance(ran, int | float):
+            duration = float(ran)
+        else:  # a head older than run_seconds: from its first start to its end
+            ended = _stamp(w.get("finished_at")) if w.get("state") in FINISHED else now
+            duration = ended - started if ended is not None else 0.0
+        if duration <= 0:
             continue
         try:
             request = parse_gpu_request(w.get("gpus") or 0)
@@ -57,7 +63,7 @@ def history_jobs(workloads: Sequence[Mapping[str, Any]], since: float, now: floa
             TraceJob(
                 len(jobs),
                 submit,
-                ended - started,
+                duration,
                 request.count * pods,
                 str(w.get("queue") or "default"),
                 user=str(w.get("user") or ""),

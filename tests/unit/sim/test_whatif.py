@@ -42,6 +42,19 @@ def test_history_keeps_jobs_that_ran_with_their_run_time_and_gpus() -> None:
     assert running.gpus == 8.0 and running.nodes == 2 and running.duration > 0
 
 
+def test_a_preempted_job_is_replayed_for_the_time_its_attempts_ran_not_its_wait_between_them() -> None:
+    # first started 10:00, preempted at 10:20, pending for an hour, then ran 11:20 to 12:00: 60 minutes of
+    # work, not the 120 from its first start to its end
+    row = {
+        **workload("succeeded", "1", "2026-11-30T10:00:00+00:00", "2026-11-30T12:00:00+00:00"),
+        "run_seconds": 3600.0,
+    }
+    (job,) = history_jobs([row], since=0.0, now=1_796_036_400.0)
+    assert job.duration == 3600.0
+    never_ran = {**row, "run_seconds": 0.0}  # its only attempt never started
+    assert history_jobs([never_ran], since=0.0, now=1_796_036_400.0) == []
+
+
 def test_changes_add_and_remove_nodes_and_set_quotas() -> None:
     nodes = parse_groups("2x8", "--cluster")
     queues = [QueueView("nlp", gpu=Share(quota=4.0, limit=6.0))]
