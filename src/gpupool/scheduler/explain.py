@@ -159,8 +159,12 @@ def no_capacity(w: WorkloadView, free: float, ahead: int) -> Explanation:
 
 def _no_capacity(w: WorkloadView, free: float, ahead: int) -> str:
     pods = f"{w.nodes} x {gpu_text(w)}" if w.nodes > 1 else gpu_text(w)
-    behind = f"; {ahead} workloads ahead in queue {w.queue}" if ahead else ""
+    behind = f"; {_ahead(ahead)} in queue {w.queue}" if ahead else ""
     return f"needs {pods}; {free:g} GPUs free in the pool{behind}"
+
+
+def _ahead(count: int) -> str:
+    return "1 workload ahead" if count == 1 else f"{count} workloads ahead"
 
 
 def over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> Explanation:
@@ -168,7 +172,7 @@ def over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> Ex
 
 
 def _over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> str:
-    behind = f"; {ahead} workloads ahead" if ahead else ""
+    behind = f"; {_ahead(ahead)}" if ahead else ""
     return f"queue {queue} is at or over its fair share ({allocated:g} >= {fair:.3g} GPUs){behind}"
 
 

@@ -11,7 +11,7 @@ from tests.unit.scheduler.scenario_loader import parse_scenario
 
 
 def _ahead(message: str) -> int:
-    found = re.search(r"(\d+) workloads ahead", message)
+    found = re.search(r"(\d+) workloads? ahead", message)
     return int(found.group(1)) if found else 0
 
 
@@ -38,6 +38,8 @@ def test_each_pending_workload_is_told_how_many_of_its_queue_come_before_it() ->
     assert [b.workload_id for b in decisions.binds] == [11]
     ahead = {wid: _ahead(e.message) for wid, e in decisions.explanations.items()}
     assert ahead == {12: 1, 13: 2, 20: 0, 21: 1}
+    assert decisions.explanations[12].message.endswith("; 1 workload ahead")  # one, not "1 workloads"
+    assert decisions.explanations[13].message.endswith("; 2 workloads ahead")
 
 
 def test_work_held_back_by_strict_order_names_the_workload_it_waits_behind() -> None:
