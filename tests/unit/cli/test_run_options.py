@@ -8,7 +8,7 @@ import sys
 import pytest
 import typer.main
 
-from gpupool.cli.app import SLURM_OPTIONS
+from gpupool.cli.submit import SLURM_OPTIONS
 from gpupool.main import app
 
 

@@ -1,0 +1,184 @@
+"""`gpupool queues` and `gpupool queue create|update|delete`: the queues, their quotas, limits and budgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
+from gpupool.cli.app import app, client, queue_app
+from gpupool.cli.errors import CliError
+from gpupool.cli.render import console, print_json, queues_table
+
+
+@app.command()
+def queues(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Queues with their GPU quota, limit, weight and current use.
+
+    PRIO is the queue's priority; WEIGHT the spec's over-quota weight, WEIGHT (NOW) the one the last
+    scheduling pass used; GPUS ALLOC and GPUS PEND count GPUs allocated and asked for by pending work,
+    RUN and PEND its running and pending workloads; GPU-H BUDGET the GPU-hours used of its budget."""
+    rows = client().queues()
+    if as_json:
+        print_json(rows)
+        return
+    console.print(queues_table(rows))
+
+
+def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
+    """A queue spec from an optional YAML file plus the flags given (flags win)."""
+    from gpupool.spec.document import load_yaml  # with pydantic: loaded by the commands that need it
+
+    body: dict[str, Any] = {}
+    budget = _budget(fields.pop("budget", None))
+    caps = _user_limits(fields.pop("user_gpus", None), fields.pop("user_workloads", None))
+    if file is not None:
+        try:
+            loaded = load_yaml(file.read_text(), "name: nlp")
+        except OSError as exc:
+            raise CliError(f"cannot read {file}: {exc.strerror}") from exc
+        except spec.SpecError as exc:
+            raise CliError(f"{file}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise CliError(f"{file}: a queue spec must be a YAML mapping")
+        body.update(loaded)
+    gpu = {key: fields.pop(flag) for flag, key in _GPU_FLAGS.items() if fields.get(flag) is not None}
+    if gpu:
+        body.setdefault("resources", {}).setdefault("gpu", {}).update(gpu)
+    body.update({key: value for key, value in fields.items() if value is not None and key not in _GPU_FLAGS})
+    if budget is not None:
+        body["budget"] = None if budget == "none" else budget
+    if caps is not None:
+        body["user_limits"] = {**(body.get("user_limits") or {}), **caps}
+    return body
+
+
+_GPU_FLAGS = {"gpu_quota": "quota", "gpu_limit": "limit", "gpu_weight": "over_quota_weight"}
+_QUOTA = typer.Option(None, "--gpu-quota", help="GPUs guaranteed to this queue")
+_LIMIT = typer.Option(None, "--gpu-limit", help="hard cap on GPUs in use")
+_WEIGHT = typer.Option(None, "--gpu-weight", help="share of idle GPUs beyond quota (over-quota weight)")
+_PRIORITY = typer.Option(None, "--priority", help="queue priority 0..1000")
+_PARENT = typer.Option(None, "--parent", help="parent queue (department)")
+_DESCRIPTION = typer.Option(None, "--description")
+_ORDERING = typer.Option(None, "--ordering", help="fifo | attained | las | estimate")
+_MIN_PREEMPT = typer.Option(None, "--min-runtime-preempt", help="e.g. 10m: no preemption of younger work")
+_MIN_RECLAIM = typer.Option(None, "--min-runtime-reclaim", help="e.g. 30m: no reclaim of younger work")
+_BUDGET = typer.Option(
+    None,
+    "--budget",
+    help="GPU-hours per calendar month (UTC) for this queue and those below it, e.g. 5000, 200/week, "
+    "24/day; none removes it",
+)
+_USER_GPUS = typer.Option(
+    None,
+    "--user-gpus",
+    help="GPUs one user's running work in the queue may hold (user_limits.gpus); none: no cap",
+)
+_USER_WORKLOADS = typer.Option(
+    None,
+    "--user-workloads",
+    help="workloads one user may run in the queue (user_limits.workloads); none: no cap",
+)
+_FILE = typer.Option(None, "--file", "-f", help="a queue spec (YAML)")
+
+
+def _user_limits(gpus: str | None, workloads: str | None) -> dict[str, Any] | None:
+    """--user-gpus and --user-workloads as the spec's `user_limits` (None: neither flag)."""
+    caps: dict[str, Any] = {}
+    for flag, key, value in (("--user-gpus", "gpus", gpus), ("--user-workloads", "workloads", workloads)):
+        if value is None:
+            continue
+        if value.strip().lower() == "none":
+            caps[key] = None
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            raise CliError(f"{flag} {value}: a number, e.g. 8, or none to remove the cap") from None
+        caps[key] = int(number) if number.is_integer() else number
+    return caps or None
+
+
+def _budget(text: str | None) -> dict[str, Any] | str | None:
+    """--budget as the spec's `budget` (None: no flag; "none": remove the budget)."""
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return "none"
+    hours, _, period = text.partition("/")
+    try:
+        gpu_hours = float(hours)
+    except ValueError:
+        raise CliError(
+            f"--budget {text}: GPU-hours, optionally per day, week or month, e.g. 5000 or 200/week"
+        ) from None
+    given = int(gpu_hours) if gpu_hours.is_integer() else gpu_hours  # errors echo it as it was written
+    # no period given: the queue's own (or, for a new budget, the spec's default, month)
+    return {"gpu_hours": given, **({"period": period.strip()} if period.strip() else {})}
+
+
+@queue_app.command("create")
+def queue_create(
+    name: str,
+    gpu_quota: float | None = _QUOTA,
+    gpu_limit: float | None = _LIMIT,
+    gpu_weight: float | None = _WEIGHT,
+    priority: int | None = _PRIORITY,
+    parent: str | None = _PARENT,
+    description: str | None = _DESCRIPTION,
+    ordering: str | None = _ORDERING,
+    min_runtime_preempt: str | None = _MIN_PREEMPT,
+    min_runtime_reclaim: str | None = _MIN_RECLAIM,
+    budget: str | None = _BUDGET,
+    user_gpus: str | None = _USER_GPUS,
+    user_workloads: str | None = _USER_WORKLOADS,
+    file: Path | None = _FILE,
+) -> None:
+    """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16 [--budget 5000]"""
+    fields = dict(locals())
+    body = _queue_body(fields.pop("file"), {k: v for k, v in fields.items() if k != "name"})
+    body["name"] = name
+    spec.parse_queue_spec(body)
+    q = client().create_queue(body)
+    console.print(f"queue {q['name']} created")
+
+
+@queue_app.command("update")
+def queue_update(
+    name: str,
+    gpu_quota: float | None = _QUOTA,
+    gpu_limit: float | None = _LIMIT,
+    gpu_weight: float | None = _WEIGHT,
+    priority: int | None = _PRIORITY,
+    parent: str | None = _PARENT,
+    description: str | None = _DESCRIPTION,
+    ordering: str | None = _ORDERING,
+    min_runtime_preempt: str | None = _MIN_PREEMPT,
+    min_runtime_reclaim: str | None = _MIN_RECLAIM,
+    budget: str | None = _BUDGET,
+    user_gpus: str | None = _USER_GPUS,
+    user_workloads: str | None = _USER_WORKLOADS,
+    file: Path | None = _FILE,
+) -> None:
+    """Change some fields of a queue; the others keep their values."""
+    fields = dict(locals())
+    body = _queue_body(fields.pop("file"), {k: v for k, v in fields.items() if k != "name"})
+    if not body:
+        raise CliError(
+            "nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, --priority, "
+            "--parent, --description, --ordering, --min-runtime-preempt, --min-runtime-reclaim, --budget, "
+            "--user-gpus, --user-workloads, --file"
+        )
+    q = client().update_queue(name, body)
+    console.print(f"queue {q['name']} updated")
+
+
+@queue_app.command("delete")
+def queue_delete(name: str) -> None:
+    """Delete a queue that has no pending or running work and no child queues.
+
+    Finished work keeps its queue's name."""
+    client().delete_queue(name)
+    console.print(f"queue {name} deleted")

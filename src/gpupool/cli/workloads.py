@@ -1,0 +1,243 @@
+"""`gpupool ps`, `show`, `why` and `logs`: what work there is, where it stands and why, and its output."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from gpupool.cli import refs
+from gpupool.cli.app import API_PAGE, app, client, stream_log
+from gpupool.cli.render import (
+    console,
+    efficiency_line,
+    err_console,
+    foreign_table,
+    print_json,
+    ps_rows,
+    ps_table,
+    styled,
+)
+from gpupool.spec import format_duration, format_gpu_indices
+
+
+@app.command()
+def ps(
+    all: bool = typer.Option(False, "--all", "-a", help="include finished workloads"),
+    queue: str | None = typer.Option(None, "--queue", "-q"),
+    state: str | None = typer.Option(None, "--state"),
+    user: str | None = typer.Option(None, "--user", "-u", help="only work this user submitted"),
+    me: bool = typer.Option(False, "--me", help="only your own work (Slurm's squeue --me)"),
+    wide: bool = typer.Option(False, "--wide", "-w", help="show every reason"),
+    limit: int = typer.Option(
+        1000, "--limit", "-n", min=1, max=API_PAGE, help="at most this many, the newest (up to 100,000)"
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List workloads: pending and running ones, or all with --all."""
+    c = client()
+    if me:
+        user = c.whoami()["name"]
+    asked = min(limit + 1, API_PAGE)  # one more than shown tells whether there are more
+    workloads = c.workloads(all=all, state=state, queue=queue, user=user, limit=asked)
+    if len(workloads) > limit or len(workloads) == API_PAGE:  # on stderr: pipes and --json read rows alone
+        workloads = workloads[len(workloads) - limit :]  # oldest first: the newest `limit`
+        more = (
+            f"--limit shows more (up to {API_PAGE:,})"
+            if limit < API_PAGE
+            else "narrow it with --queue or --state"
+        )
+        err_console.print(f"[yellow]the newest {limit:,} only; {more}[/yellow]")
+    foreign = c.foreign_jobs() if all and state is None and queue is None and user is None else []
+    if as_json:
+        rows = [{k: v for k, v in row.items() if not k.startswith("_")} for row in ps_rows(workloads)]
+        print_json(rows + [{"foreign": True, **job} for job in foreign] if foreign else rows)
+        return
+    if not workloads:
+        console.print("no workloads" + ("" if all else " pending or running (see --all)"))
+    else:
+        console.print(ps_table(workloads, wide=wide))
+    if foreign:
+        console.print("\nforeign jobs (submitted to the backend outside gpupool; their GPUs are in use):")
+        console.print(foreign_table(foreign))
+
+
+@app.command()
+def show(
+    workload: str = typer.Argument(..., help=refs.ID_HELP), as_json: bool = typer.Option(False, "--json")
+) -> None:
+    """Everything about one workload: spec, attempts, history, and why it is pending."""
+    c = client()
+    w = c.workload(refs.workload_id(c, workload, reading=True))
+    if as_json:
+        print_json(w)
+        return
+    console.print(
+        f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  kind={w.get('kind', 'job')} "
+        f"queue={w['queue']} priority={w['priority']} preemptible={str(w['preemptible']).lower()} "
+        f"gpus={w['gpus']}"
+        + (f" nodes={w['nodes']} (gpus per node)" if (w.get("nodes") or 1) > 1 else "")
+        + (f" restarts={w['restarts']}" if w.get("restarts") else "")
+    )
+    if w["reason"]:
+        label = "why pending" if w["state"] == "pending" else "reason"
+        console.print(f"  {label}: {escape(w['reason'])}")
+    if w.get("endpoint"):
+        ready = (
+            "" if w.get("ready") is None else f"  ready: {'yes' if w['ready'] else 'no'} ({w['readiness']})"
+        )
+        console.print(f"  endpoint: http://{w['endpoint']}  (listens on $GPUPOOL_PORT){ready}")
+        who = {
+            "public": "anyone, no token",
+            "pool": "any token of this head",
+        }.get(w["spec"].get("access") or "private", f"{w.get('user') or 'its owner'} and admins")
+        through = f"{c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/"
+        console.print(f"  through the head: {through}  ({who})")
+    scaling = w["spec"].get("scaling")
+    if scaling:
+        console.print(f"  autoscaling: {_autoscaling(scaling, w.get('autoscaling'))}")
+    if len(w.get("replica_list") or []) > 1:
+        how = "by load" if scaling else f"gpupool scale {w['id']} N"
+        console.print(f"  replicas: {w['replicas']} of service {w['service_id']} ({how})")
+        for r in w["replica_list"]:
+            where = f" on {r['node']} at {r['endpoint']}" if r.get("endpoint") else ""
+            ready = "" if r.get("ready") is None else f" ready={'yes' if r['ready'] else 'no'}"
+            this = "  (this one)" if r["id"] == w["id"] else ""
+            console.print(f"    replica {r['replica']}: {r['id']} {styled(r['state'])}{where}{ready}{this}")
+    if w.get("array_id") is not None:
+        counts = w.get("array_tasks") or {}
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if state != "total")
+        console.print(
+            f"  array: task {w['array_index']} of array {w['array_id']} ({w['spec']['array']}; "
+            f"{counts.get('total', 0)} tasks: {states})"
+        )
+    if w["spec"].get("after"):
+        waits = ", ".join(f"{d['workload']} {d['when']}" for d in w["spec"]["after"])
+        console.print(f"  after: {waits}")
+    notify = w["spec"].get("notify")
+    if notify:
+        signed = " (signed)" if notify.get("secret") else ""
+        console.print(
+            f"  notifies: {escape(notify['url'])} when {', '.join(notify['on'])}{signed}", highlight=False
+        )
+    if w["spec"].get("secrets"):
+        console.print(f"  secrets: {', '.join(w['spec']['secrets'])} (of {w.get('user')})", highlight=False)
+    # What users wrote (commands, paths, reasons quoting them) is printed as text: `[i for i in x]` in a
+    # command is not Rich markup.
+    console.print(f"  commands: {escape('; '.join(w['spec'].get('commands', [])))}", highlight=False)
+    console.print(f"  workdir: {escape(w['spec'].get('workdir') or '(server default)')}", highlight=False)
+    limit = _time_limit(w)
+    if limit:
+        console.print(f"  time limit: {limit}")
+    for a in w["attempt_list"]:
+        line = _attempt_line(a, w["queue"])
+        console.print(f"  attempt {a['number']}: {line}\n    log: {escape(a['log_path'])}")
+    if w["attempt_list"]:
+        last = w["attempt_list"][-1]
+        seff = efficiency_line(last, datetime.now(UTC))
+        if seff is not None:
+            console.print(f"  GPU efficiency (attempt {last['number']}): {seff}")
+    console.print("  history:")
+    for e in w["events"]:
+        said = escape(f"{e['reason']} ({e['actor']})")
+        console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {said}")
+
+
+def _autoscaling(scaling: dict[str, Any], word: dict[str, Any] | None) -> str:
+    """The range, target and delays; then what the autoscaler last measured and wants."""
+    unit = "requests/s" if scaling["metric"] == "rps" else "requests in flight"
+    said = (
+        f"{scaling['min']}..{scaling['max']} replicas, {scaling['target']:g} {unit} each (over "
+        f"{scaling['window']:g} s; add after {scaling['scale_up_delay']:g} s, remove after "
+        f"{scaling['scale_down_delay']:g} s)"
+    )
+    if word is None:
+        return said + "; not measured yet"
+    return f"{said}; now {word['load']:.3g} {unit}, wants {word['wanted']}"
+
+
+def _time_limit(w: Mapping[str, Any]) -> str:
+    """`max_duration` for `gpupool show` (Slurm's TimeLimit), with what a running attempt has left of it;
+    empty without a limit."""
+    limit = w.get("max_duration")
+    if limit is None:
+        return ""
+    said = f"{format_duration(limit)} per attempt (max_duration)"
+    running = [a for a in w["attempt_list"] if a["state"] == "running" and a.get("started_at")]
+    if running:
+        ran = (datetime.now(UTC) - datetime.fromisoformat(running[-1]["started_at"])).total_seconds()
+        left = limit - ran
+        said += f"; {format_duration(round(left))} left" if left >= 1 else "; passed: stopping"
+    return said
+
+
+def _attempt_line(a: Mapping[str, Any], queue: str) -> str:
+    """One attempt for `gpupool show`: its state, where, which GPUs (indices, not a count), the queue it
+    ran in where the work has moved since (`queue`: the work's now), how it runs, and how it ended (the
+    exit code once, where the reason does not already say it)."""
+    gpus = format_gpu_indices(a["gpu_indices"])
+    fraction = a.get("gpu_fraction")
+    if fraction and fraction < 1 and a["gpu_indices"]:
+        gpus = f"{fraction:g} of {gpus}"  # a share of one GPU (resources.gpu: 0.5)
+    parts = [f"{styled(a['state'])} on {a['node']}", gpus]
+    if a.get("queue") and a["queue"] != queue:
+        parts.append(f"in queue {a['queue']}")
+    if a.get("backend") == "agent":
+        parts.append("ranks on " + ",".join(str(p["node"]) for p in a.get("pods") or []))
+    elif a.get("slurm_job_id"):
+        parts.append(f"slurm job {a['slurm_job_id']}")
+    elif a.get("pid") is not None:
+        parts.append(f"pid={a['pid']}")
+    reason = a.get("reason") or ""
+    code = a.get("exit_code")
+    if code is not None and f"exit code {code}" not in reason:
+        parts.append(f"exit code {code}")
+    if reason:
+        parts.append(escape(reason))
+    return " ".join(parts)
+
+
+@app.command()
+def why(
+    workload: str = typer.Argument(..., help=refs.ID_HELP), as_json: bool = typer.Option(False, "--json")
+) -> None:
+    """Why a workload is where it is: the scheduler's reason, and its queue's share of the pool."""
+    c = client()
+    w = c.workload(refs.workload_id(c, workload, reading=True))
+    queue = c.queue(w["queue"])
+    fair = queue["fair_share"].get("gpu", 0.0)
+    if as_json:
+        print_json(
+            {
+                "id": w["id"],
+                "state": w["state"],
+                "reason_code": w["reason_code"],
+                "reason": w["reason"],
+                "queue": queue,
+            }
+        )
+        return
+    code = escape(f" [{w['reason_code']}]") if w["reason_code"] else ""
+    console.print(f"{w['id']} ({w['name']}) is {styled(w['state'])}{code}")
+    if w["reason"]:
+        console.print(f"  {escape(w['reason'])}")
+    console.print(
+        f"  queue {queue['name']}: fair share {fair:.3g} GPUs, allocated {queue['gpus_allocated']:g}, "
+        f"pending demand {queue['gpus_pending']:g} GPUs, quota {queue['resources']['gpu'].get('quota', 0):g}"
+    )
+
+
+@app.command()
+def logs(
+    workload: str = typer.Argument(..., help=refs.ID_HELP),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the workload ends"),
+    attempt: int | None = typer.Option(None, "--attempt", help="attempt number (default: latest)"),
+    rank: int = typer.Option(0, "--rank", min=0, help="rank of a multi-node gang (NODE_RANK); default 0"),
+) -> None:
+    """Print a workload's output (stdout and stderr of its latest attempt)."""
+    c = client()
+    found = refs.workload_id(c, workload, reading=True)
+    stream_log(c, found, attempt=attempt, rank=rank, follow=follow, say_unstarted=True)
