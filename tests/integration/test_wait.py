@@ -80,7 +80,12 @@ def test_a_retried_job_is_followed_to_its_last_attempt(tmp_path: Path) -> None:
         # `logs -f` begun while the first attempt runs follows the retry too
         flaky = server.submit(
             {
-                "commands": ["echo attempt $GPUPOOL_ATTEMPT", "sleep 2", "test $GPUPOOL_ATTEMPT -ge 1"],
+                # attempt 0 outlasts the CLI's start on a loaded machine (2 s did not, in a CI run)
+                "commands": [
+                    "echo attempt $GPUPOOL_ATTEMPT",
+                    "test $GPUPOOL_ATTEMPT -ge 1 || sleep 8",
+                    "test $GPUPOOL_ATTEMPT -ge 1",
+                ],
                 "retry": {"max_restarts": 2, "on": ["failure"]},
             }
         )
