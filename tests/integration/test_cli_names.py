@@ -3,6 +3,7 @@ real CLI against a real head."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -76,3 +77,47 @@ def test_a_name_with_no_active_work_reads_its_newest_finished_one_but_changes_no
     # a name made only of digits is read as an id: such a workload is given by its id
     server.cli("run", "--name", "7", "--gpus", "0", "--", "true", cwd=job_dir, check=True)
     assert _refused(server.cli("show", "7")).startswith("error: no workload with id 7")
+
+
+def test_a_name_several_users_run_stands_for_the_callers_own(server: ServerProcess) -> None:
+    """alice and the admin run `train`: alice's `gpupool cancel train` is hers, not ambiguous; the admin,
+    with two of its own, is told its own ids; bob, with none of them, is told them all."""
+    alice = json.loads(server.cli("token", "create", "alice", "--json", check=True).stdout)["token"]
+    ours = [server.submit({"name": "train", "commands": ["sleep 60"]})["id"] for _ in range(2)]
+    with server.http(alice) as client:
+        response = client.post("/api/v1/workloads", json={"name": "train", "commands": ["sleep 60"]})
+        assert response.status_code == 201, response.text
+        hers = response.json()["id"]
+    assert _refused(server.cli("hold", "train")) == (
+        f"error: 2 of your pending or running workloads are named 'train' (ids {ours[0]}, {ours[1]}): "
+        "give an id"
+    )
+    server.extra_env["GPUPOOL_TOKEN"] = alice  # the CLI as alice
+    try:
+        out = server.cli("cancel", "train", check=True).stdout
+    finally:
+        del server.extra_env["GPUPOOL_TOKEN"]
+    assert out.startswith(f"{hers} (train): "), out
+    assert server.wait_for(hers)["state"] == "cancelled"
+    assert all(server.workload(wid)["state"] in ("pending", "running") for wid in ours)
+    bob = json.loads(server.cli("token", "create", "bob", "--json", check=True).stdout)["token"]
+    server.cli("cancel", str(ours[1]), check=True)
+    with server.http(bob) as client:  # bob's own train, and one of the admin's left
+        response = client.post("/api/v1/workloads", json={"name": "train", "commands": ["sleep 60"]})
+        assert response.status_code == 201, response.text
+        his = response.json()["id"]
+    server.extra_env["GPUPOOL_TOKEN"] = bob
+    try:
+        shown = server.cli("show", "train", check=True).stdout
+    finally:
+        del server.extra_env["GPUPOOL_TOKEN"]
+    assert shown.startswith(f"{his} train"), shown
+    carol = json.loads(server.cli("token", "create", "carol", "--json", check=True).stdout)["token"]
+    server.extra_env["GPUPOOL_TOKEN"] = carol
+    try:
+        refused = _refused(server.cli("logs", "train"))
+    finally:
+        del server.extra_env["GPUPOOL_TOKEN"]
+    assert refused == (
+        f"error: 2 pending or running workloads are named 'train' (ids {ours[0]}, {his}): give an id"
+    )

@@ -6,7 +6,8 @@ array's tasks share their name, so they count as one, by the id that names them 
 (replica 0's) or the array's (its first task's). `NAME#N`, as `gpupool ps` shows a replica, is replica N
 of the service NAME. Commands that only read (`show`, `why`, `logs`, `wait`) take the newest finished
 workload of the name when none is pending or running; commands that change something refuse it, so that
-a name never reaches ended work by surprise.
+a name never reaches ended work by surprise. Where several users run work of one name, a name stands for
+the caller's own when only one of them is theirs.
 """
 
 from __future__ import annotations
@@ -35,13 +36,20 @@ def workload_id(c: Client, ref: str, *, reading: bool) -> int:
         return int(ref)
     replica_of = re.fullmatch(r"(.+)#([0-9]+)", ref)  # names have no '#'
     name, replica = (replica_of[1], int(replica_of[2])) if replica_of else (ref, None)
-    active = sorted({_id_of(w, replica) for w in _of_replica(c.workloads(name=name), replica)})
+    found = _of_replica(c.workloads(name=name), replica)
+    active = sorted({_id_of(w, replica) for w in found})
     if len(active) == 1:
         return active[0]
     if active:
-        listed = ", ".join(map(str, active[:_SHOWN])) + (", ..." if len(active) > _SHOWN else "")
+        # several users may run work of one name: the caller's own, when only one is theirs
+        me = str(c.whoami().get("name") or "")
+        mine = sorted({_id_of(w, replica) for w in found if w.get("user") == me})
+        if len(mine) == 1:
+            return mine[0]
+        whose, ids = ("of your ", mine) if mine and len(mine) < len(active) else ("", active)
+        listed = ", ".join(map(str, ids[:_SHOWN])) + (", ..." if len(ids) > _SHOWN else "")
         raise CliError(
-            f"{len(active)} pending or running workloads are named {ref!r} (ids {listed}): give an id"
+            f"{len(ids)} {whose}pending or running workloads are named {ref!r} (ids {listed}): give an id"
         )
     page = 1 if replica is None else _REPLICA_PAGE
     newest = _of_replica(c.workloads(all=True, name=name, limit=page), replica)
