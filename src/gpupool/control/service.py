@@ -1292,11 +1292,16 @@ def node_view(
     }
 
 
+# The health loop's view of one node (name, state, state reason) -> its verdict and evidence
+HealthView = Callable[[str, str, str], Mapping[str, Any]]
+
+
 def list_nodes(
-    store: Store, telemetry: TelemetryCache, health: Mapping[str, Mapping[str, Any]] | None = None
+    store: Store, telemetry: TelemetryCache, health: HealthView | None = None
 ) -> list[dict[str, Any]]:
-    """Every node; `health` (the health loop's views by node name) adds its verdict and evidence."""
-    verdicts = health or {}
+    """Every node; `health` (the health loop's `view`) adds its verdict and evidence, judged with the state
+    read here: a verdict taken from a read of its own could say `unhealthy` of a node this read finds
+    returned to service a moment later."""
     with store.read() as s:
         allocated: dict[tuple[str, int], list[int]] = {}
         workloads: dict[str, list[int]] = {}
@@ -1306,15 +1311,18 @@ def list_nodes(
                 workloads.setdefault(pod["node"], []).append(attempt.workload_id)
                 for index in pod["gpu_indices"]:
                     allocated.setdefault((pod["node"], int(index)), []).append(attempt.workload_id)
-        return [
-            {
-                **node_view(n, allocated, telemetry),
-                "workloads": sorted(workloads.get(n.name, [])),
-                "health": verdicts.get(n.name, {}).get("health", "unknown"),
-                "health_evidence": verdicts.get(n.name, {}).get("evidence", ""),
-            }
-            for n in s.scalars(select(Node).order_by(Node.name))
-        ]
+        nodes = []
+        for n in s.scalars(select(Node).order_by(Node.name)):
+            verdict = health(n.name, n.state, n.state_reason) if health is not None else {}
+            nodes.append(
+                {
+                    **node_view(n, allocated, telemetry),
+                    "workloads": sorted(workloads.get(n.name, [])),
+                    "health": verdict.get("health", "unknown"),
+                    "health_evidence": verdict.get("evidence", ""),
+                }
+            )
+        return nodes
 
 
 def drain_node(store: Store, name: str, reason: str, *, actor: str = "admin") -> dict[str, Any]:

@@ -17,7 +17,7 @@ router = APIRouter(prefix="/nodes", tags=["nodes"])
 @router.get("", summary="Nodes with their GPUs, allocations and latest telemetry")
 def list_nodes(request: Request) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
-    return service.list_nodes(runtime.store, runtime.telemetry, runtime.health.views())
+    return service.list_nodes(runtime.store, runtime.telemetry, runtime.health.view)
 
 
 @router.post("/{name}/cordon", summary="Take no new work on this node (running work continues) (admin)")
