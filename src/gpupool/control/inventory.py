@@ -48,7 +48,7 @@ def apply(store: Store, backend: str, inventory: Inventory) -> None:
         seen = set()
         for item in inventory.nodes:
             seen.add(item.name)
-            _apply_node(s, backend, item, rows.get(item.name))
+            apply_node(s, backend, item, rows.get(item.name))
         for node in rows.values():
             if node.backend == backend and node.name not in seen and node.state != "lost":
                 _set_state(s, node, "lost", f"{backend}: no longer in the {backend} inventory")
@@ -56,11 +56,7 @@ def apply(store: Store, backend: str, inventory: Inventory) -> None:
 
 
 def apply_node(s: Session, backend: str, item: InventoryNode, node: Node | None) -> None:
-    """Write one node (`node`, its row, None if it has none yet) as `backend` has just described it."""
-    _apply_node(s, backend, item, node)
-
-
-def _apply_node(s: Session, backend: str, item: InventoryNode, node: Node | None) -> None:
+    """Write one node (`node`, its row, None if it has none yet) as `backend` describes it."""
     if node is None:
         node = Node(name=item.name, state="ready", state_reason="", labels={})
         s.add(node)
