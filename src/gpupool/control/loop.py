@@ -90,6 +90,9 @@ class Reconciler(Observation, SnapshotBuilding):
         # `victims_stopped` (the GPUs just released are its room, served first). Kept in memory: after a
         # restart of the head, a gainer whose victims stopped meanwhile is served in the queues' order.
         self._released_for: dict[int, int] = {}
+        # The room the last pass left each of those pending workloads waiting for (`Decisions.nominated`):
+        # given back with it (`Snapshot.nominated`), it lands where its evictions made room.
+        self._nominated: dict[int, tuple[scheduler.PodPlacement, ...]] = {}
         policy = settings.policy if settings.policy is not None else load_policy(settings.home)
         self._config = replace(policy, usage_weight=settings.usage_weight)
         # What opens users' secrets for starting attempts (control/secret_keys.py).
@@ -253,7 +256,7 @@ class Reconciler(Observation, SnapshotBuilding):
         if self.dependencies.never:
             self._cancel_unmeetable(self.dependencies.never)
         if not snapshot.pending and not snapshot.running:
-            self.fair_shares, self.pass_queues, self._released_for = {}, (), {}
+            self.fair_shares, self.pass_queues, self._released_for, self._nominated = {}, (), {}, {}
             self._explain(waiting)
             return
         decisions = self._scheduler.decide(snapshot, now)
@@ -311,7 +314,8 @@ class Reconciler(Observation, SnapshotBuilding):
 
     def _pass_snapshot(self, s: Session, now: float) -> scheduler.Snapshot:
         """The snapshot a pass decides on: the store's, with the pending workloads whose victims (or the
-        work whose GPUs were promised to them) stopped since the last pass given as `victims_stopped`."""
+        work whose GPUs were promised to them) stopped since the last pass given as `victims_stopped`, each
+        with the room the last pass nominated for it."""
         snapshot = self._snapshot(s, now)
         last = self._released_for
         if not last:
@@ -321,7 +325,8 @@ class Reconciler(Observation, SnapshotBuilding):
         if not owed:
             return snapshot
         pending = tuple(replace(w, victims_stopped=True) if w.id in owed else w for w in snapshot.pending)
-        return replace(snapshot, pending=pending)
+        nominated = {gainer: self._nominated[gainer] for gainer in owed if gainer in self._nominated}
+        return replace(snapshot, pending=pending, nominated=nominated)
 
     def _remember_released(self, snapshot: scheduler.Snapshot, decisions: scheduler.Decisions) -> None:
         """Which pending workload the GPUs of each stopping workload are for, once this pass's decisions are
@@ -332,6 +337,7 @@ class Reconciler(Observation, SnapshotBuilding):
                 released[eviction.workload_id] = eviction.for_workload
         released.update(decisions.released_to)
         self._released_for = released
+        self._nominated = decisions.nominated
 
     def _evict(self, evictions: list[scheduler.Eviction]) -> None:
         """Stop evicted work gracefully (SIGTERM, SIGKILL after the grace period); it is requeued on exit.

@@ -71,7 +71,9 @@ class Allocation(EvictionSearch):
         victims stopped since the last cycle (`victims_stopped`), is served first, in allocation order
         among itself: the GPUs being released, or just released, are its room as when the eviction was
         decided, though the queues' order may have changed since (other work ahead now could take them, or
-        the free GPUs that room also needs, and the gainer would evict again)."""
+        the free GPUs that room also needs, and the gainer would evict again). A gainer takes the room it
+        was left waiting for (`Snapshot.nominated`) when that room is free and still suits it, not room
+        that other gainers' victims freed (which would leave those gainers to evict again)."""
         owed = self._owed
         if not self.state.holding_nodes and not owed:
             return
@@ -96,8 +98,14 @@ class Allocation(EvictionSearch):
         # in the walk, and the reservation goes to the first workload of the order that does not fit,
         # as in a cycle with no gainer (else, the cycle after, work ahead of it takes the reservation
         # and evicts what it could have evicted now).
+        nominated = self.snapshot.nominated
         for w in gainers:
-            if w.id in unplaced:
+            if w.id not in unplaced:
+                continue
+            room = nominated.get(w.id)
+            if room is not None and self._admission(w) is None and self.placer.place_at(w, room):
+                self._bind(w, room)
+            else:
                 self._try_allocate(w, reserve=False)
 
     def _try_allocate(self, w: WorkloadView, place: int = -1, *, reserve: bool = True) -> bool:

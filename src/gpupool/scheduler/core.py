@@ -97,4 +97,5 @@ def _copy(decisions: Decisions) -> Decisions:
         explanations=dict(decisions.explanations),
         fair_shares={queue: dict(shares) for queue, shares in decisions.fair_shares.items()},
         released_to=dict(decisions.released_to),
+        nominated=dict(decisions.nominated),
     )

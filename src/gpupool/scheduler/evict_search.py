@@ -249,6 +249,7 @@ class EvictionSearch(Victims):
             w, [*self._stopping_for.get(w.id, ()), *evicted]
         )
         del self.unplaced[w.id]
+        self.decisions.nominated[w.id] = placed
         if self._snapshot_stopping or self._ownerless:  # work stopping, or evicted this cycle for no one
             self._promise(w, placed)
 

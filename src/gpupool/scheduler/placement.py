@@ -414,6 +414,39 @@ class Placer:
                 return placed
         return self._place_pods(w, after_release, None)
 
+    def place_at(self, w: WorkloadView, pods: tuple[PodPlacement, ...]) -> bool:
+        """Give `w` exactly `pods` (a room an earlier cycle chose for it) when every pod's node may take it
+        now and its GPUs are free and suit it; the allocation then stays in the state. Work bound to a
+        topology domain or spread over replicas is placed afresh instead: those rules read the cycle's
+        whole state, and the room may have been chosen under another."""
+        if w.topology or w.topology_preferred or w.spread_group is not None or len(pods) != w.nodes:
+            return False
+        demand = w.gpus
+        fraction = demand.count if demand.is_fractional else 1.0
+        per_pod = 1 if demand.is_fractional else int(demand.count)
+        if demand.count <= 0:
+            per_pod = 0
+        seen: set[str] = set()
+        for pod in pods:
+            node = self.state.nodes.get(pod.node)
+            if node is None or pod.node in seen or not self._node_fits(node, w, after_release=False):
+                return False
+            seen.add(pod.node)
+            indices = pod.gpu_indices
+            if len(set(indices)) != per_pod or len(indices) != per_pod:
+                return False
+            if per_pod and abs(pod.gpu_fraction - fraction) > EPSILON:
+                return False
+            if not per_pod:
+                continue
+            suits = self.matches(node, demand)
+            for index in indices:
+                i = node.position.get(index)
+                if i is None or not suits[i] or node.free[i] + EPSILON < fraction:
+                    return False
+        self.state.allocate(w, pods)
+        return True
+
     def _place_pods(
         self, w: WorkloadView, after_release: bool, domain: Domain | None
     ) -> tuple[PodPlacement, ...] | None:

@@ -7,7 +7,7 @@ and memory bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -267,6 +267,11 @@ class Snapshot:
     queues: tuple[QueueView, ...] = ()
     running: tuple[WorkloadView, ...] = ()
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # The room an earlier cycle left each of these pending workloads waiting for (its `Decisions.nominated`):
+    # a workload served first for released GPUs (`victims_stopped`, or work stopping for it) takes this room
+    # when it is free and still suits it, as Kubernetes tries a preemptor's nominated node first; otherwise
+    # it is placed afresh.
+    nominated: Mapping[int, tuple[PodPlacement, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,3 +365,7 @@ class Decisions:
     # workload id -> the waiting workload. The caller keeps it as the stopping work's `evicted_for`, so
     # that the next cycle serves the waiting workload first, as it serves the gainers of evictions.
     released_to: dict[int, int] = field(default_factory=dict)
+    # The room each workload left waiting for released GPUs (`waiting-for-release`) is to take once they are
+    # released: pending workload id -> one placement per pod. Given back as the next snapshot's `nominated`,
+    # it makes the workload land where its evictions made room, not on room that others' evictions freed.
+    nominated: dict[int, tuple[PodPlacement, ...]] = field(default_factory=dict)

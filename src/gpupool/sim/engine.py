@@ -30,6 +30,7 @@ from gpupool.scheduler import (
     decide,
 )
 from gpupool.scheduler.placement import gpu_matches
+from gpupool.scheduler.snapshot import RESOURCES
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.policies import POOL, Policy
 from gpupool.sim.results import JobRecord, Sample, SimOptions, SimResult
@@ -150,6 +151,7 @@ class Simulation:
         self._gaps: list[tuple[str, float]] | None = None  # `_quota_gaps()` until demand or allocation moves
         self.shortcuts = True  # skip cycles that provably change nothing (off only to test that claim)
         self.skipped = 0
+        self.gainers_started = 0  # rounds saved by starting an eviction's gainer (`_start_gainer`)
         # The views the scheduler sees, kept from cycle to cycle in the order of `running` / `pending`:
         # a job's view is rebuilt only when it changed (`_stale`), or for a running job when its next
         # checkpoint passes (`_checkpoints`: a heap of (time, job, attempt)).
@@ -167,6 +169,8 @@ class Simulation:
         # releases evicted GPUs at once), so the next cycle gives them as `victims_stopped`, as the server
         # does once their victims have stopped: their room is theirs, served first.
         self._owed: frozenset[int] = frozenset()
+        # and the room the last cycle left each of them waiting for: the next cycle's `Snapshot.nominated`
+        self._nominated: dict[int, tuple[PodPlacement, ...]] = {}
         self._queues_tuple: tuple[QueueView, ...] | None = None
         self._queues_counts: tuple[float, ...] = ()
         self._queues_totals: list[float] = []  # each queue's young total behind `_queues_tuple`
@@ -176,6 +180,15 @@ class Simulation:
             (q.min_runtime_preempt or 0) > 0 or (q.min_runtime_reclaim or 0) > 0 for q in self.queues
         )
         self._dirty = False
+        # whether the one gainer of an eviction may start on its nominated room without a round (see
+        # `_start_gainer`): its admission can refuse it only through a queue limit, or non-preemptible
+        # work's quota (trace jobs are preemptible), and its room's node only by CPUs, memory or a backfill
+        # reservation
+        self._gainers_start_at_once = (
+            self.config.blocking != "backfill"
+            and not any(q.share(resource).limit is not None for q in self.queues for resource in RESOURCES)
+            and not any(j.trace.cpus > 0 or j.trace.memory_bytes > 0 for j in self.jobs)
+        )
         # The skip test models backfill's reservation by GPUs alone: where jobs ask for CPUs or memory,
         # which reservations count too, it does not model it (those cycles run).
         gpus_only = not any(j.trace.cpus > 0 or j.trace.memory_bytes > 0 for j in self.jobs)
@@ -383,21 +396,15 @@ class Simulation:
         next tick: False where an event that surely runs a cycle comes first)."""
         if not (self._dirty or tick):
             return False
-        if self.shortcuts:
-            skip = self.skip.nothing_can_change(self.used, self.pending, bool(self.running))
-            if self.skip.fair is not None and self.policy.queues != POOL:
-                self.fair = self.skip.fair  # what a skipped cycle would have reported
-                self._fair_shares = None
-            if skip:
-                self._reset_triggers()
-                self.skipped += 1
-                self._sample()
-                return False
+        if self.shortcuts and self._skips():
+            return False
         for _ in range(MAX_ROUNDS):
             self._reset_triggers()
             decisions = self._cycle()
             if not decisions.evictions:
                 break
+            if self.shortcuts and self._start_gainer():
+                return False
         self._sample()
         # The answer matters only if the tick it would set can come: not where an event before it surely
         # runs a cycle, whose own answer sets the tick afresh (`run`).
@@ -405,6 +412,53 @@ class Simulation:
         if events and events[0][0] < self.now + self.options.cycle and self._wakes(events[0]):
             return False
         return self._clock_matters(decisions)
+
+    def _skips(self) -> bool:
+        """Skip the cycle this instant would run where it provably changes nothing (`SkipTest`)."""
+        skip = self.skip.nothing_can_change(self.used, self.pending, bool(self.running))
+        self._skip_fair()
+        if skip:
+            self._reset_triggers()
+            self.skipped += 1
+            self._sample()
+        return skip
+
+    def _skip_fair(self) -> None:
+        if self.skip.fair is not None and self.policy.queues != POOL:
+            self.fair = self.skip.fair  # what a skipped cycle would have reported
+            self._fair_shares = None
+
+    def _start_gainer(self) -> bool:
+        """Start the one workload the last round's evictions were for, on the room it was left waiting for,
+        where the next round would do that and nothing else: its victims stopped at once, so that round
+        serves it first and gives it that room (`Snapshot.nominated`), then goes on as any cycle, and the
+        skip test, asked with the workload started, finds nothing more that round could do. Only where
+        nothing can refuse it that room: one gainer (several start in the round's order among them, which
+        orders their finish events), no queue limit, nothing but GPUs asked. Else the round runs."""
+        if len(self._owed) != 1 or not self._gainers_start_at_once:
+            return False
+        (gainer,) = self._owed
+        room = self._nominated.get(gainer)
+        job = self.pending.get(gainer)
+        if room is None or job is None:
+            return False
+        skip = self.skip
+        job.placement = room  # as started, for the tests (they read running jobs' placements)
+        skip.start(job, room)
+        rest = {idx: other for idx, other in self.pending.items() if idx != gainer}
+        if rest and not skip.nothing_can_change(self.used + job.gpus, rest, True):
+            skip.release(job)
+            skip.add_pending(job)
+            job.placement = ()
+            return False
+        self._owed, self._nominated = frozenset(), {}
+        self._reset_triggers()
+        self._start(job, room, tallied=True)
+        self.gainers_started += 1
+        if rest:
+            self._skip_fair()
+        self._sample()
+        return True
 
     def _wakes(self, event: tuple[float, int, int, int, int]) -> bool:
         """Whether this event surely runs a cycle at its instant: a job arriving that the cluster can hold,
@@ -481,12 +535,16 @@ class Simulation:
         if owed:
             pending = tuple(replace(v, victims_stopped=True) if v.id in owed else v for v in pending)
         running = self._running_views()
-        snapshot = Snapshot(self.cluster.nodes, pending, self._queues_for_cycle(), running, self.config)
+        nominated = self._nominated
+        snapshot = Snapshot(
+            self.cluster.nodes, pending, self._queues_for_cycle(), running, self.config, nominated
+        )
         began = time.perf_counter()
         decisions = decide(snapshot, self.now)
         self.result.decide_s += time.perf_counter() - began
         self.result.cycles += 1
         self._owed = frozenset(e.for_workload for e in decisions.evictions if e.for_workload is not None)
+        self._nominated = {w: decisions.nominated[w] for w in self._owed if w in decisions.nominated}
         if decisions.fair_shares and self.policy.queues != POOL:
             self._fair_shares = decisions.fair_shares
         for eviction in decisions.evictions:
@@ -612,11 +670,13 @@ class Simulation:
         self._pending_tuple = None
         self.skip.add_pending(job)
 
-    def _start(self, job: _Job, pods: tuple[PodPlacement, ...]) -> None:
+    def _start(self, job: _Job, pods: tuple[PodPlacement, ...], *, tallied: bool = False) -> None:
+        """`tallied`: the skip test has counted the start already."""
         del self.pending[job.idx]
         del self._pending_views_by_job[job.idx]
         self._pending_tuple = None
-        self.skip.start(job, pods)
+        if not tallied:
+            self.skip.start(job, pods)
         job.record.queued += self.now - job.pending_since
         if job.record.start is None:
             job.record.start = self.now

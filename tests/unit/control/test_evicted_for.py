@@ -99,3 +99,32 @@ def test_the_pass_after_a_victim_stopped_gives_its_gainer_the_room_first(
     assert pending() == {victim: False, gainer: True}  # the GPUs just released are the gainer's room
     reconciler.schedule(0.0)
     assert pending() == {victim: False, gainer: False}  # for that one pass only
+
+
+def test_a_gainer_is_given_the_room_its_eviction_was_decided_for(tmp_path: Path, store: Store) -> None:
+    # One agent node with two GPUs: a 1-GPU victim runs on one, and a 2-GPU workload waits for it to stop.
+    backend = AgentBackend(lease=60.0, clock=Clock())
+    token = str(agents.create_join_token(store, 3600)["token"])
+    joining = described(backend, "a", {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 2]]})
+    agents.register(store, "a", join_token=token, credential=None, described=joining)
+    reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
+    victim = _submit(store, gpus=1)
+    reconciler.tick()
+    gainer = _submit(store, gpus=2)
+    reconciler._evict([Eviction(victim, "preempt", f"preempted by workload {gainer}", for_workload=gainer)])
+    reconciler.schedule(0.0)  # the victim stops for it: it waits, its room named
+    room = reconciler._nominated[gainer]
+    assert [(pod.node, pod.gpu_indices) for pod in room] == [("a", (0, 1))]
+    assert reconciler.explanations[gainer].code == "waiting-for-release"
+
+    with store.session() as s:  # the victim has stopped, as observe() records it: requeued
+        attempt = s.scalar(select(Attempt).where(Attempt.workload_id == victim))
+        assert attempt is not None
+        attempt.state, attempt.finished_at = "evicted", utcnow()
+        attempt.workload.state = "pending"
+    with store.read() as s:
+        assert reconciler._pass_snapshot(s, 0.0).nominated == {gainer: room}
+    reconciler.schedule(0.0)
+    with store.read() as s:
+        started = s.scalar(select(Attempt).where(Attempt.workload_id == gainer))
+        assert started is not None and (started.node_name, started.gpu_indices) == ("a", [0, 1])

@@ -103,8 +103,8 @@ _WORKLOAD_KEYS = frozenset(
     }
 )
 _RUNNING_KEYS = _WORKLOAD_KEYS | {"on", "start", "checkpoint", "stopping", "evicted_for"}
-_PENDING_KEYS = _WORKLOAD_KEYS | {"victims_stopped"}
-_EXPECT_KEYS = frozenset({"binds", "evictions", "reasons", "fair_share", "released_to"})
+_PENDING_KEYS = _WORKLOAD_KEYS | {"victims_stopped", "nominated"}
+_EXPECT_KEYS = frozenset({"binds", "evictions", "reasons", "fair_share", "released_to", "nominated"})
 _CONFIG_FIELDS = {f.name for f in fields(SchedulerConfig)}
 _COMPARISON = re.compile(r"^\s*(>=|<=|>|<|==|~)?\s*(.+?)\s*$")
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -154,6 +154,7 @@ class Expectations:
     reasons: dict[int, str] | None = None  # only the listed workloads are checked
     fair_share: dict[str, dict[str, tuple[Condition, ...]]] | None = None  # queue -> resource -> checks
     released_to: dict[int, int] | None = None  # exact: stopping (or evicted) work -> the one promised it
+    nominated: dict[int, tuple[PodWhere, ...] | None] | None = None  # exact set, as binds: waiting -> room
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +198,10 @@ def parse_scenario(data: object, name: str) -> Scenario:
     queues = _queues(top.get("queues"), running + pending, where)
     _check_ids(running, pending, where)
     _check_placements(running, nodes, where)
-    snapshot = Snapshot(nodes=nodes, pending=pending, queues=queues, running=running, config=config)
+    nominated = _nominated(_list(top.get("pending"), where, "pending"), pending, where)
+    snapshot = Snapshot(
+        nodes=nodes, pending=pending, queues=queues, running=running, config=config, nominated=nominated
+    )
     expect = _expectations(top.get("expect"), where)
     _check_expected_ids(expect, running, pending, queues, where)
     return Scenario(name=name, description=description.strip(), now=now, snapshot=snapshot, expect=expect)
@@ -487,6 +491,20 @@ def _workload(item: object, at: _Where, running: bool) -> WorkloadView:
     )
 
 
+def _nominated(
+    items: list[Any], pending: tuple[WorkloadView, ...], where: _Where
+) -> dict[int, tuple[PodPlacement, ...]]:
+    """`nominated: {node: [gpu indices]}` on pending work: the room an earlier cycle left it waiting for."""
+    out: dict[int, tuple[PodPlacement, ...]] = {}
+    for i, (item, w) in enumerate(zip(items, pending, strict=True)):
+        if isinstance(item, Mapping) and item.get("nominated") is not None:
+            at = where.at(f"pending[{i}]")
+            fraction = w.gpus.count if w.gpus.is_fractional else 1.0
+            pods = _pods(item["nominated"], at)
+            out[w.id] = tuple(PodPlacement(node, gpus, fraction) for node, gpus in pods)
+    return out
+
+
 def _evicted_for(raw: Mapping[str, Any], at: _Where) -> int | None:
     """`evicted_for: ID`, the pending workload a stopping one's eviction was for."""
     if raw.get("evicted_for") is None:
@@ -591,6 +609,7 @@ def _check_expected_ids(
     running_ids = {w.id for w in running}
     for field, ids, known in (
         ("binds", expect.binds, pending_ids),
+        ("nominated", expect.nominated, pending_ids),
         ("reasons", expect.reasons, pending_ids),
         ("evictions", expect.evictions, running_ids),
     ):
@@ -628,6 +647,7 @@ def _expectations(data: object, where: _Where) -> Expectations:
         reasons=_expected_reasons(raw["reasons"], at) if "reasons" in raw else None,
         fair_share=_expected_fair_share(raw["fair_share"], at) if "fair_share" in raw else None,
         released_to=_expected_released_to(raw["released_to"], at) if "released_to" in raw else None,
+        nominated=_expected_binds(raw["nominated"], at) if "nominated" in raw else None,
     )
 
 

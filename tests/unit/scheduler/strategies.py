@@ -241,6 +241,7 @@ def snapshots(
             )
         )
     waiting: list[WorkloadView] = []
+    nominated: dict[int, tuple[PodPlacement, ...]] = {}
     if pending:
         for k in range(draw(st.integers(0, max_pending))):
             spec = draw(workload_specs(100 + k, leaves))
@@ -250,6 +251,11 @@ def snapshots(
         if waiting and draw(st.integers(0, 3)) == 0:
             owed = draw(st.sets(st.sampled_from([w.id for w in waiting]), min_size=1, max_size=2))
             waiting = [replace(w, victims_stopped=True) if w.id in owed else w for w in waiting]
+            # Each may carry the room an earlier cycle nominated: any node's GPUs, free now or not, and
+            # now and then one the node lacks (the scheduler must check, not trust it).
+            for w in waiting:
+                if w.id in owed and draw(st.booleans()):
+                    nominated[w.id] = draw(_rooms(w, cluster))
     # Stopping work may say which pending workload its eviction was for (none: cancelled, or its gainer
     # has started or gone since).
     gainers = [None, *(w.id for w in waiting)]
@@ -258,8 +264,27 @@ def snapshots(
         for w in running
     ]
     return Snapshot(
-        nodes=cluster, pending=tuple(waiting), queues=queues, running=tuple(running), config=draw(configs())
+        nodes=cluster,
+        pending=tuple(waiting),
+        queues=queues,
+        running=tuple(running),
+        config=draw(configs()),
+        nominated=nominated,
     )
+
+
+@st.composite
+def _rooms(draw: st.DrawFn, w: WorkloadView, cluster: tuple[NodeView, ...]) -> tuple[PodPlacement, ...]:
+    """A room for each pod of `w`: a node of `cluster` and GPU indices of it (or one past its last)."""
+    pods = []
+    for _ in range(w.nodes):
+        node = draw(st.sampled_from(cluster))
+        indices = [g.index for g in node.gpus] + [len(node.gpus)]
+        count = min(1 if w.gpus.is_fractional else int(w.gpus.count), len(indices))  # too few: refused
+        chosen = draw(st.lists(st.sampled_from(indices), min_size=count, max_size=count, unique=True))
+        fraction = w.gpus.count if w.gpus.is_fractional else 1.0
+        pods.append(PodPlacement(node.name, tuple(sorted(chosen)), fraction))
+    return tuple(pods)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ A file's name is the rule it proves. The format (read by `scenario_loader.py`; u
                                  # nodes (gang size, default 1), priority, preemptible, submit (default =
                                  # the id, so ids give FIFO order), topology, topology_preferred,
                                  # max_duration, attained, estimate, cpus, memory, only_on (node names),
-                                 # victims_stopped (work evicted for it has stopped since the last cycle)
+                                 # victims_stopped (work evicted for it has stopped since the last cycle),
+                                 # nominated (the room an earlier cycle left it waiting for: {n1: "0-3"})
       - {id: 10, queue: b, gpus: 8, nodes: 2, topology: rack}
       - {id: 11, queue: a, gpus: "H100:2", priority: interactive, preemptible: false}
       - {id: 12, queue: b, gpus: 0.5, max_duration: 1h}
@@ -42,6 +43,7 @@ A file's name is the rule it proves. The format (read by `scenario_loader.py`; u
       fair_share: {a: 4, b: "14/3", p: {gpu: [">=4", "<6"], cpu: 16}}  # GPU unless a resource is
                                  # named; numbers match within 1e-6; comparisons: > < >= <=
       released_to: {}            # EXACT: stopping id -> the waiting id promised its GPUs; {} = none
+      nominated: {10: {n2: "0-7"}}   # EXACT set, as binds: the room each waiting workload is to take
 
 Every scenario is also checked against the invariants in `invariants.py` (no GPU over-committed, gangs
 whole, limits kept, every unbound pending workload explained with a known code, ...).
@@ -112,12 +114,18 @@ def compare(scenario: Scenario, decisions: Decisions) -> list[str]:
     expect = scenario.expect
     out: list[str] = []
     binds = {b.workload_id: b.pods for b in decisions.binds}
-    if expect.binds is not None:
-        if set(binds) != set(expect.binds):
-            out.append(f"binds: expected {sorted(expect.binds)}, decided {sorted(binds)}")
-        for wid, where in expect.binds.items():
-            if where is not None and wid in binds and not _pods_match(where, binds[wid]):
-                out.append(f"bind {wid}: expected {_show_where(where)}, decided {_show_pods(binds[wid])}")
+    for label, expected, decided in (
+        ("bind", expect.binds, binds),
+        ("nominated", expect.nominated, decisions.nominated),
+    ):
+        if expected is None:
+            continue
+        if set(decided) != set(expected):
+            out.append(f"{label}s: expected {sorted(expected)}, decided {sorted(decided)}")
+        for wid, where in expected.items():
+            if where is not None and wid in decided and not _pods_match(where, decided[wid]):
+                shown = _show_pods(decided[wid])
+                out.append(f"{label} {wid}: expected {_show_where(where)}, decided {shown}")
     evictions = {e.workload_id: e for e in decisions.evictions}
     if expect.evictions is not None:
         if set(evictions) != set(expect.evictions):
