@@ -320,9 +320,10 @@ class PoolCollector(Collector):
             "gpupool_health_check_failures", "Findings that set a health verdict, by check.", "counter"
         )
         if self.health is not None:
-            views = self.health.views()
-            for name, _, _ in node_rows:
-                health.add_metric([name, views.get(name, {}).get("health", "unknown")], 1.0)
+            # judged with the state read above, as `gpupool nodes` judges it: the verdicts of a read of their
+            # own could call a node unhealthy that this read found back in service (or the reverse)
+            for name, state, reason in node_rows:
+                health.add_metric([name, self.health.view(name, state, reason).get("health", "unknown")], 1.0)
             for (name, verdict), count in sorted(self.health.verdicts_total.items()):
                 verdicts.add_sample(
                     "gpupool_health_verdicts_total", {"node": name, "health": verdict}, float(count)
