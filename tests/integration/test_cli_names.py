@@ -121,3 +121,20 @@ def test_a_name_several_users_run_stands_for_the_callers_own(server: ServerProce
     assert refused == (
         f"error: 2 pending or running workloads are named 'train' (ids {ours[0]}, {his}): give an id"
     )
+
+
+def test_an_array_is_named_whole_by_its_name_and_a_task_as_ps_shows_it(server: ServerProcess) -> None:
+    spec = {"name": "sweep", "array": "0-2", "commands": ["sleep 60"], "resources": {"gpu": 1}}
+    tasks = server.submit(spec)
+    first, second, third = tasks["array_ids"]
+    for task in (first, second, third):
+        server.wait_for(task, states=("running",))
+    assert "sweep[1]" in server.cli("ps", check=True).stdout  # as ps shows it, the CLI takes it
+    assert server.cli("show", "sweep[1]", check=True).stdout.startswith(f"{second} sweep  running")
+    out = server.cli("cancel", "sweep[2]", check=True).stdout
+    assert out.startswith(f"{third} (sweep): stopping"), out
+    assert server.wait_for(third)["state"] == "cancelled"
+    assert server.workload(second)["state"] == "running"  # only that task
+    assert _refused(server.cli("cancel", "sweep[7]")) == (
+        "error: no workload is named 'sweep[7]' (gpupool ps lists them)"
+    )

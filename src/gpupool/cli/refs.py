@@ -4,10 +4,11 @@ An argument made only of digits is an id (so a workload named `42` is given by i
 name, standing for the one pending or running workload of that name. A service's replicas and a job
 array's tasks share their name, so they count as one, by the id that names them whole: the service's
 (replica 0's) or the array's (its first task's). `NAME#N`, as `gpupool ps` shows a replica, is replica N
-of the service NAME. Commands that only read (`show`, `why`, `logs`, `wait`) take the newest finished
-workload of the name when none is pending or running; commands that change something refuse it, so that
-a name never reaches ended work by surprise. Where several users run work of one name, a name stands for
-the caller's own when only one of them is theirs.
+of the service NAME, and `NAME[N]`, as it shows an array's task, is task N of the array NAME. Commands
+that only read (`show`, `why`, `logs`, `wait`) take the newest finished workload of the name when none is
+pending or running; commands that change something refuse it, so that a name never reaches ended work by
+surprise. Where several users run work of one name, a name stands for the caller's own when only one of
+them is theirs.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ def workload_id(c: Client, ref: str, *, reading: bool) -> int:
     name with no pending or running workload stands for its newest finished one."""
     if re.fullmatch(r"[0-9]+", ref):
         return int(ref)
-    replica_of = re.fullmatch(r"(.+)#([0-9]+)", ref)  # names have no '#'
-    name, replica = (replica_of[1], int(replica_of[2])) if replica_of else (ref, None)
+    name, replica = _member(ref)
     found = _of_replica(c.workloads(name=name), replica)
     active = sorted({_id_of(w, replica) for w in found})
     if len(active) == 1:
@@ -62,16 +62,31 @@ def workload_id(c: Client, ref: str, *, reading: bool) -> int:
     return _id_of(newest[-1], replica)
 
 
-def _of_replica(listed: list[dict[str, Any]], replica: int | None) -> list[dict[str, Any]]:
-    """Those of `listed` that are a service's replica `replica` (all of them when None)."""
-    if replica is None:
+# A member of a service or a job array by its number: (the key naming the whole, the key of the number, N)
+Member = tuple[str, str, int]
+
+
+def _member(ref: str) -> tuple[str, Member | None]:
+    """The name in `ref`, and the member it asks for: `NAME#N` (a service's replica N) or `NAME[N]` (an
+    array's task N); names have neither '#' nor '['."""
+    if match := re.fullmatch(r"(.+)#([0-9]+)", ref):
+        return match[1], ("service_id", "replica", int(match[2]))
+    if match := re.fullmatch(r"(.+)\[([0-9]+)\]", ref):
+        return match[1], ("array_id", "array_index", int(match[2]))
+    return ref, None
+
+
+def _of_replica(listed: list[dict[str, Any]], member: Member | None) -> list[dict[str, Any]]:
+    """Those of `listed` that are the member asked for (all of them when None)."""
+    if member is None:
         return listed
-    return [w for w in listed if w.get("service_id") is not None and w.get("replica") == replica]
+    whole, number, n = member
+    return [w for w in listed if w.get(whole) is not None and w.get(number) == n]
 
 
-def _id_of(w: dict[str, Any], replica: int | None) -> int:
-    """The id a name stands for: a replica asked for by number, its own; else the id that names `w`'s
-    service or job array whole (a plain job's own)."""
+def _id_of(w: dict[str, Any], replica: Member | None) -> int:
+    """The id a name stands for: a replica or task asked for by number, its own; else the id that names
+    `w`'s service or job array whole (a plain job's own)."""
     if replica is None:
         for key in ("service_id", "array_id"):
             if w.get(key) is not None:
