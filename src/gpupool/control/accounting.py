@@ -29,8 +29,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.control.config_files import parse_file
 from gpupool.control.errors import Invalid
-from gpupool.control.lifecycle import CANCELLED, FAILED, SUCCEEDED
-from gpupool.control.observe import EVICTED
+from gpupool.control.lifecycle import CANCELLED, EVICTED, FAILED, SUCCEEDED
 from gpupool.spec import SpecError, parse_duration
 from gpupool.spec.prices import PricesSpec, parse_prices_spec
 from gpupool.store.db import Store

@@ -19,6 +19,8 @@ PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeede
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE = frozenset({PENDING, RUNNING})
 STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+EVICTED = "evicted"  # an attempt stopped by the control plane (evicted, drained, held, requeued); its
+# workload went back to pending
 # `gpupool hold`: the reason code of held pending work, and the stop reason of a held workload's running
 # attempt (control/observe.py stops it and requeues it pending)
 HELD = STOP_HOLD = "held"

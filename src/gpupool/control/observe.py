@@ -21,6 +21,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from gpupool.backends.base import Backend, BackendUnavailable, Handle, Phase, Status, recorded_exit_code
 from gpupool.control.lifecycle import (
     CANCELLED,
+    EVICTED,
     FAILED,
     HELD,
     HOLD_STOPPING,
@@ -43,7 +44,6 @@ log = logging.getLogger("gpupool.control")
 STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
 STOP_DRAIN = "drain"  # set by service.drain_node on the attempts of a draining node; the loop stops them
 EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
-EVICTED = "evicted"
 PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
 NEVER_STARTED = "never started"  # how such an attempt's reason begins
 START_TRIES = 3  # attempts in a row that never start before the workload fails instead of requeueing

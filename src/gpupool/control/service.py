@@ -19,6 +19,7 @@ from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError, Un
 from gpupool.control.lifecycle import (
     ACTIVE,
     CANCELLED,
+    EVICTED,
     HELD,
     HOLD_STOPPING,
     PENDING,
@@ -298,6 +299,15 @@ def run_seconds(attempts: Sequence[Attempt]) -> float:
     return total
 
 
+def work_seconds(workload: Workload) -> float:
+    """The run time of the work `workload`'s attempts kept: all of it, less the attempts the control plane
+    stopped (evicted, drained, held, requeued) when it declares no checkpoint, whose next attempt started
+    over and did that work again. What a replay of the workload asks for (`sim whatif`), which evicts on
+    its own terms."""
+    resumes = bool(workload.spec.get("checkpoint"))
+    return run_seconds([a for a in workload.attempts if resumes or a.state != EVICTED])
+
+
 def workload_view(
     workload: Workload, *, detail: bool = False, live: Live | None = None, readiness: Ready | None = None
 ) -> dict[str, Any]:
@@ -344,6 +354,7 @@ def workload_view(
         "finished_at": _iso(workload.finished_at),
         # how long its attempts held their GPUs, in all: not the time it waited between them
         "run_seconds": round(run_seconds(workload.attempts), 3),
+        "work_seconds": round(work_seconds(workload), 3),
         "age_seconds": round(age_seconds(workload.created_at), 3),
     }
     if detail:

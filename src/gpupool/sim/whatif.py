@@ -2,8 +2,9 @@
 
 The history comes as the API shows it (workloads, nodes and queues as JSON mappings), so this module reads
 no store and the CLI stays a client. Each finished workload becomes a job that asks for its GPUs for as long
-as its attempts ran, added up (a preempted job's wait between attempts is not work; work an attempt redid
-counts again); work still running counts with the time it has run so far.
+as its attempts ran, added up (a preempted job's wait between attempts is not work), less the attempts an
+eviction stopped where the workload declares no checkpoint (its next attempt did that work again; the
+replay evicts on its own); work still running counts with the time it has run so far.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def history_jobs(workloads: Sequence[Mapping[str, Any]], since: float, now: floa
         submit, started = _stamp(w.get("created_at")), _stamp(w.get("started_at"))
         if submit is None or started is None or submit < since or w.get("kind", "job") != "job":
             continue
-        ran = w.get("run_seconds")  # its attempts' run times: a preempted job's wait between them is not work
+        ran = w.get("work_seconds")  # its attempts' run times, less the work lost to evictions
+        if not isinstance(ran, int | float):
+            ran = w.get("run_seconds")  # a head older than work_seconds: redone work counts again
         if isinstance(ran, int | float):
             duration = float(ran)
         else:  # a head older than run_seconds: from its first start to its end

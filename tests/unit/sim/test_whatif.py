@@ -55,6 +55,18 @@ def test_a_preempted_job_is_replayed_for_the_time_its_attempts_ran_not_its_wait_
     assert history_jobs([never_ran], since=0.0, now=1_796_036_400.0) == []
 
 
+def test_work_an_eviction_made_a_job_do_again_is_replayed_once() -> None:
+    # as above, but it declares no checkpoint: its second attempt did the first 20 minutes again, so the
+    # head says 40 minutes of work (`work_seconds`), and the replay preempts it on its own terms
+    row = {
+        **workload("succeeded", "1", "2026-11-30T10:00:00+00:00", "2026-11-30T12:00:00+00:00"),
+        "run_seconds": 3600.0,
+        "work_seconds": 2400.0,
+    }
+    (job,) = history_jobs([row], since=0.0, now=1_796_036_400.0)
+    assert job.duration == 2400.0
+
+
 def test_changes_add_and_remove_nodes_and_set_quotas() -> None:
     nodes = parse_groups("2x8", "--cluster")
     queues = [QueueView("nlp", gpu=Share(quota=4.0, limit=6.0))]
