@@ -27,6 +27,16 @@ def _submit(store: Store, gpus: int = 1) -> int:
     return int(service.submit(store, spec)["id"])
 
 
+def _one_agent_node(tmp_path: Path, store: Store) -> Reconciler:
+    """A head whose pool is one agent node "a" with two GPUs (no agent process: the agent backend only
+    records what it is sent)."""
+    backend = AgentBackend(lease=60.0, clock=Clock())
+    token = str(agents.create_join_token(store, 3600)["token"])
+    joining = described(backend, "a", {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 2]]})
+    agents.register(store, "a", join_token=token, credential=None, described=joining)
+    return Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
+
+
 def test_a_stopping_attempt_tells_the_scheduler_which_workload_it_was_evicted_for(
     tmp_path: Path, store: Store
 ) -> None:
@@ -54,12 +64,7 @@ def test_a_stopping_attempt_tells_the_scheduler_which_workload_it_was_evicted_fo
 def test_the_gpus_of_cancelled_work_are_promised_to_the_workload_waiting_for_them(
     tmp_path: Path, store: Store
 ) -> None:
-    # One agent node with two GPUs (no agent process: the agent backend only records what it is sent).
-    backend = AgentBackend(lease=60.0, clock=Clock())
-    token = str(agents.create_join_token(store, 3600)["token"])
-    joining = described(backend, "a", {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 2]]})
-    agents.register(store, "a", join_token=token, credential=None, described=joining)
-    reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
+    reconciler = _one_agent_node(tmp_path, store)
     cancelled = _submit(store, gpus=2)
     reconciler.tick()
     service.cancel(store, cancelled)  # it stops; its GPUs are held until the agent reports it gone
@@ -102,12 +107,8 @@ def test_the_pass_after_a_victim_stopped_gives_its_gainer_the_room_first(
 
 
 def test_a_gainer_is_given_the_room_its_eviction_was_decided_for(tmp_path: Path, store: Store) -> None:
-    # One agent node with two GPUs: a 1-GPU victim runs on one, and a 2-GPU workload waits for it to stop.
-    backend = AgentBackend(lease=60.0, clock=Clock())
-    token = str(agents.create_join_token(store, 3600)["token"])
-    joining = described(backend, "a", {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 2]]})
-    agents.register(store, "a", join_token=token, credential=None, described=joining)
-    reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
+    # A 1-GPU victim runs on one of the node's two GPUs, and a 2-GPU workload waits for it to stop.
+    reconciler = _one_agent_node(tmp_path, store)
     victim = _submit(store, gpus=1)
     reconciler.tick()
     gainer = _submit(store, gpus=2)
