@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -169,6 +170,34 @@ def test_queue_commands(server: ServerProcess) -> None:
     bad = server.cli("queue", "update", "nlp", "--ordering", "random")
     assert bad.returncode == 1 and "ordering" in bad.stderr
     assert "nlp" in server.cli("queues", check=True).stdout
+
+
+def test_queue_show_tells_one_queues_settings_and_use_and_queue_list_lists_them(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    server.cli("queue", "create", "nlp", "--gpu-quota", "4", "--gpu-limit", "8", "--description",
+               "NLP team", "--min-runtime-reclaim", "30m", "--budget", "200/week", "--user-gpus", "2",
+               check=True)  # fmt: skip
+    server.cli("run", "--queue", "nlp", "--gpus", "2", "--", "sleep", "60", cwd=job_dir, check=True)
+    server.wait_for(1, states=("running",))
+    shown = server.cli("queue", "show", "nlp", check=True).stdout.splitlines()
+    # the weight the last pass used follows its young work (scheduler.md): shown when it differs
+    head = r"nlp  GPU quota 4  limit 8  weight 1( \(now [0-9.]+\))?  priority 0"
+    assert re.fullmatch(head, shown[0]), shown
+    assert "  description: NLP team" in shown
+    assert any(line.startswith("  now: 2 GPUs allocated, fair share ") and
+               line.endswith("1 running, 0 pending asking for 0 GPUs") for line in shown), shown  # fmt: skip
+    assert "  minimum runtime: 30m before reclaim" in shown
+    assert any(line.startswith("  budget: ") and "of 200 GPU-hours a week (" in line for line in shown), shown
+    assert "  each user at most: 2 GPUs" in shown
+    as_json = json.loads(server.cli("queue", "show", "nlp", "--json", check=True).stdout)
+    assert as_json["name"] == "nlp" and as_json["gpus_allocated"] == 2
+    listed = server.cli("queue", "list", check=True).stdout
+    assert listed == server.cli("queue", "ls", check=True).stdout and "nlp" in listed and "default" in listed
+    missing = server.cli("queue", "show", "nope")
+    assert missing.returncode == 1 and missing.stderr.strip() == (
+        "error: no queue named 'nope'; list them with `gpupool queues`"
+    )
 
 
 def test_nodes_and_cordon_commands(server: ServerProcess) -> None:

@@ -26,7 +26,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 node_app = typer.Typer(help="Take nodes in and out of service.", no_args_is_help=True)
-queue_app = typer.Typer(help="Create, change and delete queues (teams, projects).", no_args_is_help=True)
+queue_app = typer.Typer(
+    help="List, show, create, change and delete queues (teams, projects).", no_args_is_help=True
+)
 app.add_typer(node_app, name="node")
 app.add_typer(queue_app, name="queue")
 app.add_typer(bench_app, name="bench")

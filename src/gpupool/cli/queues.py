@@ -1,4 +1,5 @@
-"""`gpupool queues` and `gpupool queue create|update|delete`: the queues, their quotas, limits and budgets."""
+"""`gpupool queues` and `gpupool queue list|show|create|update|delete`: the queues, their quotas, limits
+and budgets."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
 from gpupool.cli.app import app, client, queue_app
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, print_json, queues_table
+from gpupool.cli.render import console, print_json, queue_lines, queues_table
 
 
 @app.command()
@@ -25,6 +26,29 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
         print_json(rows)
         return
     console.print(queues_table(rows))
+
+
+@queue_app.command("list")
+def queue_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every queue, as `gpupool queues` lists them (also `gpupool queue ls`)."""
+    queues(as_json)
+
+
+@queue_app.command("ls", hidden=True)
+def queue_ls(as_json: bool = typer.Option(False, "--json")) -> None:
+    queues(as_json)
+
+
+@queue_app.command("show")
+def queue_show(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """One queue: its quotas and limits, its fair share and use now, its ordering, minimum runtimes,
+    budget and per-user caps (as `scontrol show partition`)."""
+    q = client().queue(name)
+    if as_json:
+        print_json(q)
+        return
+    for line in queue_lines(q):
+        console.print(line, highlight=False)
 
 
 def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:

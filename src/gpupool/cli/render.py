@@ -243,6 +243,61 @@ def queues_table(queues: list[dict[str, Any]]) -> Table:
     return table
 
 
+def queue_lines(q: Mapping[str, Any]) -> list[str]:
+    """`gpupool queue show`: a head line, then a line per thing the queue sets or has (escaped markup)."""
+    from gpupool.spec import format_duration  # quantities only: no pydantic for the CLI's start
+
+    gpu = q["resources"].get("gpu", {})
+    limit = gpu.get("limit")
+    weight = f"{gpu.get('over_quota_weight', 1):g}"
+    if q.get("gpu_weight_now") is not None and f"{q['gpu_weight_now']:.3g}" != weight:
+        weight += f" (now {q['gpu_weight_now']:.3g})"
+    head = (
+        f"{q['name']}  GPU quota {gpu.get('quota', 0):g}  limit {'-' if limit is None else f'{limit:g}'}  "
+        f"weight {weight}  priority {q['priority']}"
+    )
+    lines = [escape(head)]
+    if q.get("description"):
+        lines.append(f"  description: {escape(q['description'])}")
+    if q.get("parent"):
+        lines.append(f"  parent: {escape(q['parent'])}")
+    for resource, unit in (("cpu", " CPUs"), ("memory", " bytes")):
+        share = q["resources"].get(resource) or {}
+        if share.get("quota") or share.get("limit") is not None:
+            cap = "-" if share.get("limit") is None else f"{share['limit']:g}{unit}"
+            lines.append(f"  {resource}: quota {share.get('quota', 0):g}{unit}, limit {cap}")
+    fair = q["fair_share"].get("gpu", 0)
+    lines.append(
+        f"  now: {q['gpus_allocated']:g} GPUs allocated, fair share {fair:.3g}; {q['running']} running, "
+        f"{q['pending']} pending asking for {q['gpus_pending']:g} GPUs"
+    )
+    ordering = escape(q["ordering"]) if q.get("ordering") else "the server policy's"
+    lines.append(f"  ordering: {ordering}")
+    floors = [
+        f"{format_duration(q[key])} before {kind}"
+        for kind, key in (("preemption", "min_runtime_preempt"), ("reclaim", "min_runtime_reclaim"))
+        if q.get(key)
+    ]
+    if floors:
+        lines.append(f"  minimum runtime: {', '.join(floors)}")
+    if q.get("budget"):
+        budget = q["budget"]
+        window = ""
+        if budget.get("from") and budget.get("until"):
+            window = f" ({budget['from'][:10]} to {budget['until'][:10]})"
+        used = budget.get("used_gpu_hours")
+        spent = "; spent: its work waits" if budget.get("spent") else ""
+        of = f"{used:.3g} of " if used is not None else ""
+        lines.append(f"  budget: {of}{budget['gpu_hours']:g} GPU-hours a {budget['period']}{window}{spent}")
+    caps = q.get("user_limits") or {}
+    if caps.get("gpus") is not None or caps.get("workloads") is not None:
+        said = [f"{caps['gpus']:g} GPUs" if caps.get("gpus") is not None else "",
+                f"{caps['workloads']:g} workloads" if caps.get("workloads") is not None else ""]  # fmt: skip
+        lines.append(f"  each user at most: {', '.join(x for x in said if x)}")
+    lines.append(f"  created {q['created_at']}, updated {q['updated_at']}")
+    return lines
+
+
 def _budget_cell(budget: Mapping[str, Any] | None) -> str:
     """A queue's budget: GPU-hours used in this period (once the head counted them) of how many, per what."""
     if not budget:
