@@ -205,6 +205,9 @@ def test_nodes_and_cordon_commands(server: ServerProcess) -> None:
     assert "cordoned" in server.cli("node", "cordon", "node-1", check=True).stdout
     assert json.loads(server.cli("nodes", "--json", check=True).stdout)[0]["state"] == "cordoned"
     assert "ready" in server.cli("node", "uncordon", "node-1", check=True).stdout
+    listed = server.cli("nodes", check=True).stdout
+    for alias in ("list", "ls"):
+        assert server.cli("node", alias, check=True).stdout == listed
 
 
 BAD_SPECS = [

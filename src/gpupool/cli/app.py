@@ -25,7 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-node_app = typer.Typer(help="Take nodes in and out of service.", no_args_is_help=True)
+node_app = typer.Typer(help="List and show nodes; take them in and out of service.", no_args_is_help=True)
 queue_app = typer.Typer(
     help="List, show, create, change and delete queues (teams, projects).", no_args_is_help=True
 )

@@ -1,4 +1,5 @@
-"""`gpupool nodes` and `gpupool node cordon|uncordon`: the nodes, and whether they take new work."""
+"""`gpupool nodes` (`node list`) and `gpupool node cordon|uncordon`: the nodes, and whether they take new
+work."""
 
 from __future__ import annotations
 
@@ -32,6 +33,17 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
             util,
         )
     console.print(table)
+
+
+@node_app.command("list")
+def node_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every node, as `gpupool nodes` lists them (also `gpupool node ls`)."""
+    nodes(as_json)
+
+
+@node_app.command("ls", hidden=True)
+def node_ls(as_json: bool = typer.Option(False, "--json")) -> None:
+    nodes(as_json)
 
 
 @node_app.command("cordon")
