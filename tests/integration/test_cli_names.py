@@ -138,3 +138,20 @@ def test_an_array_is_named_whole_by_its_name_and_a_task_as_ps_shows_it(server: S
     assert _refused(server.cli("cancel", "sweep[7]")) == (
         "error: no workload is named 'sweep[7]' (gpupool ps lists them)"
     )
+
+
+def test_after_takes_the_workload_it_waits_for_by_name(server: ServerProcess, job_dir: Path) -> None:
+    server.cli("run", "--name", "prep", "--gpus", "0", "--", "sleep", "30", cwd=job_dir, check=True)
+    server.wait_for(1, states=("running",))
+    server.cli("run", "--name", "train", "--after", "prep", "--gpus", "0", "--", "true",
+               cwd=job_dir, check=True)  # fmt: skip
+    assert server.workload(2)["spec"]["after"] == [{"workload": 1, "when": "succeeded"}]
+    server.cli("cancel", "prep", check=True)
+    assert server.wait_for(1)["state"] == "cancelled"
+    # a name with no pending or running work: its newest finished workload, as `gpupool show` reads it
+    server.cli("run", "--name", "eval", "--after", "ended:prep", "--gpus", "0", "--", "true", cwd=job_dir,
+               check=True)  # fmt: skip
+    assert server.workload(3)["spec"]["after"] == [{"workload": 1, "when": "ended"}]
+    assert _refused(server.cli("run", "--after", "nothere", "--gpus", "0", "--", "true", cwd=job_dir)) == (
+        "error: no workload is named 'nothere' (gpupool ps lists them)"
+    )

@@ -12,6 +12,7 @@ from typing import Any
 import typer
 
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
+from gpupool.cli import refs
 from gpupool.cli.app import app, client
 from gpupool.cli.errors import CliError
 from gpupool.cli.render import console, print_json, styled
@@ -27,8 +28,8 @@ ARRAY_OPTION = typer.Option(
 AFTER_OPTION = typer.Option(
     [],
     "--after",
-    help="start only after workload ID succeeded; WHEN:ID for failed, ended or started (repeatable; "
-    "Slurm's --dependency)",
+    help="start only after workload ID (or NAME, as the other commands take it) succeeded; WHEN:ID for "
+    "failed, ended or started (repeatable; Slurm's --dependency)",
 )
 PARSABLE_OPTION = typer.Option(
     False, "--parsable", help="print only the new workload's id (Slurm's sbatch --parsable)"
@@ -245,7 +246,19 @@ def _add_array_and_after(data: dict[str, Any], array: str | None, after: list[st
     if array is not None:
         data["array"] = array
     if after:
-        data["after"] = [*data.get("after", []), *after]
+        data["after"] = [*data.get("after", []), *map(_dependency, after)]
+
+
+def _dependency(text: str) -> str:
+    """An `--after` value with the workload it names by name given by id: `ended:prep` -> `ended:12` (the
+    one pending or running workload named prep, else the newest finished one, as `gpupool show prep` reads
+    it). Ids, and whatever the spec will refuse, pass as they are."""
+    when, _, ref = text.rpartition(":")
+    ref = ref.strip()
+    if not ref or ref.isdigit() or when.strip() not in ("", "succeeded", "failed", "ended", "started"):
+        return text
+    found = refs.workload_id(client(), ref, reading=True)
+    return f"{when}:{found}" if when else str(found)
 
 
 def _scaling(text: str) -> dict[str, Any]:
