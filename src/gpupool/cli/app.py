@@ -64,6 +64,18 @@ def client() -> Client:
 API_PAGE = 100_000  # the most workloads the API lists at once
 
 
+def listing_aliases(group: typer.Typer, listing: Callable[[bool], None], what: str) -> None:
+    """`gpupool GROUP list` and its hidden alias `ls`: the top-level `listing` (e.g. `gpupool nodes`) under
+    the group, where people reach for it as for `kubectl get`."""
+
+    def list_all(as_json: bool = typer.Option(False, "--json")) -> None:
+        listing(as_json)
+
+    list_all.__doc__ = what
+    group.command("list")(list_all)
+    group.command("ls", hidden=True)(list_all)
+
+
 def stream_log(
     c: Client,
     workload_id: int,
@@ -158,8 +170,8 @@ from gpupool.cli import submit as _submit  # noqa: E402, F401  (registers `gpupo
 from gpupool.cli import workloads as _workloads  # noqa: E402, F401  (`gpupool ps|show|why|logs`)
 from gpupool.cli import control as _control  # noqa: E402, F401  (`gpupool cancel|update|hold|...|scale`)
 from gpupool.cli import access as _access  # noqa: E402, F401  (registers `gpupool ui|forward`)
-from gpupool.cli import cordon as _cordon  # noqa: E402, F401  (`gpupool nodes`, `node cordon|uncordon`)
-from gpupool.cli import queues as _queues  # noqa: E402, F401  (`gpupool queues`, `queue create|...`)
+from gpupool.cli import cordon as _cordon  # noqa: E402, F401  (`gpupool nodes`, `node list|cordon|...`)
+from gpupool.cli import queues as _queues  # noqa: E402, F401  (`gpupool queues`, `queue list|show|...`)
 from gpupool.cli import usage as _usage  # noqa: E402, F401  (registers `gpupool usage`)
 from gpupool.cli import audit as _audit  # noqa: E402, F401  (registers `gpupool audit`)
 from gpupool.cli import health as _health  # noqa: E402, F401  (`gpupool top|health`, `node show|inject-fault`)

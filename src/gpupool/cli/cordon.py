@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from gpupool.cli.app import app, client, node_app
+from gpupool.cli.app import app, client, listing_aliases, node_app
 from gpupool.cli.render import console, folding_table, human_bytes, print_json, styled
 
 
@@ -35,15 +35,7 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(table)
 
 
-@node_app.command("list")
-def node_list(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Every node, as `gpupool nodes` lists them (also `gpupool node ls`)."""
-    nodes(as_json)
-
-
-@node_app.command("ls", hidden=True)
-def node_ls(as_json: bool = typer.Option(False, "--json")) -> None:
-    nodes(as_json)
+listing_aliases(node_app, nodes, "Every node, as `gpupool nodes` lists them (also `gpupool node ls`).")
 
 
 @node_app.command("cordon")

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
-from gpupool.cli.app import app, client, queue_app
+from gpupool.cli.app import app, client, listing_aliases, queue_app
 from gpupool.cli.errors import CliError
 from gpupool.cli.render import console, print_json, queue_lines, queues_table
 
@@ -28,15 +28,7 @@ def queues(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(queues_table(rows))
 
 
-@queue_app.command("list")
-def queue_list(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Every queue, as `gpupool queues` lists them (also `gpupool queue ls`)."""
-    queues(as_json)
-
-
-@queue_app.command("ls", hidden=True)
-def queue_ls(as_json: bool = typer.Option(False, "--json")) -> None:
-    queues(as_json)
+listing_aliases(queue_app, queues, "Every queue, as `gpupool queues` lists them (also `gpupool queue ls`).")
 
 
 @queue_app.command("show")
