@@ -148,9 +148,12 @@ def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(
         )
     for i in range(1, 5):
         server.wait_for(i)
+    server.cli("queue", "create", "idle", "--gpu-quota", "0", check=True)  # it ran nothing
     out = server.cli("sim", "whatif", "--add", "1x8:H100", "--json", str(job_dir / "w.json"))
     assert out.returncode == 0, out.stderr
     assert "replaying 4 jobs" in out.stdout and "GPUs 8 -> 16" in out.stdout
+    (idle,) = [line for line in out.stdout.splitlines() if " idle " in line]
+    assert idle.split()[2:] == ["│", "0", *["│", "-"] * 6, "│"], idle  # no times for a queue that ran nothing
     data = json.loads((job_dir / "w.json").read_text())
     assert data["before"]["gpus"] == 8 and data["after"]["gpus"] == 16
     assert data["after"]["avg_queue_s"] <= data["before"]["avg_queue_s"]

@@ -371,6 +371,9 @@ def whatif(
         ):
             table.add_column(column, justify="left" if column == "queue" else "right")
         for name, q in result["queues"].items():
+            if not q["jobs"]:  # a queue of the server's that ran nothing in the period: no times to tell
+                table.add_row(name, "0", *("-",) * 6)
+                continue
             table.add_row(name, str(q["jobs"]), *_change(q["avg_jct_s"]), *_change(q["avg_queue_s"]))
         b, a = result["before"], result["after"]
         table.add_row(
