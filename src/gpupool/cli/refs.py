@@ -22,7 +22,7 @@ from gpupool.client import Client
 ID_HELP: Final = "a workload's id or name (a name made only of digits: give its id)"
 IDS_HELP: Final = "one or more workload ids or names (a name made only of digits: give its id)"
 _SHOWN: Final = 10  # the ids an ambiguous name's error lists
-_REPLICA_PAGE: Final = 1000  # finished workloads of a name looked through for the newest replica N
+_MEMBER_PAGE: Final = 1000  # finished workloads of a name looked through for the newest member N
 
 
 def workload_ids(c: Client, refs: list[str], *, reading: bool) -> list[int]:
@@ -35,15 +35,15 @@ def workload_id(c: Client, ref: str, *, reading: bool) -> int:
     name with no pending or running workload stands for its newest finished one."""
     if re.fullmatch(r"[0-9]+", ref):
         return int(ref)
-    name, replica = _member(ref)
-    found = _of_replica(c.workloads(name=name), replica)
-    active = sorted({_id_of(w, replica) for w in found})
+    name, member = _member(ref)
+    found = _of_member(c.workloads(name=name), member)
+    active = sorted({_id_of(w, member) for w in found})
     if len(active) == 1:
         return active[0]
     if active:
         # several users may run work of one name: the caller's own, when only one is theirs
         me = str(c.whoami().get("name") or "")
-        mine = sorted({_id_of(w, replica) for w in found if w.get("user") == me})
+        mine = sorted({_id_of(w, member) for w in found if w.get("user") == me})
         if len(mine) == 1:
             return mine[0]
         whose, ids = ("of your ", mine) if mine and len(mine) < len(active) else ("", active)
@@ -51,15 +51,15 @@ def workload_id(c: Client, ref: str, *, reading: bool) -> int:
         raise CliError(
             f"{len(ids)} {whose}pending or running workloads are named {ref!r} (ids {listed}): give an id"
         )
-    page = 1 if replica is None else _REPLICA_PAGE
-    newest = _of_replica(c.workloads(all=True, name=name, limit=page), replica)
+    page = 1 if member is None else _MEMBER_PAGE
+    newest = _of_member(c.workloads(all=True, name=name, limit=page), member)
     if not newest:
         raise CliError(f"no workload is named {ref!r} (gpupool ps lists them)")
     if not reading:
         raise CliError(
             f"no pending or running workload is named {ref!r} (gpupool ps --all lists finished ones)"
         )
-    return _id_of(newest[-1], replica)
+    return _id_of(newest[-1], member)
 
 
 # A member of a service or a job array by its number: (the key naming the whole, the key of the number, N)
@@ -76,7 +76,7 @@ def _member(ref: str) -> tuple[str, Member | None]:
     return ref, None
 
 
-def _of_replica(listed: list[dict[str, Any]], member: Member | None) -> list[dict[str, Any]]:
+def _of_member(listed: list[dict[str, Any]], member: Member | None) -> list[dict[str, Any]]:
     """Those of `listed` that are the member asked for (all of them when None)."""
     if member is None:
         return listed
@@ -84,10 +84,10 @@ def _of_replica(listed: list[dict[str, Any]], member: Member | None) -> list[dic
     return [w for w in listed if w.get(whole) is not None and w.get(number) == n]
 
 
-def _id_of(w: dict[str, Any], replica: Member | None) -> int:
+def _id_of(w: dict[str, Any], member: Member | None) -> int:
     """The id a name stands for: a replica or task asked for by number, its own; else the id that names
     `w`'s service or job array whole (a plain job's own)."""
-    if replica is None:
+    if member is None:
         for key in ("service_id", "array_id"):
             if w.get(key) is not None:
                 return int(w[key])

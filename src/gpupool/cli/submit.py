@@ -253,9 +253,11 @@ def _dependency(text: str) -> str:
     """An `--after` value with the workload it names by name given by id: `ended:prep` -> `ended:12` (the
     one pending or running workload named prep, else the newest finished one, as `gpupool show prep` reads
     it). Ids, and whatever the spec will refuse, pass as they are."""
+    from gpupool.spec.workload import DEPENDENCY_CONDITIONS  # pydantic: loaded by the commands that submit
+
     when, _, ref = text.rpartition(":")
     ref = ref.strip()
-    if not ref or ref.isdigit() or when.strip() not in ("", "succeeded", "failed", "ended", "started"):
+    if not ref or ref.isdigit() or (when and when.strip() not in DEPENDENCY_CONDITIONS):
         return text
     found = refs.workload_id(client(), ref, reading=True)
     return f"{when}:{found}" if when else str(found)

@@ -423,9 +423,7 @@ class Placer:
             return False
         demand = w.gpus
         fraction = demand.count if demand.is_fractional else 1.0
-        per_pod = 1 if demand.is_fractional else int(demand.count)
-        if demand.count <= 0:
-            per_pod = 0
+        per_pod = 0 if demand.count <= 0 else 1 if demand.is_fractional else int(demand.count)  # GPU indices
         seen: set[str] = set()
         for pod in pods:
             node = self.state.nodes.get(pod.node)

@@ -184,14 +184,14 @@ class Simulation:
         # `_start_gainer`): its admission can refuse it only through a queue limit, or non-preemptible
         # work's quota (trace jobs are preemptible), and its room's node only by CPUs, memory or a backfill
         # reservation (and under strict or backfill blocking the skip tests read the line's head)
+        gpus_only = not any(j.trace.cpus > 0 or j.trace.memory_bytes > 0 for j in self.jobs)
         self._gainers_start_at_once = (
             self.config.blocking == "skip"
             and not any(q.share(resource).limit is not None for q in self.queues for resource in RESOURCES)
-            and not any(j.trace.cpus > 0 or j.trace.memory_bytes > 0 for j in self.jobs)
+            and gpus_only
         )
         # The skip test models backfill's reservation by GPUs alone: where jobs ask for CPUs or memory,
         # which reservations count too, it does not model it (those cycles run).
-        gpus_only = not any(j.trace.cpus > 0 or j.trace.memory_bytes > 0 for j in self.jobs)
         self.skip = SkipTest(
             cluster, self.config, self._queues_for_cycle,
             strict=self._strict, backfill=self._backfill_fifo() and gpus_only, nested=self._queues_nested,
