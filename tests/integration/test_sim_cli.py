@@ -57,6 +57,17 @@ def test_sim_run_with_a_queue_file_and_the_generic_csv_format(tmp_path: Path) ->
     assert data["policies"]["gpupool"]["finished"] == 20
 
 
+def test_sim_run_counts_one_job_node_and_queue_in_the_singular(tmp_path: Path) -> None:
+    trace = tmp_path / "one.csv"
+    trace.write_text("submit_time,duration,num_gpus,queue\n0,600,2,nlp\n")
+    out = gpupool("sim", "run", "--trace", f"csv:{trace}", "--cluster", "1x8", "--policy", "fifo", "--quiet",
+                  "--report", str(tmp_path / "report"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"1 job from {trace} on 8 GPUs (1 node), 1 queue\n" in out.stdout
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "1 job\n" in report and "(1 node, 8 GPUs); 1 queue\n" in report
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

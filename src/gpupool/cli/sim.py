@@ -177,8 +177,9 @@ def run(
         exp = ex.prepare(trace, cluster, nodes, window, first, queues, policy, options, jobs)
         _check_outputs(json_out, report)
         console.print(
-            f"{len(exp.jobs):,} jobs from {exp.trace.path} on {exp.cluster.gpus:,} GPUs "
-            f"({len(exp.cluster.nodes)} nodes), {len(exp.queues)} queues",
+            f"{ex.counted(len(exp.jobs), 'job')} from {exp.trace.path} on "
+            f"{ex.counted(exp.cluster.gpus, 'GPU')} ({ex.counted(len(exp.cluster.nodes), 'node')}), "
+            f"{ex.counted(len(exp.queues), 'queue')}",
             highlight=False,
         )
         with _progress(not quiet) as bar:

@@ -110,6 +110,11 @@ def as_json(experiment: Experiment) -> dict[str, Any]:
     }
 
 
+def counted(count: int, noun: str) -> str:
+    """`count` and the noun, plural but for one: "1 queue", "14 queues", "1,024 GPUs"."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def default_report_name(trace: str) -> Path:
     return Path(f"sim-report-{Path(trace.partition(':')[2]).stem}")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpupool.sim.errors import SimError
-from gpupool.sim.experiment import Experiment, as_json, summary_rows
+from gpupool.sim.experiment import Experiment, as_json, counted, summary_rows
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -75,9 +75,9 @@ def _markdown(experiment: Experiment, plots: list[tuple[str, Path]]) -> str:
         "# gpupool simulation report",
         "",
         f"- trace: `{trace['format']}:{trace['path']}`, window {trace['window'] or 'whole trace'}, "
-        f"{trace['jobs']:,} jobs",
-        f"- cluster: `{experiment.cluster.spec}` ({len(experiment.cluster.nodes)} nodes, "
-        f"{experiment.cluster.gpus:,} GPUs); {len(experiment.queues)} queues",
+        f"{counted(trace['jobs'], 'job')}",
+        f"- cluster: `{experiment.cluster.spec}` ({counted(len(experiment.cluster.nodes), 'node')}, "
+        f"{counted(experiment.cluster.gpus, 'GPU')}); {counted(len(experiment.queues), 'queue')}",
         f"- options: cycle {experiment.options.cycle:g} s, restart overhead "
         f"{experiment.options.restart_overhead:g} s, checkpoint interval "
         f"{experiment.options.checkpoint_interval:g} s, seed {experiment.options.seed}",
