@@ -134,6 +134,7 @@ def test_sim_place_reports_the_allocation_at_full_demand(tmp_path: Path) -> None
         "--seed", "42", "--json", str(tmp_path / "place.json"), "--report", str(tmp_path / "plots"),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
+    assert "76 pods drawn (seed 42) from a list of 60 pods, onto 56 GPUs (11 nodes)" in out.stdout
     data = json.loads((tmp_path / "place.json").read_text())["policies"]
     for name in ("binpack", "spread"):
         assert 0 < data[name]["alloc_ratio_at_100"] <= 1

@@ -250,6 +250,7 @@ def place(
     ),
 ) -> None:
     """Fragmentation: place randomly drawn pods with no departures; allocated share at 100% demand (FGD)."""
+    from gpupool.sim import experiment as ex
     from gpupool.sim import place as pl
     from gpupool.sim.cluster import load_cluster
 
@@ -271,8 +272,9 @@ def place(
         _check_outputs(json_out, report)
         drawn = pl.draw(pods, built.gpus, seed, stop)
         console.print(
-            f"{len(drawn):,} pods drawn (seed {seed}) from {len(pods):,} onto {built.gpus:,} GPUs "
-            f"({len(built.nodes):,} nodes)",
+            f"{ex.counted(len(drawn), 'pod')} drawn (seed {seed}) from a list of "
+            f"{ex.counted(len(pods), 'pod')}, onto {ex.counted(built.gpus, 'GPU')} "
+            f"({ex.counted(len(built.nodes), 'node')})",
             highlight=False,
         )
         results: dict[str, Any] = {}
