@@ -15,6 +15,7 @@ from gpupool.scheduler.state import EPSILON, NodeState, Reservation
 
 # a capacity miss whose sentence is written per workload
 NO_ROOM: Final = Explanation(explain.NO_CAPACITY, "")
+INFINITY: Final = float("inf")
 _UNKNOWN: Final = Explanation("", "")  # not yet in a cache whose values may be None (compared by identity)
 
 
@@ -274,8 +275,8 @@ class Allocation(EvictionSearch):
         cpus_anywhere = memory_anywhere = False
         for node in nodes:
             view = node.view  # the node's whole CPUs and memory (none given: no limit), as GPUs count all
-            cpus = view.cpus if view.cpus else float("inf")
-            memory = float(view.memory_bytes) if view.memory_bytes else float("inf")
+            cpus = view.cpus if view.cpus else INFINITY
+            memory = float(view.memory_bytes) if view.memory_bytes else INFINITY
             cpus_ok, memory_ok = cpus + EPSILON >= w.cpus, memory >= w.memory_bytes
             able += cpus_ok and memory_ok
             cpus_anywhere |= cpus_ok
@@ -348,7 +349,7 @@ class Allocation(EvictionSearch):
             self.state.generation = generation
             self.state.reservation = saved
             if fits:
-                if self.now < reservation.start < float("inf"):
+                if self.now < reservation.start < INFINITY:
                     self.state.expires(reservation.start)  # from then on the sentence says "from now"
                 return explain.reserved(reservation.workload_id, reservation.start, self.now)
         if w.node_names:
@@ -413,6 +414,7 @@ class Allocation(EvictionSearch):
             return
         need = int(w.gpus.count)
         ready: list[tuple[float, str]] = []
+        evicted = self.state.evicted
         for node in self.state.nodes.values():
             if not node.schedulable or (w.node_names and node.name not in w.node_names):
                 continue
@@ -425,20 +427,20 @@ class Allocation(EvictionSearch):
             memory_short = w.memory_bytes - node.memory_free
             when = self.now
             if free_now < need or cpus_short > EPSILON or memory_short > 0:
-                ends = sorted(
-                    (self._end(r), *_held_on(r, node.name))
-                    for r in self.by_node.get(node.name, [])
-                    if r.id not in self.state.evicted
-                )
-                freed, when = free_now, float("inf")
-                for end, gpus, cpus, memory in ends:
+                ends, clocked = self._ends_on(node.name)
+                if any(i not in evicted for i in clocked):
+                    self.state.expires(self.now)  # an end counted from the clock itself
+                freed, when = free_now, INFINITY
+                for end, gpus, cpus, memory, wid in ends:
+                    if wid in evicted:
+                        continue
                     freed += gpus
                     cpus_short -= cpus
                     memory_short -= memory
                     if freed >= need and cpus_short <= EPSILON and memory_short <= 0:
                         when = end
                         break
-                if self.now < when < float("inf"):
+                if self.now < when < INFINITY:
                     self.state.expires(when)  # from then on this node ranks as free now
             ready.append((when, node.name))
         if len(ready) < w.nodes:
@@ -450,13 +452,30 @@ class Allocation(EvictionSearch):
             w.id, frozenset(n for _, n in chosen), start, relative=start == self.now
         )
 
-    def _end(self, w: WorkloadView) -> float:
-        if w.max_duration is None:
-            return float("inf")
-        if w.start_time is None:
-            self.state.expires(self.now)  # an end counted from the clock itself: nothing to remember
-            return self.now + w.max_duration
-        return w.start_time + w.max_duration
+    def _ends_on(self, name: str) -> tuple[list[tuple[float, int, float, float, int]], list[int]]:
+        """The snapshot's running work on node `name`, soonest declared end first: (end, the GPUs, CPUs and
+        memory it holds there, its id); and the ids of the work whose end is counted from the clock (no
+        start time). Built once a cycle, when a reservation first asks (several may: each holder that gets
+        room lets the next blocked workload reserve); work evicted since is still listed, for the caller
+        to skip. The same ends in the same order as sorting the work left running each time would give:
+        entries alike but for the id are interchangeable."""
+        found = self._ends.get(name)
+        if found is None:
+            ends: list[tuple[float, int, float, float, int]] = []
+            clocked: list[int] = []
+            for r in self.by_node.get(name, []):
+                gpus, cpus, memory = _held_on(r, name)
+                if r.max_duration is None:
+                    end = INFINITY
+                elif r.start_time is None:
+                    end = self.now + r.max_duration
+                    clocked.append(r.id)
+                else:
+                    end = r.start_time + r.max_duration
+                ends.append((end, gpus, cpus, memory, r.id))
+            ends.sort()
+            found = self._ends[name] = (ends, clocked)
+        return found
 
 
 def _held_on(w: WorkloadView, node: str) -> tuple[int, float, float]:

@@ -259,6 +259,8 @@ class Prepared:
         self._surplus_total = 0.0
         self._surplus_seen = -1  # how much of state.accounted `_surplus` has seen (-1: not built yet)
         self._node_kinds: list[list[NodeState]] | None = None
+        # node -> its running work's declared ends, for backfill reservations (see Allocation._ends_on)
+        self._ends: dict[str, tuple[list[tuple[float, int, float, float, int]], list[int]]] = {}
         self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
 
     # -- setup ----------------------------------------------------------------------------------------
@@ -360,8 +362,11 @@ class Prepared:
         self.decisions.binds.append(Bind(w.id, placed))
         del self.unplaced[w.id]
         self.decisions.explanations.pop(w.id, None)
+        ends = self._ends
         for pod in placed:
             self.by_node.setdefault(pod.node, []).append(w)
+            if ends:
+                ends.pop(pod.node, None)  # built again with `w` when a reservation next asks
 
     def _shape(self, w: WorkloadView) -> tuple[object, ...]:
         reservation = self.state.reservation

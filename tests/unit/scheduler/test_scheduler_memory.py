@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpupool.scheduler import (
     GpuDemand,
     GpuView,
@@ -14,7 +16,9 @@ from gpupool.scheduler import (
     WorkloadView,
     decide,
 )
+from tests.unit.scheduler.scenario_loader import load_scenario
 
+SCENARIOS = Path(__file__).parent / "scenarios"
 NOW = 100_000.0
 GB = 10**9
 
@@ -120,3 +124,17 @@ def test_an_equal_snapshot_is_remembered_and_the_answer_is_a_copy() -> None:
     )
     assert again == decide(snapshot, NOW + 5)
     assert again.binds and scheduler.reused == 1
+
+
+def test_a_second_reservation_that_counts_work_bound_this_cycle_is_not_served_from_memory() -> None:
+    """The second reservation of the cycle judges n2 by work bound earlier in it (11, whose end counts
+    from the clock): the answer holds for this instant only, as `decide` itself says."""
+    scenario = load_scenario(
+        SCENARIOS / "a_second_backfill_reservation_counts_work_bound_earlier_in_the_cycle.yaml"
+    )
+    scheduler = Scheduler()
+    first = scheduler.decide(scenario.snapshot, scenario.now)
+    assert sorted(b.workload_id for b in first.binds) == [11, 12]
+    again = scheduler.decide(scenario.snapshot, scenario.now + 1)
+    assert scheduler.cycles == 2 and scheduler.reused == 0
+    assert again == decide(scenario.snapshot, scenario.now + 1)
