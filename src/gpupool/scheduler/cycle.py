@@ -492,15 +492,15 @@ class Cycle(Allocation):
         the same lists; the search ranks nodes by its own measure, not by this order)."""
         found = self._by_queue.get(queue)
         if found is None:
-            found = {}
             index = self._index
-            for name, victims in (index if index is not None else self._victim_groups()).items():
-                mine = [v for v in victims if v.queue == queue]
-                if mine:
-                    if index is None and len(mine) > 1:
-                        mine.sort(key=self._victim_key)  # keys are unique: they end in the id
-                    found[name] = mine
-            self._by_queue[queue] = found
+            source = index if index is not None else self._victim_groups()
+            split = self._victims_split
+            if split is None or split[0] is not source:
+                split = self._victims_split = (
+                    source,
+                    _split_by_queue(source, self._victim_key, index is None),
+                )
+            found = self._by_queue[queue] = split[1].get(queue, {})
         return found
 
     # -- consolidate ----------------------------------------------------------------------------------
@@ -586,6 +586,31 @@ def _lower(lowest: dict[str, int], victims: list[WorkloadView]) -> None:
         low = lowest.get(v.queue)
         if low is None or v.priority < low:
             lowest[v.queue] = v.priority
+
+
+def _split_by_queue(
+    by_node: dict[str, list[WorkloadView]], key: Callable[[WorkloadView], tuple[float, ...]], sort: bool
+) -> dict[str, dict[str, list[WorkloadView]]]:
+    """Victims by node split into each queue's, by node, in one walk: each queue's nodes and each node's
+    list in the order of `by_node` (then sorted by `key` where `sort`), as filtering `by_node` for one
+    queue at a time gives them."""
+    split: dict[str, dict[str, list[WorkloadView]]] = {}
+    for name, victims in by_node.items():
+        for v in victims:
+            mine = split.get(v.queue)
+            if mine is None:
+                mine = split[v.queue] = {}
+            on_node = mine.get(name)
+            if on_node is None:
+                mine[name] = [v]
+            else:
+                on_node.append(v)
+    if sort:
+        for mine in split.values():
+            for on_node in mine.values():
+                if len(on_node) > 1:
+                    on_node.sort(key=key)  # keys are unique: they end in the id
+    return split
 
 
 def _below(
