@@ -11,7 +11,7 @@ from gpupool.scheduler.evict_search import EvictionSearch
 from gpupool.scheduler.placement import families
 from gpupool.scheduler.prepare import GLOBAL
 from gpupool.scheduler.snapshot import RESOURCES, Explanation, WorkloadView
-from gpupool.scheduler.state import EPSILON, NodeState, Reservation
+from gpupool.scheduler.state import EPSILON, Held, NodeState, Reservation
 
 # a capacity miss whose sentence is written per workload
 NO_ROOM: Final = Explanation(explain.NO_CAPACITY, "")
@@ -415,14 +415,21 @@ class Allocation(EvictionSearch):
         need = int(w.gpus.count)
         ready: list[tuple[float, str]] = []
         evicted = self.state.evicted
+        last: tuple[bool, ...] | None = None  # nodes of a kind share one answer, and mostly come in runs
+        matching: list[int] = []
         for node in self.state.nodes.values():
             if not node.schedulable or (w.node_names and node.name not in w.node_names):
                 continue
             suits = self.placer.matches(node, w.gpus)
-            matching = [i for i, ok in enumerate(suits) if ok]
+            if suits is not last:
+                last, matching = suits, [i for i, ok in enumerate(suits) if ok]
             if len(matching) < need:
                 continue
-            free_now = sum(1 for i in matching if node.free[i] >= 1 - EPSILON)
+            free = node.free
+            free_now = 0
+            for i in matching:
+                if free[i] >= 1 - EPSILON:
+                    free_now += 1
             cpus_short = w.cpus - node.cpus_free  # what must end before the pod's CPUs, memory are free
             memory_short = w.memory_bytes - node.memory_free
             when = self.now
@@ -431,14 +438,14 @@ class Allocation(EvictionSearch):
                 if any(i not in evicted for i in clocked):
                     self.state.expires(self.now)  # an end counted from the clock itself
                 freed, when = free_now, INFINITY
-                for end, gpus, cpus, memory, wid in ends:
-                    if wid in evicted:
+                for held in ends:
+                    if held.workload in evicted:
                         continue
-                    freed += gpus
-                    cpus_short -= cpus
-                    memory_short -= memory
+                    freed += held.gpus
+                    cpus_short -= held.cpus
+                    memory_short -= held.memory
                     if freed >= need and cpus_short <= EPSILON and memory_short <= 0:
-                        when = end
+                        when = held.end
                         break
                 if self.now < when < INFINITY:
                     self.state.expires(when)  # from then on this node ranks as free now
@@ -452,19 +459,18 @@ class Allocation(EvictionSearch):
             w.id, frozenset(n for _, n in chosen), start, relative=start == self.now
         )
 
-    def _ends_on(self, name: str) -> tuple[list[tuple[float, int, float, float, int]], list[int]]:
-        """The snapshot's running work on node `name`, soonest declared end first: (end, the GPUs, CPUs and
-        memory it holds there, its id); and the ids of the work whose end is counted from the clock (no
-        start time). Built once a cycle, when a reservation first asks (several may: each holder that gets
-        room lets the next blocked workload reserve); work evicted since is still listed, for the caller
-        to skip. The same ends in the same order as sorting the work left running each time would give:
-        entries alike but for the id are interchangeable."""
+    def _ends_on(self, name: str) -> tuple[list[Held], list[int]]:
+        """The snapshot's running work on node `name`, soonest declared end first (see `Held`); and the ids
+        of the work whose end is counted from the clock (no start time). Built once a cycle, when a
+        reservation first asks (several may: each holder that gets room lets the next blocked workload
+        reserve), and again for a node that work was bound to since (`Prepared._bind`); work evicted since
+        is still listed, for the caller to skip. The same ends in the same order as sorting the work left
+        running each time would give: entries alike but for the workload are interchangeable."""
         found = self._ends.get(name)
         if found is None:
-            ends: list[tuple[float, int, float, float, int]] = []
+            ends: list[Held] = []
             clocked: list[int] = []
             for r in self.by_node.get(name, []):
-                gpus, cpus, memory = _held_on(r, name)
                 if r.max_duration is None:
                     end = INFINITY
                 elif r.start_time is None:
@@ -472,16 +478,12 @@ class Allocation(EvictionSearch):
                     clocked.append(r.id)
                 else:
                     end = r.start_time + r.max_duration
-                ends.append((end, gpus, cpus, memory, r.id))
-            ends.sort()
+                pods = [p for p in r.placement if p.node == name]
+                gpus = sum(len(p.gpu_indices) for p in pods)
+                ends.append(Held(end, gpus, r.cpus * len(pods), float(r.memory_bytes * len(pods)), r.id))
+            ends.sort(key=Held.order)
             found = self._ends[name] = (ends, clocked)
         return found
-
-
-def _held_on(w: WorkloadView, node: str) -> tuple[int, float, float]:
-    """The GPUs, CPUs and memory that running `w` holds on `node`."""
-    pods = [p for p in w.placement if p.node == node]
-    return sum(len(p.gpu_indices) for p in pods), w.cpus * len(pods), float(w.memory_bytes * len(pods))
 
 
 def _same(a: object, b: object) -> bool:

@@ -27,7 +27,16 @@ from gpupool.scheduler.snapshot import (
     Snapshot,
     WorkloadView,
 )
-from gpupool.scheduler.state import EPSILON, ClusterState, Loaded, NodeState, QueueSums, Reservation, Sums
+from gpupool.scheduler.state import (
+    EPSILON,
+    ClusterState,
+    Held,
+    Loaded,
+    NodeState,
+    QueueSums,
+    Reservation,
+    Sums,
+)
 
 ACTIONS: Final = ("stale_gang", "allocate", "consolidate", "reclaim", "preempt")
 PLACEMENTS: Final = ("binpack", "spread", "fragmentation")
@@ -262,7 +271,7 @@ class Prepared:
         self._surplus_seen = -1  # how much of state.accounted `_surplus` has seen (-1: not built yet)
         self._node_kinds: list[list[NodeState]] | None = None
         # node -> its running work's declared ends, for backfill reservations (see Allocation._ends_on)
-        self._ends: dict[str, tuple[list[tuple[float, int, float, float, int]], list[int]]] = {}
+        self._ends: dict[str, tuple[list[Held], list[int]]] = {}
         self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
 
     # -- setup ----------------------------------------------------------------------------------------

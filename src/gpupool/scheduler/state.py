@@ -357,6 +357,23 @@ def _leave(
         holding_by_count[node.released].pop(node.name, None)
 
 
+class Held:
+    """What one running workload holds on a node, and when it declares it will end (`max_duration` after
+    its start; never without one), for backfill reservations."""
+
+    __slots__ = ("cpus", "end", "gpus", "memory", "workload")
+
+    def __init__(self, end: float, gpus: int, cpus: float, memory: float, workload: int) -> None:
+        self.end = end
+        self.gpus = gpus
+        self.cpus = cpus
+        self.memory = memory
+        self.workload = workload
+
+    def order(self) -> tuple[float, int, float, float]:
+        return (self.end, self.gpus, self.cpus, self.memory)
+
+
 @dataclass(slots=True)
 class Reservation:
     """Backfill's promise to the highest blocked workload: these nodes, from `start` (seconds) on."""
