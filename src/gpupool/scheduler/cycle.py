@@ -14,7 +14,7 @@ from typing import Final
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.allocate import Allocation
-from gpupool.scheduler.evict_search import Budget
+from gpupool.scheduler.evict_search import Budget, VictimRule
 from gpupool.scheduler.prepare import GLOBAL
 from gpupool.scheduler.snapshot import Decisions, Eviction, PodPlacement, WorkloadView
 from gpupool.scheduler.state import EPSILON, GANG_LOST_STATES, LOST_STATES
@@ -251,21 +251,14 @@ class Cycle(Allocation):
             if self._reclaim_gpus is None:
                 self._reclaim_gpus = self._gpus_by_queue(index)
             units = lines[line] = self._reclaimable(self._reclaim_gpus, mine, floor)
-        headroom: dict[str, float] = {}
-
-        by_quota = floor == "quota"
-
-        def allowed(v: WorkloadView) -> bool:
-            if v.queue in mine or not self._old_enough(v, "reclaim"):
-                return False
-            room = headroom.get(v.queue)
-            if room is None:
-                room = headroom[v.queue] = self._headroom(v.queue, mine, floor)
-            # by quota, any work of a queue above its quota may go (Budget): the job is borrowed whole
-            return room > EPSILON if by_quota else room >= v.gpu_units - EPSILON
-
         return self._evict_for(
-            w, index, "reclaim", self._reclaim_reason(w, floor), allowed, units, Budget(self, queue, floor)
+            w,
+            index,
+            "reclaim",
+            self._reclaim_reason(w, floor),
+            _ReclaimRule(self, mine, floor),
+            units,
+            Budget(self, queue, floor),
         )
 
     def _reclaim_reason(self, w: WorkloadView, floor: str) -> Callable[[WorkloadView], str]:
@@ -463,10 +456,7 @@ class Cycle(Allocation):
         def reason(v: WorkloadView) -> str:
             return f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}"
 
-        def allowed(v: WorkloadView) -> bool:
-            return v.priority < w.priority and self._old_enough(v, "preempt")
-
-        self._evict_for(w, candidates, "preempt", reason, allowed, units)
+        self._evict_for(w, candidates, "preempt", reason, _PreemptRule(self, w.priority), units)
 
     def _lowest_victims(self) -> dict[str, int]:
         """Each queue's lowest victim priority (built once a cycle)."""
@@ -578,6 +568,38 @@ class Cycle(Allocation):
             self.decisions.evictions.append(Eviction(v.id, "consolidate", why, w.id))
         self._waiting(w, [v.id for v in moved], placed)
         return True
+
+
+class _ReclaimRule(VictimRule):
+    """Reclaim takes work of queues outside the reclaimer's line (`mine`), past their minimum runtime for
+    reclaim, while its queue has headroom above `floor` (see Cycle._headroom): by fair share, as much as
+    the victim holds; by quota, any (Budget: a job that borrows is borrowed whole)."""
+
+    def __init__(self, cycle: Cycle, mine: frozenset[str], floor: str) -> None:
+        self.cycle = cycle
+        self.mine = mine
+        self.floor = floor
+        self.by_quota = floor == "quota"
+        self.headroom: dict[str, float] = {}
+
+    def allows(self, v: WorkloadView) -> bool:
+        if v.queue in self.mine or not self.cycle._old_enough(v, "reclaim"):
+            return False
+        room = self.headroom.get(v.queue)
+        if room is None:
+            room = self.headroom[v.queue] = self.cycle._headroom(v.queue, self.mine, self.floor)
+        return room > EPSILON if self.by_quota else room >= v.gpu_units - EPSILON
+
+
+class _PreemptRule(VictimRule):
+    """Preempt takes work of lower priority than the taker's, past its queue's minimum runtime for it."""
+
+    def __init__(self, cycle: Cycle, priority: int) -> None:
+        self.cycle = cycle
+        self.priority = priority
+
+    def allows(self, v: WorkloadView) -> bool:
+        return v.priority < self.priority and self.cycle._old_enough(v, "preempt")
 
 
 def _lower(lowest: dict[str, int], victims: list[WorkloadView]) -> None:

@@ -23,6 +23,14 @@ SEARCH_LIMIT_AFTER_PICK: Final = 16
 SMALL_SEARCH: Final = 64  # a search ranks up to this many candidate nodes outright
 
 
+class VictimRule:
+    """Which running work a search may take as a victim for its taker (reclaim's and preempt's rules:
+    cycle.py). A class rather than a function: the compiled search calls its method directly."""
+
+    def allows(self, v: WorkloadView) -> bool:
+        raise NotImplementedError
+
+
 class EvictionSearch(Victims):
     """For one pending workload: the cheapest set of victims that makes room for it, and the evictions."""
 
@@ -48,7 +56,7 @@ class EvictionSearch(Victims):
         candidates: dict[str, list[WorkloadView]],
         code: str,
         reason: Callable[[WorkloadView], str],
-        allowed: Callable[[WorkloadView], bool],
+        rule: VictimRule,
         units: dict[str, float],
         budget: Budget | None = None,
     ) -> bool:
@@ -78,7 +86,7 @@ class EvictionSearch(Victims):
         smallest = self._smallest_miss.get(family)
         if smallest is not None and smallest[0] == stamp and w.gpus.count >= smallest[1]:
             return False
-        if self._evict_by_nodes(w, candidates, code, reason, allowed, key, stamp, budget, units):
+        if self._evict_by_nodes(w, candidates, code, reason, rule, key, stamp, budget, units):
             return True
         single = w.nodes == 1 and not (w.topology or w.topology_preferred)
         if single and (smallest is None or smallest[0] != stamp or w.gpus.count < smallest[1]):
@@ -91,7 +99,7 @@ class EvictionSearch(Victims):
         candidates: dict[str, list[WorkloadView]],
         code: str,
         reason: Callable[[WorkloadView], str],
-        allowed: Callable[[WorkloadView], bool],
+        rule: VictimRule,
         key: tuple[object, ...],
         stamp: tuple[int, int],
         budget: Budget | None,
@@ -133,7 +141,7 @@ class EvictionSearch(Victims):
             else:
                 entry = able.get(node.name)
                 pool = entry[2] if entry is not None else ()
-            victims = [v for v in pool if v.id not in state.evicted and allowed(v)]
+            victims = [v for v in pool if v.id not in state.evicted and rule.allows(v)]
             if not victims and able is not None:
                 # Later searches of the same taker skip the node: victims only go, minimum runtimes are
                 # the cycle's, and headroom shrinks as reclaim evicts (a parent queue that the gainers'
@@ -492,10 +500,8 @@ class EvictionSearch(Victims):
         cpus = w.cpus - (node.cpus_free + node.cpus_held)
         memory = w.memory_bytes - (node.memory_free + node.memory_held)
 
-        def fits(chosen: list[WorkloadView]) -> bool:
-            return _room_fits(node, w.gpus.count, suits, base, chosen) and _releases(cpus, memory, chosen)
-
-        if fits([]):
+        need = w.gpus.count
+        if _makes_room(node, need, suits, base, cpus, memory, []):
             return []
         chosen: list[WorkloadView] = []
         taken: dict[str, Taken] = {}
@@ -503,16 +509,19 @@ class EvictionSearch(Victims):
             if budget is not None and not budget.take(taken, v):
                 continue
             chosen.append(v)
-            if fits(chosen):
+            if _makes_room(node, need, suits, base, cpus, memory, chosen):
                 break
         else:
             if budget is None:
                 return None  # every victim together does not make room: no subset does
             # The budget went on smaller victims that do not make room; a larger one alone may.
-            return next(([v] for v in victims if fits([v]) and budget.admits([v])), None)
+            for v in victims:
+                if _makes_room(node, need, suits, base, cpus, memory, [v]) and budget.admits([v]):
+                    return [v]
+            return None
         for v in sorted(chosen, key=lambda v: (-v.gpu_units, v.id)):
             trial = [c for c in chosen if c.id != v.id]
-            if trial and fits(trial):
+            if trial and _makes_room(node, need, suits, base, cpus, memory, trial):
                 chosen = trial
         return chosen
 
@@ -530,6 +539,20 @@ def _releases(cpus: float, memory: float, chosen: list[WorkloadView]) -> bool:
     if cpus > EPSILON and sum((v.cpus for v in chosen), 0.0) + EPSILON < cpus:
         return False
     return memory <= 0 or sum((v.memory_bytes for v in chosen), 0) >= memory
+
+
+def _makes_room(
+    node: NodeState,
+    count: float,
+    suits: tuple[bool, ...],
+    base: list[float],
+    cpus: float,
+    memory: float,
+    chosen: list[WorkloadView],
+) -> bool:
+    """Whether stopping `chosen` leaves room on `node` for a pod of `count` GPUs (`suits`, `base`: see
+    `_room_fits`) that needs `cpus` and `memory` beyond what is free or held there (see `_releases`)."""
+    return _room_fits(node, count, suits, base, chosen) and _releases(cpus, memory, chosen)
 
 
 def _room_fits(
