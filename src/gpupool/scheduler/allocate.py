@@ -8,6 +8,7 @@ from typing import Final
 
 from gpupool.scheduler import explain
 from gpupool.scheduler.evict_search import EvictionSearch
+from gpupool.scheduler.ordering import INFINITY
 from gpupool.scheduler.placement import families
 from gpupool.scheduler.prepare import GLOBAL
 from gpupool.scheduler.snapshot import RESOURCES, Explanation, WorkloadView
@@ -15,7 +16,6 @@ from gpupool.scheduler.state import EPSILON, Held, NodeState, Reservation
 
 # a capacity miss whose sentence is written per workload
 NO_ROOM: Final = Explanation(explain.NO_CAPACITY, "")
-INFINITY: Final = float("inf")
 _UNKNOWN: Final = Explanation("", "")  # not yet in a cache whose values may be None (compared by identity)
 
 
