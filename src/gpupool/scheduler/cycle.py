@@ -486,11 +486,13 @@ class Cycle(Allocation):
             source = index if index is not None else self._victim_groups()
             split = self._victims_split
             if split is None or split[0] is not source:
-                split = self._victims_split = (
-                    source,
-                    _split_by_queue(source, self._victim_key, index is None),
-                )
+                split = self._victims_split = (source, _split_by_queue(source))
             found = self._by_queue[queue] = split[1].get(queue, {})
+            if index is None:  # the groups are in no victim order: this queue's lists alone are sorted
+                key = self._victim_key
+                for on_node in found.values():
+                    if len(on_node) > 1:
+                        on_node.sort(key=key)  # keys are unique: they end in the id
         return found
 
     # -- consolidate ----------------------------------------------------------------------------------
@@ -610,12 +612,9 @@ def _lower(lowest: dict[str, int], victims: list[WorkloadView]) -> None:
             lowest[v.queue] = v.priority
 
 
-def _split_by_queue(
-    by_node: dict[str, list[WorkloadView]], key: Callable[[WorkloadView], tuple[float, ...]], sort: bool
-) -> dict[str, dict[str, list[WorkloadView]]]:
+def _split_by_queue(by_node: dict[str, list[WorkloadView]]) -> dict[str, dict[str, list[WorkloadView]]]:
     """Victims by node split into each queue's, by node, in one walk: each queue's nodes and each node's
-    list in the order of `by_node` (then sorted by `key` where `sort`), as filtering `by_node` for one
-    queue at a time gives them."""
+    list in the order of `by_node`, as filtering `by_node` for one queue at a time gives them."""
     split: dict[str, dict[str, list[WorkloadView]]] = {}
     for name, victims in by_node.items():
         for v in victims:
@@ -627,11 +626,6 @@ def _split_by_queue(
                 mine[name] = [v]
             else:
                 on_node.append(v)
-    if sort:
-        for mine in split.values():
-            for on_node in mine.values():
-                if len(on_node) > 1:
-                    on_node.sort(key=key)  # keys are unique: they end in the id
     return split
 
 
