@@ -119,7 +119,9 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
     web = server.submit({"kind": "service", "name": "web", "resources": {"gpu": 1}, "commands": ["sleep 60"]})
     sweep = server.submit({"name": "sweep", "array": "0-1%1", "commands": ["sleep 60"]})
-    after = server.submit({"name": "next", "commands": ["true"], "after": [sweep["id"]]})
+    after = server.submit(
+        {"name": "next", "resources": {"gpu": 1}, "commands": ["true"], "after": [sweep["id"]]}
+    )
     server.wait_for(running["id"], ("running",))
     server.wait_for(web["id"], ("running",))
     endpoint = _endpoint(server, web["id"])
@@ -136,6 +138,8 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     nlp = shown.rows[("queue", "nlp")]
     assert nlp[:4] == ["nlp", "2", "2", "2"]  # quota, fair share, allocated
     assert nlp[7].endswith(" of 1000 a month"), nlp  # its budget, as the head last counted it
+    # huge's 16 GPUs and next's 1, which waits on its dependency: held back before the scheduler
+    assert shown.rows[("queue", "default")][4] == "17 (1 held back)", shown.rows[("queue", "default")]
     assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "3 / 8"]  # train and web
     train = shown.rows[("workload", str(running["id"]))]
     assert train[1:8] == ["train", "job", "nlp", "admin", "running", "2", "node-1"] and train[9] == ""

@@ -48,9 +48,20 @@ def test_held_work_waits_pending_with_the_gpus_free_and_starts_once_released(ser
     assert server.workload(blocker["id"])["state"] == "pending"
     why = server.cli("why", str(blocker["id"]), check=True)  # who held it, still, after several passes
     assert "held by admin: stopped, and waits pending until `gpupool release" in why.stdout, why.stdout
+    # Its queue's pending demand says the scheduler does not see it: no fair share counts it, no reclaim
+    # runs for it, and the starved-queue alert (pending less held back) stays quiet.
+    assert "pending demand 8 GPUs (all of them held back before the scheduler" in why.stdout, why.stdout
+    with server.http() as client:
+        queue = client.get("/api/v1/queues/default").json()
+        metrics = client.get("/metrics").text
+    assert (queue["gpus_pending"], queue["gpus_held_back"]) == (8, 8), queue
+    assert 'gpupool_queue_held_back_gpus{queue="default"} 8.0' in metrics
+    assert 'gpupool_queue_pending_gpus{queue="default"} 8.0' in metrics
     server.cli("release", str(blocker["id"]), check=True)
     again = server.wait_for(blocker["id"], states=("running",))
     assert again["held"] is False and again["attempts"] == 2
+    with server.http() as client:
+        assert client.get("/api/v1/queues/default").json()["gpus_held_back"] == 0
     events = [e["reason"] for e in again["events"]]
     assert any(r.startswith("held by admin") for r in events) and "released by admin" in events
     server.cli("cancel", str(blocker["id"]), check=True)

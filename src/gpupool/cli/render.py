@@ -243,6 +243,16 @@ def queues_table(queues: list[dict[str, Any]]) -> Table:
     return table
 
 
+def held_back_note(q: Mapping[str, Any]) -> str:
+    """What of a queue's pending demand the control loop holds back from the scheduler (a hold, a dependency,
+    a backoff, a limit or a budget), which its fair share does not count; empty when none is."""
+    held = q.get("gpus_held_back") or 0.0
+    if not held:
+        return ""
+    share = "all" if held >= q["gpus_pending"] else f"{held:g}"
+    return f" ({share} of them held back before the scheduler, which fair share does not count)"
+
+
 def queue_lines(q: Mapping[str, Any]) -> list[str]:
     """`gpupool queue show`: a head line, then a line per thing the queue sets or has (escaped markup)."""
     from gpupool.spec import format_duration  # quantities only: no pydantic for the CLI's start
@@ -269,7 +279,7 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
     fair = q["fair_share"].get("gpu", 0)
     lines.append(
         f"  now: {q['gpus_allocated']:g} GPUs allocated, fair share {fair:.3g}; {q['running']} running, "
-        f"{q['pending']} pending asking for {q['gpus_pending']:g} GPUs"
+        f"{q['pending']} pending asking for {q['gpus_pending']:g} GPUs{held_back_note(q)}"
     )
     ordering = escape(q["ordering"]) if q.get("ordering") else "the server policy's"
     lines.append(f"  ordering: {ordering}")

@@ -16,6 +16,7 @@ from gpupool.cli.render import (
     efficiency_line,
     err_console,
     foreign_table,
+    held_back_note,
     print_json,
     ps_rows,
     ps_table,
@@ -226,7 +227,8 @@ def why(
         console.print(f"  {escape(w['reason'])}")
     console.print(
         f"  queue {queue['name']}: fair share {fair:.3g} GPUs, allocated {queue['gpus_allocated']:g}, "
-        f"pending demand {queue['gpus_pending']:g} GPUs, quota {queue['resources']['gpu'].get('quota', 0):g}"
+        f"pending demand {queue['gpus_pending']:g} GPUs{held_back_note(queue)}, "
+        f"quota {queue['resources']['gpu'].get('quota', 0):g}"
     )
 
 

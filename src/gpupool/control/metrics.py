@@ -222,7 +222,7 @@ class PoolCollector(Collector):
         yield from families
 
     def _pool(self) -> Iterator[Metric]:
-        queues = service.list_queues(self.store, self.fair_shares())
+        queues = service.list_queues(self.store, self.fair_shares(), self.explanations())
         quota = GaugeMetricFamily(
             "gpupool_queue_quota_gpus", "GPUs guaranteed to the queue.", labels=["queue"]
         )
@@ -238,6 +238,13 @@ class PoolCollector(Collector):
         pending = GaugeMetricFamily(
             "gpupool_queue_pending_gpus", "GPUs the queue's pending work asks for.", labels=["queue"]
         )
+        held_back = GaugeMetricFamily(
+            "gpupool_queue_held_back_gpus",
+            "GPUs of the queue's pending work that the scheduler does not see: held, waiting on a "
+            "dependency, an array's limit, a crash-loop backoff, a user limit or a spent budget (part of "
+            "pending_gpus).",
+            labels=["queue"],
+        )
         for q in queues:
             gpu = (q.get("resources") or {}).get("gpu") or {}
             quota.add_metric([q["name"]], float(gpu.get("quota") or 0.0))
@@ -246,7 +253,8 @@ class PoolCollector(Collector):
             share.add_metric([q["name"]], float((q.get("fair_share") or {}).get("gpu", 0.0)))
             allocated.add_metric([q["name"]], float(q["gpus_allocated"]))
             pending.add_metric([q["name"]], float(q["gpus_pending"]))
-        yield from (quota, limit, share, allocated, pending)
+            held_back.add_metric([q["name"]], float(q["gpus_held_back"]))
+        yield from (quota, limit, share, allocated, pending, held_back)
 
         workloads = GaugeMetricFamily(
             "gpupool_workloads", "Workloads by state and queue.", labels=["state", "queue"]

@@ -14,7 +14,9 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent_records import rank_log_path
 from gpupool.control import audit, secrets
-from gpupool.control.dependencies import check_at_submit
+from gpupool.control.arrays import ARRAY_LIMIT
+from gpupool.control.budgets import BUDGET
+from gpupool.control.dependencies import DEPENDENCY, check_at_submit
 from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError, Unavailable
 from gpupool.control.lifecycle import (
     ACTIVE,
@@ -35,8 +37,10 @@ from gpupool.control.lifecycle import (
 )
 from gpupool.control.notify import redacted_url
 from gpupool.control.readiness import Readiness, word_on
+from gpupool.control.restarts import RESTART_BACKOFF
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
+from gpupool.control.user_limits import USER_LIMIT
 from gpupool.gpu.catalog import families
 from gpupool.scheduler import Explanation
 from gpupool.scheduler.placement import split_model
@@ -54,6 +58,10 @@ from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc, utcnow
 
 DEFAULT_QUEUE = "default"
+# The reason codes of pending work that the control loop holds back from the scheduler (a hold, a
+# dependency, an array's limit, a crash-loop backoff, a user limit, a spent budget): the scheduler never
+# sees it, so it counts toward no fair share and reclaim takes nothing back for it.
+HELD_BACK: Final = frozenset({HELD, DEPENDENCY, ARRAY_LIMIT, RESTART_BACKOFF, USER_LIMIT, BUDGET})
 LOG_CHUNK_MAX = 1 << 20
 MAX_ID = (1 << 63) - 1  # the largest id a 64-bit integer column holds
 
@@ -88,6 +96,7 @@ def queue_view(
         "resources": queue.spec.get("resources", {}),
         "gpus_allocated": used.get("gpus", 0.0),
         "gpus_pending": used.get("gpus_pending", 0.0),
+        "gpus_held_back": used.get("gpus_held_back", 0.0),
         "fair_share": {resource: round(value, 6) for resource, value in fair.items()},
         "ordering": queue.spec.get("ordering"),
         "min_runtime_preempt": queue.spec.get("min_runtime_preempt"),
@@ -101,7 +110,7 @@ def queue_view(
     }
 
 
-def _queue_usage(s: Session) -> dict[str, dict[str, float]]:
+def _queue_usage(s: Session, live: Live | None = None) -> dict[str, dict[str, float]]:
     usage: dict[str, dict[str, float]] = {}
     for queue, state, count in s.execute(
         select(Workload.queue, Workload.state, func.count())
@@ -116,11 +125,18 @@ def _queue_usage(s: Session) -> dict[str, dict[str, float]]:
     ):
         row = usage.setdefault(queue, {})
         row["gpus"] = row.get("gpus", 0.0) + attempt_gpus(indices, fraction, pods)
-    for queue, gpus, nodes in s.execute(
-        select(Workload.queue, Workload.gpus, Workload.nodes).where(Workload.state == PENDING)
+    for wid, queue, gpus, nodes, code in s.execute(
+        select(Workload.id, Workload.queue, Workload.gpus, Workload.nodes, Workload.reason_code).where(
+            Workload.state == PENDING
+        )
     ):
         row = usage.setdefault(queue, {})
-        row["gpus_pending"] = row.get("gpus_pending", 0.0) + parse_gpu_request(gpus).count * nodes
+        asked = parse_gpu_request(gpus).count * nodes
+        row["gpus_pending"] = row.get("gpus_pending", 0.0) + asked
+        if live is not None and wid in live:
+            code = live[wid].code  # the latest pass's reason: the store keeps it only when it changes
+        if code in HELD_BACK:
+            row["gpus_held_back"] = row.get("gpus_held_back", 0.0) + asked
     return usage
 
 
@@ -230,20 +246,24 @@ def delete_queue(store: Store, name: str, *, actor: str = "admin") -> dict[str, 
         return view
 
 
-def list_queues(store: Store, fair_shares: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+def list_queues(
+    store: Store, fair_shares: dict[str, dict[str, float]] | None = None, live: Live | None = None
+) -> list[dict[str, Any]]:
+    """`live`: the control loop's latest explanation of each pending workload (what of the pending demand is
+    held back before the scheduler is read from it, else from the store)."""
     with store.read() as s:
-        usage = _queue_usage(s)
+        usage = _queue_usage(s, live)
         return [queue_view(q, usage, fair_shares) for q in s.scalars(select(Queue).order_by(Queue.name))]
 
 
 def get_queue(
-    store: Store, name: str, fair_shares: dict[str, dict[str, float]] | None = None
+    store: Store, name: str, fair_shares: dict[str, dict[str, float]] | None = None, live: Live | None = None
 ) -> dict[str, Any]:
     with store.read() as s:
         queue = s.scalar(select(Queue).where(Queue.name == name))
         if queue is None:
             raise NotFound(f"no queue named {name!r}; list them with `gpupool queues`")
-        return queue_view(queue, _queue_usage(s), fair_shares)
+        return queue_view(queue, _queue_usage(s, live), fair_shares)
 
 
 # -- workloads -------------------------------------------------------------------------------------------

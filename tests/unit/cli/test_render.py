@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gpupool.cli.render import QUEUE_COLUMNS, efficiency_line, ps_table, queues_table, usage_table
+from gpupool.cli.render import (
+    QUEUE_COLUMNS,
+    efficiency_line,
+    ps_table,
+    queue_lines,
+    queues_table,
+    usage_table,
+)
 
 
 def _task(wid: int, index: int, state: str, reason: str = "") -> dict[str, Any]:
@@ -174,3 +181,16 @@ def test_usage_says_no_telemetry_only_for_gpu_hours_without_it() -> None:
     assert cells["nlp"] == ["4.00", "2.00", "50%"]
     assert cells["cv"] == ["2.00", "-", "no"]  # "no telemetry": its GPU-hours were not measured
     assert cells["default"] == ["0.00", "-", "-"]  # it held no GPUs: nothing to measure
+
+
+def test_queue_show_says_what_of_the_pending_demand_is_held_back_before_the_scheduler() -> None:
+    """Held, dependency-waiting or backing-off work counts in "pending" but not in the fair share: said so,
+    and nothing said when none is held back."""
+    shown = {**_queue("nlp"), "created_at": "2026-12-01T00:00:00+00:00", "updated_at": None}
+    plain = " ".join(queue_lines(shown))
+    assert "12 pending asking for 2 GPUs" in plain and "held back" not in plain
+    some = " ".join(queue_lines({**shown, "gpus_held_back": 1}))
+    said = "asking for 2 GPUs (1 of them held back before the scheduler, which fair share does not count)"
+    assert said in some
+    every = " ".join(queue_lines({**shown, "gpus_held_back": 2}))
+    assert "asking for 2 GPUs (all of them held back before the scheduler" in every

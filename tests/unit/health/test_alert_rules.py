@@ -54,10 +54,18 @@ TESTS = {
                 {"series": 'gpupool_queue_quota_gpus{queue="nlp"}', "values": "8x20"},
                 {"series": 'gpupool_queue_allocated_gpus{queue="nlp"}', "values": "2x20"},
                 {"series": 'gpupool_queue_pending_gpus{queue="nlp"}', "values": "4x20"},
+                {"series": 'gpupool_queue_held_back_gpus{queue="nlp"}', "values": "1x20"},
+                # below its quota, but all its pending work is held back before the scheduler (a hold, a
+                # dependency, a backoff): reclaim has nothing to do, and nobody is paged
+                {"series": 'gpupool_queue_quota_gpus{queue="cv"}', "values": "8x20"},
+                {"series": 'gpupool_queue_allocated_gpus{queue="cv"}', "values": "0x20"},
+                {"series": 'gpupool_queue_pending_gpus{queue="cv"}', "values": "16x20"},
+                {"series": 'gpupool_queue_held_back_gpus{queue="cv"}', "values": "16x20"},
                 # gpupool's own queue: quota 0, so its pending check jobs never look starved
                 {"series": 'gpupool_queue_quota_gpus{queue="gpupool-system"}', "values": "0x20"},
                 {"series": 'gpupool_queue_allocated_gpus{queue="gpupool-system"}', "values": "0x20"},
                 {"series": 'gpupool_queue_pending_gpus{queue="gpupool-system"}', "values": "8x20"},
+                {"series": 'gpupool_queue_held_back_gpus{queue="gpupool-system"}', "values": "0x20"},
                 # a service that never passes its readiness probe, and one that passes it after 10 minutes
                 {"series": NOT_READY, "values": "0x40"},
                 {"series": SLOW_READY, "values": "0x10 1x30"},

@@ -35,7 +35,7 @@ def list_queues(request: Request) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
     reconciler = runtime.reconciler
     weights = _weights_now(reconciler.pass_queues)
-    rows = service.list_queues(runtime.store, reconciler.fair_shares)
+    rows = service.list_queues(runtime.store, reconciler.fair_shares, reconciler.explanations)
     return [_with_pass(row, weights, reconciler.budgets.state) for row in rows]
 
 
@@ -44,7 +44,7 @@ def get_queue(request: Request, name: str) -> dict[str, Any]:
     runtime = request.app.state.runtime
     reconciler = runtime.reconciler
     weights = _weights_now(reconciler.pass_queues)
-    row = service.get_queue(runtime.store, name, reconciler.fair_shares)
+    row = service.get_queue(runtime.store, name, reconciler.fair_shares, reconciler.explanations)
     return _with_pass(row, weights, reconciler.budgets.state)
 
 
