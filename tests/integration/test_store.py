@@ -248,6 +248,27 @@ def test_submitted_workload_is_durable_with_its_spec_and_an_event(store: Store) 
     reopened.close()
 
 
+def test_what_a_submit_writes_once_it_has_the_id_is_durable_on_both_databases(store: Store) -> None:
+    """The name given from the id, a hold's reason, an array's tasks and their first events: written by
+    statements of their own after the workload's insert, in the same transaction."""
+    job = parse_workload_spec({"commands": ["true"], "resources": {"gpu": 1}})
+    held = service.submit(store, job, held=True)
+    sweep = parse_workload_spec({"name": "sweep", "array": "3-4", "commands": ["true"]})
+    array = service.submit(store, sweep)
+    reopened = Store(store.url)
+    try:
+        got = service.get_workload(reopened, held["id"])
+        assert (got["name"], got["held"], got["reason_code"]) == (f"job-{held['id']}", True, "held")
+        assert got["reason"] == f"held at submit; `gpupool release {held['id']}` lets it start"
+        assert [(e["to"], e["reason"]) for e in got["events"]] == [("pending", "submitted")]
+        first, second = (service.get_workload(reopened, wid) for wid in array["array_ids"])
+        assert (first["array_id"], first["array_index"], second["array_index"]) == (array["id"], 3, 4)
+        said = [e["reason"] for w in (first, second) for e in w["events"]]
+        assert said == [f"submitted: task {i} of array {array['id']}" for i in (3, 4)]
+    finally:
+        reopened.close()
+
+
 def test_submit_to_a_missing_queue_is_refused_and_stores_nothing(store: Store) -> None:
     with pytest.raises(Invalid) as err:
         service.submit(store, parse_workload_spec({"queue": "ghost", "commands": ["true"]}))

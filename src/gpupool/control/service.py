@@ -6,10 +6,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, insert, select
+from sqlalchemy import update as update_rows
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent_records import rank_log_path
@@ -405,8 +407,7 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin", held: bool 
     """Validate against the pool, then commit the workload; it is durable when this returns. `held`: it
     waits held until `release` (Slurm's sbatch --hold), a service's replicas and an array's tasks alike."""
     with store.session() as s:
-        queue = s.scalar(select(Queue).where(Queue.name == spec.queue))
-        if queue is None:
+        if s.scalar(select(Queue.name).where(Queue.name == spec.queue)) is None:
             names = ", ".join(s.scalars(select(Queue.name).order_by(Queue.name))) or "none"
             raise Invalid(
                 f"queue {spec.queue!r} does not exist (queues: {names}); "
@@ -440,11 +441,17 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin", held: bool 
         )
         s.add(first)
         s.flush()
+        named: dict[str, Any] = {}  # what needs its id, written at once (no second flush of the object)
         if not first.name:
-            first.name = f"{spec.kind}-{first.id}"
+            named["name"] = f"{spec.kind}-{first.id}"
         if held:  # the next pass says so too; the store says it at once
-            first.reason = f"held at submit; `gpupool release {first.id}` lets it start"
-            first.reason_code = HELD
+            named["reason"] = f"held at submit; `gpupool release {first.id}` lets it start"
+            named["reason_code"] = HELD
+        if named:
+            table = cast(Table, Workload.__table__)
+            s.execute(update_rows(table).where(table.c.id == first.id).values(named))
+            for key, value in named.items():
+                set_committed_value(first, key, value)
         if spec.array is not None:
             return _submit_array(s, first, parse_array(spec.array), user)
         if spec.kind != SERVICE:
@@ -466,9 +473,8 @@ def _submit_array(s: Session, first: Workload, array: ArrayRange, user: str) -> 
         task.array_id, task.array_index = first.id, index
         tasks.append(task)
     s.flush()
-    for task in tasks:
-        s.add(_submitted_event(task, f"submitted: task {task.array_index} of array {first.id}", user))
-    s.flush()
+    said = [(task, f"submitted: task {task.array_index} of array {first.id}") for task in tasks]
+    _add_events(s, said, user)
     return {**workload_view(first), "array_ids": [w.id for w in tasks]}
 
 
@@ -502,20 +508,18 @@ def _replica_like(s: Session, template: Workload, replica: int) -> Workload:
 def _submitted(s: Session, workloads: list[Workload], reason: str, actor: str) -> None:
     """Each new workload's first event: pending since `reason` (a service's replicas say which they are)."""
     many = len(workloads) > 1 or workloads[0].replica > 0
-    for workload in workloads:
-        s.add(_submitted_event(workload, f"{reason}: replica {workload.replica}" if many else reason, actor))
-    s.flush()
+    _add_events(s, [(w, f"{reason}: replica {w.replica}" if many else reason) for w in workloads], actor)
 
 
-def _submitted_event(workload: Workload, reason: str, actor: str) -> Event:
-    return Event(
-        object_kind="workload",
-        object_id=str(workload.id),
-        from_state="",
-        to_state=PENDING,
-        reason=reason,
-        actor=actor,
-    )
+def _add_events(s: Session, pending_since: list[tuple[Workload, str]], actor: str) -> None:
+    """The first event of each new (flushed) workload, with its reason, in one statement: the events are
+    never read back in this transaction, so they need no objects (nor a flush of them)."""
+    rows = [
+        {"object_kind": "workload", "object_id": str(w.id), "from_state": "", "to_state": PENDING,
+         "reason": reason, "actor": actor}
+        for w, reason in pending_since
+    ]  # fmt: skip
+    s.execute(insert(cast(Table, Event.__table__)), rows)
 
 
 def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
