@@ -15,10 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from tests.support import plain_http
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+PORT_TRIES = 3
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process took it after `free_port` chose it."""
 
 
 def free_port() -> int:
@@ -54,7 +62,20 @@ class ServerProcess:
         return str(json.loads((self.home / "credentials").read_text())["token"])
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        """Start the server and wait until it answers. A port from `free_port` can be taken by another
+        test's server before this one binds it (the tests run in several processes): then that server
+        would answer for this one, so the answer counts only once this process listens on the port, and
+        a server that could not bind its port is started again on another."""
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                self.port = free_port()
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> ServerProcess:
         self.home.mkdir(parents=True, exist_ok=True)
+        logged = len(self.log())  # what earlier starts wrote to the log
         argv = [
             sys.executable,
             "-m",
@@ -75,14 +96,26 @@ class ServerProcess:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                said = self.log()[logged:]
+                if "address already in use" in said.lower():
+                    raise PortTaken(said)
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{said}")
             try:
-                if plain_http.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if plain_http.get(f"{self.url}/healthz", timeout=1).status_code == 200 and self._listening():
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"server did not become healthy in {timeout}s:\n{self.log()}")
+
+    def _listening(self) -> bool:
+        """Whether this server's own process listens on its port (not another that took the port)."""
+        assert self.proc is not None
+        try:
+            sockets = psutil.Process(self.proc.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            return False
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in sockets)
 
     def log(self) -> str:
         path = self.home / "server.log"
