@@ -46,46 +46,6 @@ AbleNode = tuple[NodeState, float, list[WorkloadView]]
 GLOBAL: Final = "*"
 
 
-class _Shares:
-    """Fair shares (`shares`, once computed) and what they are computed from (see `Prepared._fair_shares`)."""
-
-    __slots__ = ("capacity", "demand", "queues", "shares", "usage_weight")
-
-    def __init__(
-        self,
-        queues: list[QueueView],
-        demand: dict[str, dict[str, float]],
-        capacity: dict[str, float],
-        usage_weight: float,
-    ) -> None:
-        self.queues = queues
-        self.demand = demand
-        self.capacity = capacity
-        self.usage_weight = usage_weight
-        self.shares: dict[str, dict[str, float]] = {}
-
-    def same_inputs(self, other: _Shares) -> bool:
-        """The same queues (objects, in order), and equal demand, capacity and usage weight."""
-        if len(other.queues) != len(self.queues) or other.usage_weight != self.usage_weight:
-            return False
-        for a, b in zip(other.queues, self.queues, strict=True):
-            if a is not b:
-                return False
-        return other.demand == self.demand and other.capacity == self.capacity
-
-
-class _Remembered:
-    """The last cycle's fair shares, replaced whole (one reference): see `Prepared._fair_shares`."""
-
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        self.last: _Shares | None = None
-
-
-_LAST_SHARES: Final = _Remembered()
-
-
 class _NodeAnswers:
     """Whether work of a shape can never fit (see Allocation._never_keyed), by shape: answers that depend on
     the snapshot's nodes alone, kept while callers pass the very same tuple of node views (the simulator
@@ -282,15 +242,9 @@ class Prepared:
             queue: {"gpu": row.demand.gpu, "cpu": row.demand.cpu, "memory": row.demand.memory}
             for queue, row in self._sums.items()
         }
-        asked = _Shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
-        # The last cycle's shares serve when its queues (the same objects), demand, capacity and usage
-        # weight are the same: computing them again gives the same. Demand changes only when work arrives
-        # or finishes; a cycle that binds or evicts leaves it alone.
-        last = _LAST_SHARES.last
-        if last is None or not last.same_inputs(asked):
-            asked.shares = fair_shares(asked.queues, demand, capacity, asked.usage_weight)
-            _LAST_SHARES.last = last = asked  # remembered once computed
-        return {queue: dict(row) for queue, row in last.shares.items()}  # a copy: the decisions hold it
+        # a new dict each call (the decisions hold it); a resource's shares come from memory when asked
+        # with the same queues and demand as last time (see fairshare._LAST)
+        return fair_shares(list(self.queues.values()), demand, capacity, self.config.usage_weight)
 
     def _ordering_of(self, queue: str) -> str:
         q = self.queues.get(queue)

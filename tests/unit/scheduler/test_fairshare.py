@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.scheduler import QueueView, Share
+from gpupool.scheduler import QueueView, Share, fairshare
 from gpupool.scheduler.fairshare import _split, children_of, fair_shares, subtree_demand
 
 QUEUES = [
@@ -38,3 +38,50 @@ def test_a_resource_no_queue_wants_gets_a_share_of_zero_everywhere_as_water_fill
         got = {name: row[resource] for name, row in shares.items()}
         assert got == walked(resource, capacity) == dict.fromkeys(got, 0.0)
     assert shares["nlp"]["gpu"] == 12.0 and shares["product"]["gpu"] == 20.0  # GPUs shared as before
+
+
+def test_shares_asked_again_with_the_same_inputs_are_the_same_and_the_caller_may_change_them() -> None:
+    demand = {"nlp": {"gpu": 12.0}, "product": {"gpu": 20.0}, "vision": {"gpu": 30.0}}
+    capacity = {"gpu": 40.0, "cpu": 0.0, "memory": 0.0}
+    first = fair_shares(QUEUES, demand, capacity)
+    expected = {name: dict(row) for name, row in first.items()}
+    first["nlp"]["gpu"] = -1.0  # the caller's own copy (the decisions hold it)
+    again = fair_shares(QUEUES, demand, capacity)
+    assert again == expected and again is not first
+    assert again["product"]["gpu"] == 20.0 and again["nlp"]["gpu"] + again["vision"]["gpu"] == 20.0
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["demand", "capacity", "queue", "usage_weight"],
+)
+def test_shares_follow_any_change_of_their_inputs(change: str) -> None:
+    demand = {"nlp": {"gpu": 12.0}, "product": {"gpu": 20.0}, "vision": {"gpu": 30.0}}
+    capacity = {"gpu": 40.0, "cpu": 0.0, "memory": 0.0}
+    queues = list(QUEUES)
+    usage_weight = 0.0
+    before = fair_shares(queues, demand, capacity, usage_weight)
+    if change == "demand":
+        demand = {**demand, "product": {"gpu": 4.0}}
+    elif change == "capacity":
+        capacity = {**capacity, "gpu": 24.0}
+    elif change == "queue":  # an equal-looking list, one queue changed
+        queues[3] = QueueView("product", gpu=Share(quota=2.0, limit=10.0), priority=1)
+    else:
+        queues = [QueueView(q.name, q.parent, q.priority, q.gpu, q.cpu, q.memory, usage=u) for q, u in
+                  zip(QUEUES, (0.0, 100.0, 0.0, 0.0, 0.0), strict=True)]  # fmt: skip
+        usage_weight = 1.0
+    after = fair_shares(queues, demand, capacity, usage_weight)
+    assert after != before
+    assert after == _fresh(queues, demand, capacity, usage_weight)
+
+
+def _fresh(
+    queues: list[QueueView],
+    demand: dict[str, dict[str, float]],
+    capacity: dict[str, float],
+    usage_weight: float,
+) -> dict[str, dict[str, float]]:
+    """The shares computed with nothing remembered."""
+    fairshare._LAST.clear()
+    return fair_shares(queues, demand, capacity, usage_weight)

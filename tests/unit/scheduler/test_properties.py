@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupool.scheduler import Scheduler, decide
+from gpupool.scheduler import fairshare as scheduler_fairshare
 from gpupool.scheduler import ordering as scheduler_ordering
 from gpupool.scheduler import prepare as scheduler_prepare
 from gpupool.scheduler import state as scheduler_state
@@ -311,7 +312,7 @@ def _forget() -> None:
     scheduler_victims._ORDERS.clear()
     scheduler_victims._by_first([])  # an empty order remembered: the next is made afresh
     scheduler_ordering._LAST.clear()
-    scheduler_prepare._LAST_SHARES.last = None
+    scheduler_fairshare._LAST.clear()
     scheduler_prepare._NODE_ANSWERS.nodes = None
 
 
