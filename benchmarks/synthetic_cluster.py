@@ -563,6 +563,11 @@ class ApplyReport:
 def apply_decisions(snapshot: Snapshot, decisions: Decisions, now: float) -> tuple[Snapshot, ApplyReport]:
     """The next snapshot: bound workloads run from `now`; evicted ones are released and pending again.
 
+    As the control loop does once evicted work has stopped (`control/loop.py`), and the simulator's engine
+    at once: the workloads this cycle evicted for are pending with `victims_stopped`, and the room the
+    cycle left each waiting for is the next snapshot's `nominated` (so a gainer takes the GPUs released
+    for it, served first, and does not evict again for GPUs that other work took).
+
     Checks on the way that binds name pending workloads, one placement per pod, schedulable nodes, and
     leave no GPU over-committed; evictions name running workloads.
     """
@@ -594,7 +599,18 @@ def apply_decisions(snapshot: Snapshot, decisions: Decisions, now: float) -> tup
                 )
         running[workload.id] = replace(workload, placement=bind.pods, start_time=now)
     _check_gpu_use(nodes, running.values(), report)
-    next_snapshot = replace(snapshot, pending=tuple(pending.values()), running=tuple(running.values()))
+    owed = {
+        e.for_workload
+        for e in decisions.evictions
+        if e.for_workload is not None and e.for_workload in pending
+    }
+    for w in pending.values():
+        if w.victims_stopped != (w.id in owed):
+            pending[w.id] = replace(w, victims_stopped=w.id in owed)
+    nominated = {w: decisions.nominated[w] for w in owed if w in decisions.nominated}
+    next_snapshot = replace(
+        snapshot, pending=tuple(pending.values()), running=tuple(running.values()), nominated=nominated
+    )
     return next_snapshot, report
 
 
