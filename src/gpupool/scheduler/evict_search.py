@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from gpupool.scheduler import explain
+from gpupool.scheduler.ordering import INFINITY
 from gpupool.scheduler.placement import families
 from gpupool.scheduler.prepare import AbleNode, Prepared
 from gpupool.scheduler.snapshot import Eviction, PodPlacement, WorkloadView
@@ -121,6 +122,8 @@ class EvictionSearch(Victims):
         worst = 0.0  # most GPUs disrupted on one node of the current pick
         since_pick = misses = 0
         whole_pod, need = not w.gpus.is_fractional, w.gpus.count
+        # one pod placed by its cost alone (not by domain): a node that cannot beat the pick is not weighed
+        alone = w.nodes == 1 and not (w.topology or w.topology_preferred) and need >= 1 and need == int(need)
         for bound, node in self._search_order(w, candidates, able, units):
             if picked is not None:
                 since_pick += 1  # counted from the first feasible pick: later ones only refine it
@@ -150,6 +153,12 @@ class EvictionSearch(Victims):
             if not victims and w.nodes == 1:
                 continue  # a single pod fitting with no victims would have fitted after release already
             if whole_pod and node.released + sum((v.gpus.count for v in victims), 0.0) + EPSILON < need:
+                continue
+            if (
+                alone
+                and picked is not None
+                and self._cannot_beat(node, need, victims, options[picked[0]][0], picked[0])
+            ):
                 continue
             chosen = self._cheapest_room(node, w, victims, budget)
             if chosen is None:
@@ -442,6 +451,41 @@ class EvictionSearch(Victims):
         levels.extend((count, names, True) for count, names in self.state.holding_by_count.items() if names)
         levels.sort(key=lambda item: (-item[0], item[2]))
         return levels
+
+    def _cannot_beat(
+        self,
+        node: NodeState,
+        need: float,
+        victims: list[WorkloadView],
+        best: tuple[float, ...],
+        best_node: str,
+    ) -> bool:
+        """Whether no victims `_cheapest_room` could choose on `node` (among `victims`) for one pod of `need`
+        whole GPUs cost less than `best`, the pick's cost on `best_node` (ties go to the first name).
+
+        Exact, from a floor under every choice's `_cost`, compared as costs are: where each victim holds
+        whole GPUs of its own, each GPU a choice releases is one it counts, so it counts at least the GPUs
+        missing there (`need` less those whole once released); its highest priority is at least the
+        lowest there; with that priority, every victim it holds has it, so it loses at least the least
+        that such a victim loses (none loses less than nothing); and it holds at least one."""
+        missing = need - node.released
+        if missing <= 0.0:
+            return False  # room may need no victim at all
+        lowest = victims[0].priority
+        least = INFINITY  # the least work lost by a victim of the `lowest` priority
+        for v in victims:
+            pod = v.placement[0]
+            if pod.gpu_fraction != 1.0 or float(len(pod.gpu_indices)) != v.gpu_units:
+                return False  # a fraction released may complete a GPU that it does not count
+            lost = self._lost(v)
+            if not lost >= 0.0:
+                return False
+            if v.priority < lowest:
+                lowest, least = v.priority, lost
+            elif v.priority == lowest and lost < least:
+                least = lost
+        floor = (missing, float(lowest), least, 1.0)
+        return floor > best or (floor == best and node.name > best_node)
 
     def _cost(self, victims: list[WorkloadView]) -> tuple[float, ...]:
         """Fewest GPUs disrupted, then lowest priority, then least work lost, then fewest workloads."""
