@@ -21,9 +21,6 @@ EPSILON: Final = 1e-9
 MAX_TILT_EXPONENT: Final = 4.0
 
 
-INFINITY: Final = float("inf")
-
-
 def children_of(queues: Sequence[QueueView]) -> dict[str | None, list[QueueView]]:
     """Queues by parent name; a queue whose parent is unknown counts as top-level."""
     names = {q.name for q in queues}
