@@ -463,28 +463,39 @@ class EvictionSearch(Victims):
         """Whether no victims `_cheapest_room` could choose on `node` (among `victims`) for one pod of `need`
         whole GPUs cost less than `best`, the pick's cost on `best_node` (ties go to the first name).
 
-        Exact, from a floor under every choice's `_cost`, compared as costs are: where each victim holds
+        Exact, from a floor under every choice's `_cost`, compared as costs are. Where each victim holds
         whole GPUs of its own, each GPU a choice releases is one it counts, so it counts at least the GPUs
-        missing there (`need` less those whole once released); its highest priority is at least the
-        lowest there; with that priority, every victim it holds has it, so it loses at least the least
-        that such a victim loses (none loses less than nothing); and it holds at least one."""
+        missing there (`need` less those whole once released), and at least the smallest victim's: the
+        floor's GPUs are the larger of the two. A choice that counts just that many holds only victims
+        that count no more, so its highest priority is at least the lowest among those, and with that
+        priority, it loses at least the least that such a victim loses (none loses less than nothing);
+        and it holds at least one victim. A choice that counts more GPUs is above the floor anyway."""
         missing = need - node.released
         if missing <= 0.0:
             return False  # room may need no victim at all
-        lowest = victims[0].priority
-        least = INFINITY  # the least work lost by a victim of the `lowest` priority
+        smallest = INFINITY
         for v in victims:
             pod = v.placement[0]
             if pod.gpu_fraction != 1.0 or float(len(pod.gpu_indices)) != v.gpu_units:
                 return False  # a fraction released may complete a GPU that it does not count
+            if v.gpu_units < smallest:
+                smallest = v.gpu_units
+        gpus = max(missing, smallest)
+        # the lowest priority of a victim counting no more than `gpus` (the smallest does), and the least
+        # work lost by such a victim of that priority
+        lowest = least = INFINITY
+        for v in victims:
+            if v.gpu_units > gpus:
+                continue
             lost = self._lost(v)
             if not lost >= 0.0:
                 return False
-            if v.priority < lowest:
-                lowest, least = v.priority, lost
-            elif v.priority == lowest and lost < least:
+            priority = float(v.priority)
+            if priority < lowest:
+                lowest, least = priority, lost
+            elif priority == lowest and lost < least:
                 least = lost
-        floor = (missing, float(lowest), least, 1.0)
+        floor = (gpus, lowest, least, 1.0)
         return floor > best or (floor == best and node.name > best_node)
 
     def _cost(self, victims: list[WorkloadView]) -> tuple[float, ...]:
