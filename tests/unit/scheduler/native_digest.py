@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis.strategies import SearchStrategy
 
 import gpupool.scheduler.snapshot as snapshot_types
 from gpupool.scheduler import decide
@@ -63,23 +64,29 @@ def _built(value: Any) -> Any:
     return value
 
 
-def draw(path: Path) -> None:
-    """Draw the random snapshots and write them to `path`, as plain data (see `_plain`)."""
-    drawn: list[Snapshot] = []
+def drawn(strategy: SearchStrategy[Snapshot], count: int) -> list[Snapshot]:
+    """`count` snapshots from `strategy`, derandomized: the same ones each time in one process (what
+    Hypothesis draws can differ between processes that import different code, see `digests`)."""
+    found: list[Snapshot] = []
 
     @settings(
         derandomize=True,
         database=None,
-        max_examples=RANDOM_SNAPSHOTS,
+        max_examples=count,
         deadline=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(snapshots())
+    @given(strategy)
     def collect(snapshot: Snapshot) -> None:
-        drawn.append(snapshot)
+        found.append(snapshot)
 
     collect()
-    path.write_bytes(pickle.dumps([_plain(s) for s in drawn]))
+    return found
+
+
+def draw(path: Path) -> None:
+    """Draw the random snapshots and write them to `path`, as plain data (see `_plain`)."""
+    path.write_bytes(pickle.dumps([_plain(s) for s in drawn(snapshots(), RANDOM_SNAPSHOTS)]))
 
 
 def digests(drawn: Path) -> list[str]:

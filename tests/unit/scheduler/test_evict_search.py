@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupool.scheduler import decide
@@ -121,22 +120,9 @@ def _decided_with_and_without_passing_over() -> dict[str, object]:
     crowded snapshots as it is, and with every node weighed (`_cannot_beat` answering no), and how often
     a node was passed over."""
     from gpupool.scheduler import evict_search
-    from tests.unit.scheduler.native_digest import canonical
+    from tests.unit.scheduler.native_digest import canonical, drawn
 
-    drawn: list[Snapshot] = []
-
-    @settings(
-        derandomize=True,
-        database=None,
-        max_examples=CROWDED_SNAPSHOTS,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(crowded())
-    def collect(snapshot: Snapshot) -> None:
-        drawn.append(snapshot)
-
-    collect()
+    snapshots = drawn(crowded(), CROWDED_SNAPSHOTS)
     search = evict_search.EvictionSearch
     passes = 0
     cannot_beat = search._cannot_beat
@@ -148,9 +134,9 @@ def _decided_with_and_without_passing_over() -> dict[str, object]:
         return passed
 
     search._cannot_beat = counted  # type: ignore[method-assign]
-    as_is = [canonical(decide(s, NOW)) for s in drawn]
+    as_is = [canonical(decide(s, NOW)) for s in snapshots]
     search._cannot_beat = lambda *args: False  # type: ignore[method-assign]
-    weighed = [canonical(decide(s, NOW)) for s in drawn]
+    weighed = [canonical(decide(s, NOW)) for s in snapshots]
     search._cannot_beat = cannot_beat  # type: ignore[method-assign]
     evictions = sum(d.count("'reclaim'") + d.count("'preempt'") for d in as_is)
     return {"as_is": as_is, "weighed": weighed, "passes": passes, "evictions": evictions}
