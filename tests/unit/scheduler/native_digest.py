@@ -64,7 +64,7 @@ def _built(value: Any) -> Any:
     return value
 
 
-def drawn(strategy: SearchStrategy[Snapshot], count: int) -> list[Snapshot]:
+def drawn_from(strategy: SearchStrategy[Snapshot], count: int) -> list[Snapshot]:
     """`count` snapshots from `strategy`, derandomized: the same ones each time in one process (what
     Hypothesis draws can differ between processes that import different code, see `digests`)."""
     found: list[Snapshot] = []
@@ -86,7 +86,7 @@ def drawn(strategy: SearchStrategy[Snapshot], count: int) -> list[Snapshot]:
 
 def draw(path: Path) -> None:
     """Draw the random snapshots and write them to `path`, as plain data (see `_plain`)."""
-    path.write_bytes(pickle.dumps([_plain(s) for s in drawn(snapshots(), RANDOM_SNAPSHOTS)]))
+    path.write_bytes(pickle.dumps([_plain(s) for s in drawn_from(snapshots(), RANDOM_SNAPSHOTS)]))
 
 
 def digests(drawn: Path) -> list[str]:

@@ -120,9 +120,9 @@ def _decided_with_and_without_passing_over() -> dict[str, object]:
     crowded snapshots as it is, and with every node weighed (`_cannot_beat` answering no), and how often
     a node was passed over."""
     from gpupool.scheduler import evict_search
-    from tests.unit.scheduler.native_digest import canonical, drawn
+    from tests.unit.scheduler.native_digest import canonical, drawn_from
 
-    snapshots = drawn(crowded(), CROWDED_SNAPSHOTS)
+    snapshots = drawn_from(crowded(), CROWDED_SNAPSHOTS)
     search = evict_search.EvictionSearch
     passes = 0
     cannot_beat = search._cannot_beat

@@ -58,7 +58,9 @@ def test_shares_asked_again_with_the_same_inputs_are_the_same_and_the_caller_may
 def test_shares_follow_any_change_of_their_inputs(change: str) -> None:
     demand = {"nlp": {"gpu": 12.0}, "product": {"gpu": 20.0}, "vision": {"gpu": 30.0}}
     capacity = {"gpu": 40.0, "cpu": 0.0, "memory": 0.0}
-    queues = list(QUEUES)
+    # the same queues throughout, `nlp` having used GPUs (which counts only with a usage weight above 0)
+    queues = [QueueView(q.name, q.parent, q.priority, q.gpu, q.cpu, q.memory, usage=u) for q, u in
+              zip(QUEUES, (0.0, 100.0, 0.0, 0.0, 0.0), strict=True)]  # fmt: skip
     usage_weight = 0.0
     before = fair_shares(queues, demand, capacity, usage_weight)
     if change == "demand":
@@ -68,8 +70,6 @@ def test_shares_follow_any_change_of_their_inputs(change: str) -> None:
     elif change == "queue":  # an equal-looking list, one queue changed
         queues[3] = QueueView("product", gpu=Share(quota=2.0, limit=10.0), priority=1)
     else:
-        queues = [QueueView(q.name, q.parent, q.priority, q.gpu, q.cpu, q.memory, usage=u) for q, u in
-                  zip(QUEUES, (0.0, 100.0, 0.0, 0.0, 0.0), strict=True)]  # fmt: skip
         usage_weight = 1.0
     after = fair_shares(queues, demand, capacity, usage_weight)
     assert after != before
