@@ -15,7 +15,7 @@ from typing import Final
 from gpupool.scheduler import explain
 from gpupool.scheduler.allocate import Allocation
 from gpupool.scheduler.evict_search import Budget, VictimRule
-from gpupool.scheduler.prepare import GLOBAL
+from gpupool.scheduler.prepare import GLOBAL, same_shape
 from gpupool.scheduler.snapshot import Decisions, Eviction, PodPlacement, WorkloadView
 from gpupool.scheduler.state import EPSILON, GANG_LOST_STATES, LOST_STATES
 
@@ -147,6 +147,10 @@ class Cycle(Allocation):
         lines: dict[tuple[str, ...], dict[str, float]] = {}
         # (queue, shape) -> the stamp of the state after reclaiming for such a workload changed nothing
         fruitless: dict[tuple[object, ...], tuple[object, ...]] = {}
+        # The last workload that reclaiming did nothing for, and the stamp then: one alike that comes next,
+        # while nothing changed, is told so without its shape built and hashed (the usual case).
+        alike: WorkloadView | None = None
+        alike_at: tuple[object, ...] = ()
         stamp = self._stamp()  # as it is now: only reclaiming for a workload (or trying one again) changes it
         tried = self._let_go_count
         for group in self.pending_groups():
@@ -167,8 +171,13 @@ class Cycle(Allocation):
                 # While the state is as it was when it did nothing for one alike, it does nothing again.
                 key: tuple[object, ...] | None = None
                 if self.state.reservation is None:
+                    if alike is not None and stamp == alike_at and same_shape(w, alike):
+                        self._unreclaimable(w)
+                        continue
                     key = (w.queue, self._shape(w))
-                    if fruitless.get(key) == stamp:
+                    # (asked only once something is kept: hashing the shape costs more than building it)
+                    if fruitless and fruitless.get(key) == stamp:
+                        alike, alike_at = w, stamp
                         self._unreclaimable(w)
                         continue
                 if not self._reclaim_for(w, lines):
@@ -176,6 +185,7 @@ class Cycle(Allocation):
                 after = self._stamp()
                 if key is not None and after == stamp:
                     fruitless[key] = stamp
+                    alike, alike_at = w, stamp
                 stamp = after
 
     def _stamp(self) -> tuple[object, ...]:

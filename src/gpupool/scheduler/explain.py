@@ -167,11 +167,13 @@ def _ahead(count: int) -> str:
     return "1 workload ahead" if count == 1 else f"{count} workloads ahead"
 
 
-def over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> Explanation:
-    return Explanation(OVER_FAIR_SHARE, render=_over_fair_share, args=(queue, allocated, fair, ahead))
+def over_fair_share(standing: tuple[str, float, float], ahead: int) -> Explanation:
+    """`standing`: the queue, the GPUs allocated to it, its fair share (one tuple serves all its work)."""
+    return Explanation(OVER_FAIR_SHARE, render=_over_fair_share, args=(standing, ahead))
 
 
-def _over_fair_share(queue: str, allocated: float, fair: float, ahead: int) -> str:
+def _over_fair_share(standing: tuple[str, float, float], ahead: int) -> str:
+    queue, allocated, fair = standing
     behind = f"; {_ahead(ahead)}" if ahead else ""
     return f"queue {queue} is at or over its fair share ({allocated:g} >= {fair:.3g} GPUs){behind}"
 

@@ -172,11 +172,12 @@ class Prepared:
         self.decisions.fair_shares = self.shares
         self.unplaced: dict[int, WorkloadView] = {w.id: w for w in snapshot.pending}
         self._least: dict[str, float] = {}  # each group's fewest GPUs asked for, see _least_gpus
-        # the last standing _capacity_explanation read: the queue, len(state.accounted), allocated, fair share
+        # the last standing _capacity_explanation read: the queue, len(state.accounted), (the queue, its
+        # allocation, its fair share) as the over-fair-share sentence takes them, and whether it is over
         self._standing_queue: str | None = None
         self._standing_changes = -1
-        self._standing_allocated = 0.0
-        self._standing_fair = 0.0
+        self._standing: tuple[str, float, float] = ("", 0.0, 0.0)
+        self._standing_over = False
         self.order = self._pending_order()
         # each pending workload's place in its group's order (built when first asked, see `ahead_of`);
         # with ids repeated in the snapshot, a place is the last the id holds, as the dict would give
@@ -368,9 +369,29 @@ class Prepared:
             # last one's while the queue and the allocations (`state.accounted` grows with each) are.
             if queue != self._standing_queue or changes != self._standing_changes:
                 self._standing_queue, self._standing_changes = queue, changes
-                self._standing_allocated, self._standing_fair = self.state.allocated(queue), self.fair(queue)
-            allocated, fair = self._standing_allocated, self._standing_fair
-            if self.config.fair_share and allocated + EPSILON >= fair:
-                return explain.over_fair_share(queue, allocated, fair, ahead)
+                allocated, fair = self.state.allocated(queue), self.fair(queue)
+                self._standing = (queue, allocated, fair)  # one tuple for all the queue's sentences
+                self._standing_over = self.config.fair_share and allocated + EPSILON >= fair
+            if self._standing_over:
+                return explain.over_fair_share(self._standing, ahead)
             return explain.no_capacity(w, self.state.free_gpus(), ahead)
         return why
+
+
+def same_shape(a: WorkloadView, b: WorkloadView) -> bool:
+    """Whether `a` and `b` are of one queue and `Prepared._shape` gives them equal shapes while no
+    reservation is in force: asked field by field, by identity first, without building either shape."""
+    x, y = a.gpus, b.gpus
+    return (
+        a.queue == b.queue
+        and (
+            x is y
+            or (x.count == y.count and x.models == y.models and x.min_memory_bytes == y.min_memory_bytes)
+        )
+        and a.cpus == b.cpus
+        and a.memory_bytes == b.memory_bytes
+        and a.nodes == b.nodes
+        and a.topology == b.topology
+        and a.topology_preferred == b.topology_preferred
+        and (a.node_names is b.node_names or a.node_names == b.node_names)
+    )

@@ -127,6 +127,10 @@ class PodPlacement:
 
 
 ANY_GPU: Final = GpuDemand()  # the default demand, no GPU (immutable, so one object serves every view)
+# Any node: the empty `node_names` every view without a node list shares. Each `frozenset()` is a new object
+# (CPython keeps no empty singleton), and the cycle compares node lists of workload after workload: two
+# views that share this one compare by identity, where two empty sets of their own compare by value.
+ANY_NODE: Final[frozenset[str]] = frozenset()
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -154,7 +158,7 @@ class WorkloadView:
     preemptible: bool = True
     topology: str | None = None  # node label (e.g. "rack") every pod must share
     topology_preferred: str | None = None  # node label the pods should share when they can
-    node_names: frozenset[str] = frozenset()  # only these nodes (empty: any), like Slurm's --nodelist
+    node_names: frozenset[str] = ANY_NODE  # only these nodes (empty: any), like Slurm's --nodelist
     max_duration: float | None = None  # declared limit in seconds; lets backfill reason about end times
     attained_service: float = 0.0  # GPU-seconds received so far (Tiresias' attained service)
     duration_estimate: float | None = None  # seconds, from a predictor (or an oracle in simulation)
@@ -177,7 +181,7 @@ class WorkloadView:
         self, id: int, queue: str, priority: int, submit_time: float, nodes: int = 1,
         gpus: GpuDemand = ANY_GPU, cpus: float = 0.0, memory_bytes: int = 0, preemptible: bool = True,
         topology: str | None = None, topology_preferred: str | None = None,
-        node_names: frozenset[str] = frozenset(), max_duration: float | None = None,
+        node_names: frozenset[str] = ANY_NODE, max_duration: float | None = None,
         attained_service: float = 0.0, duration_estimate: float | None = None,
         placement: tuple[PodPlacement, ...] = (), start_time: float | None = None,
         last_checkpoint_time: float | None = None, stopping: bool = False, evicted_for: int | None = None,
@@ -194,7 +198,7 @@ class WorkloadView:
         self.preemptible = preemptible
         self.topology = topology
         self.topology_preferred = topology_preferred
-        self.node_names = node_names
+        self.node_names = node_names if node_names else ANY_NODE
         self.max_duration = max_duration
         self.attained_service = attained_service
         self.duration_estimate = duration_estimate

@@ -30,7 +30,7 @@ from gpupool.scheduler import (
     decide,
 )
 from gpupool.scheduler.placement import gpu_matches
-from gpupool.scheduler.snapshot import RESOURCES
+from gpupool.scheduler.snapshot import ANY_NODE, RESOURCES
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.policies import POOL, Policy
 from gpupool.sim.results import JobRecord, Sample, SimOptions, SimResult
@@ -757,7 +757,7 @@ def workload_view(
         True,  # preemptible
         None,  # topology
         None,  # topology_preferred
-        frozenset(),  # node_names
+        ANY_NODE,  # node_names
         None,  # max_duration
         job.attained,  # attained_service
         duration_estimate,  # duration_estimate
