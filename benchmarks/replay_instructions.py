@@ -39,7 +39,7 @@ REDUCERS = """
 import copyreg, dataclasses, inspect
 from gpupool.scheduler import snapshot as S
 def _fields(obj):
-    return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+    return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init)
 for _, cls in inspect.getmembers(S, inspect.isclass):
     if dataclasses.is_dataclass(cls) and cls.__module__ == S.__name__:
         copyreg.pickle(cls, _fields)

@@ -42,7 +42,7 @@ class Allocation(EvictionSearch):
             i = cursor[queue]
             first = not heap or key < heap[0]  # whether this queue still goes before every other
             while True:
-                while i < len(items) and items[i].id not in unplaced:
+                while i < len(items) and items[i].key not in unplaced:
                     i += 1
                 if i >= len(items):
                     break
@@ -50,10 +50,10 @@ class Allocation(EvictionSearch):
                 i += 1
                 changes = len(accounted)
                 placed = self._try_allocate(w, i - 1)
-                if not placed and strict and self._holds_back(w, self.decisions.explanations[w.id].code):
+                if not placed and strict and self._holds_back(w, self.decisions.explanations[w.key].code):
                     for rest in items[i:]:
-                        if rest.id in unplaced:
-                            self.decisions.explanations[rest.id] = explain.blocked(w.id)
+                        if rest.key in unplaced:
+                            self.decisions.explanations[rest.key] = explain.blocked(w.id)
                     self._blockers[queue] = w
                     i = len(items)
                     break
@@ -114,7 +114,7 @@ class Allocation(EvictionSearch):
         `reserve`: under backfill, whether a workload that does not fit may take the reservation)."""
         refusal = self._admission(w)
         if refusal is not None:
-            self.decisions.explanations[w.id] = refusal
+            self.decisions.explanations[w.key] = refusal
             return False
         state = self.state
         if w.gpu_units > state.free_total + EPSILON:
@@ -136,7 +136,7 @@ class Allocation(EvictionSearch):
         # here, before later work could take the free GPUs such a claim also needs.
         if why.code in explain.CAPACITY_CODES and self._fits_after_release(w):
             return False
-        self.decisions.explanations[w.id] = self._capacity_explanation(w, why, place)
+        self.decisions.explanations[w.key] = self._capacity_explanation(w, why, place)
         if why.code == explain.RESERVED:
             self._reserved_by[w.id] = self.state.reservation
         if (

@@ -55,7 +55,7 @@ class Cycle(Allocation):
             ):
                 continue
             for w in self.order[group]:
-                held = self.decisions.explanations.get(w.id)
+                held = self.decisions.explanations.get(w.key)
                 if self.still_unplaced(w) and held is not None and held.code == explain.BLOCKED:
                     self._let_go(w, explain.BLOCKED)
 
@@ -105,7 +105,7 @@ class Cycle(Allocation):
         """Still unplaced in this phase (see pending_groups), for want of capacity."""
         if not self.still_unplaced(w):
             return False
-        explanation = self.decisions.explanations.get(w.id)
+        explanation = self.decisions.explanations.get(w.key)
         if explanation is None:
             return False
         code = explanation.code
@@ -122,7 +122,7 @@ class Cycle(Allocation):
         if code == explain.BLOCKED:
             blocker = self._blockers[group]
             if self.still_unplaced(blocker):
-                self.decisions.explanations[w.id] = explain.blocked(blocker.id)  # it may be another by now
+                self.decisions.explanations[w.key] = explain.blocked(blocker.id)  # it may be another by now
                 return False
         else:
             reservation = self.state.reservation
@@ -135,7 +135,7 @@ class Cycle(Allocation):
         self._let_go_count += 1
         if self._try_allocate(w) or not self.still_unplaced(w):
             return False  # started, or waits for GPUs being released
-        code = self.decisions.explanations[w.id].code
+        code = self.decisions.explanations[w.key].code
         if self.config.blocking == "strict" and self._holds_back(w, code):
             self._blockers[group] = w
         return code in explain.CAPACITY_CODES
@@ -229,11 +229,11 @@ class Cycle(Allocation):
     def _unreclaimable(self, w: WorkloadView) -> None:
         """Nothing may be reclaimed for `w`: when its queue is within its quota and `w` waits for capacity,
         its explanation says why the quota's guarantee does not start it (the code stays allocate's)."""
-        why = self.decisions.explanations.get(w.id)
+        why = self.decisions.explanations.get(w.key)
         if why is None or why.code != explain.NO_CAPACITY or not self._within_quota(w):
             return
         queue = w.queue
-        self.decisions.explanations[w.id] = explain.quota_not_reclaimable(
+        self.decisions.explanations[w.key] = explain.quota_not_reclaimable(
             why, queue, self.state.allocated(queue), self.reclaim_floor(queue, "quota")
         )
 
@@ -516,7 +516,7 @@ class Cycle(Allocation):
             for w in self.order[group]:
                 if not self.still_unplaced(w):
                     continue
-                explanation = self.decisions.explanations.get(w.id)
+                explanation = self.decisions.explanations.get(w.key)
                 if explanation is None or explanation.code != explain.FRAGMENTED:
                     continue
                 tries += 1

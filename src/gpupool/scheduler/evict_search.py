@@ -262,10 +262,10 @@ class EvictionSearch(Victims):
     def _waiting(self, w: WorkloadView, evicted: list[int], placed: tuple[PodPlacement, ...]) -> None:
         """`w` waits for GPUs being released, its room once they are being `placed`: those of `evicted`
         (just now, for it), and of work stopping for it since an earlier cycle."""
-        self.decisions.explanations[w.id] = explain.waiting_for_release(
+        self.decisions.explanations[w.key] = explain.waiting_for_release(
             w, [*self._stopping_for.get(w.id, ()), *evicted]
         )
-        del self.unplaced[w.id]
+        del self.unplaced[w.key]
         self.decisions.nominated[w.id] = placed
         if self._snapshot_stopping or self._ownerless:  # work stopping, or evicted this cycle for no one
             self._promise(w, placed)

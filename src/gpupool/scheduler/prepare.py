@@ -170,7 +170,7 @@ class Prepared:
         self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.shares = self._fair_shares()
         self.decisions.fair_shares = self.shares
-        self.unplaced: dict[int, WorkloadView] = {w.id: w for w in snapshot.pending}
+        self.unplaced: dict[int, WorkloadView] = {w.key: w for w in snapshot.pending}
         self._least: dict[str, float] = {}  # each group's fewest GPUs asked for, see _least_gpus
         # the last standing _capacity_explanation read: the queue, len(state.accounted), (the queue, its
         # allocation, its fair share) as the over-fair-share sentence takes them, and whether it is over
@@ -292,7 +292,7 @@ class Prepared:
         return sorted(self.order, key=self._queue_key)
 
     def still_unplaced(self, w: WorkloadView) -> bool:
-        return w.id in self.unplaced
+        return w.key in self.unplaced
 
     def _least_gpus(self, queue: str) -> float:
         """The fewest GPUs any pending workload of `queue` asks for."""
@@ -326,8 +326,8 @@ class Prepared:
 
     def _bind(self, w: WorkloadView, placed: tuple[PodPlacement, ...]) -> None:
         self.decisions.binds.append(Bind(w.id, placed))
-        del self.unplaced[w.id]
-        self.decisions.explanations.pop(w.id, None)
+        del self.unplaced[w.key]
+        self.decisions.explanations.pop(w.key, None)
         ends = self._ends
         for pod in placed:
             self.by_node.setdefault(pod.node, []).append(w)

@@ -176,6 +176,11 @@ class WorkloadView:
     # The replicas of one service share it (its id): each replica's pod prefers a node where no other
     # running replica of the group is, so that one node lost does not take them all. None: no group.
     spread_group: int | None = None
+    # The id as one Python object, made once with the view, for the dicts a cycle keeps by workload (the
+    # work left to place, the explanations) and asks hundreds of times a cycle: asked with the same object
+    # they were filled with, they match it by identity. Compiled, each read of `id` makes a new int object,
+    # which a dict must compare by value. Not a value of the view: not compared, hashed or shown.
+    key: Any = field(init=False, repr=False, compare=False)
 
     def __init__(
         self, id: int, queue: str, priority: int, submit_time: float, nodes: int = 1,
@@ -209,6 +214,7 @@ class WorkloadView:
         self.evicted_for = evicted_for
         self.victims_stopped = victims_stopped
         self.spread_group = spread_group
+        self.key = id
 
     @property
     def running(self) -> bool:

@@ -178,11 +178,23 @@ def test_a_started_view_keeps_every_other_field() -> None:
     defaults = WorkloadView(id=0, queue="", priority=0, submit_time=0.0)
     changed = {"placement", "start_time"}
     for f in dataclasses.fields(WorkloadView):
-        if f.name not in changed:  # every other field is set apart from its default above
+        if f.init and f.name not in changed:  # every other field is set apart from its default above
             assert getattr(original, f.name) != getattr(defaults, f.name), f.name
     pods = (PodPlacement("n1", (1,), 1.0), PodPlacement("n2", (1,), 1.0))
     started = original.started(pods, 5.0)
     assert started == dataclasses.replace(original, placement=pods, start_time=5.0)
+
+
+def test_a_views_key_is_its_id_and_not_part_of_its_value() -> None:
+    """The cycle keys its dicts by `key`: it must be the id of every view, however made."""
+    import dataclasses
+
+    view = WorkloadView(id=41, queue="q", priority=0, submit_time=0.0)
+    assert view.key == 41
+    assert dataclasses.replace(view, id=42).key == 42
+    assert view.started((PodPlacement("n1", (0,), 1.0),), 1.0).key == 41
+    again = WorkloadView(id=41, queue="q", priority=0, submit_time=0.0)
+    assert again == view and hash(again) == hash(view) and "key" not in repr(view)
 
 
 # --- a service's replicas: spread over nodes where they can be -----------------------------------------
