@@ -218,31 +218,36 @@ class Autoscaler:
                 log.exception("event=autoscale_failed")
 
     def _look(self, found: service.Autoscaled, tracker: Tracker, now: float) -> tuple[Word, bool]:
-        """Measure one service, change its count if the rule says so; its word, and whether it changed."""
+        """Measure one service, change its count if the rule says so; its word, and whether it changed.
+
+        A changed count's word is shown before the count changes: whoever reads the new count (the API
+        reads the store, then the words) reads the load that made it, not the last pass's."""
         scaling = ScalingSpec.model_validate(found.scaling)
         load = self.load.measure(found.ids, scaling.metric, scaling.window, now)
         count = tracker.next_count(scaling, found.replicas, load, now)
-        moved = False
-        if count != found.replicas:
-            measured = describe(scaling.metric, load, scaling.window)
-            why = (
-                f"scaled to {count} replicas by the autoscaler: {measured}, target "
-                f"{scaling.target:g} per replica, range {scaling.min}..{scaling.max}"
-            )
-            try:
-                service.scale(self.store, found.service_id, count, actor="autoscaler", why=why)
-            except ServiceError as exc:  # ended or cancelled meanwhile
-                log.info("event=autoscale_skipped service=%s why=%s", found.service_id, exc.message)
-                count = found.replicas
-            else:
-                log.info("event=autoscaled service=%s from=%s to=%s", found.service_id, found.replicas, count)
-                tracker.changed = now
-                moved = True
-        word = Word(
-            found.name, scaling.metric, load, scaling.window, scaling.target, wanted(load, scaling), count,
-            scaling.min, scaling.max, time.time(),
-        )  # fmt: skip
-        return word, moved
+
+        def word(replicas: int) -> Word:
+            return Word(
+                found.name, scaling.metric, load, scaling.window, scaling.target, wanted(load, scaling),
+                replicas, scaling.min, scaling.max, time.time(),
+            )  # fmt: skip
+
+        if count == found.replicas:
+            return word(count), False
+        measured = describe(scaling.metric, load, scaling.window)
+        why = (
+            f"scaled to {count} replicas by the autoscaler: {measured}, target "
+            f"{scaling.target:g} per replica, range {scaling.min}..{scaling.max}"
+        )
+        self.words = {**self.words, found.service_id: word(count)}
+        try:
+            service.scale(self.store, found.service_id, count, actor="autoscaler", why=why)
+        except ServiceError as exc:  # ended or cancelled meanwhile
+            log.info("event=autoscale_skipped service=%s why=%s", found.service_id, exc.message)
+            return word(found.replicas), False
+        log.info("event=autoscaled service=%s from=%s to=%s", found.service_id, found.replicas, count)
+        tracker.changed = now
+        return word(count), True
 
     def step(self) -> None:
         now = self._clock()

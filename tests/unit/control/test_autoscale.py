@@ -142,11 +142,41 @@ def test_the_autoscaler_changes_each_service_by_its_own_load_and_says_why(store:
     assert (word.wanted, word.replicas, word.metric) == (3, 3, "rps") and word.load == pytest.approx(25)
     events = service.get_workload(store, service.get_workload(store, busy)["replica_list"][2]["id"])["events"]
     assert events[0]["actor"] == "autoscaler"
-    assert "scaled to 3 replicas by the autoscaler: 4.17 requests/s over 60 s, target 10"
     assert events[0]["reason"] == (
         "scaled to 3 replicas by the autoscaler: 25 requests/s over 10 s, target 10 per replica, range 1..4: "
         "replica 2"
     )
+
+
+def test_whoever_reads_a_new_count_reads_the_load_that_made_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API reads a service's count from the store, then the autoscaler's word: the word of a change is
+    shown before the change is stored (else `gpupool show` could give the new count beside the last
+    pass's load, which asked for no change)."""
+    clock = Clock()
+    load = Load(clock)
+    autoscaler = Autoscaler(store, load, lambda: None, clock)
+    busy = _autoscaled(store, "busy", window=10)
+    clock.now += 100
+    autoscaler.step()
+    assert autoscaler.words[busy].wanted == 1
+    shown: list[tuple[int, int, float]] = []
+    scale = service.scale
+
+    def watched(*args: object, **kwargs: object) -> None:
+        word = autoscaler.words[busy]
+        shown.append((word.wanted, word.replicas, word.load))
+        scale(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service, "scale", watched)
+    for _ in range(250):
+        load.began(busy)
+        load.ended(busy)
+    clock.now += 10
+    autoscaler.step()
+    assert shown == [(3, 3, pytest.approx(25))]
+    assert service.get_workload(store, busy)["replicas"] == 3 and autoscaler.words[busy].replicas == 3
 
 
 def test_one_service_the_autoscaler_cannot_read_leaves_the_others_scaling(store: Store) -> None:
