@@ -187,7 +187,10 @@ class Allocation(EvictionSearch):
         return all(wants[position] <= limit + EPSILON for _, position, limit in self._limits(w.queue))
 
     def _limits(self, queue: str) -> list[tuple[str, int, float]]:
-        """(queue, resource position, limit) for every limit set on `queue` or above it."""
+        """(queue, resource position, limit) for every limit set on `queue` or above it (asked for one
+        workload after another of a queue: the last queue's answer without a lookup)."""
+        if queue is self._limits_queue:
+            return self._limits_found
         found = self._queue_limits.get(queue)
         if found is None:
             found = []
@@ -200,6 +203,7 @@ class Allocation(EvictionSearch):
                     if limit is not None:
                         found.append((name, position, limit))
             self._queue_limits[queue] = found
+        self._limits_queue, self._limits_found = queue, found
         return found
 
     def _never_fits(self, w: WorkloadView) -> Explanation | None:

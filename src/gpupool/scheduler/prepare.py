@@ -98,6 +98,7 @@ class Prepared:
             if row is None:
                 row = sums[w.queue] = QueueSums()
             row.demand.add(w)
+            row.pending.append(w)
         loaded: Loaded = []
         short: list[WorkloadView] = []  # running work with fewer pods placed than it has (see stale_gang)
         # running single-pod work that may be evicted, by node, the nodes in the order it first reaches them
@@ -197,6 +198,8 @@ class Prepared:
         self._smallest_miss: dict[tuple[object, ...], tuple[tuple[int, int], float]] = {}
         self._runtime_floor: dict[tuple[str, str], float] = {}
         self._queue_limits: dict[str, list[tuple[str, int, float]]] = {}
+        self._limits_queue: str | None = None  # the queue `_limits` last answered for, and its answer
+        self._limits_found: list[tuple[str, int, float]] = []
         self._groups: dict[str, list[WorkloadView]] | None = None  # see _victim_groups
         self._index: dict[str, list[WorkloadView]] | None = None
         self._gang_victims: list[WorkloadView] | None = None  # see _gangs
@@ -252,14 +255,13 @@ class Prepared:
         return q.ordering if q is not None and q.ordering is not None else self.config.ordering
 
     def _pending_order(self) -> dict[str, list[WorkloadView]]:
-        by_queue: dict[str, list[WorkloadView]] = {}
-        fair_share = self.config.fair_share
-        for w in self.snapshot.pending:
-            key = w.queue if fair_share else GLOBAL
-            items = by_queue.get(key)
-            if items is None:
-                items = by_queue[key] = []
-            items.append(w)
+        # The groups in the order their first workload comes: with fair share, each queue's pending work
+        # (the first pass made the queues with pending work first, in that order), else all of it.
+        by_queue: dict[str, list[WorkloadView]]
+        if self.config.fair_share:
+            by_queue = {name: row.pending for name, row in self._sums.items() if row.pending}
+        else:
+            by_queue = {GLOBAL: list(self.snapshot.pending)} if self.snapshot.pending else {}
         thresholds = self.config.las_thresholds
         least = self._least
         for name, items in by_queue.items():

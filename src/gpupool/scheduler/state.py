@@ -115,15 +115,16 @@ class QueueSums:
     """One queue's work, summed in a cycle's first pass over the snapshot: all of it, pending and running
     (its demand, for fair shares), and its running work that is not stopping, preemptible and not (what the
     state accounts to it, see `ClusterState`); the lowest priority of its running single-pod work that may
-    be evicted (see Cycle._lowest_victims)."""
+    be evicted (see Cycle._lowest_victims); its pending work in the snapshot's order."""
 
-    __slots__ = ("demand", "lowest", "other", "preemptible")
+    __slots__ = ("demand", "lowest", "other", "pending", "preemptible")
 
     def __init__(self) -> None:
         self.demand = Sums()
         self.preemptible: Sums | None = None
         self.other: Sums | None = None
         self.lowest: int | None = None
+        self.pending: list[WorkloadView] = []
 
 
 # Running work's sums by (queue, preemptible), in the order the pairs first appear (see `running_sums`).
