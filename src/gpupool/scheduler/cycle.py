@@ -499,10 +499,9 @@ class Cycle(Allocation):
                 split = self._victims_split = (source, _split_by_queue(source))
             found = self._by_queue[queue] = split[1].get(queue, {})
             if index is None:  # the groups are in no victim order: this queue's lists alone are sorted
-                key = self._victim_key
-                for on_node in found.values():
+                for name, on_node in found.items():
                     if len(on_node) > 1:
-                        on_node.sort(key=key)  # keys are unique: they end in the id
+                        self._sort_victims(queue, name, on_node)
         return found
 
     # -- consolidate ----------------------------------------------------------------------------------
@@ -627,15 +626,19 @@ def _split_by_queue(by_node: dict[str, list[WorkloadView]]) -> dict[str, dict[st
     list in the order of `by_node`, as filtering `by_node` for one queue at a time gives them."""
     split: dict[str, dict[str, list[WorkloadView]]] = {}
     for name, victims in by_node.items():
+        last: str | None = None  # the queue of the victim before on this node, and its list here
+        on_node: list[WorkloadView] = []
         for v in victims:
-            mine = split.get(v.queue)
-            if mine is None:
-                mine = split[v.queue] = {}
-            on_node = mine.get(name)
-            if on_node is None:
-                mine[name] = [v]
-            else:
-                on_node.append(v)
+            queue = v.queue
+            if queue is not last:
+                mine = split.get(queue)
+                if mine is None:
+                    mine = split[queue] = {}
+                found = mine.get(name)
+                if found is None:
+                    found = mine[name] = []
+                on_node, last = found, queue
+            on_node.append(v)
     return split
 
 

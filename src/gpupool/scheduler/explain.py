@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, TypeAlias
 
 from gpupool.scheduler.snapshot import Explanation, NodeView, WorkloadView
 from gpupool.scheduler.state import EPSILON
@@ -35,6 +35,12 @@ CODES: Final = (
 
 # Codes that more capacity (an eviction) could cure: reclaim, preempt and consolidate look at these.
 CAPACITY_CODES: Final = frozenset({NO_CAPACITY, FRAGMENTED, OVER_FAIR_SHARE})
+
+# A queue's standing as the over-fair-share sentence gives it: (the queue, its GPUs allocated, its fair
+# share). Typed as any tuple so that compiled code keeps it as one Python tuple that every sentence of the
+# queue shares: as `tuple[str, float, float]`, mypyc keeps it unboxed and makes a new tuple, with new
+# floats, each time a sentence takes it.
+Standing: TypeAlias = tuple[object, ...]
 
 UNITS: Final = {"gpu": "GPUs", "cpu": "CPUs", "memory": "bytes of memory"}
 
@@ -78,18 +84,23 @@ def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Exp
     )
 
 
-def quota_not_reclaimable(why: Explanation, queue: str, allocated: float, quota: float) -> Explanation:
-    """`why` (a capacity explanation) of work whose queue is within its quota, for which reclaim found
-    nothing it may take: the person expecting the quota's guarantee is told what stands in its way."""
-    return Explanation(why.code, render=_quota_not_reclaimable, args=(why, queue, allocated, quota))
-
-
 def _quota_not_reclaimable(why: Explanation, queue: str, allocated: float, quota: float) -> str:
     return (
         f"{why.message}; queue {queue} is within its quota ({allocated:g} of {quota:g} GPUs in use), but "
         "reclaim found nothing to take for it: the work beyond other queues' quotas is non-preemptible or "
         "within its minimum runtime, or stopping it would not free room this work can use"
     )
+
+
+# The sentences written when first read, each as a constant: compiled, a constant is one C variable, where
+# naming the function itself looks it up in the module's dict at every call (once per workload explained).
+_QUOTA_NOT_RECLAIMABLE: Final[Callable[..., str]] = _quota_not_reclaimable
+
+
+def quota_not_reclaimable(why: Explanation, queue: str, allocated: float, quota: float) -> Explanation:
+    """`why` (a capacity explanation) of work whose queue is within its quota, for which reclaim found
+    nothing it may take: the person expecting the quota's guarantee is told what stands in its way."""
+    return Explanation(why.code, render=_QUOTA_NOT_RECLAIMABLE, args=(why, queue, allocated, quota))
 
 
 def too_large(w: WorkloadView, why: str) -> Explanation:
@@ -153,29 +164,35 @@ def node_resources_short(w: WorkloadView, resource: str, most: float, node: str)
     return Explanation(FRAGMENTED, f"{why} ({node})")
 
 
-def no_capacity(w: WorkloadView, free: float, ahead: int) -> Explanation:
-    return Explanation(NO_CAPACITY, render=_no_capacity, args=(w, free, ahead))
-
-
 def _no_capacity(w: WorkloadView, free: float, ahead: int) -> str:
     pods = f"{w.nodes} x {gpu_text(w)}" if w.nodes > 1 else gpu_text(w)
     behind = f"; {_ahead(ahead)} in queue {w.queue}" if ahead else ""
     return f"needs {pods}; {free:g} GPUs free in the pool{behind}"
 
 
+_NO_CAPACITY: Final[Callable[..., str]] = _no_capacity
+
+
+def no_capacity(w: WorkloadView, free: float, ahead: int) -> Explanation:
+    return Explanation(NO_CAPACITY, render=_NO_CAPACITY, args=(w, free, ahead))
+
+
 def _ahead(count: int) -> str:
     return "1 workload ahead" if count == 1 else f"{count} workloads ahead"
 
 
-def over_fair_share(standing: tuple[str, float, float], ahead: int) -> Explanation:
-    """`standing`: the queue, the GPUs allocated to it, its fair share (one tuple serves all its work)."""
-    return Explanation(OVER_FAIR_SHARE, render=_over_fair_share, args=(standing, ahead))
-
-
-def _over_fair_share(standing: tuple[str, float, float], ahead: int) -> str:
+def _over_fair_share(standing: Standing, ahead: int) -> str:
     queue, allocated, fair = standing
     behind = f"; {_ahead(ahead)}" if ahead else ""
     return f"queue {queue} is at or over its fair share ({allocated:g} >= {fair:.3g} GPUs){behind}"
+
+
+_OVER_FAIR_SHARE: Final[Callable[..., str]] = _over_fair_share
+
+
+def over_fair_share(standing: Standing, ahead: int) -> Explanation:
+    """`standing`: the queue, the GPUs allocated to it, its fair share (one tuple serves all its work)."""
+    return Explanation(OVER_FAIR_SHARE, render=_OVER_FAIR_SHARE, args=(standing, ahead))
 
 
 def waiting_for_release(w: WorkloadView, victims: Sequence[int] = ()) -> Explanation:

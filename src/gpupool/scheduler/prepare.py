@@ -91,12 +91,19 @@ class Prepared:
         self.now = now
         self.decisions = Decisions()
         queues = {q.name: q for q in snapshot.queues}
-        # One pass over the work: each queue's sums (see QueueSums) and each node's running work.
+        # One pass over the work: each queue's sums (see QueueSums) and each node's running work. Work of
+        # one queue mostly comes in runs (the simulator lists it so, and a store lists it by queue): the row
+        # of the work before is taken again, without a lookup, while the queue is the same object.
         sums: dict[str, QueueSums] = {}
+        last: str | None = None
+        row = QueueSums()
         for w in snapshot.pending:
-            row = sums.get(w.queue)
-            if row is None:
-                row = sums[w.queue] = QueueSums()
+            queue = w.queue
+            if queue is not last:
+                found = sums.get(queue)
+                if found is None:
+                    found = sums[queue] = QueueSums()
+                row, last = found, queue
             row.demand.add(w)
             row.pending.append(w)
         loaded: Loaded = []
@@ -108,9 +115,11 @@ class Prepared:
         by_node = self.by_node
         for w in snapshot.running:
             queue = w.queue
-            row = sums.get(queue)
-            if row is None:
-                row = sums[queue] = QueueSums()
+            if queue is not last:
+                found = sums.get(queue)
+                if found is None:
+                    found = sums[queue] = QueueSums()
+                row, last = found, queue
             pods = w.nodes
             gpu = w.gpus.count * pods  # as Sums.add sums them
             cpu = w.cpus * pods
@@ -177,7 +186,7 @@ class Prepared:
         # allocation, its fair share) as the over-fair-share sentence takes them, and whether it is over
         self._standing_queue: str | None = None
         self._standing_changes = -1
-        self._standing: tuple[str, float, float] = ("", 0.0, 0.0)
+        self._standing: explain.Standing = ("", 0.0, 0.0)
         self._standing_over = False
         self.order = self._pending_order()
         # each pending workload's place in its group's order (built when first asked, see `ahead_of`);

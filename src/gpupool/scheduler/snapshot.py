@@ -181,6 +181,10 @@ class WorkloadView:
     # they were filled with, they match it by identity. Compiled, each read of `id` makes a new int object,
     # which a dict must compare by value. Not a value of the view: not compared, hashed or shown.
     key: Any = field(init=False, repr=False, compare=False)
+    # The view's victim key (`Victims._victim_key`), kept once first asked where it does not depend on the
+    # clock: the simulator keeps a running view from cycle to cycle, and the cycles sort victims by it.
+    # Not a value of the view either.
+    victim_key: tuple[float, ...] | None = field(init=False, repr=False, compare=False)
 
     def __init__(
         self, id: int, queue: str, priority: int, submit_time: float, nodes: int = 1,
@@ -215,6 +219,7 @@ class WorkloadView:
         self.victims_stopped = victims_stopped
         self.spread_group = spread_group
         self.key = id
+        self.victim_key = None
 
     @property
     def running(self) -> bool:
@@ -233,6 +238,20 @@ class WorkloadView:
             placement=placement, start_time=start_time, last_checkpoint_time=self.last_checkpoint_time,
             stopping=self.stopping, evicted_for=self.evicted_for, victims_stopped=self.victims_stopped,
             spread_group=self.spread_group,
+        )  # fmt: skip
+
+    def with_victims_stopped(self) -> WorkloadView:
+        """This pending workload with `victims_stopped` set; the other fields as they are (written out, as
+        `started` is: the simulator gives it for each workload whose victims stopped, cycle after cycle)."""
+        return WorkloadView(
+            id=self.id, queue=self.queue, priority=self.priority, submit_time=self.submit_time,
+            nodes=self.nodes, gpus=self.gpus, cpus=self.cpus, memory_bytes=self.memory_bytes,
+            preemptible=self.preemptible, topology=self.topology, topology_preferred=self.topology_preferred,
+            node_names=self.node_names, max_duration=self.max_duration,
+            attained_service=self.attained_service, duration_estimate=self.duration_estimate,
+            placement=self.placement, start_time=self.start_time,
+            last_checkpoint_time=self.last_checkpoint_time, stopping=self.stopping,
+            evicted_for=self.evicted_for, victims_stopped=True, spread_group=self.spread_group,
         )  # fmt: skip
 
     @property
@@ -379,3 +398,22 @@ class Decisions:
     # released: pending workload id -> one placement per pod. Given back as the next snapshot's `nominated`,
     # it makes the workload land where its evictions made room, not on room that others' evictions freed.
     nominated: dict[int, tuple[PodPlacement, ...]] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        binds: list[Bind] | None = None,
+        evictions: list[Eviction] | None = None,
+        explanations: dict[int, Explanation] | None = None,
+        fair_shares: dict[str, dict[str, float]] | None = None,
+        released_to: dict[int, int] | None = None,
+        nominated: dict[int, tuple[PodPlacement, ...]] | None = None,
+    ) -> None:
+        """Written out (the fields' defaults as given above, a new empty container each): the generated
+        `__init__` of a dataclass with default factories runs interpreted even where this module is
+        compiled, and every cycle makes one."""
+        self.binds = [] if binds is None else binds
+        self.evictions = [] if evictions is None else evictions
+        self.explanations = {} if explanations is None else explanations
+        self.fair_shares = {} if fair_shares is None else fair_shares
+        self.released_to = {} if released_to is None else released_to
+        self.nominated = {} if nominated is None else nominated

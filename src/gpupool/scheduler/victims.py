@@ -26,6 +26,8 @@ class _NodeOrder:
 
 # The last victim order of each node, by name: a pure cache that changes no result, bounded.
 _ORDERS: Final[dict[str, _NodeOrder]] = {}
+# The same for one queue's victims on a node, by (queue, node): see `Victims._sort_victims`.
+_QUEUE_ORDERS: Final[dict[tuple[str, str], _NodeOrder]] = {}
 
 
 class _NodesOrder:
@@ -112,14 +114,22 @@ class Victims(Prepared):
         Work lost is `_lost`: GPUs times the time since the last checkpoint (or the start). Among victims
         of the same GPUs it orders as the time of that checkpoint does, latest first, so the key holds that
         time and not the clock: the same victims keep the same order from cycle to cycle. (Without a start
-        or checkpoint time nothing is lost, as if checkpointed now.)"""
+        or checkpoint time nothing is lost, as if checkpointed now.) A key that does not read the clock is
+        kept on the view (`WorkloadView.victim_key`): the same view has the same key in every cycle."""
+        known = v.victim_key
+        if known is not None:
+            return known
         since = v.last_checkpoint_time if v.last_checkpoint_time is not None else v.start_time
+        timeless = since is not None
         if since is None:
             since = self.now
         units = v.gpu_units
         recent = -since if units > 0.0 else (since if units < 0.0 else 0.0)
         started = v.start_time if v.start_time is not None else 0.0
-        return (units, v.priority, recent, -started, v.id)
+        key = (units, v.priority, recent, -started, v.id)
+        if timeless:
+            v.victim_key = key
+        return key
 
     def _lost(self, v: WorkloadView) -> float:
         """GPU-seconds of work that evicting `v` now loses: since its last checkpoint, or its start."""
@@ -228,6 +238,21 @@ class Victims(Prepared):
                 self._tentative[w.id] = w
                 found.append(w.started(bind.pods, self.now))
         return found
+
+    def _sort_victims(self, queue: str, name: str, victims: list[WorkloadView]) -> None:
+        """Sort one queue's victims on one node (`victims`, in place) into victim order. The order is taken
+        from the last cycle that sorted this queue's victims there when they are the same (objects, in the
+        same order) and have a start or checkpoint time: their keys do not depend on the clock."""
+        known = _QUEUE_ORDERS.get((queue, name))
+        if known is not None and same_work(known.victims, victims):
+            victims[:] = known.order
+            return
+        before = list(victims)
+        victims.sort(key=self._victim_key)  # keys are unique: they end in the id
+        if all(v.last_checkpoint_time is not None or v.start_time is not None for v in victims):
+            if len(_QUEUE_ORDERS) >= MAX_TEMPLATES:
+                _QUEUE_ORDERS.clear()
+            _QUEUE_ORDERS[(queue, name)] = _NodeOrder(before, list(victims), ())
 
     def _victim_index(self) -> dict[str, list[WorkloadView]]:
         """The victims (`_victim_groups`) by node, each list in victim order, the nodes by their first."""

@@ -133,6 +133,11 @@ class Simulation:
         # band thresholds, plus the service thresholds of young work's weights
         young = {below for below, _ in policy.young}
         self._thresholds = tuple(sorted(set(policy.bands) | young))
+        # The policy's properties, read once: it is a module the build does not compile, and the engine
+        # asks them at every arrival, start, eviction, finish and threshold crossing.
+        self._bands = policy.bands
+        self._young = policy.young
+        self._by_attained = policy.band_by == "attained"
         self._est_sum: dict[object, list[float]] = {}
         self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
@@ -364,7 +369,7 @@ class Simulation:
         return max(0.0, now - job.start - job.overhead) if job.state == "running" else 0.0
 
     def _priority(self, job: _Job, now: float) -> int:
-        if not self.policy.bands:
+        if not self._bands:
             return 0
         attained = job.attained + ((now - job.start) * job.gpus if job.state == "running" else 0.0)
         remaining = (job.remaining - self._progress(job, now)) * job.gpus
@@ -375,7 +380,7 @@ class Simulation:
         if not bands or job.gpus <= 0:
             return
         now = self.now
-        if self.policy.band_by == "attained":
+        if self._by_attained:
             attained = job.attained + (now - job.start) * job.gpus
             later = [t for t in bands if t > attained + EPS]
             if not later:
@@ -492,7 +497,7 @@ class Simulation:
             self.policy.queues == POOL
             and config.blocking == blocking
             and config.ordering == "fifo"
-            and not self.policy.bands
+            and not self._bands
             and config.actions == ("allocate",)
         )
 
@@ -535,7 +540,7 @@ class Simulation:
         pending = self._pending_for_cycle()
         owed = self._owed
         if owed:
-            pending = tuple(replace(v, victims_stopped=True) if v.id in owed else v for v in pending)
+            pending = tuple(v.with_victims_stopped() if v.id in owed else v for v in pending)
         running = self._running_views()
         nominated = self._nominated
         snapshot = Snapshot(
@@ -597,7 +602,7 @@ class Simulation:
         weight = 0.0
         if job.state in ("pending", "running"):
             attained = job.attained + ((self.now - job.start) * job.gpus if job.state == "running" else 0.0)
-            weight = young_weight(attained, self.policy.young)
+            weight = young_weight(attained, self._young)
         if weight == job.counted:
             return False
         self.counts[job.queue] = self.counts.get(job.queue, 0.0) + weight - job.counted

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpupool.scheduler import (
     GpuDemand,
     GpuView,
@@ -163,26 +165,48 @@ def test_decide_is_deterministic() -> None:
     assert decide(snapshot, 0) == decide(snapshot, 0)
 
 
-def test_a_started_view_keeps_every_other_field() -> None:
-    """`WorkloadView.started` writes its fields out by hand (for speed): a field added to the view and
-    left out there would silently fall back to its default for this cycle's binds seen as victims."""
+def _every_field_set(**overrides: object) -> WorkloadView:
+    """A view whose init fields all differ from their defaults but those in `overrides`, checked here: a
+    copy that leaves a field out gives it its default, which then tells."""
     import dataclasses
 
-    original = WorkloadView(
+    fields: dict[str, Any] = dict(
         id=7, queue="q", priority=3, submit_time=1.5, nodes=2, gpus=GpuDemand(2, ("H100",), 40 * GB),
         cpus=4.0, memory_bytes=GB, preemptible=False, topology="rack", topology_preferred="zone",
         node_names=frozenset({"n1", "n2"}), max_duration=60.0, attained_service=9.0, duration_estimate=30.0,
         placement=(PodPlacement("n9", (0,), 1.0),), start_time=2.0, last_checkpoint_time=2.5, stopping=True,
         evicted_for=11, victims_stopped=True, spread_group=7,
     )  # fmt: skip
+    fields.update(overrides)
+    view = WorkloadView(**fields)
     defaults = WorkloadView(id=0, queue="", priority=0, submit_time=0.0)
-    changed = {"placement", "start_time"}
     for f in dataclasses.fields(WorkloadView):
-        if f.init and f.name not in changed:  # every other field is set apart from its default above
-            assert getattr(original, f.name) != getattr(defaults, f.name), f.name
+        if f.init and f.name not in overrides:
+            assert getattr(view, f.name) != getattr(defaults, f.name), f.name
+    return view
+
+
+def test_a_started_view_keeps_every_other_field() -> None:
+    """`WorkloadView.started` writes its fields out by hand (for speed): a field added to the view and
+    left out there would silently fall back to its default for this cycle's binds seen as victims."""
+    import dataclasses
+
+    original = _every_field_set()
     pods = (PodPlacement("n1", (1,), 1.0), PodPlacement("n2", (1,), 1.0))
     started = original.started(pods, 5.0)
     assert started == dataclasses.replace(original, placement=pods, start_time=5.0)
+
+
+def test_a_view_with_its_victims_stopped_keeps_every_other_field() -> None:
+    """`with_victims_stopped` writes its fields out by hand too (the simulator gives it, cycle after cycle,
+    for each workload whose victims stopped)."""
+    import dataclasses
+
+    original = _every_field_set(victims_stopped=False)
+    copy = original.with_victims_stopped()
+    assert copy.victims_stopped and not original.victims_stopped
+    assert copy == dataclasses.replace(original, victims_stopped=True)
+    assert copy.key == original.id
 
 
 def test_a_views_key_is_its_id_and_not_part_of_its_value() -> None:

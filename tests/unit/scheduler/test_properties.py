@@ -310,6 +310,7 @@ def _forget() -> None:
     scheduler_state._LOADED.clear()
     scheduler_state._POOL.take()
     scheduler_victims._ORDERS.clear()
+    scheduler_victims._QUEUE_ORDERS.clear()
     scheduler_victims._by_first([])  # an empty order remembered: the next is made afresh
     scheduler_ordering._LAST.clear()
     scheduler_fairshare._LAST.clear()

@@ -3,6 +3,8 @@ nodes' order by first victim, which starts from the last cycle's, gives what sor
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +45,25 @@ def test_victims_are_ordered_by_the_work_they_would_lose(views: list[WorkloadVie
         return (v.gpu_units, v.priority, victims._lost(v), -started, v.id)
 
     assert sorted(views, key=victims._victim_key) == sorted(views, key=by_loss)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_VIEWS, min_size=1, max_size=12, unique_by=lambda v: v.id),
+    st.integers(70_000, 200_000),
+    st.integers(70_000, 200_000),
+)
+def test_a_key_kept_on_a_view_is_its_key_at_any_clock(
+    views: list[WorkloadView], first: int, second: int
+) -> None:
+    """A view keeps its victim key once asked (the simulator asks the same views cycle after cycle); one
+    without a start or checkpoint time, whose key reads the clock, keeps none: asked again at another
+    clock, every view gives what a copy that kept nothing gives."""
+    for now in (first, second):
+        victims = Victims(Snapshot(nodes=(), pending=()), float(now))
+        afresh = [replace(v) for v in views]
+        assert [victims._victim_key(v) for v in views] == [victims._victim_key(v) for v in afresh]
+    assert all((v.victim_key is None) == (v.start_time is None) for v in views)
 
 
 # Each node's first key is drawn from a pool of key objects, as the victim index reuses a node's key
