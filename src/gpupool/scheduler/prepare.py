@@ -212,7 +212,8 @@ class Prepared:
         self._groups: dict[str, list[WorkloadView]] | None = None  # see _victim_groups
         self._index: dict[str, list[WorkloadView]] | None = None
         self._gang_victims: list[WorkloadView] | None = None  # see _gangs
-        self._pending_by_id = dict(self.unplaced)
+        self._pending_map: dict[int, WorkloadView] | None = None  # see _pending_by_id
+        self._bound: dict[int, WorkloadView] = {}  # this cycle's binds so far, by id, as the pending views
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._stopping_for: dict[int, list[int]] = {}  # pending id -> stopping work evicted for it (ids)
         # whether the snapshot has stopping work (its GPUs held), and that work by node (see _promise)
@@ -335,9 +336,17 @@ class Prepared:
         if for_workload is None:
             self._ownerless += 1
 
+    def _pending_by_id(self) -> dict[int, WorkloadView]:
+        """The snapshot's pending work by id (with ids repeated, the last view of each), made when first
+        asked: few cycles do."""
+        if self._pending_map is None:
+            self._pending_map = {w.key: w for w in self.snapshot.pending}
+        return self._pending_map
+
     def _bind(self, w: WorkloadView, placed: tuple[PodPlacement, ...]) -> None:
         self.decisions.binds.append(Bind(w.id, placed))
         del self.unplaced[w.key]
+        self._bound[w.key] = w
         self.decisions.explanations.pop(w.key, None)
         ends = self._ends
         for pod in placed:

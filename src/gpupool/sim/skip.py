@@ -132,6 +132,9 @@ class SkipTest:
         self.fair: dict[str, float] | None = None
         # the reclaim test's last fair shares: (queues, demand by queue, fair GPUs by queue)
         self._fair_for: tuple[tuple[QueueView, ...], dict[str, float], dict[str, float]] | None = None
+        # the GPU quota of each queue of the views `_quotas_of` (the views change only with their weights)
+        self._quotas_of: tuple[QueueView, ...] | None = None
+        self._quotas: dict[str, float] = {}
         # GPUs free on each node: the empty node's, less the pods placed on it (`_on_node`: node -> job ->
         # GPUs of its pods there, in start order), recomputed for the nodes in `_room_stale` only
         self._empty_room = {n.name: sum(g.free for g in n.gpus) for n in cluster.nodes}
@@ -377,7 +380,9 @@ class SkipTest:
         # the lower of its fair share and its quota (reclaim by quota), except that a queue above its quota
         # may lose any of its work, a job that borrows going whole (all it holds is counted then).
         above_fair = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
-        quotas = {q.name: q.gpu.quota for q in views}
+        if views is not self._quotas_of:
+            self._quotas_of, self._quotas = views, {q.name: q.gpu.quota for q in views}
+        quotas = self._quotas
         floors = {q: min(fair.get(q, 0.0), quotas.get(q, 0.0)) for q in alloc}
         above_quota = {
             q: a if a > quotas.get(q, 0.0) + SLACK else a - floors[q]
