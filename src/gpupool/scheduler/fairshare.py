@@ -122,7 +122,7 @@ def fair_shares(
                 result[name][resource] = share
             continue
         if children is None:
-            children = children_of(queues)
+            children = _children(queues)
         totals: dict[str, float] = {}
         for top in children.get(None, []):  # the trees are disjoint: each writes its own queues' totals
             _sum_subtree(children, own, top.name, totals)
@@ -131,6 +131,31 @@ def fair_shares(
         filled = {name: row[resource] for name, row in result.items() if resource in row}
         _LAST[resource] = _Filled(queues, own, available, usage_weight, filled)
     return result
+
+
+class _Tree:
+    """The last queues given to `fair_shares` and their `children_of` (replaced whole)."""
+
+    __slots__ = ("children", "queues")
+
+    def __init__(self, queues: list[QueueView], children: dict[str | None, list[QueueView]]) -> None:
+        self.queues = queues
+        self.children = children
+
+
+_TREE: Final[list[_Tree]] = []  # at most one: the last
+
+
+def _children(queues: list[QueueView]) -> dict[str | None, list[QueueView]]:
+    """`children_of(queues)`, taken from the last call when its queues are the same objects in the same
+    order (queue views do not change: the tree is a function of them). Its lists are only read."""
+    if _TREE:
+        last = _TREE[0]
+        if len(last.queues) == len(queues) and all(a is b for a, b in zip(last.queues, queues, strict=True)):
+            return last.children
+    children = children_of(queues)
+    _TREE[:] = [_Tree(queues, children)]
+    return children
 
 
 def _nothing_wanted(queues: list[QueueView], own: dict[str, float], resource: str) -> bool:

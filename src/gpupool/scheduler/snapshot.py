@@ -185,6 +185,9 @@ class WorkloadView:
     # clock: the simulator keeps a running view from cycle to cycle, and the cycles sort victims by it.
     # Not a value of the view either.
     victim_key: tuple[float, ...] | None = field(init=False, repr=False, compare=False)
+    # GPUs the whole gang takes, in GPU units (fractions count as fractions): `gpus.count` times `nodes`,
+    # worked out once with the view (a cycle asks it of each workload several times).
+    gpu_units: float = field(init=False, repr=False, compare=False)
 
     def __init__(
         self, id: int, queue: str, priority: int, submit_time: float, nodes: int = 1,
@@ -220,6 +223,7 @@ class WorkloadView:
         self.spread_group = spread_group
         self.key = id
         self.victim_key = None
+        self.gpu_units = gpus.count * nodes
 
     @property
     def running(self) -> bool:
@@ -253,11 +257,6 @@ class WorkloadView:
             last_checkpoint_time=self.last_checkpoint_time, stopping=self.stopping,
             evicted_for=self.evicted_for, victims_stopped=True, spread_group=self.spread_group,
         )  # fmt: skip
-
-    @property
-    def gpu_units(self) -> float:
-        """GPUs the whole gang takes, in GPU units (fractions count as fractions)."""
-        return self.gpus.count * self.nodes
 
     def demand(self, resource: str) -> float:
         if resource == "gpu":

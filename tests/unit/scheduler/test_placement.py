@@ -221,6 +221,19 @@ def test_a_views_key_is_its_id_and_not_part_of_its_value() -> None:
     assert again == view and hash(again) == hash(view) and "key" not in repr(view)
 
 
+def test_a_views_gpu_units_are_its_gangs_gpus_however_made() -> None:
+    """`gpu_units` is worked out with the view: every way of making one gives the gang's GPUs."""
+    import dataclasses
+
+    view = WorkloadView(id=1, queue="q", priority=0, submit_time=0.0, nodes=2, gpus=GpuDemand(0.5))
+    assert view.gpu_units == 1.0
+    assert dataclasses.replace(view, nodes=3).gpu_units == 1.5
+    assert dataclasses.replace(view, gpus=GpuDemand(4)).gpu_units == 8.0
+    pods = (PodPlacement("n1", (0,), 0.5), PodPlacement("n2", (0,), 0.5))
+    assert view.started(pods, 1.0).gpu_units == view.with_victims_stopped().gpu_units == 1.0
+    assert "gpu_units" not in repr(view)
+
+
 # --- a service's replicas: spread over nodes where they can be -----------------------------------------
 
 

@@ -314,6 +314,7 @@ def _forget() -> None:
     scheduler_victims._by_first([])  # an empty order remembered: the next is made afresh
     scheduler_ordering._LAST.clear()
     scheduler_fairshare._LAST.clear()
+    scheduler_fairshare._TREE.clear()
     scheduler_prepare._NODE_ANSWERS.nodes = None
 
 
