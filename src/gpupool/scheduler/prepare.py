@@ -62,6 +62,70 @@ _NODE_ANSWERS: Final = _NodeAnswers()
 MAX_NODE_ANSWERS: Final = 10_000
 
 
+class _LastPending:
+    """The last pending work `by_key` was given, and its answer (only read since: each call copies it)."""
+
+    __slots__ = ("by_key", "views")
+
+    def __init__(self) -> None:
+        self.views: tuple[WorkloadView, ...] = ()
+        self.by_key: dict[int, WorkloadView] = {}
+
+
+_LAST_PENDING: Final = _LastPending()
+MAX_GONE: Final = 16  # views gone since the last call beyond which `by_key` builds its answer afresh
+
+
+def by_key(pending: tuple[WorkloadView, ...]) -> dict[int, WorkloadView]:
+    """`{w.key: w for w in pending}`: the same keys, values and order, made from the last call's answer
+    when it can be (a pure cache: it changes no result).
+
+    Callers pass mostly the same views cycle after cycle, in the same order, with a few gone, a few
+    replaced (a new view of the same workload, in its place) and a few new ones at the end: then the last
+    answer is copied (a copy costs a fraction of building a dict key by key), the gone views' keys
+    deleted, the replaced ones' values set in place and the new ones added at the end, which gives the
+    dict the walk would. Matched by identity, in order; with more than MAX_GONE views gone it is built
+    afresh, and an answer with an id repeated is no base for the next. The answer is the caller's to
+    change."""
+    last = _LAST_PENDING
+    found: dict[int, WorkloadView] | None = None
+    if last.views:
+        found = _from_last(last, pending)
+    if found is None:
+        found = {w.key: w for w in pending}
+    if len(found) == len(pending):  # only an answer without repeated ids is a base for the next
+        last.views, last.by_key = pending, found
+        return dict(found)
+    last.views, last.by_key = (), {}
+    return found
+
+
+def _from_last(last: _LastPending, pending: tuple[WorkloadView, ...]) -> dict[int, WorkloadView] | None:
+    """`by_key(pending)` from the last answer (see there), or None where it cannot be told."""
+    gone: list[WorkloadView] = []
+    replaced: list[WorkloadView] = []
+    j, n = 0, len(pending)
+    for w in last.views:
+        if j < n and pending[j] is w:
+            j += 1
+        elif j < n and pending[j].id == w.id:
+            replaced.append(pending[j])
+            j += 1
+        else:
+            gone.append(w)
+            if len(gone) > MAX_GONE:
+                return None
+    found = last.by_key.copy()
+    for w in gone:
+        del found[w.key]
+    for w in replaced:
+        found[w.key] = w  # the key is there: it keeps its place
+    for i in range(j, n):
+        w = pending[i]
+        found[w.key] = w  # an id repeated keeps its first place with its last view, as the walk gives
+    return found
+
+
 class ConfigError(ValueError):
     """A scheduler configuration names an unknown action, placement, ordering or blocking mode."""
 
@@ -180,7 +244,7 @@ class Prepared:
         self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.shares = self._fair_shares()
         self.decisions.fair_shares = self.shares
-        self.unplaced: dict[int, WorkloadView] = {w.key: w for w in snapshot.pending}
+        self.unplaced: dict[int, WorkloadView] = by_key(snapshot.pending)
         self._least: dict[str, float] = {}  # each group's fewest GPUs asked for, see _least_gpus
         # the last standing _capacity_explanation read: the queue, len(state.accounted), (the queue, its
         # allocation, its fair share) as the over-fair-share sentence takes them, and whether it is over

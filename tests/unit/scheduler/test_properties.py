@@ -316,6 +316,7 @@ def _forget() -> None:
     scheduler_fairshare._LAST.clear()
     scheduler_fairshare._TREE.clear()
     scheduler_prepare._NODE_ANSWERS.nodes = None
+    scheduler_prepare._LAST_PENDING.views = ()
 
 
 def apply(snapshot: Snapshot, decisions: Decisions, now: float = NOW) -> Snapshot:
