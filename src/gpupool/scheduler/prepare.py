@@ -76,6 +76,14 @@ _LAST_PENDING: Final = _LastPending()
 MAX_GONE: Final = 16  # views gone since the last call beyond which `by_key` builds its answer afresh
 
 
+def _row(sums: dict[str, QueueSums], queue: str) -> QueueSums:
+    """`queue`'s row of `sums`, made when missing."""
+    found = sums.get(queue)
+    if found is None:
+        found = sums[queue] = QueueSums()
+    return found
+
+
 def by_key(pending: tuple[WorkloadView, ...]) -> dict[int, WorkloadView]:
     """`{w.key: w for w in pending}`: the same keys, values and order, made from the last call's answer
     when it can be (a pure cache: it changes no result).
@@ -164,10 +172,7 @@ class Prepared:
         for w in snapshot.pending:
             queue = w.queue
             if queue is not last:
-                found = sums.get(queue)
-                if found is None:
-                    found = sums[queue] = QueueSums()
-                row, last = found, queue
+                row, last = _row(sums, queue), queue
             row.demand.add(w)
             row.pending.append(w)
         loaded: Loaded = []
@@ -180,10 +185,7 @@ class Prepared:
         for w in snapshot.running:
             queue = w.queue
             if queue is not last:
-                found = sums.get(queue)
-                if found is None:
-                    found = sums[queue] = QueueSums()
-                row, last = found, queue
+                row, last = _row(sums, queue), queue
             pods = w.nodes
             gpu = w.gpus.count * pods  # as Sums.add sums them
             cpu = w.cpus * pods

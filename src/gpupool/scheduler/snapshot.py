@@ -230,9 +230,20 @@ class WorkloadView:
         return bool(self.placement)
 
     def started(self, placement: tuple[PodPlacement, ...], start_time: float) -> WorkloadView:
-        """This workload as running `placement` since `start_time`; the other fields as they are (a test
-        checks that none is left out). Written out: `dataclasses.replace` costs several times more, and
-        a cycle does this for each of its own binds."""
+        """This workload as running `placement` since `start_time`; the other fields as they are."""
+        return self._copy(placement, start_time, self.victims_stopped)
+
+    def with_victims_stopped(self) -> WorkloadView:
+        """This pending workload with `victims_stopped` set; the other fields as they are (the simulator
+        gives it for each workload whose victims stopped, cycle after cycle)."""
+        return self._copy(self.placement, self.start_time, True)
+
+    def _copy(
+        self, placement: tuple[PodPlacement, ...], start_time: float | None, victims_stopped: bool
+    ) -> WorkloadView:
+        """This view with these three fields; the others as they are (a test checks that none is left out).
+        Written out: `dataclasses.replace` costs several times more, and a cycle does this for each of its
+        own binds."""
         return WorkloadView(
             id=self.id, queue=self.queue, priority=self.priority, submit_time=self.submit_time,
             nodes=self.nodes, gpus=self.gpus, cpus=self.cpus, memory_bytes=self.memory_bytes,
@@ -240,22 +251,8 @@ class WorkloadView:
             node_names=self.node_names, max_duration=self.max_duration,
             attained_service=self.attained_service, duration_estimate=self.duration_estimate,
             placement=placement, start_time=start_time, last_checkpoint_time=self.last_checkpoint_time,
-            stopping=self.stopping, evicted_for=self.evicted_for, victims_stopped=self.victims_stopped,
+            stopping=self.stopping, evicted_for=self.evicted_for, victims_stopped=victims_stopped,
             spread_group=self.spread_group,
-        )  # fmt: skip
-
-    def with_victims_stopped(self) -> WorkloadView:
-        """This pending workload with `victims_stopped` set; the other fields as they are (written out, as
-        `started` is: the simulator gives it for each workload whose victims stopped, cycle after cycle)."""
-        return WorkloadView(
-            id=self.id, queue=self.queue, priority=self.priority, submit_time=self.submit_time,
-            nodes=self.nodes, gpus=self.gpus, cpus=self.cpus, memory_bytes=self.memory_bytes,
-            preemptible=self.preemptible, topology=self.topology, topology_preferred=self.topology_preferred,
-            node_names=self.node_names, max_duration=self.max_duration,
-            attained_service=self.attained_service, duration_estimate=self.duration_estimate,
-            placement=self.placement, start_time=self.start_time,
-            last_checkpoint_time=self.last_checkpoint_time, stopping=self.stopping,
-            evicted_for=self.evicted_for, victims_stopped=True, spread_group=self.spread_group,
         )  # fmt: skip
 
     def demand(self, resource: str) -> float:
