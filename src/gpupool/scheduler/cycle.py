@@ -66,7 +66,7 @@ class Cycle(Allocation):
         fair_share = self.config.fair_share
         released_to = self.decisions.released_to
         for stopping, waiting in list(released_to.items()):
-            w = self._pending_by_id()[waiting]
+            w = self._pending_by_id[waiting]
             line = self.order[w.queue if fair_share else GLOBAL]
             ahead = self.ahead_of(w)
             if any(v.id in self.unplaced for v in line[:ahead]):

@@ -291,7 +291,7 @@ class EvictionSearch(Victims):
                         else:
                             on_node.append((v, pod))
         released_to = self.decisions.released_to
-        pending = self._pending_by_id()
+        pending = self._pending_by_id
         for pod in placed:
             for v, held in stopping_on.get(pod.node, ()):
                 if v.id in released_to or (v.evicted_for is not None and v.evicted_for in pending):

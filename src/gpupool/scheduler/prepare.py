@@ -63,7 +63,8 @@ MAX_NODE_ANSWERS: Final = 10_000
 
 
 class _LastPending:
-    """The last pending work `by_key` was given, and its answer (only read since: each call copies it)."""
+    """The last pending work `by_key` was given, and its answer (only read since: a call that changes it
+    changes a copy)."""
 
     __slots__ = ("by_key", "views")
 
@@ -93,18 +94,16 @@ def by_key(pending: tuple[WorkloadView, ...]) -> dict[int, WorkloadView]:
     answer is copied (a copy costs a fraction of building a dict key by key), the gone views' keys
     deleted, the replaced ones' values set in place and the new ones added at the end, which gives the
     dict the walk would. Matched by identity, in order; with more than MAX_GONE views gone it is built
-    afresh, and an answer with an id repeated is no base for the next. The answer is the caller's to
-    change."""
+    afresh, and an answer with an id repeated is no base for the next. The answer is kept for the next
+    call: read it, and copy it to change it."""
     last = _LAST_PENDING
-    found: dict[int, WorkloadView] | None = None
-    if last.views:
-        found = _from_last(last, pending)
+    found = _from_last(last, pending) if last.views else None
     if found is None:
         found = {w.key: w for w in pending}
     if len(found) == len(pending):  # only an answer without repeated ids is a base for the next
         last.views, last.by_key = pending, found
-        return dict(found)
-    last.views, last.by_key = (), {}
+    else:
+        last.views, last.by_key = (), {}
     return found
 
 
@@ -246,7 +245,8 @@ class Prepared:
         self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
         self.shares = self._fair_shares()
         self.decisions.fair_shares = self.shares
-        self.unplaced: dict[int, WorkloadView] = by_key(snapshot.pending)
+        self._pending_by_id = by_key(snapshot.pending)  # only read: see by_key
+        self.unplaced: dict[int, WorkloadView] = dict(self._pending_by_id)
         self._least: dict[str, float] = {}  # each group's fewest GPUs asked for, see _least_gpus
         # the last standing _capacity_explanation read: the queue, len(state.accounted), (the queue, its
         # allocation, its fair share) as the over-fair-share sentence takes them, and whether it is over
@@ -278,8 +278,6 @@ class Prepared:
         self._groups: dict[str, list[WorkloadView]] | None = None  # see _victim_groups
         self._index: dict[str, list[WorkloadView]] | None = None
         self._gang_victims: list[WorkloadView] | None = None  # see _gangs
-        self._pending_map: dict[int, WorkloadView] | None = None  # see _pending_by_id
-        self._bound: dict[int, WorkloadView] = {}  # this cycle's binds so far, by id, as the pending views
         self._tentative: dict[int, WorkloadView] = {}  # this cycle's binds, as pending views
         self._stopping_for: dict[int, list[int]] = {}  # pending id -> stopping work evicted for it (ids)
         # whether the snapshot has stopping work (its GPUs held), and that work by node (see _promise)
@@ -402,17 +400,9 @@ class Prepared:
         if for_workload is None:
             self._ownerless += 1
 
-    def _pending_by_id(self) -> dict[int, WorkloadView]:
-        """The snapshot's pending work by id (with ids repeated, the last view of each), made when first
-        asked: few cycles do."""
-        if self._pending_map is None:
-            self._pending_map = {w.key: w for w in self.snapshot.pending}
-        return self._pending_map
-
     def _bind(self, w: WorkloadView, placed: tuple[PodPlacement, ...]) -> None:
         self.decisions.binds.append(Bind(w.id, placed))
         del self.unplaced[w.key]
-        self._bound[w.key] = w
         self.decisions.explanations.pop(w.key, None)
         ends = self._ends
         for pod in placed:

@@ -233,9 +233,7 @@ class Victims(Prepared):
         for bind in self.decisions.binds:
             if (len(bind.pods) > 1) != gangs or bind.workload_id in self.state.evicted:
                 continue
-            w = self._tentative.get(bind.workload_id) or (
-                self._bound[bind.workload_id] if self._ids_unique else self._pending_by_id()[bind.workload_id]
-            )
+            w = self._tentative.get(bind.workload_id) or self._pending_by_id[bind.workload_id]
             if w.preemptible:
                 self._tentative[w.id] = w
                 found.append(w.started(bind.pods, self.now))

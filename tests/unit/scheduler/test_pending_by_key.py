@@ -38,16 +38,19 @@ def test_the_pending_work_by_id_is_what_a_fresh_walk_gives_cycle_after_cycle(
 ) -> None:
     _LAST_PENDING.views, _LAST_PENDING.by_key = (), {}
     pending = tuple(start)
+    earlier: list[tuple[dict[int, WorkloadView], tuple[WorkloadView, ...]]] = []
     for drop, swap, extra, insert in changes:
         answer = by_key(pending)
         assert [(k, id(w)) for k, w in answer.items()] == _fresh(pending)
-        answer.clear()  # the caller's to change: the next answer must not see it
+        earlier.append((answer, pending))
         kept = [_other(w) if i in swap else w for i, w in enumerate(pending) if i not in drop]
         if isinstance(insert, tuple):
             place, view = insert
             kept.insert(min(place, len(kept)), view)
         pending = (*kept, *extra)
     assert [(k, id(w)) for k, w in by_key(pending).items()] == _fresh(pending)
+    for answer, asked in earlier:  # a cycle still reading its answer: the later ones changed copies
+        assert [(k, id(w)) for k, w in answer.items()] == _fresh(asked)
 
 
 def test_a_cycle_like_the_last_is_answered_from_it() -> None:
