@@ -23,19 +23,23 @@ MAX_TILT_EXPONENT: Final = 4.0
 
 def children_of(queues: Sequence[QueueView]) -> dict[str | None, list[QueueView]]:
     """Queues by parent name; a queue whose parent is unknown counts as top-level."""
-    names = {q.name for q in queues}
-    children: dict[str | None, list[QueueView]] = {}
-    for queue in sorted(queues, key=_name):
-        parent = queue.parent if queue.parent in names else None
-        found = children.get(parent)
+    return {parent: [queues[i] for i in kids] for parent, kids in _positions(queues).items()}
+
+
+def _positions(queues: Sequence[QueueView]) -> dict[str | None, list[int]]:
+    """`children_of` as positions in `queues`: each parent's children (None: the top level) by name, ties
+    in the queues' order; the parents in the order their first child by name comes."""
+    names = [q.name for q in queues]
+    known = set(names)
+    children: dict[str | None, list[int]] = {}
+    for i in sorted(range(len(names)), key=names.__getitem__):
+        parent = queues[i].parent
+        key = parent if parent in known else None
+        found = children.get(key)
         if found is None:
-            found = children[parent] = []
-        found.append(queue)
+            found = children[key] = []
+        found.append(i)
     return children
-
-
-def _name(queue: QueueView) -> str:
-    return queue.name
 
 
 def subtree_demand(
@@ -51,8 +55,10 @@ def _sum_subtree(
     children: dict[str | None, list[QueueView]], own: dict[str, float], name: str, out: dict[str, float]
 ) -> float:
     below = 0.0  # the children's totals summed in order, as sum(..., 0.0) adds them
-    for child in children.get(name, []):
-        below += _sum_subtree(children, own, child.name, out)
+    kids = children.get(name)
+    if kids is not None:
+        for child in kids:
+            below += _sum_subtree(children, own, child.name, out)
     total = own.get(name, 0.0) + below
     out[name] = total
     return total
@@ -104,17 +110,24 @@ def fair_shares(
 ) -> dict[str, dict[str, float]]:
     """Fair share of every queue (parents included) for each resource."""
     queues = list(queues)
-    result: dict[str, dict[str, float]] = {q.name: {} for q in queues}
+    result: dict[str, dict[str, float]] = {}
+    rows: list[dict[str, float]] = []  # the queues' rows of `result` (of a name given twice, the last is)
+    asked: list[dict[str, float] | None] = []  # the queues' demand
+    for q in queues:
+        row: dict[str, float] = {}
+        result[q.name] = row
+        rows.append(row)
+        asked.append(demand.get(q.name))
     children: dict[str | None, list[QueueView]] | None = None
     for resource in RESOURCES:
-        own: dict[str, float] = {}
-        for q in queues:
-            row = demand.get(q.name)
-            own[q.name] = row.get(resource, 0.0) if row is not None else 0.0
-        if _nothing_wanted(queues, own, resource):
-            for q in queues:  # what water-filling gives when no queue wants any of it, without the walk
-                result[q.name][resource] = 0.0
+        if not _wanted(asked, resource) and _no_negative_share(queues, resource):
+            for row in rows:  # what water-filling gives when no queue wants any of it, without the walk
+                row[resource] = 0.0
             continue
+        own: dict[str, float] = {}
+        for i, q in enumerate(queues):
+            wants = asked[i]
+            own[q.name] = wants.get(resource, 0.0) if wants is not None else 0.0
         available = capacity.get(resource, 0.0)
         last = _LAST.get(resource)
         if last is not None and last.same_inputs(queues, own, available, usage_weight):
@@ -134,36 +147,50 @@ def fair_shares(
 
 
 class _Tree:
-    """The last queues given to `fair_shares` and their `children_of` (replaced whole)."""
+    """The names and parents of the last queues given to `fair_shares`, and their tree by position."""
 
-    __slots__ = ("children", "queues")
+    __slots__ = ("names", "parents", "positions")
 
-    def __init__(self, queues: list[QueueView], children: dict[str | None, list[QueueView]]) -> None:
-        self.queues = queues
-        self.children = children
+    def __init__(self, queues: list[QueueView]) -> None:
+        self.names = [q.name for q in queues]
+        self.parents = [q.parent for q in queues]
+        self.positions = _positions(queues)
+
+    def fits(self, queues: list[QueueView]) -> bool:
+        """Whether `queues` have these names and parents, in this order."""
+        names = self.names
+        parents = self.parents
+        if len(queues) != len(names):
+            return False
+        return all(q.name == names[i] and q.parent == parents[i] for i, q in enumerate(queues))
 
 
 _TREE: Final[list[_Tree]] = []  # at most one: the last
 
 
 def _children(queues: list[QueueView]) -> dict[str | None, list[QueueView]]:
-    """`children_of(queues)`, taken from the last call when its queues are the same objects in the same
-    order (queue views do not change: the tree is a function of them). Its lists are only read."""
-    if _TREE:
-        last = _TREE[0]
-        if len(last.queues) == len(queues) and all(a is b for a, b in zip(last.queues, queues, strict=True)):
-            return last.children
-    children = children_of(queues)
-    _TREE[:] = [_Tree(queues, children)]
-    return children
+    """`children_of(queues)`, its shape taken from the last call when the queues have the same names and
+    parents in the same order: the tree is a function of those alone (the simulator's queue views change
+    with their weights, cycle after cycle; their names and parents do not)."""
+    last = _TREE[0] if _TREE else None
+    if last is None or not last.fits(queues):
+        last = _Tree(queues)
+        _TREE[:] = [last]
+    return {parent: [queues[i] for i in kids] for parent, kids in last.positions.items()}
 
 
-def _nothing_wanted(queues: list[QueueView], own: dict[str, float], resource: str) -> bool:
-    """No queue wants any of `resource` and no quota or limit is negative: every share is 0. (Traces without
-    CPU or memory requests, and clusters that do not count them, ask this for two resources of three.)"""
+def _wanted(asked: list[dict[str, float] | None], resource: str) -> bool:
+    """Whether some queue's demand (None: none) asks for some of `resource`."""
+    return any(wants is not None and wants.get(resource, 0.0) != 0.0 for wants in asked)
+
+
+def _no_negative_share(queues: list[QueueView], resource: str) -> bool:
+    """No quota or limit of `resource` is negative: where no queue wants any of it, every share is 0 then.
+    (Traces without CPU or memory requests, and clusters that do not count them, ask this for two
+    resources of three.)"""
     for q in queues:
         share = q.share(resource)
-        if own[q.name] != 0.0 or share.quota < 0.0 or (share.limit is not None and share.limit < 0.0):
+        if share.quota < 0.0 or (share.limit is not None and share.limit < 0.0):
             return False
     return True
 
@@ -184,11 +211,12 @@ def _split(
     for queue in siblings:
         share = shares[queue.name]
         result[queue.name][resource] = share
-        _split(children, queue.name, share, resource, demand, usage_weight, result)
+        if queue.name in children:
+            _split(children, queue.name, share, resource, demand, usage_weight, result)
 
 
 def water_fill(
-    siblings: Sequence[QueueView],
+    siblings: list[QueueView],
     capacity: float,
     resource: str,
     demand: dict[str, float],
@@ -215,7 +243,7 @@ def water_fill(
     remaining = capacity - guaranteed
     if remaining > EPSILON:
         weights = _weights(siblings, resource, usage_weight)
-        tiers = sorted({q.priority for q in siblings}, reverse=True)
+        tiers = _tiers(siblings)
         for tier in tiers:
             active: list[int] = []
             for i in range(count):
@@ -245,7 +273,18 @@ def water_fill(
     return {q.name: shares[i] for i, q in enumerate(siblings)}
 
 
-def _weights(siblings: Sequence[QueueView], resource: str, usage_weight: float) -> list[float]:
+def _tiers(siblings: list[QueueView]) -> list[int]:
+    """The siblings' priorities, each once, highest first."""
+    if not siblings:
+        return []
+    first = siblings[0].priority
+    for q in siblings:
+        if q.priority != first:
+            return sorted({q.priority for q in siblings}, reverse=True)
+    return [first]
+
+
+def _weights(siblings: list[QueueView], resource: str, usage_weight: float) -> list[float]:
     """Each sibling's over-quota weight, in the siblings' order, tilted by usage (see the module)."""
     weights = [max(0.0, q.share(resource).weight) for q in siblings]
     if usage_weight <= 0:

@@ -53,7 +53,7 @@ def test_shares_asked_again_with_the_same_inputs_are_the_same_and_the_caller_may
 
 @pytest.mark.parametrize(
     "change",
-    ["demand", "capacity", "queue", "usage_weight"],
+    ["demand", "capacity", "queue", "parent", "usage_weight"],
 )
 def test_shares_follow_any_change_of_their_inputs(change: str) -> None:
     demand = {"nlp": {"gpu": 12.0}, "product": {"gpu": 20.0}, "vision": {"gpu": 30.0}}
@@ -69,6 +69,8 @@ def test_shares_follow_any_change_of_their_inputs(change: str) -> None:
         capacity = {**capacity, "gpu": 24.0}
     elif change == "queue":  # an equal-looking list, one queue changed
         queues[3] = QueueView("product", gpu=Share(quota=2.0, limit=10.0), priority=1)
+    elif change == "parent":  # the same names, one queue moved to the top: another tree
+        queues[2] = QueueView("vision", cpu=Share(quota=0.0, limit=0.0))
     else:
         usage_weight = 1.0
     after = fair_shares(queues, demand, capacity, usage_weight)
@@ -84,4 +86,5 @@ def _fresh(
 ) -> dict[str, dict[str, float]]:
     """The shares computed with nothing remembered."""
     fairshare._LAST.clear()
+    fairshare._TREE.clear()
     return fair_shares(queues, demand, capacity, usage_weight)
