@@ -107,8 +107,9 @@ def fair_shares(
     demand: dict[str, dict[str, float]],
     capacity: dict[str, float],
     usage_weight: float = 0.0,
+    resources: Sequence[str] = RESOURCES,
 ) -> dict[str, dict[str, float]]:
-    """Fair share of every queue (parents included) for each resource."""
+    """Fair share of every queue (parents included) for each of `resources` (by default all three)."""
     queues = list(queues)
     result: dict[str, dict[str, float]] = {}
     rows: list[dict[str, float]] = []  # the queues' rows of `result` (of a name given twice, the last is)
@@ -119,7 +120,7 @@ def fair_shares(
         rows.append(row)
         asked.append(demand.get(q.name))
     children: dict[str | None, list[QueueView]] | None = None
-    for resource in RESOURCES:
+    for resource in resources:
         if not _wanted(asked, resource) and _no_negative_share(queues, resource):
             for row in rows:  # what water-filling gives when no queue wants any of it, without the walk
                 row[resource] = 0.0

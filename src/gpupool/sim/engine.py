@@ -198,7 +198,7 @@ class Simulation:
         # The skip test models backfill's reservation by GPUs alone: where jobs ask for CPUs or memory,
         # which reservations count too, it does not model it (those cycles run).
         self.skip = SkipTest(
-            cluster, self.config, self._queues_for_cycle,
+            cluster, self.config, self.queues, self._queues_for_cycle,
             strict=self._strict, backfill=self._backfill_fifo() and gpus_only, nested=self._queues_nested,
         )  # fmt: skip
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from gpupool.scheduler import GpuDemand, PodPlacement, QueueView, SchedulerConfig
 from gpupool.scheduler.fairshare import fair_shares
@@ -19,6 +19,7 @@ from gpupool.sim.cluster import Cluster
 
 EPS = 1e-9
 SLACK = 1e-6  # float slack of the tests, on the side of running the cycle
+GPU_ONLY: Final = ("gpu",)  # the fair shares the tests read
 _K = TypeVar("_K")
 
 
@@ -48,7 +49,8 @@ class QueueTally:
         self.pending_shapes: dict[tuple[int, float, int], int] = {}  # (priority, GPUs per pod, pods) -> jobs
         self.priorities: dict[int, int] = {}  # priority -> running jobs at it
         self.gangs: dict[float, int] = {}  # GPUs -> its running multi-pod jobs of that size
-        self.victims: dict[int, Work] = {}  # its running single-pod jobs, in start order
+        # its running single-pod jobs, in start order: their node and the GPUs of their pod
+        self.victims: dict[int, tuple[str, float]] = {}
         # the same jobs by priority and node: [jobs, GPUs of their pods]
         self.victim_room: dict[int, dict[str, list[float]]] = {}
 
@@ -79,7 +81,31 @@ def _count(counter: dict[_K, int], key: _K, step: int) -> None:
 
 def _nodes_with(room: Mapping[str, float], gpus: float) -> int:
     """How many nodes have `gpus` GPUs of room (with the tests' slack)."""
-    return len([value for value in room.values() if value + SLACK >= gpus])
+    return sum(1 for value in room.values() if value + SLACK >= gpus)
+
+
+# `min` of a counter's keys, the way `min` walks them (the first, replaced by each key below it), in the
+# compiled code's own loop: the builtin is a call through Python.
+def _least(sizes: dict[float, int]) -> float:
+    """The smallest key of a counter of sizes (not empty)."""
+    first = True
+    least = 0.0
+    for size in sizes:
+        if first or size < least:
+            least = size
+            first = False
+    return least
+
+
+def _lowest(priorities: dict[int, int]) -> int:
+    """The lowest key of a counter of priorities (not empty)."""
+    first = True
+    lowest = 0
+    for priority in priorities:
+        if first or priority < lowest:
+            lowest = priority
+            first = False
+    return lowest
 
 
 def _fits_on(room: Mapping[str, float], shapes: Iterable[tuple[float, int]]) -> bool:
@@ -104,18 +130,23 @@ class SkipTest:
         self,
         cluster: Cluster,
         config: SchedulerConfig,
+        base: tuple[QueueView, ...],
         queues: Callable[[], tuple[QueueView, ...]],
         *,
         strict: bool,
         backfill: bool,
         nested: bool,
     ) -> None:
-        """`queues` gives the queue views of the next cycle; `strict`: one queue in submit order that
+        """`queues` gives the queue views of the next cycle: `base`'s, in their order, differing only in GPU
+        weight and usage (so with their names, parents and quotas); `strict`: one queue in submit order that
         nothing passes (only its head can start); `backfill`: one queue in submit order, blocking
         `backfill`, allocate only, no declared durations (a blocked head reserves nodes that nothing
         behind it may use); `nested`: the queues form a tree."""
         self.config = config
+        self._usage_weight = config.usage_weight
         self._queues = queues
+        self._known = frozenset(q.name for q in base)  # the queues' names
+        self._quotas = {q.name: q.gpu.quota for q in base}  # their GPU quotas
         self._strict = strict
         self._nested = nested
         self._cluster_gpus = cluster.gpus
@@ -132,15 +163,13 @@ class SkipTest:
         self.fair: dict[str, float] | None = None
         # the reclaim test's last fair shares: (queues, demand by queue, fair GPUs by queue)
         self._fair_for: tuple[tuple[QueueView, ...], dict[str, float], dict[str, float]] | None = None
-        # the GPU quota of each queue of the views `_quotas_of` (the views change only with their weights)
-        self._quotas_of: tuple[QueueView, ...] | None = None
-        self._quotas: dict[str, float] = {}
         # GPUs free on each node: the empty node's, less the pods placed on it (`_on_node`: node -> job ->
         # GPUs of its pods there, in start order), recomputed for the nodes in `_room_stale` only
         self._empty_room = {n.name: sum(g.free for g in n.gpus) for n in cluster.nodes}
         self._room = dict(self._empty_room)
         self._on_node: dict[str, dict[int, tuple[float, ...]]] = {}
         self._room_stale: set[str] = set()
+        self._able: dict[float, int] = {}  # GPUs -> nodes with that much room, while `_room` stays as it is
         # The backfill reservation is modelled only where `_room` counts whole free GPUs exactly: every
         # node schedulable with whole GPUs free when empty, and no fractional pod running.
         self._backfill = backfill and all(
@@ -184,8 +213,9 @@ class SkipTest:
             tally.running += job.gpus
             _count(tally.priorities, job.priority, 1)
             if len(pods) == 1:
-                tally.victims[job.idx] = job
-                tally.add_victim(pods[0], job.priority, 1)
+                pod = pods[0]
+                tally.victims[job.idx] = (pod.node, len(pod.gpu_indices) * pod.gpu_fraction)
+                tally.add_victim(pod, job.priority, 1)
             else:
                 _count(tally.gangs, job.gpus, 1)
         on_node = self._on_node
@@ -263,7 +293,7 @@ class SkipTest:
 
     def _allocate_could_bind(self, free: float, pending: Mapping[int, Work]) -> bool:
         """Whether allocate (or consolidate) could bind a pending job, `free` GPUs being free in all."""
-        if min(self.pending_sizes) > free:
+        if _least(self.pending_sizes) > free:
             return False
         if self._consolidates:
             return True
@@ -273,19 +303,32 @@ class SkipTest:
 
     def _fits_nodes(self, shapes: Iterable[tuple[float, int]]) -> bool:
         """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that many
-        GPUs free, as they are now (models and fractions ignored, on the permissive side)."""
-        return _fits_on(self._node_room(), shapes)
+        GPUs free, as they are now (models and fractions ignored, on the permissive side): `_fits_on` the
+        nodes' room."""
+        return any(count <= 0 or self._nodes_able(count) >= pods for count, pods in shapes)
+
+    def _nodes_able(self, gpus: float) -> int:
+        """`_nodes_with(self._node_room(), gpus)`, kept until the room changes (the allocate and preempt
+        tests both ask it, and again at the next instant when no job started or stopped)."""
+        room = self._node_room()
+        able = self._able.get(gpus)
+        if able is None:
+            able = self._able[gpus] = _nodes_with(room, gpus)
+        return able
 
     def _node_room(self) -> dict[str, float]:
         """GPUs free on each node: the empty node's less its pods', subtracted in start order."""
         room = self._room
-        for name in self._room_stale:
-            value = self._empty_room[name]
-            for amounts in self._on_node[name].values():
-                for amount in amounts:
-                    value -= amount
-            room[name] = value
-        self._room_stale.clear()
+        stale = self._room_stale
+        if stale:
+            for name in stale:
+                value = self._empty_room[name]
+                for amounts in self._on_node[name].values():
+                    for amount in amounts:
+                        value -= amount
+                room[name] = value
+            stale.clear()
+            self._able.clear()
         return room
 
     def _reserved_head_blocks(self, pending: Mapping[int, Work]) -> bool:
@@ -321,11 +364,10 @@ class SkipTest:
         jobs there must cover its GPUs per pod (models and fractions ignored, on the permissive side).
         Pending jobs of one queue, priority and shape are one case."""
         room: dict[str, float] | None = None
-        able_empty: dict[float, int] = {}  # GPUs per pod -> nodes with that much room before evictions
         for tally in self.tallies.values():
             if not tally.priorities or not tally.pending_shapes:
                 continue
-            lowest = min(tally.priorities)
+            lowest = _lowest(tally.priorities)
             gains: dict[int, dict[str, float]] = {}  # priority -> the nodes with victims below it: their room
             for priority, count, pods in tally.pending_shapes:
                 if priority <= lowest:
@@ -341,9 +383,7 @@ class SkipTest:
                         if below < priority:
                             for node, (_, gpus) in held.items():
                                 gain[node] = gain.get(node, room[node]) + gpus
-                able = able_empty.get(count)
-                if able is None:
-                    able = able_empty[count] = _nodes_with(room, count)
+                able = self._nodes_able(count)  # nodes with that much room before evictions
                 for node, value in gain.items():
                     able += (value + SLACK >= count) - (room[node] + SLACK >= count)
                 if able >= pods:
@@ -361,18 +401,20 @@ class SkipTest:
             if tally.running:
                 alloc[name] = tally.running
             if tally.pending_sizes:
-                smallest[name] = min(tally.pending_sizes)
+                smallest[name] = _least(tally.pending_sizes)
         views = self._queues()
         last = self._fair_for
         if last is not None and views is last[0] and demand == last[1]:
             fair = last[2]  # fair shares are a function of the queues and their demand
         else:
             queues = list(views)
-            known = {q.name for q in queues}
-            queues.extend(QueueView(name) for name in sorted(demand) if name not in known)
+            known = self._known
+            unknown = [name for name in demand if name not in known]  # queues only work names: defaults
+            if unknown:
+                queues.extend(QueueView(name) for name in sorted(unknown))
             capacity = {"gpu": self._gpu_capacity}
             shares = fair_shares(queues, {q: {"gpu": d} for q, d in demand.items()}, capacity,
-                                 self.config.usage_weight)  # fmt: skip
+                                 self._usage_weight, GPU_ONLY)  # fmt: skip
             fair = {q: s.get("gpu", 0.0) for q, s in shares.items()}
             self._fair_for = (views, demand, fair)
         self.fair = fair  # what the skipped cycle would have reported
@@ -380,8 +422,6 @@ class SkipTest:
         # the lower of its fair share and its quota (reclaim by quota), except that a queue above its quota
         # may lose any of its work, a job that borrows going whole (all it holds is counted then).
         above_fair = {q: a - fair.get(q, 0.0) for q, a in alloc.items() if a > fair.get(q, 0.0) + SLACK}
-        if views is not self._quotas_of:
-            self._quotas_of, self._quotas = views, {q.name: q.gpu.quota for q in views}
         quotas = self._quotas
         floors = {q: min(fair.get(q, 0.0), quotas.get(q, 0.0)) for q in alloc}
         above_quota = {
@@ -390,7 +430,7 @@ class SkipTest:
             if a > floors[q] + SLACK
         }
         classes: tuple[tuple[dict[str, float], list[str]], ...] = ((above_fair, []), (above_quota, []))
-        surpluses = (sum(above_fair.values()), sum(above_quota.values()))
+        surpluses = (sum(a for a in above_fair.values()), sum(a for a in above_quota.values()))
         for queue, gpus in smallest.items():
             if alloc.get(queue, 0.0) + gpus > fair.get(queue, 0.0) + SLACK:
                 continue  # the reclaimer may not end above its fair share
@@ -404,7 +444,7 @@ class SkipTest:
                 continue
             for queue, headroom in above.items():
                 gangs = self.tallies[queue].gangs
-                if gangs and min(gangs) <= headroom + SLACK:
+                if gangs and _least(gangs) <= headroom + SLACK:
                     return False  # a whole gang could go: the node test below counts single-pod jobs only
             if self._nested:
                 return False  # a parent's share bounds reclaim too: the node test reads leaf queues only
@@ -431,11 +471,9 @@ class SkipTest:
         for queue, headroom in above.items():
             limit = headroom + SLACK
             taken: dict[str, float] = {}  # node -> GPUs of this queue's victims there
-            for victim in self.tallies[queue].victims.values():
-                pod = victim.placement[0]
-                gpus = len(pod.gpu_indices) * pod.gpu_fraction
+            for node, gpus in self.tallies[queue].victims.values():
                 if gpus <= limit:
-                    taken[pod.node] = taken.get(pod.node, 0.0) + gpus
+                    taken[node] = taken.get(node, 0.0) + gpus
             offered = 0.0
             for node, gpus in taken.items():
                 gain[node] += min(gpus, limit)

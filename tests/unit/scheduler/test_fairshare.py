@@ -88,3 +88,14 @@ def _fresh(
     fairshare._LAST.clear()
     fairshare._TREE.clear()
     return fair_shares(queues, demand, capacity, usage_weight)
+
+
+def test_shares_asked_for_one_resource_are_that_resource_s_shares_of_all_three() -> None:
+    demand = {"nlp": {"gpu": 12.0, "cpu": 40.0}, "product": {"gpu": 20.0}, "vision": {"gpu": 30.0}}
+    capacity = {"gpu": 40.0, "cpu": 64.0, "memory": 0.0}
+    every = _fresh(QUEUES, demand, capacity, 0.0)
+    fairshare._LAST.clear()
+    gpus = fair_shares(QUEUES, demand, capacity, resources=("gpu",))
+    assert gpus == {name: {"gpu": row["gpu"]} for name, row in every.items()}
+    # and the three asked after one come out as when asked at once
+    assert fair_shares(QUEUES, demand, capacity) == every
