@@ -147,9 +147,11 @@ def in_order(
     keys: list[OrderKey] = []
     views: list[WorkloadView] = []
     if gone:
-        for key, w in zip(last.keys, last.views, strict=True):
+        last_keys, last_views = last.keys, last.views
+        for i in range(len(last_views)):  # zip's `strict` would make this loop a call through Python
+            w = last_views[i]
             if not _among(w, gone):
-                keys.append(key)
+                keys.append(last_keys[i])
                 views.append(w)
     else:
         keys = list(last.keys)

@@ -16,7 +16,6 @@ from gpupool.scheduler.fairshare import fair_shares
 from gpupool.scheduler.ordering import in_order, order_key
 from gpupool.scheduler.placement import Placer
 from gpupool.scheduler.snapshot import (
-    RESOURCES,
     Bind,
     Decisions,
     Eviction,
@@ -315,7 +314,8 @@ class Prepared:
     # -- setup ----------------------------------------------------------------------------------------
 
     def _fair_shares(self) -> dict[str, dict[str, float]]:
-        capacity = dict(zip(RESOURCES, self._capacity, strict=True))
+        gpu, cpu, memory = self._capacity
+        capacity = {"gpu": gpu, "cpu": cpu, "memory": memory}  # RESOURCES, in order
         demand = {
             queue: {"gpu": row.demand.gpu, "cpu": row.demand.cpu, "memory": row.demand.memory}
             for queue, row in self._sums.items()

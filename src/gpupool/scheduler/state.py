@@ -87,8 +87,9 @@ class NodeState:
         self.holding = held_sum > EPSILON
         if self.holding:
             released = 0
-            for f, h in zip(self.free, self.held, strict=True):
-                if f + h >= 1.0 - EPSILON:
+            free, held = self.free, self.held
+            for i in range(len(free)):  # zip's `strict` would make this loop a call through Python
+                if free[i] + held[i] >= 1.0 - EPSILON:
                     released += 1
             self.released = released
         else:

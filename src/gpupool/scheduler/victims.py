@@ -78,7 +78,10 @@ def _by_first(firsts: list[tuple[tuple[float, ...], str]]) -> list[str]:
         now[name] = key
     keys: list[tuple[float, ...]] = []
     names: list[str] = []
-    for key, name in zip(last.keys, last.names, strict=True):
+    last_keys, last_names = last.keys, last.names
+    for i in range(len(last_names)):  # zip's `strict` would make this loop a call through Python
+        name = last_names[i]
+        key = last_keys[i]
         if now.get(name) is key:
             keys.append(key)
             names.append(name)
