@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from gpupool.scheduler import GpuDemand, PodPlacement, QueueView, SchedulerConfig
 from gpupool.scheduler.fairshare import fair_shares
@@ -21,6 +21,13 @@ EPS = 1e-9
 SLACK = 1e-6  # float slack of the tests, on the side of running the cycle
 GPU_ONLY: Final = ("gpu",)  # the fair shares the tests read
 _K = TypeVar("_K")
+
+
+class _Ordered(Protocol):
+    def __lt__(self, other: Any, /) -> bool: ...
+
+
+_O = TypeVar("_O", bound=_Ordered)
 
 
 class Work(Protocol):
@@ -79,36 +86,23 @@ def _count(counter: dict[_K, int], key: _K, step: int) -> None:
         del counter[key]
 
 
-def _nodes_with(room: Mapping[str, float], gpus: float) -> int:
+def _nodes_with(room: dict[str, float], gpus: float) -> int:
     """How many nodes have `gpus` GPUs of room (with the tests' slack)."""
     return sum(1 for value in room.values() if value + SLACK >= gpus)
 
 
-# `min` of a counter's keys, the way `min` walks them (the first, replaced by each key below it), in the
-# compiled code's own loop: the builtin is a call through Python.
-def _least(sizes: dict[float, int]) -> float:
-    """The smallest key of a counter of sizes (not empty)."""
-    first = True
-    least = 0.0
-    for size in sizes:
-        if first or size < least:
-            least = size
-            first = False
+def _least(counter: dict[_O, int]) -> _O:
+    """The smallest key of a counter (not empty), found as `min` finds it (the first key, replaced by each
+    key below it) in a compiled loop: the builtin over a dict is a call through Python."""
+    least: _O | None = None
+    for key in counter:
+        if least is None or key < least:
+            least = key
+    assert least is not None, "a counter with no keys"
     return least
 
 
-def _lowest(priorities: dict[int, int]) -> int:
-    """The lowest key of a counter of priorities (not empty)."""
-    first = True
-    lowest = 0
-    for priority in priorities:
-        if first or priority < lowest:
-            lowest = priority
-            first = False
-    return lowest
-
-
-def _fits_on(room: Mapping[str, float], shapes: Iterable[tuple[float, int]]) -> bool:
+def _fits_on(room: dict[str, float], shapes: Iterable[tuple[float, int]]) -> bool:
     """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that much
     `room` (GPUs by node)."""
     able: dict[float, int] = {}  # GPUs per pod -> nodes with that much room
@@ -367,7 +361,7 @@ class SkipTest:
         for tally in self.tallies.values():
             if not tally.priorities or not tally.pending_shapes:
                 continue
-            lowest = _lowest(tally.priorities)
+            lowest = _least(tally.priorities)
             gains: dict[int, dict[str, float]] = {}  # priority -> the nodes with victims below it: their room
             for priority, count, pods in tally.pending_shapes:
                 if priority <= lowest:
