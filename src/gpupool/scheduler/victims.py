@@ -95,6 +95,12 @@ def _by_first(firsts: list[tuple[tuple[float, ...], str]]) -> list[str]:
     return list(names)
 
 
+def _timeless(victims: list[WorkloadView]) -> bool:
+    """Whether these victims' keys, once asked (`Victims._victim_key`), do not depend on the clock: then
+    each view keeps its key, and their order holds in any later cycle."""
+    return all(v.victim_key is not None for v in victims)
+
+
 def _sort_firsts(firsts: list[tuple[tuple[float, ...], str]]) -> list[str]:
     """`firsts` sorted; remembered for the next cycle when the keys are distinct and free of NaN."""
     firsts.sort()
@@ -252,7 +258,7 @@ class Victims(Prepared):
             return
         before = list(victims)
         victims.sort(key=self._victim_key)  # keys are unique: they end in the id
-        if all(v.last_checkpoint_time is not None or v.start_time is not None for v in victims):
+        if _timeless(victims):
             if len(_QUEUE_ORDERS) >= MAX_TEMPLATES:
                 _QUEUE_ORDERS.clear()
             _QUEUE_ORDERS[(queue, name)] = _NodeOrder(before, list(victims), ())
@@ -283,7 +289,7 @@ class Victims(Prepared):
                     first = keys[order[0]]
                 groups[name] = ordered
                 firsts.append((first, name))
-                if all(v.last_checkpoint_time is not None or v.start_time is not None for v in victims):
+                if _timeless(victims):
                     if len(_ORDERS) >= MAX_TEMPLATES:
                         _ORDERS.clear()
                     _ORDERS[name] = _NodeOrder(list(victims), list(ordered), first)

@@ -102,19 +102,19 @@ def _least(counter: dict[_O, int]) -> _O:
     return least
 
 
-def _fits_on(room: dict[str, float], shapes: Iterable[tuple[float, int]]) -> bool:
+def _able(room: dict[str, float], able: dict[float, int], gpus: float) -> int:
+    """`_nodes_with(room, gpus)`, taken from `able` (GPUs -> nodes with that much room, for this room) and
+    kept there."""
+    nodes = able.get(gpus)
+    if nodes is None:
+        nodes = able[gpus] = _nodes_with(room, gpus)
+    return nodes
+
+
+def _fits_on(room: dict[str, float], shapes: Iterable[tuple[float, int]], able: dict[float, int]) -> bool:
     """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that much
-    `room` (GPUs by node)."""
-    able: dict[float, int] = {}  # GPUs per pod -> nodes with that much room
-    for count, pods in shapes:
-        if count <= 0:
-            return True
-        nodes = able.get(count)
-        if nodes is None:
-            nodes = able[count] = _nodes_with(room, count)
-        if nodes >= pods:
-            return True
-    return False
+    `room` (GPUs by node); `able` as for `_able`."""
+    return any(count <= 0 or _able(room, able, count) >= pods for count, pods in shapes)
 
 
 class SkipTest:
@@ -163,7 +163,9 @@ class SkipTest:
         self._room = dict(self._empty_room)
         self._on_node: dict[str, dict[int, tuple[float, ...]]] = {}
         self._room_stale: set[str] = set()
-        self._able: dict[float, int] = {}  # GPUs -> nodes with that much room, while `_room` stays as it is
+        # GPUs -> nodes with that much room (see `_able`), kept while `_room` stays as it is: the allocate
+        # and preempt tests both ask it, and again at the next instant when no job started or stopped
+        self._able: dict[float, int] = {}
         # The backfill reservation is modelled only where `_room` counts whole free GPUs exactly: every
         # node schedulable with whole GPUs free when empty, and no fractional pod running.
         self._backfill = backfill and all(
@@ -297,18 +299,8 @@ class SkipTest:
 
     def _fits_nodes(self, shapes: Iterable[tuple[float, int]]) -> bool:
         """Whether pods of one of these (GPUs per pod, pods) shapes could each find a node with that many
-        GPUs free, as they are now (models and fractions ignored, on the permissive side): `_fits_on` the
-        nodes' room."""
-        return any(count <= 0 or self._nodes_able(count) >= pods for count, pods in shapes)
-
-    def _nodes_able(self, gpus: float) -> int:
-        """`_nodes_with(self._node_room(), gpus)`, kept until the room changes (the allocate and preempt
-        tests both ask it, and again at the next instant when no job started or stopped)."""
-        room = self._node_room()
-        able = self._able.get(gpus)
-        if able is None:
-            able = self._able[gpus] = _nodes_with(room, gpus)
-        return able
+        GPUs free, as they are now (models and fractions ignored, on the permissive side)."""
+        return _fits_on(self._node_room(), shapes, self._able)
 
     def _node_room(self) -> dict[str, float]:
         """GPUs free on each node: the empty node's less its pods', subtracted in start order."""
@@ -336,7 +328,7 @@ class SkipTest:
         if demand.models or demand.min_memory_bytes is not None or need < 1 or need != int(need):
             return False  # its reservation is not modelled here
         room = self._node_room()
-        short = head.nodes - _nodes_with(room, need)  # reserved nodes beyond those with room for it now
+        short = head.nodes - _able(room, self._able, need)  # reserved nodes beyond those with room for it now
         if short <= 0:
             return False  # the head may start
         outside: dict[str, float] = {}  # the nodes left to the jobs behind the head, with their room
@@ -350,7 +342,7 @@ class SkipTest:
                 outside[name] = value
         if short:
             return False  # too few nodes for a reservation
-        return not _fits_on(outside, self.pending_shapes)
+        return not _fits_on(outside, self.pending_shapes, {})
 
     def _preempt_could_place(self) -> bool:
         """Whether some pending job that outranks running work of its queue could be placed by evicting
@@ -377,7 +369,7 @@ class SkipTest:
                         if below < priority:
                             for node, (_, gpus) in held.items():
                                 gain[node] = gain.get(node, room[node]) + gpus
-                able = self._nodes_able(count)  # nodes with that much room before evictions
+                able = _able(room, self._able, count)  # nodes with that much room before evictions
                 for node, value in gain.items():
                     able += (value + SLACK >= count) - (room[node] + SLACK >= count)
                 if able >= pods:

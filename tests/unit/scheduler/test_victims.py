@@ -117,3 +117,21 @@ def test_a_node_whose_victims_changed_is_ordered_again() -> None:
     assert index([early, late, big, other]) == [("n2", [4]), ("n1", [2, 1, 3])]
     later = _on("n1", 5, 1.0, 9_950.0)  # 2 finished, 5 started: n1 has as many victims as before
     assert index([early, later, big, other]) == [("n1", [5, 1, 3]), ("n2", [4])]
+
+
+def test_victims_whose_keys_read_the_clock_are_ordered_again_at_each_cycle() -> None:
+    """A node's order is kept from one cycle to the next only where no victim's key reads the clock: work
+    with no start or checkpoint time counts as checkpointed now, so beside work whose start the head's
+    clock has not reached yet (an agent's clock ahead of it) it loses less at first and more later."""
+    nodes = (NodeView("n1", True, tuple(GpuView(k, "H100", 80 * 10**9) for k in range(8))),)
+    timeless = _on("n1", 1, 1.0, 5_000.0)
+    no_time = WorkloadView(2, "q", 0, 0.0, gpus=GpuDemand(1.0), placement=(PodPlacement("n1", (1,)),))
+    running = (timeless, no_time)
+
+    def order(now: float) -> list[int]:
+        found = Victims(Snapshot(nodes, (), running=running), now)._victim_index()
+        return [v.id for v in found["n1"]]
+
+    assert order(1_000.0) == [1, 2]  # 2 counts as checkpointed at 1,000; 1 as checkpointed at 5,000
+    assert order(10_000.0) == [2, 1]  # now 2 as checkpointed at 10,000, later than 1
+    assert order(1_000.0) == [1, 2]
