@@ -10,7 +10,7 @@ from gpupool.scheduler import explain
 from gpupool.scheduler.evict_search import EvictionSearch
 from gpupool.scheduler.ordering import INFINITY
 from gpupool.scheduler.placement import families
-from gpupool.scheduler.prepare import GLOBAL
+from gpupool.scheduler.prepare import GLOBAL, same
 from gpupool.scheduler.snapshot import RESOURCES, Explanation, WorkloadView
 from gpupool.scheduler.state import EPSILON, Held, NodeState, Reservation
 
@@ -216,9 +216,9 @@ class Allocation(EvictionSearch):
             and w.nodes == last.nodes
             and w.cpus == last.cpus
             and w.memory_bytes == last.memory_bytes
-            and _same(w.gpus.models, last.gpus.models)
-            and _same(w.gpus.min_memory_bytes, last.gpus.min_memory_bytes)
-            and _same(w.node_names, last.node_names)
+            and same(w.gpus.models, last.gpus.models)
+            and same(w.gpus.min_memory_bytes, last.gpus.min_memory_bytes)
+            and same(w.node_names, last.node_names)
         ):
             return self._never_last
         self._never_last_asked, self._never_last = w, self._never_keyed(w)
@@ -488,11 +488,6 @@ class Allocation(EvictionSearch):
             ends.sort(key=Held.order)
             found = self._ends[name] = (ends, clocked)
         return found
-
-
-def _same(a: object, b: object) -> bool:
-    """Equal, asked by identity first (the usual values, such as `()` and `frozenset()`, are shared)."""
-    return a is b or a == b
 
 
 def _listed(names: frozenset[str]) -> str:

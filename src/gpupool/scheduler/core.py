@@ -44,9 +44,7 @@ def _run(snapshot: Snapshot, now: float) -> tuple[Decisions, float]:
         decisions = cycle.run()
         explanations = decisions.explanations
         unplaced = cycle.unplaced
-        # Almost always every workload left pending has its explanation by now: the keys' comparison asks
-        # that in C, without making each id a Python int again as the loop does.
-        if not explanations.keys() >= unplaced.keys():
+        if not cycle.explained_all():  # almost always they are
             for workload_id, workload in unplaced.items():
                 if workload_id not in explanations:
                     explanations[workload_id] = explain.no_capacity(workload, cycle.state.free_gpus(), 0)

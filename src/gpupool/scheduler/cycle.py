@@ -171,7 +171,9 @@ class Cycle(Allocation):
                 # While the state is as it was when it did nothing for one alike, it does nothing again.
                 key: tuple[object, ...] | None = None
                 if self.state.reservation is None:
-                    if alike is not None and stamp == alike_at and same_shape(w, alike):
+                    # `stamp` stays the same object while nothing changes (see below): asked by identity
+                    unchanged = stamp is alike_at or stamp == alike_at
+                    if alike is not None and unchanged and same_shape(w, alike):
                         self._unreclaimable(w)
                         continue
                     key = (w.queue, self._shape(w))
@@ -183,10 +185,11 @@ class Cycle(Allocation):
                 if not self._reclaim_for(w, lines):
                     return
                 after = self._stamp()
-                if key is not None and after == stamp:
+                if after != stamp:
+                    stamp = after
+                elif key is not None:
                     fruitless[key] = stamp
                     alike, alike_at = w, stamp
-                stamp = after
 
     def _stamp(self) -> tuple[object, ...]:
         """What changes whenever an action changes anything: the state's counters and undo log, and the

@@ -286,6 +286,15 @@ def _check_explanations(snapshot: Snapshot, decisions: Decisions) -> list[str]:
             problems.append(f"pending workload {w.id}: unknown reason code {explanation.code!r}")
         elif not explanation.message.strip():
             problems.append(f"pending workload {w.id}: explanation {explanation.code} has no message")
+    # An explanation says why a workload still waits: none for work that starts, or that is not pending
+    # (the scheduler counts on it, see Prepared.explained_all); room is nominated only for explained work.
+    waiting = {w.id for w in snapshot.pending} - bound
+    for workload_id in decisions.explanations:
+        if workload_id not in waiting:
+            problems.append(f"workload {workload_id} is explained but is not pending or is bound")
+    for workload_id in decisions.nominated:
+        if workload_id not in waiting or workload_id not in decisions.explanations:
+            problems.append(f"workload {workload_id} has room nominated but is not a pending, explained one")
     return problems
 
 
