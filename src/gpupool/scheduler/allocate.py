@@ -134,7 +134,7 @@ class Allocation(EvictionSearch):
             self.failed[shape] = (state.generation, why, state.reservation)
         # GPUs that stopping work releases go to waiting work in allocation order, like free ones: claimed
         # here, before later work could take the free GPUs such a claim also needs.
-        if why.code in explain.CAPACITY_CODES and self._fits_after_release(w):
+        if explain.cured_by_capacity(why.code) and self._fits_after_release(w):
             return False
         self.decisions.explanations[w.key] = self._capacity_explanation(w, why, place)
         if why.code == explain.RESERVED:
@@ -179,7 +179,7 @@ class Allocation(EvictionSearch):
         group: work that waits for capacity, or for its queue's allocation to fall below a limit, does; work
         that alone asks for more than a limit waits for the limit to change, not for its turn, and holds
         back nothing, as work too large for the pool does not."""
-        if code in explain.CAPACITY_CODES:
+        if explain.cured_by_capacity(code):
             return True
         if code != explain.QUEUE_LIMIT:
             return False

@@ -50,7 +50,7 @@ class Cycle(Allocation):
             if (
                 not self.still_unplaced(blocker)
                 or why is None
-                or why.code not in explain.CAPACITY_CODES
+                or not explain.cured_by_capacity(why.code)
                 or not self._fits_after_release(blocker)
             ):
                 continue
@@ -111,7 +111,7 @@ class Cycle(Allocation):
         code = explanation.code
         if code == explain.BLOCKED or code == explain.RESERVED:
             return self._let_go(w, code)
-        return code in explain.CAPACITY_CODES
+        return explain.cured_by_capacity(code)
 
     def _let_go(self, w: WorkloadView, code: str) -> bool:
         """Work held back by another workload that did not fit (`blocking: strict`: the one of its group
@@ -138,7 +138,7 @@ class Cycle(Allocation):
         code = self.decisions.explanations[w.key].code
         if self.config.blocking == "strict" and self._holds_back(w, code):
             self._blockers[group] = w
-        return code in explain.CAPACITY_CODES
+        return explain.cured_by_capacity(code)
 
     # -- reclaim --------------------------------------------------------------------------------------
 
@@ -241,12 +241,22 @@ class Cycle(Allocation):
         )
 
     def _within_quota(self, w: WorkloadView) -> bool:
-        """Whether `w`'s queue and every ancestor stay within their GPU quota with `w` started."""
+        """Whether `w`'s queue and every ancestor stay within their GPU quota with `w` started.
+
+        Asked for one pending workload after another of a queue (each that reclaim could not serve): the
+        last answer stands while the queue, the GPUs asked and the allocations (`state.accounted` grows
+        with every change) are the same."""
         state = self.state
-        return all(
-            state.allocated(level) + w.gpu_units <= self.reclaim_floor(level, "quota") + EPSILON
-            for level in state.chain(w.queue)
+        queue, units, changes = w.queue, w.gpu_units, len(state.accounted)
+        if queue == self._quota_queue and units == self._quota_units and changes == self._quota_changes:
+            return self._quota_answer
+        answer = all(
+            state.allocated(level) + units <= self.reclaim_floor(level, "quota") + EPSILON
+            for level in state.chain(queue)
         )
+        self._quota_queue, self._quota_units, self._quota_changes = queue, units, changes
+        self._quota_answer = answer
+        return answer
 
     def _reclaim_singles(
         self, w: WorkloadView, lines: dict[tuple[str, ...], dict[str, float]], floor: str

@@ -36,6 +36,14 @@ CODES: Final = (
 # Codes that more capacity (an eviction) could cure: reclaim, preempt and consolidate look at these.
 CAPACITY_CODES: Final = frozenset({NO_CAPACITY, FRAGMENTED, OVER_FAIR_SHARE})
 
+
+def cured_by_capacity(code: str) -> bool:
+    """`code in CAPACITY_CODES`, asked of each pending workload in a cycle: compiled, `in` a tuple written
+    out compares with each code in turn, the usual one first (a string compared with itself is a pointer
+    compared), where a set's lookup hashes and probes."""
+    return code in (NO_CAPACITY, OVER_FAIR_SHARE, FRAGMENTED)
+
+
 # A queue's standing as the over-fair-share sentence gives it: (the queue, its GPUs allocated, its fair
 # share). Typed as any tuple so that compiled code keeps it as one Python tuple that every sentence of the
 # queue shares: as `tuple[str, float, float]`, mypyc keeps it unboxed and makes a new tuple, with new

@@ -253,6 +253,11 @@ class Prepared:
         self._standing_changes = -1
         self._standing: explain.Standing = ("", 0.0, 0.0)
         self._standing_over = False
+        # the last `Cycle._within_quota` answer: its queue, GPUs and len(state.accounted), and the answer
+        self._quota_queue: str | None = None
+        self._quota_units = -1.0
+        self._quota_changes = -1
+        self._quota_answer = False
         self.order = self._pending_order()
         # each pending workload's place in its group's order (built when first asked, see `ahead_of`);
         # with ids repeated in the snapshot, a place is the last the id holds, as the dict would give
@@ -365,7 +370,11 @@ class Prepared:
         reading whether a workload is still unplaced when its turn comes (`still_unplaced`): one placed
         since is skipped, and one whose bind was taken back earlier in the phase takes its turn, as the
         next cycle would give it one."""
-        return sorted(self.order, key=self._queue_key)
+        # The keys are unique (each ends with its queue's name): sorting them sorts the queues. Keyed in
+        # compiled code, not by `sorted(..., key=)` calling back through the interpreter for each queue.
+        keys = [self._queue_key(queue) for queue in self.order]
+        keys.sort()
+        return [key[3] for key in keys]
 
     def still_unplaced(self, w: WorkloadView) -> bool:
         return w.key in self.unplaced
