@@ -21,6 +21,7 @@ from gpupool.scheduler.state import EPSILON, GANG_LOST_STATES, LOST_STATES
 
 MAX_CONSOLIDATION_TRIES: Final = 8
 MAX_CONSOLIDATION_TARGETS: Final = 8  # nodes per pod considered for emptying
+MAX_FILTERED: Final = 2  # queues whose victims a cycle filters out one by one before it splits them all
 
 
 class Cycle(Allocation):
@@ -508,9 +509,19 @@ class Cycle(Allocation):
             index = self._index
             source = index if index is not None else self._victim_groups()
             split = self._victims_split
-            if split is None or split[0] is not source:
-                split = self._victims_split = (source, _split_by_queue(source))
-            found = self._by_queue[queue] = split[1].get(queue, {})
+            if split is not None and split[0] is source:
+                found = split[1].get(queue, {})
+            else:
+                # The first queues asked are filtered out alone (a cycle mostly asks for one or two of a
+                # few); past them, every queue's are split off at once (a large pool preempts for many).
+                asked = self._filtered[1] if self._filtered[0] is source else 0
+                if asked < MAX_FILTERED:
+                    self._filtered = (source, asked + 1)
+                    found = _of_queue(source, queue)
+                else:
+                    split = self._victims_split = (source, _split_by_queue(source))
+                    found = split[1].get(queue, {})
+            self._by_queue[queue] = found
             if index is None:  # the groups are in no victim order: this queue's lists alone are sorted
                 for name, on_node in found.items():
                     if len(on_node) > 1:
@@ -632,6 +643,19 @@ def _lower(lowest: dict[str, int], victims: list[WorkloadView]) -> None:
         low = lowest.get(v.queue)
         if low is None or v.priority < low:
             lowest[v.queue] = v.priority
+
+
+def _of_queue(by_node: dict[str, list[WorkloadView]], queue: str) -> dict[str, list[WorkloadView]]:
+    """`queue`'s victims of `by_node`, by node, in its order: `_split_by_queue(by_node).get(queue, {})`."""
+    mine: dict[str, list[WorkloadView]] = {}
+    for name, victims in by_node.items():
+        on_node: list[WorkloadView] | None = None
+        for v in victims:
+            if v.queue == queue:
+                if on_node is None:
+                    on_node = mine[name] = []
+                on_node.append(v)
+    return mine
 
 
 def _split_by_queue(by_node: dict[str, list[WorkloadView]]) -> dict[str, dict[str, list[WorkloadView]]]:

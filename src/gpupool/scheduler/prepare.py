@@ -305,8 +305,10 @@ class Prepared:
         self._victim_queue_names: list[str] | None = None
         self._reclaim_gpus: dict[str, dict[str, float]] | None = None  # see _gpus_by_queue
         self._by_queue: dict[str, dict[str, list[WorkloadView]]] = {}  # see _queue_victims
-        # the victims that `_by_queue` is taken from, split by queue in one walk (see _queue_victims)
+        # the victims that `_by_queue` is taken from, split by queue in one walk (see _queue_victims), and
+        # how many queues' were filtered from them one by one before
         self._victims_split: tuple[object, dict[str, dict[str, list[WorkloadView]]]] | None = None
+        self._filtered: tuple[object, int] = (None, 0)
         self._lowest: dict[str, int] | None = None
         self._surplus: dict[str, float] = {}  # victim queue -> GPUs above its fair share
         self._surplus_total = 0.0

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.scheduler import Snapshot, WorkloadView
+from gpupool.scheduler.cycle import _of_queue, _split_by_queue
 from gpupool.scheduler.snapshot import GpuDemand, GpuView, NodeView, PodPlacement
 from gpupool.scheduler.victims import Victims, _by_first
 
@@ -135,3 +136,27 @@ def test_victims_whose_keys_read_the_clock_are_ordered_again_at_each_cycle() -> 
     assert order(1_000.0) == [1, 2]  # 2 counts as checkpointed at 1,000; 1 as checkpointed at 5,000
     assert order(10_000.0) == [2, 1]  # now 2 as checkpointed at 10,000, later than 1
     assert order(1_000.0) == [1, 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["n1", "n2", "n3", "n4"]), st.sampled_from(["a", "b", "c"])),
+        max_size=30,
+    ),
+    st.sampled_from(["a", "b", "c", "d"]),
+)
+def test_one_queues_victims_filtered_alone_are_those_of_the_split_of_all(
+    pods: list[tuple[str, str]], queue: str
+) -> None:
+    """Preempt takes a queue's victims by node either filtered out alone (the first queues a cycle asks
+    for) or from the split of every queue's at once: the same nodes and lists, in the same order."""
+    by_node: dict[str, list[WorkloadView]] = {}
+    for i, (node, owner) in enumerate(pods):
+        view = WorkloadView(i + 1, owner, 0, 0.0, placement=(PodPlacement(node, (0,)),))
+        by_node.setdefault(node, []).append(view)
+    alone = _of_queue(by_node, queue)
+    split = _split_by_queue(by_node).get(queue, {})
+    assert list(alone.items()) == list(split.items())
+    assert all(v.queue == queue for on_node in alone.values() for v in on_node)
+    assert sum(len(on_node) for on_node in alone.values()) == sum(owner == queue for _, owner in pods)
