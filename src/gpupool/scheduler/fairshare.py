@@ -89,8 +89,9 @@ class _Filled:
         """The same queues (objects, in order), and equal demand, capacity and usage weight."""
         if len(queues) != len(self.queues) or capacity != self.capacity or usage_weight != self.usage_weight:
             return False
-        for a, b in zip(queues, self.queues, strict=True):
-            if a is not b:
+        last = self.queues
+        for i in range(len(queues)):  # zip's `strict` would make this loop a call through Python
+            if queues[i] is not last[i]:
                 return False
         return own == self.own
 
