@@ -40,7 +40,7 @@ import traceback
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -155,6 +155,13 @@ def parse_args() -> argparse.Namespace:
         "priorities are the caller's and not applied here) (default plain)",
     )
     parser.add_argument(
+        "--max-stopping-gpus",
+        type=float,
+        default=None,
+        metavar="N",
+        help="the config's max_stopping_gpus: at most N GPUs stopping at once (default none: no limit)",
+    )
+    parser.add_argument(
         "--settle-rounds",
         type=int,
         default=5,
@@ -210,7 +217,10 @@ def spec_of(args: argparse.Namespace) -> ClusterSpec:
         running=args.running,
         queues=args.queues,
         seed=args.seed,
-        config=DEFAULT_POLICY if args.policy == "default" else SchedulerConfig(),
+        config=replace(
+            DEFAULT_POLICY if args.policy == "default" else SchedulerConfig(),
+            max_stopping_gpus=args.max_stopping_gpus,
+        ),
     )
 
 

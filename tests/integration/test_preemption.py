@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
 
 CHECKPOINTING = """
@@ -210,3 +211,59 @@ def test_work_waiting_for_a_victim_to_stop_is_told_which_one(server: ServerProce
     with server.http() as client:  # the victim runs again once the GPUs are free: stop it before the server
         client.post(f"/api/v1/workloads/{low['id']}/cancel")
     assert server.wait_for(low["id"], timeout=30)["state"] == "cancelled"
+
+
+def test_max_stopping_gpus_stops_work_in_waves(tmp_path: Path, job_dir: Path) -> None:
+    """scheduling.yaml's `max_stopping_gpus: 4`: two higher-priority 4-GPU jobs would each preempt a 4-GPU
+    job of their queue, but only 4 GPUs may be stopping at once. The first victim stops (a 3 s checkpoint)
+    while the second gainer waits as `stopping-limit`; once those GPUs are released the second victim goes."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "scheduling.yaml").write_text("max_stopping_gpus: 4\n")
+    server = ServerProcess(home=home).start()
+    try:
+        (job_dir / "slow.py").write_text(
+            SLOW_TO_STOP.replace("time.sleep(3)", "print('asked to stop', flush=True); time.sleep(3)")
+        )
+        _queue(server, {"name": "team", "resources": {"gpu": {"quota": 8}}})
+        lows = [
+            server.submit(
+                {"queue": "team", "priority": "train", "resources": {"gpu": 4}, "workdir": str(job_dir),
+                 "commands": ["python3 slow.py"], "grace_period": "30s"}
+            )["id"]
+            for _ in range(2)
+        ]  # fmt: skip
+        deadline = time.time() + 30
+        for wid in lows:
+            server.wait_for(wid, states=("running",))
+            while "ready" not in _log(server, wid):  # its SIGTERM handler is in place
+                assert time.time() < deadline, f"workload {wid} never started its loop"
+                time.sleep(0.1)
+        highs = [
+            server.submit(
+                {"queue": "team", "priority": 90, "resources": {"gpu": 4}, "commands": ["sleep 60"]}
+            )["id"]
+            for _ in range(2)
+        ]
+        deadline = time.time() + 20
+        while True:
+            reasons = sorted(server.workload(wid)["reason_code"] for wid in highs)
+            if reasons == ["stopping-limit", "waiting-for-release"]:
+                break
+            assert time.time() < deadline, f"never one gainer waiting and one held by the limit: {reasons}"
+            time.sleep(0.05)
+        held = next(wid for wid in highs if server.workload(wid)["reason_code"] == "stopping-limit")
+        out = server.cli("why", str(held), check=True).stdout
+        assert "at most 4 may be stopping at once (scheduling.yaml max_stopping_gpus)" in out, out
+        # one victim asked to stop, the other left running while the first releases its GPUs
+        asked = [wid for wid in lows if "asked to stop" in _log(server, wid, attempt=0)]
+        assert len(asked) == 1, asked
+        for wid in highs:  # the second wave follows once the first victim's GPUs are released
+            server.wait_for(wid, states=("running",), timeout=60)
+        assert all(server.workload(wid)["attempt_list"][0]["state"] == "evicted" for wid in lows)
+        with server.http() as client:
+            for wid in [*highs, *lows]:
+                client.post(f"/api/v1/workloads/{wid}/cancel")
+    finally:
+        server.stop()
+        kill_attempts_under(tmp_path)

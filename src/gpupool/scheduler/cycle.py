@@ -320,6 +320,8 @@ class Cycle(Allocation):
 
     def _reclaim_gang(self, w: WorkloadView, floor: str) -> bool:
         """Evict the cheapest one whole gang of a queue above its `floor` that makes room for `w`."""
+        if self._stop_limit is not None and not self._may_search(w):
+            return False
         state = self.state
         # A miss stays a miss for the cycle unless capacity is given back (as in _evict_for).
         key = ("gang", floor, state.chain(w.queue)[1:], self._shape(w))
@@ -334,7 +336,7 @@ class Cycle(Allocation):
                 continue
             if single and not any(self._pod_makes_room(w, pod) for pod in g.placement):
                 continue
-            if not budget.admits([g]):
+            if not budget.admits([g]) or not self._may_stop(w, [g]):
                 continue
             checkpoint, generation = state.checkpoint(), state.generation
             state.evict(g, "reclaim")
@@ -548,6 +550,8 @@ class Cycle(Allocation):
                 self._consolidate_for(w)
 
     def _consolidate_for(self, w: WorkloadView) -> bool:
+        if self._stop_limit is not None and not self._may_search(w):
+            return False
         state = self.state
         saved = state.reservation
         if saved is not None and saved.workload_id == w.id:
@@ -598,6 +602,11 @@ class Cycle(Allocation):
                 state.rollback(checkpoint)
                 state.generation = generation
                 return False
+        if not self._may_stop(w, moved):
+            state.rollback(checkpoint)
+            state.generation = generation
+            return False
+        self._count_stopped(moved)
         for v in moved:
             why = f"moved to make room for workload {w.id} ({w.nodes} x {explain.gpu_text(w)})"
             self.decisions.evictions.append(Eviction(v.id, "consolidate", why, w.id))

@@ -65,6 +65,8 @@ class EvictionSearch(Victims):
 
         `candidates`: possible victims by node, each list in victim order (fewest GPUs, lowest priority,
         least work lost, newest); gangs are not among them."""
+        if self._stop_limit is not None and not self._may_search(w):
+            return False
         state = self.state
         # Whose victims a search may take: for preempt the lower-priority work of w's own queue; for
         # reclaim, what queues outside w's line hold above their fair share. Every reclaimer is below its
@@ -176,7 +178,7 @@ class EvictionSearch(Victims):
             self._no_victims[key] = stamp
             return False
         victims = [v for name in picked for v in options[name][1]]
-        if budget is not None and not budget.admits(victims):
+        if (budget is not None and not budget.admits(victims)) or not self._may_stop(w, victims):
             self._no_victims[key] = stamp
             return False
         checkpoint, generation = state.checkpoint(), state.generation
@@ -222,6 +224,7 @@ class EvictionSearch(Victims):
                 taken_back.append(self._retract(victim))
             else:
                 self._evict(victim, code, reason(victim), w.id)
+                self._count_stopped([victim])
                 evicted.append(victim.id)
         if state.reservation is not None and state.reservation.workload_id == w.id:
             state.reservation = None
@@ -241,6 +244,48 @@ class EvictionSearch(Victims):
         """Place `w` now, or explain why not (the allocate action's, `Allocation._try_allocate`)."""
         raise NotImplementedError
 
+    # -- work stopping at once (SchedulerConfig.max_stopping_gpus) --------------------------------------
+
+    def _stopping_gpus(self) -> float:
+        """GPUs held by work stopped for waiting work: stopping in the snapshot for a workload it names
+        (`evicted_for`: stopped by preempt, reclaim or consolidate, or promised) and stopped by this cycle."""
+        if self._stopping_before < 0:
+            self._stopping_before = sum(
+                (v.gpu_units for v in self.snapshot.running if v.stopping and v.evicted_for is not None), 0.0
+            )
+        return self._stopping_before + self._stopped_now
+
+    def _may_search(self, w: WorkloadView) -> bool:
+        """Whether room may still be made for `w` by stopping work: not once the work stopping for waiting
+        work holds `max_stopping_gpus` (then `w` is told so, and no search is made)."""
+        limit = self._stop_limit
+        if limit is None:
+            return True
+        stopping = self._stopping_gpus()
+        if stopping <= 0 or stopping < limit - EPSILON:
+            return True
+        self.decisions.explanations[w.key] = explain.stopping_limit(limit, stopping, 0.0)
+        return False
+
+    def _may_stop(self, w: WorkloadView, victims: list[WorkloadView]) -> bool:
+        """Whether stopping `victims` for `w` keeps the work stopping at once within `max_stopping_gpus`
+        (this cycle's binds among them are taken back, not stopped); always while nothing is stopping, so
+        work larger than the limit still gets its room. If not, `w` is told so."""
+        limit = self._stop_limit
+        if limit is None:
+            return True
+        wanted = sum((v.gpu_units for v in victims if v.id not in self._tentative), 0.0)
+        stopping = self._stopping_gpus()
+        if wanted <= 0 or stopping <= 0 or stopping + wanted <= limit + EPSILON:
+            return True
+        self.decisions.explanations[w.key] = explain.stopping_limit(limit, stopping, wanted)
+        return False
+
+    def _count_stopped(self, victims: list[WorkloadView]) -> None:
+        """Count `victims`, just stopped for waiting work, against `max_stopping_gpus`."""
+        if self._stop_limit is not None:
+            self._stopped_now += sum((v.gpu_units for v in victims), 0.0)
+
     def _waits_for(
         self,
         w: WorkloadView,
@@ -253,6 +298,7 @@ class EvictionSearch(Victims):
         decided and `w` waits for their GPUs."""
         for victim in victims:
             self.decisions.evictions.append(Eviction(victim.id, code, reason(victim), w.id))
+        self._count_stopped(victims)
         state = self.state
         if state.reservation is not None and state.reservation.workload_id == w.id:
             state.reservation = None

@@ -19,6 +19,7 @@ WAITING_FOR_RELEASE: Final = "waiting-for-release"
 RESERVED: Final = "reserved"
 BLOCKED: Final = "blocked"
 OVER_FAIR_SHARE: Final = "over-fair-share"
+STOPPING_LIMIT: Final = "stopping-limit"
 
 CODES: Final = (
     QUEUE_LIMIT,
@@ -31,6 +32,7 @@ CODES: Final = (
     RESERVED,
     BLOCKED,
     OVER_FAIR_SHARE,
+    STOPPING_LIMIT,
 )
 
 # Codes that more capacity (an eviction) could cure: reclaim, preempt and consolidate look at these.
@@ -201,6 +203,22 @@ _OVER_FAIR_SHARE: Final[Callable[..., str]] = _over_fair_share
 def over_fair_share(standing: Standing, ahead: int) -> Explanation:
     """`standing`: the queue, the GPUs allocated to it, its fair share (one tuple serves all its work)."""
     return Explanation(OVER_FAIR_SHARE, render=_OVER_FAIR_SHARE, args=(standing, ahead))
+
+
+def stopping_limit(limit: float, stopping: float, wanted: float) -> Explanation:
+    """Room for the workload would have to be made by stopping work (`wanted` GPUs of it; 0 where no search
+    was made) while work stopped for others holds `stopping` GPUs, and `max_stopping_gpus` is `limit`."""
+    needs = f"making room for it would stop {wanted:g} more; " if wanted > 0 else ""
+    return Explanation(
+        STOPPING_LIMIT,
+        f"{_count_gpus(stopping)} being released by work stopped for waiting workloads; {needs}at most "
+        f"{limit:g} may be stopping at once (scheduling.yaml max_stopping_gpus): it is tried again as they "
+        "are released",
+    )
+
+
+def _count_gpus(count: float) -> str:
+    return "1 GPU is" if count == 1 else f"{count:g} GPUs are"
 
 
 def waiting_for_release(w: WorkloadView, victims: Sequence[int] = ()) -> Explanation:

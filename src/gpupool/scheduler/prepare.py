@@ -290,6 +290,11 @@ class Prepared:
         self._stopping_on: dict[str, list[tuple[WorkloadView, PodPlacement]]] | None = None
         self._ownerless = 0  # this cycle's evictions for no pending workload (stale gangs)
         self._stopping_seen = 0  # how many of those `_stopping_on` has seen
+        # `max_stopping_gpus`, and the GPUs held by work stopped for others: that the snapshot has (counted
+        # when first asked, see EvictionSearch._stopping_gpus) and that this cycle stopped
+        self._stop_limit = snapshot.config.max_stopping_gpus
+        self._stopping_before = -1.0
+        self._stopped_now = 0.0
         # Work held back by another (see Cycle._let_go): under strict blocking, each group's workload that
         # did not fit and holds back the rest; under backfill, the reservation that held back a workload.
         self._blockers: dict[str, WorkloadView] = {}

@@ -276,6 +276,10 @@ class SchedulerConfig:
     fair_share: bool = True  # order queues by allocated / fair share; False = one FIFO over all queues
     usage_weight: float = 0.0  # 0 ignores history; 1 halves over-quota weight for a queue at twice its share
     max_consolidation_moves: int = 16
+    # GPUs that work stopped by preempt, reclaim and consolidate may hold at once while it stops (None: no
+    # limit): with that many being released, no more work is stopped until some are; the first eviction of
+    # a cycle with nothing stopping always goes ahead, so work larger than the limit still gets its room
+    max_stopping_gpus: float | None = None
     las_thresholds: tuple[float, ...] = ()  # discretized attained-service queues (GPU-seconds), for "las"
     # Read by whoever builds the snapshot, not by `decide`, which sees only their effect (gpupool/spec/
     # scheduling.py turns them into workload priorities and queue weights, for the server and the simulator):

@@ -158,6 +158,7 @@ SCHEDULING_FIELD_EXAMPLES: Final[dict[str, str]] = {
     "young_weights": "[{below: 2m, weight: 4}, {below: 1h, weight: 1}] (or [] for the queues' own weights)",
     "young_weights.below": "2m",
     "young_weights.weight": "4",
+    "max_stopping_gpus": "64 (or null: no limit)",
 }
 """A valid example for each field path, shown in every error about that field."""
 
@@ -208,6 +209,13 @@ class SchedulingSpec(BaseModel):
         description="A queue's over-quota weight is its spec's weight x the sum, over its pending and "
         "running workloads, of each weight whose `below` the workload's GPU-time is still under; [] uses "
         "the queues' own weights; default [{below: 2m, weight: 4}, {below: 1h, weight: 1}].",
+    )
+
+    max_stopping_gpus: Annotated[Number, Field(gt=0)] | None = Field(
+        default=None,
+        description="At most this many GPUs may be held at once by work that preempt, reclaim and "
+        "consolidation stopped for waiting work; more is stopped only as they are released (the first "
+        "eviction with nothing stopping always goes ahead); default null: no limit.",
     )
 
     @field_validator("las_thresholds", mode="before")
@@ -264,6 +272,7 @@ class SchedulingSpec(BaseModel):
             las_preempt=self.las_preempt,
             young_weights=tuple(sorted((y.below, y.weight) for y in self.young_weights)),
             usage_weight=usage_weight,
+            max_stopping_gpus=self.max_stopping_gpus,
         )
 
 

@@ -25,6 +25,7 @@ REASON_CODES = frozenset(
         "reserved",
         "blocked",
         "over-fair-share",
+        "stopping-limit",
     }
 )
 EVICTION_CODES = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
@@ -67,7 +68,37 @@ def check_decisions(snapshot: Snapshot, now: float, decisions: Decisions) -> lis
     problems += _check_no_overcommit(snapshot, decisions)
     problems += _check_limits_and_quotas(snapshot, decisions)
     problems += _check_evictions(snapshot, now, decisions)
+    problems += _check_stopping_limit(snapshot, decisions)
     problems += _check_explanations(snapshot, decisions)
+    return problems
+
+
+def _check_stopping_limit(snapshot: Snapshot, decisions: Decisions) -> list[str]:
+    """`max_stopping_gpus`: each gainer's evictions (reclaim, preempt, consolidate) keep the GPUs stopping for
+    waiting work (the snapshot's stopping work that names its gainer, and this cycle's evictions before them)
+    within the limit, unless nothing was stopping yet."""
+    limit = snapshot.config.max_stopping_gpus
+    if limit is None:
+        return []
+    running = {w.id: w for w in snapshot.running}
+    stopping = sum(w.gpu_units for w in snapshot.running if w.stopping and w.evicted_for is not None)
+    sets: list[tuple[int | None, float]] = []  # (gainer, GPUs), one entry per run of one gainer's evictions
+    for e in decisions.evictions:
+        if e.code == "stale-gang":
+            continue
+        gpus = running[e.workload_id].gpu_units
+        if sets and sets[-1][0] == e.for_workload:
+            sets[-1] = (e.for_workload, sets[-1][1] + gpus)
+        else:
+            sets.append((e.for_workload, gpus))
+    problems = []
+    for gainer, gpus in sets:
+        if stopping > 0 and stopping + gpus > limit + EPS:
+            problems.append(
+                f"evictions for {gainer} stop {gpus:g} GPUs with {stopping:g} stopping: "
+                f"over max_stopping_gpus {limit:g}"
+            )
+        stopping += gpus
     return problems
 
 

@@ -277,6 +277,10 @@ def _list(data: object, where: _Where, field: str) -> list[Any]:
     return data
 
 
+# SchedulerConfig fields that default to None and are numbers when given
+_OPTIONAL_NUMBERS = frozenset({"max_stopping_gpus"})
+
+
 def _config(data: object, where: _Where) -> SchedulerConfig:
     if data is None:
         return SchedulerConfig()
@@ -288,7 +292,7 @@ def _config(data: object, where: _Where) -> SchedulerConfig:
             values[key] = tuple(value)
         elif isinstance(default, bool):
             values[key] = where.at("config").flag(key, value)
-        elif isinstance(default, int | float):
+        elif isinstance(default, int | float) or key in _OPTIONAL_NUMBERS:
             number = where.at("config").number(key, value)
             values[key] = int(number) if isinstance(default, int) else number
         else:

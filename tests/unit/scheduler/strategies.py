@@ -113,6 +113,7 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
         blocking=draw(st.sampled_from(["backfill", "skip", "strict"])),
         usage_weight=draw(st.sampled_from([0.0, 0.0, 1.0])),
         max_consolidation_moves=draw(st.sampled_from([16, 16, 1])),
+        max_stopping_gpus=draw(st.sampled_from([None, None, None, 4.0, 12.0])),
     )
 
 

@@ -109,6 +109,23 @@ def test_a_queue_whose_demand_reaches_its_quota_gets_it_within_one_cycle(case: R
 
 
 @BOUNDED
+@given(reclaim_cases(), st.sampled_from([1.0, 2.0, 4.0]))
+def test_max_stopping_gpus_bounds_what_one_cycle_stops(case: ReclaimCase, limit: float) -> None:
+    """Under `max_stopping_gpus`, the work a cycle stops keeps within the limit (the invariants check each
+    gainer's evictions in turn), but the first gainer's always go ahead; a gainer left without room for the
+    limit's sake is told so."""
+    unlimited = decide(case.snapshot, NOW)
+    snapshot = replace(case.snapshot, config=replace(case.snapshot.config, max_stopping_gpus=limit))
+    decisions = decide(snapshot, NOW)
+    problems = check_decisions(snapshot, NOW, decisions)
+    assert not problems, "\n".join(problems) + _show(snapshot, decisions)
+    assert bool(decisions.evictions) == bool(unlimited.evictions), _show(snapshot, decisions)
+    if len(decisions.evictions) < len(unlimited.evictions):
+        codes = {e.code for e in decisions.explanations.values()}
+        assert "stopping-limit" in codes, _show(snapshot, decisions)
+
+
+@BOUNDED
 @given(snapshots(pending=False, stopping=False, failures=False))
 def test_a_steady_state_evicts_nothing(snapshot: Snapshot) -> None:
     """Healthy nodes, nothing pending, nothing stopping: every queue runs within its fair share."""

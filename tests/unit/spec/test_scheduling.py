@@ -119,6 +119,8 @@ def test_an_operator_can_turn_bands_and_weights_off_or_change_them() -> None:
     assert changed.config(usage_weight=1.0).las_thresholds == (300.0, 4 * HOUR, 16 * HOUR)
     assert changed.config().young_weights == ((HOUR, 2.0),)
     assert changed.config(usage_weight=1.0).usage_weight == 1.0
+    assert changed.config().max_stopping_gpus is None  # no limit unless the file sets one
+    assert parse_scheduling_spec("max_stopping_gpus: 64").config().max_stopping_gpus == 64.0
 
 
 @pytest.mark.parametrize(
@@ -135,6 +137,8 @@ def test_an_operator_can_turn_bands_and_weights_off_or_change_them() -> None:
         ("young_weights: [{below: 2m, weight: 1}, {below: 120, weight: 1}]", "young_weights", "once"),
         ("bands: [2m]", "bands", "its fields"),
         ("blocking: fifo", "blocking", "one of"),
+        ("max_stopping_gpus: 0", "max_stopping_gpus", "greater than 0"),
+        ("max_stopping_gpus: many", "max_stopping_gpus", "not a number"),
     ],
 )
 def test_a_bad_policy_names_the_field_and_the_fix(text: str, field: str, fix: str) -> None:
