@@ -215,7 +215,7 @@ def test_work_waiting_for_a_victim_to_stop_is_told_which_one(server: ServerProce
 
 def test_max_stopping_gpus_stops_work_in_waves(tmp_path: Path, job_dir: Path) -> None:
     """scheduling.yaml's `max_stopping_gpus: 4`: two higher-priority 4-GPU jobs would each preempt a 4-GPU
-    job of their queue, but only 4 GPUs may be stopping at once. The first victim stops (a 3 s checkpoint)
+    job of their queue, but only 4 GPUs may be stopping at once. The first victim stops (an 8 s checkpoint)
     while the second gainer waits as `stopping-limit`; once those GPUs are released the second victim goes."""
     home = tmp_path / "home"
     home.mkdir()
@@ -223,7 +223,7 @@ def test_max_stopping_gpus_stops_work_in_waves(tmp_path: Path, job_dir: Path) ->
     server = ServerProcess(home=home).start()
     try:
         (job_dir / "slow.py").write_text(
-            SLOW_TO_STOP.replace("time.sleep(3)", "print('asked to stop', flush=True); time.sleep(3)")
+            SLOW_TO_STOP.replace("time.sleep(3)", "print('asked to stop', flush=True); time.sleep(8)")
         )
         _queue(server, {"name": "team", "resources": {"gpu": {"quota": 8}}})
         lows = [
@@ -252,6 +252,9 @@ def test_max_stopping_gpus_stops_work_in_waves(tmp_path: Path, job_dir: Path) ->
                 break
             assert time.time() < deadline, f"never one gainer waiting and one held by the limit: {reasons}"
             time.sleep(0.05)
+        with server.http() as client:  # what is being released, as an operator watches it
+            scraped = client.get("/metrics").text
+        assert 'gpupool_stopping_gpus{queue="team",reason="preempt"} 4.0' in scraped, scraped[-3000:]
         held = next(wid for wid in highs if server.workload(wid)["reason_code"] == "stopping-limit")
         out = server.cli("why", str(held), check=True).stdout
         assert "at most 4 may be stopping at once (scheduling.yaml max_stopping_gpus)" in out, out

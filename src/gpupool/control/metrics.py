@@ -10,7 +10,7 @@ the reconcile loop. The list with meanings is in docs/telemetry.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -282,6 +282,17 @@ class PoolCollector(Collector):
                 key = (queue, known.code if known is not None else stored or "unexplained")
                 reasons[key] = reasons.get(key, 0) + 1
             node_rows = s.execute(select(Node.name, Node.state, Node.state_reason).order_by(Node.name)).all()
+            stopping_rows = s.execute(
+                select(
+                    Workload.queue,
+                    Attempt.stop_reason,
+                    Attempt.gpu_indices,
+                    Attempt.gpu_fraction,
+                    Attempt.pods,
+                )
+                .join(Attempt, Attempt.workload_id == Workload.id)
+                .where(Attempt.state == RUNNING, Attempt.stop_requested_at.is_not(None))
+            ).all()
             services = s.execute(
                 select(Workload.id, Workload.name, Workload.queue, Workload.spec, Attempt.number)
                 .join(Attempt, Attempt.workload_id == Workload.id)
@@ -291,6 +302,7 @@ class PoolCollector(Collector):
         for (queue, reason), count in sorted(reasons.items()):
             waiting.add_metric([queue, reason], float(count))
         yield waiting
+        yield _stopping(stopping_rows)
         ready = GaugeMetricFamily(
             "gpupool_service_ready",
             "1 while a running service's readiness probe passes (the head's proxy passes requests on), "
@@ -438,3 +450,23 @@ class Metrics:
                 store, telemetry, health, fair_shares, explanations, readiness, autoscaling, budgets
             )
         )
+
+
+def _stopping(rows: Iterable[Any]) -> GaugeMetricFamily:
+    """GPUs held by running work asked to stop, by queue and why (an eviction's code, or the attempt's other
+    stop reasons): how much is being released now, what `max_stopping_gpus` bounds for preempt, reclaim
+    and consolidate."""
+    family = GaugeMetricFamily(
+        "gpupool_stopping_gpus",
+        "GPUs held by running work asked to stop, by queue and why it stops (preempt, reclaim, consolidate, "
+        "stale-gang, cancelled, max_duration, drain, held, requeue); scheduling.yaml's max_stopping_gpus "
+        "bounds those stopped for waiting work.",
+        labels=["queue", "reason"],
+    )
+    gpus: dict[tuple[str, str], float] = {}
+    for queue, reason, indices, fraction, pods in rows:
+        key = (queue, reason or "unknown")
+        gpus[key] = gpus.get(key, 0.0) + attempt_gpus(indices, fraction, pods)
+    for (queue, reason), value in sorted(gpus.items()):
+        family.add_metric([queue, reason], value)
+    return family
