@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpupool.control.config_files import parse_file
 from gpupool.scheduler import Eviction, Explanation, QueueView, SchedulerConfig, WorkloadView
-from gpupool.scheduler.explain import CAPACITY_CODES, OVER_FAIR_SHARE
+from gpupool.scheduler.explain import OVER_FAIR_SHARE, cured_by_capacity
 from gpupool.spec.scheduling import (
     DEFAULT_POLICY,
     band_text,
@@ -159,7 +159,7 @@ class BandNotes:
             if band == top and not old:
                 continue
             given = explanations.get(w.id)
-            if given is None or given.code not in CAPACITY_CODES:
+            if given is None or not cured_by_capacity(given.code):
                 continue
             known = self._notes.get(w.id)
             if known is not None and (known[0] is given or known[0] == given):

@@ -35,12 +35,10 @@ CODES: Final = (
     STOPPING_LIMIT,
 )
 
-# Codes that more capacity (an eviction) could cure: reclaim, preempt and consolidate look at these.
-CAPACITY_CODES: Final = frozenset({NO_CAPACITY, FRAGMENTED, OVER_FAIR_SHARE})
-
 
 def cured_by_capacity(code: str) -> bool:
-    """`code in CAPACITY_CODES`, asked of each pending workload in a cycle: compiled, `in` a tuple written
+    """Whether more capacity (an eviction) could cure a workload waiting for `code`: reclaim, preempt and
+    consolidate look at these. Asked of each pending workload in a cycle: compiled, `in` a tuple written
     out compares with each code in turn, the usual one first (a string compared with itself is a pointer
     compared), where a set's lookup hashes and probes."""
     return code in (NO_CAPACITY, OVER_FAIR_SHARE, FRAGMENTED)
