@@ -150,8 +150,9 @@ def test_the_listing_takes_ids(server: ServerProcess) -> None:
 
 
 def test_waiting_and_following_ride_out_a_restart_of_the_head(tmp_path: Path) -> None:
-    """`gpupool wait` and `gpupool logs -f` outlive a kill -9 and restart of the head: the work goes on
-    running meanwhile, so they try again (saying so once) and end as the work ends, with its exit code."""
+    """`gpupool wait` and `gpupool logs -f` outlive a kill -9 and restart of the head, and a wait begun while
+    it is down waits for it: the work goes on running meanwhile, so they try again (saying so once) and end
+    as the work ends, with its exit code."""
     server = ServerProcess(home=tmp_path / "home").start()
     gate = tmp_path / "gate"
     try:
@@ -181,11 +182,18 @@ def test_waiting_and_following_ride_out_a_restart_of_the_head(tmp_path: Path) ->
         until_connected(waiter.pid, server.port)
         until_connected(follower.pid, server.port)
         server.kill9()
-        time.sleep(2.5)  # both find the head gone, and try again
+        late = subprocess.Popen(  # begun while the head is down: its first look waits for the head too
+            [*run, "wait", str(wid)], env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        time.sleep(2.5)  # all three find the head gone, and try again
         server.start()
         gate.touch()
         _, waited = waiter.communicate(timeout=60)
         followed, said = follower.communicate(timeout=60)
+        _, waited_late = late.communicate(timeout=60)
+        assert late.returncode == 4, waited_late
+        assert "cannot be reached (restarting?)" in waited_late and "failed with exit code 4" in waited_late
         assert waiter.returncode == 4, waited
         assert "cannot be reached (restarting?)" in waited and "the head answers again" in waited
         assert "failed with exit code 4" in waited

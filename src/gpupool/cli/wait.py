@@ -21,6 +21,7 @@ from gpupool.cli.app import app, client, outage_note, stream_log
 from gpupool.cli.errors import CliError
 from gpupool.cli.render import err_console, styled
 from gpupool.client import ApiError, Client, WaitTimeout
+from gpupool.client.client import ride_out
 from gpupool.spec import parse_duration
 
 POLL: Final = 1.0  # seconds between looks at the workloads' states
@@ -40,9 +41,21 @@ def wait(
 
     Exit 0 when all succeeded, a lone failed job's exit code, else 1 (124 on --timeout, 130 on Ctrl-C;
     the work goes on)."""
+    seconds = check_timeout(timeout)
+    began = time.monotonic()
     c = client()
-    ids = refs.workload_ids(c, workloads, reading=True)
-    finish(c, _members(c, ids), logs=False, timeout=timeout, quiet=quiet)
+    try:  # the head may be restarting as the wait begins, as while it goes on: the same ride-out
+        ids = ride_out(
+            lambda: _members(c, refs.workload_ids(c, workloads, reading=True)),
+            poll=POLL,
+            deadline=None if seconds is None else began + seconds,
+            on_outage=None if quiet else outage_note(c.server),
+        )
+    except WaitTimeout:
+        if not quiet:
+            err_console.print(f"--timeout {timeout} passed before the head answered; the work goes on")
+        raise typer.Exit(TIMED_OUT) from None
+    finish(c, ids, logs=False, timeout=timeout, quiet=quiet, began=began)
 
 
 def check_timeout(timeout: str | None) -> float | None:
@@ -66,11 +79,20 @@ def refuse_service(kind: str) -> None:
         )
 
 
-def finish(c: Client, ids: list[int], *, logs: bool, timeout: str | None, quiet: bool = False) -> NoReturn:
+def finish(
+    c: Client,
+    ids: list[int],
+    *,
+    logs: bool,
+    timeout: str | None,
+    quiet: bool = False,
+    began: float | None = None,
+) -> NoReturn:
     """Wait for `ids` to end (printing the lone one's output as it comes when `logs`), say how each ended,
-    and exit with the code the module docstring gives."""
+    and exit with the code the module docstring gives. `began`: when the wait began (time.monotonic(); by
+    default now), from which `timeout` counts."""
     seconds = check_timeout(timeout)
-    deadline = None if seconds is None else time.monotonic() + seconds
+    deadline = None if seconds is None else (time.monotonic() if began is None else began) + seconds
     try:
         if logs:
             ended = stream_log(c, ids[0], attempt=0, deadline=deadline)  # every attempt, from the first

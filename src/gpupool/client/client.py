@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -20,6 +20,8 @@ from gpupool.home import DEFAULT_SERVER, credentials_path
 ENDED = frozenset({"succeeded", "failed", "cancelled"})  # the states a workload ends in
 WAIT_PAGE = 1000  # ids `Client.wait` asks about in one listing (the API's most)
 RIDE_OUT = 300.0  # seconds a caller waiting on work keeps trying a head it cannot reach (a restart)
+
+T = TypeVar("T")
 
 
 class GpupoolError(Exception):
@@ -53,6 +55,36 @@ class Outage:
         ended = self.since is not None
         self.since = None
         return ended
+
+
+def ride_out(
+    call: Callable[[], T],
+    *,
+    poll: float = 1.0,
+    deadline: float | None = None,
+    on_outage: Callable[[float | None], None] | None = None,
+    outage: Outage | None = None,
+) -> T:
+    """`call()`, made again every `poll` seconds while the head cannot be reached (a restart), for up to
+    `outage`'s limit (default RIDE_OUT seconds; then its ConnectionFailed); `on_outage(seconds)` hears each
+    failure and `on_outage(None)` the answer that ends them. WaitTimeout once `deadline` (a
+    time.monotonic() time) passes without an answer. Only for calls that change nothing: one made again
+    must not do twice what it asks."""
+    outage = outage or Outage()
+    while True:
+        try:
+            result = call()
+        except ConnectionFailed as exc:
+            down = outage.failed(exc)
+            if on_outage is not None:
+                on_outage(down)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"the head was unreachable for {down:.0f}s", []) from exc
+            time.sleep(poll)
+            continue
+        if outage.answered() and on_outage is not None:
+            on_outage(None)
+        return result
 
 
 class WaitTimeout(GpupoolError):
@@ -239,24 +271,20 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         outage = outage or Outage()
         last: dict[int, dict[str, Any]] = {}
-        while True:
+
+        def look() -> None:
             open_ids = [i for i in dict.fromkeys(ids) if last.get(i, {}).get("state") not in ENDED]
+            for at in range(0, len(open_ids), WAIT_PAGE):
+                page = open_ids[at : at + WAIT_PAGE]
+                for w in self.workloads(all=True, ids=page, limit=len(page)):
+                    last[w["id"]] = w
+
+        while True:
             try:
-                for at in range(0, len(open_ids), WAIT_PAGE):
-                    page = open_ids[at : at + WAIT_PAGE]
-                    for w in self.workloads(all=True, ids=page, limit=len(page)):
-                        last[w["id"]] = w
-            except ConnectionFailed as exc:
-                down = outage.failed(exc)
-                if on_outage is not None:
-                    on_outage(down)
-                if deadline is not None and time.monotonic() >= deadline:
-                    waiting = [last[i] for i in ids if i in last and last[i]["state"] not in ENDED]
-                    raise WaitTimeout(f"the head was unreachable for {down:.0f}s", waiting) from exc
-                time.sleep(poll)
-                continue
-            if outage.answered() and on_outage is not None:
-                on_outage(None)
+                ride_out(look, poll=poll, deadline=deadline, on_outage=on_outage, outage=outage)
+            except WaitTimeout as exc:
+                waiting = [last[i] for i in ids if i in last and last[i]["state"] not in ENDED]
+                raise WaitTimeout(str(exc), waiting) from exc.__cause__
             missing = [i for i in ids if i not in last]
             if missing:
                 raise ApiError(

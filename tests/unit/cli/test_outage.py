@@ -3,6 +3,8 @@ the connection error; `on_outage` hears how long, and the CLI says it once."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -41,3 +43,21 @@ def test_the_cli_says_an_outage_once_and_its_end_once(capsys: pytest.CaptureFixt
     said = capsys.readouterr().err
     assert said.count("the head at http://head:8470 cannot be reached (restarting?)") == 1
     assert said.count("the head answers again") == 1
+
+
+def test_a_wait_begun_with_no_head_waits_for_it_until_its_timeout() -> None:
+    """`gpupool wait` looks its workloads up through an outage too (the head may be restarting as the wait
+    begins), bounded by --timeout: 124, as when the work outlasts it."""
+    env = {"GPUPOOL_SERVER": "http://127.0.0.1:1", "PATH": "/usr/bin:/bin"}
+    began = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.main", "wait", "7", "--timeout", "2s"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 124, out.stderr
+    assert 2 <= time.monotonic() - began < 30
+    assert out.stderr.count("cannot be reached (restarting?)") == 1
+    assert "--timeout 2s passed before the head answered; the work goes on" in out.stderr
