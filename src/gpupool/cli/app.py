@@ -6,6 +6,7 @@ share. Each themed module registers its commands as it is imported, at the end o
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -15,8 +16,8 @@ import typer
 from gpupool.cli.bench import bench_app
 from gpupool.cli.render import err_console
 from gpupool.cli.sim import sim_app
-from gpupool.client import Client, ConnectionFailed
-from gpupool.client.client import RIDE_OUT, Outage
+from gpupool.client import Client, WaitTimeout
+from gpupool.client.client import RIDE_OUT, Outage, ride_out
 
 app = typer.Typer(
     name="gpupool",
@@ -96,16 +97,14 @@ def stream_log(
     while True:
         if deadline is not None and time.monotonic() >= deadline:
             return False
-        try:
-            chunk = c.logs(workload_id, attempt=chosen, offset=offset, rank=rank)
-        except ConnectionFailed as exc:
-            if not follow:
-                raise
-            note(outage.failed(exc))  # the head restarting: the work and its output go on
-            time.sleep(1.0)
-            continue
-        if outage.answered():
-            note(None)
+        read = functools.partial(c.logs, workload_id, attempt=chosen, offset=offset, rank=rank)
+        if not follow:
+            chunk = read()
+        else:  # the head restarting: the work and its output go on
+            try:
+                chunk = ride_out(read, deadline=deadline, on_outage=note, outage=outage)
+            except WaitTimeout:
+                return False
         if say_unstarted and chunk["attempt"] is None:
             say_unstarted = False
             if chunk["state"] != "pending":
