@@ -100,6 +100,29 @@ def test_with_bands_off_new_work_waits_for_older_work_of_its_queue(
     assert _new_work_waits_for(bands_off, old)["reason_code"] == "over-fair-share"
 
 
+def test_the_api_shows_the_policy_the_server_runs_and_its_file(server: ServerProcess, tmp_path: Path) -> None:
+    """`GET /api/v1/scheduling`: scheduling.yaml's fields as the passes apply them (GPU-times in
+    GPU-seconds), and the file they came from; the default policy says it has none."""
+    with server.http() as client:
+        default = client.get("/api/v1/scheduling").json()
+    assert default["source"] is None and default["usage_weight"] == 0
+    assert default["policy"]["las_thresholds"] == [120, 57600] and default["policy"]["las_preempt"] is True
+    home = tmp_path / "tuned"
+    home.mkdir()
+    (home / "scheduling.yaml").write_text("las_preempt: false\nplacement: spread\nmax_stopping_gpus: 16\n")
+    tuned = ServerProcess(home=home, extra_args=["--usage-weight", "1"]).start()
+    try:
+        with tuned.http() as client:
+            shown = client.get("/api/v1/scheduling").json()
+    finally:
+        tuned.stop()
+    assert shown["source"] == str(home / "scheduling.yaml") and shown["usage_weight"] == 1
+    assert shown["usage_half_life_s"] == 7 * 86400
+    policy = shown["policy"]
+    assert (policy["las_preempt"], policy["placement"], policy["max_stopping_gpus"]) == (False, "spread", 16)
+    assert policy["young_weights"] == [{"below": 120, "weight": 4}, {"below": 3600, "weight": 1}]
+
+
 def test_work_that_declares_no_checkpoint_is_not_preempted_for_newer_work(
     server: ServerProcess, job_dir: Path
 ) -> None:

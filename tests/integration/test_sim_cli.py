@@ -45,6 +45,32 @@ def test_sim_run_compares_policies_and_writes_json_and_a_report(tmp_path: Path) 
         assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_sim_run_replays_an_operators_scheduling_yaml_next_to_the_default(tmp_path: Path) -> None:
+    """`--policy gpupool,FILE`: the file's policy, named as given (a relative path, written into the report's
+    folder under a name of its own); one that changes nothing replays as gpupool, figure for figure."""
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned" / "spread.yaml").write_text("placement: spread\nlas_preempt: false\n")
+    (tmp_path / "same.yaml").write_text("# every line commented out: the default policy\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = gpupool(
+        "sim", "run", "--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--cluster", "2x8",
+        "--window", "2017-10-02..2017-10-03", "--policy", "gpupool,../same.yaml,../tuned/spread.yaml",
+        "--json", "out.json", "--report", "report", "--quiet", cwd=work,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads((work / "out.json").read_text())["policies"]
+    assert list(data) == ["gpupool", "../same.yaml", "../tuned/spread.yaml"]
+    unlike = {"wall_s", "decide_s", "description"}  # timings, and the words naming each policy
+    figures = [{k: v for k, v in data[name].items() if k not in unlike} for name in data]
+    assert figures[0] == figures[1] and figures[2]["finished"] == 40
+    report = (work / "report" / "report.md").read_text()
+    assert "- **../tuned/spread.yaml**: the scheduling.yaml ../tuned/spread.yaml: placement spread" in report
+    assert (work / "report" / "fair_share_.._tuned_spread.yaml.png").read_bytes()[:4] == b"\x89PNG"
+    bad = gpupool("sim", "run", "--trace", f"philly:{FIXTURES / 'philly_small.csv'}", "--policy", "nope.yaml")
+    assert bad.returncode == 1 and "--policy: nope.yaml: no such file" in bad.stderr, bad.stderr
+
+
 def test_sim_run_with_a_queue_file_and_the_generic_csv_format(tmp_path: Path) -> None:
     out = gpupool(
         "sim", "run", "--trace", f"csv:{FIXTURES / 'jobs.csv'}", "--cluster", "2x8:H100,2x8:A100",
@@ -164,6 +190,7 @@ def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(
     out = server.cli("sim", "whatif", "--add", "1x8:H100", "--json", str(job_dir / "w.json"))
     assert out.returncode == 0, out.stderr
     assert "replaying 4 jobs" in out.stdout and "GPUs 8 -> 16" in out.stdout
+    assert "with the server's policy: the default policy's settings (as gpupool)" in out.stdout, out.stdout
     (idle,) = [line for line in out.stdout.splitlines() if " idle " in line]
     assert idle.split()[2:] == ["│", "0", *["│", "-"] * 6, "│"], idle  # no times for a queue that ran nothing
     data = json.loads((job_dir / "w.json").read_text())

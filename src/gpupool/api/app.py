@@ -27,6 +27,7 @@ from gpupool.api.routes import (
     nodes,
     proxy,
     queues,
+    scheduling,
     secrets,
     tokens,
     usage,
@@ -130,6 +131,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(health.router)
     api.include_router(bench.router)
     api.include_router(usage.router)
+    api.include_router(scheduling.router)
     api.include_router(events.router)
     api.include_router(secrets.router)
     # The proxy checks its callers itself (`proxy._admit`): a public service takes requests with no token.

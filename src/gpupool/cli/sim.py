@@ -310,7 +310,12 @@ def whatif(
     remove: list[str] = typer.Option([], "--remove", help="remove a node by name (repeatable)"),
     quota: list[str] = typer.Option([], "--quota", help="set a queue's GPU quota, e.g. --quota nlp=16"),
     since: str = typer.Option("7d", "--since", help="replay the jobs submitted in this recent period"),
-    policy: str = typer.Option("gpupool", "--policy", help="the policy of both replays (see sim run)"),
+    policy: str = typer.Option(
+        "server",
+        "--policy",
+        help="the policy of both replays: server (the server's own, its scheduling.yaml and --usage-weight), "
+        "a policy of sim run, or a scheduling.yaml file",
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="write the comparison as JSON to this file"),
     jobs: str = typer.Option(
         "auto", "--jobs", help="1: the two replays one after the other; 2 or auto: at once, in two processes"
@@ -323,13 +328,14 @@ def whatif(
     from gpupool.gpu.catalog import families
     from gpupool.sim import whatif as wi
     from gpupool.sim.parallel import processes
-    from gpupool.sim.policies import resolve_policies
+    from gpupool.sim.policies import resolve_policies, server_policy
     from gpupool.spec.views import queue_view
 
     with _sim_errors():
-        (chosen, *more) = resolve_policies(policy)
-        if more:
-            raise SimError("--policy", "whatif replays one policy; give one name, e.g. --policy gpupool")
+        if policy.strip() != "server":
+            (chosen, *more) = resolve_policies(policy)
+            if more:
+                raise SimError("--policy", "whatif replays one policy; give one name, e.g. --policy gpupool")
         if not (add or remove or quota):
             raise SimError(
                 "--add", "nothing to change; give --add 4x8:H100, --remove NODE or --quota QUEUE=GPUS"
@@ -338,6 +344,8 @@ def whatif(
         workers = processes(jobs, 2)
         wi.check_changes(add, quota)
         api = client()
+        if policy.strip() == "server":
+            chosen = server_policy(api.scheduling())
         now = time.time()
         # One list per state that ran, of the period's submissions only; a list that fills the API's
         # largest page (newest first) has lost its oldest jobs: say so.
@@ -357,9 +365,8 @@ def whatif(
         history = wi.history_jobs(workloads, now - period, now)
         after = wi.changed(nodes, queues, add, remove, quota)
         _check_outputs(json_out)
-        console.print(
-            f"replaying {len(history):,} jobs of the last {since} with policy {chosen.name}", highlight=False
-        )
+        used = chosen.description if chosen.name == "server" else f"policy {chosen.name}"
+        console.print(f"replaying {len(history):,} jobs of the last {since} with {used}", highlight=False)
         result = wi.compare(history, (nodes, queues), after, chosen, workers=workers)
         table = Table(title=f"what if: {' '.join([*add, *('-' + r for r in remove), *quota])}")
         for column in (

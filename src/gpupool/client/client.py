@@ -299,6 +299,12 @@ class Client:
                 progress(len(ids) - len(waiting), waiting)
             time.sleep(poll)
 
+    def scheduling(self) -> dict[str, Any]:
+        """The server's scheduling policy: `policy` (scheduling.yaml's fields), `source` (its file, or None),
+        `usage_weight`, `usage_half_life_s`."""
+        result: dict[str, Any] = self._call("GET", "/api/v1/scheduling")
+        return result
+
     def workload(self, workload_id: int) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/api/v1/workloads/{workload_id}")
         return result

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import psutil
 from sqlalchemy import Table, bindparam, select, update
@@ -38,7 +38,7 @@ from gpupool.control.idle import IdleWatch
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SERVICE, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.observe import Observation
-from gpupool.control.policy import BandNotes, load_policy, reword_preemptions
+from gpupool.control.policy import BandNotes, load_policy, policy_file, reword_preemptions
 from gpupool.control.restarts import Backoff, restart_explanation
 from gpupool.control.secret_keys import key_path, open_keys
 from gpupool.control.settings import ControlSettings
@@ -47,6 +47,7 @@ from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import AttainedService
 from gpupool.gpu import GpuProvider
 from gpupool.spec import format_gpu_indices
+from gpupool.spec.scheduling import scheduling_fields
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Event, Gpu, Node, Workload
 from gpupool.timeutil import utcnow
@@ -95,6 +96,8 @@ class Reconciler(Observation, SnapshotBuilding):
         self._nominated: dict[int, tuple[scheduler.PodPlacement, ...]] = {}
         policy = settings.policy if settings.policy is not None else load_policy(settings.home)
         self._config = replace(policy, usage_weight=settings.usage_weight)
+        # Where the policy came from (None: the default, or one given in code): `GET /api/v1/scheduling`.
+        self.policy_source = None if settings.policy is not None else policy_file(settings.home)
         # What opens users' secrets for starting attempts (control/secret_keys.py).
         self.secret_keys = settings.secret_keys or open_keys(key_path(settings.home, None), create=True)
         self._band_notes = BandNotes(self._config)  # "why pending" in words, for work in a lower band
@@ -134,6 +137,17 @@ class Reconciler(Observation, SnapshotBuilding):
         self._efficiency_due = 0.0
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
+
+    def scheduling(self) -> dict[str, Any]:
+        """The policy each pass applies, as `GET /api/v1/scheduling` shows it: its scheduling.yaml fields
+        (GPU-times in GPU-seconds), the file they came from (None: the default policy), and the server's
+        fair share by history (`--usage-weight`, `--usage-half-life`)."""
+        return {
+            "source": None if self.policy_source is None else str(self.policy_source),
+            "policy": scheduling_fields(self._config),
+            "usage_weight": self._config.usage_weight,
+            "usage_half_life_s": self.settings.usage_half_life,
+        }
 
     def wake(self, *, observed: bool = False) -> None:
         """Ask for a pass: for new desired state (a submit), the next paced one; for a change a backend

@@ -43,16 +43,22 @@ class SchedulingConfigError(ValueError):
     """A scheduling policy file that cannot be used; the message names the file, the field and the fix."""
 
 
-def load_policy(home: Path) -> SchedulerConfig:
-    """$GPUPOOL_SCHEDULING_CONFIG (it must exist), else $GPUPOOL_HOME/scheduling.yaml if there, else the
-    default policy."""
+def policy_file(home: Path) -> Path | None:
+    """The file the server's policy comes from: $GPUPOOL_SCHEDULING_CONFIG (it must exist), else
+    $GPUPOOL_HOME/scheduling.yaml if there; None: the default policy."""
     named = os.environ.get(CONFIG_ENV)
     path = Path(named).expanduser() if named else home / CONFIG_FILE
-    if not path.exists():
-        if named:
-            raise SchedulingConfigError(
-                f"${CONFIG_ENV}={named}: no such file; create it or unset the variable"
-            )
+    if path.exists():
+        return path
+    if named:
+        raise SchedulingConfigError(f"${CONFIG_ENV}={named}: no such file; create it or unset the variable")
+    return None
+
+
+def load_policy(home: Path) -> SchedulerConfig:
+    """The policy of `policy_file(home)`, else the default policy."""
+    path = policy_file(home)
+    if path is None:
         return DEFAULT_POLICY
     return parse_file(path, parse_scheduling_spec, SchedulingConfigError).config()
 

@@ -7,17 +7,28 @@ of attained / remaining GPU-service as Tiresias discretizes it), and what durati
 weights by young work come from the config (`las_preempt`, `young_weights`) and are applied by the engine
 through the same functions as the server's control loop (gpupool/spec/scheduling.py); `gpupool` is the
 server's default policy itself (`DEFAULT_POLICY`). The registry is an ordered list; an unknown name fails
-before anything runs.
+before anything runs. A policy may also be an operator's own scheduling.yaml (the server's file, read by
+the server's parser: `file_policy`), so a change to it can be replayed before a server runs it.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from gpupool.scheduler import SchedulerConfig
 from gpupool.sim.errors import SimError
-from gpupool.spec.scheduling import DEFAULT_POLICY, effective_priority
+from gpupool.spec import SpecError, format_duration
+from gpupool.spec.scheduling import (
+    DEFAULT_POLICY,
+    SchedulingSpec,
+    changed_fields,
+    effective_priority,
+    parse_scheduling_spec,
+)
 
 HOUR = 3600.0
 # Tiresias' discretized 2D-LAS: a job moves down one band when its attained GPU-service passes a threshold.
@@ -29,6 +40,8 @@ SRTF_BANDS = (0.25 * HOUR, 1 * HOUR, 4 * HOUR, 16 * HOUR, 64 * HOUR)
 ORACLE_BANDS = tuple(hours * HOUR for hours in (1 / 30, 1 / 12, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128))
 ALLOCATE_ONLY = ("allocate",)
 POOL = "pool"  # the one queue of policies that ignore quotas
+FILE_SUFFIXES = (".yaml", ".yml")  # a --policy item ending so (or holding a "/") names a scheduling.yaml
+USAGE_HALF_LIFE = 7 * 86400.0  # the server's --usage-half-life default
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +55,7 @@ class Policy:
     remaining_bands: tuple[float, ...] = ()
     estimate: str = "none"  # duration_estimate: "none", "learned" (online, per queue) or "oracle" (the truth)
     oracle: bool = False  # reads true durations: a reference, not a real scheduler
-    usage_half_life: float = 7 * 86400.0  # decay of queue usage when config.usage_weight > 0 (the server's)
+    usage_half_life: float = USAGE_HALF_LIFE  # decay of queue usage when config.usage_weight > 0
 
     @property
     def band_by(self) -> str:
@@ -173,16 +186,78 @@ DEFAULT_POLICIES = ("fifo", "las", "gpupool")
 
 
 def resolve_policies(value: str) -> list[Policy]:
-    """`a,b,c` (or `all`) -> the policies, in the order given."""
+    """`a,b,c` (or `all`) -> the policies, in the order given; an item that names a scheduling.yaml (it ends
+    in .yaml or .yml, or holds a "/") is that file's policy (`file_policy`)."""
     names = [n.strip() for n in value.split(",") if n.strip()]
     if names == ["all"]:
         return list(POLICIES)
     if not names:
         raise SimError("--policy", f"no policy given; one or more of {', '.join(BY_NAME)} (or all)")
-    out = []
+    out: list[Policy] = []
     for name in names:
-        if name not in BY_NAME:
-            raise SimError("--policy", f"unknown policy {name!r}; one of {', '.join(BY_NAME)} (or all)")
-        if BY_NAME[name] not in out:
+        if any(p.name == name for p in out):
+            continue
+        if name.endswith(FILE_SUFFIXES) or "/" in name:
+            out.append(file_policy(name))
+        elif name in BY_NAME:
             out.append(BY_NAME[name])
+        else:
+            raise SimError(
+                "--policy",
+                f"unknown policy {name!r}; one of {', '.join(BY_NAME)} (or all), or a scheduling.yaml file",
+            )
     return out
+
+
+def file_policy(path: str) -> Policy:
+    """The policy of the scheduling.yaml at `path` (docs/scheduler.md), as a server started with it would
+    run it with `--usage-weight 0` (its default); named `path`, as given."""
+    try:
+        text = Path(path).expanduser().read_text()
+    except FileNotFoundError:
+        raise SimError(
+            "--policy", f"{path}: no such file; give a scheduling.yaml (docs/scheduler.md) or a policy name"
+        ) from None
+    except OSError as exc:
+        raise SimError("--policy", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        spec = parse_scheduling_spec(text)
+    except SpecError as exc:
+        raise SimError("--policy", f"{path}: {exc}") from None
+    return spec_policy(path, spec, f"the scheduling.yaml {path}")
+
+
+def server_policy(body: Mapping[str, Any]) -> Policy:
+    """The policy a server runs, from its `GET /api/v1/scheduling` (`body`): named `server`."""
+    source = body.get("source")
+    said = f"the server's scheduling.yaml ({source})" if source else "the server's policy"
+    return spec_policy(
+        "server",
+        parse_scheduling_spec(body["policy"]),
+        said,
+        usage_weight=float(body.get("usage_weight") or 0.0),
+        usage_half_life=float(body.get("usage_half_life_s") or USAGE_HALF_LIFE),
+    )
+
+
+def spec_policy(
+    name: str,
+    spec: SchedulingSpec,
+    source: str,
+    usage_weight: float = 0.0,
+    usage_half_life: float = USAGE_HALF_LIFE,
+) -> Policy:
+    """A scheduling.yaml's policy as the server runs it (over the given queues; a learned duration estimate
+    for `ordering: estimate`), described by `source` and what it changes of the default."""
+    config = spec.config(usage_weight)
+    changes = changed_fields(config)
+    if usage_weight > 0:
+        changes.append(f"usage_weight {usage_weight:g} (half-life {format_duration(usage_half_life)})")
+    said = ", ".join(changes) if changes else "the default policy's settings (as gpupool)"
+    return Policy(
+        name,
+        f"{source}: {said}",
+        config,
+        estimate="learned" if config.ordering == "estimate" else "none",
+        usage_half_life=usage_half_life,
+    )

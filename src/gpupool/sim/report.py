@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,15 +58,28 @@ def write_report(experiment: Experiment, folder: Path) -> Path:
         ("Pending jobs over time", _over_time(experiment, folder / "queue_length.png", "pending")),
         ("GPU utilization over time", _over_time(experiment, folder / "gpu_util.png", "util")),
     ]
+    used: set[str] = set()
     for result in experiment.results:
         if any(s.fair_share for s in result.timeline):
-            path = folder / f"fair_share_{result.policy}.png"
+            path = folder / _file_name(f"fair_share_{result.policy}", used)
             plots.append(
                 (f"Allocation against fair share: {result.policy}", _fair_share(experiment, result, path))
             )
     path = folder / "report.md"
     path.write_text(_markdown(experiment, plots))
     return path
+
+
+def _file_name(stem: str, used: set[str]) -> str:
+    """`stem`.png as a file name of its own folder: a policy named by its file ("../tuned.yaml") has its
+    path's separators and other odd characters made "_", and a name taken already gets a number."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", stem)
+    name, n = f"{safe}.png", 1
+    while name in used:
+        n += 1
+        name = f"{safe}_{n}.png"
+    used.add(name)
+    return name
 
 
 def _markdown(experiment: Experiment, plots: list[tuple[str, Path]]) -> str:

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from gpupool.scheduler import QueueView, SchedulerConfig
-from gpupool.spec.document import validate_spec
+from gpupool.spec.document import load_yaml, validate_spec
 from gpupool.spec.errors import SpecError
 from gpupool.spec.fields import Number, Seconds
 from gpupool.spec.quantities import format_duration, parse_duration
@@ -276,9 +276,44 @@ class SchedulingSpec(BaseModel):
         )
 
 
+def scheduling_fields(config: SchedulerConfig) -> dict[str, Any]:
+    """The fields of a scheduling.yaml that gives `config` (`SchedulingSpec.config` read backwards), GPU-times
+    in GPU-seconds: what `GET /api/v1/scheduling` shows, and what `parse_scheduling_spec` takes back. A
+    config's other settings (its actions, fair share) are the default policy's for every file."""
+    return {
+        "ordering": config.ordering,
+        "blocking": config.blocking,
+        "placement": config.placement,
+        "las_thresholds": list(config.las_thresholds),
+        "las_preempt": config.las_preempt,
+        "young_weights": [{"below": below, "weight": weight} for below, weight in config.young_weights],
+        "max_stopping_gpus": config.max_stopping_gpus,
+    }
+
+
+def changed_fields(config: SchedulerConfig) -> list[str]:
+    """What of `config`'s scheduling.yaml differs from the default policy, in words ("placement spread"),
+    in the file's order; empty: the default policy's fields."""
+    ours, default = scheduling_fields(config), scheduling_fields(DEFAULT_POLICY)
+    words = []
+    for name, value in ours.items():
+        if value == default[name]:
+            continue
+        if name == "las_thresholds":
+            value = "[" + ", ".join(format_duration(t) for t in value) + "]"
+        elif name == "young_weights":
+            value = "[" + ", ".join(f"{format_duration(y['below'])}: {y['weight']:g}" for y in value) + "]"
+        elif isinstance(value, float):
+            value = f"{value:g}"
+        words.append(f"{name} {value}")
+    return words
+
+
 def parse_scheduling_spec(data: object) -> SchedulingSpec:
-    """A SchedulingSpec from a mapping or YAML text (an empty file is the default policy); SpecError (the
-    first problem, with its field) if invalid."""
-    if data is None or (isinstance(data, str | bytes) and not data.strip()):
+    """A SchedulingSpec from a mapping or YAML text (an empty file, or one whose every line is commented
+    out, is the default policy); SpecError (the first problem, with its field) if invalid."""
+    if isinstance(data, str) and load_yaml(data, SCHEDULING_FIELD_EXAMPLES[""]) is None:
+        return SchedulingSpec()
+    if data is None or (isinstance(data, bytes) and not data.strip()):
         return SchedulingSpec()
     return validate_spec(SchedulingSpec, data, SCHEDULING_FIELD_EXAMPLES, "scheduling policy")

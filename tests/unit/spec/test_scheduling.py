@@ -3,6 +3,7 @@ and young-work weights (spec/scheduling.py), and the operator's file."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,11 @@ from gpupool.spec.scheduling import (
     DEFAULT_POLICY,
     SchedulingSpec,
     band_text,
+    changed_fields,
     effective_priority,
     parse_scheduling_spec,
     priority_parts,
+    scheduling_fields,
     service_band,
     weighted_by_young,
     young_weight,
@@ -31,6 +34,7 @@ def test_the_simulators_gpupool_policy_is_the_servers_default() -> None:
     assert DEFAULT_POLICY.ordering == "las" and DEFAULT_POLICY.las_preempt
     assert DEFAULT_POLICY.las_thresholds == (2 * MINUTE, 16 * HOUR)
     assert parse_scheduling_spec("").config() == DEFAULT_POLICY  # an empty file changes nothing
+    assert parse_scheduling_spec("# las_preempt: false\n\n").config() == DEFAULT_POLICY  # nor comments alone
 
 
 def test_bands_follow_the_las_ordering_less_service_is_a_higher_band() -> None:
@@ -152,3 +156,25 @@ def test_every_field_of_scheduling_yaml_is_in_docs_scheduler_md() -> None:
     text = (Path(__file__).resolve().parents[3] / "docs" / "scheduler.md").read_text()
     for name in SchedulingSpec.model_fields:
         assert f"| `{name}` |" in text, f"docs/scheduler.md lacks scheduling.yaml's {name}"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        DEFAULT_POLICY,
+        replace(DEFAULT_POLICY, placement="spread", max_stopping_gpus=64, las_thresholds=(60.0, 8 * HOUR)),
+        replace(DEFAULT_POLICY, ordering="fifo", blocking="backfill", las_preempt=False, young_weights=()),
+    ],
+)
+def test_the_fields_the_api_shows_give_the_same_policy_back(config: SchedulerConfig) -> None:
+    assert parse_scheduling_spec(scheduling_fields(config)).config() == config
+
+
+def test_what_a_policy_changes_of_the_default_is_said_in_the_files_words() -> None:
+    assert changed_fields(DEFAULT_POLICY) == []
+    tuned = replace(
+        DEFAULT_POLICY, placement="spread", las_thresholds=(90.0, 16 * HOUR), young_weights=((HOUR, 2.0),)
+    )
+    assert changed_fields(tuned) == [
+        "placement spread", "las_thresholds [1m30s, 16h]", "young_weights [1h: 2]"
+    ]  # fmt: skip
