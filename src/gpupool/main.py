@@ -6,8 +6,10 @@ server's parts.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,7 +114,7 @@ def server(
     import uvicorn
 
     from gpupool.api.app import create_app
-    from gpupool.api.runtime import Runtime, ServerSettings
+    from gpupool.api.runtime import BACKENDS, Runtime, ServerSettings
     from gpupool.backends.slurm_commands import SlurmError
     from gpupool.client.client import save_credentials
     from gpupool.control import tokens
@@ -122,7 +124,7 @@ def server(
     from gpupool.control.secret_keys import key_path, load_keys
     from gpupool.gpu import GpuUnavailable, parse_selector
     from gpupool.health.thresholds import load_config
-    from gpupool.store.db import Store, StoreError
+    from gpupool.store.db import Store, StoreError, normalise_url
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied request and readiness probe
@@ -168,6 +170,13 @@ def server(
     if not 1 <= rate_burst <= 1_000_000:
         raise CliError(f"--rate-burst {rate_burst}: must be 1 to 1000000 calls; try 200")
     sample_every = _telemetry_interval(telemetry_interval)
+    if backend not in BACKENDS:
+        raise CliError(f"--backend {backend}: unknown backend; one of {', '.join(BACKENDS)}")
+    _check_listen(host, port)
+    try:
+        normalise_url(url)  # a kind of database gpupool does not use
+    except StoreError as exc:
+        raise CliError(str(exc)) from exc
     home.mkdir(parents=True, exist_ok=True)
     try:
         store = Store(url)
@@ -309,6 +318,31 @@ def agent(
         runner.close()
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Refuse, before anything is created, a port out of range and an address this server could not listen
+    on (taken by another process, or not this machine's): a probe binds it as uvicorn will, then lets go."""
+    if not 1 <= port <= 65535:
+        raise CliError(f"--port {port}: must be 1 to 65535; e.g. {DEFAULT_PORT}")
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CliError(
+            f"--host {host}: not an address of this machine ({exc.strerror}); e.g. 127.0.0.1"
+        ) from None
+    family, kind, proto, _, address = found[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a closed server's port
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError(
+                    f"--port {port}: {host}:{port}: address already in use (another gpupool server?); stop "
+                    "it or choose another --port"
+                ) from None
+            raise CliError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
+
+
 def _telemetry_interval(text: str) -> float:
     """--telemetry-interval, bounded: the health checks judge only samples under 30 s old."""
     seconds = parse_duration(text, "--telemetry-interval")
@@ -321,8 +355,6 @@ def _telemetry_interval(text: str) -> float:
 
 
 def _hostname() -> str:
-    import socket
-
     return socket.gethostname().split(".")[0] or "localhost"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -192,6 +193,10 @@ def test_a_server_refused_for_a_bad_file_in_its_home_has_created_nothing(
         (["server", "--port", "1", "--gpus", "sim:2x8xA100"], "--gpus: unknown GPU model '8xA100'"),
         (["server", "--port", "1", "--gpus", "sim:0xH100"], "--gpus: GPU count must be at least 1"),
         (["server", "--port", "1", "--node-lease", "0s"], "--node-lease 0s: must be at least 1s"),
+        (["server", "--port", "99999"], "--port 99999: must be 1 to 65535; e.g. 8470"),
+        (["server", "--port", "1", "--backend", "k8s"], "--backend k8s: unknown backend; one of local"),
+        (["server", "--port", "1", "--db", "mysql://u@db/x"], "mysql://... is not a store gpupool can use"),
+        (["server", "--port", "1", "--host", "no-such-host.invalid"], "--host no-such-host.invalid: not an"),
         (
             ["agent", "--server", "http://127.0.0.1:1", "--gpus", "sim:2x8xA100"],
             "--gpus: unknown GPU model '8xA100'",
@@ -212,4 +217,25 @@ def test_a_head_or_agent_refused_for_a_bad_flag_has_created_nothing(
     assert started.returncode == 1, started.stderr
     lines = started.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert not home.exists()
+
+
+def test_a_head_whose_port_is_taken_says_so_and_has_created_nothing(tmp_path: Path) -> None:
+    """Another process listens on the port: refused before the store exists, not after it started."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_HOME"] = str(home)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = subprocess.run(
+            [sys.executable, "-m", "gpupool.main", "server", "--port", str(port), "--gpus", "sim:2xH100"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert started.returncode == 1, started.stderr
+    assert started.stderr.strip() == (
+        f"error: --port {port}: 127.0.0.1:{port}: address already in use (another gpupool server?); stop it "
+        "or choose another --port"
+    )
     assert not home.exists()

@@ -27,12 +27,19 @@ class StoreError(RuntimeError):
 
 
 def normalise_url(url: str) -> str:
-    """Accept a bare file path for SQLite and the plain `postgresql://` scheme (driven by psycopg 3)."""
+    """Accept a bare file path for SQLite and the plain `postgresql://` scheme (driven by psycopg 3); any
+    other kind of database is refused (StoreError, with the two that work)."""
     if "://" not in url:
         return f"sqlite:///{Path(url).expanduser().resolve()}"
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
+    if url.startswith(("sqlite://", "sqlite+pysqlite://", "postgresql+psycopg://")):
+        return url
+    scheme = url.split("://", 1)[0]
+    raise StoreError(
+        f"{scheme}://... is not a store gpupool can use (SQLite or PostgreSQL only); give --db (or "
+        "$GPUPOOL_DB) sqlite:///PATH, a file path, or postgresql://USER@HOST/DB"
+    )
 
 
 def make_engine(url: str, *, reader: bool = False) -> Engine:
