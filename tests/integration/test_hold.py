@@ -156,6 +156,32 @@ def test_hold_names_what_cancel_names_and_refuses_what_has_ended(server: ServerP
     server.cli("cancel", str(sweep["id"]), check=True)
 
 
+def test_several_ids_act_on_each_that_can_be_whatever_their_order(server: ServerProcess) -> None:
+    """As scancel and scontrol: an id the server refuses (its work has ended) is said on stderr, the others
+    are still cancelled, held or released, in either order, and the command exits 1. Holding what is held,
+    or releasing what is not, says so rather than claiming to have done it."""
+    done = server.submit({"commands": ["true"]})["id"]
+    server.wait_for(done)
+    first, second = (server.submit({"commands": ["sleep 600"]})["id"] for _ in range(2))
+    for wid in (first, second):
+        server.wait_for(wid, states=("running",))
+    not_held = server.cli("release", str(first), check=True)
+    assert not_held.stdout.strip() == f"{first} (job-{first}): not held; nothing to release", not_held.stdout
+    held = server.cli("hold", str(done), str(first))
+    assert held.returncode == 1 and f"workload {done} has succeeded; nothing to hold" in held.stderr
+    assert f"{first} (job-{first}): held;" in held.stdout, held.stdout
+    again = server.cli("hold", str(first), check=True)
+    assert again.stdout.strip() == f"{first} (job-{first}): already held; nothing more to do"
+    released = server.cli("release", str(first), str(done))
+    assert released.returncode == 1 and f"{first} (job-{first}): released;" in released.stdout
+    for order in ((done, first), (second, done)):
+        out = server.cli("cancel", *map(str, order))
+        assert out.returncode == 1, out.stderr
+        assert out.stderr.strip() == f"error: workload {done} has succeeded; nothing to cancel", out.stderr
+    for wid in (first, second):
+        assert server.wait_for(wid)["state"] == "cancelled"
+
+
 def test_raising_a_waiting_jobs_priority_lets_it_preempt_and_start_first(server: ServerProcess) -> None:
     first = server.submit({"name": "first", "resources": {"gpu": 8}, "commands": ["sleep 600"]})
     server.wait_for(first["id"], states=("running",))

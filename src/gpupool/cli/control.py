@@ -4,6 +4,7 @@ Slurm's scancel and scontrol do."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -13,7 +14,7 @@ from gpupool import spec  # its pydantic models load on first use (see gpupool.s
 from gpupool.cli import refs
 from gpupool.cli.app import API_PAGE, app, client
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, print_json
+from gpupool.cli.render import console, print_error, print_json
 from gpupool.client import ApiError, Client
 from gpupool.spec import format_duration
 
@@ -64,16 +65,17 @@ def cancel(
             "which workloads? give their ids or names (gpupool cancel 3 4), or --queue Q for a queue's work"
         )
     covered: set[int] = set()  # a service's replicas, cancelled with it
-    for workload_id in ids:
+
+    def cancel_one(workload_id: int) -> None:
         if workload_id in covered:
-            continue
+            return
         try:
             w = c.cancel(workload_id, task=task)
         except ApiError as exc:
             if queue is None or exc.status != 409:
                 raise
             console.print(f"{workload_id}: {escape(exc.message)}")  # it ended since it was listed: go on
-            continue
+            return
         what = (
             "cancelled"
             if w["state"] == "cancelled"
@@ -94,6 +96,25 @@ def cancel(
                 "running ones stopping (SIGTERM; SIGKILL after the grace period)"
             )
         console.print(f"{workload_id} ({w['name']}): {what}")
+
+    each(ids, cancel_one)
+
+
+def each(ids: list[int], act: Callable[[int], None]) -> None:
+    """`act` on each of `ids` in turn, as scancel and scontrol do with several: one the server refuses (it
+    has ended, or is not the caller's) is said on stderr and the rest still go on, whatever their order;
+    exit 1 after them when any was refused. A lone id's refusal is the command's error."""
+    refused = False
+    for workload_id in ids:
+        try:
+            act(workload_id)
+        except ApiError as exc:
+            if len(ids) == 1:
+                raise
+            print_error(exc.message)
+            refused = True
+    if refused:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -157,14 +178,18 @@ def hold(
     Running work is stopped first (SIGTERM, then SIGKILL after its grace period) and resumes from its
     checkpoint once released. A service is held whole, a job array whole by its id."""
     c = client()
-    for workload_id in refs.workload_ids(c, workloads, reading=False):
+
+    def hold_one(workload_id: int) -> None:
         w = c.hold(workload_id, task=task)
-        ids = w["held_ids"]
-        also = _many(ids)
+        if not w.get("changed_ids", True):
+            console.print(f"{workload_id} ({w['name']}): already held; nothing more to do")
+            return
         console.print(
-            f"{workload_id} ({w['name']}): held{also}; waits pending until `gpupool release {workload_id}` "
-            "(running work stops first: SIGTERM, then SIGKILL after its grace period)"
+            f"{workload_id} ({w['name']}): held{_many(w['held_ids'])}; waits pending until `gpupool release "
+            f"{workload_id}` (running work stops first: SIGTERM, then SIGKILL after its grace period)"
         )
+
+    each(refs.workload_ids(c, workloads, reading=False), hold_one)
 
 
 @app.command()
@@ -178,16 +203,19 @@ def requeue(
     resumes from its checkpoint wherever the next pass puts it, maybe the same node (`gpupool node cordon`
     keeps it off one). A service's replicas and a job array's tasks go together, by the array's id."""
     c = client()
-    for workload_id in refs.workload_ids(c, workloads, reading=False):
+
+    def requeue_one(workload_id: int) -> None:
         w = c.requeue(workload_id, task=task)
         ids = w["requeued_ids"]
         if not ids:
             console.print(f"{workload_id} ({w['name']}): already stopping; nothing more to do")
-            continue
+            return
         console.print(
             f"{workload_id} ({w['name']}): requeued{_many(ids)}; stopping (SIGTERM, then SIGKILL after its "
             "grace period), then pending for the scheduler"
         )
+
+    each(refs.workload_ids(c, workloads, reading=False), requeue_one)
 
 
 @app.command()
@@ -197,11 +225,16 @@ def release(
 ) -> None:
     """Let held work be scheduled again (Slurm's scontrol release; Run:ai's resume)."""
     c = client()
-    for workload_id in refs.workload_ids(c, workloads, reading=False):
+
+    def release_one(workload_id: int) -> None:
         w = c.release(workload_id, task=task)
-        ids = w["held_ids"]
-        also = _many(ids)
+        if not w.get("changed_ids", True):
+            console.print(f"{workload_id} ({w['name']}): not held; nothing to release")
+            return
+        also = _many(w["held_ids"])
         console.print(f"{workload_id} ({w['name']}): released{also}; the scheduler may start it again")
+
+    each(refs.workload_ids(c, workloads, reading=False), release_one)
 
 
 @app.command()

@@ -846,21 +846,26 @@ def hold(
     suspend). Running work is stopped first (SIGTERM, then SIGKILL after its grace period), like a
     preemption that uses no restart, and waits pending. It names what `cancel` would: a service whole, a
     job array whole by its id (unless `task`). `why`: the reason, when not a person's request
-    (control/idle.py). Returns the workload, with `held_ids`."""
+    (control/idle.py). Returns the workload, with `held_ids` (all it names) and `changed_ids` (those not
+    held before: none when all were)."""
     return _set_held(store, workload_id, True, actor, task, why)
 
 
 def release(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
-    """Let held work be scheduled again (Slurm's scontrol release, Run:ai's resume)."""
+    """Let held work be scheduled again (Slurm's scontrol release, Run:ai's resume); `changed_ids`: those
+    that were held (none: nothing to release)."""
     return _set_held(store, workload_id, False, actor, task)
 
 
 def _set_held(
     store: Store, workload_id: int, held: bool, actor: str, task: bool, why: str | None = None
 ) -> dict[str, Any]:
+    changed: list[int] = []
+
     def change(s: Session, w: Workload) -> None:
         if w.held == held:
             return
+        changed.append(w.id)
         w.held = held
         said = why or (f"held by {actor}" if held else f"released by {actor}")
         if held and w.state == RUNNING:
@@ -877,8 +882,11 @@ def _set_held(
                     attempt.stop_reason, attempt.reason = "", ""
         note(s, w, said, actor=actor)
 
-    view, ids = _change_named(store, workload_id, task, "hold" if held else "release", change)
-    return {**view, "held": held, "held_ids": ids}
+    def again(s: Session, named: Workload, active: list[Workload]) -> None:
+        changed.clear()  # a try the control loop raced is made again from the start
+
+    view, ids = _change_named(store, workload_id, task, "hold" if held else "release", change, again)
+    return {**view, "held": held, "held_ids": ids, "changed_ids": changed}
 
 
 def requeue(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
