@@ -121,12 +121,25 @@ def test_timeout_and_ctrl_c_stop_waiting_not_the_work(server: ServerProcess) -> 
     server.cli("cancel", "1", check=True)
 
 
+def test_a_wait_on_work_that_stays_pending_says_why_in_a_log(server: ServerProcess) -> None:
+    """No terminal, no status line: `run --wait` says why after a few seconds pending, `gpupool wait` at its
+    first look, so a CI log shows that the work can never fit rather than nothing at all."""
+    ran = server.cli("run", "--wait", "--timeout", "8s", "--gpus", "100", "--", "true")
+    assert ran.returncode == 124, ran.stderr
+    why = "pending: can never fit this pool: needs 100 GPUs on one node; the largest has 8"
+    assert f"workload 1 {why}" in ran.stderr, ran.stderr
+    waited = server.cli("wait", "1", "--timeout", "2s")
+    assert waited.returncode == 124 and waited.stderr.count(f"1 (job-1) {why}") == 1, waited.stderr
+    server.cli("cancel", "1", check=True)
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
         (["run", "--service", "--wait", "--", "sleep", "1"], "a service runs until it is cancelled"),
         (["run", "--wait", "--timeout", "soon", "--", "true"], "--timeout: 'soon' is not a duration"),
         (["run", "--timeout", "2s", "--", "true"], "--timeout goes with --wait"),
+        (["run", "--wait", "--hold", "--", "true"], "--wait with --hold: held work waits until `gpupool"),
         (["wait", "999"], "no workload with id 999"),
     ],
 )

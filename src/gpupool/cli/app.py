@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 import typer
+from rich.markup import escape
 
 from gpupool.cli.bench import bench_app
 from gpupool.cli.render import err_console
@@ -86,13 +87,17 @@ def stream_log(
     follow: bool = True,
     deadline: float | None = None,
     say_unstarted: bool = False,
+    say_waiting: float | None = None,
 ) -> bool:
     """Print a workload's output: the latest attempt's, or from `attempt` on. With `follow`, on as it comes
     until the workload ends, each later attempt's after the last (a retry, a restart after preemption).
     False when `deadline` (a time.monotonic() time) passed first. With `say_unstarted`, a workload that has
-    not run yet is said so on stderr (rather than printing nothing)."""
+    not run yet is said so on stderr (rather than printing nothing). With `say_waiting` (seconds), work
+    still pending after that long says why on stderr, and again whenever the reason changes (a wait that
+    would otherwise print nothing: it may never fit, or its queue is at its limit)."""
     offset = 0
     chosen = attempt
+    began, said_why = time.monotonic(), ""
     outage, note = Outage(), outage_note(c.server)
     while True:
         if deadline is not None and time.monotonic() >= deadline:
@@ -121,6 +126,10 @@ def stream_log(
                     f"workload {workload_id} is pending: no output yet "
                     f"(gpupool why {workload_id}; gpupool logs -f waits for it)"
                 )
+        why = chunk.get("reason") if chunk["state"] == "pending" else None
+        if say_waiting is not None and why and why != said_why and time.monotonic() - began >= say_waiting:
+            said_why = why
+            err_console.print(escape(f"workload {workload_id} pending: {why}"), highlight=False)
         if chosen is None and chunk["attempt"] is not None:
             chosen = chunk["attempt"]
         offset = chunk["offset"]

@@ -98,6 +98,11 @@ def _submit_and_wait(
     from gpupool.cli import wait  # registers `gpupool wait`; imported at the end of cli/app.py
 
     wait.refuse_service(str(data.get("kind") or "job"))
+    if hold:
+        raise CliError(
+            "--wait with --hold: held work waits until `gpupool release`, so the wait would not end; drop "
+            "--wait (and run `gpupool wait ID` after the release) or drop --hold"
+        )
     wait.check_timeout(timeout)
     c = client()
     created = c.submit(data, hold=hold)

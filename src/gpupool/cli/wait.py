@@ -27,6 +27,7 @@ from gpupool.spec import parse_duration
 POLL: Final = 1.0  # seconds between looks at the workloads' states
 TIMED_OUT: Final = 124  # as timeout(1)
 INTERRUPTED: Final = 130  # 128 + SIGINT
+SAY_WAITING: Final = 5.0  # seconds pending before `run --wait` says why its work waits
 
 
 @app.command()
@@ -95,7 +96,8 @@ def finish(
     deadline = None if seconds is None else (time.monotonic() if began is None else began) + seconds
     try:
         if logs:
-            ended = stream_log(c, ids[0], attempt=0, deadline=deadline)  # every attempt, from the first
+            # every attempt, from the first; work still pending after a few seconds says why
+            ended = stream_log(c, ids[0], attempt=0, deadline=deadline, say_waiting=SAY_WAITING)
             done = _ended(c, ids, deadline, quiet=True) if ended else None
         else:
             done = _ended(c, ids, deadline, quiet=quiet)
@@ -153,14 +155,21 @@ def _ended(c: Client, ids: list[int], deadline: float | None, *, quiet: bool) ->
     """Every workload of `ids` once all have ended (in the order of `ids`), or None at the deadline; shows
     how many have ended while it waits (`Client.wait`)."""
     shown = not quiet and sys.stderr.isatty()
+    said = _Reasons() if not quiet and not shown else None
     timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
     try:
         with err_console.status("waiting", spinner="dots") if shown else _Silent() as status:
+
+            def progress(ended: int, waiting: list[dict[str, Any]]) -> None:
+                status.update(_progress(ended, len(ids), waiting))
+                if said is not None:
+                    said.saw(waiting[0])
+
             return c.wait(
                 ids,
                 timeout=timeout,
                 poll=POLL,
-                progress=lambda ended, waiting: status.update(_progress(ended, len(ids), waiting)),
+                progress=progress,
                 on_outage=None if quiet else outage_note(c.server),
             )
     except WaitTimeout:
@@ -193,6 +202,21 @@ def _named(ids: Iterable[int]) -> str:
     if len(listed) == 1:
         return f"workload {listed[0]} goes on"
     return f"the {len(listed)} workloads go on"
+
+
+class _Reasons:
+    """Where stderr is no terminal (a CI log, a pipe) there is no status line to update: a line instead each
+    time the first waiting workload waits pending for a new reason, so that work that waits, and why, is in
+    the log ("57 (big) pending: can never fit this pool ...")."""
+
+    def __init__(self) -> None:
+        self.said = ""
+
+    def saw(self, first: dict[str, Any]) -> None:
+        why = first.get("reason") if first["state"] == "pending" else None
+        if why and why != self.said:
+            self.said = why
+            err_console.print(escape(f"{first['id']} ({first['name']}) pending: {why}"), highlight=False)
 
 
 class _Silent:

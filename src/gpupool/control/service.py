@@ -1242,6 +1242,7 @@ def read_log(
                 "path": None,
                 "attempt_ended": False,
                 "latest_attempt": None,
+                "reason": workload.reason,
             }
         if attempt is None:
             chosen = workload.attempts[-1]
@@ -1281,6 +1282,7 @@ def read_log(
             # for a reader following the work: this attempt has ended, and which attempt is the newest
             "attempt_ended": finished,
             "latest_attempt": workload.attempts[-1].number,
+            "reason": workload.reason,  # why it waits, while it is pending again
         }
 
 
