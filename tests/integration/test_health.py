@@ -171,6 +171,9 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     # A check holds every GPU of the node: not while the resumed job runs there.
     refused = server.cli("health", "run", "--node", "node-1")
     assert refused.returncode == 1 and f"node node-1 runs workload {job['id']}" in refused.stderr
+    skipped = server.cli("health", "run")  # every node that can: this one, the only one, is skipped
+    assert skipped.returncode == 0, skipped.stderr
+    assert f"not checked now: node node-1 runs workload {job['id']}" in skipped.stdout, skipped.stdout
     server.cli("cancel", str(job["id"]), check=True)
     server.wait_for(job["id"], ("cancelled",))
     ran = server.cli("health", "run", "--node", "node-1", "--level", "full", "--json")

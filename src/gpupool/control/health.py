@@ -229,9 +229,8 @@ class HealthMonitor(Judging):
 
     def check_many(self, names: list[str], level: str) -> list[dict[str, Any]]:
         """`check` of several nodes at once (up to PARALLEL_CHECKS together), reports in the order given; a
-        node that cannot be checked now (it runs work) is reported as skipped, with why."""
-        if len(names) <= 1:
-            return [self.check(name, level) for name in names]
+        node that cannot be checked now (it runs work) is reported as skipped, with why (a node named alone
+        is `check`ed, and refused)."""
 
         def one(name: str) -> dict[str, Any]:
             try:
@@ -240,6 +239,8 @@ class HealthMonitor(Judging):
                 return {"node": name, "level": level, **self.views().get(name, {}), "skipped": exc.message,
                         "state": self._node_state(name)}  # fmt: skip
 
+        if len(names) <= 1:
+            return [one(name) for name in names]
         with ThreadPoolExecutor(min(PARALLEL_CHECKS, len(names)), thread_name_prefix="health-run") as pool:
             return list(pool.map(one, names))
 

@@ -56,7 +56,9 @@ def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> li
         raise ApiError(
             409, "conflict", "no node here can run active checks; name one with --node", field="node"
         )
-    reports: list[dict[str, Any]] = runtime.health.check_many(names, level)
+    if node:  # named: refused (409) when it cannot be checked now
+        return [runtime.health.check(node, level)]
+    reports: list[dict[str, Any]] = runtime.health.check_many(names, level)  # skipped, with why
     return reports
 
 
