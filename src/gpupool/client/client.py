@@ -135,6 +135,11 @@ def resolve(server: str | None = None, token: str | None = None) -> tuple[str, s
     saved = load_credentials()
     url = server or os.environ.get("GPUPOOL_SERVER") or saved.server or DEFAULT_SERVER
     tok = token or os.environ.get("GPUPOOL_TOKEN") or saved.token
+    if not url.lower().startswith(("http://", "https://")):
+        given = "--server" if server else "GPUPOOL_SERVER" if os.environ.get("GPUPOOL_SERVER") else "server"
+        raise GpupoolError(
+            f"{given} {url}: not an http:// or https:// address; e.g. http://{url.split('://')[-1]}"
+        )
     return url.rstrip("/"), tok
 
 
