@@ -61,9 +61,12 @@ def test_run_ps_logs_show_cancel_through_the_cli(server: ServerProcess, job_dir:
 
 def test_run_takes_slurm_style_nodes_cpus_and_memory(server: ServerProcess, job_dir: Path) -> None:
     """`-N`, `-c` and `--memory` are the spec's `nodes`, `resources.cpu` and `resources.memory`, as srun's
-    -N, -c and --mem; an option `run` does not have is refused, not run as the command (`--mem` here)."""
+    -N, -c and --mem; an option `run` does not have is refused, not run as the command (`--mem` here), and
+    so is a memory without its unit."""
     stray = server.cli("run", "--mem", "1GB", "--", "true", cwd=job_dir)
     assert stray.returncode == 1 and "'--mem' is not an option of gpupool run" in stray.stderr
+    spaced = server.cli("run", "--memory", "5", "GB", "--", "true", cwd=job_dir)  # not 5 bytes, running `GB`
+    assert spaced.returncode == 1 and "--memory 5: give a unit, e.g. --memory 5GB" in spaced.stderr
     gang = ("-N", "2", "-c", "1", "--memory", "1GB", "--gpus", "0")
     server.cli("run", *gang, "--", "true", cwd=job_dir, check=True)
     spec = json.loads(server.cli("show", "1", "--json", check=True).stdout)["spec"]  # the stray made none

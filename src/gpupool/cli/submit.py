@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from contextlib import redirect_stdout
@@ -203,6 +204,11 @@ def run(
     if cpus is not None:
         resources["cpu"] = cpus
     if memory is not None:
+        if re.fullmatch(r"\s*[0-9.]+\s*", memory):  # "--memory 5 GB" too: the unit became the command
+            raise CliError(
+                f"--memory {memory.strip()}: give a unit, e.g. --memory {memory.strip()}GB (a bare number "
+                "would be bytes; Slurm's --mem counts megabytes)"
+            )
         resources["memory"] = memory
     data: dict[str, Any] = {
         "kind": "service" if service else "job",
