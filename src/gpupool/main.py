@@ -371,14 +371,34 @@ def reflow_help(command: Any) -> Any:
     return command
 
 
+def _click_class(name: str) -> type[Exception]:
+    """Click's exception class `name`, whichever Click this Typer uses (its own copy since Typer 0.26)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
 def main() -> None:
+    """The CLI. A flag or argument a command cannot take (`--gpu-quota two`, `--bogus`) is one `error:` line
+    naming it and the command's --help, exit 2 (Click's usage error, as argparse's), not Click's box."""
+    usage_error, click_exception = _click_class("UsageError"), _click_class("ClickException")
     try:
-        reflow_help(typer.main.get_command(app))()
+        code = reflow_help(typer.main.get_command(app)).main(prog_name="gpupool", standalone_mode=False)
     except (CliError, GpupoolError, SpecError) as exc:
         print_error(exc)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except usage_error as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `gpupool queue` alone: its help, as asked
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(getattr(exc, "exit_code", 2))
+        ctx = getattr(exc, "ctx", None)
+        see = f" (`{ctx.command_path} --help`)" if ctx is not None else ""
+        print_error(f"{exc.format_message()}{see}")  # type: ignore[attr-defined]
+        sys.exit(2)
+    except click_exception as exc:
+        print_error(exc.format_message())  # type: ignore[attr-defined]
+        sys.exit(getattr(exc, "exit_code", 1))
+    except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""What the CLI says of input it cannot use before it asks a server anything: one `error:` line that names
+what was wrong and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def test_a_server_address_without_http_is_refused_with_the_fix() -> None:
+    env = {"GPUPOOL_SERVER": "127.0.0.1:8470", "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.main", "ps"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "error: GPUPOOL_SERVER 127.0.0.1:8470: not an http:// or https:// address; e.g. http://127.0.0.1:8470"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said", "command"),
+    [
+        (["queue", "create", "cv", "--gpu-quota", "two"], "Invalid value for '--gpu-quota'", "queue create"),
+        (["ps", "--bogus"], "No such option: --bogus", "ps"),
+        (["show"], "Missing argument 'workload'.", "show"),
+    ],
+)
+def test_a_flag_a_command_cannot_take_is_one_error_line_naming_its_help(
+    argv: list[str], said: str, command: str
+) -> None:
+    """Click's usage errors (a bad value, an unknown option, a missing argument) as the CLI's own: one line,
+    exit 2 (as argparse's), before anything is asked of a server."""
+    env = {"GPUPOOL_SERVER": "http://127.0.0.1:1", "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.main", *argv], env=env, capture_output=True, text=True, timeout=60
+    )
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"error: {said}") and lines[0].endswith(f"(`gpupool {command} --help`)")
