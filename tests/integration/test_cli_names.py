@@ -22,7 +22,7 @@ def test_logs_show_and_why_take_a_workload_by_its_name(server: ServerProcess, jo
     assert server.wait_for(1)["state"] == "succeeded"
     assert server.cli("logs", "hello", check=True).stdout == "hi there\n"
     assert server.cli("show", "hello", check=True).stdout.startswith("1 hello  succeeded")
-    assert server.cli("why", "hello", check=True).stdout.startswith("1 (hello) is succeeded")
+    assert server.cli("why", "hello", check=True).stdout.startswith("1 (hello) succeeded")
 
 
 def test_cancel_by_name_stops_the_running_job_of_that_name(server: ServerProcess, job_dir: Path) -> None:

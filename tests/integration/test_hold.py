@@ -174,12 +174,15 @@ def test_several_ids_act_on_each_that_can_be_whatever_their_order(server: Server
     assert again.stdout.strip() == f"{first} (job-{first}): already held; nothing more to do"
     released = server.cli("release", str(first), str(done))
     assert released.returncode == 1 and f"{first} (job-{first}): released;" in released.stdout
+    server.cli("hold", str(second), check=True)  # it ran, and waits again: cancelled "while it waited"
+    server.wait_until(second, lambda w: w["state"] == "pending")
     for order in ((done, first), (second, done)):
         out = server.cli("cancel", *map(str, order))
         assert out.returncode == 1, out.stderr
         assert out.stderr.strip() == f"error: workload {done} has succeeded; nothing to cancel", out.stderr
     for wid in (first, second):
         assert server.wait_for(wid)["state"] == "cancelled"
+    assert server.workload(second)["reason"] == "cancelled by admin while it waited"
 
 
 def test_raising_a_waiting_jobs_priority_lets_it_preempt_and_start_first(server: ServerProcess) -> None:

@@ -98,6 +98,12 @@ def efficiency_line(attempt: Mapping[str, Any], now: datetime) -> str | None:
     return f"{held}, mean utilization {mean:.0f}%{memory}{so_far}"
 
 
+def gpus(count: float, digits: str = "g") -> str:
+    """A count of GPUs in words: "1 GPU", "0.5 GPUs", "16 GPUs" (`digits`: its format, e.g. ".3g")."""
+    shown = format(count, digits)
+    return f"{shown} GPU" if shown == "1" else f"{shown} GPUs"
+
+
 def styled(state: str) -> str:
     style = STATE_STYLE.get(state)
     return f"[{style}]{state}[/{style}]" if style else state

@@ -16,6 +16,7 @@ from gpupool.cli.render import (
     efficiency_line,
     err_console,
     foreign_table,
+    gpus,
     held_back_note,
     print_json,
     ps_rows,
@@ -222,12 +223,13 @@ def why(
         )
         return
     code = escape(f" [{w['reason_code']}]") if w["reason_code"] else ""
-    console.print(f"{w['id']} ({w['name']}) is {styled(w['state'])}{code}")
+    ended = w["state"] in ("succeeded", "failed", "cancelled")  # "2 (eval) failed", "3 (train) is pending"
+    console.print(f"{w['id']} ({w['name']}) {'' if ended else 'is '}{styled(w['state'])}{code}")
     if w["reason"]:
         console.print(f"  {escape(w['reason'])}")
     console.print(
-        f"  queue {queue['name']}: fair share {fair:.3g} GPUs, allocated {queue['gpus_allocated']:g}, "
-        f"pending demand {queue['gpus_pending']:g} GPUs{held_back_note(queue)}, "
+        f"  queue {queue['name']}: fair share {gpus(fair, '.3g')}, allocated {queue['gpus_allocated']:g}, "
+        f"pending demand {gpus(queue['gpus_pending'])}{held_back_note(queue)}, "
         f"quota {queue['resources']['gpu'].get('quota', 0):g}"
     )
 

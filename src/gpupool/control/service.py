@@ -826,7 +826,9 @@ def cancel(
                         replica.state == RUNNING and not replica.cancel_requested
                     ):  # its stop ends it cancelled
                         note(s, replica, why or f"cancel asked by {actor}: stopping it", actor=actor)
-                    _cancel_one(s, replica, why or f"cancelled by {actor} before it started", actor)
+                    # one that ran before (held, preempted) and waits again did start
+                    waited = "while it waited" if replica.attempts else "before it started"
+                    _cancel_one(s, replica, why or f"cancelled by {actor} {waited}", actor)
                 s.flush()
                 view = workload_view(workload)
                 if workload.kind == SERVICE:

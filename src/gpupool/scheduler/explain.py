@@ -86,7 +86,8 @@ def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Exp
     return Explanation(
         OVER_QUOTA_NONPREEMPTIBLE,
         f"non-preemptible work runs only within quota: queue {queue} would hold {would_use:g} "
-        f"non-preemptible GPUs, over its quota of {quota:g}; it starts once the quota covers it "
+        f"non-preemptible GPU{'' if would_use == 1 else 's'}, over its quota of {quota:g}; it starts once "
+        "the quota covers it "
         f"(`gpupool queue update {queue} --gpu-quota {would_use:g}`), or submit it preemptible "
         "(`gpupool run --preemptible`, `preemptible: true`)",
     )

@@ -112,11 +112,10 @@ def load_mapping(data: object, what: str, example: str) -> dict[str, Any]:
             data = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise SpecError(YAML_FIELD, data[:40], f"is not UTF-8 text ({exc.reason})", example) from None
-    given = data
     if isinstance(data, str):
         data = load_yaml(data, example)
     if data is None:
-        raise SpecError(TOP_LEVEL_FIELD, given, f"is empty: a {what} needs its fields", example)
+        raise SpecError(TOP_LEVEL_FIELD, MISSING, f"is empty: a {what} needs its fields", example)
     if not isinstance(data, Mapping):
         raise SpecError(
             TOP_LEVEL_FIELD, data, f"is not a {what}: the top level must be a mapping of fields", example
@@ -201,6 +200,13 @@ _BOUNDS: Final[dict[str, tuple[str, str]]] = {
 }
 
 
+def _whole(value: Any) -> Any:
+    """A float that is a whole number as the integer people wrote (a quota of -2, not -2.0)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _convert(
     error: ErrorDetails, model: type[BaseModel], examples: Mapping[str, str], what: str
 ) -> SpecError:
@@ -224,7 +230,8 @@ def _convert(
         return SpecError(path, error["input"], message, example_for(path, examples))
     if kind in _BOUNDS:
         key, phrase = _BOUNDS[kind]
-        return SpecError(path, error["input"], f"{phrase} {ctx.get(key)}", example_for(path, examples))
+        bound, given = _whole(ctx.get(key)), _whole(error["input"])
+        return SpecError(path, given, f"{phrase} {bound}", example_for(path, examples))
     message = _PHRASES.get(kind) or "is not valid: " + error["msg"][:1].lower() + error["msg"][1:]
     return SpecError(path, error["input"], message, example_for(path, examples))
 

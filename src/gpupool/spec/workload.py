@@ -800,7 +800,7 @@ class WorkloadSpec(BaseModel):
         if self.idle is not None and gpu.count <= 0:
             raise SpecError(
                 "idle",
-                self.idle.model_dump(mode="json"),
+                MISSING,  # the whole setting is at fault, not one of its values
                 "needs GPUs to watch, and this workload asks for none: remove it, or ask for GPUs",
                 "{resources: {gpu: 1}, idle: 2h}",
             )
