@@ -26,6 +26,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command's, as its subcommands inherit
 )
 node_app = typer.Typer(help="List and show nodes; take them in and out of service.", no_args_is_help=True)
 queue_app = typer.Typer(
@@ -45,6 +46,14 @@ class Options:
 _options = Options()
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        from gpupool import __version__
+
+        print(f"gpupool {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _global(
     server: str | None = typer.Option(
@@ -54,6 +63,9 @@ def _global(
     ),
     token: str | None = typer.Option(
         None, "--token", help="API token (default $GPUPOOL_TOKEN, then the credentials file)"
+    ),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, help="print gpupool's version and exit", callback=_version
     ),
 ) -> None:
     _options.server, _options.token = server, token

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from gpupool import __version__
+
 
 def test_a_server_address_without_http_is_refused_with_the_fix() -> None:
     env = {"GPUPOOL_SERVER": "127.0.0.1:8470", "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
@@ -40,3 +42,25 @@ def test_a_flag_a_command_cannot_take_is_one_error_line_naming_its_help(
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert lines[0].startswith(f"error: {said}") and lines[0].endswith(f"(`gpupool {command} --help`)")
+
+
+def test_version_and_the_short_help_flag() -> None:
+    env = {
+        "GPUPOOL_SERVER": "http://127.0.0.1:1",
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "COLUMNS": "100",
+    }
+    version = subprocess.run(
+        [sys.executable, "-m", "gpupool.main", "--version"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (version.returncode, version.stdout.strip()) == (0, f"gpupool {__version__}")
+    for argv in (["-h"], ["queue", "create", "-h"]):
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpupool.main", *argv], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert shown.returncode == 0 and f"Usage: gpupool {' '.join(argv[:-1])}".strip() in shown.stdout
