@@ -173,3 +173,17 @@ def test_an_agent_registration_of_the_wrong_types_is_refused_and_admits_nothing(
             refused(agent.post("/api/v1/agents/register", json=body), 422, field)
         assert client.get("/api/v1/nodes").json() == []
         assert [t["uses"] for t in client.get("/api/v1/join-tokens").json()] == [0]
+
+
+def test_gpupool_s_own_queue_takes_no_one_s_work(server: ServerProcess) -> None:
+    """gpupool-system holds the head's node health checks, with no quota: work submitted or moved there
+    would never be given GPUs, so it is refused (an admin's too), naming the field."""
+    with server.http() as client:
+        refused = client.post("/api/v1/workloads", json={"queue": "gpupool-system", "commands": ["true"]})
+        assert refused.status_code == 403, refused.text
+        error = refused.json()["error"]
+        assert error["field"] == "queue" and "gpupool-system is gpupool's own" in error["message"]
+        wid = server.submit({"resources": {"gpu": 100}, "commands": ["true"]})["id"]  # it stays pending
+        moved = client.patch(f"/api/v1/workloads/{wid}", json={"queue": "gpupool-system"})
+        assert moved.status_code == 403 and "gpupool-system is gpupool's own" in moved.text
+        assert client.get("/api/v1/workloads?all=true").json()[0]["queue"] == "default"

@@ -14,6 +14,7 @@ from gpupool.api.auth import may_change, require_token
 from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
 from gpupool.control import service
+from gpupool.control.health_jobs import SYSTEM_QUEUE
 from gpupool.control.notify import check_allowed
 from gpupool.control.tokens import Caller
 from gpupool.spec import parse_duration, parse_workload_spec
@@ -191,7 +192,17 @@ def _queue(given: object, caller: Caller) -> str:
 
 
 def _may_submit_to(caller: Caller, queue: str) -> None:
-    """Refuse (403) work in a queue the caller's token is not for (tokens limited to some queues)."""
+    """Refuse (403) work in a queue the caller's token is not for (tokens limited to some queues), and
+    anyone's in gpupool's own queue: the head submits its node health checks there, outside the scheduler,
+    with no quota (a person's work there would never be given GPUs)."""
+    if queue == SYSTEM_QUEUE:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"queue: {SYSTEM_QUEUE} is gpupool's own (its node health checks; `gpupool health run` starts "
+            "them); submit to a team's queue (gpupool queues)",
+            field="queue",
+        )
     if not caller.may_submit_to(queue):
         raise ApiError(
             403,
