@@ -40,7 +40,7 @@ def test_a_service_is_named_whole_by_its_name_and_a_replica_as_ps_shows_it(serve
     for replica in (first, second):
         server.wait_for(replica, states=("running",))
     assert server.cli("show", "web", check=True).stdout.startswith(f"{first} web  running")
-    assert server.cli("show", "web#1", check=True).stdout.startswith(f"{second} web  running")
+    assert server.cli("show", "web#1", check=True).stdout.startswith(f"{second} web#1  running")
     out = server.cli("cancel", "web", check=True).stdout
     assert out.startswith(f"{first} (web): service cancelled, all 2 replicas ({first}, {second})"), out
     assert [server.wait_for(r)["state"] for r in (first, second)] == ["cancelled", "cancelled"]
@@ -130,7 +130,11 @@ def test_an_array_is_named_whole_by_its_name_and_a_task_as_ps_shows_it(server: S
     for task in (first, second, third):
         server.wait_for(task, states=("running",))
     assert "sweep[1]" in server.cli("ps", check=True).stdout  # as ps shows it, the CLI takes it
-    assert server.cli("show", "sweep[1]", check=True).stdout.startswith(f"{second} sweep  running")
+    assert server.cli("show", "sweep[1]", check=True).stdout.startswith(f"{second} sweep[1]  running")
+    assert server.cli("why", "sweep[1]", check=True).stdout.startswith(f"{second} (sweep[1]) is running")
+    whole = server.cli("logs", "sweep", check=True)  # the array by its name: its first task, said so
+    said = "sweep is a job array of 3 tasks: this is task 0's output; `gpupool logs 'sweep[N]'` gives"
+    assert said in whole.stderr, whole.stderr
     out = server.cli("cancel", "sweep[2]", check=True).stdout
     assert out.startswith(f"{third} (sweep): stopping"), out
     assert server.wait_for(third)["state"] == "cancelled"

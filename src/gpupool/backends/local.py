@@ -83,11 +83,13 @@ class LocalBackend:
                 self._children.pop(handle.pid, None)
             recorded = recorded_exit_code(run_dir)
             return Status(Phase.EXITED, recorded if recorded is not None else _shell_code(code))
-        if _alive(handle):
-            return Status(Phase.RUNNING, detail="adopted")
+        # Adopted (started by an earlier head): the shim records the exit code as its last act, so once it
+        # is there the attempt has ended, though the shim may live a moment longer to exit.
         recorded = recorded_exit_code(run_dir)
         if recorded is not None:
             return Status(Phase.EXITED, recorded)
+        if _alive(handle):
+            return Status(Phase.RUNNING, detail="adopted")
         return Status(Phase.VANISHED, detail="the process ended without recording an exit status")
 
     def signal(self, handle: Handle, signum: int) -> None:

@@ -143,13 +143,13 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 # a service's replicas after the first: NAME#N (as `docker compose` numbers containers)
                 "array_id": w.get("array_id"),
                 "array_index": w.get("array_index"),
-                "_name_text": _name_text(w),
+                "_name_text": member_name(w),
             }
         )
     return rows
 
 
-def _name_text(w: Mapping[str, Any]) -> str:
+def member_name(w: Mapping[str, Any]) -> str:
     """A service's replicas after the first: NAME#N (as `docker compose` numbers containers); a job array's
     tasks: NAME[INDEX] (as Slurm's squeue shows ID_[INDEX])."""
     if w.get("array_id") is not None:

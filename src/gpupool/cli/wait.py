@@ -19,7 +19,7 @@ from rich.markup import escape
 from gpupool.cli import refs
 from gpupool.cli.app import app, client, outage_note, stream_log
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import err_console, styled
+from gpupool.cli.render import err_console, member_name, styled
 from gpupool.client import ApiError, Client, WaitTimeout
 from gpupool.client.client import ride_out
 from gpupool.spec import parse_duration
@@ -182,7 +182,7 @@ def _progress(ended: int, total: int, waiting: list[dict[str, Any]]) -> str:
     first = waiting[0]
     why = f": {first['reason']}" if first["state"] == "pending" and first.get("reason") else ""
     head = f"{ended} of {total} ended; " if total > 1 else ""
-    return escape(f"{head}{first['id']} ({first['name']}) {first['state']}{why}")[:200]
+    return escape(f"{head}{first['id']} ({member_name(first)}) {first['state']}{why}")[:200]
 
 
 def _ending(w: dict[str, Any]) -> str:
@@ -192,7 +192,7 @@ def _ending(w: dict[str, Any]) -> str:
     said = f" with exit code {code}" if state == "failed" and code is not None else ""
     why = w.get("reason") or ""
     reason = f": {why}" if why and state != "succeeded" and why != f"exit code {code}" else ""
-    name = w["name"] if w.get("array_index") is None else f"{w['name']}[{w['array_index']}]"
+    name = member_name(w)
     return f"workload {w['id']} ({escape(name)}) {styled(state)}{said}{escape(reason)}"
 
 
@@ -216,7 +216,7 @@ class _Reasons:
         why = first.get("reason") if first["state"] == "pending" else None
         if why and why != self.said:
             self.said = why
-            err_console.print(escape(f"{first['id']} ({first['name']}) pending: {why}"), highlight=False)
+            err_console.print(escape(f"{first['id']} ({member_name(first)}) pending: {why}"), highlight=False)
 
 
 class _Silent:

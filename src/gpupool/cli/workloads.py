@@ -18,6 +18,7 @@ from gpupool.cli.render import (
     foreign_table,
     gpus,
     held_back_note,
+    member_name,
     print_json,
     ps_rows,
     ps_table,
@@ -78,7 +79,7 @@ def show(
         print_json(w)
         return
     console.print(
-        f"[bold]{w['id']}[/bold] {w['name']}  {styled(w['state'])}  kind={w.get('kind', 'job')} "
+        f"[bold]{w['id']}[/bold] {escape(member_name(w))}  {styled(w['state'])}  kind={w.get('kind', 'job')} "
         f"queue={w['queue']} priority={w['priority']} preemptible={str(w['preemptible']).lower()} "
         f"gpus={w['gpus']}"
         + (f" nodes={w['nodes']} (gpus per node)" if (w.get("nodes") or 1) > 1 else "")
@@ -224,7 +225,7 @@ def why(
         return
     code = escape(f" [{w['reason_code']}]") if w["reason_code"] else ""
     ended = w["state"] in ("succeeded", "failed", "cancelled")  # "2 (eval) failed", "3 (train) is pending"
-    console.print(f"{w['id']} ({w['name']}) {'' if ended else 'is '}{styled(w['state'])}{code}")
+    console.print(f"{w['id']} ({escape(member_name(w))}) {'' if ended else 'is '}{styled(w['state'])}{code}")
     if w["reason"]:
         console.print(f"  {escape(w['reason'])}")
     console.print(
@@ -244,4 +245,15 @@ def logs(
     """Print a workload's output (stdout and stderr of its latest attempt)."""
     c = client()
     found = refs.workload_id(c, workload, reading=True)
+    if "[" not in workload:  # a job array by its id or name stands for it whole: its first task's output
+        w = c.workload(found)
+        tasks = w.get("task_list") or ()
+        if w.get("array_id") == found and len(tasks) > 1:
+            err_console.print(
+                escape(
+                    f"{workload} is a job array of {len(tasks)} tasks: this is task {w['array_index']}'s "
+                    f"output; `gpupool logs '{w['name']}[N]'` gives task N's"
+                ),
+                highlight=False,
+            )
     stream_log(c, found, attempt=attempt, rank=rank, follow=follow, say_unstarted=True)
