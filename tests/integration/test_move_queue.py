@@ -51,7 +51,7 @@ def test_pending_work_moves_to_another_queue_and_its_past_gpu_hours_stay(server:
     # Running work is not moved, and a refused move changes nothing.
     for args, message in (
         (("--queue", "large"), f"workload {first['id']} is running; only pending work moves"),
-        (("--queue", "nowhere"), "queue 'nowhere' does not exist (queues: default, large, small)"),
+        (("--queue", "nowhere"), "small); create it with `gpupool queue create nowhere`"),
         (("--queue", "nowhere", "--priority", "build"), "queue 'nowhere' does not exist"),
     ):
         refused = server.cli("update", str(first["id"]), *args)

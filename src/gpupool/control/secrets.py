@@ -15,6 +15,7 @@ the listing marks it, and an attempt that needs it fails naming the key it was e
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Sequence
 from typing import Any, Final
@@ -119,8 +120,11 @@ def check_at_submit(s: Session, owner: str, names: Sequence[str]) -> None:
     have = _stored(s, owner, names)
     for index, name in enumerate(names):
         if name not in have:
+            owned = list(s.scalars(select(Secret.name).where(Secret.owner == owner)))
+            close = difflib.get_close_matches(name, owned, n=1)
+            meant = f"did you mean {close[0]!r}? or " if close else ""
             raise Invalid(
-                f"secrets[{index}]: {owner} has no secret named {name!r}; set it first with "
+                f"secrets[{index}]: {owner} has no secret named {name!r}; {meant}set it first with "
                 f"`gpupool secret set {name}` (the value is read from stdin)",
                 field=f"secrets[{index}]",
                 example=name,

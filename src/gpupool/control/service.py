@@ -1000,7 +1000,10 @@ def _check_move(s: Session, named: Workload, active: list[Workload], queue: str)
     if s.scalar(select(Queue.id).where(Queue.name == queue)) is None:
         names = ", ".join(s.scalars(select(Queue.name).order_by(Queue.name))) or "none"
         raise Invalid(
-            f"queue {queue!r} does not exist (queues: {names})", field="queue", example=DEFAULT_QUEUE
+            f"queue {queue!r} does not exist (queues: {names}); create it with `gpupool queue create "
+            f"{queue}`",
+            field="queue",
+            example=DEFAULT_QUEUE,
         )
     running = [w for w in active if w.state != PENDING]
     if not running:

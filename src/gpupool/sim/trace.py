@@ -332,7 +332,22 @@ def select(trace: Trace, window: str | None = None, first: int | None = None) ->
             raise SimError("--first", f"{first} must be a positive number of jobs")
         jobs = jobs[:first]
     if not jobs:
+        span = ""
+        if trace.jobs:  # where its jobs are, to aim the window at
+            first_at, last_at = trace.jobs[0].submit, trace.jobs[-1].submit
+            span = (
+                f" (its jobs are submitted from {_moment(first_at, trace.dated)} to "
+                f"{_moment(last_at, trace.dated)})"
+            )
         raise SimError(
-            "--window" if window is not None else "--trace", f"no jobs selected from {trace.path}; widen it"
+            "--window" if window is not None else "--trace",
+            f"no jobs selected from {trace.path}{span}; move or widen it",
         )
     return jobs, origin
+
+
+def _moment(at: float, dated: bool) -> str:
+    """A trace time as --window takes it: a UTC date-time for dated traces, else seconds."""
+    if not dated:
+        return f"{at:g}"
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M")

@@ -76,6 +76,8 @@ def test_submit_and_start_read_the_submitters_own(store: Store, keys: SecretKeys
         with pytest.raises(Invalid) as refused:
             secrets.check_at_submit(s, "alice", ["A", "C"])
         assert refused.value.field == "secrets[1]" and "alice has no secret named 'C'" in str(refused.value)
+        with pytest.raises(Invalid, match=r"alice has no secret named 'AA'; did you mean 'A'\? or set it"):
+            secrets.check_at_submit(s, "alice", ["AA"])  # a misspelling of one of hers
         assert list(secrets.resolve(s, keys, "alice", ["B", "A"]).items()) == [("B", "2"), ("A", "1")]
         assert secrets.resolve(s, keys, "alice", []) == {}
         with pytest.raises(secrets.MissingSecret, match="the secret C of alice no longer exists"):
