@@ -387,3 +387,15 @@ def test_top_into_a_pipe_prints_a_frame_each_interval(server: ServerProcess) -> 
         proc.kill()
     out, _ = proc.communicate(timeout=10)
     assert out.count("gpupool top") >= 2, out
+
+
+def test_a_command_that_does_not_exist_is_reported_on_its_own_line(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    """bash numbers the lines as the spec does: the first command is line 1 (the trap and `set -e` that
+    gpupool puts before it are on that line too)."""
+    spec = {"commands": ["echo first", "no-such-command-xyz"], "workdir": str(job_dir)}
+    wid = server.submit(spec)["id"]
+    assert server.wait_for(wid)["state"] == "failed"
+    log = server.cli("logs", str(wid), check=True)
+    assert log.stdout.splitlines() == ["first", "bash: line 2: no-such-command-xyz: command not found"], log

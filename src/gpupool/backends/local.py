@@ -15,8 +15,10 @@ import psutil
 from gpupool.backends.base import Handle, Inventory, Launch, LaunchError, Phase, Status, recorded_exit_code
 
 # bash runs the commands in order and stops at the first failure; on SIGTERM it lets the running command
-# finish its own shutdown (checkpointing) before exiting, instead of dying under it.
-SCRIPT_PRELUDE = "trap 'exit 143' TERM INT\nset -e\n"
+# finish its own shutdown (checkpointing) before exiting, instead of dying under it. On the first command's
+# line, so that bash's own messages number the lines as the spec does ("bash: line 1: trian: command not
+# found" for the first command).
+SCRIPT_PRELUDE = "trap 'exit 143' TERM INT; set -e; "
 
 # The attempt's parent, so its exit status outlives a head restart: a POSIX shell (cheap to start) that
 # outlasts SIGTERM (a trapped signal waits for the foreground command), then writes RUN_DIR/exit_code
