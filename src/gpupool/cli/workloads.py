@@ -96,7 +96,7 @@ def show(
         who = {
             "public": "anyone, no token",
             "pool": "any token of this head",
-        }.get(w["spec"].get("access") or "private", f"{w.get('user') or 'its owner'} and admins")
+        }.get(w["spec"].get("access") or "private", _owner_and_admins(w.get("user")))
         through = f"{c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/"
         console.print(f"  through the head: {through}  ({who})")
     scaling = w["spec"].get("scaling")
@@ -147,6 +147,13 @@ def show(
     for e in w["events"]:
         said = escape(f"{e['reason']} ({e['actor']})")
         console.print(f"    {e['at']}  {e['from'] or '-'} -> {e['to']}  {said}")
+
+
+def _owner_and_admins(user: str | None) -> str:
+    """Who reaches a private service: "alice and admins"; the admin token's own, "admins"."""
+    if user == "admin":
+        return "admins"
+    return f"{user or 'its owner'} and admins"
 
 
 def _autoscaling(scaling: dict[str, Any], word: dict[str, Any] | None) -> str:
