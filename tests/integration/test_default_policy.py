@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpupool.spec.scheduling import parse_scheduling_spec
 from tests.integration.test_preemption import CHECKPOINTING
 from tests.support.server import ServerProcess
 
@@ -115,8 +116,14 @@ def test_the_api_shows_the_policy_the_server_runs_and_its_file(server: ServerPro
     try:
         with tuned.http() as client:
             shown = client.get("/api/v1/scheduling").json()
+        printed = tuned.cli("scheduling", check=True).stdout  # a scheduling.yaml of the same policy
     finally:
         tuned.stop()
+    assert f"its file {home / 'scheduling.yaml'}" in printed
+    assert "# changed from the default: placement spread, las_preempt False, max_stopping_gpus 16" in printed
+    assert "--usage-weight 1, --usage-half-life 7d" in printed
+    again = parse_scheduling_spec(printed).config()
+    assert again == parse_scheduling_spec((home / "scheduling.yaml").read_text()).config()
     assert shown["source"] == str(home / "scheduling.yaml") and shown["usage_weight"] == 1
     assert shown["usage_half_life_s"] == 7 * 86400
     policy = shown["policy"]

@@ -192,6 +192,7 @@ from gpupool.cli import control as _control  # noqa: E402, F401  (`gpupool cance
 from gpupool.cli import access as _access  # noqa: E402, F401  (registers `gpupool ui|forward`)
 from gpupool.cli import cordon as _cordon  # noqa: E402, F401  (`gpupool nodes`, `node list|cordon|...`)
 from gpupool.cli import queues as _queues  # noqa: E402, F401  (`gpupool queues`, `queue list|show|...`)
+from gpupool.cli import scheduling as _scheduling  # noqa: E402, F401  (registers `gpupool scheduling`)
 from gpupool.cli import usage as _usage  # noqa: E402, F401  (registers `gpupool usage`)
 from gpupool.cli import audit as _audit  # noqa: E402, F401  (registers `gpupool audit`)
 from gpupool.cli import health as _health  # noqa: E402, F401  (`gpupool top|health`, `node show|inject-fault`)
