@@ -183,6 +183,7 @@ def test_several_ids_act_on_each_that_can_be_whatever_their_order(server: Server
     for wid in (first, second):
         assert server.wait_for(wid)["state"] == "cancelled"
     assert server.workload(second)["reason"] == "cancelled by admin while it waited"
+    assert server.workload(first)["reason"].startswith("cancelled by admin; exit code")  # it was running
 
 
 def test_raising_a_waiting_jobs_priority_lets_it_preempt_and_start_first(server: ServerProcess) -> None:

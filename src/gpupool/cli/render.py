@@ -334,10 +334,9 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
     for column in (*columns, "reason"):
         table.add_column(column.upper(), overflow="fold", max_width=70 if column == "reason" else None)
     for row in _fold_waiting_tasks(ps_rows(workloads)):
-        reason = row["reason"] if (wide or row["state"] in ("pending", "failed")) else ""
+        reason = row["reason"] if (wide or row["state"] in ("pending", "failed", "cancelled")) else ""
         if row["state"] in ("succeeded", "failed", "cancelled") and not reason:
-            # its exit code; work that never ran has none: why it ended ("cancelled by alice before it
-            # started")
+            # its exit code; work that never ran has none: why it ended
             code = row["exit_code"]
             reason = f"exit {code}" if code is not None else row["reason"]
         if row["state"] == "running" and row.get("ready") is False and not reason:

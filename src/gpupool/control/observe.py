@@ -268,7 +268,9 @@ class Observation:
         killed = " (killed after the grace period)" if attempt.killed_at else ""
         if attempt.stop_reason == STOP_CANCEL or (workload.cancel_requested and code != 0):
             attempt.state = CANCELLED
-            attempt.reason = f"cancelled; exit code {code}{killed}"
+            # who asked, as `cancel` wrote it down ("cancelled by alice"; "cancelled by idle: ...")
+            asked = attempt.reason if attempt.reason.startswith("cancelled by ") else "cancelled"
+            attempt.reason = f"{asked}; exit code {code}{killed}"
             transition(s, workload, CANCELLED, attempt.reason, actor="control")
             return
         if attempt.stop_reason == STOP_DRAIN:

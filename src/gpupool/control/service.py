@@ -826,6 +826,9 @@ def cancel(
                         replica.state == RUNNING and not replica.cancel_requested
                     ):  # its stop ends it cancelled
                         note(s, replica, why or f"cancel asked by {actor}: stopping it", actor=actor)
+                        for attempt in replica.attempts:  # who, for the reason it ends with
+                            if attempt.state == RUNNING:
+                                attempt.reason = f"cancelled by {actor}" + (f": {why}" if why else "")
                     # one that ran before (held, preempted) and waits again did start
                     waited = "while it waited" if replica.attempts else "before it started"
                     _cancel_one(s, replica, why or f"cancelled by {actor} {waited}", actor)

@@ -62,13 +62,15 @@ def test_a_gang_shows_its_nodes_times_the_gpus_of_each() -> None:
     assert lines[0].split()[4] == "2x8" and lines[1].split()[4] == "H100:8", lines
 
 
-def test_finished_work_shows_its_exit_code_or_why_it_ended_without_one() -> None:
+def test_finished_work_shows_its_exit_code_or_why_it_ended() -> None:
+    """Succeeded work its exit code; cancelled work who cancelled it (and the exit code it stopped with)."""
     never = {**_task(5, 0, "cancelled", "cancelled by alice before it started"), "array_id": None}
-    ran = {**_task(6, 0, "cancelled", "cancelled; exit code 143"), "array_id": None, "exit_code": 143}
+    ran = {**_task(6, 0, "cancelled", "cancelled by alice; exit code 143"), "array_id": None}
+    ran["exit_code"] = 143
     done = {**_task(7, 0, "succeeded", "exit code 0"), "array_id": None, "exit_code": 0}
     lines = _shown([never, ran, done])
     assert lines[0].endswith("cancelled by alice before it started"), lines
-    assert lines[1].endswith("exit 143") and lines[2].endswith("exit 0"), lines
+    assert lines[1].endswith("cancelled by alice; exit code 143") and lines[2].endswith("exit 0"), lines
 
 
 def test_a_running_service_not_ready_says_what_its_probe_saw() -> None:
