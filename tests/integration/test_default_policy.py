@@ -120,7 +120,7 @@ def test_the_api_shows_the_policy_the_server_runs_and_its_file(server: ServerPro
     finally:
         tuned.stop()
     assert f"its file {home / 'scheduling.yaml'}" in printed
-    assert "# changed from the default: placement spread, las_preempt False, max_stopping_gpus 16" in printed
+    assert "# changed from the default: placement spread, las_preempt false, max_stopping_gpus 16" in printed
     assert "--usage-weight 1, --usage-half-life 7d" in printed
     again = parse_scheduling_spec(printed).config()
     assert again == parse_scheduling_spec((home / "scheduling.yaml").read_text()).config()

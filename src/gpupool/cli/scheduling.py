@@ -27,33 +27,22 @@ def policy_yaml(shown: dict[str, Any], server: str) -> str:
     """`GET /api/v1/scheduling`'s answer as the text of a scheduling.yaml that gives the same policy, what
     it changes of the default and where it came from in comments."""
     from gpupool.spec import format_duration
-    from gpupool.spec.scheduling import changed_fields, parse_scheduling_spec
+    from gpupool.spec.scheduling import changed_fields, field_texts, parse_scheduling_spec
 
-    policy = shown["policy"]
+    config = parse_scheduling_spec(shown["policy"]).config()
     source = shown.get("source")
-    changed = changed_fields(parse_scheduling_spec(policy).config())
+    changed = changed_fields(config)
     weight = shown.get("usage_weight") or 0
     history = (
         f"--usage-weight {weight:g}, --usage-half-life {format_duration(shown['usage_half_life_s'])}"
         if weight
         else "off (--usage-weight 0)"
     )
-    thresholds = ", ".join(format_duration(t) for t in policy["las_thresholds"])
-    young = ", ".join(
-        f"{{below: {format_duration(y['below'])}, weight: {y['weight']:g}}}" for y in policy["young_weights"]
-    )
-    stopping = policy["max_stopping_gpus"]
     lines = [
         f"# the scheduling policy of the head at {server}: "
         + (f"its file {source}" if source else "gpupool's default (no scheduling.yaml)"),
         "# changed from the default: " + (", ".join(changed) if changed else "nothing"),
         f"# fair share by history (a flag of gpupool server, not of this file): {history}",
-        f"ordering: {policy['ordering']}",
-        f"blocking: {policy['blocking']}",
-        f"placement: {policy['placement']}",
-        f"las_thresholds: [{thresholds}]",
-        f"las_preempt: {'true' if policy['las_preempt'] else 'false'}",
-        f"young_weights: [{young}]",
-        f"max_stopping_gpus: {'null' if stopping is None else format(stopping, 'g')}",
+        *(f"{name}: {text}" for name, text in field_texts(config).items()),
     ]
     return "\n".join(lines) + "\n"

@@ -332,7 +332,8 @@ def whatif(
     from gpupool.spec.views import queue_view
 
     with _sim_errors():
-        if policy.strip() != "server":
+        servers = policy.strip() == "server"  # known once the server is asked
+        if not servers:
             (chosen, *more) = resolve_policies(policy)
             if more:
                 raise SimError("--policy", "whatif replays one policy; give one name, e.g. --policy gpupool")
@@ -344,7 +345,7 @@ def whatif(
         workers = processes(jobs, 2)
         wi.check_changes(add, quota)
         api = client()
-        if policy.strip() == "server":
+        if servers:
             chosen = server_policy(api.scheduling())
         now = time.time()
         # One list per state that ran, of the period's submissions only; a list that fills the API's

@@ -291,29 +291,37 @@ def scheduling_fields(config: SchedulerConfig) -> dict[str, Any]:
     }
 
 
+def field_texts(config: SchedulerConfig) -> dict[str, str]:
+    """Each field of `config`'s scheduling.yaml as YAML text that gives it back, durations as people write
+    them: {"las_thresholds": "[2m, 16h]", "max_stopping_gpus": "null", ...}, in the file's order."""
+    fields = scheduling_fields(config)
+    young = ", ".join(
+        f"{{below: {format_duration(y['below'])}, weight: {y['weight']:g}}}" for y in fields["young_weights"]
+    )
+    stopping = fields["max_stopping_gpus"]
+    return {
+        "ordering": fields["ordering"],
+        "blocking": fields["blocking"],
+        "placement": fields["placement"],
+        "las_thresholds": "[" + ", ".join(format_duration(t) for t in fields["las_thresholds"]) + "]",
+        "las_preempt": "true" if fields["las_preempt"] else "false",
+        "young_weights": f"[{young}]",
+        "max_stopping_gpus": "null" if stopping is None else f"{stopping:g}",
+    }
+
+
 def changed_fields(config: SchedulerConfig) -> list[str]:
     """What of `config`'s scheduling.yaml differs from the default policy, in words ("placement spread"),
     in the file's order; empty: the default policy's fields."""
-    ours, default = scheduling_fields(config), scheduling_fields(DEFAULT_POLICY)
-    words = []
-    for name, value in ours.items():
-        if value == default[name]:
-            continue
-        if name == "las_thresholds":
-            value = "[" + ", ".join(format_duration(t) for t in value) + "]"
-        elif name == "young_weights":
-            value = "[" + ", ".join(f"{format_duration(y['below'])}: {y['weight']:g}" for y in value) + "]"
-        elif isinstance(value, float):
-            value = f"{value:g}"
-        words.append(f"{name} {value}")
-    return words
+    default = field_texts(DEFAULT_POLICY)
+    return [f"{name} {text}" for name, text in field_texts(config).items() if text != default[name]]
 
 
 def parse_scheduling_spec(data: object) -> SchedulingSpec:
     """A SchedulingSpec from a mapping or YAML text (an empty file, or one whose every line is commented
     out, is the default policy); SpecError (the first problem, with its field) if invalid."""
-    if isinstance(data, str) and load_yaml(data, SCHEDULING_FIELD_EXAMPLES[""]) is None:
-        return SchedulingSpec()
+    if isinstance(data, str):
+        data = load_yaml(data, SCHEDULING_FIELD_EXAMPLES[""])
     if data is None or (isinstance(data, bytes) and not data.strip()):
         return SchedulingSpec()
     return validate_spec(SchedulingSpec, data, SCHEDULING_FIELD_EXAMPLES, "scheduling policy")

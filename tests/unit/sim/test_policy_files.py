@@ -54,7 +54,7 @@ def test_a_policy_file_changes_what_it_says_and_is_named_as_given(tmp_path: Path
     off = write(tmp_path, "las_preempt: false\nmax_stopping_gpus: 8\n", "off.yml")
     policies = resolve_policies(f"gpupool,{off},gpupool,{off}")
     assert [p.name for p in policies] == ["gpupool", off]
-    assert policies[1].description == f"the scheduling.yaml {off}: las_preempt False, max_stopping_gpus 8"
+    assert policies[1].description == f"the scheduling.yaml {off}: las_preempt false, max_stopping_gpus 8"
     banded = {j: (start, preempted) for j, start, _, preempted in replay(BY_NAME["gpupool"], jobs, "1x8")}
     waited = {j: (start, preempted) for j, start, _, preempted in replay(policies[1], jobs, "1x8")}
     assert banded[1] == (300.0, 0) and banded[0][1] == 1  # the long job made room at once

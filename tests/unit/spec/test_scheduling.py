@@ -176,5 +176,5 @@ def test_what_a_policy_changes_of_the_default_is_said_in_the_files_words() -> No
         DEFAULT_POLICY, placement="spread", las_thresholds=(90.0, 16 * HOUR), young_weights=((HOUR, 2.0),)
     )
     assert changed_fields(tuned) == [
-        "placement spread", "las_thresholds [1m30s, 16h]", "young_weights [1h: 2]"
+        "placement spread", "las_thresholds [1m30s, 16h]", "young_weights [{below: 1h, weight: 2}]"
     ]  # fmt: skip
