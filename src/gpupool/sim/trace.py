@@ -109,24 +109,27 @@ def number_field(row: dict[str, str], column: str, path: Path, line: int, flag: 
 def _time(row: dict[str, str], column: str, path: Path, line: int) -> float:
     """A time column: seconds, or a date-time (`YYYY-MM-DD HH:MM:SS`, UTC)."""
     raw = (row.get(column) or "").strip()
-    try:
-        return float(raw)
-    except ValueError:
-        pass
-    try:
-        return parse_timestamp(raw)
-    except ValueError:
-        raise SimError(
-            "--trace", f"{path} line {line}: {column} {raw!r} is neither seconds nor YYYY-MM-DD HH:MM:SS"
-        ) from None
+    looks_dated = raw[4:5] == "-"  # asked first: a failed parse costs as much as one that works
+    for parse in (parse_timestamp, float) if looks_dated else (float, parse_timestamp):
+        try:
+            return parse(raw)
+        except ValueError:
+            pass
+    raise SimError(
+        "--trace", f"{path} line {line}: {column} {raw!r} is neither seconds nor YYYY-MM-DD HH:MM:SS"
+    )
+
+
+EPOCH = dt.datetime(1970, 1, 1)
 
 
 def parse_timestamp(raw: str) -> float:
     """`YYYY-MM-DD[ HH:MM[:SS]]` (UTC unless it says otherwise) -> seconds since the epoch."""
     stamp = dt.datetime.fromisoformat(raw.strip())
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=dt.UTC)
-    return stamp.timestamp()
+    if stamp.tzinfo is not None:
+        return stamp.timestamp()
+    # what .replace(tzinfo=UTC).timestamp() gives, at a third of the cost (the Philly trace has 82,000)
+    return (stamp - EPOCH).total_seconds()
 
 
 def _skip(skipped: dict[str, int], reason: str) -> None:
@@ -137,7 +140,7 @@ def _skip(skipped: dict[str, int], reason: str) -> None:
 
 
 def load_philly(path: Path) -> Trace:
-    jobs: list[TraceJob] = []
+    drafts: list[tuple[float, float, float, str]] = []  # submit, duration, GPUs, queue: numbered once sorted
     skipped: dict[str, int] = {}
     required = ("timestamp", "duration", "num_gpus", "cluster")
     for line, row in enumerate(read_rows(path, "philly", required), start=2):
@@ -150,8 +153,16 @@ def load_philly(path: Path) -> Trace:
             _skip(skipped, "no run time")
             continue
         submit = _time(row, "timestamp", path, line)
-        jobs.append(TraceJob(len(jobs), submit, duration, gpus, row["cluster"].strip() or "default"))
-    return Trace("philly", path, _by_submit(jobs), dated=True, skipped=skipped)
+        drafts.append((submit, duration, gpus, row["cluster"].strip() or "default"))
+    drafts.sort(key=_submit_of)  # stable: the file's order among jobs submitted at one moment, as _by_submit
+    jobs = [
+        TraceJob(i, submit, duration, gpus, queue) for i, (submit, duration, gpus, queue) in enumerate(drafts)
+    ]
+    return Trace("philly", path, jobs, dated=True, skipped=skipped)
+
+
+def _submit_of(draft: tuple[float, float, float, str]) -> float:
+    return draft[0]
 
 
 def load_tiresias(path: Path) -> Trace:
@@ -274,8 +285,9 @@ def load_csv(path: Path) -> Trace:
 
 
 def _by_submit(jobs: list[TraceJob]) -> list[TraceJob]:
+    """The jobs in submit order (the file's order among jobs submitted at one moment), numbered in it."""
     ordered = sorted(jobs, key=lambda j: (j.submit, j.id))
-    return [replace(j, id=i) for i, j in enumerate(ordered)]
+    return [j if j.id == i else replace(j, id=i) for i, j in enumerate(ordered)]
 
 
 LOADERS: dict[str, Loader] = {

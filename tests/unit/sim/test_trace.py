@@ -18,6 +18,28 @@ def test_philly_rows_become_jobs_in_submit_order_with_the_vc_as_queue(fixtures: 
     assert all(j.gpus >= 1 and j.duration > 0 for j in trace.jobs)
 
 
+def test_jobs_are_numbered_in_submit_order_those_of_one_moment_in_the_files_order(tmp_path: Path) -> None:
+    path = tmp_path / "philly.csv"
+    path.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-02 00:00:09,10,1,10,late\n"
+        "2017-10-02 00:00:05,20,2,40,first-of-two\n"
+        "1506902400,30,4,120,seconds\n"  # 2017-10-02 00:00:00 as seconds since the epoch
+        "2017-10-02 00:00:05,40,8,320,second-of-two\n"
+        "2017-10-02T02:00:00+02:00,50,1,50,with-zone\n"  # the same moment as 00:00:00 UTC
+    )
+    jobs = load_trace(f"philly:{path}").jobs
+    assert [(j.id, j.queue) for j in jobs] == [
+        (0, "seconds"),
+        (1, "with-zone"),
+        (2, "first-of-two"),
+        (3, "second-of-two"),
+        (4, "late"),
+    ]
+    assert [j.submit - jobs[0].submit for j in jobs] == [0, 0, 5, 5, 9]
+    assert parse_timestamp("2017-10-02 00:00:05") == 1506902405
+
+
 def test_a_date_window_keeps_the_jobs_submitted_inside_it_and_starts_the_clock_there(fixtures: Path) -> None:
     trace = load_trace(f"philly:{fixtures / 'philly_small.csv'}")
     jobs, origin = select(trace, "2017-10-02..2017-10-03")
