@@ -136,9 +136,16 @@ def test_an_array_is_named_whole_by_its_name_and_a_task_as_ps_shows_it(server: S
     said = "sweep is a job array of 3 tasks: this is task 0's output; `gpupool logs 'sweep[N]'` gives"
     assert said in whole.stderr, whole.stderr
     out = server.cli("cancel", "sweep[2]", check=True).stdout
-    assert out.startswith(f"{third} (sweep): stopping"), out
+    assert out.startswith(f"{third} (sweep[2]): stopping"), out
     assert server.wait_for(third)["state"] == "cancelled"
     assert server.workload(second)["state"] == "running"  # only that task
+    # task 0 has the array's id, which names every task: by its name as ps shows it, it is task 0 alone
+    refused = _refused(server.cli("run", "--after", "sweep[0]", "--gpus", "0", "--", "true"))
+    assert refused.startswith("error: --after sweep[0]: the first task of a job array has the array's id")
+    out = server.cli("cancel", "sweep[0]", check=True).stdout
+    assert out.startswith(f"{first} (sweep[0]): stopping"), out
+    assert server.wait_for(first)["state"] == "cancelled"
+    assert server.workload(second)["state"] == "running"
     assert _refused(server.cli("cancel", "sweep[7]")) == (
         "error: no workload is named 'sweep[7]' (gpupool ps lists them)"
     )

@@ -94,6 +94,26 @@ def test_sim_run_counts_one_job_node_and_queue_in_the_singular(tmp_path: Path) -
     assert "1 job\n" in report and "(1 node, 8 GPUs); 1 queue\n" in report
 
 
+def test_sim_run_says_which_rows_it_left_out_and_which_jobs_it_dropped(tmp_path: Path) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("submit_time,duration,num_gpus,queue\n0,600,2,a\n5,0,1,a\n7,300,0,a\n9,60,16,a\n")
+    out = gpupool("sim", "run", "--trace", f"csv:{trace}", "--cluster", "1x8", "--policy", "fifo,gpupool",
+                  "--quiet", "--report", str(tmp_path / "report"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "2 rows of jobs.csv left out: 1 with no run time, 1 with no GPUs\n" in out.stdout
+    assert (
+        "1 job of 2 dropped: more GPUs than the cluster's nodes hold, or a GPU model it lacks" in out.stdout
+    )
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "- 2 rows of jobs.csv left out" in report and "- 1 job of 2 dropped" in report
+    trace.write_text("submit_time,duration,num_gpus,queue\n0,600,16,a\n")
+    out = gpupool("sim", "run", "--trace", f"csv:{trace}", "--cluster", "1x8", "--quiet")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert (
+        "error: --cluster: 1 job selected and none fits '1x8'" in out.stderr and "avg JCT" not in out.stdout
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -144,6 +164,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_replay(tmp_path:
 def test_sim_whatif_refuses_a_malformed_change_before_asking_the_server() -> None:
     """The change is checked first: a typo is named as such, not as an unreachable server."""
     for flags, message in (
+        (["--policy", "all", "--add", "1x8"], "--policy: whatif replays one policy; give one name"),
+        (["--policy", "bogus", "--add", "1x8"], "--policy: unknown policy 'bogus'; one of fifo,"),
         (["--add", "4by8"], "--add: '4by8' is not NODESxGPUS[:MODEL]; expected NODESxGPUS[:MODEL][,...]"),
         (["--quota", "nlp=lots"], "--quota: 'lots' is not a number of GPUs"),
         (["--quota", "nlp=-2"], "--quota: 'nlp=-2': a quota is a number of GPUs, 0 or more"),
@@ -175,6 +197,10 @@ def test_sim_place_reports_the_allocation_at_full_demand(tmp_path: Path) -> None
     assert {k: v for k, v in again.items() if k != "wall_s"} == {  # same seed, same placement
         k: v for k, v in data["binpack"].items() if k != "wall_s"
     }
+    for stop in ("nan", "inf", "0.5"):  # pods are drawn until demand reaches it: refused, not run forever
+        out = gpupool("sim", "place", "--trace", f"alibaba-openb:{FIXTURES / 'openb_pods.csv'}",
+                      "--cluster", "1x2", "--stop", stop)  # fmt: skip
+        assert out.returncode == 1 and f"--stop: {stop} must be from 1.0" in out.stderr
 
 
 def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(

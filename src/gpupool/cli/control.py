@@ -14,7 +14,7 @@ from gpupool import spec  # its pydantic models load on first use (see gpupool.s
 from gpupool.cli import refs
 from gpupool.cli.app import API_PAGE, app, client
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, print_error, print_json
+from gpupool.cli.render import console, member_name, print_error, print_json
 from gpupool.client import ApiError, Client
 from gpupool.spec import format_duration
 
@@ -59,7 +59,7 @@ def cancel(
             console.print(f"queue {queue} has no {state or 'pending or running'} work to cancel")
             return
     elif workloads:
-        ids = refs.workload_ids(c, workloads, reading=False)
+        ids, alone = _named(c, workloads)
     else:
         raise CliError(
             "which workloads? give their ids or names (gpupool cancel 3 4), or --queue Q for a queue's work"
@@ -70,7 +70,7 @@ def cancel(
         if workload_id in covered:
             return
         try:
-            w = c.cancel(workload_id, task=task)
+            w = c.cancel(workload_id, task=task or workload_id in alone)
         except ApiError as exc:
             if queue is None or exc.status != 409:
                 raise
@@ -95,7 +95,8 @@ def cancel(
                 f"array cancelled, its {len(tasks)} pending or running tasks: pending ones at once, "
                 "running ones stopping (SIGTERM; SIGKILL after the grace period)"
             )
-        console.print(f"{workload_id} ({w['name']}): {what}")
+        name = w["name"] if tasks is not None else _label(w, replicas)  # an array cancelled whole: its name
+        console.print(f"{workload_id} ({name}): {what}")
 
     each(ids, cancel_one)
 
@@ -143,15 +144,24 @@ def update(
         raise CliError("give --priority, --max-duration or --queue; e.g. gpupool update 12 --max-duration 4h")
     value = None if priority is None else _priority_option(priority)
     c = client()
-    for workload_id in refs.workload_ids(c, workloads, reading=False):
-        w = c.update(workload_id, priority=value, max_duration=max_duration, queue=queue, task=task)
+    ids, alone = _named(c, workloads)
+    for workload_id in ids:
+        w = c.update(
+            workload_id,
+            priority=value,
+            max_duration=max_duration,
+            queue=queue,
+            task=task or workload_id in alone,
+        )
         said = [f"priority {w['priority']}"] if priority is not None else []
         if max_duration is not None:
             limit = w["max_duration"]
             said.append("no time limit" if limit is None else f"max duration {format_duration(limit)}")
         if queue is not None:
             said.append(_moved(w, queue))
-        console.print(f"{workload_id} ({w['name']}): {', '.join(said)}{_many(w['updated_ids'])}")
+        console.print(
+            f"{workload_id} ({_label(w, w['updated_ids'])}): {', '.join(said)}{_many(w['updated_ids'])}"
+        )
 
 
 def _priority_option(given: str) -> int | str:
@@ -178,18 +188,21 @@ def hold(
     Running work is stopped first (SIGTERM, then SIGKILL after its grace period) and resumes from its
     checkpoint once released. A service is held whole, a job array whole by its id."""
     c = client()
+    ids, alone = _named(c, workloads)
 
     def hold_one(workload_id: int) -> None:
-        w = c.hold(workload_id, task=task)
+        w = c.hold(workload_id, task=task or workload_id in alone)
+        name = _label(w, w["held_ids"])
         if not w.get("changed_ids", True):
-            console.print(f"{workload_id} ({w['name']}): already held; nothing more to do")
+            console.print(f"{workload_id} ({name}): already held; nothing more to do")
             return
+        release = f"{workload_id} --task" if workload_id in alone and not task else workload_id
         console.print(
-            f"{workload_id} ({w['name']}): held{_many(w['held_ids'])}; waits pending until `gpupool release "
-            f"{workload_id}` (running work stops first: SIGTERM, then SIGKILL after its grace period)"
+            f"{workload_id} ({name}): held{_many(w['held_ids'])}; waits pending until `gpupool release "
+            f"{release}` (running work stops first: SIGTERM, then SIGKILL after its grace period)"
         )
 
-    each(refs.workload_ids(c, workloads, reading=False), hold_one)
+    each(ids, hold_one)
 
 
 @app.command()
@@ -203,19 +216,20 @@ def requeue(
     resumes from its checkpoint wherever the next pass puts it, maybe the same node (`gpupool node cordon`
     keeps it off one). A service's replicas and a job array's tasks go together, by the array's id."""
     c = client()
+    named, alone = _named(c, workloads)
 
     def requeue_one(workload_id: int) -> None:
-        w = c.requeue(workload_id, task=task)
+        w = c.requeue(workload_id, task=task or workload_id in alone)
         ids = w["requeued_ids"]
         if not ids:
-            console.print(f"{workload_id} ({w['name']}): already stopping; nothing more to do")
+            console.print(f"{workload_id} ({_label(w, ids)}): already stopping; nothing more to do")
             return
         console.print(
-            f"{workload_id} ({w['name']}): requeued{_many(ids)}; stopping (SIGTERM, then SIGKILL after its "
-            "grace period), then pending for the scheduler"
+            f"{workload_id} ({_label(w, ids)}): requeued{_many(ids)}; stopping (SIGTERM, then SIGKILL after "
+            "its grace period), then pending for the scheduler"
         )
 
-    each(refs.workload_ids(c, workloads, reading=False), requeue_one)
+    each(named, requeue_one)
 
 
 @app.command()
@@ -225,16 +239,18 @@ def release(
 ) -> None:
     """Let held work be scheduled again (Slurm's scontrol release; Run:ai's resume)."""
     c = client()
+    ids, alone = _named(c, workloads)
 
     def release_one(workload_id: int) -> None:
-        w = c.release(workload_id, task=task)
+        w = c.release(workload_id, task=task or workload_id in alone)
+        name = _label(w, w["held_ids"])
         if not w.get("changed_ids", True):
-            console.print(f"{workload_id} ({w['name']}): not held; nothing to release")
+            console.print(f"{workload_id} ({name}): not held; nothing to release")
             return
         also = _many(w["held_ids"])
-        console.print(f"{workload_id} ({w['name']}): released{also}; the scheduler may start it again")
+        console.print(f"{workload_id} ({name}): released{also}; the scheduler may start it again")
 
-    each(refs.workload_ids(c, workloads, reading=False), release_one)
+    each(ids, release_one)
 
 
 @app.command()
@@ -278,6 +294,19 @@ def _active_ids(c: Client, queue: str, state: str | None) -> list[int]:
             console.print(f"[yellow]the newest {API_PAGE:,} {wanted} workloads only; run it again[/yellow]")
         ids += found
     return sorted(ids)
+
+
+def _named(c: Client, workloads: list[str]) -> tuple[list[int], set[int]]:
+    """The ids the arguments name, and those of them named as a job array's first task alone (`NAME[0]`
+    of an array whose first index is 0: its id is also the array's, which names every task)."""
+    named = refs.workload_refs(c, workloads, reading=False)
+    return [i for i, _ in named], {i for i, first_task in named if first_task}
+
+
+def _label(w: dict[str, Any], ids: list[int]) -> str:
+    """How a message names what an action took: a service or array whole by its name, a replica or a task
+    alone as `gpupool ps` shows it (NAME#N, NAME[N])."""
+    return str(w["name"]) if len(ids) > 1 else member_name(w)
 
 
 def _many(ids: list[int]) -> str:

@@ -30,13 +30,48 @@ def workload_ids(c: Client, refs: list[str], *, reading: bool) -> list[int]:
     return [workload_id(c, ref, reading=reading) for ref in refs]
 
 
+def workload_refs(c: Client, refs: list[str], *, reading: bool) -> list[tuple[int, bool]]:
+    """As `workload_ids`, each with whether it names a job array's first task alone: `NAME[N]` of the
+    array's first index, whose id is also the array's (which names the whole array); the caller acts on
+    that task alone (the API's `task=true`)."""
+    return [_resolved(c, ref, reading=reading) for ref in refs]
+
+
 def workload_id(c: Client, ref: str, *, reading: bool) -> int:
     """The id `ref` stands for (the module docstring says how). `reading`: the command only reads, so a
     name with no pending or running workload stands for its newest finished one."""
+    return _resolved(c, ref, reading=reading)[0]
+
+
+def _resolved(c: Client, ref: str, *, reading: bool) -> tuple[int, bool]:
     if re.fullmatch(r"[0-9]+", ref):
-        return int(ref)
+        return int(ref), False
     name, member = _member(ref)
-    found = _of_member(c.workloads(name=name), member)
+    found, first_task = _found(c, ref, name, member, reading=reading)
+    return found, member is not None and member[0] == "array_id" and first_task
+
+
+def _found(c: Client, ref: str, name: str, member: Member | None, *, reading: bool) -> tuple[int, bool]:
+    """The id of the workload `ref` names, and whether it is a job array's first task (its id the array's)."""
+    listed = _of_member(c.workloads(name=name), member)
+    firsts = {int(w["id"]) for w in listed if w.get("array_id") == w.get("id")}
+    found = _one_of(c, ref, listed, member)
+    if found is not None:
+        return found, found in firsts
+    page = 1 if member is None else _MEMBER_PAGE
+    newest = _of_member(c.workloads(all=True, name=name, limit=page), member)
+    if not newest:
+        raise CliError(f"no workload is named {ref!r} (gpupool ps lists them)")
+    if not reading:
+        raise CliError(
+            f"no pending or running workload is named {ref!r} (gpupool ps --all lists finished ones)"
+        )
+    last = newest[-1]
+    return _id_of(last, member), last.get("array_id") == last.get("id")
+
+
+def _one_of(c: Client, ref: str, found: list[dict[str, Any]], member: Member | None) -> int | None:
+    """The id the pending or running workloads `found` of a name stand for; None when there are none."""
     active = sorted({_id_of(w, member) for w in found})
     if len(active) == 1:
         return active[0]
@@ -51,15 +86,7 @@ def workload_id(c: Client, ref: str, *, reading: bool) -> int:
         raise CliError(
             f"{len(ids)} {whose}pending or running workloads are named {ref!r} (ids {listed}): give an id"
         )
-    page = 1 if member is None else _MEMBER_PAGE
-    newest = _of_member(c.workloads(all=True, name=name, limit=page), member)
-    if not newest:
-        raise CliError(f"no workload is named {ref!r} (gpupool ps lists them)")
-    if not reading:
-        raise CliError(
-            f"no pending or running workload is named {ref!r} (gpupool ps --all lists finished ones)"
-        )
-    return _id_of(newest[-1], member)
+    return None
 
 
 # A member of a service or a job array by its number: (the key naming the whole, the key of the number, N)

@@ -182,6 +182,8 @@ def run(
             f"{ex.counted(len(exp.queues), 'queue')}",
             highlight=False,
         )
+        if (note := ex.left_out(exp)) is not None:
+            console.print(note, highlight=False)
         with _progress(not quiet) as bar:
             tasks: dict[str, Any] = {}
             if bar is not None:
@@ -193,7 +195,16 @@ def run(
                     bar.update(tasks[name], completed=done, total=total)
 
             ex.run(exp, advance)
+        if all(m["dropped"] == len(exp.jobs) for m in exp.metrics.values()):
+            raise SimError(
+                "--cluster",
+                f"{ex.counted(len(exp.jobs), 'job')} selected and none fits {exp.cluster.spec!r}: each asks "
+                "for more GPUs than its nodes hold, or for a GPU model it lacks; give a larger cluster, or "
+                "those models",
+            )
         _wide().print(_table(exp))
+        if (note := ex.dropped(exp)) is not None:
+            console.print(note, highlight=False)
         data = ex.as_json(exp)
         if json_out is not None:
             _write_json(json_out, data)
@@ -232,6 +243,9 @@ def _table(exp: Any) -> Table:
     return table
 
 
+MAX_STOP = 10.0  # x capacity: pods are drawn with replacement, so a larger stop only costs time
+
+
 @sim_app.command("place")
 def place(
     trace: str = typer.Option(..., "--trace", help="alibaba-openb:PODS.csv (the pod list)"),
@@ -259,8 +273,12 @@ def place(
             raise SimError(
                 "--nodes", "give the node list (--nodes alibaba-openb:NODES.csv) or --cluster, one of them"
             )
-        if stop < 1.0:
-            raise SimError("--stop", f"{stop} must be at least 1.0 (the figure is taken at 100% demand)")
+        if not 1.0 <= stop <= MAX_STOP:  # NaN fails too
+            raise SimError(
+                "--stop",
+                f"{stop} must be from 1.0 (the figure is taken at 100% demand) to {MAX_STOP:g}; "
+                "e.g. 1.3 (130%)",
+            )
         built = load_cluster(nodes or cluster or "", "--nodes" if nodes else "--cluster")
         if built.gpus <= 0:
             raise SimError("--nodes", "the cluster has no GPUs")
@@ -334,9 +352,7 @@ def whatif(
     with _sim_errors():
         servers = policy.strip() == "server"  # known once the server is asked
         if not servers:
-            (chosen, *more) = resolve_policies(policy)
-            if more:
-                raise SimError("--policy", "whatif replays one policy; give one name, e.g. --policy gpupool")
+            (chosen,) = resolve_policies(policy, one=True)
         if not (add or remove or quota):
             raise SimError(
                 "--add", "nothing to change; give --add 4x8:H100, --remove NODE or --quota QUEUE=GPUS"
@@ -400,12 +416,16 @@ def whatif(
 
 
 def _change(pair: list[float]) -> tuple[str, str, str]:
+    """Before, after, and the change in percent where the two read differently (0.4 s to 0 s is no news)."""
     before, after = pair
-    delta = "" if before <= 0 else f"{(after - before) / before:+.0%}"
-    return _duration(before), _duration(after), delta
+    shown = _duration(before), _duration(after)
+    delta = "" if before <= 0 or shown[0] == shown[1] else f"{(after - before) / before:+.0%}"
+    return *shown, delta
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f}s"
     if seconds < 120:
         return f"{seconds:.0f}s"
     if seconds < 7200:

@@ -270,7 +270,12 @@ def _dependency(text: str) -> str:
     ref = ref.strip()
     if not ref or ref.isdigit() or (when and when.strip() not in DEPENDENCY_CONDITIONS):
         return text
-    found = refs.workload_id(client(), ref, reading=True)
+    ((found, first_task),) = refs.workload_refs(client(), [ref], reading=True)
+    if first_task:
+        raise CliError(
+            f"--after {text}: the first task of a job array has the array's id, which --after takes as "
+            f"every task; wait for the whole array (--after {found}) or for another task"
+        )
     return f"{when}:{found}" if when else str(found)
 
 

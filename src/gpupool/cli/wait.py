@@ -47,7 +47,7 @@ def wait(
     c = client()
     try:  # the head may be restarting as the wait begins, as while it goes on: the same ride-out
         ids = ride_out(
-            lambda: _members(c, refs.workload_ids(c, workloads, reading=True)),
+            lambda: _members(c, refs.workload_refs(c, workloads, reading=True)),
             poll=POLL,
             deadline=None if seconds is None else began + seconds,
             on_outage=None if quiet else outage_note(c.server),
@@ -129,11 +129,12 @@ def exit_code(workloads: list[dict[str, Any]]) -> int:
     return 1
 
 
-def _members(c: Client, workload_ids: list[int]) -> list[int]:
-    """The ids `workload_ids` stand for: an array's tasks by the array's id, else each itself (listed a
-    thousand at a time; only an array's id is asked about alone, for its tasks); a service is refused (it
-    never ends by itself)."""
-    wanted = list(dict.fromkeys(workload_ids))
+def _members(c: Client, named: list[tuple[int, bool]]) -> list[int]:
+    """The ids the (id, first task alone) pairs of `refs.workload_refs` stand for: an array's tasks by the
+    array's id (unless named as its first task alone), else each itself (listed a thousand at a time; only
+    an array's id is asked about alone, for its tasks); a service is refused (it never ends by itself)."""
+    wanted = list(dict.fromkeys(i for i, _ in named))
+    alone = {i for i, first_task in named if first_task}
     found: dict[int, dict[str, Any]] = {}
     for at in range(0, len(wanted), 1000):
         page = wanted[at : at + 1000]
@@ -144,7 +145,7 @@ def _members(c: Client, workload_ids: list[int]) -> list[int]:
         if w is None:
             raise CliError(f"no workload with id {workload_id}; list them with `gpupool ps --all`")
         refuse_service(w["kind"])
-        if w.get("array_id") == workload_id:
+        if w.get("array_id") == workload_id and workload_id not in alone:
             ids.extend(t["id"] for t in c.workload(workload_id).get("task_list") or ())
         else:
             ids.append(workload_id)

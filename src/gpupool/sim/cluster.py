@@ -95,11 +95,21 @@ OPENB_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 def load_openb_nodes(path: Path, flag: str) -> tuple[NodeView, ...]:
     """An alibaba-openb node list (`sn,cpu_milli,memory_mib,gpu,model`); CPU-only nodes included."""
     nodes = []
+    lines: dict[str, int] = {}  # node name -> its line
     for line, row in enumerate(read_rows(path, "alibaba-openb node list", OPENB_NODE_COLUMNS, flag), start=2):
         gpus = int(number_field(row, "gpu", path, line, flag))
+        if gpus < 0:
+            raise SimError(flag, f"{path} line {line}: gpu {gpus} is negative; a node has 0 GPUs or more")
+        name = row["sn"].strip() or f"node-{line}"
+        if name in lines:
+            raise SimError(
+                flag,
+                f"{path} line {line}: node {name!r} is listed twice (line {lines[name]} too); one row a node",
+            )
+        lines[name] = line
         nodes.append(
             gpu_node(
-                row["sn"].strip() or f"node-{line}",
+                name,
                 gpus,
                 (row.get("model") or "").strip() or DEFAULT_MODEL,
                 cpus=number_field(row, "cpu_milli", path, line, flag) / 1000.0,

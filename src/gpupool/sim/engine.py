@@ -223,6 +223,8 @@ class Simulation:
             t = self.events[0][0]
             if next_tick < t and self.pending:
                 t = next_tick
+            if t - self.now >= self._sample_every:
+                self._sample_before_lull()
             self._advance(t)
             while self.events and self.events[0][0] <= t:
                 _, _, kind, index, token = heapq.heappop(self.events)
@@ -234,9 +236,14 @@ class Simulation:
             steps += 1
             if progress is not None and steps % 200 == 0:
                 progress(self.settled, len(self.jobs))
+        self._sample_before_lull()  # the end: what stays
         self.result.unfinished = len(self.pending) + len(self.running)
-        if math.isinf(self.result.arrival_window):
-            self.result.arrival_window = self.now
+        if math.isinf(self.result.arrival_window):  # all arrived at once: the run, to its last finish
+            self.result.arrival_window = (
+                max((j.record.finish for j in self.jobs if j.record.finish is not None), default=self.now)
+                if not self.result.unfinished
+                else self.now
+            )
         self.result.jobs = [j.record for j in self.jobs if j.state != "dropped"]
         self.result.wall_s = time.perf_counter() - began
         if progress is not None:
@@ -320,6 +327,7 @@ class Simulation:
         job.state = "done"
         self.settled += 1
         job.record.finish = self.now
+        job.record.lost_gpu_s += job.overhead * job.gpus  # the restart this attempt paid, if it was one
         self.demand[job.trace.queue] -= job.gpus
         self._gaps = None
         self.skip.finish(job)
@@ -720,6 +728,16 @@ class Simulation:
         job.priority = self._priority(job, self.now)
         self._add_pending(job)
         self._recount(job)
+
+    def _sample_before_lull(self) -> None:
+        """Record the state that holds through a stretch with nothing to do. Samples are taken at cycles, at
+        most one an interval, so the finishes between them, which need no cycle, would go unrecorded: with
+        nothing pending, the utilization plot would draw its line from one busy moment to the next."""
+        timeline = self.result.timeline
+        if timeline and timeline[-1].t == self.now:
+            timeline.pop()  # taken amid this instant's events: the state at its end replaces it
+        self._next_sample = self.now
+        self._sample()
 
     def _sample(self) -> None:
         if self.now < self._next_sample:

@@ -54,9 +54,10 @@ def prepare(
     spec = cluster if cluster is not None else nodes
     if spec is None:
         raise SimError("--cluster", "which cluster? e.g. --cluster 64x8 (or --nodes alibaba-openb:NODES.csv)")
-    built = load_cluster(spec, "--cluster" if cluster is not None else "--nodes")
+    flag = "--cluster" if cluster is not None else "--nodes"
+    built = load_cluster(spec, flag)
     if built.gpus <= 0:
-        raise SimError("--cluster", f"{spec!r} has no GPUs")
+        raise SimError(flag, f"{spec!r} has no GPUs")
     loaded = load_trace(trace)
     jobs, origin = select(loaded, window, first)
     views = resolve_queues(queues, jobs, built.gpus)
@@ -113,6 +114,29 @@ def as_json(experiment: Experiment) -> dict[str, Any]:
 def counted(count: int, noun: str) -> str:
     """`count` and the noun, plural but for one: "1 queue", "14 queues", "1,024 GPUs"."""
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+def left_out(experiment: Experiment) -> str | None:
+    """The trace rows the loader left out, and why ("3 rows of x.csv left out: 2 with no run time, 1 with
+    no GPUs")."""
+    skipped = experiment.trace.skipped
+    if not skipped:
+        return None
+    reasons = ", ".join(f"{n:,} with {reason}" for reason, n in sorted(skipped.items(), key=lambda r: -r[1]))
+    return f"{counted(sum(skipped.values()), 'row')} of {experiment.trace.path.name} left out: {reasons}"
+
+
+def dropped(experiment: Experiment) -> str | None:
+    """What the replays dropped: the jobs no set of the cluster's nodes can hold (the same for every
+    policy)."""
+    counts = {m["dropped"] for m in experiment.metrics.values()}
+    most = max(counts, default=0)
+    if not most:
+        return None
+    return (
+        f"{counted(most, 'job')} of {len(experiment.jobs):,} dropped: more GPUs than the cluster's nodes "
+        "hold, or a GPU model it lacks (--cluster)"
+    )
 
 
 def default_report_name(trace: str) -> Path:

@@ -37,9 +37,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
         if j.finish is not None and j.duration > 0:
             by_queue.setdefault(j.queue, []).append((j.finish - j.submit) / j.duration)
     queue_slowdown = {q: sum(v) / len(v) for q, v in sorted(by_queue.items())}
-    quota_gpu_s = {q: quota * result.arrival_window for q, quota in result.quotas.items() if quota > 0}
+    window = result.arrival_window  # 0 when no job ran (every one dropped)
+    quota_gpu_s = {q: quota * window for q, quota in result.quotas.items() if quota > 0 and window > 0}
     total_quota = sum(quota_gpu_s.values())
-    window_gpu_s = result.cluster_gpus * result.arrival_window
+    window_gpu_s = result.cluster_gpus * window
     return {
         "jobs": len(result.jobs),
         "finished": len(done),

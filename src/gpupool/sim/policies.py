@@ -185,14 +185,19 @@ BY_NAME = {p.name: p for p in POLICIES}
 DEFAULT_POLICIES = ("fifo", "las", "gpupool")
 
 
-def resolve_policies(value: str) -> list[Policy]:
+def resolve_policies(value: str, one: bool = False) -> list[Policy]:
     """`a,b,c` (or `all`) -> the policies, in the order given; an item that names a scheduling.yaml (it ends
-    in .yaml or .yml, or holds a "/") is that file's policy (`file_policy`)."""
+    in .yaml or .yml, or holds a "/") is that file's policy (`file_policy`). `one`: a single policy asked
+    for (`sim whatif`): `all` or a list is refused."""
     names = [n.strip() for n in value.split(",") if n.strip()]
+    choice = "one of" if one else "one or more of"
+    other = "" if one else " (or all)"
+    if one and (len(names) > 1 or names == ["all"]):
+        raise SimError("--policy", "whatif replays one policy; give one name, e.g. --policy gpupool")
     if names == ["all"]:
         return list(POLICIES)
     if not names:
-        raise SimError("--policy", f"no policy given; one or more of {', '.join(BY_NAME)} (or all)")
+        raise SimError("--policy", f"no policy given; {choice} {', '.join(BY_NAME)}{other}")
     out: list[Policy] = []
     for name in names:
         if any(p.name == name for p in out):
@@ -204,7 +209,7 @@ def resolve_policies(value: str) -> list[Policy]:
         else:
             raise SimError(
                 "--policy",
-                f"unknown policy {name!r}; one of {', '.join(BY_NAME)} (or all), or a scheduling.yaml file",
+                f"unknown policy {name!r}; one of {', '.join(BY_NAME)}{other}, or a scheduling.yaml file",
             )
     return out
 

@@ -60,12 +60,17 @@ def load_queue_file(path: Path) -> tuple[QueueView, ...]:
         raise SimError(
             "--queues", f"{path} defines no queues; e.g. '- {{name: nlp, resources: {{gpu: {{quota: 16}}}}}}'"
         )
-    views = []
+    views: list[QueueView] = []
     for i, item in enumerate(items):
         try:
             spec = parse_queue_spec(item)
         except SpecError as exc:
             raise SimError("--queues", f"{path}, queue {i + 1}: {exc}") from None
+        if any(v.name == spec.name for v in views):
+            raise SimError(
+                "--queues",
+                f"{path}, queue {i + 1}: {spec.name!r} is defined twice; give each queue one entry",
+            )
         views.append(queue_view(spec.model_dump(mode="json")))
     return tuple(views)
 
@@ -73,7 +78,23 @@ def load_queue_file(path: Path) -> tuple[QueueView, ...]:
 def resolve_queues(value: str, jobs: Sequence[TraceJob], cluster_gpus: int) -> tuple[QueueView, ...]:
     if value == "auto":
         return auto_queues(jobs, cluster_gpus)
-    return load_queue_file(Path(value))
+    views = load_queue_file(Path(value))
+    named = {q.name for q in views}
+    jobs_of: dict[str, int] = {}
+    for job in jobs:
+        if job.queue not in named:
+            jobs_of[job.queue] = jobs_of.get(job.queue, 0) + 1
+    if jobs_of:  # as the server refuses work for a queue it does not have
+        tenants = ", ".join(
+            f"{name!r} ({n:,} job{'' if n == 1 else 's'})" for name, n in sorted(jobs_of.items())[:5]
+        )
+        more = f" and {len(jobs_of) - 5} more" if len(jobs_of) > 5 else ""
+        raise SimError(
+            "--queues",
+            f"{value} has no queue for the trace's tenant(s) {tenants}{more}; add them (quota 0 lets a queue "
+            "only borrow), or use --queues auto",
+        )
+    return views
 
 
 def leaf_names(queues: Iterable[QueueView]) -> set[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpupool.sim.errors import SimError
-from gpupool.sim.experiment import Experiment, as_json, counted, summary_rows
+from gpupool.sim.experiment import Experiment, as_json, counted, dropped, left_out, summary_rows
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -90,6 +90,7 @@ def _markdown(experiment: Experiment, plots: list[tuple[str, Path]]) -> str:
         "",
         f"- trace: `{trace['format']}:{trace['path']}`, window {trace['window'] or 'whole trace'}, "
         f"{counted(trace['jobs'], 'job')}",
+        *(f"- {note}" for note in (left_out(experiment), dropped(experiment)) if note is not None),
         f"- cluster: `{experiment.cluster.spec}` ({counted(len(experiment.cluster.nodes), 'node')}, "
         f"{counted(experiment.cluster.gpus, 'GPU')}); {counted(len(experiment.queues), 'queue')}",
         f"- options: cycle {experiment.options.cycle:g} s, restart overhead "
@@ -162,7 +163,7 @@ def _over_time(experiment: Experiment, path: Path, what: str) -> Path:
     for result in experiment.results:
         xs = [s.t / HOUR for s in result.timeline]
         ys: list[float] = [s.pending if what == "pending" else s.used_gpus / gpus for s in result.timeline]
-        ax.plot(xs, ys, label=result.policy, linewidth=1)
+        ax.step(xs, ys, where="post", label=result.policy, linewidth=1)  # each sample holds until the next
     ax.set_xlabel("virtual time (hours since the window start)")
     ax.set_ylabel("pending jobs" if what == "pending" else "GPUs in use (fraction)")
     ax.set_title("Queue length over time" if what == "pending" else "GPU utilization over time")
@@ -182,11 +183,11 @@ def _fair_share(experiment: Experiment, result: Any, path: Path) -> Path:
         ax = axes[i // cols][i % cols]
         allocated = [s.allocated.get(queue, 0.0) for s in result.timeline]
         fair = [s.fair_share.get(queue, 0.0) for s in result.timeline]
-        ax.plot(xs, allocated, label="allocated", linewidth=1)
-        ax.plot(xs, fair, label="fair share", linewidth=1)
+        ax.step(xs, allocated, where="post", label="allocated", linewidth=1)
+        ax.step(xs, fair, where="post", label="fair share", linewidth=1)
         above = [a > f for a, f in zip(allocated, fair, strict=True)]
-        ax.fill_between(xs, fair, allocated, where=above, color="tab:red", alpha=0.25, linewidth=0,
-                        label="above fair share")  # fmt: skip
+        ax.fill_between(xs, fair, allocated, where=above, step="post", color="tab:red", alpha=0.25,
+                        linewidth=0, label="above fair share")  # fmt: skip
         ax.axhline(result.quotas.get(queue, 0.0), color="grey", linestyle="--", linewidth=0.8, label="quota")
         ax.set_title(queue, fontsize=9)
         ax.tick_params(labelsize=7)

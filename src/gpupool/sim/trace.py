@@ -76,7 +76,9 @@ def read_rows(
     path: Path, fmt: str, required: tuple[str, ...], flag: str = "--trace"
 ) -> Iterator[dict[str, str]]:
     try:
-        handle = path.open(newline="")
+        handle = path.open(
+            newline="", encoding="utf-8-sig"
+        )  # a spreadsheet's byte-order mark is not a column
     except FileNotFoundError:
         raise SimError(flag, f"{path}: no such file; check the path after '{fmt}:'") from None
     except OSError as exc:
@@ -92,7 +94,15 @@ def read_rows(
                 f"(it needs {', '.join(required)}; see docs/simulator.md)",
             )
         reader.fieldnames = header
-        yield from reader
+        for row in reader:
+            if None in row.values():  # csv's filler for the columns a short row lacks
+                missing = [c for c in header if row[c] is None]
+                raise SimError(
+                    flag,
+                    f"{path} line {reader.line_num}: no {', '.join(missing)} (the row has "
+                    f"{len(header) - len(missing)} fields, the header {len(header)}); complete or delete it",
+                )
+            yield row
 
 
 def number_field(row: dict[str, str], column: str, path: Path, line: int, flag: str = "--trace") -> float:
@@ -101,8 +111,8 @@ def number_field(row: dict[str, str], column: str, path: Path, line: int, flag: 
         value = float(raw)
     except ValueError:
         raise SimError(flag, f"{path} line {line}: {column} {raw!r} is not a number") from None
-    if math.isnan(value):
-        raise SimError(flag, f"{path} line {line}: {column} is NaN")
+    if not math.isfinite(value):
+        raise SimError(flag, f"{path} line {line}: {column} is {raw!r}; it must be a finite number")
     return value
 
 
@@ -112,9 +122,12 @@ def _time(row: dict[str, str], column: str, path: Path, line: int) -> float:
     looks_dated = raw[4:5] == "-"  # asked first: a failed parse costs as much as one that works
     for parse in (parse_timestamp, float) if looks_dated else (float, parse_timestamp):
         try:
-            return parse(raw)
+            value = parse(raw)
         except ValueError:
-            pass
+            continue
+        if not math.isfinite(value):
+            raise SimError("--trace", f"{path} line {line}: {column} is {raw!r}; it must be a finite time")
+        return value
     raise SimError(
         "--trace", f"{path} line {line}: {column} {raw!r} is neither seconds nor YYYY-MM-DD HH:MM:SS"
     )
@@ -343,6 +356,10 @@ def select(trace: Trace, window: str | None = None, first: int | None = None) ->
         if first <= 0:
             raise SimError("--first", f"{first} must be a positive number of jobs")
         jobs = jobs[:first]
+    if not jobs and window is None:
+        left = sum(trace.skipped.values())
+        why = f" ({left:,} rows left out: no GPUs or no run time)" if left else ""
+        raise SimError("--trace", f"{trace.path} has no jobs to replay{why}")
     if not jobs:
         span = ""
         if trace.jobs:  # where its jobs are, to aim the window at

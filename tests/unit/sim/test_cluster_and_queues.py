@@ -8,7 +8,7 @@ import pytest
 
 from gpupool.sim.cluster import load_cluster
 from gpupool.sim.errors import SimError
-from gpupool.sim.queues import auto_queues, load_queue_file, proportional
+from gpupool.sim.queues import auto_queues, load_queue_file, proportional, resolve_queues
 from gpupool.sim.trace import TraceJob
 
 
@@ -52,3 +52,29 @@ def test_a_queue_file_uses_the_products_queue_specs(fixtures: Path, tmp_path: Pa
         load_queue_file(bad)
     with pytest.raises(SimError, match=r"--queues: .*no such file"):
         load_queue_file(tmp_path / "missing.yaml")
+
+
+def test_an_openb_node_list_names_each_node_once_with_0_gpus_or_more(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    header = "sn,cpu_milli,memory_mib,gpu,model\n"
+    nodes.write_text(header + "n0,8000,16384,2,A\nn1,8000,16384,2,A\nn0,8000,16384,2,A\n")
+    with pytest.raises(SimError, match=r"--nodes: .* line 4: node 'n0' is listed twice \(line 2 too\)"):
+        load_cluster(f"alibaba-openb:{nodes}", "--nodes")
+    nodes.write_text(header + "n0,8000,16384,-2,A\n")
+    with pytest.raises(SimError, match=r"--nodes: .* line 2: gpu -2 is negative"):
+        load_cluster(f"alibaba-openb:{nodes}", "--nodes")
+
+
+def test_a_queue_file_defines_each_queue_once_and_one_for_every_tenant(tmp_path: Path) -> None:
+    path = tmp_path / "q.yaml"
+    path.write_text("- {name: a, resources: {gpu: {quota: 1}}}\n- {name: a, resources: {gpu: {quota: 3}}}\n")
+    with pytest.raises(
+        SimError, match=r"--queues: .*, queue 2: 'a' is defined twice; give each queue one entry"
+    ):
+        load_queue_file(path)
+    path.write_text("- {name: a, resources: {gpu: {quota: 3}}}\n")
+    jobs = [TraceJob(0, 0, 60, 1, "a"), TraceJob(1, 0, 60, 1, "b"), TraceJob(2, 5, 60, 1, "b")]
+    with pytest.raises(SimError) as caught:
+        resolve_queues(str(path), jobs, 8)
+    assert "has no queue for the trace's tenant(s) 'b' (2 jobs); add them (quota 0" in str(caught.value)
+    assert [q.name for q in resolve_queues(str(path), jobs[:1], 8)] == ["a"]

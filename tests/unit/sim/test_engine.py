@@ -68,7 +68,33 @@ def test_las_preempts_a_long_job_for_a_new_one_and_the_restart_costs_time() -> N
     assert runs[0][1] == pytest.approx(10_100.0 + 60.0 + 20_000.0 - 9_000.0)
     metrics = summarize(result)
     assert metrics["preemptions"] == 1
-    assert metrics["lost_gpu_h"] == pytest.approx(8 * 1_000.0 / 3600.0)
+    # lost: the 1,000 s since that checkpoint and the 60 s restart, on 8 GPUs
+    assert metrics["lost_gpu_h"] == pytest.approx(8 * (1_000.0 + 60.0) / 3600.0)
+
+
+def test_work_that_all_arrives_at_once_is_measured_to_its_last_finish_by_every_policy() -> None:
+    """With no arrival window to measure over, utilization and quota shortfall are taken over the run, to
+    its last finish (not to the last event, such as a band threshold no job reached any more)."""
+    jobs = [TraceJob(0, 0.0, 100.0, 4, "a"), TraceJob(1, 0.0, 50.0, 2, "b")]
+    figures = {p: summarize(simulate(jobs, "1x4", p)) for p in ("fifo", "las", "gpupool")}
+    for f in figures.values():
+        assert f["makespan_s"] == 150.0
+        assert f["gpu_util"] == pytest.approx((4 * 100 + 2 * 50) / (4 * 150))
+    assert len({f["quota_violation"] for f in figures.values()}) == 1
+
+
+def test_the_timeline_records_what_finishes_change_while_nothing_waits() -> None:
+    """Samples are taken at cycles; a finish with nothing pending needs none, and the state it leaves is
+    recorded before the lull it begins (the utilization plot steps down there, not hours later)."""
+    jobs = [
+        TraceJob(0, 0.0, 3_600.0, 4, "a"),
+        TraceJob(1, 0.0, 36_000.0, 4, "a"),
+        TraceJob(2, 72_000.0, 60.0, 8, "a"),
+    ]
+    timeline = simulate(jobs, "1x8", "fifo").timeline
+    used_at = {s.t: s.used_gpus for s in timeline}
+    assert used_at[3_600.0] == 4 and used_at[36_000.0] == 0
+    assert timeline[-1].used_gpus == 0 and [s.t for s in timeline] == sorted({s.t for s in timeline})
 
 
 def test_las_preempts_the_job_that_loses_least_since_its_last_checkpoint() -> None:

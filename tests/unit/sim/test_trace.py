@@ -102,6 +102,43 @@ def test_a_bad_number_names_the_line_and_column(tmp_path: Path) -> None:
         load_trace(f"csv:{path}")
 
 
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ("0,100,4\n", "line 2: no queue (the row has 3 fields, the header 4); complete or delete it"),
+        ("0,inf,1,a\n", "line 2: duration is 'inf'; it must be a finite number"),
+        ("0,1e400,1,a\n", "line 2: duration is '1e400'; it must be a finite number"),
+        ("0,100,nan,a\n", "line 2: num_gpus is 'nan'; it must be a finite number"),
+    ],
+)
+def test_a_short_row_or_an_endless_number_is_refused_by_its_line(
+    tmp_path: Path, rows: str, message: str
+) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("submit_time,duration,num_gpus,queue\n5,10,1,a\n".replace("5,10,1,a\n", rows))
+    with pytest.raises(SimError) as caught:
+        load_trace(f"csv:{path}")
+    assert str(caught.value) == f"--trace: {path} {message}"
+
+
+def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbftimestamp,duration,num_gpus,cluster\r\n2017-10-02 00:44:12,1800,1,a\r\n")
+    (job,) = load_trace(f"philly:{path}").jobs
+    assert (job.queue, job.duration) == ("a", 1800.0)
+
+
+def test_a_trace_with_no_job_says_so_without_asking_for_a_window(tmp_path: Path) -> None:
+    path = tmp_path / "idle.csv"
+    path.write_text("submit_time,duration,num_gpus,queue\n0,100,0,a\n5,0,1,a\n")
+    with pytest.raises(SimError) as caught:
+        select(load_trace(f"csv:{path}"))
+    assert (
+        str(caught.value)
+        == f"--trace: {path} has no jobs to replay (2 rows left out: no GPUs or no run time)"
+    )
+
+
 def test_windows_are_checked(fixtures: Path) -> None:
     dated = load_trace(f"philly:{fixtures / 'philly_small.csv'}")
     plain = load_trace(f"csv:{fixtures / 'jobs.csv'}")
