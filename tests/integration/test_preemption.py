@@ -88,6 +88,32 @@ def test_higher_priority_preempts_and_the_victim_resumes_from_its_checkpoint(
     assert "attempt 1 starts at step 0" not in resumed and "attempt 1 starts at step" in resumed
 
 
+def test_higher_priority_work_preempts_within_its_queues_limit(server: ServerProcess) -> None:
+    """A queue at its GPU limit: its higher-priority work stops its lower-priority work, whose GPUs count
+    toward the limit, though GPUs of the pool are idle (before, it waited as long as that work ran)."""
+    _queue(server, {"name": "lim", "resources": {"gpu": {"quota": 4, "limit": 4}}})
+    low = server.submit(
+        {
+            "queue": "lim",
+            "priority": 50,
+            "resources": {"gpu": 4},
+            "commands": ["sleep 60"],
+            "grace_period": "1s",
+        }
+    )
+    server.wait_for(low["id"], states=("running",))
+    high = server.submit(
+        {"queue": "lim", "priority": 1000, "resources": {"gpu": 2}, "commands": ["echo served"]}
+    )
+    assert server.wait_for(high["id"], timeout=30)["state"] == "succeeded"
+    evicted = server.workload(low["id"])["attempt_list"][0]
+    assert evicted["state"] == "evicted", evicted
+    said = f"preempted by workload {high['id']} (priority 1000 > 50), queue lim, to keep queue lim within"
+    assert f"{said} its limit" in evicted["reason"], evicted["reason"]
+    assert server.wait_for(low["id"], states=("running",), timeout=30)["attempts"] == 2
+    server.cli("cancel", str(low["id"]), check=True)
+
+
 def test_a_queue_below_its_quota_reclaims_borrowed_gpus(server: ServerProcess) -> None:
     _queue(server, {"name": "a", "resources": {"gpu": {"quota": 4}}})
     _queue(server, {"name": "b", "resources": {"gpu": {"quota": 4}}})

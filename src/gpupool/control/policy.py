@@ -129,7 +129,9 @@ def reword_preemptions(
         victim = victims.get(eviction.workload_id)
         gainer = gainers.get(eviction.for_workload) if eviction.for_workload is not None else None
         if eviction.code == "preempt" and victim is not None and gainer is not None:
-            eviction = replace(eviction, reason=preemption_reason(victim, gainer, config))
+            _, limited, kept = eviction.reason.partition(", to keep ")  # the scheduler's words: a queue limit
+            said = preemption_reason(victim, gainer, config)
+            eviction = replace(eviction, reason=f"{said}, to keep {kept}" if limited else said)
         out.append(eviction)
     return out
 

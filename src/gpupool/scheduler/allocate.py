@@ -158,7 +158,7 @@ class Allocation(EvictionSearch):
         state = self.state
         limits = self._limits(w.queue)
         if limits:
-            wants = _whole_demand(w)
+            wants = whole_demand(w)
             for name, position, limit in limits:
                 allocated = state.alloc[name][position]
                 if allocated + wants[position] > limit + EPSILON:
@@ -183,7 +183,7 @@ class Allocation(EvictionSearch):
             return True
         if code != explain.QUEUE_LIMIT:
             return False
-        wants = _whole_demand(w)
+        wants = whole_demand(w)
         return all(wants[position] <= limit + EPSILON for _, position, limit in self._limits(w.queue))
 
     def _limits(self, queue: str) -> list[tuple[str, int, float]]:
@@ -495,6 +495,6 @@ def _listed(names: frozenset[str]) -> str:
     return ", ".join(ordered[:5]) + (f" and {len(ordered) - 5} more" if len(ordered) > 5 else "")
 
 
-def _whole_demand(w: WorkloadView) -> tuple[float, float, float]:
+def whole_demand(w: WorkloadView) -> tuple[float, float, float]:
     """GPUs, CPUs and memory that all of `w`'s pods ask for, in `RESOURCES`' order (as queue limits count)."""
     return (w.gpus.count * w.nodes, w.cpus * w.nodes, float(w.memory_bytes * w.nodes))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gpupool.scheduler import explain
-from gpupool.scheduler.allocate import Allocation
+from gpupool.scheduler.allocate import Allocation, whole_demand
 from gpupool.scheduler.evict_search import Budget, VictimRule
 from gpupool.scheduler.prepare import GLOBAL, same_shape
 from gpupool.scheduler.snapshot import Decisions, Eviction, PodPlacement, WorkloadView
@@ -462,19 +462,91 @@ class Cycle(Allocation):
         lower: dict[tuple[str, int], tuple[dict[str, list[WorkloadView]], dict[str, float]]] = {}
         for group in self.pending_groups():
             for w in self.order[group]:
+                limited = False  # held back by a queue limit: lower-priority work of its queue holds it
                 if not self._wants_room(w):
-                    continue
+                    if not self._held_by_limit(w):
+                        continue
+                    limited = True
                 if self._lowest_victims().get(w.queue, w.priority) >= w.priority:
                     if group != GLOBAL:
                         break  # the rest of this queue is of no higher priority: none of it may preempt
                     continue
-                if self._fits_after_release(w):
+                if not limited and self._fits_after_release(w):
                     continue
                 key = (w.queue, w.priority)
                 found = lower.get(key)
                 if found is None:
                     found = lower[key] = _below(self._queue_victims(w.queue), w.priority)
-                self._preempt_for(w, found[0], found[1])
+                if limited:
+                    self._preempt_within_limit(w, found[0])
+                else:
+                    self._preempt_for(w, found[0], found[1])
+
+    def _held_by_limit(self, w: WorkloadView) -> bool:
+        if not self.still_unplaced(w):
+            return False
+        why = self.decisions.explanations.get(w.key)
+        return why is not None and why.code == explain.QUEUE_LIMIT
+
+    def _preempt_within_limit(self, w: WorkloadView, candidates: dict[str, list[WorkloadView]]) -> None:
+        """`w` waits for a limit of its queue (or of one above it) that lower-priority work of its own
+        queue takes up: stop the first of that work, in victim order, that brings every such limit within
+        reach of `w`, where `w` then has room once they have stopped (all or nothing, as preempt is). Work
+        that alone asks for more than a limit waits for the limit to be raised."""
+        state = self.state
+        wants = whole_demand(w)
+        over = [0.0, 0.0, 0.0]  # by RESOURCES' position: how much must stop for `w` to be admitted
+        limiting: list[str] = []
+        for name, position, limit in self._limits(w.queue):
+            if wants[position] > limit + EPSILON:
+                return
+            excess = state.alloc[name][position] + wants[position] - limit
+            if excess > over[position] + EPSILON:
+                over[position] = excess
+            if excess > EPSILON and name not in limiting:
+                limiting.append(name)
+        rule = _PreemptRule(self, w.priority)
+        pool = [
+            v
+            for on_node in candidates.values()
+            for v in on_node
+            if v.id not in state.evicted and rule.allows(v)
+        ]
+        pool.sort(key=self._victim_key)
+        chosen: list[WorkloadView] = []
+        freed = [0.0, 0.0, 0.0]
+        for v in pool:
+            if _covered(freed, over):
+                break
+            gives = whole_demand(v)
+            if any(gives[i] > 0 and freed[i] + EPSILON < over[i] for i in range(3)):
+                chosen.append(v)
+                for i in range(3):
+                    freed[i] += gives[i]
+        if not chosen or not _covered(freed, over) or not self._may_stop(w, chosen):
+            return
+        checkpoint, generation = state.checkpoint(), state.generation
+        for victim in chosen:
+            state.evict(victim, "preempt")
+        trial = state.checkpoint()
+        placed = self.placer.place_gang(w, after_release=True) if self._admission(w) is None else None
+        if placed is None:
+            state.rollback(checkpoint)
+            state.generation = generation
+            return
+        kept = (
+            f"queue {limiting[0]} within its limit"
+            if len(limiting) == 1
+            else f"queues {' and '.join(limiting)} within their limits"
+        )
+
+        def reason(v: WorkloadView) -> str:
+            return (
+                f"preempted by workload {w.id} (priority {w.priority} > {v.priority}), queue {w.queue}, "
+                f"to keep {kept}"
+            )
+
+        self._keep_trial(w, chosen, "preempt", reason, (checkpoint, trial, generation), placed)
 
     def _preempt_for(
         self, w: WorkloadView, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
@@ -644,6 +716,10 @@ class _PreemptRule(VictimRule):
 
     def allows(self, v: WorkloadView) -> bool:
         return v.priority < self.priority and self.cycle._old_enough(v, "preempt")
+
+
+def _covered(freed: list[float], over: list[float]) -> bool:
+    return all(freed[i] + EPSILON >= over[i] for i in range(3))
 
 
 def _lower(lowest: dict[str, int], victims: list[WorkloadView]) -> None:
