@@ -284,7 +284,7 @@ def test_rolling_drain_moves_work_one_node_at_a_time_and_resumes_it(tmp_path: Pa
             done = server.wait_for(job["id"], timeout=60)
             assert done["state"] == "succeeded", done
             assert done["attempts"] >= 2 and done["attempt_list"][0]["state"] == "evicted"
-            assert "node drained" in done["attempt_list"][0]["reason"]
+            assert " drained by admin; exit code " in done["attempt_list"][0]["reason"]
     finally:
         pool.stop()
 

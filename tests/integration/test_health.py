@@ -138,6 +138,8 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     assert "GPU 3: Xid 79 (hardware): GPU has fallen off the bus" in sick["health_evidence"]
     drained = server.wait_for(job["id"], ("pending",), timeout=30)
     assert drained["attempt_list"][0]["state"] == "evicted"
+    # its history names the fault, not an operator's drain
+    assert drained["attempt_list"][0]["reason"].startswith("node node-1 unhealthy (health: GPU 3: Xid 79")
     assert "checkpointed at step" in _log(server, job["id"], attempt=0)
 
     # Rechecked every 2 s by a check job holding all 8 GPUs: GPU 3 still computes at half speed, so the node

@@ -6,6 +6,7 @@ import os
 import signal
 import sqlite3
 import time
+from datetime import datetime
 from pathlib import Path
 
 from tests.support.process import alive
@@ -69,9 +70,13 @@ def test_a_job_that_ends_while_the_server_is_down_keeps_its_exit_code(tmp_path: 
         while alive(pid):
             assert time.time() < deadline, "the job did not end"
             time.sleep(0.1)
+        ended = time.time()
+        time.sleep(3)  # the head stays down a while: the attempt is not charged for that
         server.start()
         done = server.wait_for(created["id"])
         assert done["state"] == "failed" and done["exit_code"] == 5
+        finished = datetime.fromisoformat(done["attempt_list"][0]["finished_at"]).timestamp()
+        assert finished <= ended + 0.5, (finished, ended)  # its real end (the shim's record), not the restart
     finally:
         server.stop()
 

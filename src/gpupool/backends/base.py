@@ -64,6 +64,9 @@ class Status:
     # Why an attempt that did not exit by itself ended, as the retry policy names it (`retry.on`):
     # failure | node-failure | preemption.
     cause: str = "failure"
+    # When it ended (seconds since the epoch), where the backend knows it: an attempt settled late (the head
+    # was down when it ended) is charged to its real end, not to the moment the head learned of it.
+    ended_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,14 @@ def recorded_exit_code(run_dir: Path) -> int | None:
     try:
         return int((run_dir / "exit_code").read_text().strip())
     except (OSError, ValueError):
+        return None
+
+
+def recorded_end(run_dir: Path) -> float | None:
+    """When the wrapper wrote RUN_DIR/exit_code, its last act (seconds since the epoch), if it did."""
+    try:
+        return (run_dir / "exit_code").stat().st_mtime
+    except OSError:
         return None
 
 

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import psutil
 
-from gpupool.backends.base import Handle, Inventory, Launch, LaunchError, Phase, Status, recorded_exit_code
+from gpupool.backends.base import (
+    Handle,
+    Inventory,
+    Launch,
+    LaunchError,
+    Phase,
+    Status,
+    recorded_end,
+    recorded_exit_code,
+)
 
 # bash runs the commands in order and stops at the first failure; on SIGTERM it lets the running command
 # finish its own shutdown (checkpointing) before exiting, instead of dying under it. On the first command's
@@ -89,7 +98,7 @@ class LocalBackend:
         # is there the attempt has ended, though the shim may live a moment longer to exit.
         recorded = recorded_exit_code(run_dir)
         if recorded is not None:
-            return Status(Phase.EXITED, recorded)
+            return Status(Phase.EXITED, recorded, ended_at=recorded_end(run_dir))
         if _alive(handle):
             return Status(Phase.RUNNING, detail="adopted")
         return Status(Phase.VANISHED, detail="the process ended without recording an exit status")

@@ -101,7 +101,7 @@ def never_reason(workload_id: int, when: str, facts: Facts) -> str:
     if facts is GONE:
         did = "is no longer in the store"
     elif facts.tasks:
-        did = f"can no longer ({facts.summary()})"
+        did = f"can no longer {WAITS_TO[when]} ({facts.summary()})"  # an array: all its tasks
     elif facts.state == CANCELLED:
         did = "was cancelled" + (" before it started" if not facts.started else "")
     else:

@@ -140,7 +140,11 @@ class HealthState:
         self._drain(name)
 
     def _drain(self, name: str) -> None:
-        """Ask the reconcile loop to stop every attempt with a pod on the node (it requeues them)."""
+        """Ask the reconcile loop to stop every attempt with a pod on the node (it requeues them); each
+        attempt's history names the evidence that made the node unhealthy."""
+        with self._lock:
+            evidence = self._held_out.get(name)
+        why = f"node {name} unhealthy" + (f" (health: {evidence})" if evidence else "")
         marked = 0
         with self.store.session() as s:
             for attempt in s.scalars(
@@ -154,7 +158,7 @@ class HealthState:
             ):
                 pods = attempt.pods or [{"node": attempt.node_name}]
                 if attempt.stop_reason != STOP_DRAIN and any(p["node"] == name for p in pods):
-                    attempt.stop_reason = STOP_DRAIN
+                    attempt.stop_reason, attempt.reason = STOP_DRAIN, why
                     marked += 1
         if marked:
             log.info("event=node_drain_requested node=%s attempts=%d", name, marked)

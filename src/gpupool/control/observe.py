@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -263,25 +264,27 @@ class Observation:
         workload = attempt.workload
         code = state.exit_code
         attempt.exit_code = code
-        attempt.finished_at = utcnow()
+        attempt.finished_at = _ended_at(attempt, state)
         workload.exit_code = code
-        killed = " (killed after the grace period)" if attempt.killed_at else ""
+        ended = _how_it_ended(code, killed=attempt.killed_at is not None)
         if attempt.stop_reason == STOP_CANCEL or (workload.cancel_requested and code != 0):
             attempt.state = CANCELLED
             # who asked, as `cancel` wrote it down ("cancelled by alice"; "cancelled by idle: ...")
             asked = attempt.reason if attempt.reason.startswith("cancelled by ") else "cancelled"
-            attempt.reason = f"{asked}; exit code {code}{killed}"
+            attempt.reason = f"{asked}; {ended}"
             transition(s, workload, CANCELLED, attempt.reason, actor="control")
             return
         if attempt.stop_reason == STOP_DRAIN:
+            # who or what drained the node ("node gpu-3 unhealthy (health: ...)"), as the drain wrote it
+            drained = attempt.reason or "node drained"
             attempt.state = EVICTED
-            attempt.reason = f"node drained; exit code {code}{killed}"
-            transition(s, workload, PENDING, f"node drained; requeued ({resumes(workload)})", actor="control")
+            attempt.reason = f"{drained}; {ended}"
+            transition(s, workload, PENDING, f"{drained}; requeued ({resumes(workload)})", actor="control")
             return
         if attempt.stop_reason == STOP_HOLD:
             who = (attempt.reason or "held").partition(HOLD_STOPPING)[0]  # "held by alice", the idle rule
             attempt.state = EVICTED
-            attempt.reason = f"{attempt.reason or 'held'}; exit code {code}{killed}"
+            attempt.reason = f"{attempt.reason or 'held'}; {ended}"
             said = (
                 f"{who}: stopped, and waits pending until `gpupool release {workload.id}`"
                 if workload.held
@@ -294,13 +297,13 @@ class Observation:
         if attempt.stop_reason == STOP_REQUEUE:
             who = (attempt.reason or "requeued").partition(REQUEUE_STOPPING)[0]  # "requeued by alice"
             attempt.state = EVICTED
-            attempt.reason = f"{who}; exit code {code}{killed}"
+            attempt.reason = f"{who}; {ended}"
             transition(s, workload, PENDING, f"{who}: stopped, and waits pending for the scheduler "
                        f"({resumes(workload)})", actor="control")  # fmt: skip
             return
         if attempt.stop_reason in EVICTIONS:
             attempt.state = EVICTED
-            attempt.reason = f"{attempt.reason}; exit code {code}{killed}"
+            attempt.reason = f"{attempt.reason}; {ended}"
             cause = "node-failure" if attempt.stop_reason == "stale-gang" else "preemption"
             self._requeue_after_eviction(s, workload, attempt.stop_reason, cause)
             return
@@ -308,7 +311,7 @@ class Observation:
             attempt.state = FAILED
             limit = workload.spec.get("max_duration")  # removed since the stop (`gpupool update`): none
             said = "its limit, since removed" if limit is None else f"{limit:g}s"
-            attempt.reason = f"exceeded max_duration ({said}); exit code {code}{killed}"
+            attempt.reason = f"exceeded max_duration ({said}); {ended}"
             transition(s, workload, FAILED, attempt.reason, actor="control")
             return
         if state.phase is Phase.EXITED and code == 0:
@@ -368,3 +371,21 @@ class Observation:
             if verdict.accepted:
                 return
         transition(s, workload, FAILED, why, actor="control")
+
+
+def _how_it_ended(code: int | None, *, killed: bool) -> str:
+    """An ended attempt's exit, in words: its code, or that none was recorded (SIGKILL leaves none)."""
+    if code is None:
+        return "killed after the grace period (SIGKILL: no exit code)" if killed else "no exit code recorded"
+    return f"exit code {code}" + (" (killed after the grace period)" if killed else "")
+
+
+def _ended_at(attempt: Attempt, state: Status) -> datetime:
+    """When the attempt ended: as its wrapper recorded it (an attempt that ended while the head was down
+    is not charged for the outage), else now, when the head learns it."""
+    now = utcnow()
+    if state.ended_at is None or attempt.started_at is None:
+        return now
+    ended = datetime.fromtimestamp(state.ended_at, UTC)
+    started = attempt.started_at if attempt.started_at.tzinfo else attempt.started_at.replace(tzinfo=UTC)
+    return ended if started <= ended <= now else now

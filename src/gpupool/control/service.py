@@ -1391,7 +1391,12 @@ def drain_node(store: Store, name: str, reason: str, *, actor: str = "admin") ->
         for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING)):
             pods = attempt.pods or [{"node": attempt.node_name}]
             if attempt.stop_requested_at is None and any(p["node"] == name for p in pods):
-                attempt.stop_reason = "drain"  # the control loop stops it (observe.STOP_DRAIN)
+                # the control loop stops it (observe.STOP_DRAIN); its history says who drained the node
+                attempt.stop_reason = "drain"
+                said = (
+                    "" if not reason or reason == f"drained by {actor}" else f": {reason}"
+                )  # the API's default
+                attempt.reason = f"node {name} drained by {actor}{said}"
     return next(n for n in list_nodes(store, TelemetryCache()) if n["name"] == name)
 
 

@@ -234,8 +234,8 @@ class Cycle(Allocation):
         """Nothing may be reclaimed for `w`: when its queue is within its quota and `w` waits for capacity,
         its explanation says why the quota's guarantee does not start it (the code stays allocate's)."""
         why = self.decisions.explanations.get(w.key)
-        if why is None or why.code != explain.NO_CAPACITY or not self._within_quota(w):
-            return
+        if why is None or why.code != explain.NO_CAPACITY or w.gpu_units <= 0 or not self._within_quota(w):
+            return  # (work with no GPUs waits for a node, which no quota promises)
         queue = w.queue
         self.decisions.explanations[w.key] = explain.quota_not_reclaimable(
             why, queue, self.state.allocated(queue), self.reclaim_floor(queue, "quota")

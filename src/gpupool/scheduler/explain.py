@@ -77,7 +77,13 @@ def queue_limit(queue: str, resource: str, allocated: float, limit: float, wants
             f"needs {wants:g} {units}, more than queue {queue}'s limit of {limit:g}: it starts only once "
             f"the limit is raised ({fix}) or it asks for less",
         )
-    return Explanation(QUEUE_LIMIT, f"queue {queue} is at its limit ({allocated:g}/{limit:g} {units})")
+    if allocated + EPSILON >= limit:
+        return Explanation(QUEUE_LIMIT, f"queue {queue} is at its limit ({allocated:g}/{limit:g} {units})")
+    return Explanation(
+        QUEUE_LIMIT,
+        f"queue {queue} would pass its limit: {allocated:g} of {limit:g} {units} in use, and this needs "
+        f"{wants:g}",
+    )
 
 
 def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Explanation:

@@ -261,3 +261,16 @@ def test_work_within_its_quota_that_nothing_can_be_reclaimed_for_is_told_why() -
     decisions = decide(scenario.snapshot, scenario.now)
     assert [(e.workload_id, e.for_workload) for e in decisions.evictions] == [(1, 10)]
     assert decisions.explanations[10].code == "waiting-for-release"
+
+
+def test_work_with_no_gpus_waiting_for_a_node_is_not_told_about_reclaim() -> None:
+    """Reclaim frees GPUs; a quota promises GPUs. Work that asks for none and finds no node that takes work
+    is told about the nodes alone, whatever its queue's quota."""
+    data: dict[str, object] = {
+        "nodes": [{"name": "n1", "gpus": 8, "state": "cordoned"}],
+        "queues": [{"name": "cv", "gpu": 4}],
+        "pending": [{"id": 10, "queue": "cv", "gpus": 0}, {"id": 11, "queue": "cv", "gpus": 1}],
+    }
+    reasons = _reasons(data)
+    assert reasons[10][0] == "no-capacity" and "reclaim" not in reasons[10][1], reasons[10]
+    assert "n1 cordoned" in reasons[10][1] and reasons[11][0] == "no-capacity"

@@ -130,6 +130,14 @@ def test_queue_gpu_limit_is_never_exceeded() -> None:
     assert d.explanations[2].message == "queue q is at its limit (4/4 GPUs)"
 
 
+def test_work_that_would_pass_a_limit_not_yet_reached_is_told_the_numbers() -> None:
+    queues = (QueueView("q", gpu=Share(limit=6)),)
+    snapshot = Snapshot((node(),), (job(1, 4),), queues, running=(running(9, "n1", (0, 1, 2, 3)),))
+    d = decide(snapshot, now=0)
+    assert d.explanations[1].code == "queue-limit"
+    assert d.explanations[1].message == "queue q would pass its limit: 4 of 6 GPUs in use, and this needs 4"
+
+
 def test_work_larger_than_its_queues_limit_is_told_the_limit_must_be_raised() -> None:
     queues = (QueueView("team", gpu=Share(limit=8)), QueueView("nlp", parent="team", gpu=Share()))
     gang = job(1, 5, queue="nlp", nodes=2)  # 10 GPUs: the two nodes have room, the limit has not
