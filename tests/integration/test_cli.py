@@ -399,3 +399,24 @@ def test_a_command_that_does_not_exist_is_reported_on_its_own_line(
     assert server.wait_for(wid)["state"] == "failed"
     log = server.cli("logs", str(wid), check=True)
     assert log.stdout.splitlines() == ["first", "bash: line 2: no-such-command-xyz: command not found"], log
+
+
+def test_quotas_that_promise_more_than_the_pool_or_the_parent_are_taken_with_a_warning(
+    server: ServerProcess,
+) -> None:
+    """8 simulated GPUs: quotas of 4 and 6 are accepted (a pool may grow), and the head says that they are
+    no guarantee now; under a parent, the same for quotas that pass the parent's."""
+    quiet = server.cli("queue", "create", "nlp", "--gpu-quota", "4", check=True)
+    assert "warning" not in quiet.stderr
+    over = server.cli("queue", "create", "cv", "--gpu-quota", "6", check=True)
+    assert over.stdout == "queue cv created\n"
+    assert "warning: the GPU quotas of top-level queues add up to 10, but the pool has 8" in over.stderr
+    fixed = server.cli("queue", "update", "cv", "--gpu-quota", "4", check=True)
+    assert "warning" not in fixed.stderr
+    server.cli("queue", "update", "cv", "--gpu-quota", "0", check=True)
+    server.cli("queue", "create", "a", "--parent", "nlp", "--gpu-quota", "3", check=True)
+    child = server.cli("queue", "create", "b", "--parent", "nlp", "--gpu-quota", "3", check=True)
+    assert "the queues under nlp add up to 6, but parent queue nlp's quota is 4" in child.stderr
+    with server.http() as client:
+        answer = client.patch("/api/v1/queues/b", json={"resources": {"gpu": {"quota": 1}}})
+        assert answer.status_code == 200 and answer.json()["warnings"] == [], answer.text

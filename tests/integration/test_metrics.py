@@ -104,6 +104,7 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
     assert value('gpupool_queue_quota_gpus{queue="nlp"}') == 4.0
     assert value('gpupool_queue_allocated_gpus{queue="nlp"}') == 2.0
     assert value('gpupool_workloads{state="running",queue="nlp"}') == 1.0
+    assert value('gpupool_workloads{state="failed",queue="nlp"}') == 0.0  # a series at 0, not none
     assert value('gpupool_pending_workloads{queue="nlp",reason="too-large"}') == 1.0
     assert value(f'gpupool_service_ready{{workload="{web["id"]}",name="web",queue="default"}} == 1') == 1.0
     assert value(f'gpupool_service_ready{{workload="{deaf["id"]}",name="deaf",queue="default"}}') == 0.0

@@ -234,6 +234,10 @@ def test_gpupool_forward_serves_the_service_at_the_root_of_a_local_address(
                 assert next(parts) == "data: first\n\n"
                 (tmp_path / "gate").touch()
                 assert "".join(parts) == "data: second\n\n"
+    server.cli("cancel", str(sid), check=True)
+    server.wait_for(sid)
+    ended = server.cli("forward", str(sid), "--port", "0")  # by id: refused at once, as by name
+    assert ended.returncode == 1 and "has ended (cancelled) and serves no more" in ended.stderr, ended.stderr
 
 
 # A WebSocket service: it says which path it was opened at, then sends every message back.

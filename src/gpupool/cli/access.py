@@ -48,6 +48,11 @@ def forward(
             f"workload {workload_id} ({w['name']}) is a job; only a service has an endpoint to forward to "
             "(kind: service, or gpupool run --service)"
         )
+    if w["state"] in ("succeeded", "failed", "cancelled"):
+        raise CliError(
+            f"service {w['name']} (workload {workload_id}) has ended ({w['state']}) and serves no more; "
+            "submit it again to forward to it"
+        )
     try:
         listener = socket.create_server((host, port))
     except OSError as exc:

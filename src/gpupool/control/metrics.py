@@ -22,7 +22,7 @@ from gpupool.control import bench, service
 from gpupool.control.autoscale import Word
 from gpupool.control.budgets import BudgetState
 from gpupool.control.health import HealthMonitor
-from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE
+from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE, STATES
 from gpupool.control.readiness import Readiness, word_on
 from gpupool.control.retention import retired_gpu_hours
 from gpupool.control.telemetry import TelemetryCache
@@ -270,9 +270,13 @@ class PoolCollector(Collector):
         )
         live = self.explanations()
         with self.store.read() as s:
+            # every state of every queue, 0 included: an alert on "nothing running" needs the series
+            by_state = {(state, q["name"]): 0 for q in queues for state in STATES}
             for state, queue, count in s.execute(
                 select(Workload.state, Workload.queue, func.count()).group_by(Workload.state, Workload.queue)
             ):
+                by_state[(state, queue)] = count
+            for (state, queue), count in by_state.items():
                 workloads.add_metric([state, queue], float(count))
             reasons: dict[tuple[str, str], int] = {}
             for wid, queue, stored in s.execute(

@@ -165,6 +165,32 @@ def _check_parent(s: Session, spec: QueueSpec) -> None:
         above = parents.get(above)
 
 
+def _gpu_quota(spec: dict[str, Any]) -> float:
+    return float(((spec.get("resources") or {}).get("gpu") or {}).get("quota") or 0.0)
+
+
+def quota_warnings(s: Session, name: str) -> list[str]:
+    """What no longer holds once queue `name` has its quota: the quotas of it and its siblings promise more
+    GPUs than their parent's quota (or, at the top, than the pool has). Accepted all the same (a pool may
+    grow, and Slurm and Kueue take such settings too), but every such queue then gets less than its quota
+    when all of them want it: fair shares scale the quotas down."""
+    rows = s.execute(select(Queue.name, Queue.parent, Queue.spec)).all()
+    parent = next((p for n, p, _ in rows if n == name), None)
+    promised = sum(_gpu_quota(spec) for _, p, spec in rows if p == parent)
+    if parent is None:
+        room, whose = float(s.scalar(select(func.count()).select_from(Gpu)) or 0), "the pool has"
+    else:
+        room = next((_gpu_quota(spec) for n, _, spec in rows if n == parent), 0.0)
+        whose = f"parent queue {parent}'s quota is"
+    if promised <= room + 1e-9 or (parent is None and room == 0):  # no node has joined yet: nothing to say
+        return []
+    level = "top-level queues" if parent is None else f"the queues under {parent}"
+    return [
+        f"the GPU quotas of {level} add up to {promised:g}, but {whose} {room:g}: when all of them want "
+        "their quota, each gets less (fair shares scale the quotas down), so a quota is no longer a guarantee"
+    ]
+
+
 def create_queue(store: Store, spec: QueueSpec, *, actor: str = "admin") -> dict[str, Any]:
     with store.session() as s:
         if s.scalar(select(Queue).where(Queue.name == spec.name)) is not None:
@@ -179,7 +205,7 @@ def create_queue(store: Store, spec: QueueSpec, *, actor: str = "admin") -> dict
         s.add(queue)
         audit.record(s, audit.QUEUE, spec.name, f"created: {_queue_settings(queue)}", actor)
         s.flush()
-        return queue_view(queue)
+        return {**queue_view(queue), "warnings": quota_warnings(s, spec.name)}
 
 
 def _queue_settings(queue: Queue) -> str:
@@ -204,7 +230,7 @@ def update_queue(
         queue.parent, queue.priority, queue.spec = spec.parent, spec.priority, spec.model_dump(mode="json")
         audit.record(s, audit.QUEUE, name, f"updated: {audit.changes(before, queue.spec)}", actor)
         s.flush()
-        return queue_view(queue, _queue_usage(s))
+        return {**queue_view(queue, _queue_usage(s)), "warnings": quota_warnings(s, name)}
 
 
 def delete_queue(store: Store, name: str, *, actor: str = "admin") -> dict[str, Any]:
