@@ -126,6 +126,11 @@ def test_cancel_kills_a_job_that_ignores_sigterm_after_the_grace_period(server: 
     started = time.monotonic()
     with server.http() as client:
         client.post(f"/api/v1/workloads/{created['id']}/cancel")
+        # while it outlasts SIGTERM it is running still, and says it is stopping, why, and until when
+        stopping = client.get(f"/api/v1/workloads/{created['id']}").json()
+    if stopping["state"] == "running":
+        assert stopping["reason_code"] == "stopping", stopping
+        assert stopping["reason"].startswith("stopping (cancelled by admin): SIGTERM"), stopping["reason"]
     done = server.wait_for(created["id"], timeout=20)
     elapsed = time.monotonic() - started
     assert done["state"] == "cancelled"

@@ -52,6 +52,7 @@ def cancel(
         raise CliError("--state needs --queue: e.g. gpupool cancel --queue nlp --state pending")
     if state is not None and state not in ("pending", "running"):
         raise CliError(f"--state: {state!r} cannot be cancelled; give pending or running")
+    alone: set[int] = set()  # named as a job array's first task alone (`NAME[0]`)
     if queue is not None:
         c.queue(queue)  # a queue that does not exist is an error, not "nothing to cancel"
         ids = _active_ids(c, queue, state)

@@ -133,6 +133,7 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "age": human_age(w.get("age_seconds", 0.0)),
                 "age_seconds": w.get("age_seconds", 0.0),
                 "reason": w.get("reason", ""),
+                "reason_code": w.get("reason_code", ""),
                 "exit_code": w.get("exit_code"),
                 # a running service's readiness probe: true, false (and what the probe saw), null without
                 "ready": w.get("ready"),
@@ -334,7 +335,10 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
     for column in (*columns, "reason"):
         table.add_column(column.upper(), overflow="fold", max_width=70 if column == "reason" else None)
     for row in _fold_waiting_tasks(ps_rows(workloads)):
-        reason = row["reason"] if (wide or row["state"] in ("pending", "failed", "cancelled")) else ""
+        shown = (
+            wide or row["state"] in ("pending", "failed", "cancelled") or row.get("reason_code") == "stopping"
+        )
+        reason = row["reason"] if shown else ""
         if row["state"] in ("succeeded", "failed", "cancelled") and not reason:
             # its exit code; work that never ran has none: why it ended
             code = row["exit_code"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -356,6 +356,27 @@ def work_seconds(workload: Workload) -> float:
     return run_seconds([a for a in workload.attempts if resumes or a.state != EVICTED])
 
 
+STOPPING = "stopping"  # the reason code of running work asked to stop (it still holds its GPUs)
+_STOP_CAUSES = {"cancelled": "cancelled", "max_duration": "past its max_duration"}  # else the code itself
+
+
+def stopping_reason(workload: Workload, attempt: Attempt) -> str:
+    """Why running work is stopping, and when it is killed if it has not exited: "stopping (held by alice):
+    SIGTERM sent at 10:02:03 UTC, SIGKILL at 10:02:33 UTC unless it exits first"."""
+    cause = attempt.reason.partition(HOLD_STOPPING)[0].partition(REQUEUE_STOPPING)[0]
+    cause = cause or _STOP_CAUSES.get(attempt.stop_reason, attempt.stop_reason) or "cancelled"
+    asked = as_utc(attempt.stop_requested_at)
+    if asked is None:
+        return f"stopping ({cause}): SIGTERM at the next pass"
+    if attempt.killed_at is not None:
+        return f"stopping ({cause}): SIGKILL sent after its grace period"
+    kill = asked + timedelta(seconds=float(workload.spec.get("grace_period", 30.0)))
+    return (
+        f"stopping ({cause}): SIGTERM sent at {asked:%H:%M:%S} UTC, SIGKILL at {kill:%H:%M:%S} UTC unless it "
+        "exits first"
+    )
+
+
 def workload_view(
     workload: Workload, *, detail: bool = False, live: Live | None = None, readiness: Ready | None = None
 ) -> dict[str, Any]:
@@ -364,6 +385,8 @@ def workload_view(
     if workload.state == PENDING and live is not None and workload.id in live:
         reason, reason_code = live[workload.id].message, live[workload.id].code
     running = last is not None and last.state == RUNNING
+    if running and last is not None and (last.stop_reason or workload.cancel_requested):
+        reason, reason_code = stopping_reason(workload, last), STOPPING
     probed = _readiness_of(workload, last, readiness)  # None: no probe, or not running
     view: dict[str, Any] = {
         "id": workload.id,
