@@ -174,7 +174,7 @@ def test_replicas_wait_for_gpus_each_alone_and_bad_replica_counts_are_refused(
 
         for body, field, words in (
             ({"replicas": 0}, "replicas", "must be 1..64, got 0; to stop a service, cancel it"),
-            ({"replicas": 65}, "replicas", "must be 1..64, got 65"),
+            ({"replicas": 65}, "replicas", "must be 1..64, got 65"),  # (no advice to cancel: that is for 0)
             ({"replicas": "two"}, "replicas", "'two' is not a whole number"),
             ({"replicas": True}, "replicas", "True is not a whole number"),
             ({}, "replicas", "replicas: required"),
@@ -183,6 +183,7 @@ def test_replicas_wait_for_gpus_each_alone_and_bad_replica_counts_are_refused(
             bad = client.post(f"/api/v1/workloads/{ids[0]}/scale", json=body)
             assert bad.status_code == 422, bad.text
             assert bad.json()["error"]["field"] == field and words in bad.json()["error"]["message"]
+            assert body != {"replicas": 65} or "cancel" not in bad.json()["error"]["message"]
         assert len([r for r in server.workload(ids[0])["replica_list"] if r["state"] == "running"]) == 2
 
         job = server.submit({"name": "batch", "commands": ["sleep 30"]})

@@ -279,10 +279,13 @@ def scale(
         print_json(w)
         return
     active = [r for r in w["replica_list"] if r["state"] in ("pending", "running")]
-    listed = ", ".join(f"replica {r['replica']}: {r['id']} {r['state']}" for r in active)
+    listed = ", ".join(
+        f"replica {r['replica']}: {r['id']} {'stopping' if r.get('stopping') else r['state']}" for r in active
+    )
     scaling = w["spec"].get("scaling")
     within = f", scaling itself within {scaling['min']}..{scaling['max']}" if scaling else ""
-    console.print(f"service {w['name']} (workload {w['id']}): {w['replicas']} replicas{within}: {listed}")
+    many = f"{w['replicas']} replica{'' if w['replicas'] == 1 else 's'}"
+    console.print(f"service {w['name']} (workload {w['id']}): {many}{within}: {listed}")
 
 
 def _active_ids(c: Client, queue: str, state: str | None) -> list[int]:

@@ -87,7 +87,12 @@ def list_events(
     if kind is not None and kind not in KINDS:
         raise Invalid(f"kind: {kind!r} is not one of {', '.join(KINDS)}", field="kind", example=QUEUE)
     if name is not None and kind is None:
-        raise Invalid("object: name its kind too (kind=queue&object=nlp)", field="kind", example=QUEUE)
+        raise Invalid(
+            "object: name its kind too, e.g. `gpupool audit --kind queue --object nlp` (API: "
+            "?kind=queue&object=nlp)",
+            field="kind",
+            example=QUEUE,
+        )
     since, until = as_utc(since), as_utc(until)
     if since is not None and until is not None and since >= until:
         raise Invalid(

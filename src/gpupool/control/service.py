@@ -692,11 +692,13 @@ def replica_view(workload: Workload, readiness: Ready | None = None) -> dict[str
     last = workload.attempts[-1] if workload.attempts else None
     running = last is not None and last.state == RUNNING
     probed = _readiness_of(workload, last, readiness)
+    stopping = running and last is not None and bool(last.stop_reason or workload.cancel_requested)
     return {
         "id": workload.id,
         "replica": workload.replica,
         "state": workload.state,
-        "reason": workload.reason,
+        "reason": stopping_reason(workload, last) if stopping and last is not None else workload.reason,
+        "stopping": stopping,  # asked to stop (scaled down, cancelled), still running until it has
         "node": last.node_name if running and last else None,
         "endpoint": (last.endpoint or None) if running and last else None,
         "ready": probed.ready if probed is not None else None,
@@ -1144,7 +1146,8 @@ def scale(
     with `scaling` in its spec refuses (the autoscaler would undo it). Returns the service's detail."""
     if not 1 <= replicas <= MAX_REPLICAS:
         raise Invalid(
-            f"replicas must be 1..{MAX_REPLICAS}, got {replicas}; to stop a service, cancel it",
+            f"replicas must be 1..{MAX_REPLICAS}, got {replicas}"
+            + ("; to stop a service, cancel it" if replicas < 1 else ""),
             field="replicas",
             example="2",
         )
