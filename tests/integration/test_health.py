@@ -389,7 +389,12 @@ def test_idle_agent_nodes_get_active_checks_and_one_that_fails_them_is_taken_out
         pool.agent("agent-0").signal(signal.SIGCONT)
         until("agent-0 back from lost", lambda: returns() > before)
         held = until("agent-0 held out", lambda: (n := pool.nodes()["agent-0"])["state"] == "unhealthy" and n)
-        assert "not back in service until it passes the active checks" in held["state_reason"]
+        # held out by the verdict it left with, or judged again at once by its stored GEMM result (a pass
+        # may read that first, on a loaded machine): out either way, until it passes the checks
+        said = held["state_reason"]
+        assert "not back in service until it passes the active checks" in said or "GEMM 396 TFLOPS" in said, (
+            said
+        )
 
         server.cli("node", "inject-fault", "agent-0", "--gpu", "0", "--clear", check=True)
         until("agent-0 back", lambda: pool.nodes()["agent-0"]["state"] == "ready")

@@ -246,7 +246,7 @@ def why(
 def logs(
     workload: str = typer.Argument(..., help=refs.ID_HELP),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the workload ends"),
-    attempt: int | None = typer.Option(None, "--attempt", help="attempt number (default: latest)"),
+    attempt: int | None = typer.Option(None, "--attempt", min=0, help="attempt number (default: latest)"),
     rank: int = typer.Option(0, "--rank", min=0, help="rank of a multi-node gang (NODE_RANK); default 0"),
 ) -> None:
     """Print a workload's output (stdout and stderr of its latest attempt)."""

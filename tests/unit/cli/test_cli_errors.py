@@ -28,6 +28,7 @@ def test_a_server_address_without_http_is_refused_with_the_fix() -> None:
         (["queue", "create", "cv", "--gpu-quota", "two"], "Invalid value for '--gpu-quota'", "queue create"),
         (["ps", "--bogus"], "No such option: --bogus", "ps"),
         (["show"], "Missing argument 'workload'.", "show"),
+        (["logs", "1", "--attempt", "-1"], "Invalid value for '--attempt': Input should be greater", "logs"),
     ],
 )
 def test_a_flag_a_command_cannot_take_is_one_error_line_naming_its_help(
