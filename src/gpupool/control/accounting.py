@@ -18,6 +18,8 @@ are reported as unpriced, never as free.
 
 from __future__ import annotations
 
+import difflib
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,11 +32,14 @@ from sqlalchemy.orm import Session
 from gpupool.control.config_files import parse_file
 from gpupool.control.errors import Invalid
 from gpupool.control.lifecycle import CANCELLED, EVICTED, FAILED, SUCCEEDED
+from gpupool.gpu.catalog import families, known_models
 from gpupool.spec import SpecError, parse_duration
-from gpupool.spec.prices import PricesSpec, parse_prices_spec
+from gpupool.spec.prices import DEFAULT_MODEL, PricesSpec, parse_prices_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Gpu, Node, Queue, Workload
 from gpupool.timeutil import as_utc
+
+log = logging.getLogger(__name__)
 
 PRICES_FILE: Final = "prices.yaml"
 GROUPS: Final = ("queue", "user", "workload", "node", "model", "day", "outcome")
@@ -50,11 +55,29 @@ class PricesConfigError(ValueError):
 
 
 def load_prices(home: Path) -> PricesSpec | None:
-    """$GPUPOOL_HOME/prices.yaml, or None when there is none (reports then have no costs)."""
+    """$GPUPOOL_HOME/prices.yaml, or None when there is none (reports then have no costs). A model the GPU
+    catalog does not know is taken, with a warning in the log (a typo would leave its GPUs unpriced)."""
     path = home / PRICES_FILE
     if not path.exists():
         return None
-    return parse_file(path, parse_prices_spec, PricesConfigError)
+    prices = parse_file(path, parse_prices_spec, PricesConfigError)
+    for name in unknown_models(prices):
+        close = difflib.get_close_matches(name.upper(), [*families(), *known_models()], n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        log.warning(
+            "event=prices_unknown_model file=%s model=%r: no GPU model of that name is known%s; its price "
+            "applies only to GPUs reported under exactly that name",
+            path,
+            name,
+            hint,
+        )
+    return prices
+
+
+def unknown_models(prices: PricesSpec) -> list[str]:
+    """The models `prices` names that the GPU catalog does not know (`default` aside)."""
+    known = {m.lower() for m in (*known_models(), *families(), DEFAULT_MODEL)}
+    return [name for name in prices.gpu_hour if name.strip().lower() not in known]
 
 
 # -- the window ------------------------------------------------------------------------------------------

@@ -210,3 +210,16 @@ def test_bad_groupings_queues_and_windows_are_refused_naming_the_field(store: St
     assert accounting.window("3h", "2026-12-03T08:00", NOW) == (NOW - 7 * H, NOW - 4 * H)
     assert accounting.window(None, None, NOW) == (NOW - 7 * 24 * H, NOW)
     assert accounting.window("2026-12-01", "2026-12-31", NOW) == (datetime(2026, 12, 1, tzinfo=UTC), NOW)
+
+
+def test_a_price_for_a_model_no_one_knows_is_taken_with_a_warning_that_names_the_likely_one(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A typo (H1OO, letter O) would leave the H100s unpriced in every report: said once, at the start."""
+    (tmp_path / "prices.yaml").write_text("gpu_hour:\n  H1OO: 2\n  A100: 1.29\n  default: 1\n")
+    with caplog.at_level("WARNING", logger="gpupool.control.accounting"):
+        prices = accounting.load_prices(tmp_path)
+    assert prices is not None and prices.of("H1OO") == 2.0  # taken: a node may report such a name
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "model='H1OO': no GPU model of that name is known (did you mean H100?)" in warning
+    assert accounting.unknown_models(parse_prices_spec({"gpu_hour": {"h100": 2, "DEFAULT": 1}})) == []
