@@ -274,7 +274,9 @@ def test_a_queue_is_deleted_only_once_nothing_uses_it(server: ServerProcess, job
     assert server.wait_for(1)["state"] == "cancelled"
     assert "queue nlp deleted" in server.cli("queue", "delete", "nlp", check=True).stdout
     server.cli("queue", "delete", "vision", check=True)
-    server.cli("queue", "delete", "research", check=True)
+    server.cli("token", "create", "erin", "--queue", "research", check=True)
+    gone = server.cli("queue", "delete", "research", check=True)
+    assert "warning: token erin may submit to research, which is gone now" in gone.stderr, gone.stderr
     names = {q["name"] for q in json.loads(server.cli("queues", "--json", check=True).stdout)}
     assert names == {"default"}
     history = json.loads(server.cli("ps", "--all", "--json", check=True).stdout)

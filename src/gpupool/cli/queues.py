@@ -205,5 +205,6 @@ def queue_delete(name: str) -> None:
     """Delete a queue that has no pending or running work and no child queues.
 
     Finished work keeps its queue's name."""
-    client().delete_queue(name)
+    q = client().delete_queue(name)
     console.print(f"queue {name} deleted")
+    _warn(q)

@@ -56,7 +56,7 @@ from gpupool.spec.workload import (
     parse_array,
 )
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload
+from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc, utcnow
 
 DEFAULT_QUEUE = "default"
@@ -269,8 +269,19 @@ def delete_queue(store: Store, name: str, *, actor: str = "admin") -> dict[str, 
                 field="name",
             )
         view = queue_view(queue)  # nothing pending or running: no usage to show
+        bound = sorted(t.name for t in s.scalars(select(ApiToken)) if name in (t.queues or ()))
         s.delete(queue)
         audit.record(s, audit.QUEUE, name, f"deleted (it had: {_queue_settings(queue)})", actor)
+        view["warnings"] = (
+            [
+                f"token{'s' if len(bound) > 1 else ''} {', '.join(bound)} may submit to {name}, which is "
+                "gone now (and back if a queue of that name is made again); to change that, revoke and "
+                f"create again (`gpupool token revoke {bound[0]}`, `gpupool token create {bound[0]} --queue "
+                "OTHER`)"
+            ]
+            if bound
+            else []
+        )
         return view
 
 
