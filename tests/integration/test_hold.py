@@ -129,7 +129,11 @@ def test_requeued_work_stops_gracefully_and_starts_again_from_its_checkpoint_unh
 
         refused = server.cli("requeue", str(huge["id"]))
         assert refused.returncode != 0 and "is pending, not running; nothing to requeue" in refused.stderr
+        assert "it waits for the scheduler" in refused.stderr
         assert server.workload(huge["id"])["state"] == "pending"
+        server.cli("hold", str(huge["id"]), check=True)
+        held = server.cli("requeue", str(huge["id"]))
+        assert f"nothing to requeue (it is held: `gpupool release {huge['id']}` lets it start)" in held.stderr
         server.cli("cancel", str(created["id"]), str(huge["id"]), check=True)
     finally:
         server.stop()

@@ -969,10 +969,12 @@ def requeue(store: Store, workload_id: int, *, actor: str = "admin", task: bool 
         del s
         requeued.clear()  # once per try of the transaction (a retried one starts again)
         if not any(w.state == RUNNING for w in active):
-            raise Conflict(
-                f"workload {named.id} is pending, not running; nothing to requeue (it waits for the "
-                f"scheduler: `gpupool why {named.id}` says why)"
+            waits = (
+                f"it is held: `gpupool release {named.id}` lets it start"
+                if named.held
+                else f"it waits for the scheduler: `gpupool why {named.id}` says why"
             )
+            raise Conflict(f"workload {named.id} is pending, not running; nothing to requeue ({waits})")
 
     def change(s: Session, w: Workload) -> None:
         stopping = [a for a in w.attempts if a.state == RUNNING and a.stop_requested_at is None]
