@@ -75,7 +75,7 @@ def queue_limit(queue: str, resource: str, allocated: float, limit: float, wants
         return Explanation(
             QUEUE_LIMIT,
             f"needs {wants:g} {units}, more than queue {queue}'s limit of {limit:g}: it starts only once "
-            f"the limit is raised ({fix}) or it asks for less",
+            f"an admin raises the limit ({fix}) or it asks for less",
         )
     if allocated + EPSILON >= limit:
         return Explanation(QUEUE_LIMIT, f"queue {queue} is at its limit ({allocated:g}/{limit:g} {units})")

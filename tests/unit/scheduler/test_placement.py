@@ -144,7 +144,7 @@ def test_work_larger_than_its_queues_limit_is_told_the_limit_must_be_raised() ->
     d = decide(Snapshot((node(), node("n2")), (gang,), queues), now=0)
     assert not d.binds and d.explanations[1].code == "queue-limit"
     assert d.explanations[1].message == (
-        "needs 10 GPUs, more than queue team's limit of 8: it starts only once the limit is raised "
+        "needs 10 GPUs, more than queue team's limit of 8: it starts only once an admin raises the limit "
         "(`gpupool queue update team --gpu-limit 10`) or it asks for less"
     )
 
