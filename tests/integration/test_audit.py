@@ -41,9 +41,9 @@ def test_who_changed_what_is_listed_with_what_changed(server: ServerProcess) -> 
 
     queue = _audit(server, "--kind", "queue", "--object", "nlp")
     assert [e["change"] for e in queue] == [
-        "deleted (it had: resources.gpu.over_quota_weight 2.0; resources.gpu.quota 16.0)",
-        "updated: resources.gpu.over_quota_weight 1.0 -> 2.0; resources.gpu.quota 8.0 -> 16.0",
-        "created: resources.gpu.quota 8.0",
+        "deleted (it had: resources.gpu.over_quota_weight 2; resources.gpu.quota 16)",
+        "updated: resources.gpu.over_quota_weight 1 -> 2; resources.gpu.quota 8 -> 16",
+        "created: resources.gpu.quota 8",
     ]
     assert all(e["actor"] == "admin" for e in queue)
 

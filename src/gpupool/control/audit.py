@@ -61,6 +61,11 @@ def _leaves(value: Any, default: Any, path: str, found: list[str]) -> None:
 
 
 def _diff(before: Any, after: Any, path: str, found: list[str]) -> None:
+    # a section set or removed whole (user_limits none -> {...}) is said field by field, as a change is
+    if isinstance(before, Mapping) and (isinstance(after, Mapping) or after is None):
+        after = after or {}
+    elif before is None and isinstance(after, Mapping):
+        before = {}
     if isinstance(before, Mapping) and isinstance(after, Mapping):
         for key in sorted(set(before) | set(after), key=str):
             _diff(before.get(key), after.get(key), f"{path}.{key}" if path else str(key), found)
@@ -69,7 +74,17 @@ def _diff(before: Any, after: Any, path: str, found: list[str]) -> None:
 
 
 def _shown(value: Any) -> str:
-    text = "none" if value is None else str(value)
+    """A value as a person writes it: 2, not 2.0; none; a list's items; a mapping's `key: value`s."""
+    if value is None:
+        text = "none"
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    elif isinstance(value, Mapping):
+        text = "{" + ", ".join(f"{k}: {_shown(v)}" for k, v in value.items()) + "}"
+    elif isinstance(value, list | tuple):
+        text = "[" + ", ".join(_shown(v) for v in value) + "]"
+    else:
+        text = str(value)
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
 
 
