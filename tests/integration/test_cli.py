@@ -422,3 +422,18 @@ def test_quotas_that_promise_more_than_the_pool_or_the_parent_are_taken_with_a_w
     with server.http() as client:
         answer = client.patch("/api/v1/queues/b", json={"resources": {"gpu": {"quota": 1}}})
         assert answer.status_code == 200 and answer.json()["warnings"] == [], answer.text
+
+
+def test_a_parent_queue_shows_what_the_queues_under_it_hold(server: ServerProcess, job_dir: Path) -> None:
+    """A department's own figures stay its own (a sum over queues counts nothing twice); what its queues
+    hold is beside them."""
+    server.cli("queue", "create", "dept", "--gpu-quota", "4", check=True)
+    server.cli("queue", "create", "c1", "--parent", "dept", "--gpu-quota", "2", check=True)
+    server.cli("run", "--queue", "c1", "--gpus", "2", "--", "sleep", "60", cwd=job_dir, check=True)
+    server.wait_for(1, states=("running",))
+    dept = json.loads(server.cli("queue", "show", "dept", "--json", check=True).stdout)
+    assert (dept["gpus_allocated"], dept["gpus_allocated_below"], dept["running_below"]) == (0.0, 2.0, 1)
+    assert "the queues under it: 2 GPUs allocated, 1 running" in server.cli("queue", "show", "dept").stdout
+    table = server.cli("queues", check=True).stdout
+    assert "0 (+2 below)" in table and "(+1 below)" in table, table
+    server.cli("cancel", "1", check=True)

@@ -241,9 +241,10 @@ def queues_table(queues: list[dict[str, Any]]) -> Table:
             f"{gpu.get('over_quota_weight', 1):g}",
             "-" if q.get("gpu_weight_now") is None else f"{q['gpu_weight_now']:.3g}",
             f"{q['fair_share'].get('gpu', 0):.3g}",
-            f"{q['gpus_allocated']:g}",
+            f"{q['gpus_allocated']:g}"
+            + (f" (+{below:g} below)" if (below := q.get("gpus_allocated_below")) else ""),
             f"{q['gpus_pending']:g}",
-            str(q["running"]),
+            str(q["running"]) + (f" (+{r} below)" if (r := q.get("running_below")) else ""),
             str(q["pending"]),
             *budget,
         )
@@ -288,6 +289,11 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
         f"  now: {q['gpus_allocated']:g} GPUs allocated, fair share {fair:.3g}; {q['running']} running, "
         f"{q['pending']} pending asking for {q['gpus_pending']:g} GPUs{held_back_note(q)}"
     )
+    if q.get("gpus_allocated_below") or q.get("running_below"):
+        lines.append(
+            f"  the queues under it: {q['gpus_allocated_below']:g} GPUs allocated, "
+            f"{q['running_below']} running"
+        )
     ordering = escape(q["ordering"]) if q.get("ordering") else "the server policy's"
     lines.append(f"  ordering: {ordering}")
     floors = [

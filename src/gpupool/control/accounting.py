@@ -211,7 +211,8 @@ def usage(
         pool = _pool_nodes(s)
         capacity = sum(len(gpus) for node, gpus in models.items() if node in pool)  # the pool's GPUs now
         quotas = {q.name: _gpu_quota(q.spec) for q in s.scalars(select(Queue))}
-        spans = list(_spans(s, since, until, queue, models, now))
+        # a queue's report covers the queues under it too, as its budget counts them (a department's)
+        spans = list(_spans(s, since, until, None if queue is None else _subtree(s, queue), models, now))
     rows: dict[str, _Row] = {}
     total = _Row()
     for span in spans:
@@ -290,23 +291,36 @@ _SPAN_COLUMNS: Final = (
 )  # fmt: skip
 
 
+def _subtree(s: Session, queue: str) -> list[str]:
+    """`queue` and every queue under it, at any depth."""
+    children: dict[str | None, list[str]] = {}
+    for name, parent in s.execute(select(Queue.name, Queue.parent)):
+        children.setdefault(parent, []).append(name)
+    found, frontier = [queue], [queue]
+    while frontier:
+        below = [c for q in frontier for c in children.get(q, ()) if c not in found]
+        found += below
+        frontier = below
+    return found
+
+
 def _spans(
     s: Session,
     since: datetime,
     until: datetime,
-    queue: str | None,
+    queues: list[str] | None,
     models: dict[str, dict[int, str]],
     now: datetime,
 ) -> Iterator[_Span]:
-    """Every pod of every attempt that held GPUs inside the window, cut to it."""
+    """Every pod of every attempt that held GPUs inside the window, cut to it (of `queues` only, if given)."""
     query = (
         select(*_SPAN_COLUMNS)
         .join(Workload, Attempt.workload_id == Workload.id)
         .where(Attempt.started_at < until, or_(Attempt.finished_at.is_(None), Attempt.finished_at > since))
         .order_by(Attempt.id)
     )
-    if queue is not None:
-        query = query.where(Attempt.queue == queue)  # where its GPU-hours were spent (work may move)
+    if queues is not None:
+        query = query.where(Attempt.queue.in_(queues))  # where its GPU-hours were spent (work may move)
     for row in s.execute(query):
         yield from _row_spans(row, since, until, models, now)
 

@@ -107,6 +107,9 @@ def queue_view(
         "user_limits": queue.spec.get("user_limits"),
         "running": int(used.get("running", 0)),
         "pending": int(used.get("pending", 0)),
+        # a parent's: what the queues under it hold and run (not in its own figures above)
+        "gpus_allocated_below": used.get("gpus_below", 0.0),
+        "running_below": int(used.get("running_below", 0)),
         "created_at": _iso(queue.created_at),
         "updated_at": _iso(queue.updated_at),
     }
@@ -139,6 +142,17 @@ def _queue_usage(s: Session, live: Live | None = None) -> dict[str, dict[str, fl
             code = live[wid].code  # the latest pass's reason: the store keeps it only when it changes
         if code in HELD_BACK:
             row["gpus_held_back"] = row.get("gpus_held_back", 0.0) + asked
+    # What runs in the queues under each parent (a department's): kept apart from its own figures, so
+    # that a sum over queues (a dashboard's) counts nothing twice.
+    parents = dict(s.execute(select(Queue.name, Queue.parent)).all())
+    for queue, row in list(usage.items()):
+        above, seen = parents.get(queue), {queue}
+        while above is not None and above not in seen:
+            seen.add(above)
+            up = usage.setdefault(above, {})
+            up["gpus_below"] = up.get("gpus_below", 0.0) + row.get("gpus", 0.0)
+            up["running_below"] = up.get("running_below", 0.0) + row.get(RUNNING, 0.0)
+            above = parents.get(above)
     return usage
 
 
