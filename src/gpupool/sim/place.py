@@ -103,6 +103,8 @@ def place(pods: list[Pod], cluster: Cluster, placement: str) -> dict[str, Any]:
     capacity = float(cluster.gpus)
     arrived = allocated = 0.0
     curve: dict[str, float] = {}
+    # the arrived demand each point was read at: the pod that crossed it counts, so it may lie past it
+    curve_arrived: dict[str, float] = {}
     at_100: float | None = None
     points = list(CURVE_POINTS)
     for i, pod in enumerate(pods):
@@ -110,7 +112,8 @@ def place(pods: list[Pod], cluster: Cluster, placement: str) -> dict[str, Any]:
         if i in placed:
             allocated += pod.gpus
         while points and arrived >= points[0] * capacity - 1e-9:
-            curve[f"{points.pop(0):.2f}"] = allocated / capacity
+            key = f"{points.pop(0):.2f}"
+            curve[key], curve_arrived[key] = allocated / capacity, arrived / capacity
         if at_100 is None and arrived >= capacity - 1e-9:
             at_100 = allocated / capacity
     gpu_pods = [i for i, p in enumerate(pods) if p.gpus > 0]
@@ -122,5 +125,6 @@ def place(pods: list[Pod], cluster: Cluster, placement: str) -> dict[str, Any]:
         "pods_placed": len(placed),
         "gpu_pods_failed": sum(1 for i in gpu_pods if i not in placed),
         "curve": curve,
+        "curve_arrived": curve_arrived,
         "wall_s": wall,
     }

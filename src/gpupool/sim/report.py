@@ -209,7 +209,8 @@ def write_place_plot(results: dict[str, Any], folder: Path) -> Path:
     fig = _figure()
     ax = fig.add_subplot()
     for name, r in results.items():
-        xs = [float(k) for k in r["curve"]]
+        # at the demand each point was read at (a large pod takes it past the 5% mark it crossed)
+        xs = [r.get("curve_arrived", {}).get(k, float(k)) for k in r["curve"]]
         ax.plot(
             xs, list(r["curve"].values()), marker=".", label=f"{name} ({r['alloc_ratio_at_100']:.1%} at 100%)"
         )

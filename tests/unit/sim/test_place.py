@@ -66,6 +66,8 @@ def test_the_curve_rises_to_the_figure_at_full_demand(tmp_path: Path) -> None:
     curve = list(result["curve"].values())
     assert curve == sorted(curve)
     assert result["curve"]["1.00"] == result["alloc_ratio_at_100"]
+    for key, allocated in result["curve"].items():  # never more allocated than arrived, nor before the mark
+        assert float(key) - 1e-9 <= result["curve_arrived"][key] and allocated <= result["curve_arrived"][key]
     assert result["alloc_ratio_at_100"] <= result["alloc_ratio_at_end"] <= 1.0
     assert result["pods_placed"] + result["gpu_pods_failed"] <= result["pods_drawn"]
 
