@@ -149,6 +149,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_replay(tmp_path:
         (["--json", str(folder)], f"--json: {folder} is a folder; give a file name"),
         (["--report", str(a_file)], f"--report: {a_file} is a file"),
         (["--json", str(a_file / "out.json")], f"--json: cannot create {a_file}"),
+        # sysfs refuses even root, whom the folder's permissions let through: the file itself is tried
+        (["--json", "/sys/none.json"], "--json: cannot write"),
     ]
     for flags, message in cases:
         out = gpupool(*base, *flags)

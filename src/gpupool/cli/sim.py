@@ -83,6 +83,7 @@ def _check_outputs(json_out: Path | None, report: Path | None = None) -> None:
             example = json_out / "sim.json"
             raise SimError("--json", f"{json_out} is a folder; give a file name, e.g. {example}")
         _writable_folder(json_out.parent, "--json")
+        _writable_file(json_out, "--json")
     if report is not None:
         from gpupool.sim.report import check_plotting
 
@@ -90,6 +91,19 @@ def _check_outputs(json_out: Path | None, report: Path | None = None) -> None:
         if report.exists() and not report.is_dir():
             raise SimError("--report", f"{report} is a file; give a folder for the report")
         _writable_folder(report, "--report")
+
+
+def _writable_file(path: Path, flag: str) -> None:
+    """Open the file as writing it would (a folder's permissions do not tell all: root, a read-only or
+    pseudo file system); one made only to ask is removed again."""
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        raise SimError(flag, f"cannot write {path}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def _writable_folder(folder: Path, flag: str) -> None:
