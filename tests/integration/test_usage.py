@@ -73,6 +73,16 @@ def test_usage_adds_up_what_the_attempts_held_and_prices_it(tmp_path: Path) -> N
 
         workloads = _report(server, "--by", "workload", "--queue", "nlp")
         assert [(r["key"], r["name"]) for r in workloads["rows"]] == [(str(trained["id"]), "train")]
+        swept = server.submit(
+            {"name": "sweep", "array": "0-1", "resources": {"gpu": 1}, "commands": ["sleep 1"]}
+        )
+        for task in swept["array_ids"]:
+            server.wait_for(task, states=("succeeded",))
+        named = {r["key"]: r["name"] for r in _report(server, "--by", "workload")["rows"]}
+        assert [named[str(task)] for task in swept["array_ids"]] == [
+            "sweep[0]",
+            "sweep[1]",
+        ]  # as ps names them
         # a window that ended before anything ran counts nothing
         assert _report(server, "--since", "2d", "--until", "1d")["total"]["gpu_hours"] == 0.0
     finally:

@@ -288,6 +288,7 @@ _SPAN_COLUMNS: Final = (
     Attempt.id, Attempt.state, Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction,
     Attempt.pods, Attempt.started_at, Attempt.finished_at,
     Workload.id, Workload.name, Attempt.queue, Workload.user, Attempt.gpu_utilization_pct,
+    Workload.replica, Workload.array_id, Workload.array_index,
 )  # fmt: skip
 
 
@@ -329,7 +330,14 @@ def _row_spans(
     row: Any, since: datetime, until: datetime, models: dict[str, dict[int, str]], now: datetime
 ) -> Iterator[_Span]:
     """The pods of one attempt (a row of _SPAN_COLUMNS) that held GPUs inside the window, cut to it."""
-    attempt_id, state, node, indices, fraction, pods, started, finished, wid, name, wqueue, user, util = row
+    attempt_id, state, node, indices, fraction, pods, started, finished, wid, name, wqueue, user, util = row[
+        :13
+    ]
+    replica, array_id, array_index = row[13:]
+    if array_id is not None:  # as `gpupool ps` names a job array's task and a service's replica
+        name = f"{name}[{array_index}]"
+    elif replica:
+        name = f"{name}#{replica}"
     began, ended = as_utc(started), as_utc(finished)
     if began is None:
         return
