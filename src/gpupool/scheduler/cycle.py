@@ -460,6 +460,9 @@ class Cycle(Allocation):
 
     def preempt(self) -> None:
         lower: dict[tuple[str, int], tuple[dict[str, list[WorkloadView]], dict[str, float]]] = {}
+        # (queue, priority, demand) for which stopping work within a limit found nothing this cycle: later
+        # work alike is not searched again (evictions only take victims away; the next cycle tries again)
+        limit_misses: set[tuple[str, int, tuple[float, float, float]]] = set()
         for group in self.pending_groups():
             for w in self.order[group]:
                 limited = False  # held back by a queue limit: lower-priority work of its queue holds it
@@ -478,7 +481,9 @@ class Cycle(Allocation):
                 if found is None:
                     found = lower[key] = _below(self._queue_victims(w.queue), w.priority)
                 if limited:
-                    self._preempt_within_limit(w, found[0])
+                    alike = (w.queue, w.priority, whole_demand(w))
+                    if alike not in limit_misses and not self._preempt_within_limit(w, found[0]):
+                        limit_misses.add(alike)
                 else:
                     self._preempt_for(w, found[0], found[1])
 
@@ -488,18 +493,18 @@ class Cycle(Allocation):
         why = self.decisions.explanations.get(w.key)
         return why is not None and why.code == explain.QUEUE_LIMIT
 
-    def _preempt_within_limit(self, w: WorkloadView, candidates: dict[str, list[WorkloadView]]) -> None:
+    def _preempt_within_limit(self, w: WorkloadView, candidates: dict[str, list[WorkloadView]]) -> bool:
         """`w` waits for a limit of its queue (or of one above it) that lower-priority work of its own
         queue takes up: stop the first of that work, in victim order, that brings every such limit within
         reach of `w`, where `w` then has room once they have stopped (all or nothing, as preempt is). Work
-        that alone asks for more than a limit waits for the limit to be raised."""
+        that alone asks for more than a limit waits for the limit to be raised. Whether it stopped any."""
         state = self.state
         wants = whole_demand(w)
         over = [0.0, 0.0, 0.0]  # by RESOURCES' position: how much must stop for `w` to be admitted
         limiting: list[str] = []
         for name, position, limit in self._limits(w.queue):
             if wants[position] > limit + EPSILON:
-                return
+                return False
             excess = state.alloc[name][position] + wants[position] - limit
             if excess > over[position] + EPSILON:
                 over[position] = excess
@@ -524,7 +529,7 @@ class Cycle(Allocation):
                 for i in range(3):
                     freed[i] += gives[i]
         if not chosen or not _covered(freed, over) or not self._may_stop(w, chosen):
-            return
+            return False
         checkpoint, generation = state.checkpoint(), state.generation
         for victim in chosen:
             state.evict(victim, "preempt")
@@ -533,7 +538,7 @@ class Cycle(Allocation):
         if placed is None:
             state.rollback(checkpoint)
             state.generation = generation
-            return
+            return False
         kept = (
             f"queue {limiting[0]} within its limit"
             if len(limiting) == 1
@@ -547,6 +552,7 @@ class Cycle(Allocation):
             )
 
         self._keep_trial(w, chosen, "preempt", reason, (checkpoint, trial, generation), placed)
+        return True
 
     def _preempt_for(
         self, w: WorkloadView, candidates: dict[str, list[WorkloadView]], units: dict[str, float]
