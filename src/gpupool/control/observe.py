@@ -38,7 +38,7 @@ from gpupool.control.lifecycle import (
 from gpupool.control.settings import ControlSettings
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
-from gpupool.timeutil import age_seconds, utcnow
+from gpupool.timeutil import age_seconds, as_utc, utcnow
 
 log = logging.getLogger("gpupool.control")
 
@@ -383,9 +383,8 @@ def _how_it_ended(code: int | None, *, killed: bool) -> str:
 def _ended_at(attempt: Attempt, state: Status) -> datetime:
     """When the attempt ended: as its wrapper recorded it (an attempt that ended while the head was down
     is not charged for the outage), else now, when the head learns it."""
-    now = utcnow()
-    if state.ended_at is None or attempt.started_at is None:
+    now, started = utcnow(), as_utc(attempt.started_at)
+    if state.ended_at is None or started is None:
         return now
     ended = datetime.fromtimestamp(state.ended_at, UTC)
-    started = attempt.started_at if attempt.started_at.tzinfo else attempt.started_at.replace(tzinfo=UTC)
     return ended if started <= ended <= now else now
