@@ -141,7 +141,8 @@ def test_a_job_the_server_died_while_starting_is_requeued_and_runs(tmp_path: Pat
         for name in ("pid", "shim_pid", "exit_code"):
             (runs / name).unlink(missing_ok=True)
         with sqlite3.connect(tmp_path / "home" / "gpupool.db") as db:
-            db.execute("UPDATE attempts SET pid = NULL, pid_start_time = NULL WHERE workload_id = ?", (wid,))
+            forget = "UPDATE attempts SET pid = NULL, pid_start_time = NULL, pid_boot_id = NULL"
+            db.execute(forget + " WHERE workload_id = ?", (wid,))
         server.start()
         done = server.wait_for(wid, timeout=60)
         assert done["state"] == "succeeded", done

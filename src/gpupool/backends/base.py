@@ -42,12 +42,15 @@ class Launch:
 @dataclass(frozen=True, slots=True)
 class Handle:
     """How to find a started attempt again, even after a restart: the backend's id for it (a process id
-    for `local`, a Slurm job id for `slurm`) plus a start time that guards against id reuse (0 if none)."""
+    for `local`, a Slurm job id for `slurm`) plus a start time that guards against id reuse (0 if none):
+    for `local`, seconds after boot `boot` (gpupool/process_start.py), or on the wall clock if `boot` is "".
+    """
 
     pid: int
     start_time: float
     # A service's address, "host:port" (rank 0's node and its GPUPOOL_PORT); "" for a job.
     endpoint: str = ""
+    boot: str = ""
 
 
 class Phase(Enum):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from gpupool import process_start
 from gpupool.backends.base import (
     Handle,
     Inventory,
@@ -37,7 +38,6 @@ SHIM = (
     'printf "%s\n" "$$" > "$1/shim_pid"; trap true TERM INT HUP; bash -c "$2"; code=$?; '
     'printf "%s\\n" "$code" > "$1/exit_code.tmp" && mv -f "$1/exit_code.tmp" "$1/exit_code"; exit "$code"'
 )
-START_TIME_TOLERANCE = 0.05  # seconds; psutil start times are float-rounded differently across calls
 
 
 class LocalBackend:
@@ -71,8 +71,8 @@ class LocalBackend:
         endpoint = ""
         if launch.service_port:
             endpoint = f"{launch.env.get('GPUPOOL_MASTER_ADDR') or '127.0.0.1'}:{launch.service_port}"
-        handle = Handle(proc.pid, _start_time(proc.pid) or 0.0, endpoint)
-        (launch.run_dir / "pid").write_text(f"{handle.pid} {handle.start_time!r}\n")
+        handle = _handle(proc.pid, process_start.started(proc.pid), endpoint)
+        _record(launch.run_dir, handle)
         with self._lock:
             self._children[proc.pid] = proc
         threading.Thread(target=self._wait, args=(proc,), name=f"wait-{proc.pid}", daemon=True).start()
@@ -111,8 +111,8 @@ class LocalBackend:
 
     def find(self, run_dir: Path) -> Handle | None:
         try:
-            pid, start = (run_dir / "pid").read_text().split()
-            return Handle(int(pid), float(start))
+            pid, start, *boot = (run_dir / "pid").read_text().split()
+            return Handle(int(pid), float(start), boot=boot[0] if boot else "")
         except (OSError, ValueError):
             return _find_shim(run_dir)
 
@@ -139,28 +139,32 @@ def _find_shim(run_dir: Path) -> Handle | None:
     except (OSError, ValueError):
         return None
     try:
-        process = psutil.Process(pid)
-        ours = process.cmdline()[4:5] == [str(run_dir)]
-        start = process.create_time() if ours else 0.0
+        ours = psutil.Process(pid).cmdline()[4:5] == [str(run_dir)]
     except (psutil.Error, OSError):
-        start = 0.0
-    handle = Handle(pid, start)
+        ours = False
+    handle = _handle(pid, process_start.started(pid) if ours else None)
     with contextlib.suppress(OSError):
-        (run_dir / "pid").write_text(f"{handle.pid} {handle.start_time!r}\n")
+        _record(run_dir, handle)
     return handle
 
 
-def _start_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+def _handle(pid: int, start: process_start.ProcessStart | None, endpoint: str = "") -> Handle:
+    """A handle to `pid`; one with no start (the process is gone already) is never alive."""
+    if start is None:
+        return Handle(pid, 0.0, endpoint)
+    return Handle(pid, start.seconds, endpoint, start.boot)
+
+
+def _record(run_dir: Path, handle: Handle) -> None:
+    """RUN_DIR/pid: "PID START BOOT" (BOOT absent where a start is on the wall clock, as before 2026-12)."""
+    (run_dir / "pid").write_text(f"{handle.pid} {handle.start_time!r} {handle.boot}".rstrip() + "\n")
 
 
 def _alive(handle: Handle) -> bool:
-    """True if the pid still runs the process we started (not a reused pid)."""
-    started = _start_time(handle.pid)
-    if started is None or abs(started - handle.start_time) > START_TIME_TOLERANCE:
+    """True if the pid still runs the process we started (not a reused pid, not a zombie)."""
+    if not handle.start_time or not process_start.ProcessStart(handle.start_time, handle.boot).matches(
+        handle.pid
+    ):
         return False
     try:
         return psutil.Process(handle.pid).status() != psutil.STATUS_ZOMBIE

@@ -37,7 +37,7 @@ from gpupool.control.idle import CHECK_INTERVAL as IDLE_CHECK_INTERVAL
 from gpupool.control.idle import IdleWatch
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SERVICE, transition
 from gpupool.control.node_views import NodeViews
-from gpupool.control.observe import Observation
+from gpupool.control.observe import Observation, store_handle
 from gpupool.control.policy import BandNotes, load_policy, policy_file, reword_preemptions
 from gpupool.control.restarts import Backoff, restart_explanation
 from gpupool.control.secret_keys import key_path, open_keys
@@ -477,7 +477,7 @@ class Reconciler(Observation, SnapshotBuilding):
         with self.store.session() as s:
             started = s.get(Attempt, launch.attempt_id)
             assert started is not None
-            started.pid, started.pid_start_time = handle.pid, handle.start_time
+            store_handle(started, handle)
             started.endpoint = handle.endpoint
         log.info(
             "event=attempt_started workload=%d attempt=%d node=%s gpus=%s pid=%d",

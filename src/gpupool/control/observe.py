@@ -58,6 +58,21 @@ def resumes(workload: Workload) -> str:
     return "it starts over, unless it saved a checkpoint in $GPUPOOL_CHECKPOINT_DIR"
 
 
+def stored_handle(attempt: Attempt) -> Handle:
+    """The handle recorded for a launched attempt (`pid` set)."""
+    assert attempt.pid is not None
+    return Handle(attempt.pid, attempt.pid_start_time or 0.0, boot=attempt.pid_boot_id or "")
+
+
+def store_handle(attempt: Attempt, handle: Handle) -> None:
+    """Record how to find the attempt's process again (its endpoint is the caller's to record)."""
+    attempt.pid, attempt.pid_start_time, attempt.pid_boot_id = (
+        handle.pid,
+        handle.start_time,
+        handle.boot or None,
+    )
+
+
 class Observation:
     """The observe phase of `Reconciler` (control/loop.py), which sets these attributes."""
 
@@ -135,7 +150,7 @@ class Observation:
     def _needs_action(self, attempt: Attempt, cancel_requested: bool, spec: dict[str, Any]) -> bool:
         if attempt.pid is None:
             return True
-        handle = Handle(attempt.pid, attempt.pid_start_time or 0.0)
+        handle = stored_handle(attempt)
         if self.backend.status(handle, Path(attempt.run_dir)).phase is not Phase.RUNNING:
             return True
         if attempt.stop_requested_at is None:
@@ -243,7 +258,7 @@ class Observation:
         """The attempt's handle: its stored pid, or what the backend finds of it (then stored). None if it
         was never launched, and, unless `strict` (then it raises), while the backend cannot tell."""
         if attempt.pid is not None:
-            return Handle(attempt.pid, attempt.pid_start_time or 0.0)
+            return stored_handle(attempt)
         try:
             found = self.backend.find(Path(attempt.run_dir))
         except BackendUnavailable as exc:
@@ -252,7 +267,7 @@ class Observation:
             log.warning("event=attempt_lookup_failed workload=%d error=%s", attempt.workload_id, exc)
             return None
         if found is not None:
-            attempt.pid, attempt.pid_start_time = found.pid, found.start_time
+            store_handle(attempt, found)
         return found
 
     def _finish(self, s: Session, attempt: Attempt, state: Status, now: float) -> None:

@@ -13,7 +13,6 @@ whose last process ended since the last look is lost (nothing is left to ask): u
 
 from __future__ import annotations
 
-import functools
 import math
 import socket
 import threading
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from gpupool import process_start
 from gpupool.gpu.catalog import MIB, GpuModelInfo
 from gpupool.gpu.errors import GpuSelectorError
 from gpupool.gpu.selector import DEFAULT_SIMULATION, GpuSelector, parse_selector
@@ -46,7 +46,7 @@ NVLINK_LINKS = {"B200": 18, "H200": 18, "H100": 18, "A100": 12, "V100": 6}  # li
 PCIE_GEN = {"B200": 5, "H200": 5, "H100": 5, "L40S": 4, "L4": 4, "A100": 4, "A10": 4, "RTX4090": 4}
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "sim.gpupool")
 
-ProcessKey = tuple[int, float]  # (pid, create_time): a pid alone can be reused by a new process
+ProcessKey = tuple[int, float]  # (pid, process_start.started): a pid alone can be reused by a new process
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,10 @@ def measure_process_trees(pids: Sequence[int]) -> ProcessTreeUsage:
         for proc in tree:
             try:
                 with proc.oneshot():
-                    key = (proc.pid, proc.create_time())
+                    start = process_start.started(proc.pid)
+                    if start is None:
+                        continue  # ended since it was listed
+                    key = (proc.pid, start.seconds)
                     if key in cpu:
                         continue  # the same process reached through two attached pids
                     zombie = proc.status() == psutil.STATUS_ZOMBIE
@@ -98,21 +101,6 @@ def measure_process_trees(pids: Sequence[int]) -> ProcessTreeUsage:
     return ProcessTreeUsage(cpu, rss, parents, alive)
 
 
-def process_clock() -> float:
-    """Now, on the clock of psutil's `create_time`: the boot time it uses (/proc/stat's btime, a whole
-    second) plus the time since boot. `time.time()` can be up to a second ahead of it, which made a process
-    born just after a look seem born before it."""
-    if hasattr(time, "CLOCK_BOOTTIME"):
-        return _boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME)
-    return time.time()
-
-
-@functools.cache
-def _boot_time() -> float:
-    """psutil's boot time, read from /proc/stat once: it does not change while the machine runs."""
-    return float(psutil.boot_time())
-
-
 @dataclass
 class _SimulatedGpu:
     """Mutable state of one simulated GPU; only touched under the provider's lock."""
@@ -125,7 +113,7 @@ class _SimulatedGpu:
     parents_seen: dict[ProcessKey, ProcessKey] = field(default_factory=dict)
     newly_attached: bool = False  # count the whole CPU time of processes first seen at the next look
     last_monotonic: float | None = None
-    last_look: float = 0.0  # process_clock() at the last look at the processes
+    last_look: float = 0.0  # process_start.clock() at the last look at the processes
     utilization_pct: float = 0.0
     memory_used_bytes: int = 0
     temperature_c: float = IDLE_TEMPERATURE_C
@@ -160,7 +148,7 @@ class _SimulatedGpu:
         self.parents_seen = dict(usage.parents)
         self.newly_attached = False
         self.last_monotonic = now_monotonic
-        self.last_look = process_clock()
+        self.last_look = process_start.clock()
         total = self.device.memory_bytes
         self.memory_used_bytes = min(total, CUDA_CONTEXT_BYTES + usage.rss_bytes) if usage.alive else 0
 

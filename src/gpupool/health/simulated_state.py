@@ -22,10 +22,10 @@ from typing import Any
 
 import psutil
 
+from gpupool import process_start
 from gpupool.gpu.simulated import PCIE_GEN, SimulatedProvider
 
 STATE_DIR = "gpupool-simulated-gpus"
-START_TIME_TOLERANCE = 0.05  # seconds; psutil start times round differently across calls
 
 _cleanup_lock = threading.Lock()
 _cleanup_registered: set[Path] = set()
@@ -77,7 +77,15 @@ def publish(provider: SimulatedProvider, node: str) -> Path:
 
             atexit.register(shutil.rmtree, directory, True)
     path = directory / _file_name(node)
-    data = {"pid": me.pid, "started": me.create_time(), "node": node, "gpus": conditions(provider)}
+    start = process_start.started(me.pid)
+    assert start is not None  # this very process
+    data = {
+        "pid": me.pid,
+        "started": start.seconds,
+        "boot": start.boot,
+        "node": node,
+        "gpus": conditions(provider),
+    }
     tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
@@ -99,7 +107,8 @@ def find(node: str) -> dict[str, Any]:
         looked.append(str(ancestor.pid))
         with contextlib.suppress(OSError, ValueError, psutil.Error):
             data = json.loads(path.read_text())
-            if abs(float(data["started"]) - ancestor.create_time()) <= START_TIME_TOLERANCE:
+            owner = process_start.ProcessStart(float(data["started"]), str(data.get("boot", "")))
+            if owner.matches(ancestor.pid):
                 return dict(data)
     raise SimulatedStateMissing(
         f"no process above this one (pids {', '.join(looked) or 'none'}) published simulated GPUs of node "

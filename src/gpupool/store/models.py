@@ -194,7 +194,10 @@ class Attempt(Base):
     # The backend that runs it (local | slurm); `pid` is that backend's id for it (a Slurm job id for slurm).
     backend: Mapped[str] = mapped_column(String(32), default="local", server_default="local")
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # When that process started, so a reused pid is not taken for it: seconds after the boot `pid_boot_id`
+    # (a local attempt since 2026-12), or the wall clock where pid_boot_id is None (see process_start.py).
     pid_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pid_boot_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     run_dir: Mapped[str] = mapped_column(Text, default="")
     log_path: Mapped[str] = mapped_column(Text, default="")
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -55,7 +55,7 @@ def _running(
     )  # fmt: skip
     wid = submit_running(
         store, {"commands": ["sleep 60"], "resources": {"gpu": 1}, **spec}, node=NODE, gpu_indices=[0],
-        run_dir=str(run_dir), pid=handle.pid, pid_start_time=handle.start_time,
+        run_dir=str(run_dir), pid=handle.pid, pid_start_time=handle.start_time, pid_boot_id=handle.boot,
     )  # fmt: skip
     return wid, handle
 
