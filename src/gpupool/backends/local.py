@@ -162,9 +162,8 @@ def _record(run_dir: Path, handle: Handle) -> None:
 
 def _alive(handle: Handle) -> bool:
     """True if the pid still runs the process we started (not a reused pid, not a zombie)."""
-    if not handle.start_time or not process_start.ProcessStart(handle.start_time, handle.boot).matches(
-        handle.pid
-    ):
+    recorded = process_start.ProcessStart(handle.start_time, handle.boot)
+    if not handle.start_time or not recorded.matches(handle.pid):
         return False
     try:
         return psutil.Process(handle.pid).status() != psutil.STATUS_ZOMBIE
