@@ -212,6 +212,40 @@ def test_a_missing_workdir_fails_the_job_with_the_reason(server: ServerProcess, 
     assert "does not exist" in done["reason"]
 
 
+def test_a_launch_error_is_retried_as_a_node_failure_and_a_service_starts_again(tmp_path: Path) -> None:
+    """Work its node could not start follows its retry policy (`node-failure`), and a service, which never
+    ends by itself, waits out its restart backoff and tries again: neither fails for good."""
+    server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "1s"]).start()
+    try:
+        later = tmp_path / "later"
+        retried = server.submit(
+            {
+                "commands": ["true"],
+                "workdir": str(later),
+                "retry": {"max_restarts": 5, "on": ["node-failure"]},
+            }
+        )
+        service = server.submit({"kind": "service", "commands": ["sleep 60"], "workdir": str(later)})
+        deadline = time.time() + 30
+        while (
+            server.workload(retried["id"])["attempts"] < 1 or server.workload(service["id"])["attempts"] < 1
+        ):
+            assert time.time() < deadline
+            time.sleep(0.1)
+        waiting = [server.workload(retried["id"]), server.workload(service["id"])]
+        assert [w["state"] for w in waiting] == ["pending", "pending"], waiting
+        assert "does not exist on this node" in waiting[0]["attempt_list"][0]["reason"], waiting[0]
+        later.mkdir()  # the node can start them now
+        assert server.wait_for(retried["id"])["state"] == "succeeded"
+        deadline = time.time() + 30
+        while (running := server.workload(service["id"]))["state"] != "running":
+            assert time.time() < deadline, running
+            time.sleep(0.1)
+        assert running["restarts"] >= 1
+    finally:
+        server.stop()
+
+
 def test_cordoned_node_takes_no_new_work(server: ServerProcess) -> None:
     with server.http() as client:
         assert client.post("/api/v1/nodes/node-1/cordon").json()["state"] == "cordoned"

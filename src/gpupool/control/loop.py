@@ -468,11 +468,13 @@ class Reconciler(Observation, SnapshotBuilding):
         try:
             handle = self.backend.start(launch)
         except LaunchError as exc:
+            # As an attempt that failed on its node: a service starts again (after its restart backoff),
+            # a job as its retry policy says for `node-failure`, else it fails with the reason.
             with self.store.session() as s:
                 failed = s.get(Attempt, launch.attempt_id)
                 assert failed is not None
                 failed.state, failed.reason, failed.finished_at = FAILED, str(exc), utcnow()
-                transition(s, failed.workload, FAILED, f"cannot start: {exc}", actor="control")
+                self._retry_or_fail(s, failed.workload, f"cannot start: {exc}", "node-failure")
             return
         with self.store.session() as s:
             started = s.get(Attempt, launch.attempt_id)

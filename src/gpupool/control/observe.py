@@ -338,7 +338,10 @@ class Observation:
             transition(s, workload, SUCCEEDED, "exit code 0", actor="control")
             return
         attempt.state = FAILED
-        attempt.reason = f"exit code {code}" if state.phase is Phase.EXITED else f"lost: {state.detail}"
+        if state.phase is Phase.EXITED:  # which rank or Slurm state, where the backend says
+            attempt.reason = f"exit code {code}" + (f" ({state.detail})" if state.detail else "")
+        else:
+            attempt.reason = f"lost: {state.detail}"
         self._retry_or_fail(s, workload, attempt.reason, state.cause)
 
     def _requeue_after_eviction(self, s: Session, workload: Workload, code: str, cause: str) -> None:

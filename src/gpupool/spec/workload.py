@@ -260,7 +260,7 @@ class RetrySpec(BaseModel):
     on: list[RetryReason] = Field(
         default_factory=lambda: list(DEFAULT_RETRY_ON),
         description="What ends an attempt early enough to retry: failure (non-zero exit), preemption, "
-        "node-failure; default [preemption, node-failure].",
+        "node-failure (its node was lost or could not start it); default [preemption, node-failure].",
     )
 
     @field_validator("on")
