@@ -58,7 +58,7 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0019"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0020"
     again.close()
 
 
@@ -155,6 +155,34 @@ def test_attempts_from_before_work_could_move_keep_their_workloads_queue(tmp_pat
     old.close()
     upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
     assert service.get_workload(upgraded, 7)["attempt_list"][0]["queue"] == "nlp"
+    upgraded.close()
+
+
+def test_a_migration_that_rebuilds_workloads_keeps_the_rows_that_refer_to_them(tmp_path: Path) -> None:
+    """SQLite adds a column to `workloads` by copying the table and dropping the old one: with foreign keys
+    on, that drop deleted every attempt (the GPU-hours of `usage`) through ON DELETE CASCADE (0012 and 0020
+    rebuild it)."""
+    old = _store_at(tmp_path / "old.db", "0011")
+    workload = (
+        "insert into workloads (id, name, kind, queue, user, priority, preemptible, gpus, nodes, spec, "
+        "state, reason, cancel_requested, restarts, created_at, updated_at, version) values (7, 'train', "
+        "'job', 'default', 'admin', 50, 1, '1', 1, '{}', 'succeeded', '', 0, 0, '2026-12-01', "
+        "'2026-12-01', 1)"
+    )
+    attempt = (
+        "insert into attempts (workload_id, number, state, node_name, gpu_indices, gpu_fraction, cpus, "
+        "memory_bytes, run_dir, log_path, reason, stop_reason, started_at) values (7, 0, 'succeeded', 'a', "
+        "'[0]', 1.0, 0, 0, '', '', '', '', '2026-12-01')"
+    )
+    with old.engine.begin() as conn:
+        conn.execute(text(workload))
+        conn.execute(text(attempt))
+    old.close()
+    upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    shown = service.get_workload(upgraded, 7)
+    assert [(a["state"], a["queue"]) for a in shown["attempt_list"]] == [("succeeded", "default")], shown
+    with upgraded.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1, "on again once migrated"
     upgraded.close()
 
 

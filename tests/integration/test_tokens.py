@@ -129,3 +129,36 @@ def test_work_that_names_no_queue_goes_to_the_queue_of_a_token_for_one(server: S
     status, refused = _call(server, both, "POST", "/api/v1/workloads", {"commands": ["true"]})
     assert status == 403 and "may submit only to cv, nlp, not 'default'" in refused["error"]["message"]
     assert server.submit({"commands": ["true"], "resources": {"gpu": 0}})["queue"] == "default"
+
+
+def test_what_an_admin_did_to_a_users_work_only_an_admin_undoes(server: ServerProcess) -> None:
+    """As Slurm: a user releases their own hold but not an admin's, lowers their work's priority and time
+    limit but does not raise them (nor remove the limit); refused changes change nothing."""
+    alice = _token(server, "alice")
+    status, job = _call(
+        server, alice, "POST", "/api/v1/workloads", {"commands": ["sleep 60"], "max_duration": "1h"}
+    )
+    assert status == 201, job
+    path = f"/api/v1/workloads/{job['id']}"
+    assert _call(server, alice, "POST", f"{path}/hold")[0] == 200
+    assert _call(server, alice, "POST", f"{path}/release")[0] == 200, "her own hold is hers to release"
+
+    server.cli("hold", str(job["id"]), check=True)  # the admin's
+    status, denied = _call(server, alice, "POST", f"{path}/release")
+    assert status == 403 and denied["error"]["field"] == "held", denied
+    assert "held by an admin" in denied["error"]["message"] and "ask them" in denied["error"]["message"]
+    assert server.workload(job["id"])["held"] is True
+    server.cli("release", str(job["id"]), check=True)
+
+    assert _call(server, alice, "PATCH", path, {"priority": 10, "max_duration": "30m"})[0] == 200
+    for body, field in (({"priority": 1000}, "priority"), ({"max_duration": "2h"}, "max_duration"),
+                        ({"max_duration": None}, "max_duration")):  # fmt: skip
+        status, denied = _call(server, alice, "PATCH", path, body)
+        assert status == 403 and denied["error"]["field"] == field, (body, denied)
+        assert "takes an admin" in denied["error"]["message"], denied
+    after = server.workload(job["id"])
+    assert (after["priority"], after["spec"]["max_duration"]) == (10, 1800), after
+    server.cli("update", str(job["id"]), "--priority", "100", "--max-duration", "none", check=True)
+    after = server.workload(job["id"])
+    assert (after["priority"], after["spec"].get("max_duration")) == (100, None), "an admin raises both"
+    server.cli("cancel", str(job["id"]), check=True)

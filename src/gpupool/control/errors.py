@@ -19,6 +19,13 @@ class NotFound(ServiceError):
     code = "not_found"
 
 
+class Forbidden(ServiceError):
+    """The caller may not do this (an admin may): the message says who may, and what the caller can do."""
+
+    status = 403
+    code = "forbidden"
+
+
 class Conflict(ServiceError):
     status = 409
     code = "conflict"

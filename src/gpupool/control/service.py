@@ -19,7 +19,7 @@ from gpupool.control import audit, secrets
 from gpupool.control.arrays import ARRAY_LIMIT
 from gpupool.control.budgets import BUDGET
 from gpupool.control.dependencies import DEPENDENCY, check_at_submit
-from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError, Unavailable
+from gpupool.control.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError, Unavailable
 from gpupool.control.lifecycle import (
     ACTIVE,
     CANCELLED,
@@ -921,33 +921,66 @@ def cancel(
 
 
 def hold(
-    store: Store, workload_id: int, *, actor: str = "admin", task: bool = False, why: str | None = None
+    store: Store,
+    workload_id: int,
+    *,
+    actor: str = "admin",
+    task: bool = False,
+    why: str | None = None,
+    admin: bool = False,
 ) -> dict[str, Any]:
     """Keep work pending, out of the scheduler's reach, until `release` (Slurm's scontrol hold, Run:ai's
     suspend). Running work is stopped first (SIGTERM, then SIGKILL after its grace period), like a
     preemption that uses no restart, and waits pending. It names what `cancel` would: a service whole, a
     job array whole by its id (unless `task`). `why`: the reason, when not a person's request
-    (control/idle.py). Returns the workload, with `held_ids` (all it names) and `changed_ids` (those not
-    held before: none when all were)."""
-    return _set_held(store, workload_id, True, actor, task, why)
+    (control/idle.py). `admin`: an admin holds it, and only an admin may release it (an admin's hold of
+    work held already makes it theirs). Returns the workload, with `held_ids` (all it names) and
+    `changed_ids` (those not held before: none when all were)."""
+    return _set_held(store, workload_id, True, actor, task, why, admin)
 
 
-def release(store: Store, workload_id: int, *, actor: str = "admin", task: bool = False) -> dict[str, Any]:
+def release(
+    store: Store, workload_id: int, *, actor: str = "admin", task: bool = False, admin: bool = False
+) -> dict[str, Any]:
     """Let held work be scheduled again (Slurm's scontrol release, Run:ai's resume); `changed_ids`: those
-    that were held (none: nothing to release)."""
-    return _set_held(store, workload_id, False, actor, task)
+    that were held (none: nothing to release). Work an admin held takes an admin (`admin`): 403."""
+    return _set_held(store, workload_id, False, actor, task, admin=admin)
 
 
 def _set_held(
-    store: Store, workload_id: int, held: bool, actor: str, task: bool, why: str | None = None
+    store: Store,
+    workload_id: int,
+    held: bool,
+    actor: str,
+    task: bool,
+    why: str | None = None,
+    admin: bool = False,
 ) -> dict[str, Any]:
     changed: list[int] = []
 
+    def check(s: Session, named: Workload, active: list[Workload]) -> None:
+        changed.clear()  # a try the control loop raced is made again from the start
+        if held or admin:
+            return
+        by_admin = [w.id for w in active if w.held and w.held_by_admin]
+        if by_admin:
+            raise Forbidden(
+                f"{'workload' if len(by_admin) == 1 else 'workloads'} {', '.join(map(str, by_admin))} "
+                f"{'was' if len(by_admin) == 1 else 'were'} held by an admin "
+                f"(gpupool show {by_admin[0]} says who): only an admin may release it, as Slurm's admin "
+                "hold; ask them",
+                field="held",
+            )
+
     def change(s: Session, w: Workload) -> None:
         if w.held == held:
+            if held and admin and not w.held_by_admin:  # a user's hold becomes an admin's
+                w.held_by_admin = True
+                note(s, w, f"held by {actor} (an admin: only an admin releases it)", actor=actor)
             return
         changed.append(w.id)
         w.held = held
+        w.held_by_admin = held and admin
         said = why or (f"held by {actor}" if held else f"released by {actor}")
         if held and w.state == RUNNING:
             said += HOLD_STOPPING
@@ -963,10 +996,7 @@ def _set_held(
                     attempt.stop_reason, attempt.reason = "", ""
         note(s, w, said, actor=actor)
 
-    def again(s: Session, named: Workload, active: list[Workload]) -> None:
-        changed.clear()  # a try the control loop raced is made again from the start
-
-    view, ids = _change_named(store, workload_id, task, "hold" if held else "release", change, again)
+    view, ids = _change_named(store, workload_id, task, "hold" if held else "release", change, check)
     return {**view, "held": held, "held_ids": ids, "changed_ids": changed}
 
 
@@ -1020,6 +1050,7 @@ def update(
     queue: str | None = None,
     actor: str = "admin",
     task: bool = False,
+    admin: bool = True,
 ) -> dict[str, Any]:
     """Change pending or running work, as Slurm's scontrol update: its priority (0..1000; the next pass
     orders and preempts by it; whether it is preemptible stays as submitted), its time limit (TimeLimit=)
@@ -1030,7 +1061,8 @@ def update(
     they are); a service, only with no replica running. The GPU-hours of attempts that ran before stay
     with the queue they ran in (Attempt.queue). Everything is checked before anything changes, and all
     changes in one transaction. It names what `cancel` names: a service whole, a job array whole by its
-    id (unless `task`)."""
+    id (unless `task`). Where the caller is not an admin (`admin` False), raising a priority, or raising
+    or removing a time limit, is refused (403), as Slurm lets users only lower them."""
     if priority is None and limit is None and queue is None:
         raise Invalid("give a priority, a max_duration or a queue to change", field="priority", example="100")
     if priority is not None and not 0 <= priority <= MAX_PRIORITY:
@@ -1052,6 +1084,9 @@ def update(
 
     def check(s: Session, named: Workload, active: list[Workload]) -> None:
         moved.clear()  # once per try of the transaction (a retried one starts again)
+        if not admin:
+            for w in active:
+                _check_not_raised(w, priority, limit)
         if queue is not None:
             _check_move(s, named, active, queue)
 
@@ -1073,6 +1108,25 @@ def update(
     verb = "change the priority of" if limit is None and queue is None else "change"
     view, ids = _change_named(store, workload_id, task, verb, change, check)
     return {**view, "updated_ids": ids, **({"moved_ids": moved} if queue is not None else {})}
+
+
+def _check_not_raised(w: Workload, priority: int | None, limit: TimeLimit | None) -> None:
+    """Refuse (403) a user's raise of `w`'s priority or time limit: an admin's to give (Slurm's rule), so
+    that what an admin lowered stays lowered, and nobody outranks their teammates' work by an update."""
+    if priority is not None and priority > w.priority:
+        raise Forbidden(
+            f"priority: raising workload {w.id}'s priority ({w.priority} -> {priority}) takes an admin, as "
+            "Slurm's scontrol update Priority=; you may lower it, or ask an admin",
+            field="priority",
+        )
+    before = w.spec.get("max_duration")
+    if limit is not None and before is not None and (limit.seconds is None or limit.seconds > before):
+        raise Forbidden(
+            f"max_duration: raising or removing workload {w.id}'s time limit ({_limit(before)} -> "
+            f"{_limit(limit.seconds)}) takes an admin, as Slurm's scontrol update TimeLimit=; you may "
+            "shorten it, or ask an admin",
+            field="max_duration",
+        )
 
 
 def _check_move(s: Session, named: Workload, active: list[Workload], queue: str) -> None:

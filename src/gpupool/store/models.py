@@ -146,6 +146,9 @@ class Workload(Base):
     # `gpupool hold`: kept pending, out of the scheduler's reach, until `gpupool release` (a running one is
     # stopped first, as a preemption that uses no restart, and waits pending).
     held: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Held by an admin: only an admin releases it (Slurm's admin hold); a user's own hold, or its idle
+    # rule's, its owner releases too.
+    held_by_admin: Mapped[bool] = mapped_column(default=False, server_default=false())
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # A service's replicas are workloads of their own (each scheduled, started and stopped alone) that share

@@ -3,6 +3,7 @@ replicas), logs."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -111,7 +112,7 @@ def hold(
     task: bool = _task_query("hold"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    return _act(request, caller, workload_id, service.hold, task)
+    return _act(request, caller, workload_id, functools.partial(service.hold, admin=caller.admin), task)
 
 
 @router.post(
@@ -134,7 +135,7 @@ def release(
     task: bool = _task_query("release"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    return _act(request, caller, workload_id, service.release, task)
+    return _act(request, caller, workload_id, functools.partial(service.release, admin=caller.admin), task)
 
 
 @router.patch(
@@ -170,8 +171,9 @@ def update(
     _owned(runtime, caller, workload_id)
     limit = service.TimeLimit(seconds) if "max_duration" in given else None
     result = service.update(
-        runtime.store, workload_id, priority=priority, limit=limit, queue=queue, task=task, actor=caller.name
-    )
+        runtime.store, workload_id, priority=priority, limit=limit, queue=queue, task=task, actor=caller.name,
+        admin=caller.admin,
+    )  # fmt: skip
     runtime.wake()
     return result
 
