@@ -92,6 +92,8 @@ def test_bad_token_requests_name_the_field_and_change_nothing(server: ServerProc
         ({"name": "carol", "queues": "nlp"}, 422, "queues"),
         ({"name": "carol", "role": "viewer", "queues": ["default"]}, 422, "queues"),
         ({"name": "admin"}, 409, "name"),
+        ({"name": "health"}, 422, "name"),  # the head's own: its check jobs run as health
+        ({"name": "control"}, 422, "name"),
         ({"name": "carol", "email": "c@x"}, 422, "email"),
     ):
         status, answer = _call(server, admin, "POST", "/api/v1/tokens", body)

@@ -85,6 +85,13 @@ def caller_of(store: Store, token: str) -> Caller | None:
         return None if row is None else Caller(row.name, row.role, tuple(row.queues or ()))
 
 
+# The names the head records as the actor of its own changes (events, audit), and the user its health
+# check jobs run as (control/health_jobs.py): no token may carry one.
+HEAD_ACTORS = frozenset(
+    {"agent", "autoscaler", "bench-job", "control", "dependencies", "health", "idle", "scheduler", "system"}
+)
+
+
 def create_token(
     store: Store, name: Any, role: Any = USER, queues: Any = None, *, actor: str = ADMIN_NAME
 ) -> dict[str, Any]:
@@ -93,6 +100,14 @@ def create_token(
         name = check_name(name, "name")
     except SpecError as exc:
         raise Invalid(str(exc), field="name", example="alice") from None
+    if name in HEAD_ACTORS:
+        raise Invalid(
+            f"name: {name!r} is what gpupool itself signs its own actions with (its health checks, control "
+            "loop, scheduler...); a person with that name would act as it, and `gpupool audit --actor` "
+            "could not tell them apart; pick another name, e.g. alice",
+            field="name",
+            example="alice",
+        )
     if role not in ROLES:
         raise Invalid(f"role: {role!r} is not one of {', '.join(ROLES)}", field="role", example=USER)
     queues = [] if queues is None else queues
