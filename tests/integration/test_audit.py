@@ -79,12 +79,16 @@ def test_bad_filters_are_refused_naming_the_field(server: ServerProcess) -> None
             ("kind=queues", "kind", "is not one of workload, attempt, node, queue"),
             ("object=nlp", "kind", "name its kind too"),
             ("since=yesterday", "since", "neither a time nor a duration"),
-            ("since=1h&until=2h", "since", "is not before until"),
+            ("since=2026-12-02&until=2026-12-01", "since", "is not before until"),
+            ("since=10000d", "since", "at most 3650d"),
             ("limit=0", "limit", "is not 1..10000"),
         ):
             refused = client.get(f"/api/v1/events?{query}")
             assert refused.status_code == 422, (query, refused.text)
             error = refused.json()["error"]
             assert error["field"] == field and said in error["message"], (query, error)
+    with server.http() as client:  # since counts back from until, as `usage` does; 4-digit durations too
+        for query in ("since=1h&until=2h", "since=1440m", "since=3600s"):
+            assert client.get(f"/api/v1/events?{query}").status_code == 200, query
     failed = server.cli("audit", "--kind", "queues")
     assert failed.returncode != 0 and "kind" in failed.stderr, failed.stderr

@@ -13,7 +13,9 @@ from gpupool.cli.render import console, print_json
 @app.command()
 def audit(
     since: str | None = typer.Option(
-        None, "--since", help="from this time (2026-12-01, 2026-12-01T08:00) or this long ago (1d, 2h)"
+        None,
+        "--since",
+        help="from this time (2026-12-01, 2026-12-01T08:00) or this long before --until, else now (1d, 2h)",
     ),
     until: str | None = typer.Option(None, "--until", help="before this time, in the same forms"),
     kind: str | None = typer.Option(

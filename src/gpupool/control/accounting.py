@@ -89,11 +89,14 @@ def window_edge(text: str | None, name: str, *, before: datetime) -> datetime | 
     if text is None or not text.strip():
         return None
     text = text.strip()
-    if text[0].isdigit() and not text[:4].isdigit():
+    dated = text[4:5] == "-"  # 2026-11-01...; anything else that starts with a digit is a duration (1440m)
+    if text[0].isdigit() and not dated:
         try:
             return before - timedelta(seconds=parse_duration(text, name))
-        except SpecError:
-            pass  # not a duration: read as a time below, whose error names both forms
+        except SpecError as exc:
+            raise Invalid(
+                f"{exc}, or an ISO 8601 time (2026-11-01 or 2026-11-01T08:00:00Z)", field=name, example="7d"
+            ) from None
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

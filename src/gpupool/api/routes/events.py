@@ -20,7 +20,9 @@ router = APIRouter(prefix="/events", tags=["audit"], dependencies=[Depends(admin
 def events(
     request: Request,
     since: str | None = Query(
-        None, description="from: an ISO 8601 time or date (UTC without a zone), or a duration before now (1d)"
+        None,
+        description="from: an ISO 8601 time or date (UTC without a zone), or a duration before `until` "
+        "(before now without it), as `usage` counts it (1d)",
     ),
     until: str | None = Query(None, description="before this time, in the same forms"),
     kind: str | None = Query(None, description=f"only this kind of object: {', '.join(audit.KINDS)}"),
@@ -33,10 +35,11 @@ def events(
     limit: int = Query(200, description=f"at most this many, newest first (1..{audit.MAX_LISTED})"),
 ) -> list[dict[str, Any]]:
     now = utcnow()
+    end = window_edge(until, "until", before=now)
     return audit.list_events(
         request.app.state.runtime.store,
-        since=window_edge(since, "since", before=now),
-        until=window_edge(until, "until", before=now),
+        since=window_edge(since, "since", before=min(end, now) if end is not None else now),
+        until=end,
         kind=kind,
         name=object,
         actor=actor,
