@@ -534,3 +534,26 @@ def test_the_sampling_interval_is_configurable_and_bounded(tmp_path: Path) -> No
         assert bad.returncode == 1 and "--telemetry-interval 60s: between 0.2s and 15s" in bad.stderr
     finally:
         pool.stop()
+
+
+def test_an_operators_cordon_outlasts_a_fault_and_its_repair(health_server: ServerProcess) -> None:
+    """As Slurm's DRAIN: health moves a node it took out, never one an operator took out. A fault on a
+    cordoned node leaves it cordoned, with the operator's reason (its work would be stopped; `health`
+    says why), and the repair does not put it back in service; the operator's uncordon does."""
+    server = health_server
+    server.cli("node", "cordon", "node-1", "--reason", "RMA 123: do not use", check=True)
+    server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--xid", "79", check=True)
+    until("the fault judged", lambda: node(server)["health"] == "unhealthy")
+    time.sleep(2.5)  # passes of the health loop, and its recheck interval
+    held = node(server)
+    assert (held["state"], held["state_reason"]) == ("cordoned", "RMA 123: do not use"), held
+
+    server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--clear", check=True)
+    passed = json.loads(server.cli("health", "run", "--node", "node-1", "--json", check=True).stdout)
+    assert passed[0]["health"] != "unhealthy", passed
+    time.sleep(1)
+    still = node(server)
+    assert (still["state"], still["state_reason"]) == ("cordoned", "RMA 123: do not use"), still
+    server.cli("node", "uncordon", "node-1", check=True)
+    assert node(server)["state"] == "ready"
+    assert all(e["actor"] != "health" for e in health(server)["events"]), health(server)["events"]

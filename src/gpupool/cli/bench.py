@@ -499,7 +499,7 @@ def record_file(
 
     with _bench_errors():
         try:
-            payload = json.loads(path.read_text())
+            payload = json.loads(path.read_text(), parse_constant=_no_constant)
         except OSError as exc:
             raise BenchError(f"cannot read {path}: {exc.strerror}") from exc
         except ValueError as exc:
@@ -513,6 +513,11 @@ def record_file(
         stored = client().record_bench(node or socket.gethostname(), payload, kind=kind, source="file")
         for r in stored:
             console.print(f"recorded for node {r['node']}: {describe(r)}", highlight=False, soft_wrap=True)
+
+
+def _no_constant(name: str) -> None:
+    """NaN and Infinity, which Python's json reads but JSON has not (nor any measured figure)."""
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 @bench_app.command("results")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -245,6 +246,8 @@ def node_inject_fault(
             "give exactly one of --xid, --ecc, --throttle, --slow, --fall-off-bus, --clear; "
             f"e.g. gpupool node inject-fault {name} --gpu {gpu} --xid 79"
         )
+    if slow is not None and not math.isfinite(slow):
+        raise CliError(f"--slow: {slow} is not a share of the expected figure; e.g. --slow 0.5")
     done = client().inject_fault(name, gpu, **chosen)
     console.print(f"node {name}: {done['result']}", highlight=False)
 

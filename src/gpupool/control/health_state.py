@@ -171,6 +171,11 @@ class HealthState:
                 return False
             if node.state == "lost":  # the backend's to lift; a node taken out stays held out when back
                 return False
+            if state == "unhealthy" and _operators(node):
+                # An operator's cordon or drain stands (Slurm's DRAIN survives health changes): the node is
+                # out of service either way, its work is stopped (`_drain`), and `health status` says why;
+                # an uncordon while it is unhealthy makes it unhealthy, a pass leaves it cordoned.
+                return False
             if state == "ready" and node.state not in ("unhealthy", "cordoned"):
                 return False
             if state == "ready" and node.state == "cordoned" and not _health_cordon(node.state_reason):
@@ -237,6 +242,11 @@ class NodesRead(NamedTuple):
     gpus: dict[str, dict[int, str]]
     uuids: dict[str, dict[int, str]]
     rows: list[tuple[Any, ...]]
+
+
+def _operators(node: Node) -> bool:
+    """Whether an operator holds the node out (a drain, or a cordon that is not health's own)."""
+    return node.state == "draining" or (node.state == "cordoned" and not _health_cordon(node.state_reason))
 
 
 def _health_cordon(reason: str) -> bool:

@@ -21,6 +21,7 @@ path in $GPUPOOL_HEALTH_CONFIG); see docs/telemetry.md.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -138,12 +139,40 @@ _RETENTION_FIELDS = {f.name for f in fields(CheckJobRetention)}
 SECTIONS = ("thresholds", "schedule", "bench", "check_jobs")
 
 
+# What each number may be, where more than a finite number >= 0: (lowest, highest, whether the lowest
+# itself is refused, an example). A share above 1 failed every node; a recheck every 0 s ran check jobs
+# back to back forever; NaN turned a temperature warning off.
+_RANGES: dict[str, tuple[float, float, bool, str]] = {
+    "gemm_min_fraction": (0.0, 1.0, True, "0.6"),
+    "bench_gemm_min_fraction": (0.0, 1.0, True, "0.6"),
+    "bench_train_min_mfu": (0.0, 1.0, True, "0.4"),
+    "gpu_temp_warn_c": (0.0, 150.0, True, "85"),
+    "memory_temp_warn_c": (0.0, 150.0, True, "92"),
+    "allreduce_gpus": (2.0, 1024.0, False, "8"),
+    "recheck_interval": (1.0, math.inf, False, "60"),
+    "recheck_max_interval": (1.0, math.inf, False, "3600"),
+}
+_EXAMPLES = {
+    "h2d_min_gbps": "48", "d2h_min_gbps": "48", "allreduce_min_busbw_gbps": "460",
+    "bench_allreduce_min_busbw_gbps": "460", "bench_allreduce_min_bytes": "1073741824",
+    "bench_gemm_min_tflops": "500", "bench_gemm_min_size": "4096", "idle_interval": "86400",
+    "max_age": "604800",
+}  # fmt: skip
+
+
 def _number(where: str, key: str, value: Any, *, allow_none: bool) -> float | int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise HealthConfigError(f"{where}.{key}: {value!r} is not a number >= 0; e.g. {key}: 40")
-    return value
+    low, high, above, example = _RANGES.get(key, (0.0, math.inf, False, _EXAMPLES.get(key, "10")))
+    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value < low or value > high or (above and value == low):
+        if high < math.inf:
+            span = f"{'above ' if above else ''}{low:g} to {high:g}"
+        else:
+            span = f"{'above' if above else 'at least'} {low:g}"
+        raise HealthConfigError(f"{where}.{key}: {value!r} is not a number {span}; e.g. {key}: {example}")
+    number_value: float | int = value
+    return number_value
 
 
 def parse_config(data: Any, path: str = "health config") -> HealthConfig:

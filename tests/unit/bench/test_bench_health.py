@@ -110,7 +110,7 @@ def test_results_older_than_max_age_are_not_judged() -> None:
     [
         ({"bench": {"action": "drain"}}, "bench.action: 'drain'; one of warning, unhealthy"),
         ({"bench": {"max_days": 3}}, "bench.max_days: unknown field; fields: action, max_age"),
-        ({"bench": {"max_age": -1}}, "bench.max_age: -1 is not a number >= 0"),
+        ({"bench": {"max_age": -1}}, "bench.max_age: -1 is not a number at least 0"),
         ({"thresholds": {"H100": {"bench_gemm_min_tflops": "fast"}}}, "bench_gemm_min_tflops: 'fast'"),
         ({"benches": {}}, "unknown key 'benches'; use 'thresholds', 'schedule', 'bench' or 'check_jobs'"),
     ],

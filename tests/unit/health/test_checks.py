@@ -215,6 +215,18 @@ def test_a_config_file_overrides_one_model_and_every_model(tmp_path: Path) -> No
         ("thresholds: {H100: {h2d_min_gbps: fast}}", "thresholds.H100.h2d_min_gbps: 'fast' is not a number"),
         ("schedule: {recheck_level: deep}", "schedule.recheck_level: 'deep'; one of quick, full"),
         ("checks: {}", "unknown key 'checks'"),
+        # values that broke the cluster: every node failed, check jobs back to back, warnings off
+        (
+            "thresholds: {H100: {gemm_min_fraction: 1.5}}",
+            "gemm_min_fraction: 1.5 is not a number above 0 to 1",
+        ),
+        ("schedule: {recheck_interval: 0}", "recheck_interval: 0 is not a number at least 1; e.g."),
+        ("thresholds: {'*': {gpu_temp_warn_c: .nan}}", "gpu_temp_warn_c: nan is not a number above 0 to 150"),
+        ("thresholds: {H100: {allreduce_gpus: 0}}", "allreduce_gpus: 0 is not a number 2 to 1024"),
+        (
+            "thresholds: {H100: {h2d_min_gbps: -1}}",
+            "h2d_min_gbps: -1 is not a number at least 0; e.g. h2d_min",
+        ),
     ],
 )
 def test_a_bad_config_names_the_key_and_the_fix(tmp_path: Path, text: str, message: str) -> None:
