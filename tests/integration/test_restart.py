@@ -98,6 +98,29 @@ def test_a_job_killed_while_the_server_is_down_is_failed_with_the_reason(tmp_pat
         server.stop()
 
 
+def test_a_job_that_vanished_while_the_server_was_down_is_charged_until_last_seen(tmp_path: Path) -> None:
+    """No end of its own (the whole attempt was SIGKILLed): it is charged until the head last wrote that it
+    ran or the job last wrote output, whichever is later, not for the head's whole outage."""
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        created = server.submit({"commands": ["while true; do echo tick; sleep 0.2; done"]})
+        server.wait_for(created["id"], states=("running",))
+        pid = _pid(server, created["id"])
+        time.sleep(1)
+        server.kill9()
+        os.killpg(pid, signal.SIGKILL)
+        vanished = time.time()
+        time.sleep(4)  # the head stays down a while
+        server.start()
+        done = server.wait_for(created["id"])
+        attempt = done["attempt_list"][0]
+        assert "while the head was down (last seen running" in attempt["reason"], attempt
+        finished = datetime.fromisoformat(attempt["finished_at"]).timestamp()
+        assert vanished - 1.0 <= finished <= vanished + 0.5, (finished, vanished)  # its last output
+    finally:
+        server.stop()
+
+
 def test_accepted_workloads_survive_kill9_immediately_after_201(tmp_path: Path) -> None:
     server = ServerProcess(home=tmp_path / "home").start()
     try:

@@ -37,7 +37,7 @@ from gpupool.control.idle import CHECK_INTERVAL as IDLE_CHECK_INTERVAL
 from gpupool.control.idle import IdleWatch
 from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SERVICE, transition
 from gpupool.control.node_views import NodeViews
-from gpupool.control.observe import Observation, store_handle
+from gpupool.control.observe import ALIVE_INTERVAL, Observation, store_handle
 from gpupool.control.policy import BandNotes, load_policy, policy_file, reword_preemptions
 from gpupool.control.restarts import Backoff, restart_explanation
 from gpupool.control.secret_keys import key_path, open_keys
@@ -80,6 +80,7 @@ class Reconciler(Observation, SnapshotBuilding):
         self._prompt = threading.Event()  # an observed change: cut the pacing pause short (see run)
         self._stopping: threading.Event | None = None
         self._last_sample = 0.0
+        self._alive_due = 0.0  # when this head next writes down that it is alive (Observation.recover)
         self._reasons: dict[int, scheduler.Explanation] = {}
         self._attached: dict[int, tuple[int, ...]] = {}
         self._views: dict[int, scheduler.WorkloadView] = {}
@@ -204,6 +205,9 @@ class Reconciler(Observation, SnapshotBuilding):
         if now >= self._efficiency_due:
             self._efficiency_due = now + EFFICIENCY_CHECK_INTERVAL
             self.record_efficiency(now)
+        if now >= self._alive_due:
+            self._alive_due = now + ALIVE_INTERVAL
+            self.record_alive(now)
         # A backend that holds on to what this pass settled until its successors are started (Slurm's
         # hand-off) lets the rest go now.
         pass_finished = getattr(self.backend, "pass_finished", None)

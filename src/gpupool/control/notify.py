@@ -40,8 +40,9 @@ from sqlalchemy.orm import Session
 from gpupool import __version__
 from gpupool.control.errors import Invalid
 from gpupool.control.lifecycle import note
+from gpupool.store import head_state
 from gpupool.store.db import Store
-from gpupool.store.models import Event, HeadState, Workload
+from gpupool.store.models import Event, Workload
 from gpupool.timeutil import as_utc, utcnow
 
 log = logging.getLogger(__name__)
@@ -281,15 +282,15 @@ class Notifier:
 
     def _load_cursor(self) -> int:
         with self.store.read() as s:
-            row = s.get(HeadState, CURSOR)
-            if row is not None:
-                return int(row.value)
+            saved = head_state.read(s, CURSOR)
+            if saved is not None:
+                return int(saved)
             # a first start: the history before it is not announced
             return int(s.scalar(select(Event.id).order_by(Event.id.desc()).limit(1)) or 0)
 
     def _save_cursor(self, value: int) -> None:
         with self.store.session() as s:
-            _put(s, CURSOR, str(value))
+            head_state.write(s, CURSOR, str(value))
 
 
 def signature(secret: str, content: bytes, timestamp: int) -> dict[str, str]:
@@ -308,14 +309,6 @@ def redacted_url(url: str) -> str:
     return (
         f"{parts.scheme}://{parts.hostname or ''}/..." if parts.path not in ("", "/") or parts.query else url
     )
-
-
-def _put(s: Session, key: str, value: str) -> None:
-    row = s.get(HeadState, key)
-    if row is None:
-        s.add(HeadState(key=key, value=value))
-    else:
-        row.value = value
 
 
 def _kind(event: Event) -> str:

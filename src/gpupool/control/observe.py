@@ -9,8 +9,10 @@ At start, `recover` re-adopts or settles every attempt the store says is running
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from gpupool.control.lifecycle import (
     transition,
 )
 from gpupool.control.settings import ControlSettings
+from gpupool.store import head_state
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
 from gpupool.timeutil import age_seconds, as_utc, utcnow
@@ -48,6 +51,9 @@ EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
 PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
 NEVER_STARTED = "never started"  # how such an attempt's reason begins
 START_TRIES = 3  # attempts in a row that never start before the workload fails instead of requeueing
+# How often a head writes down that it runs (head_state "alive:NODE"): an attempt that vanished while the
+# head was down, leaving no end of its own, is charged until then (or its log's last write), not the restart.
+ALIVE_INTERVAL = 10.0
 
 
 def resumes(workload: Workload) -> str:
@@ -83,8 +89,18 @@ class Observation:
 
     # -- restart safety -------------------------------------------------------------------------------
 
+    def record_alive(self, now: float) -> None:
+        with self.store.session() as s:
+            head_state.write(s, self._alive_key(), f"{now:.3f}")
+
+    def _alive_key(self) -> str:
+        return f"alive:{self.settings.node_name}"
+
     def recover(self) -> None:
         """At start: every attempt the store says is running is re-adopted or settled with a reason."""
+        with self.store.read() as s:
+            saved = head_state.read(s, self._alive_key())
+        last_alive = float(saved) if saved else None  # the last head's, before this one writes its own
         with self.store.session() as s:
             attempts = s.scalars(select(Attempt).where(Attempt.state == RUNNING)).all()
             for attempt in attempts:
@@ -109,7 +125,7 @@ class Observation:
                             attempt.workload_id, attempt.number, signal.Signals(signum).name,
                         )  # fmt: skip
                 else:
-                    self._finish(s, attempt, state, time.time())
+                    self._finish(s, attempt, _while_down(attempt, state, last_alive), time.time())
 
     # -- observe --------------------------------------------------------------------------------------
 
@@ -398,11 +414,28 @@ def _how_it_ended(code: int | None, *, killed: bool) -> str:
     return f"exit code {code}" + (" (killed after the grace period)" if killed else "")
 
 
+def _while_down(attempt: Attempt, state: Status, last_alive: float | None) -> Status:
+    """The status of an attempt that ended while the head was down: where it left no end of its own (it
+    vanished without its shim's record), the last moment it was seen running, the later of the last head's
+    last `record_alive` and its log's last write, is its end, and its reason says so. Unchanged where that
+    is unknown (no head wrote one: it is then charged until now, as before)."""
+    if state.ended_at is not None or last_alive is None:
+        return state
+    try:
+        written = os.stat(attempt.log_path).st_mtime if attempt.log_path else 0.0
+    except OSError:
+        written = 0.0
+    seen = max(last_alive, written)
+    shown = datetime.fromtimestamp(seen, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return replace(
+        state, ended_at=seen, detail=f"{state.detail}, while the head was down (last seen running {shown})"
+    )
+
+
 def _ended_at(attempt: Attempt, state: Status) -> datetime:
     """When the attempt ended: as its wrapper recorded it (an attempt that ended while the head was down
     is not charged for the outage), else now, when the head learns it."""
     now, started = utcnow(), as_utc(attempt.started_at)
     if state.ended_at is None or started is None:
         return now
-    ended = datetime.fromtimestamp(state.ended_at, UTC)
-    return ended if started <= ended <= now else now
+    return min(max(datetime.fromtimestamp(state.ended_at, UTC), started), now)
