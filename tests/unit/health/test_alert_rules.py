@@ -49,7 +49,9 @@ TESTS = {
             "interval": "1m",
             "input_series": [
                 {"series": f"DCGM_FI_DEV_GPU_TEMP{{{GPU}}}", "values": "70 90x10"},
-                {"series": f"DCGM_FI_DEV_XID_ERRORS{{{GPU}}}", "values": "0 13 79"},
+                {"series": f"DCGM_FI_DEV_XID_ERRORS{{{GPU}}}", "values": "0 13 79x4"},
+                # unhealthy from the Xid 79 on, until its active checks pass at 4m (the Xid stays exported)
+                {"series": 'gpupool_node_health{node="node-1",health="unhealthy"}', "values": "0 0 1 1 0 0"},
                 {"series": 'gpupool_node_state{node="node-2",state="lost"}', "values": "0 1x5"},
                 {"series": 'gpupool_queue_quota_gpus{queue="nlp"}', "values": "8x20"},
                 {"series": 'gpupool_queue_allocated_gpus{queue="nlp"}', "values": "2x20"},
@@ -95,6 +97,7 @@ TESTS = {
                     "alertname": "GpuHardwareXid",
                     "exp_alerts": fires("GpuHardwareXid", LABELS, "79"),
                 },
+                {"eval_time": "5m", "alertname": "GpuHardwareXid", "exp_alerts": []},  # repaired
                 {"eval_time": "1m", "alertname": "NodeLost", "exp_alerts": []},
                 {
                     "eval_time": "3m",
