@@ -272,8 +272,10 @@ def test_a_queue_is_deleted_only_once_nothing_uses_it(server: ServerProcess, job
 
     server.cli("cancel", "1", check=True)
     assert server.wait_for(1)["state"] == "cancelled"
-    assert "queue nlp deleted" in server.cli("queue", "delete", "nlp", check=True).stdout
-    server.cli("queue", "delete", "vision", check=True)
+    deleted = server.cli("queue", "delete", "nlp", check=True)
+    assert "queue nlp deleted" in deleted.stdout
+    assert "the GPU-hours used in nlp stay under that name" in deleted.stderr, deleted.stderr  # job 1 ran
+    assert "warning" not in server.cli("queue", "delete", "vision", check=True).stderr  # nothing ran there
     server.cli("token", "create", "erin", "--queue", "research", check=True)
     gone = server.cli("queue", "delete", "research", check=True)
     assert "warning: token erin may submit to research, which is gone now" in gone.stderr, gone.stderr
@@ -422,6 +424,18 @@ def test_quotas_that_promise_more_than_the_pool_or_the_parent_are_taken_with_a_w
     with server.http() as client:
         answer = client.patch("/api/v1/queues/b", json={"resources": {"gpu": {"quota": 1}}})
         assert answer.status_code == 200 and answer.json()["warnings"] == [], answer.text
+    lowered = server.cli(
+        "queue", "update", "nlp", "--gpu-quota", "2", check=True
+    )  # the parent, below its own
+    assert "the queues under nlp add up to 4, but parent queue nlp's quota is 2" in lowered.stderr
+    # the system queue is gpupool's own: not changed by hand, nor a token's queue
+    for args in (
+        ("queue", "update", "gpupool-system", "--gpu-quota", "100"),
+        ("queue", "delete", "gpupool-system"),
+        ("token", "create", "sysq", "--queue", "gpupool-system"),
+    ):
+        refused = server.cli(*args)
+        assert refused.returncode != 0 and "gpupool's own" in refused.stderr, (args, refused.stderr)
 
 
 def test_a_parent_queue_shows_what_the_queues_under_it_hold(server: ServerProcess, job_dir: Path) -> None:

@@ -16,9 +16,10 @@ from sqlalchemy import select, update
 from gpupool.control import health_jobs, service
 from gpupool.control.errors import NotFound
 from gpupool.control.health import HealthMonitor
-from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckJobs, ensure_system_queue
+from gpupool.control.health_jobs import CheckJobs, ensure_system_queue
 from gpupool.control.health_state import NodeHealth
 from gpupool.control.metrics import PoolCollector
+from gpupool.control.service import SYSTEM_QUEUE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.health.checks import verdict
 from gpupool.health.thresholds import CheckJobRetention, HealthConfig

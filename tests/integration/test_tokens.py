@@ -72,6 +72,9 @@ def test_users_submit_to_their_queues_and_change_only_their_own_work(server: Ser
         listed = json.loads(server.cli("ps", "--me", "--json", check=True).stdout)
         assert [row["id"] for row in listed] == [mine["id"]] and listed[0]["user"] == "alice"
         assert "alice (role user; submits to nlp)" in server.cli("whoami", check=True).stdout
+        server.extra_env["GPUPOOL_TOKEN"] = bob
+        viewer = server.cli("whoami", check=True).stdout
+        assert "bob (role viewer; reads everything, submits and changes nothing)" in viewer
     finally:
         del server.extra_env["GPUPOOL_TOKEN"]
     table = server.cli("ps", check=True).stdout  # the admin's view: two users' work, so a USER column

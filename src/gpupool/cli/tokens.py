@@ -73,5 +73,8 @@ def whoami(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print_json(me)
         return
-    queues = ", ".join(me["queues"]) or "any queue"
-    console.print(f"{me['name']} (role {me['role']}; submits to {queues})", highlight=False)
+    if me["role"] == "viewer":
+        may = "reads everything, submits and changes nothing"
+    else:
+        may = "submits to " + (", ".join(me["queues"]) or "any queue")
+    console.print(f"{me['name']} (role {me['role']}; {may})", highlight=False)

@@ -47,6 +47,7 @@ from gpupool.control.bench import job_reports
 from gpupool.control.errors import Conflict, NotFound, ServiceError
 from gpupool.control.lifecycle import PENDING, RUNNING, TERMINAL
 from gpupool.control.retention import delete_finished
+from gpupool.control.service import SYSTEM_QUEUE
 from gpupool.health.active import TORCH_TIMEOUT, ActiveCheckError
 from gpupool.health.check_job import REPORT_KIND
 from gpupool.health.checks import ActiveResult
@@ -58,7 +59,6 @@ from gpupool.timeutil import utcnow
 
 log = logging.getLogger("gpupool.health")
 
-SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no quota, made when first needed
 USER = "health"  # the user check jobs are submitted as
 PRIORITY = "build"  # a named class above train; check jobs are non-preemptible in any case
 GRACE = 10.0  # seconds a check job gets between SIGTERM and SIGKILL

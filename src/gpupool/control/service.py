@@ -60,6 +60,7 @@ from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Wor
 from gpupool.timeutil import age_seconds, as_utc, utcnow
 
 DEFAULT_QUEUE = "default"
+SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no quota, made when first needed
 # The reason codes of pending work that the control loop holds back from the scheduler (a hold, a
 # dependency, an array's limit, a crash-loop backoff, a user limit, a spent budget): the scheduler never
 # sees it, so it counts toward no fair share and reclaim takes nothing back for it.
@@ -185,27 +186,35 @@ def _gpu_quota(spec: dict[str, Any]) -> float:
 
 def quota_warnings(s: Session, name: str) -> list[str]:
     """What no longer holds once queue `name` has its quota: the quotas of it and its siblings promise more
-    GPUs than their parent's quota (or, at the top, than the pool has). Accepted all the same (a pool may
-    grow, and Slurm and Kueue take such settings too), but every such queue then gets less than its quota
-    when all of them want it: fair shares scale the quotas down."""
+    GPUs than their parent's quota (or, at the top, than the pool has), or those of its children more than
+    its own. Accepted all the same (a pool may grow, and Slurm and Kueue take such settings too), but every
+    such queue then gets less than its quota when all of them want it: fair shares scale the quotas down."""
     rows = s.execute(select(Queue.name, Queue.parent, Queue.spec)).all()
+    quotas = {n: _gpu_quota(spec) for n, _, spec in rows}
     parent = next((p for n, p, _ in rows if n == name), None)
-    promised = sum(_gpu_quota(spec) for _, p, spec in rows if p == parent)
-    if parent is None:
-        room, whose = float(s.scalar(select(func.count()).select_from(Gpu)) or 0), "the pool has"
-    else:
-        room = next((_gpu_quota(spec) for n, _, spec in rows if n == parent), 0.0)
-        whose = f"parent queue {parent}'s quota is"
-    if promised <= room + 1e-9 or (parent is None and room == 0):  # no node has joined yet: nothing to say
-        return []
-    level = "top-level queues" if parent is None else f"the queues under {parent}"
-    return [
-        f"the GPU quotas of {level} add up to {promised:g}, but {whose} {room:g}: when all of them want "
-        "their quota, each gets less (fair shares scale the quotas down), so a quota is no longer a guarantee"
-    ]
+    levels = [(parent, sum(quotas[n] for n, p, _ in rows if p == parent))]
+    if any(p == name for _, p, _ in rows):
+        levels.append((name, sum(quotas[n] for n, p, _ in rows if p == name)))
+    said = []
+    for above, promised in levels:
+        if above is None:
+            room, whose = float(s.scalar(select(func.count()).select_from(Gpu)) or 0), "the pool has"
+            if room == 0:
+                continue  # no node has joined yet: nothing to say
+        else:
+            room, whose = quotas.get(above, 0.0), f"parent queue {above}'s quota is"
+        if promised > room + 1e-9:
+            level = "top-level queues" if above is None else f"the queues under {above}"
+            said.append(
+                f"the GPU quotas of {level} add up to {promised:g}, but {whose} {room:g}: when all of "
+                "them want their quota, each gets less (fair shares scale the quotas down), so a quota is no "
+                "longer a guarantee"
+            )
+    return said
 
 
 def create_queue(store: Store, spec: QueueSpec, *, actor: str = "admin") -> dict[str, Any]:
+    _not_system(spec.name, "made by hand")
     with store.session() as s:
         if s.scalar(select(Queue).where(Queue.name == spec.name)) is not None:
             raise Conflict(
@@ -232,6 +241,7 @@ def update_queue(
     store: Store, name: str, build: Callable[[dict[str, Any]], QueueSpec], *, actor: str = "admin"
 ) -> dict[str, Any]:
     """`build` turns the current spec (as JSON) into the new, validated spec."""
+    _not_system(name, "changed")
     with store.session() as s:
         queue = s.scalar(select(Queue).where(Queue.name == name))
         if queue is None:
@@ -247,10 +257,20 @@ def update_queue(
         return {**queue_view(queue, _queue_usage(s)), "warnings": quota_warnings(s, name)}
 
 
+def _not_system(name: str, done: str) -> None:
+    if name == SYSTEM_QUEUE:
+        raise Conflict(
+            f"queue {SYSTEM_QUEUE} is gpupool's own (its node health checks run there, outside quotas and "
+            f"fair shares) and cannot be {done}; change the teams' queues instead",
+            field="name",
+        )
+
+
 def delete_queue(store: Store, name: str, *, actor: str = "admin") -> dict[str, Any]:
     """Remove a queue nothing uses any more: no pending or running work, no child queues, and not the
     default queue. Finished work keeps the queue's name (its history and GPU-hours stay as they were).
     Returns the queue as it was."""
+    _not_system(name, "deleted")
     with store.session() as s:
         queue = s.scalar(select(Queue).where(Queue.name == name))
         if queue is None:
@@ -296,6 +316,11 @@ def delete_queue(store: Store, name: str, *, actor: str = "admin") -> dict[str, 
             if bound
             else []
         )
+        if s.scalar(select(Attempt.id).where(Attempt.queue == name).limit(1)) is not None:
+            view["warnings"].append(
+                f"the GPU-hours used in {name} stay under that name (usage, costs): a queue made again as "
+                f"{name} starts with them, and its budget with what they spent this period"
+            )
         return view
 
 

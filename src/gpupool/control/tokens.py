@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from gpupool.control import audit
 from gpupool.control.errors import Conflict, Invalid, NotFound
+from gpupool.control.service import SYSTEM_QUEUE
 from gpupool.spec.errors import SpecError
 from gpupool.spec.fields import check_name
 from gpupool.store.db import Store
@@ -118,6 +119,14 @@ def create_token(
             f"queues: only a user token is kept to some queues (an {role} token would ignore them); "
             "drop them, or use role user",
             field="queues",
+        )
+    if SYSTEM_QUEUE in queues:
+        where = f"queues[{queues.index(SYSTEM_QUEUE)}]"
+        raise Invalid(
+            f"{where}: {SYSTEM_QUEUE} is gpupool's own queue (its health checks); nobody submits there; "
+            "name a team's queue",
+            field=where,
+            example="nlp",
         )
     token = new_token()
     with store.session() as s:

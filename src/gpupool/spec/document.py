@@ -201,8 +201,9 @@ _BOUNDS: Final[dict[str, tuple[str, str]]] = {
 
 
 def _whole(value: Any) -> Any:
-    """A float that is a whole number as the integer people wrote (a quota of -2, not -2.0)."""
-    if isinstance(value, float) and value.is_integer():
+    """A float that is a whole number as the integer people wrote (a quota of -2, not -2.0); a huge one
+    as written (1e+18, not its nineteen digits)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return int(value)
     return value
 

@@ -53,6 +53,11 @@ QUEUE_FIELD_EXAMPLES: Final[dict[str, str]] = {
 """A valid example for each field path, shown in every error about that field."""
 
 
+# The most a quota or limit may say (1e18: an exabyte of memory; far past any GPU or CPU count), so that
+# quotas add up to a number, not to infinity (two of 1e308 made every other queue's guarantee void).
+MAX_AMOUNT = 1e18
+
+
 class ResourceShare(BaseModel):
     """A queue's share of one resource (GPUs, CPU cores, or bytes of memory)."""
 
@@ -61,15 +66,19 @@ class ResourceShare(BaseModel):
     quota: Number = Field(
         default=0.0,
         ge=0,
+        le=MAX_AMOUNT,
         description="Guaranteed ('deserved') amount, never reclaimed from the queue; default 0.",
     )
-    limit: Annotated[float, Field(ge=0, allow_inf_nan=False), BeforeValidator(refuse_bool)] | None = Field(
+    limit: (
+        Annotated[float, Field(ge=0, le=MAX_AMOUNT, allow_inf_nan=False), BeforeValidator(refuse_bool)] | None
+    ) = Field(
         default=None,
         description="Hard cap, including borrowed capacity; must be >= quota; default null: no cap.",
     )
     over_quota_weight: Number = Field(
         default=1.0,
         ge=0,
+        le=1e6,
         description="Share of idle capacity beyond quota, relative to other queues; default 1.",
     )
 

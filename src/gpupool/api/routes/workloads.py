@@ -15,8 +15,8 @@ from gpupool.api.auth import may_change, require_token
 from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
 from gpupool.control import service
-from gpupool.control.health_jobs import SYSTEM_QUEUE
 from gpupool.control.notify import check_allowed
+from gpupool.control.service import SYSTEM_QUEUE
 from gpupool.control.tokens import Caller
 from gpupool.spec import parse_duration, parse_workload_spec
 from gpupool.spec.workload import PRIORITY_CLASSES, RANGE
