@@ -211,6 +211,11 @@ def test_nodes_and_cordon_commands(server: ServerProcess) -> None:
     listed = server.cli("nodes", check=True).stdout
     for alias in ("list", "ls"):
         assert server.cli("node", alias, check=True).stdout == listed
+    refused = server.cli("node", "drain", "node-1", "nosuch")  # all or none: node-1 is not drained
+    assert refused.returncode == 1 and "no node named 'nosuch' (nodes: node-1); nothing was drained" in (
+        refused.stderr
+    ), refused.stderr
+    assert json.loads(server.cli("nodes", "--json", check=True).stdout)[0]["state"] == "ready"
 
 
 BAD_SPECS = [

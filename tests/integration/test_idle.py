@@ -46,6 +46,8 @@ def test_idle_work_is_held_or_cancelled_and_busy_work_runs_on(server: ServerProc
     events = [e["reason"] for e in ended["events"]]
     assert "idle: all 2 replicas' GPUs below 1% utilization for 10s: cancelling it" in events, events
     assert server.workload(web["replica_ids"][1])["state"] == "cancelled"
+    stopped = server.workload(web["replica_ids"][0])["attempt_list"][0]["reason"]
+    assert stopped.startswith("cancelled by idle: all 2 replicas' GPUs below 1%"), stopped  # said once
 
     assert server.workload(busy["id"])["state"] == "running"  # busy all along: well past its 10 s
     assert time.time() - started >= 10.0

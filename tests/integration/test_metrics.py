@@ -144,6 +144,17 @@ def test_a_gpu_gone_from_its_node_stops_being_exported(tmp_path: Path) -> None:
     try:
         until("both GPUs exported", lambda: exported() == {"0", "1"})
         server.cli("node", "inject-fault", "agent-0", "--gpu", "1", "--fall-off-bus", check=True)
+
+        def lost_says() -> bool:
+            with server.http() as client:
+                text = client.get("/metrics").text
+            return any(
+                line.startswith("gpupool_gpu_lost{") and 'gpu="1"' in line and line.endswith(" 1.0")
+                for line in text.splitlines()
+            )
+
+        # off the bus: no readings (no made-up 0 C, 0 W, all memory free), only that it is lost
+        until("GPU 1 exported as lost, with no readings", lambda: exported() == {"0"} and lost_says())
         agent.stop()
         agent.gpus = "sim:1xH100"  # rebooted: the driver lists one GPU
         agent.start()

@@ -150,7 +150,8 @@ def node_show(
     )
     if node.get("state_reason"):
         console.print(f"  state reason: {escape(node['state_reason'])}", highlight=False)
-    console.print(f"  health: {escape(health['evidence'])}", highlight=False)
+    evidence = health["evidence"].removeprefix("health: ")  # a node's reason says "health: ..." already
+    console.print(f"  health: {escape(evidence)}", highlight=False)
     if health.get("expected_gpus") is not None:
         declared = health.get("declared_gpus")
         said = f"; its join token declares {declared}" if declared is not None else ""

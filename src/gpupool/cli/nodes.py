@@ -94,6 +94,13 @@ def node_drain(
         limit = parse_duration(timeout, "--timeout")
     except SpecError as exc:
         raise CliError(f"--timeout {timeout}: {exc}") from exc
+    known = {n["name"] for n in c.nodes()}
+    unknown = [name for name in names if name not in known]
+    if unknown:  # before any is drained: all or none
+        raise CliError(
+            f"no node named {', '.join(map(repr, unknown))} (nodes: {', '.join(sorted(known)) or 'none'}); "
+            "nothing was drained"
+        )
     if not rolling:
         for name in names:
             n = c.drain(name, reason)

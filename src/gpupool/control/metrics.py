@@ -41,6 +41,8 @@ HEALTH_STATES = ("healthy", "warning", "unhealthy", "unknown")
 CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # (name, help, type, value of a sample row); gauges unless "counter"
+# What a GPU that fell off the bus still exports: its counters as last read, its last Xid, that it is lost.
+_KNOWN_WHEN_LOST = frozenset({"DCGM_FI_DEV_XID_ERRORS", "gpupool_gpu_lost"})
 _GPU_SERIES: tuple[tuple[str, str, str, Callable[[dict[str, Any]], float | None]], ...] = (
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge", lambda s: s.get("utilization_pct")),
     (
@@ -198,6 +200,7 @@ class PoolCollector(Collector):
         # exposed as gauges under dcgm-exporter's exact names (rate() and increase() read them the same).
         families = [GaugeMetricFamily(name, doc, labels=GPU_LABELS) for name, doc, _, _ in _GPU_SERIES]
         for (node, index), sample in sorted(self.telemetry.latest().items()):
+            lost = bool(sample.get("lost"))
             holders = sample.get("holders") or [{}]
             first = holders[0]
             model, product = models.get((node, index), ("", ""))
@@ -211,7 +214,9 @@ class PoolCollector(Collector):
                 "workload": str(first.get("workload", "")),
                 "user": str(first.get("user", "")),
             }
-            for family, (_, _, _, read) in zip(families, _GPU_SERIES, strict=True):
+            for family, (name, _, kind, read) in zip(families, _GPU_SERIES, strict=True):
+                if lost and kind == "gauge" and name not in _KNOWN_WHEN_LOST:
+                    continue  # a GPU off the bus answers nothing: no made-up 0 C, 0 W, all memory free
                 try:
                     value = read(sample)
                 except (KeyError, TypeError, ValueError):

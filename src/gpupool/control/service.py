@@ -929,7 +929,9 @@ def cancel(
                         note(s, replica, why or f"cancel asked by {actor}: stopping it", actor=actor)
                         for attempt in replica.attempts:  # who, for the reason it ends with
                             if attempt.state == RUNNING:
-                                attempt.reason = f"cancelled by {actor}" + (f": {why}" if why else "")
+                                # "cancelled by idle: its GPUs ...", not "cancelled by idle: idle: ..."
+                                said = why.removeprefix(f"{actor}: ") if why else ""
+                                attempt.reason = f"cancelled by {actor}" + (f": {said}" if said else "")
                     # one that ran before (held, preempted) and waits again did start
                     waited = "while it waited" if replica.attempts else "before it started"
                     _cancel_one(s, replica, why or f"cancelled by {actor} {waited}", actor)
