@@ -99,6 +99,12 @@ def test_a_lost_node_s_job_resumes_elsewhere_from_its_checkpoint_with_the_same_f
         assert resumed >= 5, log
         assert json.loads(final.read_text()) == json.loads(reference.read_text())
         assert pool.nodes()[node]["state"] == "lost"
+        with server.http() as client:  # what it was is history: its health now is not known
+            health = client.get(f"/api/v1/health/{node}").json()
+            assert health["health"] == "unknown", health
+            assert health["evidence"].startswith("node lost: no telemetry for"), health
+            metrics = client.get("/metrics").text
+        assert f'Hostname="{node}"' not in metrics, "its last samples are not exported as its GPUs now"
     finally:
         pool.stop()
 

@@ -376,6 +376,10 @@ class HealthMonitor(Judging):
         evidence = (
             state_reason if out and entry.verdict.health != checks.UNHEALTHY else entry.verdict.evidence
         )
+        if state == "lost":  # nothing judged it since: what it was is history, not its health now
+            age = self.telemetry.age(name)
+            silent = f"no telemetry for {age:.0f}s" if age is not None else "no telemetry"
+            health, evidence = checks.UNKNOWN, f"node lost: {silent} (last judged {health}: {evidence})"
         return {
             "health": health,
             "evidence": evidence,

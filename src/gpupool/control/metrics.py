@@ -22,6 +22,7 @@ from gpupool.control import bench, service
 from gpupool.control.autoscale import Word
 from gpupool.control.budgets import BudgetState
 from gpupool.control.health import HealthMonitor
+from gpupool.control.health_judge import STALE_AFTER
 from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE, STATES
 from gpupool.control.readiness import Readiness, word_on
 from gpupool.control.retention import retired_gpu_hours
@@ -195,11 +196,15 @@ class PoolCollector(Collector):
             models = {(node, idx): (model, name) for node, idx, model, name in s.execute(
                 select(Node.name, Gpu.index, Gpu.model, Gpu.product_name).join(Gpu, Gpu.node_id == Node.id)
             )}  # fmt: skip
+            lost_nodes = set(s.scalars(select(Node.name).where(Node.state == "lost")))
         # dcgm-exporter types its cumulative fields (energy, ECC, PCIe replays, remapped rows) as counters
         # under names without `_total`; the Python client would append `_total` to a counter, so they are
         # exposed as gauges under dcgm-exporter's exact names (rate() and increase() read them the same).
         families = [GaugeMetricFamily(name, doc, labels=GPU_LABELS) for name, doc, _, _ in _GPU_SERIES]
         for (node, index), sample in sorted(self.telemetry.latest().items()):
+            age = self.telemetry.age(node)
+            if node in lost_nodes or age is None or age > STALE_AFTER:
+                continue  # a node that stopped sending (lost): its last samples are not its GPUs now
             lost = bool(sample.get("lost"))
             holders = sample.get("holders") or [{}]
             first = holders[0]
