@@ -221,6 +221,7 @@ class SnapshotBuilding:
             ((wid, views[wid].queue, users[wid], views[wid].gpu_units) for wid, _ in pending),
             ((views[wid].queue, users[wid], views[wid].gpu_units) for wid in running),
             limits,
+            {q.name: q.parent for q in queue_rows},
         )
         if not self.user_held:
             return pending

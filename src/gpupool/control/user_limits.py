@@ -44,27 +44,51 @@ def held_back(
     pending: Iterable[tuple[int, str, str, float]],
     running: Iterable[tuple[str, str, float]],
     limits: Mapping[str, Limits],
+    parents: Mapping[str, str | None] | None = None,
 ) -> dict[int, Explanation]:
     """The pending workloads (id, queue, user, GPUs), in the order the scheduler is to see them, that their
-    queue's user limits hold back beside the running work (queue, user, GPUs), and why."""
-    used: dict[tuple[str, str], list[float]] = {}  # (queue, user) -> [GPUs, workloads]
+    queue's user limits hold back beside the running work (queue, user, GPUs), and why. A queue's limits
+    hold for a user's work in it and in every queue below it (`parents`: queue -> its parent), as Slurm's
+    association limits hold for the associations under one."""
+    chains: dict[str, tuple[str, ...]] = {}  # queue -> the capped queues it counts in: itself and above
+
+    def capped(queue: str) -> tuple[str, ...]:
+        chain = chains.get(queue)
+        if chain is None:
+            above, seen = [], set()
+            at: str | None = queue
+            while at is not None and at not in seen:  # a loop in bad data ends the walk
+                seen.add(at)
+                if at in limits:
+                    above.append(at)
+                at = (parents or {}).get(at)
+            chain = chains[queue] = tuple(above)
+        return chain
+
+    used: dict[tuple[str, str], list[float]] = {}  # (capped queue, user) -> [GPUs, workloads]
     for queue, user, gpus in running:
-        if queue in limits:
-            row = used.setdefault((queue, user), [0.0, 0.0])
+        for cap in capped(queue):
+            row = used.setdefault((cap, user), [0.0, 0.0])
             row[0] += gpus
             row[1] += 1
     held: dict[int, Explanation] = {}
     for wid, queue, user, gpus in pending:
-        caps = limits.get(queue)
-        if caps is None:
-            continue
-        row = used.setdefault((queue, user), [0.0, 0.0])
-        why = _over(caps, row, gpus, queue, user)
-        if why is None:
-            row[0] += gpus  # given to the scheduler this pass: it may start
-            row[1] += 1
-        else:
+        chain = capped(queue)
+        rows = [used.setdefault((cap, user), [0.0, 0.0]) for cap in chain]
+        why = next(
+            (
+                said
+                for cap, row in zip(chain, rows, strict=True)
+                if (said := _over(limits[cap], row, gpus, cap, user))
+            ),
+            None,
+        )
+        if why is not None:
             held[wid] = Explanation(USER_LIMIT, why)
+            continue
+        for row in rows:  # given to the scheduler this pass: it may start
+            row[0] += gpus
+            row[1] += 1
     return held
 
 
@@ -77,11 +101,13 @@ def _over(caps: Limits, row: list[float], gpus: float, queue: str, user: str) ->
     if caps.gpus is not None and row[0] + gpus > caps.gpus + 1e-9:
         return (
             f"{user} holds or is next in line for {row[0]:g} of the {caps.gpus:g} GPUs one user may hold "
-            f"in queue {queue} (user_limits.gpus); it starts as {user}'s earlier work there ends"
+            f"in queue {queue} and the queues below it (user_limits.gpus); it starts as {user}'s earlier "
+            "work there ends"
         )
     if caps.workloads is not None and row[1] + 1 > caps.workloads:
         return (
             f"{user} runs or is next in line for {int(row[1])} of the {caps.workloads} workloads one user "
-            f"may run in queue {queue} (user_limits.workloads); it starts as {user}'s earlier work there ends"
+            f"may run in queue {queue} and the queues below it (user_limits.workloads); it starts as "
+            f"{user}'s earlier work there ends"
         )
     return None

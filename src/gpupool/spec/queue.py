@@ -198,8 +198,9 @@ class QueueSpec(BaseModel):
     )
     user_limits: UserLimits | None = Field(
         default=None,
-        description="Caps on what each user's running work in this queue holds, e.g. {gpus: 8, workloads: "
-        "4}; a user's work beyond them waits (reason user-limit), oldest first; default null: none.",
+        description="Caps on what each user's running work in this queue and the queues below it holds, "
+        "e.g. {gpus: 8, workloads: 4}; a user's work beyond them waits (reason user-limit), oldest first; "
+        "default null: none.",
     )
     budget: BudgetSpec | None = Field(
         default=None,

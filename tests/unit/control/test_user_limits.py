@@ -39,3 +39,22 @@ def test_the_workload_cap_and_limits_read_from_specs() -> None:
     assert (
         "a runs or is next in line for 2 of the 2 workloads one user may run in queue nlp" in held[2].message
     )
+
+
+def test_a_parents_limits_hold_for_a_users_work_in_every_queue_below_it() -> None:
+    """As Slurm's association limits: a cap on `research` counts alice's work in nlp and vision together
+    (it had no effect at all before), beside nlp's own cap."""
+    limits = {"research": Limits(gpus=3, workloads=None), "nlp": Limits(gpus=None, workloads=1)}
+    parents = {"nlp": "research", "vision": "research", "research": None, "cv": None}
+    running = [("nlp", "alice", 2.0)]
+    pending = [
+        (1, "vision", "alice", 1.0),  # 2 + 1 = 3 under research: given
+        (2, "vision", "alice", 1.0),  # 4: held by research's cap
+        (3, "nlp", "alice", 0.0),  # nlp's own cap: one workload, alice runs one there
+        (4, "cv", "alice", 8.0),  # outside research
+        (5, "vision", "bob", 3.0),  # bob's own count
+    ]
+    held = held_back(pending, running, limits, parents)
+    assert sorted(held) == [2, 3]
+    assert "3 of the 3 GPUs one user may hold in queue research and the queues below it" in held[2].message
+    assert "one user may run in queue nlp" in held[3].message
