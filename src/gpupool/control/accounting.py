@@ -437,6 +437,10 @@ def _ordered(rows: dict[str, _Row], by: str) -> list[tuple[str, _Row]]:
     return sorted(rows.items(), key=lambda item: (-item[1].gpu_hours, item[0]))
 
 
+def _all_unpriced(row: _Row) -> bool:
+    return row.gpu_hours > 0 and row.unpriced_gpu_hours >= row.gpu_hours - 1e-9
+
+
 def _row_view(
     key: str, row: _Row, total: float, priced: bool, quota: float | None, hours: float
 ) -> dict[str, Any]:
@@ -445,7 +449,8 @@ def _row_view(
         "key": key,
         "gpu_hours": round(row.gpu_hours, 6),
         "share": round(row.gpu_hours / total, 6) if total > 0 else 0.0,
-        "cost": round(row.cost, 6) if priced else None,
+        # None, not 0, where none of its GPU-hours has a price: a sum of costs must not read them as free
+        "cost": round(row.cost, 6) if priced and not _all_unpriced(row) else None,
         "unpriced_gpu_hours": round(row.unpriced_gpu_hours, 6) if priced else None,
         "attempts": len(row.attempts),
         "workloads": len(row.workloads),

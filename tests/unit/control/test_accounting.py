@@ -103,7 +103,7 @@ def test_gang_pods_fractions_and_models_with_prices_and_an_unpriced_model(store:
     rows = {row["key"]: row for row in report["rows"]}
     assert rows["H100"]["gpu_hours"] == pytest.approx(4.0) and rows["H100"]["cost"] == pytest.approx(8.0)
     assert rows["A100"]["gpu_hours"] == pytest.approx(1.0)
-    assert rows["A100"]["cost"] == 0.0 and rows["A100"]["unpriced_gpu_hours"] == pytest.approx(1.0)
+    assert rows["A100"]["cost"] is None and rows["A100"]["unpriced_gpu_hours"] == pytest.approx(1.0)
     assert report["currency"] == "EUR" and report["total"]["cost"] == pytest.approx(8.0)
     by_node = _rows(_report(store, NOW - 2 * H, by="node"))
     assert by_node == {"a": pytest.approx(4.0), "b": pytest.approx(1.0)}
