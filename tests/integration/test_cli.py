@@ -456,3 +456,27 @@ def test_a_parent_queue_shows_what_the_queues_under_it_hold(server: ServerProces
     table = server.cli("queues", check=True).stdout
     assert "0 (+2 below)" in table and "(+1 below)" in table, table
     server.cli("cancel", "1", check=True)
+
+
+def test_queue_create_from_a_file_and_clearing_a_parent_or_a_limit(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """`queue create -f nlp.yaml` (as docs/specs.md shows it) takes the name from the file; two names that
+    differ are refused; a file's error names the file; `--parent none` and `--gpu-limit none` clear them."""
+    server.cli("queue", "create", "research", check=True)
+    spec = tmp_path / "nlp.yaml"
+    spec.write_text("name: nlp\nparent: research\nresources: {gpu: {quota: 2, limit: 4}}\n")
+    assert "queue nlp created" in server.cli("queue", "create", "-f", str(spec), check=True).stdout
+    clash = server.cli("queue", "create", "other", "-f", str(spec))
+    assert clash.returncode == 1 and "names the queue 'nlp' and the command 'other'" in clash.stderr, (
+        clash.stderr
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: cv\nbudget: {gpu_hours: 5, extra: 1}\n")
+    refused = server.cli("queue", "create", "-f", str(bad))
+    assert refused.returncode == 1 and f"error: {bad}: budget.extra" in refused.stderr, refused.stderr
+    server.cli("queue", "update", "nlp", "--parent", "none", "--gpu-limit", "none", check=True)
+    nlp = json.loads(server.cli("queue", "show", "nlp", "--json", check=True).stdout)
+    assert nlp["parent"] is None and nlp["resources"]["gpu"].get("limit") is None, nlp
+    wrong = server.cli("queue", "update", "nlp", "--gpu-limit", "lots")
+    assert wrong.returncode == 1 and "--gpu-limit lots: a number of GPUs" in wrong.stderr, wrong.stderr

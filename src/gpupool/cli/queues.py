@@ -61,7 +61,13 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(loaded, dict):
             raise CliError(f"{file}: a queue spec must be a YAML mapping")
         body.update(loaded)
+    limit = fields.pop("gpu_limit", None)  # "none": the cap removed, so not dropped as unset below
+    parent = fields.pop("parent", None)
+    if parent is not None:
+        body["parent"] = None if parent.strip().lower() in ("none", "") else parent  # none: top-level
     gpu = {key: fields.pop(flag) for flag, key in _GPU_FLAGS.items() if fields.get(flag) is not None}
+    if limit is not None:
+        gpu["limit"] = _limit(limit)
     if gpu:
         body.setdefault("resources", {}).setdefault("gpu", {}).update(gpu)
     body.update({key: value for key, value in fields.items() if value is not None and key not in _GPU_FLAGS})
@@ -74,10 +80,10 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
 
 _GPU_FLAGS = {"gpu_quota": "quota", "gpu_limit": "limit", "gpu_weight": "over_quota_weight"}
 _QUOTA = typer.Option(None, "--gpu-quota", help="GPUs guaranteed to this queue")
-_LIMIT = typer.Option(None, "--gpu-limit", help="hard cap on GPUs in use")
+_LIMIT = typer.Option(None, "--gpu-limit", help="hard cap on GPUs in use; none removes it")
 _WEIGHT = typer.Option(None, "--gpu-weight", help="share of idle GPUs beyond quota (over-quota weight)")
 _PRIORITY = typer.Option(None, "--priority", help="queue priority 0..1000")
-_PARENT = typer.Option(None, "--parent", help="parent queue (department)")
+_PARENT = typer.Option(None, "--parent", help="parent queue (department); none: a top-level queue")
 _DESCRIPTION = typer.Option(None, "--description")
 _ORDERING = typer.Option(None, "--ordering", help="fifo | attained | las | estimate")
 _MIN_PREEMPT = typer.Option(None, "--min-runtime-preempt", help="e.g. 10m: no preemption of younger work")
@@ -118,6 +124,16 @@ def _user_limits(gpus: str | None, workloads: str | None) -> dict[str, Any] | No
     return caps or None
 
 
+def _limit(text: str) -> float | None:
+    """--gpu-limit: a number of GPUs, or none (no cap)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise CliError(f"--gpu-limit {text}: a number of GPUs, e.g. 16, or none to remove the cap") from None
+
+
 def _budget(text: str | None) -> dict[str, Any] | str | None:
     """--budget as the spec's `budget` (None: no flag; "none": remove the budget)."""
     if text is None:
@@ -138,9 +154,9 @@ def _budget(text: str | None) -> dict[str, Any] | str | None:
 
 @queue_app.command("create")
 def queue_create(
-    name: str,
+    name: str | None = typer.Argument(None, help="the queue's name (or `name:` in the --file spec)"),
     gpu_quota: float | None = _QUOTA,
-    gpu_limit: float | None = _LIMIT,
+    gpu_limit: str | None = _LIMIT,
     gpu_weight: float | None = _WEIGHT,
     priority: int | None = _PRIORITY,
     parent: str | None = _PARENT,
@@ -156,8 +172,16 @@ def queue_create(
     """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16 [--budget 5000]"""
     fields = dict(locals())
     body = _queue_body(fields.pop("file"), {k: v for k, v in fields.items() if k != "name"})
-    body["name"] = name
-    spec.parse_queue_spec(body)
+    named = body.get("name")
+    if name is None and not named:
+        raise CliError("give the queue's name: gpupool queue create NAME, or `name:` in the --file spec")
+    if name is not None and named and named != name:
+        raise CliError(f"{file} names the queue {named!r} and the command {name!r}: give one name")
+    body["name"] = name or named
+    try:
+        spec.parse_queue_spec(body)
+    except spec.SpecError as exc:
+        raise CliError(f"{file}: {exc}" if file is not None else str(exc)) from exc
     q = client().create_queue(body)
     console.print(f"queue {q['name']} created")
     _warn(q)
@@ -167,7 +191,7 @@ def queue_create(
 def queue_update(
     name: str,
     gpu_quota: float | None = _QUOTA,
-    gpu_limit: float | None = _LIMIT,
+    gpu_limit: str | None = _LIMIT,
     gpu_weight: float | None = _WEIGHT,
     priority: int | None = _PRIORITY,
     parent: str | None = _PARENT,
