@@ -210,6 +210,8 @@ def test_a_missing_workdir_fails_the_job_with_the_reason(server: ServerProcess, 
     done = server.wait_for(created["id"])
     assert done["state"] == "failed"
     assert "does not exist" in done["reason"]
+    said = server.cli("logs", str(created["id"]), check=True)  # not silence: why it has no output
+    assert said.stdout == "" and "attempt 0 of workload" in said.stderr and "does not exist" in said.stderr
 
 
 def test_a_launch_error_is_retried_as_a_node_failure_and_a_service_starts_again(tmp_path: Path) -> None:

@@ -138,6 +138,13 @@ def stream_log(
                     f"workload {workload_id} is pending: no output yet "
                     f"(gpupool why {workload_id}; gpupool logs -f waits for it)"
                 )
+        if say_unstarted and chunk.get("no_log") and chunk.get("attempt_ended") and not chunk["data"]:
+            say_unstarted = False  # its node could not start it: say why, rather than print nothing
+            said = chunk.get("attempt_reason") or "it never ran"
+            err_console.print(
+                escape(f"attempt {chunk['attempt']} of workload {workload_id} has no output: {said}"),
+                highlight=False,
+            )
         why = chunk.get("reason") if chunk["state"] == "pending" else None
         if say_waiting is not None and why and why != said_why and time.monotonic() - began >= say_waiting:
             said_why = why

@@ -386,6 +386,9 @@ def train(
             raise BenchError(f"--parallel {parallel!r}: give ddp or fsdp")
         if iters < 1 or warmup_iters < 0:
             raise BenchError("-n/--iters must be at least 1 and -w/--warmup_iters at least 0")
+        for flag, given in (("--global-batch", global_batch), ("--vocab", vocab)):
+            if given is not None and given < 1:  # 0 ran with the default, as if not given
+                raise BenchError(f"{flag} {given}: give at least 1, or leave it out for the default")
         file_vocab = read_index(data).vocab_size if data is not None else None
         if vocab is not None and file_vocab is not None and vocab < file_vocab:
             raise BenchError(f"--vocab {vocab} is smaller than the {file_vocab} token ids of --data {data}")

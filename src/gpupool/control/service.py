@@ -1451,6 +1451,9 @@ def read_log(
             "attempt_ended": finished,
             "latest_attempt": workload.attempts[-1].number,
             "reason": workload.reason,  # why it waits, while it is pending again
+            # an attempt that never wrote a log (its node could not start it): why it ended
+            "no_log": not path.exists(),
+            "attempt_reason": chosen.reason,
         }
 
 
