@@ -337,7 +337,12 @@ class HealthMonitor(Judging):
         try:
             reply = self.agents.ask(name, instruction, FAULT_TIMEOUT)
         except (TimeoutError, LookupError) as exc:
-            raise Conflict(f"node {name}: its agent did not apply the fault: {exc}", field="node") from exc
+            raise Conflict(
+                f"node {name}: its agent did not answer that it applied the fault ({exc}); the instruction "
+                "may still reach it and be applied when it is back: `gpupool node show` says, `inject-fault "
+                "--clear` undoes it",
+                field="node",
+            ) from exc
         if reply.get("error"):
             raise _service_error(str(reply["error"]), str(reply.get("kind")), reply.get("field"))
         log.warning("event=fault_injected node=%s gpu=%d fault=%s value=%r", name, gpu, fault, value)
