@@ -61,8 +61,8 @@ def _found(c: Client, ref: str, name: str, member: Member | None, *, reading: bo
     page = 1 if member is None else _MEMBER_PAGE
     newest = _of_member(c.workloads(all=True, name=name, limit=page), member)
     if not newest:
-        listed_ids = "," in ref or " " in ref.strip()
-        hint = "; give each id or name as an argument of its own (--after: repeat the flag)" if listed_ids else ""
+        several = "," in ref or " " in ref.strip()
+        hint = "; give each id or name as an argument of its own (--after: repeat it)" if several else ""
         raise CliError(f"no workload is named {ref!r} (gpupool ps lists them){hint}")
     if not reading:
         raise CliError(
