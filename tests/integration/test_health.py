@@ -153,6 +153,14 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     time.sleep(3)  # and its scheduled rechecks
     assert out_of_service(node(server))
     assert server.workload(job["id"])["state"] == "pending"
+    # Changed verdicts only: the Xid, then the Xid and the slow GEMM; a recheck that fails as the last did
+    # is no new verdict (each counted twice before: the passive checks alone between rechecks, then both).
+    with server.http() as client:
+        counted = [
+            line for line in client.get("/metrics").text.splitlines()
+            if line.startswith("gpupool_health_verdicts_total{") and 'health="unhealthy"' in line
+        ]  # fmt: skip
+    assert [float(line.rsplit(" ", 1)[1]) for line in counted] == [2.0], counted
 
     server.cli("node", "inject-fault", "node-1", "--gpu", "3", "--clear", check=True)
     back = until(

@@ -99,6 +99,10 @@ class HealthMonitor(Judging):
             with self._lock:
                 if self._accepted != accepted:  # an admin accepted a node's GPUs meanwhile: judge next pass
                     return
+                entry = self._nodes.get(name)
+                failed = entry.active_verdict if entry is not None and state == "unhealthy" else None
+            if verdict is not None and failed is not None and failed.health == checks.UNHEALTHY:
+                verdict = checks.combine(verdict, failed)  # what its last active checks found stands
             if verdict is not None:
                 self._record(name, state, verdict, now)
                 if verdict.health == checks.UNHEALTHY:

@@ -181,7 +181,7 @@ class Judging(HealthState):
         overall = self._with_bench(name, overall, began) or overall
         with self._lock:
             entry = self._nodes.setdefault(name, NodeHealth(overall, began))
-            entry.active, entry.active_at = active_view, began
+            entry.active, entry.active_at, entry.active_verdict = active_view, began, active
         self._record(name, state, overall, began)
         if overall.health == checks.UNHEALTHY:
             if state == "unhealthy":

@@ -59,6 +59,10 @@ class NodeHealth:
     checked_at: float  # unix time of the verdict
     active: dict[str, Any] | None = None  # the last active run: result and verdict
     active_at: float | None = None
+    # The last active run's verdict: while it failed, the passive checks judge the node with it (what the
+    # active checks found stands until they run again), so that a recheck that fails as the one before did
+    # changes no verdict (it counted twice in gpupool_health_verdicts_total, each recheck).
+    active_verdict: Verdict | None = None
 
 
 class HealthState:

@@ -60,8 +60,10 @@ def verdict(findings: Sequence[Finding], checks: Sequence[str]) -> Verdict:
 
 
 def combine(*verdicts: Verdict) -> Verdict:
-    findings = [f for v in verdicts for f in v.findings]
-    checks = [c for v in verdicts for c in v.checks]
+    """One verdict of several; a finding or check two of them share is said once (a GPU off the bus is
+    seen by the passive checks and the active ones alike)."""
+    findings = list(dict.fromkeys(f for v in verdicts for f in v.findings))
+    checks = list(dict.fromkeys(c for v in verdicts for c in v.checks))
     return verdict(findings, checks)
 
 
