@@ -216,6 +216,11 @@ def test_nodes_and_cordon_commands(server: ServerProcess) -> None:
         refused.stderr
     ), refused.stderr
     assert json.loads(server.cli("nodes", "--json", check=True).stdout)[0]["state"] == "ready"
+    server.cli("node", "drain", "node-1", check=True)  # nothing runs there: drained at once
+    (drained,) = json.loads(server.cli("nodes", "--json", check=True).stdout)
+    assert (drained["state"], drained["drained"]) == ("draining", True), drained
+    assert "drained" in server.cli("nodes", check=True).stdout
+    server.cli("node", "uncordon", "node-1", check=True)
 
 
 BAD_SPECS = [

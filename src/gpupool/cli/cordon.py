@@ -23,7 +23,7 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
         util = f"{sum(utils) / len(utils):.0f}%" if utils else "-"
         table.add_row(
             n["name"],
-            styled(n["state"]),
+            styled("drained") if n.get("drained") else styled(n["state"]),
             styled(n.get("health", "unknown")),
             str(n["gpus_total"]),
             ",".join(n["gpu_models"]) or "-",

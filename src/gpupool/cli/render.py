@@ -46,6 +46,7 @@ STATE_STYLE = {
     "ready": "green",
     "cordoned": "yellow",
     "draining": "yellow",
+    "drained": "yellow",
     "unhealthy": "red",
     "lost": "red",
     "healthy": "green",

@@ -1534,6 +1534,8 @@ def list_nodes(
                 {
                     **node_view(n, allocated, telemetry),
                     "workloads": sorted(workloads.get(n.name, [])),
+                    # a drain is done: nothing runs there any more (Slurm's DRAINED, after DRAINING)
+                    "drained": n.state == "draining" and not workloads.get(n.name),
                     "health": verdict.get("health", "unknown"),
                     "health_evidence": verdict.get("evidence", ""),
                 }
