@@ -461,7 +461,8 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
         cells = ["TOTAL" if total else str(row["key"])]
         if by == "workload":
             cells.append("" if total else str(row.get("name", "")))
-        cells += [_hours(row["gpu_hours"]), *_used(row), f"{row['share']:.1%}"]
+        below = f" (+{_hours(row['gpu_hours_below'])} below)" if row.get("gpu_hours_below") else ""
+        cells += [_hours(row["gpu_hours"]) + below, *_used(row), f"{row['share']:.1%}"]
         if currency:
             unpriced = row.get("unpriced_gpu_hours") or 0.0
             cells.append(_money(row["cost"]) + (f" (+{_hours(unpriced)} GPU-h unpriced)" if unpriced else ""))
@@ -485,7 +486,12 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
         "over the attempts with GPU telemetry; USED: those attempts' GPU-hours x UTIL"
         + (f"; {currency}: their cost" if currency else " (no prices.yaml: docs/operations.md)")
         + "; FAILED, EVICTED: GPU-hours of attempts that failed or were stopped (preempted, drained, held)"
-        + ("; QUOTA: the GPU quota now x the window, in GPU-hours" if quota else "")
+        + (
+            "; QUOTA: the GPU quota now x the window, in GPU-hours; a parent's row is its own work, "
+            "(+N below) its queues', and OF QUOTA counts both"
+            if quota
+            else ""
+        )
     )
     table.caption_justify = "left"
     return table

@@ -213,7 +213,9 @@ def usage(
         models = _models(s)
         pool = _pool_nodes(s)
         capacity = sum(len(gpus) for node, gpus in models.items() if node in pool)  # the pool's GPUs now
-        quotas = {q.name: _gpu_quota(q.spec) for q in s.scalars(select(Queue))}
+        queue_rows = list(s.scalars(select(Queue)))
+        quotas = {q.name: _gpu_quota(q.spec) for q in queue_rows}
+        parents = {q.name: q.parent for q in queue_rows}
         # a queue's report covers the queues under it too, as its budget counts them (a department's)
         spans = list(_spans(s, since, until, None if queue is None else _subtree(s, queue), models, now))
     rows: dict[str, _Row] = {}
@@ -231,6 +233,7 @@ def usage(
     if by == "queue" and queue is None:
         for name in quotas:  # a queue that used nothing is a line too: its quota went unused
             rows.setdefault(name, _Row())
+    below = _below(rows, parents) if by == "queue" else {}
     ordered = _ordered(rows, by)
     priced = prices is not None
     return {
@@ -243,11 +246,31 @@ def usage(
         "capacity_gpu_hours": round(capacity * hours, 6),
         "capacity_gpus": capacity,
         "rows": [
-            _row_view(key, row, total.gpu_hours, priced, quotas.get(key) if by == "queue" else None, hours)
+            _row_view(
+                key,
+                row,
+                total.gpu_hours,
+                priced,
+                quotas.get(key) if by == "queue" else None,
+                hours,
+                below.get(key, 0.0),
+            )
             for key, row in ordered
         ],
         "total": _row_view("total", total, total.gpu_hours, priced, None, hours),
     }
+
+
+def _below(rows: Mapping[str, _Row], parents: Mapping[str, str | None]) -> dict[str, float]:
+    """The GPU-hours of the queues under each queue, at any depth (a department's, beside its own row)."""
+    below: dict[str, float] = {}
+    for key, row in rows.items():
+        at, seen = parents.get(key), {key}
+        while at is not None and at not in seen:  # a loop in bad data ends the walk
+            seen.add(at)
+            below[at] = below.get(at, 0.0) + row.gpu_hours
+            at = parents.get(at)
+    return below
 
 
 def gpu_hours_by_queue(s: Session, since: datetime, until: datetime, now: datetime) -> dict[str, float]:
@@ -442,7 +465,7 @@ def _all_unpriced(row: _Row) -> bool:
 
 
 def _row_view(
-    key: str, row: _Row, total: float, priced: bool, quota: float | None, hours: float
+    key: str, row: _Row, total: float, priced: bool, quota: float | None, hours: float, below: float = 0.0
 ) -> dict[str, Any]:
     measured = row.measured_gpu_hours
     view: dict[str, Any] = {
@@ -462,7 +485,10 @@ def _row_view(
     }
     if row.name is not None:
         view["name"] = row.name
+    if below:  # a parent queue: its row is its own work; its quota covers the queues under it too
+        view["gpu_hours_below"] = round(below, 6)
     if quota is not None:
+        within = row.gpu_hours + below
         view["quota_gpu_hours"] = round(quota * hours, 6)
-        view["quota_used"] = round(row.gpu_hours / (quota * hours), 6) if quota > 0 and hours > 0 else None
+        view["quota_used"] = round(within / (quota * hours), 6) if quota > 0 and hours > 0 else None
     return view

@@ -148,6 +148,24 @@ def test_queues_with_their_quota_including_one_that_used_nothing(store: Store) -
     assert [row["key"] for row in only["rows"]] == [] and only["total"]["gpu_hours"] == 0.0
 
 
+def test_a_parent_queues_row_says_what_its_queues_used_and_its_quota_counts_them(store: Store) -> None:
+    """A department's own row stays its own (the total counts nothing twice); beside it, what the queues
+    under it used, at any depth, and its quota (which covers them) is read against both."""
+    _node(store, "a", "H100")
+    for name, parent, quota in (("research", None, 6), ("nlp", "research", 4), ("bert", "nlp", 0)):
+        spec = {"name": name, "parent": parent, "resources": {"gpu": {"quota": quota}}}
+        service.create_queue(store, parse_queue_spec(spec))
+    _attempt(store, NOW - 10 * H, NOW, gpus=2, queue="nlp")
+    _attempt(store, NOW - 10 * H, NOW, gpus=1, queue="bert")
+    report = _report(store, NOW - 10 * H)
+    rows = {row["key"]: row for row in report["rows"]}
+    assert rows["research"]["gpu_hours"] == 0.0 and rows["research"]["gpu_hours_below"] == pytest.approx(30.0)
+    assert rows["research"]["quota_used"] == pytest.approx(30.0 / 60.0)
+    assert rows["nlp"]["gpu_hours_below"] == pytest.approx(10.0)
+    assert rows["nlp"]["quota_used"] == pytest.approx(30.0 / 40.0)
+    assert "gpu_hours_below" not in rows["bert"] and report["total"]["gpu_hours"] == pytest.approx(30.0)
+
+
 def test_outcomes_users_and_workloads(store: Store) -> None:
     _node(store, "a", "H100")
     first = _attempt(store, NOW - 4 * H, NOW - 3 * H, state="evicted", user="alice", name="big")
