@@ -167,3 +167,29 @@ def test_what_an_admin_did_to_a_users_work_only_an_admin_undoes(server: ServerPr
     after = server.workload(job["id"])
     assert (after["priority"], after["spec"].get("max_duration")) == (100, None), "an admin raises both"
     server.cli("cancel", str(job["id"]), check=True)
+
+
+def test_a_queues_max_priority_holds_users_work_below_it_and_not_an_admins(server: ServerProcess) -> None:
+    """As a Slurm QOS caps priority: with max_priority 50 a user cannot outrank teammates' train work at
+    submit nor by moving high-priority work in; an admin can."""
+    server.cli("queue", "create", "nlp", "--max-priority", "50", check=True)
+    server.cli("queue", "create", "open", check=True)
+    shown = server.cli("queue", "show", "nlp", check=True).stdout
+    assert "users' work at priority 50 at most (max_priority)" in shown, shown
+    alice = _token(server, "alice")
+    status, denied = _call(
+        server, alice, "POST", "/api/v1/workloads", {"queue": "nlp", "priority": 1000, "commands": ["true"]}
+    )
+    assert status == 403 and denied["error"]["field"] == "priority", denied
+    assert "queue nlp takes work up to priority 50 from users" in denied["error"]["message"], denied
+    status, high = _call(
+        server, alice, "POST", "/api/v1/workloads?hold=true",
+        {"queue": "open", "priority": 1000, "commands": ["sleep 60"]},
+    )  # fmt: skip
+    assert status == 201, high
+    status, denied = _call(server, alice, "PATCH", f"/api/v1/workloads/{high['id']}", {"queue": "nlp"})
+    assert status == 403 and denied["error"]["field"] == "priority", denied
+    assert server.workload(high["id"])["queue"] == "open"
+    admins = server.submit({"queue": "nlp", "priority": 1000, "commands": ["true"]})
+    assert admins["priority"] == 1000
+    server.cli("cancel", str(high["id"]), check=True)

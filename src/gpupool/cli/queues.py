@@ -62,6 +62,9 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
             raise CliError(f"{file}: a queue spec must be a YAML mapping")
         body.update(loaded)
     limit = fields.pop("gpu_limit", None)  # "none": the cap removed, so not dropped as unset below
+    cap = fields.pop("max_priority", None)
+    if cap is not None:
+        body["max_priority"] = _whole_or_none(cap, "--max-priority", "50")
     parent = fields.pop("parent", None)
     if parent is not None:
         body["parent"] = None if parent.strip().lower() in ("none", "") else parent  # none: top-level
@@ -83,6 +86,9 @@ _QUOTA = typer.Option(None, "--gpu-quota", help="GPUs guaranteed to this queue")
 _LIMIT = typer.Option(None, "--gpu-limit", help="hard cap on GPUs in use; none removes it")
 _WEIGHT = typer.Option(None, "--gpu-weight", help="share of idle GPUs beyond quota (over-quota weight)")
 _PRIORITY = typer.Option(None, "--priority", help="queue priority 0..1000")
+_MAX_PRIORITY = typer.Option(
+    None, "--max-priority", help="the highest priority users may give work here (max_priority); none: any"
+)
 _PARENT = typer.Option(None, "--parent", help="parent queue (department); none: a top-level queue")
 _DESCRIPTION = typer.Option(None, "--description")
 _ORDERING = typer.Option(None, "--ordering", help="fifo | attained | las | estimate")
@@ -124,6 +130,15 @@ def _user_limits(gpus: str | None, workloads: str | None) -> dict[str, Any] | No
     return caps or None
 
 
+def _whole_or_none(text: str, flag: str, example: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise CliError(f"{flag} {text}: a whole number, e.g. {example}, or none") from None
+
+
 def _limit(text: str) -> float | None:
     """--gpu-limit: a number of GPUs, or none (no cap)."""
     if text.strip().lower() == "none":
@@ -159,6 +174,7 @@ def queue_create(
     gpu_limit: str | None = _LIMIT,
     gpu_weight: float | None = _WEIGHT,
     priority: int | None = _PRIORITY,
+    max_priority: str | None = _MAX_PRIORITY,
     parent: str | None = _PARENT,
     description: str | None = _DESCRIPTION,
     ordering: str | None = _ORDERING,
@@ -194,6 +210,7 @@ def queue_update(
     gpu_limit: str | None = _LIMIT,
     gpu_weight: float | None = _WEIGHT,
     priority: int | None = _PRIORITY,
+    max_priority: str | None = _MAX_PRIORITY,
     parent: str | None = _PARENT,
     description: str | None = _DESCRIPTION,
     ordering: str | None = _ORDERING,
@@ -210,6 +227,7 @@ def queue_update(
     if not body:
         raise CliError(
             "nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, --priority, "
+            "--max-priority, "
             "--parent, --description, --ordering, --min-runtime-preempt, --min-runtime-reclaim, --budget, "
             "--user-gpus, --user-workloads, --file"
         )

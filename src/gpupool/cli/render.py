@@ -318,6 +318,8 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
         said = [f"{caps['gpus']:g} GPUs" if caps.get("gpus") is not None else "",
                 f"{caps['workloads']:g} workloads" if caps.get("workloads") is not None else ""]  # fmt: skip
         lines.append(f"  each user at most: {', '.join(x for x in said if x)}")
+    if q.get("max_priority") is not None:
+        lines.append(f"  users' work at priority {q['max_priority']} at most (max_priority)")
     lines.append(f"  created {q['created_at']}, updated {q['updated_at']}")
     return lines
 

@@ -106,6 +106,7 @@ def queue_view(
         "min_runtime_reclaim": queue.spec.get("min_runtime_reclaim"),
         "budget": queue.spec.get("budget"),
         "user_limits": queue.spec.get("user_limits"),
+        "max_priority": queue.spec.get("max_priority"),
         "running": int(used.get("running", 0)),
         "pending": int(used.get("pending", 0)),
         # a parent's: what the queues under it hold and run (not in its own figures above)
@@ -502,9 +503,12 @@ def redacted_spec(spec: Mapping[str, Any], *, whole: bool) -> dict[str, Any]:
     return shown
 
 
-def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin", held: bool = False) -> dict[str, Any]:
+def submit(
+    store: Store, spec: WorkloadSpec, *, user: str = "admin", held: bool = False, admin: bool = True
+) -> dict[str, Any]:
     """Validate against the pool, then commit the workload; it is durable when this returns. `held`: it
-    waits held until `release` (Slurm's sbatch --hold), a service's replicas and an array's tasks alike."""
+    waits held until `release` (Slurm's sbatch --hold), a service's replicas and an array's tasks alike.
+    A user's (not `admin`) work above its queue's `max_priority` is refused (403)."""
     with store.session() as s:
         if s.scalar(select(Queue.name).where(Queue.name == spec.queue)) is None:
             names = ", ".join(s.scalars(select(Queue.name).order_by(Queue.name))) or "none"
@@ -514,6 +518,8 @@ def submit(store: Store, spec: WorkloadSpec, *, user: str = "admin", held: bool 
                 field="queue",
                 example=DEFAULT_QUEUE,
             )
+        if not admin:
+            _check_priority_cap(s, spec.queue, spec.priority, "submit")
         _check_gpu_models(s, spec)
         check_at_submit(s, spec.after)
         secrets.check_at_submit(s, user, spec.secrets)
@@ -1114,6 +1120,8 @@ def update(
         if not admin:
             for w in active:
                 _check_not_raised(w, priority, limit)
+                if queue is not None and w.state == PENDING:
+                    _check_priority_cap(s, queue, priority if priority is not None else w.priority, "move")
         if queue is not None:
             _check_move(s, named, active, queue)
 
@@ -1135,6 +1143,18 @@ def update(
     verb = "change the priority of" if limit is None and queue is None else "change"
     view, ids = _change_named(store, workload_id, task, verb, change, check)
     return {**view, "updated_ids": ids, **({"moved_ids": moved} if queue is not None else {})}
+
+
+def _check_priority_cap(s: Session, queue: str, priority: int, done: str) -> None:
+    """Refuse (403) a user's work above its queue's `max_priority`."""
+    spec = s.scalar(select(Queue.spec).where(Queue.name == queue)) or {}
+    cap = spec.get("max_priority")
+    if cap is not None and priority > cap:
+        raise Forbidden(
+            f"priority: queue {queue} takes work up to priority {cap} from users (its max_priority), and "
+            f"this would {done} work at {priority}; ask for {cap} or less, or ask an admin",
+            field="priority",
+        )
 
 
 def _check_not_raised(w: Workload, priority: int | None, limit: TimeLimit | None) -> None:

@@ -49,6 +49,7 @@ QUEUE_FIELD_EXAMPLES: Final[dict[str, str]] = {
     "budget": "{gpu_hours: 5000, period: month}",
     "budget.gpu_hours": "5000",
     "budget.period": "month (or week, day)",
+    "max_priority": "50",
 }
 """A valid example for each field path, shown in every error about that field."""
 
@@ -195,6 +196,13 @@ class QueueSpec(BaseModel):
         default=None,
         description="Work in this queue runs at least this long before another queue may reclaim it, "
         'e.g. "30m"; default null: the parent\'s, else 0.',
+    )
+    max_priority: Whole | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="The highest priority a user may give work in this queue, at submit or by moving work "
+        "here (as a Slurm QOS caps it); admins are not held to it; default null: any, 0..1000.",
     )
     user_limits: UserLimits | None = Field(
         default=None,

@@ -38,7 +38,7 @@ def submit(
     _may_submit_to(caller, spec.queue)
     runtime = request.app.state.runtime
     check_allowed(spec.model_dump(mode="json"), runtime.settings.notify_hosts)
-    created = service.submit(runtime.store, spec, user=caller.name, held=hold)
+    created = service.submit(runtime.store, spec, user=caller.name, held=hold, admin=caller.admin)
     runtime.wake()
     return created
 
