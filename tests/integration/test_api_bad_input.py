@@ -34,7 +34,7 @@ def test_a_nul_character_is_refused_naming_where_it_is_and_changes_nothing(serve
         ]:
             message = refused(client.post("/api/v1/workloads", json=spec), 422, field)
             assert "NUL character" in message and "remove it" in message
-        refused(client.get("/api/v1/workloads", params={"queue": "a\x00"}), 422, "query.queue")
+        refused(client.get("/api/v1/workloads", params={"queue": "a\x00"}), 422, "queue")
         refused(client.patch("/api/v1/queues/default", json={"description": "\x00"}), 422, "description")
         assert client.get("/api/v1/workloads", params={"all": True}).json() == []
         assert "\x00" not in client.get("/api/v1/queues/default").json()["description"]
@@ -143,7 +143,11 @@ def test_telemetry_of_a_node_that_does_not_exist_is_404_naming_the_nodes(server:
         response = client.get("/api/v1/telemetry/node-9")
         assert response.status_code == 404
         assert response.json()["error"]["message"] == "no node named 'node-9' (nodes: node-1)"
-        refused(client.get("/api/v1/telemetry/node-1", params={"seconds": "nan"}), 422, "query.seconds")
+        refused(client.get("/api/v1/telemetry/node-1", params={"seconds": "nan"}), 422, "seconds")
+        too_long = refused(
+            client.get("/api/v1/telemetry/node-1", params={"seconds": "172800"}), 422, "seconds"
+        )
+        assert too_long == "seconds: 172800 is more than 86400, the most it takes", too_long
 
 
 @pytest.fixture

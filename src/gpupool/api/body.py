@@ -19,7 +19,7 @@ async def refuse_nul(request: Request) -> None:
     for where, params in (("path", request.path_params), ("query", request.query_params)):
         for key, value in params.items():
             if "\x00" in str(value):
-                raise _nul(f"{where}.{key}")
+                raise _nul(key if where == "query" else f"{where}.{key}")  # a query parameter by its name
     raw = await request.body()
     if b"\\u0000" not in raw:  # the only way JSON spells a NUL character inside text
         return

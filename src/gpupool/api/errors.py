@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -57,8 +58,9 @@ def install(app: FastAPI) -> None:
                 "send one JSON object, with names and text in double quotes"
             )
         else:
-            where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-            message = f"{where}: {first.get('msg', 'invalid request')}"
+            # a query parameter by its own name ("seconds", not "query.seconds"), and its bound in words
+            where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query")) or "body"
+            message = f"{where}: {_bound(first) or first.get('msg', 'invalid request')}"
         return JSONResponse(_body("invalid_request", message, field=where), status_code=422)
 
     @app.exception_handler(HTTPException)
@@ -79,3 +81,18 @@ def install(app: FastAPI) -> None:
         return JSONResponse(
             _body(code, message, field=field), status_code=exc.status_code, headers=exc.headers
         )
+
+
+def _bound(error: Mapping[str, Any]) -> str | None:
+    """A number past a bound, said as a person would: "172800 is more than 86400, the most it takes"."""
+    given, ctx = error.get("input"), error.get("ctx") or {}
+    said = {
+        "less_than_equal": ("le", "is more than {}, the most it takes"),
+        "less_than": ("lt", "must be less than {}"),
+        "greater_than_equal": ("ge", "is less than {}, the least it takes"),
+        "greater_than": ("gt", "must be more than {}"),
+    }.get(str(error.get("type")))
+    if said is None or said[0] not in ctx:
+        return None
+    bound = ctx[said[0]]
+    return f"{given} " + said[1].format(f"{bound:g}" if isinstance(bound, float) else bound)

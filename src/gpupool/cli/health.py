@@ -132,6 +132,8 @@ def node_show(
         seconds = parse_duration(history, "--history")
     except SpecError as exc:
         raise CliError(f"--history {history}: {exc}; e.g. --history 10m") from exc
+    if seconds > 86400:  # the head keeps a GPU's history for a day (api/routes/health.py MAX_HISTORY_S)
+        raise CliError(f"--history {history}: a node keeps a day of GPU history; e.g. --history 24h")
     c = client()
     nodes = {n["name"]: n for n in c.nodes()}
     if name not in nodes:

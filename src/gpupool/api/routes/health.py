@@ -13,6 +13,8 @@ from gpupool.api.errors import ApiError
 from gpupool.control import health as node_health
 from gpupool.control.tokens import Caller
 
+MAX_HISTORY_S = 86400.0  # the longest GPU history a node keeps (its coarsest tier)
+
 router = APIRouter(tags=["health"])
 
 FAULT_FIELDS = ("xid", "ecc", "throttle", "slow", "fall_off_bus", "clear")
@@ -66,7 +68,7 @@ def run_checks(request: Request, body: dict[str, Any] | None = Body(None)) -> li
 def telemetry(
     request: Request,
     name: str,
-    seconds: float = Query(600.0, gt=0, le=86400.0, allow_inf_nan=False, description="history window"),
+    seconds: float = Query(600.0, gt=0, le=MAX_HISTORY_S, allow_inf_nan=False, description="history window"),
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
     cache = runtime.telemetry
