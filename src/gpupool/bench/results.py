@@ -18,6 +18,7 @@ result from the job's log (`RESULT_MARKER`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -191,13 +192,20 @@ def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
         )
         got = "missing" if key not in obj else f"{value!r} is not {what}"
         raise BenchResultError(f"{where}.{key}: {got}; give the report exactly as the bench wrote it")
+    if isinstance(value, int) and value < 0:  # sizes, ranks and counts
+        raise BenchResultError(
+            f"{where}.{key}: {value} is below 0; give the report exactly as the bench wrote it"
+        )
     return value
 
 
 def _number(obj: Mapping[str, Any], key: str, where: str) -> float:
     value = obj.get(key) if isinstance(obj, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        got = "missing" if not isinstance(obj, Mapping) or key not in obj else f"{value!r} is not a number"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        # every figure a bench measures (GB/s, TFLOPS, tokens/s, seconds, a share) is finite and >= 0
+        got = (
+            "missing" if not isinstance(obj, Mapping) or key not in obj else f"{value!r} is not a number >= 0"
+        )
         raise BenchResultError(f"{where}.{key}: {got}; give the report exactly as the bench wrote it")
     return float(value)
 
