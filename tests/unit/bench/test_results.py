@@ -93,6 +93,10 @@ def test_train_figures_are_tokens_tflops_and_mfu() -> None:
         ({**collective(), "avg_busbw": None}, "report.avg_busbw: None is not a number"),
         ({"benchmark": "gemm", "rows": []}, "report.rows: empty"),
         ({**TRAIN, "tokens_per_s": "fast"}, "report.tokens_per_s: 'fast' is not a number"),
+        # figures no bench measures, that a hand-made file recorded before
+        ({**collective(), "avg_busbw": -3.0}, "report.avg_busbw: -3.0 is not a number >= 0"),
+        ({**TRAIN, "tokens_per_s": float("inf")}, "report.tokens_per_s: inf is not a number >= 0"),
+        ({**collective(), "wrong": -1}, "report.wrong: -1 is below 0"),
     ],
 )
 def test_a_bad_report_is_refused_naming_the_field(report: Any, message: str) -> None:
