@@ -135,10 +135,9 @@ def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> N
     upgraded.close()
 
 
-def test_attempts_from_before_work_could_move_keep_their_workloads_queue(tmp_path: Path) -> None:
-    """Migration 0018 records the queue each attempt ran in: for attempts from before it, their
-    workload's (work never moved until then), so `usage --by queue` reads as it did."""
-    old = _store_at(tmp_path / "old.db", "0017")
+def _upgraded_with_an_attempt(tmp_path: Path, revision: str) -> Store:
+    """A store at `revision` with workload 7 (queue nlp) and its one finished attempt, opened (upgraded)."""
+    old = _store_at(tmp_path / "old.db", revision)
     workload = (
         "insert into workloads (id, name, kind, queue, user, priority, preemptible, gpus, nodes, spec, "
         "state, reason, cancel_requested, restarts, created_at, updated_at, version) values (7, 'train', "
@@ -153,7 +152,13 @@ def test_attempts_from_before_work_could_move_keep_their_workloads_queue(tmp_pat
         conn.execute(text(workload))
         conn.execute(text(attempt))
     old.close()
-    upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    return Store(f"sqlite:///{tmp_path / 'old.db'}")
+
+
+def test_attempts_from_before_work_could_move_keep_their_workloads_queue(tmp_path: Path) -> None:
+    """Migration 0018 records the queue each attempt ran in: for attempts from before it, their
+    workload's (work never moved until then), so `usage --by queue` reads as it did."""
+    upgraded = _upgraded_with_an_attempt(tmp_path, "0017")
     assert service.get_workload(upgraded, 7)["attempt_list"][0]["queue"] == "nlp"
     upgraded.close()
 
@@ -162,25 +167,9 @@ def test_a_migration_that_rebuilds_workloads_keeps_the_rows_that_refer_to_them(t
     """SQLite adds a column to `workloads` by copying the table and dropping the old one: with foreign keys
     on, that drop deleted every attempt (the GPU-hours of `usage`) through ON DELETE CASCADE (0012 and 0020
     rebuild it)."""
-    old = _store_at(tmp_path / "old.db", "0011")
-    workload = (
-        "insert into workloads (id, name, kind, queue, user, priority, preemptible, gpus, nodes, spec, "
-        "state, reason, cancel_requested, restarts, created_at, updated_at, version) values (7, 'train', "
-        "'job', 'default', 'admin', 50, 1, '1', 1, '{}', 'succeeded', '', 0, 0, '2026-12-01', "
-        "'2026-12-01', 1)"
-    )
-    attempt = (
-        "insert into attempts (workload_id, number, state, node_name, gpu_indices, gpu_fraction, cpus, "
-        "memory_bytes, run_dir, log_path, reason, stop_reason, started_at) values (7, 0, 'succeeded', 'a', "
-        "'[0]', 1.0, 0, 0, '', '', '', '', '2026-12-01')"
-    )
-    with old.engine.begin() as conn:
-        conn.execute(text(workload))
-        conn.execute(text(attempt))
-    old.close()
-    upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    upgraded = _upgraded_with_an_attempt(tmp_path, "0011")
     shown = service.get_workload(upgraded, 7)
-    assert [(a["state"], a["queue"]) for a in shown["attempt_list"]] == [("succeeded", "default")], shown
+    assert [(a["state"], a["queue"]) for a in shown["attempt_list"]] == [("succeeded", "nlp")], shown
     with upgraded.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1, "on again once migrated"
     upgraded.close()

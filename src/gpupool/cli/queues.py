@@ -3,6 +3,7 @@ and budgets."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,13 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
     limit = fields.pop("gpu_limit", None)  # "none": the cap removed, so not dropped as unset below
     cap = fields.pop("max_priority", None)
     if cap is not None:
-        body["max_priority"] = _whole_or_none(cap, "--max-priority", "50")
+        body["max_priority"] = _or_none(cap, "--max-priority", int, "a whole number, e.g. 50")
     parent = fields.pop("parent", None)
     if parent is not None:
         body["parent"] = None if parent.strip().lower() in ("none", "") else parent  # none: top-level
     gpu = {key: fields.pop(flag) for flag, key in _GPU_FLAGS.items() if fields.get(flag) is not None}
     if limit is not None:
-        gpu["limit"] = _limit(limit)
+        gpu["limit"] = _or_none(limit, "--gpu-limit", float, "a number of GPUs, e.g. 16")
     if gpu:
         body.setdefault("resources", {}).setdefault("gpu", {}).update(gpu)
     body.update({key: value for key, value in fields.items() if value is not None and key not in _GPU_FLAGS})
@@ -130,23 +131,14 @@ def _user_limits(gpus: str | None, workloads: str | None) -> dict[str, Any] | No
     return caps or None
 
 
-def _whole_or_none(text: str, flag: str, example: str) -> int | None:
+def _or_none(text: str, flag: str, kind: Callable[[str], float], said: str) -> float | None:
+    """A flag's number, or None for `none` (the setting removed)."""
     if text.strip().lower() == "none":
         return None
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
-        raise CliError(f"{flag} {text}: a whole number, e.g. {example}, or none") from None
-
-
-def _limit(text: str) -> float | None:
-    """--gpu-limit: a number of GPUs, or none (no cap)."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise CliError(f"--gpu-limit {text}: a number of GPUs, e.g. 16, or none to remove the cap") from None
+        raise CliError(f"{flag} {text}: {said}, or none to remove it") from None
 
 
 def _budget(text: str | None) -> dict[str, Any] | str | None:
