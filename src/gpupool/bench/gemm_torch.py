@@ -45,6 +45,8 @@ def devices_for(choice: str) -> list[torch.device]:
             raise BenchError("--device all: no GPU is visible to torch here; use --device cpu")
         return [torch.device("cuda", i) for i in range(gpus)]
     if choice.isdigit():
+        if not gpus:
+            raise BenchError(f"--device {choice}: no GPU is visible to torch here; use --device cpu")
         if int(choice) >= gpus:
             raise BenchError(f"--device {choice}: only {gpus} GPUs are visible here (indices 0..{gpus - 1})")
         return [torch.device("cuda", int(choice))]
