@@ -86,7 +86,9 @@ def simulated_result(level: str, gpus: Sequence[Mapping[str, Any]], seconds: flo
         )
     busbw = None
     if level == "full" and len(measured) > 1:
-        busbw = round(SIM_ALLREDUCE_GBPS.get(measured[0].model, 20.0) * slowest, 1)
+        # a ring is as fast as its slowest link: one PCIe GPU (20 GB/s) among NVLink ones sets the figure
+        links = min(SIM_ALLREDUCE_GBPS.get(m.model, 20.0) for m in measured)
+        busbw = round(links * slowest, 1)
     return ActiveResult(
         level,
         tuple(measured),

@@ -183,6 +183,12 @@ def test_a_lost_gpu_fails_the_active_checks() -> None:
     assert "GPU 1: does not answer (fallen off the bus)" in verdict.evidence
 
 
+def test_a_mixed_node_reports_the_all_reduce_of_its_slowest_link() -> None:
+    """2 H100s and 2 L4s (PCIe): not the 8-H100 NVLink figure, 480 GB/s, of its first GPU."""
+    result = SimulatedRunner(SimulatedProvider("sim:2xH100,2xL4", seed="t")).run("full")
+    assert result.allreduce_busbw_gbps == 20.0
+
+
 def test_thresholds_are_azures_published_figures() -> None:
     assert TABLE["A100"].allreduce_min_busbw_gbps == 228.0
     assert TABLE["H100"].allreduce_min_busbw_gbps == 460.0
