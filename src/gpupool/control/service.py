@@ -1120,8 +1120,9 @@ def update(
         if not admin:
             for w in active:
                 _check_not_raised(w, priority, limit)
-                if queue is not None and w.state == PENDING:
-                    _check_priority_cap(s, queue, priority if priority is not None else w.priority, "move")
+            moving = [w.priority if priority is None else priority for w in active if w.state == PENDING]
+            if queue is not None and moving:
+                _check_priority_cap(s, queue, max(moving), "move")
         if queue is not None:
             _check_move(s, named, active, queue)
 
