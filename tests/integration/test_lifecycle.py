@@ -205,11 +205,22 @@ def test_fractional_jobs_share_one_gpu(server: ServerProcess) -> None:
     ), (first, second)  # at the same time
 
 
-def test_a_missing_workdir_fails_the_job_with_the_reason(server: ServerProcess, tmp_path: Path) -> None:
-    created = server.submit({"commands": ["true"], "workdir": str(tmp_path / "nope")})
+def test_a_missing_workdir_is_a_node_failure_that_says_why(server: ServerProcess, tmp_path: Path) -> None:
+    """A node that cannot start the work (its working directory is not there: a share not mounted yet) is a
+    node failure: the job waits out a backoff, pending with the reason; with no node failures to spend
+    (`retry.max_node_failures: 0`) it fails with it."""
+    missing = str(tmp_path / "nope")
+    waiting = server.submit({"commands": ["true"], "workdir": missing})
+    created = server.submit({"commands": ["true"], "workdir": missing, "retry": {"max_node_failures": 0}})
     done = server.wait_for(created["id"])
     assert done["state"] == "failed"
     assert "does not exist" in done["reason"]
+    backing_off = server.wait_until(waiting["id"], lambda w: w["reason_code"] == "restart-backoff")
+    assert backing_off["state"] == "pending" and backing_off["node_failures"] == 1, backing_off
+    assert (
+        f"its node could not start it: workdir {missing} does not exist on this node" in backing_off["reason"]
+    )
+    server.cli("cancel", str(waiting["id"]), check=True)
     said = server.cli("logs", str(created["id"]), check=True)  # not silence: why it has no output
     assert said.stdout == "" and "attempt 0 of workload" in said.stderr and "does not exist" in said.stderr
 

@@ -14,6 +14,10 @@ from typing import Any
 
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.base import InventoryNode
+from gpupool.control import agents
+from gpupool.control.loop import ControlSettings, Reconciler
+from gpupool.store.db import Store
+from tests.support.process import Clock
 from tests.support.server import ServerProcess
 
 
@@ -26,6 +30,19 @@ def described(backend: AgentBackend, name: str, info: dict[str, Any]) -> Callabl
         return backend.registered(name)
 
     return describe
+
+
+def in_process_head(
+    store: Store, home: Path, clock: Clock, lease: float, nodes: tuple[str, ...] = ("a", "b")
+) -> tuple[Reconciler, AgentBackend]:
+    """A head's control loop in this process over agent nodes of one H100 each (`nodes`), registered as
+    their agents would register them; the backend reads `clock`, so a test moves time past a lease."""
+    backend = AgentBackend(lease=lease, clock=clock)
+    for name in nodes:
+        token = str(agents.create_join_token(store, 3600)["token"])
+        joining = described(backend, name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]})
+        agents.register(store, name, join_token=token, credential=None, described=joining)
+    return Reconciler(store, backend, None, ControlSettings(home=home, node_name="head")), backend
 
 
 def _port_block(size: int = 20) -> str:

@@ -84,6 +84,7 @@ def show(
         f"gpus={w['gpus']}"
         + (f" nodes={w['nodes']} (gpus per node)" if (w.get("nodes") or 1) > 1 else "")
         + (f" restarts={w['restarts']}" if w.get("restarts") else "")
+        + (f" node_failures={w['node_failures']}" if w.get("node_failures") else "")
     )
     if w["reason"]:
         label = "why pending" if w["state"] == "pending" else "reason"

@@ -38,6 +38,7 @@ from gpupool.control.lifecycle import (
     transition,
 )
 from gpupool.control.settings import ControlSettings
+from gpupool.spec.workload import DEFAULT_MAX_NODE_FAILURES
 from gpupool.store import head_state
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
@@ -362,7 +363,8 @@ class Observation:
 
     def _requeue_after_eviction(self, s: Session, workload: Workload, code: str, cause: str) -> None:
         """Preempted work goes back to pending (it resumes from its checkpoint) unless its retry policy
-        leaves `preemption` out; a preemption uses no restart from `max_restarts`, a node failure does."""
+        leaves `preemption` out; a preemption uses no restart from `max_restarts`, nor does a node failure
+        (`stale-gang`) while `max_node_failures` lasts (`_retry_or_fail`)."""
         retry = workload.spec.get("retry") or {}
         if cause == "preemption" and (workload.kind == SERVICE or cause in (retry.get("on") or [])):
             transition(
@@ -392,8 +394,23 @@ class Observation:
             )
             return
         retry = workload.spec.get("retry") or {}
+        retried_on = retry.get("on") or []
+        max_failures = int(retry.get("max_node_failures", DEFAULT_MAX_NODE_FAILURES))
+        if cause == "node-failure" and cause in retried_on and workload.node_failures < max_failures:
+            # Not the work's fault: back to pending, as after a preemption, and no restart used.
+            verdict = transition(
+                s,
+                workload,
+                PENDING,
+                f"{why}; requeued after node failure {workload.node_failures + 1} of {max_failures} "
+                f"({resumes(workload)})",
+                actor="control",
+            )
+            if verdict.accepted:
+                workload.node_failures += 1
+                return
         max_restarts = int(retry.get("max_restarts", 0))
-        if cause in (retry.get("on") or []) and workload.restarts < max_restarts:
+        if cause in retried_on and workload.restarts < max_restarts:
             verdict = transition(
                 s,
                 workload,

@@ -6,8 +6,9 @@ says so. A program that keeps exiting soon after it starts would otherwise take 
 again every pass, so each new attempt waits as Kubernetes makes a crash-looping container (and a failed
 Job's next pod) wait: the base delay after the first quick exit, doubling with each quick exit in a row,
 at most `CAP` times the base (10 s up to 5 minutes with the default base). An attempt that ran `RESET`
-seconds or longer ends the streak. Only exits count: an eviction, a drained or lost node is not the
-program's doing, and the workload is pending again at once.
+seconds or longer ends the streak. Only exits count, and attempts their node could not start (a launch
+error: a working directory that is not there yet, no free port): an eviction, a drained or lost node is
+not the program's doing, and the workload is pending again at once.
 
 Everything here is read from the attempts in the store, so a restarted head keeps every backoff.
 """
@@ -36,6 +37,8 @@ class Ended:
     finished_at: datetime | None
     exit_code: int | None
     stop_reason: str  # "" when nothing asked it to stop: it exited on its own
+    unstarted: bool = False  # its node could not start it (no process): as quick an end as any exit
+    reason: str = ""  # the attempt's reason: why its node could not start it
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,8 @@ class Backoff:
     delay: float
     quick_exits: int
     exit_code: int | None
+    unstarted: bool = False  # the last of them never started: its node could not start it
+    reason: str = ""  # why, when it never started
 
 
 def quick_exits(attempts: Iterable[Ended]) -> list[Ended]:
@@ -55,7 +60,9 @@ def quick_exits(attempts: Iterable[Ended]) -> list[Ended]:
     streak = []
     for attempt in reversed(list(attempts)):
         started, finished = as_utc(attempt.started_at), as_utc(attempt.finished_at)
-        if attempt.stop_reason or attempt.exit_code is None or started is None or finished is None:
+        if attempt.stop_reason or started is None or finished is None:
+            break
+        if attempt.exit_code is None and not attempt.unstarted:  # lost with its node: not its doing
             break
         if (finished - started).total_seconds() >= RESET:
             break
@@ -73,17 +80,23 @@ def backoff(attempts: Iterable[Ended], base: float = DEFAULT_BASE) -> Backoff | 
     finished = as_utc(last.finished_at)
     assert finished is not None  # quick_exits keeps only finished attempts
     delay = min(base * 2.0 ** min(len(streak) - 1, 30), base * CAP)
-    return Backoff(finished.timestamp() + delay, delay, len(streak), last.exit_code)
+    reason = last.reason if last.unstarted else ""
+    return Backoff(finished.timestamp() + delay, delay, len(streak), last.exit_code, last.unstarted, reason)
 
 
 def restart_explanation(waiting: Backoff) -> Explanation:
     """Why work is pending while it waits: its quick exits and when it starts again. The time is a UTC clock
     time, not "in N s", so the sentence stays the same from one pass to the next."""
     at = datetime.fromtimestamp(waiting.until, UTC).strftime("%H:%M:%S UTC")
-    code = "" if waiting.exit_code is None else f", exit code {waiting.exit_code}"
     times = "once" if waiting.quick_exits == 1 else f"{waiting.quick_exits} times in a row"
+    within = f"within {RESET / 60:g} minutes of starting"
+    if waiting.unstarted:
+        why = f": {waiting.reason}" if waiting.reason else ""
+        ended = f"it ended {times} {within} (the last: its node could not start it{why})"
+    else:
+        code = "" if waiting.exit_code is None else f", exit code {waiting.exit_code}"
+        ended = f"it exited {times} {within} (the last{code})"
     return Explanation(
         RESTART_BACKOFF,
-        f"it exited {times} within {RESET / 60:g} minutes of starting (the last{code}); its next attempt "
-        f"starts at {at}, after a crash-loop backoff of {waiting.delay:g} s",
+        f"{ended}; its next attempt starts at {at}, after a crash-loop backoff of {waiting.delay:g} s",
     )

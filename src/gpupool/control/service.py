@@ -468,6 +468,8 @@ def workload_view(
         "readiness": probed.detail if probed is not None else None,
         "attempts": len(workload.attempts),
         "restarts": workload.restarts,
+        # times a lost node (or one that could not start it) requeued it without using a restart
+        "node_failures": workload.node_failures,
         "exit_code": workload.exit_code,
         "cancel_requested": workload.cancel_requested,
         "held": workload.held,

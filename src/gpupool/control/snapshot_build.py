@@ -21,7 +21,7 @@ from gpupool.control import inventory
 from gpupool.control.arrays import throttled
 from gpupool.control.budgets import Budgets, blocked
 from gpupool.control.dependencies import Dependencies, Dependency, dependencies_of
-from gpupool.control.lifecycle import HELD, PENDING, RUNNING
+from gpupool.control.lifecycle import FAILED, HELD, PENDING, RUNNING
 from gpupool.control.node_views import NodeViews
 from gpupool.control.policy import BandedPass
 from gpupool.control.restarts import Backoff, Ended, backoff
@@ -58,7 +58,8 @@ class SnapshotBuilding:
     _attained: AttainedService
     _node_views: dict[str, scheduler.NodeView]
     _nodes: NodeViews
-    _backoffs: dict[tuple[int, int], Backoff | None]  # (workload id, restarts) -> backoff, see _backing_off
+    # (workload id, restarts + node failures) -> backoff, see _backing_off
+    _backoffs: dict[tuple[int, int], Backoff | None]
     backing_off: dict[int, Backoff]  # pending work the last snapshot left out: it waits to start again
     held: dict[int, scheduler.Explanation]  # pending work the last snapshot left out: held until released
     _after: dict[int, tuple[Dependency, ...]]  # cached workloads whose spec lists `after`: what they wait for
@@ -90,7 +91,13 @@ class SnapshotBuilding:
         now = time.time() if now is None else now
         config = self._config
         rows = s.execute(
-            select(Workload.id, Workload.priority, Workload.restarts, Workload.held, *CHANGEABLE)
+            select(
+                Workload.id,
+                Workload.priority,
+                Workload.restarts + Workload.node_failures,
+                Workload.held,
+                *CHANGEABLE,
+            )
             .where(Workload.state == PENDING)
             .order_by(Workload.id)
         ).all()
@@ -283,26 +290,33 @@ class SnapshotBuilding:
         return usage
 
     def _backing_off(self, s: Session, restarted: list[tuple[int, int]], now: float) -> dict[int, Backoff]:
-        """The pending workloads started before (id, restarts) that wait out a crash-loop backoff before
-        their next attempt (control/restarts.py), by id. A backoff is read from the attempts once per
-        restart and kept: while the workload is pending, its attempts do not change."""
+        """The pending workloads started before (id, restarts + node failures) that wait out a crash-loop
+        backoff before their next attempt (control/restarts.py), by id. A backoff is read from the attempts
+        once per requeue that counts and kept: while the workload is pending, its attempts do not change."""
         known = self._backoffs
         missing = [key for key in restarted if key not in known]
         for chunk in range(0, len(missing), 500):
             ids = [wid for wid, _ in missing[chunk : chunk + 500]]
             attempts: dict[int, list[Ended]] = {}
-            for wid, started, finished, code, stop_reason in s.execute(
+            for wid, started, finished, code, stop_reason, pid, state, reason in s.execute(
                 select(
                     Attempt.workload_id,
                     Attempt.started_at,
                     Attempt.finished_at,
                     Attempt.exit_code,
                     Attempt.stop_reason,
+                    Attempt.pid,
+                    Attempt.state,
+                    Attempt.reason,
                 )
                 .where(Attempt.workload_id.in_(ids))
                 .order_by(Attempt.workload_id, Attempt.number)
             ):
-                attempts.setdefault(wid, []).append(Ended(started, finished, code, stop_reason or ""))
+                # no process, failed: its node could not start it (a head that died before the process
+                # existed leaves it evicted instead, and that is no quick exit)
+                unstarted = pid is None and state == FAILED
+                ended = Ended(started, finished, code, stop_reason or "", unstarted, reason or "")
+                attempts.setdefault(wid, []).append(ended)
             for key in missing[chunk : chunk + 500]:
                 known[key] = backoff(attempts.get(key[0], ()), self.settings.restart_backoff)
         if len(known) > 2 * len(restarted) + 100:

@@ -86,6 +86,7 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "retry": "{max_restarts: 3, on: [preemption, node-failure]}",
     "retry.max_restarts": "3",
     "retry.on": "[preemption, node-failure]",
+    "retry.max_node_failures": "5",
     "max_duration": "12h",
     "grace_period": "30s",
     "placement": "{nodes: [node-3], topology: rack}",
@@ -122,6 +123,11 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
 RetryReason = Literal["failure", "preemption", "node-failure"]
 DependencyCondition = Literal["succeeded", "failed", "ended", "started"]
 DEFAULT_RETRY_ON: Final[tuple[RetryReason, ...]] = ("preemption", "node-failure")
+# How many times a lost node (or one that could not start it) sends a job back to pending without using a
+# restart from `max_restarts`: the work was not at fault, as with a preemption, but a job that takes its
+# nodes down with it must not go round the whole pool (Slurm requeues a batch job after a node failure
+# up to MaxBatchRequeue, 5 by default).
+DEFAULT_MAX_NODE_FAILURES: Final = 5
 
 
 class ArrayRange:
@@ -261,6 +267,13 @@ class RetrySpec(BaseModel):
         default_factory=lambda: list(DEFAULT_RETRY_ON),
         description="What ends an attempt early enough to retry: failure (non-zero exit), preemption, "
         "node-failure (its node was lost or could not start it); default [preemption, node-failure].",
+    )
+    max_node_failures: Whole = Field(
+        default=DEFAULT_MAX_NODE_FAILURES,
+        ge=0,
+        le=100,
+        description="Times a node failure sends it back to pending without using a restart, while `on` "
+        "holds node-failure, 0..100; after those, a node failure uses a restart; default 5.",
     )
 
     @field_validator("on")
@@ -612,7 +625,11 @@ class WorkloadSpec(BaseModel):
         default=None,
         description="Checkpoint directory for resume after preemption or node loss; default null: none.",
     )
-    retry: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy; default: no restarts.")
+    retry: RetrySpec = Field(
+        default_factory=RetrySpec,
+        description="Retry policy; default: no restart after a failure; back to pending after a preemption, "
+        "and after up to 5 node failures.",
+    )
     max_duration: Seconds | None = Field(
         default=None,
         description='Longest an attempt may run, e.g. "12h", "1h30m", or seconds; default null: no limit.',

@@ -150,6 +150,9 @@ class Workload(Base):
     # rule's, its owner releases too.
     held_by_admin: Mapped[bool] = mapped_column(default=False, server_default=false())
     restarts: Mapped[int] = mapped_column(Integer, default=0)
+    # Times a lost node, or one that could not start it, sent it back to pending without using a restart
+    # (`retry.max_node_failures`, control/observe.py).
+    node_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # A service's replicas are workloads of their own (each scheduled, started and stopped alone) that share
     # `service_id`, the id of replica 0, the service's id; `replica` numbers them 0.. (GPUPOOL_REPLICA).

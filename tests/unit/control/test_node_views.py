@@ -13,12 +13,12 @@ from sqlalchemy import select
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.base import Inventory, InventoryNode
 from gpupool.control import agents, inventory, service
-from gpupool.control.loop import ControlSettings, Reconciler
+from gpupool.control.loop import Reconciler
 from gpupool.control.node_views import NodeViews
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
-from tests.support.agent import described
+from tests.support.agent import described, in_process_head
 from tests.support.process import Clock
 
 LEASE = 10.0
@@ -26,12 +26,7 @@ LEASE = 10.0
 
 def _pool(store: Store, tmp_path: Path, clock: Clock) -> tuple[Reconciler, AgentBackend]:
     """A head with two agent nodes of one GPU each, `a` and `b`, as their agents register them."""
-    backend = AgentBackend(lease=LEASE, clock=clock)
-    for name in ("a", "b"):
-        joining = described(backend, name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]})
-        agents.register(store, name, join_token=_join_token(store), credential=None, described=joining)
-    reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
-    return reconciler, backend
+    return in_process_head(store, tmp_path, clock, LEASE)
 
 
 def _join_token(store: Store) -> str:

@@ -63,3 +63,18 @@ def test_the_explanation_names_the_exits_the_code_and_a_clock_time() -> None:
     assert "it exited 2 times in a row within 10 minutes" in why.message
     assert "exit code 3" in why.message
     assert "next attempt starts at 12:00:45 UTC" in why.message  # exit at 12:00:25, then 20 s
+
+
+def test_an_attempt_its_node_could_not_start_backs_off_as_a_quick_exit() -> None:
+    """A launch error (a working directory not there yet, no free port) would otherwise be tried again every
+    pass, and a job's node failures spent in seconds; a lost node (no exit code, but started) still not."""
+    unstarted = Ended(T0, T0, None, "", unstarted=True, reason="workdir /data/x does not exist on this node")
+    found = backoff([ran(-100, 5), unstarted], base=10)
+    assert found is not None and (found.quick_exits, found.delay, found.unstarted) == (2, 20, True)
+    why = restart_explanation(found).message
+    assert why == (
+        "it ended 2 times in a row within 10 minutes of starting (the last: its node could not start it: "
+        "workdir /data/x does not exist on this node); its next attempt starts at 12:00:20 UTC, after a "
+        "crash-loop backoff of 20 s"
+    ), why
+    assert backoff([unstarted, ran(100, 5, code=None)], base=10) is None
