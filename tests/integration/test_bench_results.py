@@ -147,6 +147,10 @@ def test_bad_results_and_unpinnable_jobs_are_refused_with_one_line(
     assert head.cli("ps", "--all", "--json", check=True).stdout.strip() == "[]"
     elsewhere = head.cli("bench", "gemm", "--submit", "--gpus", "1", "--node", "node-9", check=True)
     assert "submitted 1 (bench-gemm)" in elsewhere.stdout
+    assert elsewhere.stderr.strip() == (
+        "warning: placement.nodes: no node 'node-9' in this pool (nodes: node-1); it waits pending until "
+        "such a node joins: check the name (`gpupool nodes`), or `gpupool cancel 1`"
+    )
     why = poll(lambda: json.loads(head.cli("why", "1", "--json").stdout), lambda w: w["reason"])
     assert why["state"] == "pending" and why["reason_code"] == "no-capacity"
     assert (

@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from gpupool.bench.errors import BenchError
-from gpupool.cli.render import console, err_console, print_error, print_json
+from gpupool.cli.render import console, err_console, print_error, print_json, print_warnings
 
 bench_app = typer.Typer(
     help="Benchmarks in the formats people already read: nccl-tests tables, GEMM TFLOPS, Megatron-style MFU.",
@@ -184,6 +184,7 @@ def _submit(
         f"{created['state']}; results: {spec['workdir']}/{results}",
         highlight=False,
     )
+    print_warnings(created)
 
 
 # -- collective ---------------------------------------------------------------------------------------------

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
 from gpupool.cli.app import app, client, listing_aliases, queue_app
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, err_console, print_json, queue_lines, queues_table
+from gpupool.cli.render import console, print_json, print_warnings, queue_lines, queues_table
 
 
 @app.command()
@@ -192,7 +191,7 @@ def queue_create(
         raise CliError(f"{file}: {exc}" if file is not None else str(exc)) from exc
     q = client().create_queue(body)
     console.print(f"queue {q['name']} created")
-    _warn(q)
+    print_warnings(q)
 
 
 @queue_app.command("update")
@@ -225,13 +224,7 @@ def queue_update(
         )
     q = client().update_queue(name, body)
     console.print(f"queue {q['name']} updated")
-    _warn(q)
-
-
-def _warn(q: dict[str, Any]) -> None:
-    """What the head said no longer holds with the queue as it now is (a quota that is no guarantee)."""
-    for warning in q.get("warnings") or ():
-        err_console.print(escape(f"warning: {warning}"), highlight=False)
+    print_warnings(q)
 
 
 @queue_app.command("delete")
@@ -241,4 +234,4 @@ def queue_delete(name: str) -> None:
     Finished work keeps its queue's name."""
     q = client().delete_queue(name)
     console.print(f"queue {name} deleted")
-    _warn(q)
+    print_warnings(q)

@@ -37,6 +37,13 @@ def print_error(message: object) -> None:
     err_console.print(f"[red]error:[/red] {escape(str(message))}", highlight=False, soft_wrap=True)
 
 
+def print_warnings(view: Mapping[str, Any]) -> None:
+    """`warning: ...` on stderr for each of a view's `warnings` (what the head accepted but would not
+    hold as the caller may think: a quota that is no guarantee, a node that has not joined)."""
+    for warning in view.get("warnings") or ():
+        err_console.print(escape(f"warning: {warning}"), highlight=False)
+
+
 STATE_STYLE = {
     "pending": "yellow",
     "running": "cyan",

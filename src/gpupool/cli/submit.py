@@ -16,7 +16,7 @@ from gpupool import spec  # its pydantic models load on first use (see gpupool.s
 from gpupool.cli import refs
 from gpupool.cli.app import app, client
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, print_json, styled
+from gpupool.cli.render import console, print_json, print_warnings, styled
 
 # The options `run` and `submit` share (one definition each; Typer reads them per command).
 ARRAY_OPTION = typer.Option(
@@ -344,6 +344,7 @@ def _no_stray_option(command: list[str]) -> None:
 
 
 def _created(workload: dict[str, Any], as_json: bool, parsable: bool) -> None:
+    print_warnings(workload)  # on stderr: stdout stays the id (--parsable) or the JSON
     if as_json:
         print_json(workload)
         return

@@ -559,16 +559,37 @@ def submit(
             s.execute(update_rows(table).where(table.c.id == first.id).values(named))
             for key, value in named.items():
                 set_committed_value(first, key, value)
+        warnings = {"warnings": _placement_warnings(s, spec, first.id)}
         if spec.array is not None:
-            return _submit_array(s, first, parse_array(spec.array), user)
+            return {**_submit_array(s, first, parse_array(spec.array), user), **warnings}
         if spec.kind != SERVICE:
             _submitted(s, [first], "submitted", user)
-            return workload_view(first)
+            return {**workload_view(first), **warnings}
         first.service_id = first.id
         replicas = [first, *(_replica_like(s, first, r) for r in range(1, spec.replicas))]
         s.flush()
         _submitted(s, replicas, "submitted", user)
-        return {**workload_view(first), "replica_ids": [w.id for w in replicas]}
+        return {**workload_view(first), "replica_ids": [w.id for w in replicas], **warnings}
+
+
+def _placement_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]:
+    """What to tell a submitter whose `placement.nodes` names a node that never joined: the work is
+    accepted (an agent may join under that name later, as Kubernetes takes a nodeSelector no node matches
+    yet) but waits pending until then, and a typo would look like a queue that never moves."""
+    named = spec.placement.nodes
+    if not named:
+        return []
+    known = set(s.scalars(select(Node.name).where(Node.name.in_(named))))
+    unknown = [name for name in named if name not in known]
+    if not unknown:
+        return []
+    nodes = sorted(s.scalars(select(Node.name)))
+    listed = ", ".join(nodes[:20]) + (f" and {len(nodes) - 20} more" if len(nodes) > 20 else "") or "none"
+    which = f"node {unknown[0]!r}" if len(unknown) == 1 else f"nodes {', '.join(map(repr, unknown))}"
+    return [
+        f"placement.nodes: no {which} in this pool (nodes: {listed}); it waits pending until such a node "
+        f"joins: check the name (`gpupool nodes`), or `gpupool cancel {workload_id}`"
+    ]
 
 
 def _submit_array(s: Session, first: Workload, array: ArrayRange, user: str) -> dict[str, Any]:
