@@ -102,7 +102,8 @@ def test_sim_run_says_which_rows_it_left_out_and_which_jobs_it_dropped(tmp_path:
     assert out.returncode == 0, out.stderr
     assert "2 rows of jobs.csv left out: 1 with no run time, 1 with no GPUs\n" in out.stdout
     assert (
-        "1 job of 2 dropped: more GPUs than the cluster's nodes hold, or a GPU model it lacks" in out.stdout
+        "1 job of 2 dropped: more GPUs than the cluster's nodes hold, a GPU model it lacks, or more CPUs or "
+        "memory per pod than its nodes have" in out.stdout
     )
     report = (tmp_path / "report" / "report.md").read_text()
     assert "- 2 rows of jobs.csv left out" in report and "- 1 job of 2 dropped" in report
@@ -221,9 +222,22 @@ def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(
     assert "with the server's policy: the default policy's settings (as gpupool)" in out.stdout, out.stdout
     (idle,) = [line for line in out.stdout.splitlines() if " idle " in line]
     assert idle.split()[2:] == ["│", "0", *["│", "-"] * 6, "│"], idle  # no times for a queue that ran nothing
+    assert "preemptions 0 -> 0" in out.stdout
+    assert "measured on the live cluster: avg JCT " in out.stdout and "over 4 jobs that ended" in out.stdout
     data = json.loads((job_dir / "w.json").read_text())
     assert data["before"]["gpus"] == 8 and data["after"]["gpus"] == 16
     assert data["after"]["avg_queue_s"] <= data["before"]["avg_queue_s"]
+    assert data["live"]["jobs"] == 4 and data["live"]["avg_jct_s"] > 0
+    # A node out of service now still ran the history: it counts (the replay of the cluster as it is ran
+    # no job at all, and every figure read 0).
+    server.cli("node", "cordon", "node-1", check=True)
+    try:
+        cordoned = server.cli("sim", "whatif", "--add", "1x8:H100", "--json", str(job_dir / "c.json"))
+    finally:
+        server.cli("node", "uncordon", "node-1", check=True)
+    assert cordoned.returncode == 0, cordoned.stderr
+    assert "counted in service, as the history ran on them: node-1 (cordoned)" in cordoned.stdout
+    assert json.loads((job_dir / "c.json").read_text())["before"] == data["before"]
     bad = server.cli("sim", "whatif", "--remove", "no-such-node")
     assert bad.returncode == 1 and "--remove: no node named 'no-such-node'" in bad.stderr
     typo = server.cli("sim", "whatif", "--add", "1x8:H10O")

@@ -34,7 +34,9 @@ err_console = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr))
 def print_error(message: object) -> None:
     """`error: MESSAGE` on stderr, one line. The message is printed as written: its brackets (an example
     such as `commands: [python train.py]`) are text, not Rich markup that would swallow them."""
-    err_console.print(f"[red]error:[/red] {escape(str(message))}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[red]error:[/red] {escape(str(message))}", highlight=False, soft_wrap=True, emoji=False
+    )
 
 
 def print_warnings(view: Mapping[str, Any]) -> None:

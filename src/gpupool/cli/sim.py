@@ -9,17 +9,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from gpupool.cli.render import console, err_console, print_error
+from gpupool.cli.render import console, err_console, folding_table, print_error, print_warnings
 from gpupool.sim.errors import SimError
 from gpupool.spec import SpecError
 from gpupool.spec.quantities import parse_duration
@@ -128,8 +130,62 @@ def _wide() -> Console:
     return console if console.is_terminal else Console(width=170, soft_wrap=True)
 
 
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f}"
+def _print_figures(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    out = _wide()
+    for i, table in enumerate(_figures(title, columns, rows, out.width)):
+        if i:
+            out.print()
+        out.print(table)
+
+
+def _figures(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[Table]:
+    """Figures by policy (each row: the policy's name, then its figures under `columns[1:]`) as tables
+    `width` columns wide in which no figure is cut (Rich alone cuts `0.35` to `0.…` in a narrow terminal):
+    one row a policy where every figure fits whole, headers wrapping between words; else turned, one row a
+    figure and one column a policy, in as many tables one under the other as it takes."""
+    needs = [_widest([*(row[i] for row in rows), *header.split()]) for i, header in enumerate(columns)]
+    if sum(needs) + len(columns) - 1 <= width:  # one space between columns, as a tight folding_table has
+        return [_figure_table(title, columns, rows)]
+    room = width - _widest([*columns[1:], *columns[0].split()])  # what the labels leave
+    parts: list[list[Sequence[str]]] = [[]]
+    used = 0
+    for row in rows:
+        need = 1 + _widest([*row[1:], *row[0].split()])  # a name wider than the room folds, a figure never
+        if parts[-1] and used + need > room:
+            parts.append([])
+            used = 0
+        parts[-1].append(row)
+        used += need
+    return [
+        _figure_table(
+            title if i == 0 else "",
+            [columns[0], *(row[0] for row in part)],
+            [[label, *(row[j] for row in part)] for j, label in enumerate(columns[1:], start=1)],
+        )
+        for i, part in enumerate(parts)
+    ]
+
+
+def _figure_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    """A folding_table in which every cell keeps its whole width and only headers wrap: names or labels
+    in the first column, figures right-aligned in the others."""
+    table = folding_table(columns)
+    table.title = title or None
+    for i, column in enumerate(table.columns):
+        column.min_width = _widest([row[i] for row in rows])
+        column.justify = "right" if i else "left"
+        column.header = Text(columns[i])  # as written: a policy file's "[x]" or ":x:" is no markup
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
+def _widest(texts: Sequence[str]) -> int:
+    return max((cell_len(t) for t in texts), default=1)
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.2f}"
 
 
 @sim_app.command("run")
@@ -179,7 +235,9 @@ def run(
 ) -> None:
     """Replay a trace window through each policy and compare JCT, fairness, quotas and utilization."""
     from gpupool.sim import experiment as ex
+    from gpupool.sim.queues import quota_warnings
     from gpupool.sim.results import SimOptions
+    from gpupool.sim.trace import adjusted_note
 
     with _sim_errors():
         options = SimOptions(
@@ -198,6 +256,10 @@ def run(
         )
         if (note := ex.left_out(exp)) is not None:
             console.print(note, highlight=False)
+        # accepted, as the server accepts them, but what the rows or quotas say is not what the replay does
+        warnings = [f"--trace: {note}"] if (note := adjusted_note(exp.trace)) is not None else []
+        warnings += [f"--queues: {said}" for said in quota_warnings(exp.queues, exp.cluster.gpus)]
+        print_warnings({"warnings": warnings})
         with _progress(not quiet) as bar:
             tasks: dict[str, Any] = {}
             if bar is not None:
@@ -216,7 +278,7 @@ def run(
                 "for more GPUs than its nodes hold, or for a GPU model it lacks; give a larger cluster, or "
                 "those models",
             )
-        _wide().print(_table(exp))
+        _print_figures("policies side by side (times in hours)", *_summary(exp))
         if (note := ex.dropped(exp)) is not None:
             console.print(note, highlight=False)
         data = ex.as_json(exp)
@@ -230,31 +292,35 @@ def run(
             console.print(f"report written to {path}", highlight=False)
 
 
-def _table(exp: Any) -> Table:
-    table = Table(title="policies side by side (times in hours)")
-    for column in ("policy", "avg JCT", "vs fifo", "p50", "p99", "slowdown", "queued", "util", "Jain",
-                   "quota viol.", "preempt.", "dropped", "wall s"):  # fmt: skip
-        table.add_column(column, justify="left" if column == "policy" else "right")
+def _summary(exp: Any) -> tuple[list[str], list[list[str]]]:
+    """The columns and rows of the policies side by side; `vs fifo` (each policy's average JCT over
+    fifo's) only where fifo ran."""
     from gpupool.sim.experiment import summary_rows
 
+    against = "fifo" in exp.metrics
+    columns = ["policy", "avg JCT", *(["vs fifo"] if against else []), "p50", "p99", "slowdown", "queued",
+               "util", "Jain", "quota viol.", "preempt.", "dropped", "wall s"]  # fmt: skip
+    rows = []
     for row in summary_rows(exp):
         ratio = row["vs_fifo"]
-        table.add_row(
-            row["policy"],
-            _hours(row["avg_jct_s"]),
-            "" if ratio is None else f"{ratio:.2f}",
-            _hours(row["p50_jct_s"]),
-            _hours(row["p99_jct_s"]),
-            f"{row['mean_slowdown']:.2f}",
-            _hours(row["avg_queue_s"]),
-            f"{row['gpu_util']:.1%}",
-            f"{row['jain']:.3f}",
-            f"{row['quota_violation']:.2%}",
-            str(row["preemptions"]),
-            str(row["dropped"]),
-            f"{row['wall_s']:.1f}",
+        rows.append(
+            [
+                row["policy"],
+                _hours(row["avg_jct_s"]),
+                *([f"{ratio:.2f}" if ratio is not None else "-"] if against else []),
+                _hours(row["p50_jct_s"]),
+                _hours(row["p99_jct_s"]),
+                "-" if row["mean_slowdown"] is None else f"{row['mean_slowdown']:.2f}",
+                _hours(row["avg_queue_s"]),
+                f"{row['gpu_util']:.1%}",
+                f"{row['jain']:.3f}",
+                f"{row['quota_violation']:.2%}",
+                str(row["preemptions"]),
+                str(row["dropped"]),
+                f"{row['wall_s']:.1f}",
+            ]
         )
-    return table
+    return columns, rows
 
 
 MAX_STOP = 10.0  # x capacity: pods are drawn with replacement, so a larger stop only costs time
@@ -316,15 +382,13 @@ def place(
                 results[name] = pl.place(drawn, built, name)
                 if bar is not None and task is not None:
                     bar.advance(task)
-        table = Table(title="GPU allocation when arrived demand reached 100% of capacity")
-        for column in ("policy", "alloc ratio at 100%", "at end", "pods placed", "GPU pods failed", "wall s"):
-            table.add_column(column, justify="left" if column == "policy" else "right")
-        for name, r in results.items():
-            table.add_row(
-                name, f"{r['alloc_ratio_at_100']:.2%}", f"{r['alloc_ratio_at_end']:.2%}",
-                f"{r['pods_placed']:,}/{r['pods_drawn']:,}", str(r["gpu_pods_failed"]), f"{r['wall_s']:.1f}",
-            )  # fmt: skip
-        _wide().print(table)
+        columns = ["policy", "alloc ratio at 100%", "at end", "pods placed", "GPU pods failed", "wall s"]
+        rows = [
+            [name, f"{r['alloc_ratio_at_100']:.2%}", f"{r['alloc_ratio_at_end']:.2%}",
+             f"{r['pods_placed']:,}/{r['pods_drawn']:,}", str(r["gpu_pods_failed"]), f"{r['wall_s']:.1f}"]
+            for name, r in results.items()
+        ]  # fmt: skip
+        _print_figures("GPU allocation when arrived demand reached 100% of capacity", columns, rows)
         data = {"trace": trace, "nodes": built.spec, "gpus": built.gpus, "seed": seed, "stop": stop,
                 "policies": results}  # fmt: skip
         if json_out is not None:
@@ -348,6 +412,14 @@ def whatif(
         help="the policy of both replays: server (the server's own, its scheduling.yaml and --usage-weight), "
         "a policy of sim run, or a scheduling.yaml file",
     ),
+    restart_overhead: str = typer.Option(
+        "60s", "--restart-overhead", help="paid by each job the replays evict and start again"
+    ),
+    checkpoint_interval: str = typer.Option(
+        "30m",
+        "--checkpoint-interval",
+        help="a job the replays evict loses the work since its last checkpoint; 0 = none",
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="write the comparison as JSON to this file"),
     jobs: str = typer.Option(
         "auto", "--jobs", help="1: the two replays one after the other; 2 or auto: at once, in two processes"
@@ -358,12 +430,18 @@ def whatif(
 
     from gpupool.cli.app import client
     from gpupool.gpu.catalog import families
+    from gpupool.sim import experiment as ex
     from gpupool.sim import whatif as wi
     from gpupool.sim.parallel import processes
     from gpupool.sim.policies import resolve_policies, server_policy
+    from gpupool.sim.results import SimOptions
     from gpupool.spec.views import queue_view
 
     with _sim_errors():
+        options = SimOptions(
+            restart_overhead=_seconds(restart_overhead, "--restart-overhead"),
+            checkpoint_interval=_seconds(checkpoint_interval, "--checkpoint-interval"),
+        )
         servers = policy.strip() == "server"  # known once the server is asked
         if not servers:
             (chosen,) = resolve_policies(policy, one=True)
@@ -390,7 +468,8 @@ def whatif(
                     "a shorter --since takes them all[/yellow]"
                 )
             workloads.extend(found)
-        nodes = wi.cluster_from_nodes(api.nodes())
+        listed = api.nodes()
+        nodes = wi.cluster_from_nodes(listed)
         wi.check_models(add, nodes, families())
         queues = [queue_view(q) for q in api.queues()]
         history = wi.history_jobs(workloads, now - period, now)
@@ -398,7 +477,15 @@ def whatif(
         _check_outputs(json_out)
         used = chosen.description if chosen.name == "server" else f"policy {chosen.name}"
         console.print(f"replaying {len(history):,} jobs of the last {since} with {used}", highlight=False)
-        result = wi.compare(history, (nodes, queues), after, chosen, workers=workers)
+        out = sorted(f"{n['name']} ({n['state']})" for n in listed if n.get("state", "ready") != "ready")
+        if out:
+            console.print(
+                f"counted in service, as the history ran on them: {', '.join(out)}; --remove NODE leaves one "
+                "out",
+                highlight=False,
+            )
+        measured = wi.measured_jcts(workloads, now - period, now)
+        result = wi.compare(history, (nodes, queues), after, chosen, options, workers, measured)
         table = Table(title=f"what if: {' '.join([*add, *('-' + r for r in remove), *quota])}")
         for column in (
             "queue",
@@ -423,21 +510,60 @@ def whatif(
         )  # fmt: skip
         _wide().print(table)
         util = f"GPU utilization {b['gpu_util']:.1%} -> {a['gpu_util']:.1%}"
-        console.print(f"GPUs {b['gpus']:g} -> {a['gpus']:g}; {util}", highlight=False)
+        evicted = f"preemptions {b['preemptions']:,} -> {a['preemptions']:,}"
+        lost = f"GPU-hours lost to them {b['lost_gpu_h']:.2f} -> {a['lost_gpu_h']:.2f}"
+        console.print(f"GPUs {b['gpus']:g} -> {a['gpus']:g}; {util}; {evicted}; {lost}", highlight=False)
+        for when in ("before", "after"):
+            dropped, never = result[when]["dropped"], result[when]["unfinished"]
+            if dropped:
+                console.print(
+                    f"[yellow]the {when} replay dropped {ex.counted(dropped, 'job')}: no node has its GPUs, "
+                    "CPUs or memory; its figures leave them out[/yellow]"
+                )
+            if never:
+                console.print(
+                    f"[yellow]the {when} replay never finished {ex.counted(never, 'job')} (non-preemptible "
+                    "work runs only within its queue's quota); its figures leave them out[/yellow]"
+                )
+        _live_note(result["live"], restart_overhead, checkpoint_interval)
         if json_out is not None:
             _write_json(json_out, result)
             console.print(f"figures written to {json_out}", highlight=False)
 
 
-def _change(pair: list[float]) -> tuple[str, str, str]:
-    """Before, after, and the change in percent where the two read differently (0.4 s to 0 s is no news)."""
+def _live_note(live: dict[str, Any], restart_overhead: str, checkpoint_interval: str) -> None:
+    """How near the replay of the cluster as it is comes to what the live cluster gave the same jobs; where
+    it is far off, what to set (the replays' costs of an eviction are a model's, not measured)."""
+    real, replayed = live["avg_jct_s"], live["replayed_avg_jct_s"]
+    if real is None or replayed is None:
+        return
+    console.print(
+        f"measured on the live cluster: avg JCT {_duration(real)} over {live['jobs']:,} jobs that ended; the "
+        f"'before' replay gives them {_duration(replayed)}",
+        highlight=False,
+    )
+    if abs(replayed - real) > 0.25 * real and abs(replayed - real) >= 1.0:
+        console.print(
+            f"[yellow]the replays count {restart_overhead} for each restart after an eviction and lose the "
+            f"work since a checkpoint every {checkpoint_interval}: set --restart-overhead and "
+            "--checkpoint-interval to what your jobs pay, so that 'before' comes near what was "
+            "measured[/yellow]"
+        )
+
+
+def _change(pair: list[float | None]) -> tuple[str, str, str]:
+    """Before, after, and the change in percent where the two read differently (0.4 s to 0 s is no news);
+    "-" for a figure of no jobs."""
     before, after = pair
     shown = _duration(before), _duration(after)
-    delta = "" if before <= 0 or shown[0] == shown[1] else f"{(after - before) / before:+.0%}"
-    return *shown, delta
+    if before is None or after is None or before <= 0 or shown[0] == shown[1]:
+        return *shown, ""
+    return *shown, f"{(after - before) / before:+.0%}"
 
 
-def _duration(seconds: float) -> str:
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
     if seconds < 10:
         return f"{seconds:.1f}s"
     if seconds < 120:

@@ -18,6 +18,7 @@ GPU_MEMORY_GIB = {"H100": 80, "H200": 141, "A100": 80, "A800": 80, "A10": 24, "L
                   "V100": 32, "V100M32": 32, "V100M16": 16, "P100": 16, "T4": 16, "K80": 12, "G2": 32,
                   "G3": 32, "GPU": 32}  # fmt: skip
 _GROUP = re.compile(r"^(?P<nodes>\d+)x(?P<gpus>\d+)(?::(?P<model>[A-Za-z0-9_.\-]+))?$")
+_SIZE = re.compile(r"^\d+x\d+$")  # a group's NODESxGPUS, before any `:MODEL`
 CLUSTER_HELP = (
     "NODESxGPUS[:MODEL][,...] (e.g. 64x8 or 32x8:H100,32x8:A100), tiresias:FILE or alibaba-openb:FILE"
 )
@@ -49,6 +50,18 @@ def parse_groups(value: str, flag: str, first_index: int = 0, prefix: str = "nod
     nodes: list[NodeView] = []
     for part in value.split(","):
         match = _GROUP.match(part.strip())
+        size, colon, model = part.strip().partition(":")
+        if match is None and colon and _SIZE.match(size):
+            example = f"{size}:H100"
+            if not model:
+                raise SimError(
+                    flag, f"{part.strip()!r} names no GPU model after ':'; e.g. {example}, or {size}"
+                )
+            raise SimError(
+                flag,
+                f"{part.strip()!r}: GPU model {model!r} is not a model name (letters, digits, '_', '.', '-', "
+                f"one model a group); e.g. {example}",
+            )
         if match is None:
             expected = "NODESxGPUS[:MODEL][,...], e.g. 4x8:H100" if flag == "--add" else CLUSTER_HELP
             raise SimError(flag, f"{part.strip()!r} is not NODESxGPUS[:MODEL]; expected {expected}")
@@ -63,11 +76,17 @@ def parse_groups(value: str, flag: str, first_index: int = 0, prefix: str = "nod
 
 def load_cluster(value: str, flag: str = "--cluster") -> Cluster:
     kind, sep, rest = value.partition(":")
+    if flag == "--nodes" and not (sep and kind == "alibaba-openb"):
+        raise SimError(
+            "--nodes",
+            f"{value!r}: --nodes takes an alibaba-openb node list (alibaba-openb:NODES.csv); give "
+            f"--cluster {value} instead",
+        )
     if sep and kind == "tiresias":
         return Cluster(_tiresias_nodes(Path(rest), flag), value)
     if sep and kind == "alibaba-openb":
         return Cluster(load_openb_nodes(Path(rest), flag), value)
-    if sep and not _GROUP.match(value.split(",")[0].strip()):
+    if sep and not _SIZE.match(kind.split(",")[0].strip()):  # `2x8:` and `2x8:H1:x` are parse_groups' to word
         raise SimError(flag, f"unknown cluster kind {kind!r}; expected {CLUSTER_HELP}")
     return Cluster(tuple(parse_groups(value, flag)), value)
 

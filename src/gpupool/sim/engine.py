@@ -139,7 +139,7 @@ class Simulation:
         self._young = policy.young
         self._by_attained = policy.band_by == "attained"
         self._est_sum: dict[object, list[float]] = {}
-        self._fits_cache: dict[tuple[int, GpuDemand], bool] = {}
+        self._fits_cache: dict[tuple[int, GpuDemand, float, int], bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
         # Utilisation and quota shortfall are measured while work arrives (the whole run if all at once).
         window = last_arrival if last_arrival > 0 else math.inf
@@ -187,13 +187,15 @@ class Simulation:
         self._dirty = False
         # whether the one gainer of an eviction may start on its nominated room without a round (see
         # `_start_gainer`): its admission can refuse it only through a queue limit, or non-preemptible
-        # work's quota (trace jobs are preemptible), and its room's node only by CPUs, memory or a backfill
-        # reservation (and under strict or backfill blocking the skip tests read the line's head)
+        # work's quota (trace jobs are preemptible; `sim whatif`'s live ones may not be), and its room's node
+        # only by CPUs, memory or a backfill reservation (and under strict or backfill blocking the skip
+        # tests read the line's head)
         gpus_only = not any(j.trace.cpus > 0 or j.trace.memory_bytes > 0 for j in self.jobs)
         self._gainers_start_at_once = (
             self.config.blocking == "skip"
             and not any(q.share(resource).limit is not None for q in self.queues for resource in RESOURCES)
             and gpus_only
+            and all(j.trace.preemptible for j in self.jobs)
         )
         # The skip test models backfill's reservation by GPUs alone: where jobs ask for CPUs or memory,
         # which reservations count too, it does not model it (those cycles run).
@@ -311,11 +313,18 @@ class Simulation:
         self._dirty = True
 
     def _fits_empty(self, job: _Job) -> bool:
-        key = (job.nodes, job.demand)
+        """Whether the job fits the empty cluster: enough nodes with its GPUs, CPUs and memory (a node that
+        does not say its CPUs or memory has no limit on them, as in the scheduler)."""
+        trace = job.trace
+        key = (job.nodes, job.demand, trace.cpus, trace.memory_bytes)
         if key not in self._fits_cache:
             need = job.demand.count
             able = 0
             for node in self.cluster.nodes:
+                if (node.cpus and node.cpus < trace.cpus) or (
+                    node.memory_bytes and node.memory_bytes < trace.memory_bytes
+                ):
+                    continue
                 matching = sum(1 for g in node.gpus if gpu_matches(g.model, g.memory_bytes, job.demand))
                 if (need < 1 and matching > 0) or (need >= 1 and matching >= need):
                     able += 1
@@ -746,6 +755,10 @@ class Simulation:
         if self._fair_shares is not None:
             self.fair = {q: s.get("gpu", 0.0) for q, s in self._fair_shares.items()}
             self._fair_shares = None
+        if not self.pending and self.fair and self.policy.queues != POOL:
+            # Nothing waits, so no cycle runs to say it; fair shares are capped by demand, and with every
+            # job running each queue's is what it holds (the last cycle's figures would stand for days).
+            self.fair = {q: self.alloc.get(q, 0.0) for q in self.fair}
         self.result.timeline.append(
             Sample(self.now, len(self.pending), self.used, dict(self.alloc), dict(self.fair))
         )
@@ -777,7 +790,7 @@ def workload_view(
         job.demand,  # gpus
         trace.cpus,  # cpus
         trace.memory_bytes,  # memory_bytes
-        True,  # preemptible
+        trace.preemptible,  # preemptible
         None,  # topology
         None,  # topology_preferred
         ANY_NODE,  # node_names

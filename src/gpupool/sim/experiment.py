@@ -87,6 +87,7 @@ def as_json(experiment: Experiment) -> dict[str, Any]:
             "window": experiment.window,
             "jobs": len(experiment.jobs),
             "skipped": experiment.trace.skipped,
+            "adjusted": experiment.trace.adjusted,
         },
         "cluster": {
             "spec": experiment.cluster.spec,
@@ -135,7 +136,7 @@ def dropped(experiment: Experiment) -> str | None:
         return None
     return (
         f"{counted(most, 'job')} of {len(experiment.jobs):,} dropped: more GPUs than the cluster's nodes "
-        "hold, or a GPU model it lacks (--cluster)"
+        "hold, a GPU model it lacks, or more CPUs or memory per pod than its nodes have (--cluster)"
     )
 
 

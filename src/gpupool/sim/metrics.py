@@ -9,10 +9,11 @@ from typing import Any
 from gpupool.sim.results import SimResult
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default); None
+    of no values."""
     if not values:
-        return 0.0
+        return None
     ordered = sorted(values)
     pos = (len(ordered) - 1) * q / 100.0
     low, high = math.floor(pos), math.ceil(pos)
@@ -28,7 +29,8 @@ def jain(values: Sequence[float]) -> float:
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
-    """The JSON figures of one policy: `policies.<name>` in `sim run --json`."""
+    """The JSON figures of one policy: `policies.<name>` in `sim run --json`. A figure of no jobs (the
+    JCT of a queue none of whose jobs finished) is None, null in the JSON: not 0, which reads as news."""
     done = [j for j in result.jobs if j.finish is not None]
     jcts = [j.finish - j.submit for j in done if j.finish is not None]
     slowdowns = [(j.finish - j.submit) / j.duration for j in done if j.finish is not None and j.duration > 0]
@@ -63,7 +65,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "queues": {
             q: {
                 "jobs": len(by_queue.get(q, [])),
-                "mean_slowdown": queue_slowdown.get(q, 0.0),
+                "mean_slowdown": queue_slowdown.get(q),
                 "quota_gpus": result.quotas.get(q, 0.0),
                 "quota_violation": (result.shortfall_gpu_s.get(q, 0.0) / quota_gpu_s[q])
                 if q in quota_gpu_s
@@ -78,5 +80,5 @@ def summarize(result: SimResult) -> dict[str, Any]:
     }
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpupool.scheduler import SchedulerConfig
 from gpupool.sim.errors import SimError
+from gpupool.sim.trace import read_text
 from gpupool.spec import SpecError, format_duration
 from gpupool.spec.scheduling import (
     DEFAULT_POLICY,
@@ -196,6 +197,12 @@ def resolve_policies(value: str, one: bool = False) -> list[Policy]:
         raise SimError("--policy", "whatif replays one policy; give one name, e.g. --policy gpupool")
     if names == ["all"]:
         return list(POLICIES)
+    if "all" in names:
+        raise SimError(
+            "--policy",
+            f"'all' stands alone in {value!r} (it is every policy): give --policy all, or name the policies "
+            "without it, e.g. --policy fifo,gpupool",
+        )
     if not names:
         raise SimError("--policy", f"no policy given; {choice} {', '.join(BY_NAME)}{other}")
     out: list[Policy] = []
@@ -218,7 +225,7 @@ def file_policy(path: str) -> Policy:
     """The policy of the scheduling.yaml at `path` (docs/scheduler.md), as a server started with it would
     run it with `--usage-weight 0` (its default); named `path`, as given."""
     try:
-        text = Path(path).expanduser().read_text()
+        text = read_text(Path(path).expanduser(), "--policy")
     except FileNotFoundError:
         raise SimError(
             "--policy", f"{path}: no such file; give a scheduling.yaml (docs/scheduler.md) or a policy name"

@@ -11,7 +11,7 @@ import yaml
 
 from gpupool.scheduler import QueueView, Share
 from gpupool.sim.errors import SimError
-from gpupool.sim.trace import TraceJob
+from gpupool.sim.trace import TraceJob, read_text
 from gpupool.spec import SpecError, parse_queue_spec
 from gpupool.spec.views import queue_view
 
@@ -42,7 +42,7 @@ def proportional(weights: Mapping[str, float], total: int) -> dict[str, int]:
 def load_queue_file(path: Path) -> tuple[QueueView, ...]:
     """Queue specs (a YAML list, `queues: [...]`, or several YAML documents)."""
     try:
-        text = path.read_text()
+        text = read_text(path, "--queues")
     except FileNotFoundError:
         raise SimError("--queues", f"{path}: no such file; give a queue file or 'auto'") from None
     except OSError as exc:
@@ -95,6 +95,29 @@ def resolve_queues(value: str, jobs: Sequence[TraceJob], cluster_gpus: int) -> t
             "only borrow), or use --queues auto",
         )
     return views
+
+
+def quota_warnings(queues: Sequence[QueueView], cluster_gpus: int) -> list[str]:
+    """What a queue file promises that the cluster cannot hold, as the server warns of it: top-level GPU
+    quotas adding up to more than the cluster's GPUs, or a parent's children to more than its quota. The
+    replay runs all the same (fair shares scale the quotas down), but a quota is then no guarantee."""
+    said: list[str] = []
+    for above in (None, *sorted({q.parent for q in queues if q.parent is not None})):
+        promised = sum(q.gpu.quota for q in queues if q.parent == above)
+        if above is None:
+            room, whose, level = float(cluster_gpus), "the cluster has", "top-level queues"
+        else:
+            parent = next((q for q in queues if q.name == above), None)
+            if parent is None:
+                continue
+            room, whose, level = parent.gpu.quota, f"queue {above}'s quota is", f"the queues under {above}"
+        if promised > room + 1e-9:
+            said.append(
+                f"the GPU quotas of {level} add up to {promised:g}, but {whose} {room:g}: more than the "
+                "cluster can guarantee; when all of them want their quota, each gets less (fair shares scale "
+                "the quotas down)"
+            )
+    return said
 
 
 def leaf_names(queues: Iterable[QueueView]) -> set[str]:

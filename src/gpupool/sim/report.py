@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpupool.sim.errors import SimError
 from gpupool.sim.experiment import Experiment, as_json, counted, dropped, left_out, summary_rows
+from gpupool.sim.trace import adjusted_note
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -90,7 +91,11 @@ def _markdown(experiment: Experiment, plots: list[tuple[str, Path]]) -> str:
         "",
         f"- trace: `{trace['format']}:{trace['path']}`, window {trace['window'] or 'whole trace'}, "
         f"{counted(trace['jobs'], 'job')}",
-        *(f"- {note}" for note in (left_out(experiment), dropped(experiment)) if note is not None),
+        *(
+            f"- {note}"
+            for note in (left_out(experiment), adjusted_note(experiment.trace), dropped(experiment))
+            if note is not None
+        ),
         f"- cluster: `{experiment.cluster.spec}` ({counted(len(experiment.cluster.nodes), 'node')}, "
         f"{counted(experiment.cluster.gpus, 'GPU')}); {counted(len(experiment.queues), 'queue')}",
         f"- options: cycle {experiment.options.cycle:g} s, restart overhead "
@@ -106,8 +111,8 @@ def _markdown(experiment: Experiment, plots: list[tuple[str, Path]]) -> str:
     for row in summary_rows(experiment):
         ratio = "" if row["vs_fifo"] is None else f"{row['vs_fifo']:.2f}"
         lines.append(
-            f"| {row['policy']} | {row['avg_jct_s'] / HOUR:.2f} | {ratio} | {row['p50_jct_s'] / HOUR:.2f} | "
-            f"{row['p99_jct_s'] / HOUR:.2f} | {row['mean_slowdown']:.2f} | {row['avg_queue_s'] / HOUR:.2f} | "
+            f"| {row['policy']} | {_hours(row['avg_jct_s'])} | {ratio} | {_hours(row['p50_jct_s'])} | "
+            f"{_hours(row['p99_jct_s'])} | {_ratio(row['mean_slowdown'])} | {_hours(row['avg_queue_s'])} | "
             f"{row['gpu_util']:.1%} | {row['jain']:.3f} | {row['quota_violation']:.2%} | "
             f"{row['preemptions']} | {row['lost_gpu_h']:.1f} | {row['dropped']} | {row['wall_s']:.1f} |"
         )
@@ -124,10 +129,19 @@ def _markdown(experiment: Experiment, plots: list[tuple[str, Path]]) -> str:
     for name, metrics in data["policies"].items():
         for queue, q in metrics["queues"].items():
             lines.append(
-                f"| {name} | {queue} | {q['quota_gpus']:g} | {q['jobs']} | {q['avg_jct_s'] / HOUR:.2f} | "
-                f"{q['mean_slowdown']:.2f} | {q['quota_violation']:.2%} |"
+                f"| {name} | {queue} | {q['quota_gpus']:g} | {q['jobs']} | {_hours(q['avg_jct_s'])} | "
+                f"{_ratio(q['mean_slowdown'])} | {q['quota_violation']:.2%} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _hours(seconds: float | None) -> str:
+    """Seconds as hours in a table; "-" for a figure of no jobs."""
+    return "-" if seconds is None else f"{seconds / HOUR:.2f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _save(fig: Figure, path: Path) -> Path:

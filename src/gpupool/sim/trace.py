@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,6 +33,7 @@ class TraceJob:
     nodes: int = 0  # pods (one per node) when the trace says; 0 = derived from the cluster's node size
     cpus: float = 0.0  # CPU cores per pod
     memory_bytes: int = 0  # memory per pod
+    preemptible: bool = True  # whether the scheduler may evict it (a live job's spec says, `sim whatif`)
 
     @property
     def gpu_time(self) -> float:
@@ -46,6 +47,19 @@ class Trace:
     jobs: list[TraceJob]
     dated: bool  # submit times are seconds since the epoch (a --window may use dates)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows left out
+    # how the replay runs rows otherwise than they read -> rows so run (`adjusted_note`)
+    adjusted: dict[str, int] = field(default_factory=dict)
+
+
+def adjusted_note(trace: Trace) -> str | None:
+    """The rows a replay runs otherwise than they read, and how: "2 rows of x.csv: gpu_num not a multiple
+    of node_num: ..." (one clause a reason)."""
+    if not trace.adjusted:
+        return None
+    return "; ".join(
+        f"{n:,} row{'' if n == 1 else 's'} of {trace.path.name}: {reason}"
+        for reason, n in sorted(trace.adjusted.items(), key=lambda r: -r[1])
+    )
 
 
 Loader = Callable[[Path], Trace]
@@ -85,24 +99,74 @@ def read_rows(
         raise SimError(flag, f"cannot read {path}: {exc.strerror}") from None
     with handle:
         reader = csv.DictReader(handle)
-        header = [h.strip() for h in reader.fieldnames or []]
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise SimError(
-                flag,
-                f"{path} is not in the {fmt} format: missing column(s) {', '.join(missing)} "
-                f"(it needs {', '.join(required)}; see docs/simulator.md)",
-            )
-        reader.fieldnames = header
-        for row in reader:
-            if None in row.values():  # csv's filler for the columns a short row lacks
-                missing = [c for c in header if row[c] is None]
+        try:
+            yield from _checked_rows(reader, path, fmt, required, flag)
+        except UnicodeDecodeError:
+            # the text is decoded a block at a time, so the error does not know its line: look for it
+            with path.open("rb") as raw:
+                raise SimError(flag, not_utf8(path, raw)) from None
+        except csv.Error as exc:
+            where = f"{path} line {reader.line_num + 1}"  # the row it could not read follows the last read
+            if "field limit" in str(exc):
                 raise SimError(
                     flag,
-                    f"{path} line {reader.line_num}: no {', '.join(missing)} (the row has "
-                    f"{len(header) - len(missing)} fields, the header {len(header)}); complete or delete it",
+                    f"{where}: a field longer than {csv.field_size_limit():,} characters: a quote "
+                    '(") left open takes in every line after it; close it, or is this not a CSV file?',
+                ) from None
+            raise SimError(flag, f"{where}: not CSV ({exc})") from None
+
+
+def _checked_rows(
+    reader: csv.DictReader[str], path: Path, fmt: str, required: tuple[str, ...], flag: str
+) -> Iterator[dict[str, str]]:
+    header = [h.strip() for h in reader.fieldnames or []]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise SimError(
+            flag,
+            f"{path} is not in the {fmt} format: missing column(s) {', '.join(missing)} "
+            f"(it needs {', '.join(required)}; see docs/simulator.md)",
+        )
+    reader.fieldnames = header
+    for row in reader:
+        if None in row.values():  # csv's filler for the columns a short row lacks
+            missing = [c for c in header if row[c] is None]
+            raise SimError(
+                flag,
+                f"{path} line {reader.line_num}: no {', '.join(missing)} (the row has "
+                f"{len(header) - len(missing)} fields, the header {len(header)}); complete or delete it",
+            )
+        yield row
+
+
+UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")  # what a spreadsheet's "Unicode text" begins with
+
+
+def read_text(path: Path, flag: str) -> str:
+    """A whole file as UTF-8 text (a byte-order mark dropped); OSError is the caller's to word."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise SimError(flag, not_utf8(path, data.splitlines(keepends=True))) from None
+
+
+def not_utf8(path: Path, lines: Iterable[bytes]) -> str:
+    """What is wrong with a file that is not UTF-8, at its first line that is not: "b.csv line 3: not UTF-8
+    text (byte 0xe9 at column 12); save it as UTF-8"."""
+    for number, line in enumerate(lines, start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            byte = f"byte 0x{line[exc.start]:02x} at column {exc.start + 1}"
+            if number == 1 and line.startswith(UTF16_MARKS):
+                converted = path.with_name(f"{path.stem}-utf8{path.suffix}")
+                return (
+                    f"{path} line 1: not UTF-8 text ({byte}: the file is UTF-16); save it as UTF-8, "
+                    f"e.g. iconv -f UTF-16 -t UTF-8 {path} > {converted}"
                 )
-            yield row
+            return f"{path} line {number}: not UTF-8 text ({byte}); save it as UTF-8"
+    return f"{path}: not UTF-8 text; save it as UTF-8"
 
 
 def number_field(row: dict[str, str], column: str, path: Path, line: int, flag: str = "--trace") -> float:
@@ -114,6 +178,50 @@ def number_field(row: dict[str, str], column: str, path: Path, line: int, flag: 
     if not math.isfinite(value):
         raise SimError(flag, f"{path} line {line}: {column} is {raw!r}; it must be a finite number")
     return value
+
+
+def gpu_count(row: dict[str, str], column: str, path: Path, line: int) -> float:
+    """A number of GPUs: whole GPUs, or a fraction below 1 (a share of one GPU). Whether a negative one is an
+    error or a row to leave out is the format's to say."""
+    value = number_field(row, column, path, line)
+    if value > 1 and not value.is_integer():
+        raise SimError(
+            "--trace",
+            f"{path} line {line}: {column} {value:g} is a fraction above 1; give whole GPUs (a fraction is "
+            "meaningful only below 1: a share of one GPU)",
+        )
+    return value
+
+
+def _not_negative(value: float, column: str, path: Path, line: int, unit: str) -> float:
+    """A figure of a user's own csv: negative is an error there (0 leaves the row out, as in a public
+    trace, where a negative figure is a row the logs got wrong: `_public_counts`)."""
+    if value < 0:
+        raise SimError(
+            "--trace",
+            f"{path} line {line}: {column} {value:g} is negative; give 0 or more {unit} "
+            "(a row of 0 is left out)",
+        )
+    return value
+
+
+def _public_counts(
+    row: dict[str, str], columns: tuple[str, str], path: Path, line: int, skipped: dict[str, int]
+) -> tuple[float, float] | None:
+    """(GPUs, duration) of a public trace's row, or None for a row it records but that never ran on GPUs
+    (counted in `skipped`: no GPUs, no run time, or a negative figure of the logs' own making)."""
+    gpus_column, duration_column = columns
+    gpus = gpu_count(row, gpus_column, path, line)
+    duration = number_field(row, duration_column, path, line)
+    if gpus < 0 or duration < 0:
+        _skip(skipped, f"a negative {gpus_column if gpus < 0 else duration_column}")
+    elif gpus == 0:
+        _skip(skipped, "no GPUs")
+    elif duration == 0:
+        _skip(skipped, "no run time")
+    else:
+        return gpus, duration
+    return None
 
 
 def _time(row: dict[str, str], column: str, path: Path, line: int) -> float:
@@ -157,14 +265,10 @@ def load_philly(path: Path) -> Trace:
     skipped: dict[str, int] = {}
     required = ("timestamp", "duration", "num_gpus", "cluster")
     for line, row in enumerate(read_rows(path, "philly", required), start=2):
-        gpus = number_field(row, "num_gpus", path, line)
-        duration = number_field(row, "duration", path, line)
-        if gpus <= 0:
-            _skip(skipped, "no GPUs")
+        counts = _public_counts(row, ("num_gpus", "duration"), path, line, skipped)
+        if counts is None:
             continue
-        if duration <= 0:
-            _skip(skipped, "no run time")
-            continue
+        gpus, duration = counts
         submit = _time(row, "timestamp", path, line)
         drafts.append((submit, duration, gpus, row["cluster"].strip() or "default"))
     drafts.sort(key=_submit_of)  # stable: the file's order among jobs submitted at one moment, as _by_submit
@@ -182,11 +286,10 @@ def load_tiresias(path: Path) -> Trace:
     jobs: list[TraceJob] = []
     skipped: dict[str, int] = {}
     for line, row in enumerate(read_rows(path, "tiresias", ("num_gpu", "submit_time", "duration")), start=2):
-        gpus = number_field(row, "num_gpu", path, line)
-        duration = number_field(row, "duration", path, line)
-        if gpus <= 0 or duration <= 0:
-            _skip(skipped, "no GPUs" if gpus <= 0 else "no run time")
+        counts = _public_counts(row, ("num_gpu", "duration"), path, line, skipped)
+        if counts is None:
             continue
+        gpus, duration = counts
         submit = number_field(row, "submit_time", path, line)
         jobs.append(TraceJob(len(jobs), submit, duration, gpus, "default", user=row.get("model_name", "")))
     return Trace("tiresias", path, _by_submit(jobs), dated=False, skipped=skipped)
@@ -212,7 +315,7 @@ def load_alibaba_openb(path: Path) -> Trace:
             continue
         deleted = number_field(row, "deletion_time", path, line)
         scheduled_raw = (row.get("scheduled_time") or "").strip()
-        began = float(scheduled_raw) if scheduled_raw else created
+        began = number_field(row, "scheduled_time", path, line) if scheduled_raw else created
         if deleted <= began:
             _skip(skipped, "no run time")
             continue
@@ -238,25 +341,32 @@ def _models(spec: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in spec.split("|") if m.strip())
 
 
+# The engine runs a job of node_num pods as node_num pods of the same size: gpu_num rounded up to a multiple.
+HELIOS_UNEVEN = (
+    "gpu_num not a multiple of node_num; each runs as node_num pods of gpu_num / node_num GPUs rounded "
+    "up, more GPUs than the row asks for (gpu_num 3 on node_num 2: 2 pods x 2 GPUs)"
+)
+
+
 def load_helios(path: Path) -> Trace:
     """Helios (HeliosData) and Acme (AcmeTrace) job logs: submit_time, duration, gpu_num, vc, user."""
     jobs: list[TraceJob] = []
     skipped: dict[str, int] = {}
+    adjusted: dict[str, int] = {}
     dated = False
     for line, row in enumerate(
         read_rows(path, "helios", ("submit_time", "duration", "gpu_num", "vc")), start=2
     ):
-        gpus = number_field(row, "gpu_num", path, line)
-        duration = number_field(row, "duration", path, line)
-        if gpus <= 0:
-            _skip(skipped, "no GPUs")
+        counts = _public_counts(row, ("gpu_num", "duration"), path, line, skipped)
+        if counts is None:
             continue
-        if duration <= 0:
-            _skip(skipped, "no run time")
-            continue
+        gpus, duration = counts
         raw = (row.get("submit_time") or "").strip()
         dated = dated or not raw.replace(".", "", 1).isdigit()
-        node_num = (row.get("node_num") or "").strip()
+        node_num = number_field(row, "node_num", path, line) if (row.get("node_num") or "").strip() else 0.0
+        nodes = int(node_num) if node_num > 1 else 0
+        if nodes and gpus % nodes:
+            _skip(adjusted, HELIOS_UNEVEN)
         jobs.append(
             TraceJob(
                 len(jobs),
@@ -265,11 +375,11 @@ def load_helios(path: Path) -> Trace:
                 gpus,
                 row["vc"].strip() or "default",
                 user=(row.get("user") or "").strip(),
-                nodes=int(float(node_num)) if node_num and float(node_num) > 1 else 0,
-                cpus=float(row["cpu_num"]) if (row.get("cpu_num") or "").strip() else 0.0,
+                nodes=nodes,
+                cpus=number_field(row, "cpu_num", path, line) if (row.get("cpu_num") or "").strip() else 0.0,
             )
         )
-    return Trace("helios", path, _by_submit(jobs), dated=dated, skipped=skipped)
+    return Trace("helios", path, _by_submit(jobs), dated=dated, skipped=skipped, adjusted=adjusted)
 
 
 def load_csv(path: Path) -> Trace:
@@ -278,10 +388,11 @@ def load_csv(path: Path) -> Trace:
     for line, row in enumerate(
         read_rows(path, "csv", ("submit_time", "duration", "num_gpus", "queue")), start=2
     ):
-        gpus = number_field(row, "num_gpus", path, line)
+        gpus = _not_negative(gpu_count(row, "num_gpus", path, line), "num_gpus", path, line, "GPUs")
         duration = number_field(row, "duration", path, line)
-        if gpus <= 0 or duration <= 0:
-            _skip(skipped, "no GPUs" if gpus <= 0 else "no run time")
+        duration = _not_negative(duration, "duration", path, line, "seconds of run time")
+        if gpus == 0 or duration == 0:
+            _skip(skipped, "no GPUs" if gpus == 0 else "no run time")
             continue
         jobs.append(
             TraceJob(
@@ -358,7 +469,10 @@ def select(trace: Trace, window: str | None = None, first: int | None = None) ->
         jobs = jobs[:first]
     if not jobs and window is None:
         left = sum(trace.skipped.values())
-        why = f" ({left:,} rows left out: no GPUs or no run time)" if left else ""
+        reasons = ", ".join(
+            f"{n:,} with {reason}" for reason, n in sorted(trace.skipped.items(), key=lambda r: -r[1])
+        )
+        why = f" ({left:,} row{'' if left == 1 else 's'} left out: {reasons})" if left else ""
         raise SimError("--trace", f"{trace.path} has no jobs to replay{why}")
     if not jobs:
         span = ""
@@ -368,11 +482,29 @@ def select(trace: Trace, window: str | None = None, first: int | None = None) ->
                 f" (its jobs are submitted from {_moment(first_at, trace.dated)} to "
                 f"{_moment(last_at, trace.dated)})"
             )
+        if window is not None and trace.dated and trace.jobs and _in_seconds(window):
+            # as a trace of seconds refuses dates (parse_window): numbers here are seconds since 1970
+            day = dt.datetime.fromtimestamp(trace.jobs[0].submit, dt.UTC).date()
+            raise SimError(
+                "--window",
+                f"no jobs selected from {trace.path}: this trace is dated, and {window!r} reads as seconds "
+                f"since 1970-01-01 UTC{span}; give dates, e.g. --window {day}..{day + dt.timedelta(days=7)}",
+            )
         raise SimError(
             "--window" if window is not None else "--trace",
             f"no jobs selected from {trace.path}{span}; move or widen it",
         )
     return jobs, origin
+
+
+def _in_seconds(window: str) -> bool:
+    """Whether both bounds of a `START..END` are numbers (seconds), not dates."""
+    try:
+        for raw in window.split(".."):
+            float(raw)
+    except ValueError:
+        return False
+    return True
 
 
 def _moment(at: float, dated: bool) -> str:

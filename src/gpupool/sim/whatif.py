@@ -10,6 +10,7 @@ replay evicts on its own); work still running counts with the time it has run so
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -40,7 +41,20 @@ def _stamp(value: Any) -> float | None:
 
 def history_jobs(workloads: Sequence[Mapping[str, Any]], since: float, now: float) -> list[TraceJob]:
     """Jobs submitted at or after `since` that ran: GPUs per pod x pods, for as long as they ran."""
-    jobs: list[TraceJob] = []
+    return [job for job, _ in _history(workloads, since, now)]
+
+
+def measured_jcts(workloads: Sequence[Mapping[str, Any]], since: float, now: float) -> dict[int, float]:
+    """The completion times the live cluster gave the jobs of `history_jobs` that ended, by their ids
+    there: what the replay of the cluster as it is should come near."""
+    return {job.id: jct for job, jct in _history(workloads, since, now) if jct is not None}
+
+
+def _history(
+    workloads: Sequence[Mapping[str, Any]], since: float, now: float
+) -> list[tuple[TraceJob, float | None]]:
+    """`history_jobs` with each job's measured completion time (None while it runs)."""
+    jobs: list[tuple[TraceJob, float | None]] = []
     for w in workloads:
         submit, started = _stamp(w.get("created_at")), _stamp(w.get("started_at"))
         if submit is None or started is None or submit < since or w.get("kind", "job") != "job":
@@ -62,23 +76,27 @@ def history_jobs(workloads: Sequence[Mapping[str, Any]], since: float, now: floa
         pods = int(w.get("nodes") or 1)
         if request.count <= 0:
             continue
-        jobs.append(
-            TraceJob(
-                len(jobs),
-                submit,
-                duration,
-                request.count * pods,
-                str(w.get("queue") or "default"),
-                user=str(w.get("user") or ""),
-                gpu_models=request.models,
-                nodes=pods if pods > 1 else 0,
-            )
+        job = TraceJob(
+            len(jobs),
+            submit,
+            duration,
+            request.count * pods,
+            str(w.get("queue") or "default"),
+            user=str(w.get("user") or ""),
+            gpu_models=request.models,
+            nodes=pods if pods > 1 else 0,
+            preemptible=w.get("preemptible") is not False,  # a head older than the field: as before
         )
-    jobs.sort(key=lambda j: (j.submit, j.id))
-    return [replace(j, id=i) for i, j in enumerate(jobs)]
+        ended = _stamp(w.get("finished_at")) if w.get("state") in FINISHED else None
+        jobs.append((job, ended - submit if ended is not None else None))
+    jobs.sort(key=lambda pair: (pair[0].submit, pair[0].id))
+    return [(replace(job, id=i), jct) for i, (job, jct) in enumerate(jobs)]
 
 
 def cluster_from_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[NodeView]:
+    """The pool's nodes as the replays' cluster, every one in service whatever its state now: the history
+    ran on them, and a node cordoned or lost today would leave the replay of the cluster as it is with
+    less than that history had (with every node out, no job at all). `--remove` takes one out."""
     views = []
     for n in nodes:
         gpus = tuple(
@@ -90,8 +108,7 @@ def cluster_from_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[NodeView]:
             )
             for g in n.get("gpus") or []
         )
-        schedulable = n.get("state", "ready") == "ready"
-        views.append(NodeView(str(n["name"]), schedulable, gpus, state=str(n.get("state", "ready"))))
+        views.append(NodeView(str(n["name"]), True, gpus))
     return views
 
 
@@ -100,8 +117,15 @@ def check_changes(add: Sequence[str] = (), quotas: Sequence[str] = ()) -> None:
     and queues they name exist is known only with the live cluster (see `changed`)."""
     for spec in add:
         parse_groups(spec, "--add", prefix="added")
+    given: dict[str, str] = {}  # queue -> its --quota item
     for item in quotas:
-        _quota_item(item)
+        name, _ = _quota_item(item)
+        if name in given:  # the last would win in silence
+            raise SimError(
+                "--quota",
+                f"queue {name!r} is given twice ({given[name]!r} and {item!r}); give one --quota {name}=GPUS",
+            )
+        given[name] = item
 
 
 def check_models(add: Sequence[str], nodes: Sequence[NodeView], known: Collection[str]) -> None:
@@ -171,8 +195,11 @@ def compare(
     policy: Policy,
     options: SimOptions | None = None,
     workers: int | str = 1,
+    measured: Mapping[int, float] | None = None,
 ) -> dict[str, Any]:
-    """Replay `jobs` on both clusters; per queue, the change in JCT and queueing delay.
+    """Replay `jobs` on both clusters; per queue, the change in JCT and queueing delay. `measured`: the
+    live cluster's completion times of the jobs that ended, by id (`measured_jcts`), set beside what the
+    replay of the cluster as it is gives the same jobs, so a reader sees how near the model comes.
 
     `workers` is `--jobs`: 2 (or `auto` with 2 CPUs or more) replays both at once, each in its own process."""
     at_once = processes(workers, 2)
@@ -185,25 +212,34 @@ def compare(
         if cluster.gpus <= 0:
             raise SimError("--remove", "the changed cluster has no GPUs left")
         replays.append(Replay(name, jobs, origin, cluster, tuple(queues), policy, options))
-    figures = [
+    results = replay_all(replays, at_once)
+    old, new = (
         summarize(result) | {"gpus": replay.cluster.gpus}
-        for replay, result in zip(replays, replay_all(replays, at_once), strict=True)
-    ]
-    old, new = figures
+        for replay, result in zip(replays, results, strict=True)
+    )
+    replayed = Counter(job.queue for job in jobs)
     per_queue = {}
     for name in sorted(set(old["queues"]) | set(new["queues"])):
         a, b = old["queues"].get(name, {}), new["queues"].get(name, {})
         per_queue[name] = {
-            "jobs": a.get("jobs", 0),
-            "avg_jct_s": [a.get("avg_jct_s", 0.0), b.get("avg_jct_s", 0.0)],
-            "avg_queue_s": [a.get("avg_queue_s", 0.0), b.get("avg_queue_s", 0.0)],
+            "jobs": replayed.get(name, 0),
+            "avg_jct_s": [a.get("avg_jct_s"), b.get("avg_jct_s")],  # None: no job of it finished there
+            "avg_queue_s": [a.get("avg_queue_s"), b.get("avg_queue_s")],
             "quota_gpus": [a.get("quota_gpus", 0.0), b.get("quota_gpus", 0.0)],
         }
-    keys = ("avg_jct_s", "avg_queue_s", "gpu_util", "gpus", "dropped", "makespan_s")
+    keys = ("avg_jct_s", "avg_queue_s", "gpu_util", "gpus", "dropped", "unfinished", "makespan_s",
+            "preemptions", "lost_gpu_h")  # fmt: skip
+    ended = measured or {}
+    as_replayed = [r.jct for r in results[0].jobs if r.id in ended and r.jct is not None]
     return {
         "jobs": len(jobs),
         "policy": policy.name,
         "before": {k: old[k] for k in keys},
         "after": {k: new[k] for k in keys},
         "queues": per_queue,
+        "live": {
+            "jobs": len(ended),
+            "avg_jct_s": sum(ended.values()) / len(ended) if ended else None,
+            "replayed_avg_jct_s": sum(as_replayed) / len(as_replayed) if as_replayed else None,
+        },
     }

@@ -9,7 +9,7 @@ import pytest
 
 from gpupool.scheduler import GpuDemand, PodPlacement, QueueView, Share, WorkloadView
 from gpupool.sim import engine
-from gpupool.sim.cluster import load_cluster
+from gpupool.sim.cluster import Cluster, load_cluster
 from gpupool.sim.engine import Simulation, shape
 from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import jain, percentile, summarize
@@ -128,6 +128,46 @@ def test_a_job_larger_than_the_cluster_is_dropped_and_counted() -> None:
     assert result.dropped == [0]
     metrics = summarize(result)
     assert metrics["dropped"] == 1 and metrics["finished"] == 1
+
+
+def test_a_job_that_asks_more_cpus_or_memory_than_any_node_has_is_dropped_and_counted() -> None:
+    """It could never start, so it is dropped as a job too big for the GPUs is (it was neither dropped nor
+    finished, and every figure left it out without a word)."""
+    nodes = tuple(dataclasses.replace(n, cpus=32.0, memory_bytes=2**38) for n in load_cluster("2x8").nodes)
+    built = Cluster(nodes, "2x8")
+    jobs = [
+        TraceJob(0, 0.0, 100.0, 8, "a", cpus=64.0),
+        TraceJob(1, 0.0, 100.0, 8, "a", memory_bytes=2**39),
+        TraceJob(2, 0.0, 100.0, 8, "a", cpus=32.0, memory_bytes=2**38),
+    ]
+    result = Simulation(
+        jobs, 0.0, built, auto_queues(jobs, built.gpus), BY_NAME["gpupool"], NO_OVERHEAD
+    ).run()
+    assert result.dropped == [0, 1]
+    assert (summarize(result)["finished"], result.unfinished) == (1, 0)
+
+
+def test_a_job_that_is_not_preemptible_is_never_evicted() -> None:
+    """`sim whatif` replays live jobs with their spec's `preemptible`: the newcomer waits, as it would."""
+    queues = (QueueView("a", gpu=Share(quota=8.0)),)  # non-preemptible work runs only within a quota
+    jobs = [TraceJob(0, 0.0, 20_000.0, 8, "a"), TraceJob(1, 10_000.0, 100.0, 8, "a")]
+    assert by_id(simulate(jobs, "1x8", "gpupool", queues))[1] == (10_000.0, 10_100.0)  # the newcomer's band
+    jobs[0] = dataclasses.replace(jobs[0], preemptible=False)
+    result = simulate(jobs, "1x8", "gpupool", queues)
+    assert by_id(result) == {0: (0.0, 20_000.0), 1: (20_000.0, 20_100.0)}
+    assert summarize(result)["preemptions"] == 0
+
+
+def test_with_nothing_pending_each_queue_s_fair_share_is_what_it_holds() -> None:
+    """No cycle runs while nothing waits, yet the fair-share plot must not keep the last cycle's figures:
+    `b`'s jobs end at 100 s, and from then on its fair share is 0, not the 4 GPUs it had."""
+    queues = (QueueView("a", gpu=Share(quota=4.0)), QueueView("b", gpu=Share(quota=4.0)))
+    jobs = [TraceJob(i, 0.0, 10_000.0, 1, "a") for i in range(4)]
+    jobs += [TraceJob(4 + i, 0.0, 100.0, 1, "b") for i in range(4)]
+    timeline = simulate(jobs, "1x8", "gpupool", queues).timeline
+    idle = [s for s in timeline if not s.pending and s.fair_share]
+    assert idle and all(s.fair_share == s.allocated for s in idle), idle
+    assert any(s.t >= 100.0 and s.fair_share == {"a": 4.0, "b": 0.0} for s in timeline), timeline
 
 
 def test_a_job_bigger_than_a_node_runs_as_a_gang_of_whole_nodes() -> None:
@@ -343,3 +383,19 @@ def test_work_that_only_consolidation_can_place_starts_at_a_clock_tick_with_no_e
     assert by_id(result)[4] == (starts_at, starts_at + 100.0)
     assert sum(j.preemptions for j in result.jobs) == 1  # one job moved to make room
     assert result.dropped == [j.id for j in arrivals if j.gpus > 4]
+
+
+def test_a_figure_of_no_jobs_is_none_not_zero() -> None:
+    """A queue of the quota file that sent no job has no JCT or slowdown: null in the JSON, "-" in tables
+    (0.0 read as a queue served at once)."""
+    queues = (QueueView("a", gpu=Share(quota=4.0)), QueueView("idle", gpu=Share(quota=4.0)))
+    metrics = summarize(simulate([TraceJob(0, 0.0, 100.0, 1, "a")], "1x8", "gpupool", queues))
+    assert metrics["queues"]["a"]["avg_jct_s"] == 100.0
+    idle = metrics["queues"]["idle"]
+    assert (idle["jobs"], idle["avg_jct_s"], idle["avg_queue_s"], idle["mean_slowdown"]) == (
+        0,
+        None,
+        None,
+        None,
+    )
+    assert percentile([], 50) is None

@@ -135,7 +135,7 @@ def test_a_trace_with_no_job_says_so_without_asking_for_a_window(tmp_path: Path)
         select(load_trace(f"csv:{path}"))
     assert (
         str(caught.value)
-        == f"--trace: {path} has no jobs to replay (2 rows left out: no GPUs or no run time)"
+        == f"--trace: {path} has no jobs to replay (2 rows left out: 1 with no GPUs, 1 with no run time)"
     )
 
 

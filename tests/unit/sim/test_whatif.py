@@ -15,6 +15,7 @@ from gpupool.sim.whatif import (
     cluster_from_nodes,
     compare,
     history_jobs,
+    measured_jcts,
 )
 
 T0 = "2026-11-30T10:00:00+00:00"
@@ -136,3 +137,40 @@ def test_an_added_gpu_model_must_be_in_the_pool_or_known() -> None:
         "--add: unknown GPU model 'H10O' in '4x8:H10O'; models in this pool: L4, MI300X; "
         "known models: A100, H100, H200, L4, MI300X"
     )
+
+
+def test_the_replay_of_the_cluster_as_it_is_is_set_beside_what_the_live_cluster_measured() -> None:
+    """Four 1-hour jobs on 8 GPUs, one after the other: the live cluster gave them 1, 2, 3 and 4 hours
+    (each waited for the one before); the replay of the same cluster should too, and says so beside it."""
+    api_nodes = [{"name": "n0", "state": "ready", "gpus": [{"index": i, "model": "H100"} for i in range(8)]}]
+    nodes = cluster_from_nodes(api_nodes)
+    queues = [QueueView("nlp", gpu=Share(quota=8.0))]
+    rows = [
+        {**workload("succeeded", "8", f"2026-11-30T1{i}:00:00+00:00", f"2026-11-30T1{i + 1}:00:00+00:00"),
+         "preemptible": False}
+        for i in range(4)
+    ]  # fmt: skip
+    jobs = history_jobs(rows, 0.0, 2e9)
+    assert not any(job.preemptible for job in jobs)
+    measured = measured_jcts(rows, 0.0, 2e9)
+    assert sorted(measured.values()) == [3600.0, 7200.0, 10_800.0, 14_400.0]
+    result = compare(jobs, (nodes, queues), changed(nodes, queues, add=["1x8:H100"]), BY_NAME["gpupool"],
+                     measured=measured)  # fmt: skip
+    assert result["live"] == {"jobs": 4, "avg_jct_s": 9000.0, "replayed_avg_jct_s": 9000.0}
+    assert result["before"]["preemptions"] == 0 and result["before"]["unfinished"] == 0
+
+
+def test_a_node_out_of_service_now_counts_in_the_replays_as_the_history_ran_on_it() -> None:
+    """A cordoned node left the replay of the cluster as it is with no GPUs: no job ran, and every figure
+    read 0 with the exit status 0."""
+    api_nodes = [
+        {"name": f"n{k}", "state": state, "gpus": [{"index": i, "model": "H100"} for i in range(8)]}
+        for k, state in enumerate(("cordoned", "lost"))
+    ]
+    nodes = cluster_from_nodes(api_nodes)
+    assert [(n.name, n.schedulable) for n in nodes] == [("n0", True), ("n1", True)]
+    queues = [QueueView("nlp", gpu=Share(quota=8.0))]
+    jobs = history_jobs([workload("succeeded", "8", T0, "2026-11-30T11:00:00+00:00")], 0.0, 2e9)
+    result = compare(jobs, (nodes, queues), changed(nodes, queues, remove=["n1"]), BY_NAME["gpupool"])
+    assert result["before"]["avg_jct_s"] == 3600.0 and result["after"]["avg_jct_s"] == 3600.0
+    assert result["queues"]["nlp"]["jobs"] == 1
