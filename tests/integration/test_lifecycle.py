@@ -284,3 +284,29 @@ def _wait_for_log(server: ServerProcess, workload_id: int, text: str, timeout: f
                 return str(log)
             time.sleep(0.1)
     raise AssertionError(f"{text!r} never appeared in the log of {workload_id}")
+
+
+def test_files_an_attempt_of_another_store_left_are_set_aside_not_read(tmp_path: Path) -> None:
+    """A store restored from a backup numbers new work as the lost work was numbered: the new workload 1's
+    first attempt must not read the exit code and log that the old one left (it "succeeded" at once while
+    its real process ran on untracked)."""
+    home = tmp_path / "home"
+    stale = home / "runs" / "1" / "0"
+    stale.mkdir(parents=True)
+    (stale / "exit_code").write_text("0\n")
+    (home / "logs" / "1").mkdir(parents=True)
+    (home / "logs" / "1" / "attempt-0.log").write_text("the old store's output\n")
+    server = ServerProcess(home=home).start()
+    try:
+        marker = tmp_path / "ran"
+        created = server.submit({"commands": ["sleep 1", f"touch {marker}"]})
+        assert created["id"] == 1
+        done = server.wait_for(created["id"])
+        assert done["state"] == "succeeded" and marker.exists(), done
+        log = server.cli("logs", "1", check=True).stdout
+        assert "the old store's output" not in log
+        aside = sorted(p.name for p in (home / "runs" / "1").iterdir())
+        assert aside[0] == "0" and aside[1].startswith("0.stale-"), aside
+        assert (home / "runs" / "1" / aside[1] / "exit_code").read_text() == "0\n"  # kept, for whoever looks
+    finally:
+        server.stop()

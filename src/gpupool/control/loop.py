@@ -26,7 +26,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpupool import scheduler
-from gpupool.backends.base import Backend, Handle, Launch, LaunchError, Pod
+from gpupool.backends.base import Backend, BackendUnavailable, Handle, Launch, LaunchError, Pod
 from gpupool.control import contract, efficiency, inventory, secrets, service
 from gpupool.control.budgets import Budgets
 from gpupool.control.dependencies import Dependencies, Dependency
@@ -35,7 +35,7 @@ from gpupool.control.efficiency import EfficiencyWatch
 from gpupool.control.errors import ServiceError
 from gpupool.control.idle import CHECK_INTERVAL as IDLE_CHECK_INTERVAL
 from gpupool.control.idle import IdleWatch
-from gpupool.control.lifecycle import CANCELLED, FAILED, PENDING, RUNNING, SERVICE, transition
+from gpupool.control.lifecycle import CANCELLED, EVICTED, FAILED, PENDING, RUNNING, SERVICE, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.observe import ALIVE_INTERVAL, Observation, store_handle
 from gpupool.control.policy import BandNotes, load_policy, policy_file, reword_preemptions
@@ -58,6 +58,10 @@ MIN_PASS_INTERVAL = 0.02  # seconds between the starts of two passes, however ma
 EXPLAIN_PERSIST_INTERVAL = 5.0  # seconds between writes of changed reason codes to the store
 EXPLAIN_BATCH = 200
 PASS_DUTY = 4.0  # after a pass of t seconds, the next starts no sooner than PASS_DUTY * t later
+# After the backend could not take work at all (Slurm's controller unreachable), no start is tried for this
+# long: each try can block a pass for the backend's own timeout.
+BACKEND_RETRY = 15.0
+BACKEND_UNAVAILABLE = "backend-unavailable"  # the reason code of work bound while starts wait for it
 
 
 class Reconciler(Observation, SnapshotBuilding):
@@ -108,6 +112,8 @@ class Reconciler(Observation, SnapshotBuilding):
         self._nodes = NodeViews()  # read again only where a node changed (control/node_views.py)
         self._backoffs: dict[tuple[int, int], Backoff | None] = {}
         self.backing_off: dict[int, Backoff] = {}
+        # (until, why) while starts wait for a backend that could not take work (`_backend_unavailable`)
+        self._backend_down: tuple[float, str] | None = None
         self.held: dict[int, scheduler.Explanation] = {}
         self._after: dict[int, tuple[Dependency, ...]] = {}
         self.dependencies = Dependencies()
@@ -290,7 +296,32 @@ class Reconciler(Observation, SnapshotBuilding):
         if decisions.released_to:
             self._promise(decisions.released_to)
         for bind in decisions.binds:
+            if self._backend_down is not None and time.time() < self._backend_down[0]:
+                self._explain_unstarted(decisions.binds, decisions.explanations, waiting)
+                break
             self._start(bind)
+
+    def _explain_unstarted(
+        self,
+        binds: Sequence[scheduler.Bind],
+        explanations: Mapping[int, scheduler.Explanation],
+        waiting: Mapping[int, scheduler.Explanation],
+    ) -> None:
+        """Why the work this pass bound waits, while starts wait for the backend: it would start now."""
+        assert self._backend_down is not None
+        until, why = self._backend_down
+        at = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+        said = scheduler.Explanation(
+            BACKEND_UNAVAILABLE,
+            f"it would start now, but the {self.backend.name} backend could not take work ({why}); the next "
+            f"start is tried at {at}",
+        )
+        pending = {b.workload_id for b in binds}
+        with self.store.read() as s:  # those that the passes started before the backend failed are running
+            pending &= set(
+                s.scalars(select(Workload.id).where(Workload.id.in_(pending), Workload.state == PENDING))
+            )
+        self._explain({**explanations, **waiting, **dict.fromkeys(pending, said)})
 
     def stop_idle(self, now: float) -> None:
         """Hold or cancel the running work whose GPUs have sat idle for its spec's `idle.timeout`: stopped
@@ -429,6 +460,13 @@ class Reconciler(Observation, SnapshotBuilding):
                 return
             number = len(workload.attempts)
             run_dir = home / "runs" / str(workload.id) / str(number)
+            log_path = home / "logs" / str(workload.id) / f"attempt-{number}.log"
+            for left in (
+                run_dir,
+                log_path,
+                *log_path.parent.glob(f"{log_path.stem}.rank-*{log_path.suffix}"),
+            ):
+                _set_aside(left)
             resources = workload.spec.get("resources") or {}
             models = _gpu_models(s, bind.pods)
             attempt = Attempt(
@@ -443,7 +481,7 @@ class Reconciler(Observation, SnapshotBuilding):
                 cpus=float(resources.get("cpu") or 0.0),
                 memory_bytes=int(resources.get("memory") or 0),
                 run_dir=str(run_dir),
-                log_path=str(home / "logs" / str(workload.id) / f"attempt-{number}.log"),
+                log_path=str(log_path),
                 pods=[
                     {
                         "node": p.node,
@@ -471,13 +509,17 @@ class Reconciler(Observation, SnapshotBuilding):
         # observe() settles after PID_GRACE.
         try:
             handle = self.backend.start(launch)
+        except BackendUnavailable as exc:
+            self._backend_unavailable(launch, str(exc))
+            return
         except LaunchError as exc:
             # As an attempt that failed on its node: a service starts again (after its restart backoff),
-            # a job as its retry policy says for `node-failure`, else it fails with the reason.
+            # a job as its retry policy says for `node-failure`, else it fails with the reason. It ran
+            # nothing, so it costs nothing.
             with self.store.session() as s:
                 failed = s.get(Attempt, launch.attempt_id)
                 assert failed is not None
-                failed.state, failed.reason, failed.finished_at = FAILED, str(exc), utcnow()
+                failed.state, failed.reason, failed.finished_at = FAILED, str(exc), failed.started_at
                 self._retry_or_fail(s, failed.workload, f"cannot start: {exc}", "node-failure")
             return
         with self.store.session() as s:
@@ -493,6 +535,29 @@ class Reconciler(Observation, SnapshotBuilding):
             gpus,
             handle.pid,
         )
+
+    def _backend_unavailable(self, launch: Launch, why: str) -> None:
+        """The backend could not take the attempt at all (its controller is unreachable): no node failed and
+        the work did nothing wrong, so it goes back to pending using nothing (no restart, no node failure,
+        no GPU-seconds), and no start is tried for BACKEND_RETRY seconds (`schedule`)."""
+        self._backend_down = (time.time() + BACKEND_RETRY, why)
+        log.warning("event=backend_unavailable backend=%s attempt=%d error=%r", self.backend.name,
+                    launch.attempt_id, why)  # fmt: skip
+        with self.store.session() as s:
+            attempt = s.get(Attempt, launch.attempt_id)
+            assert attempt is not None
+            attempt.state, attempt.finished_at = EVICTED, attempt.started_at
+            attempt.reason = f"not started: the {self.backend.name} backend could not take it ({why})"
+            if attempt.workload.cancel_requested:  # cancelled while it was being started
+                transition(
+                    s, attempt.workload, CANCELLED, "cancelled before its attempt started", actor="control"
+                )
+                return
+            transition(
+                s, attempt.workload, PENDING,
+                f"not started: the {self.backend.name} backend could not take it ({why}); it waits pending "
+                "and starts once the backend answers (no restart used)", actor="control",
+            )  # fmt: skip
 
     def _launch(
         self,
@@ -616,3 +681,19 @@ def _pod_model(models: Mapping[tuple[str, int], str], pod: scheduler.PodPlacemen
     if not pod.gpu_indices:
         return None
     return models.get((pod.node, pod.gpu_indices[0]))
+
+
+def _set_aside(path: Path) -> None:
+    """Rename a run dir or log that a new attempt's path already names: one left by an attempt of the same
+    workload id and number in another store (restored from a backup, or another head's on this
+    GPUPOOL_HOME). Read as this attempt's, its exit code had the new work "succeed" at once while its
+    real job ran on untracked. Kept beside, for whoever looks, never read."""
+    if not path.exists():
+        return
+    aside = path.with_name(f"{path.name}.stale-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+    try:
+        path.rename(aside)
+    except OSError as exc:
+        log.error("event=stale_attempt_files_kept path=%s error=%s", path, exc)
+        return
+    log.warning("event=stale_attempt_files path=%s moved_to=%s", path, aside)

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
-from gpupool.control import service
+from gpupool.backends.base import BackendUnavailable, Handle, Launch
+from gpupool.control import loop, service
 from gpupool.control.loop import Reconciler
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
@@ -113,3 +116,41 @@ def test_a_job_that_leaves_node_failure_out_of_its_retry_fails_with_its_node(
     _lose(reconciler, backend, clock, node, set(NODES) - {node})
     workload = _workload(store, job)
     assert (workload.state, workload.restarts, workload.node_failures) == ("failed", 0, 0), workload.reason
+
+
+def test_a_backend_that_cannot_take_work_leaves_it_pending_at_no_cost(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm's controller unreachable is no node failure: the work waits pending, uses no restart and no
+    node failure, is charged nothing, says why, and starts once the backend answers."""
+    monkeypatch.setattr(loop, "BACKEND_RETRY", 0.3)
+    clock = Clock()
+    reconciler, backend = in_process_head(store, tmp_path, clock, LEASE, NODES)
+    reconciler.tick()
+    start = backend.start
+    refusals = []
+
+    def unreachable(launch: Launch) -> Handle:
+        if not refusals:
+            refusals.append(launch.attempt_id)
+            raise BackendUnavailable("sbatch: error: Unable to contact slurm controller (connect failure)")
+        return start(launch)
+
+    monkeypatch.setattr(backend, "start", unreachable)
+    job = _submit(store)
+    other = _submit(store)
+    reconciler.tick()  # the first start fails: the second bind of the pass is not tried
+    with store.read() as s:
+        (attempt,) = s.scalars(select(Attempt).where(Attempt.workload_id == job)).all()
+        assert attempt.state == "evicted" and attempt.finished_at == attempt.started_at, attempt.reason
+        assert "could not take it (sbatch: error: Unable to contact slurm controller" in attempt.reason
+        assert s.scalars(select(Attempt).where(Attempt.workload_id == other)).all() == []
+    workload = _workload(store, job)
+    assert (workload.state, workload.restarts, workload.node_failures) == ("pending", 0, 0)
+    reconciler.tick()  # within the wait: nothing starts, and both say why
+    for wid in (job, other):
+        why = reconciler.explanations[wid]
+        assert why.code == "backend-unavailable" and "the agent backend could not take work" in why.message
+    time.sleep(0.35)
+    reconciler.tick()
+    assert _workload(store, job).state == "running" and _workload(store, other).state == "running"
