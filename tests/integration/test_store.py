@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -422,6 +424,46 @@ def test_the_server_runs_jobs_on_postgresql(postgres: PostgresServer, tmp_path: 
         assert done["state"] == "succeeded" and done["attempts"] == 1, done
     finally:
         server.stop()
+
+
+def test_a_store_out_of_reach_is_a_503_that_names_it_and_the_server_recovers(tmp_path: Path) -> None:
+    """PostgreSQL stopped under a running head: the API answers 503 naming the store (it was a bare 500,
+    "Internal Server Error"), /readyz says not ready while /healthz still answers, and once PostgreSQL is
+    back everything works again with nothing lost."""
+    base = Path(tempfile.mkdtemp(prefix="gpupool-pg-"))  # the postgres user must reach it: not tmp_path
+    pg = PostgresServer(base)
+    pg.start()
+    try:
+        url = pg.new_database("outage")
+        server = ServerProcess(home=tmp_path / "home", db_url=url).start()
+        try:
+            created = server.submit({"commands": ["true"]})
+            assert server.wait_for(created["id"])["state"] == "succeeded"
+            pg.stop()
+            with server.http() as client:
+                answer = client.get("/api/v1/workloads")
+                assert answer.status_code == 503 and answer.headers["Retry-After"] == "5", answer.text
+                message = answer.json()["error"]["message"]
+                store = f"postgresql+psycopg://gpupool@127.0.0.1:{pg.port}/outage"
+                assert message.startswith(f"the server cannot reach its store ({store}: "), message
+                assert client.get("/readyz").status_code == 503
+                assert client.get("/healthz").status_code == 200
+            said = server.cli("ps")
+            assert said.returncode == 1 and "cannot reach its store" in said.stderr, said.stderr
+            pg.resume()
+            deadline = time.time() + 30
+            with server.http() as client:
+                while client.get("/readyz").status_code != 200:
+                    assert time.time() < deadline, "the server never reached its store again"
+                    time.sleep(0.2)
+            again = server.submit({"commands": ["true"]})
+            assert server.wait_for(again["id"])["state"] == "succeeded"
+            assert server.workload(created["id"])["state"] == "succeeded"
+        finally:
+            server.stop()
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_the_next_pass_sees_a_new_queue_and_time_limit_on_both_databases(

@@ -50,6 +50,10 @@ class PostgresServer:
 
     def start(self) -> str:
         self._run(self.initdb, "-D", str(self.data), "-U", "gpupool", "--auth=trust", "-E", "UTF8")
+        return self.resume()
+
+    def resume(self) -> str:
+        """Start the server on its data directory (after `stop`) and wait until it takes connections."""
         options = (
             f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.base} "
             "-c fsync=off -c max_connections=200"

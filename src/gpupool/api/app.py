@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from sqlalchemy import text
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool import __version__, web
@@ -120,6 +121,17 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.get("/healthz", tags=["health"], summary="Liveness: answers without a token")
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "version": __version__}
+
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        summary="Readiness: 200 while the server can reach its store, else 503 (no token)",
+        responses={503: {"description": "the store cannot be reached"}},
+    )
+    def readyz() -> dict[str, Any]:
+        with runtime.store.read() as s:  # an OperationalError is the 503 of errors.py, naming the store
+            s.execute(text("SELECT 1"))
+        return {"status": "ready", "version": __version__}
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token), Depends(refuse_nul)])
     api.include_router(workloads.router)

@@ -8,6 +8,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
 from gpupool.control.errors import ServiceError
@@ -44,6 +46,23 @@ def install(app: FastAPI) -> None:
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse(
             _body(exc.code, exc.message, field=exc.field, example=exc.example), status_code=exc.status
+        )
+
+    @app.exception_handler(OperationalError)
+    async def _store_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
+        """The store cannot be reached (PostgreSQL stopped, the network cut, SQLite's disk gone): 503 with
+        what failed, not a bare 500; nothing was changed, and the head reconnects by itself."""
+        url = getattr(getattr(request.app.state, "runtime", None), "store", None)
+        where = store_name(url.url) if url is not None else "the store"
+        cause = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else "unavailable"
+        return JSONResponse(
+            _body(
+                "store_unavailable",
+                f"the server cannot reach its store ({where}: {cause}); nothing was changed; it "
+                "reconnects by itself: try again shortly",
+            ),
+            status_code=503,
+            headers={"Retry-After": "5"},
         )
 
     @app.exception_handler(RequestValidationError)
@@ -96,3 +115,11 @@ def _bound(error: Mapping[str, Any]) -> str | None:
         return None
     bound = ctx[said[0]]
     return f"{given} " + said[1].format(f"{bound:g}" if isinstance(bound, float) else bound)
+
+
+def store_name(url: str) -> str:
+    """A store's URL as an error may show it: no password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "the store"
