@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -22,7 +24,7 @@ from gpupool.control.lifecycle import transition
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.secret_keys import SecretKeys
 from gpupool.spec import parse_queue_spec, parse_workload_spec
-from gpupool.store.db import Store
+from gpupool.store.db import HEAD_REVISION, Store
 from gpupool.store.models import Attempt, Event, Secret, Workload
 from gpupool.timeutil import as_utc
 from tests.support.postgres import PostgresServer, database_url
@@ -103,6 +105,40 @@ def test_a_store_from_a_newer_gpupool_is_refused_by_name(tmp_path: Path) -> None
         Store(f"sqlite:///{path}")
     with Store(f"sqlite:///{path}", run_migrations=False).engine.connect() as conn:
         assert conn.execute(text("select version_num from alembic_version")).scalar() == "9999"
+
+
+def test_a_store_from_a_newer_gpupool_says_which_and_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    Store(f"sqlite:///{path}").close()
+    with Store(f"sqlite:///{path}", run_migrations=False).engine.begin() as conn:
+        conn.execute(text("update alembic_version set version_num = '0099'"))
+    from gpupool.store.db import StoreError
+
+    with pytest.raises(StoreError) as raised:
+        Store(f"sqlite:///{path}")
+    assert str(raised.value) == (
+        f"cannot migrate the store at sqlite:///{path}: it was written by a newer gpupool (its schema is at "
+        f"migration 0099; this gpupool knows up to {HEAD_REVISION}); run that newer gpupool, or give --db "
+        "another store; nothing was changed"
+    )
+
+
+def test_heads_that_start_together_on_an_empty_postgresql_store_both_open_it(
+    postgres: PostgresServer,
+) -> None:
+    """The second of two heads migrating one empty store at once died on CREATE TABLE alembic_version (a
+    unique violation, printed as raw SQL): they take turns now."""
+    url = postgres.new_database(f"together_{uuid.uuid4().hex[:12]}")
+    opening = "from gpupool.store.db import Store; Store(__import__('sys').argv[1]).close()"
+    heads = [
+        subprocess.Popen([sys.executable, "-c", opening, url], stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    for head in heads:
+        _, err = head.communicate(timeout=120)
+        assert head.returncode == 0, err
+    with Store(url, run_migrations=False).engine.connect() as conn:
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == HEAD_REVISION
 
 
 def test_the_migrations_give_every_column_the_models_declare(store: Store) -> None:

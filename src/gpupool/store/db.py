@@ -90,6 +90,7 @@ def alembic_config(engine: Engine) -> Config:
 
 
 _migrate_lock = threading.Lock()
+MIGRATION_LOCK = 0x67707570  # PostgreSQL advisory lock key of a store's migrations ("gpup")
 
 
 def _revision(engine: Engine) -> str | None:
@@ -105,19 +106,59 @@ def _revision(engine: Engine) -> str | None:
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest migration (idempotent), logging one line when it changed (Alembic's
     own line per migration is at DEBUG under the server's logging: a first start ran fifteen of them)."""
+    where = engine.url.render_as_string(hide_password=True)
     with _migrate_lock:
         try:
             before = _revision(engine)
-            if before == HEAD_REVISION:
-                return
+        except Exception as exc:  # the driver's error says why (auth, unreachable, no such database)
+            raise StoreError(f"cannot open the store at {where}: {_first_line(exc)}") from exc
+        if before == HEAD_REVISION:
+            return
+        if before is not None and before not in known_revisions():
+            raise StoreError(
+                f"cannot migrate the store at {where}: it was written by a newer gpupool (its schema is at "
+                f"migration {before}; this gpupool knows up to {HEAD_REVISION}); run that newer gpupool, or "
+                "give --db another store; nothing was changed"
+            )
+        try:
             from alembic import command
 
-            command.upgrade(alembic_config(engine), "head")
+            with _upgrading(engine):
+                command.upgrade(alembic_config(engine), "head")
             after = _revision(engine)
         except Exception as exc:  # the driver's error says why (auth, unreachable, locked)
-            raise StoreError(f"cannot migrate the store at {engine.url!r}: {exc}") from exc
+            raise StoreError(f"cannot migrate the store at {where}: {_first_line(exc)}") from exc
     if after != before:
         log.info("event=store_migrated from=%s to=%s url=%s", before or "empty", after, engine.url)
+
+
+def known_revisions() -> set[str]:
+    """The migrations this gpupool carries (migrations/versions/NNNN_*.py)."""
+    return {path.name[:4] for path in (MIGRATIONS_DIR / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")}
+
+
+@contextmanager
+def _upgrading(engine: Engine) -> Iterator[None]:
+    """Hold PostgreSQL's advisory lock while migrating: heads that start together on one store take turns
+    (the second found an empty store too, and died on CREATE TABLE alembic_version with the raw SQL).
+    SQLite's BEGIN IMMEDIATE serialises writers already."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
+            conn.commit()
+
+
+def _first_line(exc: BaseException) -> str:
+    """A driver error's own first line: SQLAlchemy appends the SQL and a link to its docs."""
+    text_ = str(getattr(exc, "orig", None) or exc).strip()
+    return text_.splitlines()[0] if text_ else type(exc).__name__
 
 
 class Store:
