@@ -178,6 +178,7 @@ def server(
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     home.mkdir(parents=True, exist_ok=True)
+    _claim_home(home)
     try:
         store = Store(url)
     except StoreError as exc:
@@ -316,6 +317,37 @@ def agent(
         raise CliError(f"the head refused this agent: {exc}") from exc
     finally:
         runner.close()
+
+
+_home_lock: Any = None  # the open lock file of this server's home, held for the life of the process
+
+
+def _claim_home(home: Path) -> None:
+    """Hold `home/server.lock` (an exclusive flock, dropped by the kernel when the process ends, kill -9
+    included), or refuse: a second server on one home rewrote the first one's credentials, read its run
+    dirs' exit codes as its own and placed work on GPUs the first one's jobs held."""
+    import fcntl
+    import os
+
+    global _home_lock
+    path = home / "server.lock"
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        pid = handle.read().strip() or "unknown"
+        handle.close()
+        raise CliError(
+            f"another gpupool server (pid {pid}) runs on the home {home}: its run dirs, logs and credentials "
+            "are that server's; stop it first, or give this one a home of its own (GPUPOOL_HOME=/path "
+            "gpupool server ...)"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _home_lock = handle
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -177,3 +180,28 @@ def test_a_job_the_server_died_while_starting_is_requeued_and_runs(tmp_path: Pat
         assert "second run" in log
     finally:
         server.stop()
+
+
+def test_a_second_server_on_one_home_is_refused_and_the_first_keeps_its_credentials(tmp_path: Path) -> None:
+    """A second head on the same GPUPOOL_HOME rewrote the first one's credentials (its CLI token stopped
+    working), read its run dirs and placed work on GPUs its jobs held: it is refused, naming the first."""
+    first = ServerProcess(home=tmp_path / "home").start()
+    try:
+        credentials = (first.home / "credentials").read_text()
+        env = {**first.env, "GPUPOOL_SERVER": ""}
+        with socket.socket() as probe:  # a port free now: the refusal must be for the home, not the port
+            probe.bind(("127.0.0.1", 0))
+            port = str(probe.getsockname()[1])
+        gpupool = str(Path(sys.executable).with_name("gpupool"))
+        argv = [gpupool, "server", "--port", port, "--gpus", "sim:1xH100"]
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1, second
+        assert second.stderr.startswith(
+            f"error: another gpupool server (pid {first.proc.pid}) runs on the home {first.home}"
+        ), second.stderr
+        assert (first.home / "credentials").read_text() == credentials
+        assert first.cli("ps", check=True).returncode == 0
+    finally:
+        first.stop()
+    again = ServerProcess(home=tmp_path / "home").start()  # the lock goes with the process
+    again.stop()
