@@ -27,16 +27,16 @@ def _width(stream: TextIO) -> int | None:
     return PIPE_WIDTH
 
 
-console = Console(soft_wrap=True, width=_width(sys.stdout))
-err_console = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr))
+# No emoji codes: what the CLI prints holds users' names and commands and Slurm's words, where ":b:" is text
+# (a job named ':fire:' showed a flame, a Slurm reason "NtasksPerN:B:S:C" a letter in a box).
+console = Console(soft_wrap=True, width=_width(sys.stdout), emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, width=_width(sys.stderr), emoji=False)
 
 
 def print_error(message: object) -> None:
     """`error: MESSAGE` on stderr, one line. The message is printed as written: its brackets (an example
     such as `commands: [python train.py]`) are text, not Rich markup that would swallow them."""
-    err_console.print(
-        f"[red]error:[/red] {escape(str(message))}", highlight=False, soft_wrap=True, emoji=False
-    )
+    err_console.print(f"[red]error:[/red] {escape(str(message))}", highlight=False, soft_wrap=True)
 
 
 def print_warnings(view: Mapping[str, Any]) -> None:

@@ -127,7 +127,7 @@ def _write_json(path: Path, data: Any) -> None:
 
 def _wide() -> Console:
     """The stdout console, or one wide enough for the comparison table when stdout is not a terminal."""
-    return console if console.is_terminal else Console(width=170, soft_wrap=True)
+    return console if console.is_terminal else Console(width=170, soft_wrap=True, emoji=False)
 
 
 def _print_figures(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

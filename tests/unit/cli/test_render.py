@@ -196,3 +196,14 @@ def test_queue_show_says_what_of_the_pending_demand_is_held_back_before_the_sche
     assert said in some
     every = " ".join(queue_lines({**shown, "gpus_held_back": 2}))
     assert "asking for 2 GPUs (all of them held back before the scheduler" in every
+
+
+def test_names_and_slurm_words_print_as_written_with_no_emoji(capsys: pytest.CaptureFixture[str]) -> None:
+    """A job named ':fire:' showed a flame, and Slurm's reason 'NtasksPerN:B:S:C' a letter in a box."""
+    from gpupool.cli.render import console, print_error
+
+    console.print(":fire: job NtasksPerN:B:S:C", highlight=False)
+    print_error("--name ':b:' is taken")
+    out, err = capsys.readouterr()
+    assert out == ":fire: job NtasksPerN:B:S:C\n"
+    assert err == "error: --name ':b:' is taken\n"
