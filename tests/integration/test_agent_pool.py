@@ -66,6 +66,9 @@ def test_agents_join_run_single_and_gang_jobs_and_ship_every_ranks_log(tmp_path:
 
 
 def test_a_failing_rank_stops_the_whole_gang_and_it_is_retried_as_one(tmp_path: Path) -> None:
+    """The other ranks are stopped as a cancel stops work: SIGTERM, time to checkpoint, then SIGKILL (they
+    were SIGKILLed at once, and a job that saves on SIGTERM lost its work); the attempt ends with the
+    failing rank's code, not the others' 143."""
     pool = start_pool(tmp_path, 2)
     server = pool.server
     try:
@@ -76,10 +79,12 @@ def test_a_failing_rank_stops_the_whole_gang_and_it_is_retried_as_one(tmp_path: 
                 "nodes": 2,
                 "resources": {"gpu": 1},
                 "retry": {"max_restarts": 1, "on": ["failure"]},
+                "grace_period": "20s",
                 "commands": [
                     f"echo $GPUPOOL_ATTEMPT >> {marks}/rank-$NODE_RANK",
                     'if [ "$NODE_RANK" = 1 ]; then sleep 0.5; exit 3; fi',
-                    "sleep 60",
+                    f"trap 'sleep 1; echo saved $GPUPOOL_ATTEMPT >> {marks}/term; exit 143' TERM",
+                    "sleep 60 & wait $!",
                 ],
             }
         )
@@ -90,6 +95,7 @@ def test_a_failing_rank_stops_the_whole_gang_and_it_is_retried_as_one(tmp_path: 
         assert all("exit code 3 (rank 1 on " in said for said in failed_rank), failed_rank
         assert (marks / "rank-0").read_text().split() == ["0", "1"]
         assert (marks / "rank-1").read_text().split() == ["0", "1"]
+        assert (marks / "term").read_text().splitlines() == ["saved 0", "saved 1"]  # 1 s to save, each time
         # Rank 0 (sleep 60) was stopped with the gang: nothing is left running on any agent.
         time.sleep(1.5)
         assert all(n["workloads"] == [] for n in pool.nodes().values())

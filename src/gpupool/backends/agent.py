@@ -121,6 +121,7 @@ class AgentBackend(AgentHeartbeats):
             "log_path": str(launch.log_path),
             "master_port": port,
             "service_port": service_port,
+            "grace_period": launch.grace_period,
             "pods": [
                 {"node": p.node, "gpu_indices": list(p.gpu_indices), "gpu_fraction": p.gpu_fraction}
                 for p in pods
@@ -161,7 +162,11 @@ class AgentBackend(AgentHeartbeats):
             signal=int(level) if level and level.isdigit() else 0,
             master_port=int(record.get("master_port") or 0),
             service_port=int(record.get("service_port") or 0),
+            grace_period=float(record.get("grace_period", 30.0)),
         )
+        ended = _read(run_dir / "gang_end.json")
+        if ended is not None:  # its other ranks were being stopped when the head stopped: go on with that
+            attempt.gang_end = json.loads(ended)
         with self._lock:
             self._attempts[attempt.attempt_id] = attempt
             names = {r.node for r in ranks}
@@ -207,6 +212,53 @@ class AgentBackend(AgentHeartbeats):
         attempt = self._get(handle, run_dir)
         if attempt is None:
             return Status(Phase.VANISHED, detail=f"no launch record in {run_dir}")
+        ended = self._ended(attempt)
+        if ended.phase is Phase.RUNNING or (ended.phase is Phase.EXITED and ended.exit_code == 0):
+            return ended
+        lost = self._lost_nodes()
+        running = [
+            r
+            for r, p in enumerate(attempt.ranks)
+            if p.exit_code is None and not p.vanished and p.node not in lost
+        ]
+        if not running:
+            first = attempt.gang_end
+            if first is None:
+                return ended
+            return Status(Phase(first["phase"]), first["code"], detail=first["detail"], cause=first["cause"])
+        return self._stop_the_rest(attempt, ended, running)
+
+    def _stop_the_rest(self, attempt: AgentAttempt, ended: Status, running: list[int]) -> Status:
+        """One rank of a gang ended early (failed, vanished, its node lost) while others run: they get
+        SIGTERM and the grace period to checkpoint, then SIGKILL, as `cancel` stops work, and the attempt
+        ends with that first end once they have (dropping it at once SIGKILLed them with no warning, and a
+        job that saves on SIGTERM lost its work). While a stop asked by control is under way (cancel, hold,
+        an eviction), control's own grace and SIGKILL apply; the attempt ends when the last rank has."""
+        if attempt.gang_end is None:
+            attempt.gang_end = {"phase": ended.phase.value, "code": ended.exit_code, "detail": ended.detail,
+                                "cause": ended.cause}  # fmt: skip
+            write_atomic(attempt.run_dir / "gang_end.json", json.dumps(attempt.gang_end))
+        handle = Handle(attempt.attempt_id, 0.0)
+        now = self._clock()
+        if attempt.signal == 0:
+            attempt.stopping_since = now
+            self.signal(handle, signals.SIGTERM)
+            log.info("event=gang_stopping attempt=%d ranks=%s cause=%r", attempt.attempt_id, running,
+                     ended.detail)  # fmt: skip
+        elif attempt.stopping_since and now - attempt.stopping_since >= attempt.grace_period:
+            self.signal(handle, signals.SIGKILL)
+        if not attempt.stopping_since and attempt.signal == signals.SIGTERM:  # adopted after a restart
+            attempt.stopping_since = now
+        which = ", ".join(str(r) for r in running)
+        return Status(
+            Phase.RUNNING,
+            detail=f"{attempt.gang_end['detail']}; stopping rank(s) {which} (SIGTERM, SIGKILL after "
+            f"{attempt.grace_period:g}s)",
+        )
+
+    def _ended(self, attempt: AgentAttempt) -> Status:
+        """The attempt's state from its ranks alone: its first failure or vanishing, a lost node, success
+        once every rank exited 0, else running."""
         ranks = attempt.ranks
         failed = [(r, p) for r, p in enumerate(ranks) if p.exit_code not in (None, 0)]
         if failed:

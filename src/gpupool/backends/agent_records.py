@@ -146,6 +146,12 @@ class AgentAttempt:
     signal: int = 0  # 0, SIGTERM or SIGKILL: the strongest signal asked for so far
     master_port: int = 0  # from rank 0's node's rendezvous range
     service_port: int = 0  # a service's GPUPOOL_PORT, from the same range; 0 for a job
+    grace_period: float = 30.0  # SIGTERM to SIGKILL, for the other ranks when one ends early
+    # The first end of a gang whose other ranks still run ({"phase", "code", "detail", "cause"}, kept in
+    # RUN_DIR/gang_end.json): they are stopped gracefully, then the attempt ends with this, not with their
+    # SIGTERM's 143. `stopping_since`: when they were sent SIGTERM (the backend's clock; 0 not yet).
+    gang_end: dict[str, Any] | None = None
+    stopping_since: float = 0.0
     dropped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

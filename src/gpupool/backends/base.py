@@ -37,6 +37,9 @@ class Launch:
     # A service's port (GPUPOOL_PORT), chosen by control; a backend that knows its nodes' ports better (the
     # agents' ranges) chooses another. 0: not a service.
     service_port: int = 0
+    # Seconds between SIGTERM and SIGKILL (the spec's grace_period): what a gang's other ranks get when one
+    # of them ends early or its node is lost (the agent backend; Slurm's srun does it with its KillWait).
+    grace_period: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,11 @@ class Inventory:
 
 class LaunchError(RuntimeError):
     """The attempt could not be started; the message says why (missing workdir, bad interpreter, ...)."""
+
+
+class Unrunnable(LaunchError):
+    """The backend can never run the work as its spec asks (a fraction of a GPU on Slurm): no node failed and
+    no other node would do better, so the work fails at once with the reason, instead of trying again."""
 
 
 def recorded_exit_code(run_dir: Path) -> int | None:

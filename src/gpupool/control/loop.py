@@ -26,7 +26,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpupool import scheduler
-from gpupool.backends.base import Backend, BackendUnavailable, Handle, Launch, LaunchError, Pod
+from gpupool.backends.base import Backend, BackendUnavailable, Handle, Launch, LaunchError, Pod, Unrunnable
 from gpupool.control import contract, efficiency, inventory, secrets, service
 from gpupool.control.budgets import Budgets
 from gpupool.control.dependencies import Dependencies, Dependency
@@ -514,13 +514,17 @@ class Reconciler(Observation, SnapshotBuilding):
             return
         except LaunchError as exc:
             # As an attempt that failed on its node: a service starts again (after its restart backoff),
-            # a job as its retry policy says for `node-failure`, else it fails with the reason. It ran
-            # nothing, so it costs nothing.
+            # a job as its retry policy says for `node-failure`, else it fails with the reason; work the
+            # backend can never run fails at once. It ran nothing, so it costs nothing.
             with self.store.session() as s:
                 failed = s.get(Attempt, launch.attempt_id)
                 assert failed is not None
                 failed.state, failed.reason, failed.finished_at = FAILED, str(exc), failed.started_at
-                self._retry_or_fail(s, failed.workload, f"cannot start: {exc}", "node-failure")
+                if isinstance(exc, Unrunnable):
+                    why = f"cannot run on the {self.backend.name} backend: {exc}"
+                    transition(s, failed.workload, FAILED, why, actor="control")
+                else:
+                    self._retry_or_fail(s, failed.workload, f"cannot start: {exc}", "node-failure")
             return
         with self.store.session() as s:
             started = s.get(Attempt, launch.attempt_id)
@@ -609,6 +613,7 @@ class Reconciler(Observation, SnapshotBuilding):
             memory_bytes=attempt.memory_bytes,
             fencing_token=attempt.fencing_token,
             service_port=service_port,
+            grace_period=float(spec.get("grace_period", 30.0)),
         )
 
     def _explain(self, explanations: dict[int, scheduler.Explanation]) -> None:

@@ -38,6 +38,9 @@ def submit(
     _may_submit_to(caller, spec.queue)
     runtime = request.app.state.runtime
     check_allowed(spec.model_dump(mode="json"), runtime.settings.notify_hosts)
+    refuse = getattr(runtime.backend, "refuse", None)  # what this backend can never run: said at submit
+    if refuse is not None:
+        refuse(spec)
     created = service.submit(runtime.store, spec, user=caller.name, held=hold, admin=caller.admin)
     runtime.wake()
     return created
