@@ -96,6 +96,8 @@ def test_a_failing_rank_stops_the_whole_gang_and_it_is_retried_as_one(tmp_path: 
         assert (marks / "rank-0").read_text().split() == ["0", "1"]
         assert (marks / "rank-1").read_text().split() == ["0", "1"]
         assert (marks / "term").read_text().splitlines() == ["saved 0", "saved 1"]  # 1 s to save, each time
+        shown = server.cli("logs", str(gang["id"]), check=True)  # rank 0's: it says where rank 1's is
+        assert f"rank 1 ended the attempt: its output is `gpupool logs {gang['id']} --rank 1`" in shown.stderr
         # Rank 0 (sleep 60) was stopped with the gang: nothing is left running on any agent.
         time.sleep(1.5)
         assert all(n["workloads"] == [] for n in pool.nodes().values())

@@ -35,6 +35,11 @@ def test_run_wait_prints_the_output_and_exits_with_the_jobs_code(server: ServerP
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
     assert "succeeded" in done.stderr
 
+    # stopped at its time limit: what SIGTERM made of it, as the user guide's table says (it said 1)
+    limited = server.cli("run", "--wait", "--gpus", "0", "--max-duration", "1s", "--", "sleep", "30")
+    assert limited.returncode == 143, limited.stderr
+    assert "exceeded max_duration (1s)" in limited.stderr
+
 
 def test_an_array_and_several_workloads_exit_0_only_when_all_succeeded(server: ServerProcess) -> None:
     array = server.cli(

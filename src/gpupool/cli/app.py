@@ -10,12 +10,13 @@ import functools
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from gpupool.cli.bench import bench_app
-from gpupool.cli.render import err_console
+from gpupool.cli.render import err_console, rank_hint
 from gpupool.cli.sim import sim_app
 from gpupool.client import Client, WaitTimeout
 from gpupool.client.client import RIDE_OUT, Outage, ride_out
@@ -157,16 +158,26 @@ def stream_log(
             sys.stdout.flush()
             continue  # the server sends a long log in chunks: read on until it has no more
         if not follow:
+            _hint_rank(workload_id, chunk, rank)
             return True
         latest = chunk.get("latest_attempt")
         if chunk.get("attempt_ended") and chosen is not None and latest is not None and latest > chosen:
             chosen, offset = chosen + 1, 0  # read whole: the next attempt's output follows
             continue
         if chunk["eof"] and chunk["state"] != "pending":
+            _hint_rank(workload_id, chunk, rank)
             return True  # the workload ended (a pending one waits for its next attempt)
         if deadline is not None and time.monotonic() >= deadline:
             return False
         time.sleep(0.5)
+
+
+def _hint_rank(workload_id: int, chunk: dict[str, Any], shown: int) -> None:
+    """Once an ended attempt's output is shown: where to read the rank that ended it, if another."""
+    if chunk.get("attempt_ended"):
+        hint = rank_hint(workload_id, chunk.get("attempt_reason") or "", shown)
+        if hint is not None:
+            err_console.print(escape(hint), highlight=False)
 
 
 def outage_note(server: str) -> Callable[[float | None], None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -37,6 +38,16 @@ def print_error(message: object) -> None:
     """`error: MESSAGE` on stderr, one line. The message is printed as written: its brackets (an example
     such as `commands: [python train.py]`) are text, not Rich markup that would swallow them."""
     err_console.print(f"[red]error:[/red] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
+def rank_hint(workload_id: int, reason: str, shown: int = 0) -> str | None:
+    """Where to read the output of the gang rank whose end ended the attempt ("... (rank 1 on node-b exited
+    with code 2)"), when it is not the rank shown: its traceback is in its own log, not rank 0's."""
+    found = re.search(r"\brank (\d+) on ", reason)
+    if found is None or int(found.group(1)) == shown:
+        return None
+    rank = int(found.group(1))
+    return f"rank {rank} ended the attempt: its output is `gpupool logs {workload_id} --rank {rank}`"
 
 
 def print_warnings(view: Mapping[str, Any]) -> None:

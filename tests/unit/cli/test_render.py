@@ -207,3 +207,13 @@ def test_names_and_slurm_words_print_as_written_with_no_emoji(capsys: pytest.Cap
     out, err = capsys.readouterr()
     assert out == ":fire: job NtasksPerN:B:S:C\n"
     assert err == "error: --name ':b:' is taken\n"
+
+
+def test_the_rank_that_ended_a_gang_is_pointed_to_when_another_is_shown() -> None:
+    from gpupool.cli.render import rank_hint
+
+    reason = "exit code 2 (rank 1 on node-b exited with code 2)"
+    assert rank_hint(68, reason) == "rank 1 ended the attempt: its output is `gpupool logs 68 --rank 1`"
+    assert rank_hint(68, reason, shown=1) is None
+    assert rank_hint(68, "exit code 2 (rank 0 on node-a exited with code 2)") is None
+    assert rank_hint(68, "exit code 3") is None
