@@ -174,6 +174,12 @@ class NodeAttempts:
         _write(run_dir / "rank.json", json.dumps(meta))
         proc = RankProcess(key[0], key[1], str(entry["token"]), run_dir, gpu_indices=indices)
         self._ranks[key] = proc
+        checkpoint = env.get("GPUPOOL_CHECKPOINT_DIR")
+        if checkpoint:  # the head made it on its own filesystem, which this node may not share
+            try:
+                Path(checkpoint).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # the job says where it cannot write; the log says why
+                log.warning("event=checkpoint_dir_unavailable attempt=%d error=%s", key[0], exc)
         try:
             if key[1] == 0 and int(env.get("GPUPOOL_NUM_NODES") or 1) > 1:
                 _check_rendezvous_port(int(env.get("MASTER_PORT") or 0), "MASTER_PORT")

@@ -59,3 +59,23 @@ def test_an_answer_older_than_one_applied_neither_stops_nor_restarts_a_rank(tmp_
     finally:
         agent.attempts.stop_all("the test is over")
         agent.close()
+
+
+def test_the_agent_makes_the_checkpoint_dir_on_its_node_before_the_rank_starts(tmp_path: Path) -> None:
+    """The head makes GPUPOOL_CHECKPOINT_DIR on its own filesystem; a node that does not share it (the
+    default is under the head's home) ran the job without it, which failed writing its first checkpoint."""
+    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=tmp_path / "state", name="n0"), None)
+    checkpoints = tmp_path / "node-only" / "checkpoints" / "1"
+    marks = tmp_path / "marks"
+    launch = {
+        "workload_id": 1,
+        "attempt_number": 0,
+        "script": f'test -d "$GPUPOOL_CHECKPOINT_DIR" && echo there >> {marks}\nsleep 60\n',
+        "env": {"GPUPOOL_ATTEMPT": "0", "GPUPOOL_CHECKPOINT_DIR": str(checkpoints)},
+        "workdir": str(tmp_path),
+    }
+    try:
+        assert agent.take_answer(_head_answer(agent, 1, launch))
+        assert _starts(marks, 1) == ["there"]
+    finally:
+        agent.attempts.stop_all("the test is over")
