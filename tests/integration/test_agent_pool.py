@@ -59,6 +59,11 @@ def test_agents_join_run_single_and_gang_jobs_and_ship_every_ranks_log(tmp_path:
         assert "hello from 0" in server.cli("logs", str(single["id"]), check=True).stdout
         missing = server.cli("logs", str(gang["id"]), "--rank", "2")
         assert missing.returncode == 1 and "no rank 2" in missing.stderr
+        # a node that cannot start a rank says why in the reason, not only in the log (an "exit code 127")
+        nowhere = tmp_path / "not-on-the-nodes"
+        unstarted = server.wait_for(server.submit({"commands": ["true"], "workdir": str(nowhere)})["id"])
+        assert unstarted["state"] == "failed", unstarted
+        assert f"cannot start rank 0: workdir {nowhere} does not exist on this node" in unstarted["reason"]
         nodes_json = server.cli("nodes", "--json", check=True).stdout
         assert '"last_heartbeat"' in nodes_json and '"agent-1"' in nodes_json
     finally:

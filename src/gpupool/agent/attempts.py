@@ -40,6 +40,9 @@ class RankProcess:
     handle: Handle | None = None
     exit_code: int | None = None
     vanished: str = ""
+    # Why it ended, where the exit code does not say: "cannot start rank 0: workdir ... does not exist on
+    # this node" (exit code 127); reported with the exit, kept in RUN_DIR/detail.
+    detail: str = ""
     signal_sent: int = 0
     shipped: int = 0
     gpu_indices: tuple[int, ...] = ()
@@ -80,6 +83,8 @@ class NodeAttempts:
                 code = _read_int(run_dir / "exit_code")
                 if code is not None:
                     proc.exit_code = code
+                    with contextlib.suppress(OSError):
+                        proc.detail = (run_dir / "detail").read_text().strip()
                 else:
                     proc.vanished = "the agent restarted before the process was recorded"
             self._ranks[(proc.attempt_id, proc.rank)] = proc
@@ -103,6 +108,8 @@ class NodeAttempts:
                 item.update(state="running")
             elif proc.exit_code is not None:
                 item.update(state="exited", exit_code=proc.exit_code)
+                if proc.detail:
+                    item["detail"] = proc.detail
             elif proc.vanished:
                 item.update(state="vanished", detail=proc.vanished)
             else:
@@ -201,8 +208,9 @@ class NodeAttempts:
             message = f"cannot start rank {key[1]}: {exc}\n"
             with open(run_dir / "output.log", "a") as fh:
                 fh.write(message)
+            _write(run_dir / "detail", message)
             _write(run_dir / "exit_code", "127")
-            proc.exit_code = 127
+            proc.exit_code, proc.detail = 127, message.strip()
             log.warning("event=rank_start_failed attempt=%d rank=%d error=%r", key[0], key[1], str(exc))
             return proc
         log.info(
