@@ -5,8 +5,11 @@ gpupool decides (quotas, borrowing, reclaim); Slurm runs what it decided, pinned
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from gpupool.backends.base import Handle, Launch, Pod
+from gpupool.backends.base import Handle, Launch, Phase, Pod
 from tests.support.server import ServerProcess
-from tests.support.slurm import SlurmCluster, missing_binaries
+from tests.support.slurm import SlurmCluster, TwoNodeCluster, missing_binaries
 
 CHECKPOINTING = """
 import os, signal, sys, time, pathlib
@@ -57,6 +60,24 @@ def slurm() -> Iterator[SlurmCluster]:
         pytest.skip("the Slurm tests start slurmd and munged, which need root")
     base = Path(tempfile.mkdtemp(prefix="gpupool-slurm-"))
     cluster = SlurmCluster(base)
+    try:
+        cluster.start()
+    except RuntimeError:
+        cluster.stop()
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(slurm: SlurmCluster) -> Iterator[TwoNodeCluster]:
+    """A second cluster, of two nodes on this machine, for gangs and node failures (after the first, which
+    checked that Slurm can run here, and which keeps munged up for both)."""
+    base = Path(tempfile.mkdtemp(prefix="gpupool-slurm2-"))
+    cluster = TwoNodeCluster(base)
     try:
         cluster.start()
     except RuntimeError:
@@ -145,7 +166,8 @@ def test_a_job_runs_as_a_slurm_job_pinned_to_the_scheduled_node_with_the_job_con
     slurm_id = attempt["slurm_job_id"]
     assert attempt["backend"] == "slurm" and running["node"] == slurm.node
     record = slurm.run("scontrol", "show", "job", "-o", slurm_id).stdout
-    assert f"JobName=gpupool-{job['id']}.0" in record and "gres:gpu:2" in record
+    # unique per attempt: the workload, the attempt's number and the start of its fencing token
+    assert re.search(rf"JobName=gpupool-{job['id']}\.0\.[0-9a-f]{{8}} ", record) and "gres:gpu:2" in record
     assert f"ReqNodeList={slurm.node}" in record
     gate.touch()
 
@@ -360,6 +382,15 @@ def test_a_foreign_sbatch_job_is_accounted_for(slurm: SlurmCluster, server: Serv
     with server.http() as client:
         _wait(lambda: client.get("/api/v1/foreign-jobs").json() == [], 10, "the foreign job to go")
 
+    # A share of a GPU Slurm cannot give is refused at submit, naming the field (it was accepted, then
+    # failed to start six times as "node failures" before it failed)
+    with server.http() as client:
+        refused = client.post("/api/v1/workloads", json={"resources": {"gpu": 0.5}, "commands": ["true"]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["message"].startswith(
+        "resources.gpu: 0.5 cannot run on Slurm: Slurm gives whole GPUs to a job"
+    ), refused.text
+
 
 def test_server_start_names_the_missing_partition_and_the_missing_tools(
     slurm: SlurmCluster, tmp_path: Path
@@ -383,6 +414,12 @@ def test_server_start_names_the_missing_partition_and_the_missing_tools(
         timeout=60,
     )
     assert local.returncode == 1 and "--partition applies to --backend slurm only" in local.stderr
+    began = time.monotonic()
+    no_conf = subprocess.run(
+        argv, env={**env, "SLURM_CONF": "/nonexistent"}, capture_output=True, text=True, timeout=60
+    )
+    assert no_conf.returncode == 1 and "SLURM_CONF=/nonexistent: no such file" in no_conf.stderr
+    assert time.monotonic() - began < 15, "scontrol retries a missing slurm.conf for 60 s: not waited for"
 
 
 def test_a_service_that_exits_is_started_again_as_a_new_slurm_job_after_its_backoff(
@@ -437,3 +474,86 @@ def test_a_service_that_exits_is_started_again_as_a_new_slurm_job_after_its_back
         server.stop()
         slurm.cancel_all()
         _wait(lambda: not _our_jobs(slurm), 20, "Slurm to finish the test's jobs")
+
+
+def test_a_gangs_ranks_each_get_sigterm_and_their_grace_period_before_it_ends(
+    two_nodes: TwoNodeCluster, tmp_path: Path
+) -> None:
+    """An eviction's SIGTERM reaches every rank of a two-node gang, and each checkpoints in its own time:
+    rank 0's early exit does not cut rank 1's grace short (srun's --kill-on-bad-exit)."""
+    from gpupool.backends.slurm import SlurmBackend
+    from gpupool.backends.slurm_commands import SlurmCommands
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # Each rank's program checkpoints on SIGTERM, rank 1 for longer than rank 0 (a program of its own, as a
+    # trainer is, not the job script's shell, whose `set -e` may end it before its trap runs).
+    (tmp_path / "rank.sh").write_text(
+        f'trap \'echo "rank $NODE_RANK got SIGTERM"; sleep $((1 + 2 * NODE_RANK)); '
+        f"echo saved > {marks}/checkpoint.$NODE_RANK; exit 143' TERM\n"
+        f"touch {marks}/up.$NODE_RANK\n"
+        "while true; do sleep 0.1; done\n"
+    )
+    script = f"sh {tmp_path / 'rank.sh'}\n"
+    launch = Launch(
+        attempt_id=1, workload_id=1, attempt_number=0, script=script, env=dict(two_nodes.env),
+        workdir=tmp_path, run_dir=tmp_path / "runs" / "1" / "0", log_path=tmp_path / "gang.log",
+        pods=(Pod(two_nodes.nodes[0], (0,)), Pod(two_nodes.nodes[1], (0,))), fencing_token="0123abcd4567",
+    )  # fmt: skip
+    backend = SlurmBackend(partition=two_nodes.partition, commands=SlurmCommands(two_nodes.env))
+    try:
+        handle = backend.start(launch)
+        _wait(lambda: all((marks / f"up.{r}").exists() for r in (0, 1)), 30, "both ranks to run")
+        backend.signal(handle, signal.SIGTERM)
+        _wait(lambda: (launch.run_dir / "exit_code").exists(), 30, "the gang to end")
+        assert (marks / "checkpoint.0").exists() and (marks / "checkpoint.1").exists(), (
+            "every rank checkpoints in its grace period: " + launch.log_path.read_text()
+        )
+        log = launch.log_path.read_text()
+        assert "rank 0 got SIGTERM" in log and "rank 1 got SIGTERM" in log
+        state = backend.status(handle, launch.run_dir)
+        assert (state.phase, state.exit_code) == (Phase.EXITED, 143)
+    finally:
+        backend.close()
+        two_nodes.cancel_all()
+
+
+def test_a_job_whose_node_is_set_down_in_slurm_ends_as_a_node_failure_and_is_requeued(
+    two_nodes: TwoNodeCluster, tmp_path: Path, job_dir: Path
+) -> None:
+    server = ServerProcess(
+        home=tmp_path / "home",
+        gpus="none",
+        extra_env={"SLURM_CONF": str(two_nodes.conf)},
+        extra_args=["--backend", "slurm", "--partition", two_nodes.partition],
+    ).start()
+    node = ""
+    try:
+        job = server.submit(
+            {
+                "resources": {"gpu": 1},
+                "workdir": str(job_dir),
+                "retry": {"on": ["node-failure"]},
+                "commands": [
+                    'echo "attempt $GPUPOOL_ATTEMPT on $SLURMD_NODENAME"',
+                    # the first attempt runs until SIGTERM ends it at once (exit 143), as most programs do
+                    'test "$GPUPOOL_ATTEMPT" -ge 1 || while true; do sleep 0.1; done',
+                ],
+            }
+        )
+        running = server.wait_for(job["id"], states=("running",))
+        _wait(lambda: "attempt 0 on" in _log(server, job["id"]), 30, "the first attempt to run in Slurm")
+        node = running["node"]
+        two_nodes.run("scontrol", "update", f"nodename={node}", "state=down", "reason=operator test")
+        done = server.wait_for(job["id"], timeout=60)
+        first = done["attempt_list"][0]
+        assert first["reason"].startswith("lost: ") and "NODE_FAIL" in first["reason"], first
+        assert "exit code 143" not in first["reason"]
+        assert done["state"] == "succeeded" and done["attempts"] == 2, "requeued after the node failure"
+    finally:
+        server.stop()
+        two_nodes.cancel_all()
+        if node:
+            with contextlib.suppress(RuntimeError):
+                two_nodes.run("scontrol", "update", f"nodename={node}", "state=resume")
+        _wait(two_nodes.idle, 30, "the node back in service")

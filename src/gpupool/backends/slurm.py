@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpupool.backends.base import (
     BackendUnavailable,
@@ -30,6 +31,8 @@ from gpupool.backends.base import (
     Phase,
     Pod,
     Status,
+    Unrunnable,
+    recorded_end,
     recorded_exit_code,
 )
 from gpupool.backends.local import SCRIPT_PRELUDE
@@ -37,19 +40,43 @@ from gpupool.backends.slurm_commands import (
     JobRow,
     SlurmCommands,
     SlurmError,
+    SlurmTimeout,
+    SlurmUnreachable,
     exit_status,
     gpu_indices_by_node,
     gpus_in_tres,
     missing_tools,
     parse_gres,
+    parse_time,
 )
+from gpupool.spec import SpecError
+
+if TYPE_CHECKING:
+    from gpupool.spec.workload import WorkloadSpec
 
 log = logging.getLogger("gpupool.slurm")
 
-JOB_PREFIX = "gpupool-"  # our jobs are named gpupool-<workload>.<attempt>; every other job is foreign
+WHOLE_GPUS = (
+    "Slurm gives whole GPUs to a job; request a whole number of GPUs (a fraction needs Slurm's shard GRES, "
+    "which gpupool does not drive yet)"
+)
+
+# Our jobs are named gpupool-<workload>.<attempt>.<first 8 of the attempt's fencing token> (unique even
+# when a store restored from a backup numbers an attempt as an older, still running one); attempts started
+# before 2026-12 (and those without a token) are gpupool-<workload>.<attempt>. Every other job is foreign.
+JOB_PREFIX = "gpupool-"
+TOKEN_IN_NAME = 8
+NAME_FILE = "slurm_job_name"  # RUN_DIR/slurm_job_name: written before sbatch, so that find() knows it
+# Left in a run dir by an earlier life of the same workload and attempt number (a store restored from a
+# backup): a new attempt starts without them.
+STALE_FILES = ("exit_code", "exit_code.tmp", "slurm_job_id", "released", NAME_FILE)
+CANCEL_TIMEOUT = 10.0  # seconds, for the scancel after an sbatch that timed out
 HOLDING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING"})
 NODE_LOST = frozenset({"DOWN", "FUTURE", "UNKNOWN", "INVAL", "POWERED_DOWN", "POWERING_UP", "POWER_DOWN"})
 FINAL_NODE_FAILURE = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+# A recorded exit code above 128 is a death by signal: Slurm's own (a node set DOWN, a preemption) ends the
+# job with SIGTERM too, so before such a code is trusted Slurm's final state is asked (see status()).
+SIGNAL_DEATH = 128
 DRAIN_PREFIX = "gpupool: "
 # Hand-off: a finished job keeps its allocation until gpupool has submitted the job it placed on the
 # same GPUs (or the control loop's pass ends with nothing placed there; RELEASE_AFTER if the loop stalls;
@@ -76,6 +103,7 @@ exec 2>&1
 [ -n "${{CUDA_VISIBLE_DEVICES+set}}" ] || export CUDA_VISIBLE_DEVICES="$GPUPOOL_DEVICES"
 unset GPUPOOL_DEVICES
 {run}; code=$?
+{after}
 printf "%s\\n" "$code" > {run_dir}/exit_code.tmp && mv -f {run_dir}/exit_code.tmp {run_dir}/exit_code
 exec >/dev/null 2>&1
 trap 'exit "$code"' TERM
@@ -83,13 +111,26 @@ i=0
 while [ ! -e {run_dir}/released ] && [ "$i" -lt {handoff_ticks} ]; do sleep 0.05; i=$((i + 1)); done
 exit "$code"
 """
-# One task per node of a gang: the job contract's rank variables come from Slurm's.
+# One task per node of a gang: the job contract's rank variables come from Slurm's. A gang's SIGTERM goes
+# to its ranks only (signal()): srun in the batch script would abort the step on it. A rank that ends
+# non-zero after a SIGTERM (or with 143, in case its program's end beat this shell's own SIGTERM) writes
+# its code to RUN_DIR/rank_exit.N and exits 0, so that srun's --kill-on-bad-exit does not kill the ranks
+# still checkpointing in their grace period; the batch script then reports that code (GANG_AFTER).
 TASK_SCRIPT = """#!/bin/sh
 rank="${{SLURM_NODEID:-0}}"
 export GPUPOOL_NODE_RANK="$rank" NODE_RANK="$rank"
 {devices}
-exec bash {script}
+stopped=
+trap 'stopped=1' TERM
+bash {script}; code=$?
+if [ "$code" -ne 0 ] && [ -n "$stopped" ] || [ "$code" -eq 143 ]; then
+  printf "%s\\n" "$code" > {run_dir}/rank_exit."$rank"; exit 0
+fi
+exit "$code"
 """
+GANG_AFTER = """[ "$code" -ne 0 ] || for f in {run_dir}/rank_exit.*; do
+  [ -e "$f" ] && code=$(cat "$f")
+done"""
 
 
 class SlurmBackend:
@@ -119,6 +160,12 @@ class SlurmBackend:
         # settled jobs still holding their GPUs: run dir, when settled, the (node, GPU index) they hold
         self._handing_off: dict[str, tuple[Path, float, frozenset[tuple[str, int]]]] = {}
         self._finals: dict[str, dict[str, str]] = {}  # scontrol records of our jobs that left squeue
+        self._signalled: set[str] = set()  # our jobs gpupool sent a signal (their signal deaths are ours)
+        self._gangs: set[str] = set()  # our multi-node jobs (signal() spares their batch step's srun)
+        # our jobs that recorded a signal death gpupool did not send: how Slurm says they ended, once known,
+        # else when Slurm was last asked (monotonic)
+        self._verdicts: dict[str, Status] = {}
+        self._asked: dict[str, float] = {}
         self._foreign_indices: dict[str, dict[str, tuple[int, ...]]] = {}
         self._nodes: dict[str, InventoryNode] = {}
         self._inventory: Inventory | None = None
@@ -288,6 +335,13 @@ class SlurmBackend:
 
     # -- attempts -------------------------------------------------------------------------------------
 
+    def refuse(self, spec: WorkloadSpec) -> None:
+        """What Slurm can never run, refused at submit (the API's 422) rather than placed and failed."""
+        if spec.resources.gpu.is_fractional:
+            raise SpecError(
+                "resources.gpu", spec.resources.gpu.count, f"cannot run on Slurm: {WHOLE_GPUS}", "1"
+            )
+
     def start(self, launch: Launch) -> Handle:
         if not launch.workdir.is_dir():
             raise LaunchError(
@@ -296,33 +350,38 @@ class SlurmBackend:
         pods = launch.pods
         if not pods:
             raise LaunchError("the slurm backend needs the scheduler's placement (Launch.pods)")
-        if any(p.gpu_indices and p.gpu_fraction < 1.0 for p in pods):
-            raise LaunchError(
-                "resources.gpu: Slurm gives whole GPUs to a job; request a whole number of GPUs "
-                "(a fraction needs Slurm's shard GRES, which gpupool does not drive yet)"
-            )
+        if any(p.gpu_indices and p.gpu_fraction < 1.0 for p in pods):  # work submitted before `refuse`
+            raise Unrunnable(f"resources.gpu: {WHOLE_GPUS}")
         launch.run_dir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         run_dir = launch.run_dir
-        name = f"{JOB_PREFIX}{launch.workload_id}.{launch.attempt_number}"
+        for stale in [*STALE_FILES, *(p.name for p in run_dir.glob("rank_exit.*"))]:
+            (run_dir / stale).unlink(missing_ok=True)
+        name = job_name(launch.workload_id, launch.attempt_number, launch.fencing_token)
+        (run_dir / NAME_FILE).write_text(name + "\n")
         (run_dir / "script.sh").write_text(SCRIPT_PRELUDE + launch.script)
         env = dict(launch.env)
         env["GPUPOOL_DEVICES"] = ",".join(str(i) for i in pods[0].gpu_indices)
         env.pop("CUDA_VISIBLE_DEVICES", None)  # so that the batch script can tell whether Slurm set it
         script = shlex.quote(str(run_dir / "script.sh"))
+        quoted_dir = shlex.quote(str(run_dir))
         if len(pods) == 1:
-            run = f"bash {script}"
+            run, after = f"bash {script}", ""
         else:
             env.update(self._gang_environment(pods))
             task = run_dir / "task.sh"
-            task.write_text(TASK_SCRIPT.format(devices=_devices_by_rank(pods), script=script))
+            task.write_text(
+                TASK_SCRIPT.format(devices=_devices_by_rank(pods), script=script, run_dir=quoted_dir)
+            )
             run = f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 /bin/sh {shlex.quote(str(task))}"
+            after = GANG_AFTER.format(run_dir=quoted_dir)
         batch = run_dir / "job.sh"
         batch.write_text(
             BATCH_SCRIPT.format(
                 name=name,
                 run=run,
-                run_dir=shlex.quote(str(run_dir)),
+                after=after,
+                run_dir=quoted_dir,
                 handoff_ticks=math.ceil(HANDOFF_MAX / 0.05),
             )
         )
@@ -349,6 +408,11 @@ class SlurmBackend:
             args.append(f"--mem={math.ceil(launch.memory_bytes / (1 << 20))}M")
         try:
             job_id = self.commands.sbatch([*args, str(batch)], env)
+        except SlurmTimeout as exc:  # slurmctld may have taken it: no job of this attempt may run untracked
+            self._cancel_untracked(name, run_dir)
+            raise BackendUnavailable(f"slurmctld did not answer sbatch ({exc}); try again later") from exc
+        except SlurmUnreachable as exc:
+            raise BackendUnavailable(f"slurmctld is not reachable ({exc}); try again later") from exc
         except SlurmError as exc:
             raise LaunchError(str(exc)) from exc
         (run_dir / "slurm_job_id").write_text(job_id + "\n")
@@ -357,10 +421,30 @@ class SlurmBackend:
             self._submitted[job_id] = time.monotonic()
             self._run_dirs[job_id] = run_dir
             self._slots[job_id] = slots
+            if len(pods) > 1:
+                self._gangs.add(job_id)
         self._release(taken=slots)  # this job is pending in Slurm: the jobs whose GPUs it takes let go
         log.info("event=slurm_submitted workload=%d job=%s nodes=%s", launch.workload_id, job_id, args[3])
         endpoint = f"{self._address(pods[0].node)}:{launch.service_port}" if launch.service_port else ""
         return Handle(int(job_id), 0.0, endpoint)
+
+    def _cancel_untracked(self, name: str, run_dir: Path) -> None:
+        """After an sbatch that timed out: cancel any job slurmctld took under this attempt's name (its
+        next attempt gets another name, so this one would run untracked), or say in the log that it may."""
+        try:
+            found = self.commands.job_ids_named(name, timeout=CANCEL_TIMEOUT)
+            for job_id in found:
+                self.commands.scancel(job_id, check=True, timeout=CANCEL_TIMEOUT)
+        except SlurmError as exc:
+            log.error(
+                "event=slurm_job_may_run_untracked name=%s run_dir=%s error=%r fix=%r",
+                name,
+                run_dir,
+                str(exc),
+                f"scancel --name={name}",
+            )
+            return
+        log.warning("event=slurm_sbatch_timed_out name=%s cancelled=%s", name, ",".join(found) or "none")
 
     def _gres(self, pod: Pod) -> str:
         count = len(pod.gpu_indices)
@@ -392,8 +476,12 @@ class SlurmBackend:
     def status(self, handle: Handle, run_dir: Path) -> Status:
         job_id = str(handle.pid)
         code = recorded_exit_code(run_dir)
+        with self._lock:
+            signalled = job_id in self._signalled
+        if code is not None and (code <= SIGNAL_DEATH or signalled):  # the fast path: a normal end
+            return Status(Phase.EXITED, code, detail=f"slurm job {job_id}", ended_at=recorded_end(run_dir))
         if code is not None:
-            return Status(Phase.EXITED, code, detail=f"slurm job {job_id}")
+            return self._signal_death(job_id, code, run_dir)
         with self._lock:
             row = self._jobs.get(job_id)
             fresh = self._submitted.get(job_id, 0.0) >= self._jobs_at
@@ -418,15 +506,52 @@ class SlurmBackend:
                     self._finals[job_id] = record
         return _final_status(job_id, final, run_dir)
 
+    def _signal_death(self, job_id: str, code: int, run_dir: Path) -> Status:
+        """Our job recorded a death by a signal gpupool did not send: a node set DOWN or a preemption in
+        Slurm ends a job with SIGTERM too. Slurm's state (set before it signals) says which; it is asked
+        once (again at most once per poll interval while the job is still completing)."""
+        with self._lock:
+            verdict = self._verdicts.get(job_id)
+            asked = self._asked.get(job_id)
+        if verdict is not None:
+            return verdict
+        ended = recorded_end(run_dir)
+        waiting = Status(
+            Phase.RUNNING, detail=f"slurm job {job_id} ended (exit code {code}); asking Slurm how"
+        )
+        if asked is not None and time.monotonic() - asked < self.poll_interval:
+            return waiting
+        with self._lock:
+            self._asked[job_id] = time.monotonic()
+        try:
+            record = self.commands.job(job_id)
+        except SlurmError as exc:  # settle nothing on a guess: ask again at the next look
+            log.warning("event=slurm_job_state_unknown job=%s code=%d error=%r", job_id, code, str(exc))
+            return waiting
+        state = (record or {}).get("JobState", "")
+        if state in ("COMPLETING", "PENDING", "CONFIGURING"):
+            return waiting  # ending: its final state follows within moments
+        if record is not None and state not in HOLDING:
+            verdict = _final_status(job_id, record, run_dir)
+        else:  # still running (its batch script waits for the hand-off), or forgotten: the code stands
+            verdict = Status(Phase.EXITED, code, detail=f"slurm job {job_id}", ended_at=ended)
+        with self._lock:
+            self._verdicts[job_id] = verdict
+        return verdict
+
     def signal(self, handle: Handle, signum: int) -> None:
         job_id = str(handle.pid)
         with self._lock:
             row = self._jobs.get(job_id)
+            gang = job_id in self._gangs or (row is not None and row.num_nodes > 1)
+            self._signalled.add(job_id)
         if row is not None and row.state == "PENDING":
             self.commands.scancel(job_id)  # nothing runs yet that could checkpoint
             return
         name = signal.Signals(signum).name.removeprefix("SIG")
-        self.commands.scancel(job_id, signal_name=name, full=True)
+        # A gang's ranks run in srun's step: signalling the batch step too (--full) would make srun abort
+        # the step and kill every rank at once, without their grace period.
+        self.commands.scancel(job_id, signal_name=name, full=not gang or signum == signal.SIGKILL)
         if signum == signal.SIGKILL:
             self.commands.scancel(job_id)
 
@@ -435,8 +560,14 @@ class SlurmBackend:
             return Handle(int((run_dir / "slurm_job_id").read_text().strip()), 0.0)
         except (OSError, ValueError):
             pass
-        # Submitted, but the head died before it wrote the id down: find the job by its name.
-        name = f"{JOB_PREFIX}{run_dir.parent.name}.{run_dir.name}"
+        # Submitted, but the head died before it wrote the id down: find the job by its name, which start()
+        # wrote before sbatch. An attempt started before names carried a token has job.sh but no name file.
+        try:
+            name = (run_dir / NAME_FILE).read_text().strip()
+        except OSError:
+            if not (run_dir / "job.sh").exists():
+                return None  # sbatch was never reached
+            name = f"{JOB_PREFIX}{run_dir.parent.name}.{run_dir.name}"
         try:
             found = self.commands.job_ids_named(name)
         except SlurmError as exc:  # not knowing is not "never launched": that would start it twice
@@ -453,6 +584,10 @@ class SlurmBackend:
             self._exited.discard(job_id)
             self._submitted.pop(job_id, None)
             self._finals.pop(job_id, None)
+            self._signalled.discard(job_id)
+            self._gangs.discard(job_id)
+            self._verdicts.pop(job_id, None)
+            self._asked.pop(job_id, None)
             slots = self._slots.pop(job_id, frozenset())
             still_there = job_id in self._jobs
             ended = run_dir is not None and (run_dir / "exit_code").exists()
@@ -473,6 +608,8 @@ def _inventory_node(record: dict[str, str]) -> InventoryNode:
         state = "lost"
     elif "DRAIN" in flags or "DRAINING" in flags or "DRAINED" in flags or "FAIL" in flags:
         state = "unhealthy" if reason.startswith(DRAIN_PREFIX) else "cordoned"
+    elif "NOT_RESPONDING" in flags:  # slurmd does not answer: no new work; what runs there is left be
+        state = "cordoned"
     else:
         state, said = "ready", ""
     partitions = record.get("Partitions", "").strip()
@@ -494,26 +631,38 @@ def _inventory_node(record: dict[str, str]) -> InventoryNode:
 
 
 def _final_status(job_id: str, record: dict[str, str], run_dir: Path) -> Status:
-    """The status of our job once it has left squeue, from `scontrol show job`."""
+    """The status of our job once it has left squeue, from `scontrol show job`: the exit code the batch
+    script recorded (else Slurm's `ExitCode`), unless the job died of a signal because Slurm ended it
+    (a node failure, a preemption), and when it ended (the recorded code's time, else Slurm's EndTime)."""
     state = record.get("JobState", "")
     if state in HOLDING or state == "PENDING":
         return Status(Phase.RUNNING, detail=f"slurm job {job_id} {state}")
     code = recorded_exit_code(run_dir)  # written a moment after we last looked
-    if code is not None:
-        return Status(Phase.EXITED, code, detail=f"slurm job {job_id} {state}")
-    exited, signalled = exit_status(record.get("ExitCode", "0:0"))
-    said = f"slurm job {job_id} ended {state}" + (f" ({record['Reason']})" if record.get("Reason") else "")
+    ended = recorded_end(run_dir) if code is not None else parse_time(record.get("EndTime", ""))
+    if code is not None and code <= SIGNAL_DEATH:  # its commands ended by themselves, whatever came after
+        return Status(Phase.EXITED, code, detail=f"slurm job {job_id} {state}", ended_at=ended)
+    reason = record.get("Reason", "")
+    said = f"slurm job {job_id} ended {state}" + (f" ({reason})" if reason and reason != "None" else "")
     if state in FINAL_NODE_FAILURE:
-        return Status(Phase.VANISHED, detail=said, cause="node-failure")
+        return Status(Phase.VANISHED, detail=said, cause="node-failure", ended_at=ended)
     if state == "PREEMPTED":
-        return Status(Phase.VANISHED, detail=said, cause="preemption")
+        return Status(Phase.VANISHED, detail=said, cause="preemption", ended_at=ended)
+    if code is not None:
+        return Status(Phase.EXITED, code, detail=f"slurm job {job_id} {state}", ended_at=ended)
+    exited, signalled = exit_status(record.get("ExitCode", "0:0"))
     if signalled:
-        return Status(Phase.EXITED, 128 + signalled, detail=said)
+        return Status(Phase.EXITED, 128 + signalled, detail=said, ended_at=ended)
     if state == "CANCELLED":
-        return Status(Phase.EXITED, exited or 143, detail=said)
+        return Status(Phase.EXITED, exited or 143, detail=said, ended_at=ended)
     if state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE"):
-        return Status(Phase.EXITED, exited or 1, detail=said)
-    return Status(Phase.EXITED, exited, detail=said)
+        return Status(Phase.EXITED, exited or 1, detail=said, ended_at=ended)
+    return Status(Phase.EXITED, exited, detail=said, ended_at=ended)
+
+
+def job_name(workload_id: int, attempt_number: int, fencing_token: str) -> str:
+    """The Slurm job name of an attempt (see JOB_PREFIX)."""
+    name = f"{JOB_PREFIX}{workload_id}.{attempt_number}"
+    return f"{name}.{fencing_token[:TOKEN_IN_NAME]}" if fencing_token else name
 
 
 def _slots(pods: tuple[Pod, ...]) -> frozenset[tuple[str, int]]:

@@ -59,6 +59,20 @@ class SlurmError(RuntimeError):
     """A Slurm command failed or Slurm is not reachable; the message names the command and the fix."""
 
 
+class SlurmUnreachable(SlurmError):
+    """slurmctld did not take the request: it could not be contacted (nothing was done)."""
+
+
+class SlurmTimeout(SlurmUnreachable):
+    """A command got no answer in time: slurmctld may have done what it was asked (an sbatch accepted)."""
+
+
+# What Slurm's commands print when they could not reach slurmctld at all, and when they gave up waiting
+# for its answer (the request may have been carried out).
+UNREACHABLE = ("Unable to contact slurm controller", "connect failure", "Connection refused")
+NO_ANSWER = ("Socket timed out", "Zero Bytes were transmitted or received")
+
+
 @dataclass(frozen=True, slots=True)
 class JobRow:
     """One line of `squeue`: a job that is pending, running or completing."""
@@ -91,16 +105,24 @@ class SlurmCommands:
         self._library_lock = threading.Lock()
 
     def run(
-        self, *argv: str, env: Mapping[str, str] | None = None, check: bool = True
+        self,
+        *argv: str,
+        env: Mapping[str, str] | None = None,
+        check: bool = True,
+        timeout: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
+        """Run one command; raises SlurmTimeout when it does not answer in time (with what it printed on
+        stderr, which names the cause where it is not slurmctld: a bad SLURM_CONF, munged), and, with
+        `check`, SlurmUnreachable or SlurmError when it fails."""
         self.calls[argv[0]] += 1
+        limit = self.timeout if timeout is None else timeout
         try:
             result = subprocess.run(
                 list(argv),
                 env=dict(env) if env is not None else self.env,
                 capture_output=True,
                 text=True,
-                timeout=self.timeout,
+                timeout=limit,
                 stdin=subprocess.DEVNULL,
             )
         except FileNotFoundError as exc:
@@ -109,15 +131,31 @@ class SlurmCommands:
                 "slurm-client munge) on the gpupool head"
             ) from exc
         except subprocess.TimeoutExpired as exc:
-            raise SlurmError(f"{argv[0]} did not answer in {self.timeout:g}s: is slurmctld up?") from exc
+            said = _last_line(exc.stderr)
+            if said:
+                raise SlurmTimeout(f"{argv[0]} did not answer in {limit:g}s; it said: {said}") from exc
+            raise SlurmTimeout(f"{argv[0]} did not answer in {limit:g}s: is slurmctld up?") from exc
         if check and result.returncode != 0:
-            message = (result.stderr or result.stdout).strip().splitlines()
-            raise SlurmError(f"{' '.join(argv[:3])} failed: {message[-1] if message else result.returncode}")
+            said = (
+                _last_line(result.stderr) or _last_line(result.stdout) or f"exit status {result.returncode}"
+            )
+            message = f"{' '.join(argv[:3])} failed: {said}"
+            if any(text in said for text in NO_ANSWER):
+                raise SlurmTimeout(message)
+            if any(text in said for text in UNREACHABLE):
+                raise SlurmUnreachable(message)
+            raise SlurmError(message)
         return result
 
     # -- reading ------------------------------------------------------------------------------------
 
     def ping(self) -> None:
+        conf = self.env.get("SLURM_CONF", "")
+        if conf and not Path(conf).is_file():  # scontrol would retry reading it for 60 s before failing
+            raise SlurmError(
+                f"SLURM_CONF={conf}: no such file; point SLURM_CONF at the cluster's slurm.conf, or unset it "
+                "to use /etc/slurm/slurm.conf or configless Slurm"
+            )
         out = self.run("scontrol", "ping", check=False)
         if "UP" not in out.stdout:
             detail = (out.stderr or out.stdout).strip() or "no answer"
@@ -126,7 +164,8 @@ class SlurmCommands:
             )
 
     def nodes(self) -> list[dict[str, str]]:
-        return [parse_record(line) for line in self.run("scontrol", "show", "node", "-o").stdout.splitlines()]
+        out = self.run("scontrol", "show", "node", "-o").stdout
+        return [parse_record(line, reason_last=True) for line in out.splitlines() if line.strip()]
 
     def partitions(self) -> list[dict[str, str]]:
         out = self.run("scontrol", "show", "partition", "-o").stdout
@@ -152,8 +191,8 @@ class SlurmCommands:
             raise SlurmError(f"scontrol show job {job_id} failed: {out.stderr.strip()}")
         return ""
 
-    def job_ids_named(self, name: str) -> list[str]:
-        out = self.run("squeue", "-h", "-n", name, "-o", "%A").stdout
+    def job_ids_named(self, name: str, *, timeout: float | None = None) -> list[str]:
+        out = self.run("squeue", "-h", "-n", name, "-o", "%A", timeout=timeout).stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
 
     # -- acting -------------------------------------------------------------------------------------
@@ -162,13 +201,23 @@ class SlurmCommands:
         out = self.run("sbatch", "--parsable", *args, env=env)
         return out.stdout.strip().split(";")[0]
 
-    def scancel(self, job_id: str, *, signal_name: str | None = None, full: bool = False) -> None:
+    def scancel(
+        self,
+        job_id: str,
+        *,
+        signal_name: str | None = None,
+        full: bool = False,
+        check: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Cancel (or, with `signal_name`, signal) a job: with `full`, its batch script too; else, for a
+        signal, only its steps (what `srun` started)."""
         argv = ["scancel"]
         if signal_name:
             argv.append(f"--signal={signal_name}")
         if full:
             argv.append("--full")
-        self.run(*argv, job_id, check=False)
+        self.run(*argv, job_id, check=check, timeout=timeout)
 
     def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         argv = ["scontrol", "update", f"nodename={name}", f"state={state}"]
@@ -299,12 +348,13 @@ class SlurmLibrary:
 # -- parsing ----------------------------------------------------------------------------------------------
 
 
-def parse_record(line: str) -> dict[str, str]:
+def parse_record(line: str, *, reason_last: bool = False) -> dict[str, str]:
     """One `scontrol show ... -o` line as a dict; a token without `=` continues the previous value
-    (`OS=Linux 6.1 #1 SMP`). A node's `Reason` comes last and keeps everything after it."""
+    (`OS=Linux 6.1 #1 SMP`). With `reason_last` (node records, whose free-text `Reason` comes last), the
+    `Reason` keeps everything after it; a job's `Reason` is one word and more fields follow it."""
     record: dict[str, str] = {}
     text = line.strip()
-    reason_at = text.find(" Reason=")
+    reason_at = text.find(" Reason=") if reason_last else -1
     if reason_at >= 0:
         record["Reason"] = text[reason_at + len(" Reason=") :]
         text = text[:reason_at]
@@ -415,6 +465,13 @@ def exit_status(text: str) -> tuple[int, int]:
     """scontrol's `ExitCode=2:0` -> (2, 0): the exit code and the signal that ended the job."""
     code, _, sig = (text or "0:0").partition(":")
     return _int(code, 0), _int(sig, 0)
+
+
+def _last_line(text: str | bytes | None) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = (text or "").strip().splitlines()
+    return lines[-1].strip() if lines else ""
 
 
 def _int(text: str, default: int) -> int:
