@@ -128,6 +128,8 @@ def test_xid_79_drains_the_node_and_it_returns_only_after_passing_the_active_che
     server.wait_for(job["id"], ("running",))
     ckpt = job_dir / "ckpt" / "step"
     until("the job to checkpoint", lambda: ckpt.exists() and int(ckpt.read_text() or 0) >= 5)
+    # its first verdict: "unknown" until the health loop has judged a sample (it can come after 5 steps)
+    until("the node's first verdict", lambda: node(server)["health"] != "unknown")
     assert node(server)["health"] == "healthy"
 
     server.cli("node", "inject-fault", "node-1", "--gpu", "3", "--xid", "79", check=True)

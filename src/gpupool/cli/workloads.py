@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.markup import escape
 
 from gpupool.cli import refs
-from gpupool.cli.app import API_PAGE, app, client, stream_log
+from gpupool.cli.app import API_PAGE, app, client, outage_note, stream_log
 from gpupool.cli.render import (
     console,
     efficiency_line,
@@ -24,7 +25,10 @@ from gpupool.cli.render import (
     ps_table,
     styled,
 )
+from gpupool.client.client import ride_out
 from gpupool.spec import format_duration, format_gpu_indices
+
+T = TypeVar("T")
 
 
 @app.command()
@@ -181,7 +185,8 @@ def _time_limit(w: Mapping[str, Any]) -> str:
     if running:
         ran = (datetime.now(UTC) - datetime.fromisoformat(running[-1]["started_at"])).total_seconds()
         left = limit - ran
-        said += f"; {format_duration(round(left))} left" if left >= 1 else "; passed: stopping"
+        # whole seconds down: never more left than there is (rounded, the first half second read "4h left")
+        said += f"; {format_duration(math.floor(left))} left" if left >= 1 else "; passed: stopping"
     return said
 
 
@@ -252,9 +257,14 @@ def logs(
 ) -> None:
     """Print a workload's output (stdout and stderr of its latest attempt)."""
     c = client()
-    found = refs.workload_id(c, workload, reading=True)
+    note = outage_note(c.server)
+
+    def ask(call: Callable[[], T]) -> T:  # a follower rides out a restart of the head from its first look
+        return ride_out(call, on_outage=note) if follow else call()
+
+    found = ask(lambda: refs.workload_id(c, workload, reading=True))
     if "[" not in workload:  # a job array by its id or name stands for it whole: its first task's output
-        w = c.workload(found)
+        w = ask(lambda: c.workload(found))
         tasks = w.get("task_list") or ()
         if w.get("array_id") == found and len(tasks) > 1:
             err_console.print(
