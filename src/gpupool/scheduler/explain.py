@@ -199,7 +199,12 @@ def _ahead(count: int) -> str:
 def _over_fair_share(standing: Standing, ahead: int) -> str:
     queue, allocated, fair = standing
     behind = f"; {_ahead(ahead)}" if ahead else ""
-    return f"queue {queue} is at or over its fair share ({allocated:g} >= {fair:.3g} GPUs){behind}"
+    # Capacity first, as Slurm's "Resources": a full pool read as a fairness problem ("at or over its fair
+    # share (4 >= 4 GPUs)") to a user whose queue was the only one.
+    return (
+        f"waiting for GPUs to come free: queue {queue} holds {allocated:g} GPUs, at or over its fair share "
+        f"of {fair:.3g}, so no other queue's work is reclaimed for it{behind}"
+    )
 
 
 _OVER_FAIR_SHARE: Final[Callable[..., str]] = _over_fair_share

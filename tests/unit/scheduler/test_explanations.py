@@ -170,6 +170,11 @@ def test_work_that_lacks_gpus_is_told_about_gpus_whatever_cpus_it_asks_for() -> 
         }
     )
     assert reasons[10][0] == "over-fair-share" and "CPUs" not in reasons[10][1]  # its queue holds them all
+    # the pool is full, and said so first (Slurm's "Resources"), then why reclaim does not help
+    assert reasons[10][1] == (
+        "waiting for GPUs to come free: queue q holds 2 GPUs, at or over its fair share of 2, so no other "
+        "queue's work is reclaimed for it"
+    ), reasons[10][1]
 
 
 def test_work_that_asks_more_cpus_or_memory_than_any_node_has_can_never_fit_and_evicts_nothing() -> None:
