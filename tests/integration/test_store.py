@@ -525,3 +525,28 @@ def test_the_next_pass_sees_a_new_queue_and_time_limit_on_both_databases(
     service.update(store, waiting, queue="nlp", limit=service.TimeLimit(7200.0))
     service.update(store, running, limit=service.TimeLimit(None))
     assert views() == {waiting: ("nlp", 7200.0), running: ("default", None)}  # the same reconciler
+
+
+def test_a_checkpoint_dir_that_running_work_already_uses_is_warned_of_at_submit(store: Store) -> None:
+    """Two runs of one spec wrote and resumed from one checkpoint and overwrote each other's, with no word;
+    read from the spec's JSON in SQL, on both databases."""
+
+    def submit(workdir: str, checkpoint: str = "ckpt/run") -> dict[str, object]:
+        spec = parse_workload_spec({"commands": ["x"], "workdir": workdir, "checkpoint": {"dir": checkpoint}})
+        return service.submit(store, spec)
+
+    first = submit("/work/a")
+    assert first["warnings"] == []
+    second = submit("/work/a")
+    assert second["warnings"] == [
+        f"checkpoint.dir: /work/a/ckpt/run is also the checkpoint of workload {first['id']}, pending or "
+        f"running: both would write and resume from it; give this one its own, or `gpupool cancel "
+        f"{second['id']}`"
+    ]
+    assert submit("/work/b")["warnings"] == []  # the same relative dir under another workdir
+    with store.session() as s:
+        for wid in (first["id"], second["id"]):
+            workload = s.get(Workload, wid)
+            assert workload is not None
+            transition(s, workload, "cancelled", "done with it")
+    assert submit("/work/a")["warnings"] == []  # ended work's checkpoint is there to resume from

@@ -559,7 +559,9 @@ def submit(
             s.execute(update_rows(table).where(table.c.id == first.id).values(named))
             for key, value in named.items():
                 set_committed_value(first, key, value)
-        warnings = {"warnings": _placement_warnings(s, spec, first.id)}
+        warnings = {
+            "warnings": _placement_warnings(s, spec, first.id) + _checkpoint_warnings(s, spec, first.id)
+        }
         if spec.array is not None:
             return {**_submit_array(s, first, parse_array(spec.array), user), **warnings}
         if spec.kind != SERVICE:
@@ -570,6 +572,42 @@ def submit(
         s.flush()
         _submitted(s, replicas, "submitted", user)
         return {**workload_view(first), "replica_ids": [w.id for w in replicas], **warnings}
+
+
+def _checkpoint_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]:
+    """What to tell a submitter whose `checkpoint.dir` is the one of work pending or running now: both would
+    write (and resume from) the same checkpoint and overwrite each other's. Accepted, as a second run
+    meant to resume after the first is; an array's tasks each get a folder of their own."""
+    given = spec.checkpoint.dir if spec.checkpoint is not None else None
+    if not given or spec.array is not None:
+        return []
+    mine = _checkpoint_path(given, spec.workdir)
+    same = [
+        wid
+        for wid, workdir in s.execute(
+            select(Workload.id, Workload.spec["workdir"].as_string()).where(
+                Workload.state.in_(ACTIVE),
+                Workload.id != workload_id,
+                Workload.array_id.is_(None),
+                Workload.spec["checkpoint"]["dir"].as_string() == given,
+            )
+        )
+        if _checkpoint_path(given, workdir) == mine
+    ]
+    if not same:
+        return []
+    listed = ", ".join(str(w) for w in same[:5]) + (f" and {len(same) - 5} more" if len(same) > 5 else "")
+    return [
+        f"checkpoint.dir: {mine} is also the checkpoint of workload {listed}, pending or running: both would "
+        f"write and resume from it; give this one its own, or `gpupool cancel {workload_id}`"
+    ]
+
+
+def _checkpoint_path(given: str, workdir: str | None) -> str:
+    path = Path(given).expanduser()
+    if not path.is_absolute() and workdir:
+        path = Path(workdir) / path
+    return str(path)
 
 
 def _placement_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]:
