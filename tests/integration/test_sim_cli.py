@@ -238,6 +238,15 @@ def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(
     assert cordoned.returncode == 0, cordoned.stderr
     assert "counted in service, as the history ran on them: node-1 (cordoned)" in cordoned.stdout
     assert json.loads((job_dir / "c.json").read_text())["before"] == data["before"]
+    # A change of policy alone, on this cluster's own history, as operations.md says to try one
+    tuned = job_dir / "tuned.yaml"
+    tuned.write_text(server.cli("scheduling", check=True).stdout)
+    policy = server.cli("sim", "whatif", "--policy-after", str(tuned), "--json", str(job_dir / "p.json"))
+    assert policy.returncode == 0, policy.stderr
+    assert f"before, {tuned} after" in policy.stdout and f"what if: policy {tuned}" in policy.stdout
+    compared = json.loads((job_dir / "p.json").read_text())
+    assert (compared["policy"], compared["policy_after"]) == ("server", str(tuned))
+    assert compared["after"]["gpus"] == compared["before"]["gpus"] == 8
     bad = server.cli("sim", "whatif", "--remove", "no-such-node")
     assert bad.returncode == 1 and "--remove: no node named 'no-such-node'" in bad.stderr
     typo = server.cli("sim", "whatif", "--add", "1x8:H10O")

@@ -412,6 +412,12 @@ def whatif(
         help="the policy of both replays: server (the server's own, its scheduling.yaml and --usage-weight), "
         "a policy of sim run, or a scheduling.yaml file",
     ),
+    policy_after: str | None = typer.Option(
+        None,
+        "--policy-after",
+        help="the 'after' replay's policy, to see a change of policy (alone, or with a change of cluster): a "
+        "scheduling.yaml file (e.g. from `gpupool scheduling > tuned.yaml`), a policy of sim run, or server",
+    ),
     restart_overhead: str = typer.Option(
         "60s", "--restart-overhead", help="paid by each job the replays evict and start again"
     ),
@@ -445,16 +451,26 @@ def whatif(
         servers = policy.strip() == "server"  # known once the server is asked
         if not servers:
             (chosen,) = resolve_policies(policy, one=True)
-        if not (add or remove or quota):
+        later = policy_after.strip() if policy_after is not None else None
+        if later is not None and later != "server":
+            (changed_policy,) = resolve_policies(later, one=True)
+        if not (add or remove or quota or later):
             raise SimError(
-                "--add", "nothing to change; give --add 4x8:H100, --remove NODE or --quota QUEUE=GPUS"
+                "--add",
+                "nothing to change; give --add 4x8:H100, --remove NODE, --quota QUEUE=GPUS or --policy-after "
+                "tuned.yaml",
             )
         period = _seconds(since, "--since")
         workers = processes(jobs, 2)
         wi.check_changes(add, quota)
         api = client()
-        if servers:
-            chosen = server_policy(api.scheduling())
+        if servers or later == "server":
+            running = server_policy(api.scheduling())
+            chosen = running if servers else chosen
+            if later == "server":
+                changed_policy = running
+        if later is None:
+            changed_policy = chosen
         now = time.time()
         # One list per state that ran, of the period's submissions only; a list that fills the API's
         # largest page (newest first) has lost its oldest jobs: say so.
@@ -476,6 +492,9 @@ def whatif(
         after = wi.changed(nodes, queues, add, remove, quota)
         _check_outputs(json_out)
         used = chosen.description if chosen.name == "server" else f"policy {chosen.name}"
+        if changed_policy is not chosen:
+            then = changed_policy.description if changed_policy.name == "server" else changed_policy.name
+            used = f"{used} before, {then} after"
         console.print(f"replaying {len(history):,} jobs of the last {since} with {used}", highlight=False)
         out = sorted(f"{n['name']} ({n['state']})" for n in listed if n.get("state", "ready") != "ready")
         if out:
@@ -485,8 +504,16 @@ def whatif(
                 highlight=False,
             )
         measured = wi.measured_jcts(workloads, now - period, now)
-        result = wi.compare(history, (nodes, queues), after, chosen, options, workers, measured)
-        table = Table(title=f"what if: {' '.join([*add, *('-' + r for r in remove), *quota])}")
+        result = wi.compare(
+            history, (nodes, queues), after, chosen, options, workers, measured, policy_after=changed_policy
+        )
+        asked = [
+            *add,
+            *("-" + r for r in remove),
+            *quota,
+            *([f"policy {changed_policy.name}"] if later else []),
+        ]
+        table = Table(title=f"what if: {' '.join(asked)}")
         for column in (
             "queue",
             "jobs",

@@ -196,6 +196,8 @@ def compare(
     options: SimOptions | None = None,
     workers: int | str = 1,
     measured: Mapping[int, float] | None = None,
+    *,
+    policy_after: Policy | None = None,
 ) -> dict[str, Any]:
     """Replay `jobs` on both clusters; per queue, the change in JCT and queueing delay. `measured`: the
     live cluster's completion times of the jobs that ended, by id (`measured_jcts`), set beside what the
@@ -207,11 +209,12 @@ def compare(
         raise SimError("--since", "no finished or running jobs in that period; widen it (e.g. --since 30d)")
     origin = jobs[0].submit
     replays = []
+    policies = {"before": policy, "after": policy_after or policy}
     for name, (nodes, queues) in (("before", before), ("after", after)):
         cluster = Cluster(tuple(nodes), "")
         if cluster.gpus <= 0:
             raise SimError("--remove", "the changed cluster has no GPUs left")
-        replays.append(Replay(name, jobs, origin, cluster, tuple(queues), policy, options))
+        replays.append(Replay(name, jobs, origin, cluster, tuple(queues), policies[name], options))
     results = replay_all(replays, at_once)
     old, new = (
         summarize(result) | {"gpus": replay.cluster.gpus}
@@ -234,6 +237,7 @@ def compare(
     return {
         "jobs": len(jobs),
         "policy": policy.name,
+        "policy_after": policies["after"].name,
         "before": {k: old[k] for k in keys},
         "after": {k: new[k] for k in keys},
         "queues": per_queue,
