@@ -177,7 +177,8 @@ def server(
         normalise_url(url)  # a kind of database gpupool does not use
     except StoreError as exc:
         raise CliError(str(exc)) from exc
-    home.mkdir(parents=True, exist_ok=True)
+    if not home.exists():  # its files give the admin token and the secrets' key: the server's user's only
+        home.mkdir(parents=True, mode=0o700)
     _claim_home(home)
     try:
         store = Store(url)

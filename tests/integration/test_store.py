@@ -25,7 +25,7 @@ from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.secret_keys import SecretKeys
 from gpupool.spec import parse_queue_spec, parse_workload_spec
 from gpupool.store.db import HEAD_REVISION, Store
-from gpupool.store.models import Attempt, Event, Secret, Workload
+from gpupool.store.models import Attempt, Event, Gpu, Node, Secret, Workload
 from gpupool.timeutil import as_utc
 from tests.support.postgres import PostgresServer, database_url
 from tests.support.server import ServerProcess
@@ -550,3 +550,30 @@ def test_a_checkpoint_dir_that_running_work_already_uses_is_warned_of_at_submit(
             assert workload is not None
             transition(s, workload, "cancelled", "done with it")
     assert submit("/work/a")["warnings"] == []  # ended work's checkpoint is there to resume from
+
+
+def test_asking_for_a_gpu_model_no_node_has_is_warned_of_at_submit(store: Store) -> None:
+    """A known model the pool lacks (an A100 on an H100 pool) waited `no-matching-gpu` with no word at
+    submit, where a node name that never joined already got one."""
+    spec = parse_workload_spec({"commands": ["x"], "resources": {"gpu": "A100:1"}})
+    first = service.submit(store, spec)
+    assert first["warnings"] == [
+        "resources.gpu: no node of this pool has A100 GPUs (models here: none); it waits pending until such "
+        f"a node joins: ask for another model, or `gpupool cancel {first['id']}`"
+    ]
+    with store.session() as s:
+        node = Node(name="n1", state="ready", labels={})
+        node.gpus.append(Gpu(index=0, model="A100", uuid="GPU-0", memory_bytes=80 * 2**30))
+        s.add(node)
+    assert (
+        service.submit(store, parse_workload_spec({"commands": ["x"], "resources": {"gpu": "A100-80GB:1"}}))[
+            "warnings"
+        ]
+        == []
+    )
+    assert (
+        "models here: A100"
+        in service.submit(store, parse_workload_spec({"commands": ["x"], "resources": {"gpu": "H100:1"}}))[
+            "warnings"
+        ][0]
+    )

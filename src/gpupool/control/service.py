@@ -560,7 +560,9 @@ def submit(
             for key, value in named.items():
                 set_committed_value(first, key, value)
         warnings = {
-            "warnings": _placement_warnings(s, spec, first.id) + _checkpoint_warnings(s, spec, first.id)
+            "warnings": _placement_warnings(s, spec, first.id)
+            + _model_warnings(s, spec, first.id)
+            + _checkpoint_warnings(s, spec, first.id)
         }
         if spec.array is not None:
             return {**_submit_array(s, first, parse_array(spec.array), user), **warnings}
@@ -572,6 +574,23 @@ def submit(
         s.flush()
         _submitted(s, replicas, "submitted", user)
         return {**workload_view(first), "replica_ids": [w.id for w in replicas], **warnings}
+
+
+def _model_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]:
+    """What to tell a submitter who asks for GPU models no node of this pool has (known ones: an unknown
+    model is refused): accepted, since nodes with them may join, but it waits (`no-matching-gpu`) until
+    then, as work pinned to a node that never joined does."""
+    wanted = spec.resources.gpu.models
+    if not wanted:
+        return []
+    in_pool = sorted({m.upper() for m in s.scalars(select(Gpu.model).distinct())})
+    if any(split_model(m)[0] in in_pool for m in wanted):
+        return []
+    return [
+        f"resources.gpu: no node of this pool has {' or '.join(wanted)} GPUs (models here: "
+        f"{', '.join(in_pool) or 'none'}); it waits pending until such a node joins: ask for another model, "
+        f"or `gpupool cancel {workload_id}`"
+    ]
 
 
 def _checkpoint_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]:
