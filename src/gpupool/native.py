@@ -16,8 +16,8 @@ from collections.abc import MutableSequence
 
 def compiled_dir(package: str) -> str | None:
     """The package folder's folder of compiled modules when they may be used, else None."""
-    if os.environ.get("GPUPOOL_PURE_PYTHON"):
-        return None
+    if os.environ.get("GPUPOOL_PURE_PYTHON", "").strip().lower() not in ("", "0", "false", "no"):
+        return None  # "0" and "false" mean off, as a reader of GPUPOOL_PURE_PYTHON=0 expects
     native = os.path.join(package, "_native")
     try:
         with open(os.path.join(native, "manifest.json"), encoding="utf-8") as file:

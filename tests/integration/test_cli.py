@@ -332,6 +332,11 @@ def test_ps_says_when_it_shows_only_the_newest(server: ServerProcess, job_dir: P
     assert "the newest 2 only; --limit shows more" in cut.stderr
     whole = server.cli("ps", "--limit", "3", check=True)
     assert "job-1" in whole.stdout and "newest" not in whole.stderr
+    typo = server.cli("ps", "--queue", "defualt")  # listed nothing with exit 0, as a queue with no work does
+    said = typo.stderr.strip()
+    assert typo.returncode == 1 and said.startswith("error: --queue defualt: no such queue (queues: "), said
+    assert "default" in said.split("(queues: ")[1], said
+    assert server.cli("ps", "--queue", "default", check=True).returncode == 0
 
 
 def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:

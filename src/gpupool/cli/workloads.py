@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from gpupool.cli import refs
 from gpupool.cli.app import API_PAGE, app, client, outage_note, stream_log
+from gpupool.cli.errors import CliError
 from gpupool.cli.render import (
     console,
     efficiency_line,
@@ -50,6 +51,10 @@ def ps(
         user = c.whoami()["name"]
     asked = min(limit + 1, API_PAGE)  # one more than shown tells whether there are more
     workloads = c.workloads(all=all, state=state, queue=queue, user=user, limit=asked)
+    if not workloads and queue is not None:  # nothing, or a typo: as `--state bogus` is refused, say which
+        names = sorted(q["name"] for q in c.queues())
+        if queue not in names:
+            raise CliError(f"--queue {queue}: no such queue (queues: {', '.join(names) or 'none'})")
     if len(workloads) > limit or len(workloads) == API_PAGE:  # on stderr: pipes and --json read rows alone
         workloads = workloads[len(workloads) - limit :]  # oldest first: the newest `limit`
         more = (

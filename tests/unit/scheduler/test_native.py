@@ -59,6 +59,10 @@ def test_a_scheduler_source_changed_since_the_build_runs_as_source(tmp_path: Pat
     )
     env = {"PYTHONPATH": str(tmp_path)}
     assert _run(probe, env, tmp_path).split() == ["True", "False"]
+    assert _run(probe, {**env, "GPUPOOL_PURE_PYTHON": "0"}, tmp_path).split() == [
+        "True",
+        "False",
+    ]  # "0" is off
     cycle = copy / "scheduler" / "cycle.py"
     cycle.write_text(cycle.read_text() + "\n# changed\n")
     assert _run(probe, env, tmp_path).split() == ["False", "True"]
