@@ -138,8 +138,8 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     nlp = shown.rows[("queue", "nlp")]
     assert nlp[:4] == ["nlp", "2", "2", "2"]  # quota, fair share, allocated
     assert nlp[7].endswith(" of 1000 a month"), nlp  # its budget, as the head last counted it
-    # huge's 16 GPUs and next's 1, which waits on its dependency: held back before the scheduler
-    assert shown.rows[("queue", "default")][4] == "17 (1 held back)", shown.rows[("queue", "default")]
+    # huge's 16 GPUs, which never fit, and next's 1, which waits on its dependency: no fair share counts them
+    assert shown.rows[("queue", "default")][4] == "17 (17 held back)", shown.rows[("queue", "default")]
     assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "3 / 8"]  # train and web
     train = shown.rows[("workload", str(running["id"]))]
     assert train[1:8] == ["train", "job", "nlp", "admin", "running", "2", "node-1"] and train[9] == ""

@@ -273,13 +273,14 @@ def queues_table(queues: list[dict[str, Any]]) -> Table:
 
 
 def held_back_note(q: Mapping[str, Any]) -> str:
-    """What of a queue's pending demand the control loop holds back from the scheduler (a hold, a dependency,
-    a backoff, a limit or a budget), which its fair share does not count; empty when none is."""
+    """What of a queue's pending demand its fair share does not count: work the control loop holds back from
+    the scheduler (a hold, a dependency, a backoff, a limit or a budget), and work that can never fit the
+    pool; empty when none is."""
     held = q.get("gpus_held_back") or 0.0
     if not held:
         return ""
     share = "all" if held >= q["gpus_pending"] else f"{held:g}"
-    return f" ({share} of them held back before the scheduler, which fair share does not count)"
+    return f" ({share} of them held back or never fitting, which fair share does not count)"
 
 
 def queue_lines(q: Mapping[str, Any]) -> list[str]:

@@ -44,7 +44,7 @@ from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
 from gpupool.control.user_limits import USER_LIMIT
 from gpupool.gpu.catalog import families
-from gpupool.scheduler import Explanation
+from gpupool.scheduler import Explanation, explain
 from gpupool.scheduler.placement import split_model
 from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request, parse_queue_spec
 from gpupool.spec.quantities import format_duration
@@ -61,10 +61,22 @@ from gpupool.timeutil import age_seconds, as_utc, utcnow
 
 DEFAULT_QUEUE = "default"
 SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no quota, made when first needed
-# The reason codes of pending work that the control loop holds back from the scheduler (a hold, a
-# dependency, an array's limit, a crash-loop backoff, a user limit, a spent budget): the scheduler never
-# sees it, so it counts toward no fair share and reclaim takes nothing back for it.
-HELD_BACK: Final = frozenset({HELD, DEPENDENCY, ARRAY_LIMIT, RESTART_BACKOFF, USER_LIMIT, BUDGET})
+# The reason codes of pending work that counts toward no fair share, so that reclaim takes nothing back
+# for it (and QueueStarvedBelowQuota does not page for it): what the control loop holds back from the
+# scheduler (a hold, a dependency, an array's limit, a crash-loop backoff, a user limit, a spent budget),
+# and what the scheduler found can never fit the pool (too large, no GPU of its model).
+HELD_BACK: Final = frozenset(
+    {
+        HELD,
+        DEPENDENCY,
+        ARRAY_LIMIT,
+        RESTART_BACKOFF,
+        USER_LIMIT,
+        BUDGET,
+        explain.TOO_LARGE,
+        explain.NO_MATCHING_GPU,
+    }
+)
 LOG_CHUNK_MAX = 1 << 20
 MAX_ID = (1 << 63) - 1  # the largest id a 64-bit integer column holds
 

@@ -206,6 +206,12 @@ class Allocation(EvictionSearch):
         self._limits_queue, self._limits_found = queue, found
         return found
 
+    def _never_fitting(self, w: WorkloadView) -> bool:
+        never = self._never_fits(w)
+        return never is not None and (
+            never.code == explain.TOO_LARGE or never.code == explain.NO_MATCHING_GPU
+        )
+
     def _never_fits(self, w: WorkloadView) -> Explanation | None:
         # Work alike comes in runs (allocate walks each queue in turn): the last answer, when the shape is
         # the last workload's, without building a key.

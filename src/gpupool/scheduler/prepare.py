@@ -242,8 +242,6 @@ class Prepared:
         # the nodes' own, before running work
         self._capacity = (state.capacity_gpu, state.capacity_cpu, state.capacity_memory)
         self.placer = Placer(self.state, self.config.placement, now, (snapshot.pending, snapshot.running))
-        self.shares = self._fair_shares()
-        self.decisions.fair_shares = self.shares
         self._pending_by_id = by_key(snapshot.pending)  # only read: see by_key
         self.unplaced: dict[int, WorkloadView] = dict(self._pending_by_id)
         self._least: dict[str, float] = {}  # each group's fewest GPUs asked for, see _least_gpus
@@ -322,8 +320,24 @@ class Prepared:
         # node -> its running work's declared ends, for backfill reservations (see Allocation._ends_on)
         self._ends: dict[str, tuple[list[Held], list[int]]] = {}
         self.schedulable_nodes = sum(1 for n in snapshot.nodes if n.schedulable)
+        # Fair shares last: work that can never fit the pool is no demand (a 16-GPU job on 8 GPUs raised its
+        # queue's share, which its other work then reclaimed from queues that could use it)
+        for row in sums.values():
+            demand = row.demand
+            for w in row.pending:
+                if self._never_fitting(w):
+                    demand.gpu -= w.gpus.count * w.nodes  # as Sums.add added it
+                    demand.cpu -= w.cpus * w.nodes
+                    demand.memory -= w.memory_bytes * w.nodes
+        self.shares = self._fair_shares()
+        self.decisions.fair_shares = self.shares
 
     # -- setup ----------------------------------------------------------------------------------------
+
+    def _never_fitting(self, w: WorkloadView) -> bool:
+        """Whether `w` can never fit the pool as it is (too large, no GPU of its model): the allocation
+        phase knows (Allocation._never_fitting); this phase alone counts all work."""
+        return False
 
     def _fair_shares(self) -> dict[str, dict[str, float]]:
         gpu, cpu, memory = self._capacity

@@ -192,10 +192,10 @@ def test_queue_show_says_what_of_the_pending_demand_is_held_back_before_the_sche
     plain = " ".join(queue_lines(shown))
     assert "12 pending asking for 2 GPUs" in plain and "held back" not in plain
     some = " ".join(queue_lines({**shown, "gpus_held_back": 1}))
-    said = "asking for 2 GPUs (1 of them held back before the scheduler, which fair share does not count)"
+    said = "asking for 2 GPUs (1 of them held back or never fitting, which fair share does not count)"
     assert said in some
     every = " ".join(queue_lines({**shown, "gpus_held_back": 2}))
-    assert "asking for 2 GPUs (all of them held back before the scheduler" in every
+    assert "asking for 2 GPUs (all of them held back or never fitting" in every
 
 
 def test_names_and_slurm_words_print_as_written_with_no_emoji(capsys: pytest.CaptureFixture[str]) -> None:

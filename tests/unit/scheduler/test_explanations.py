@@ -279,3 +279,33 @@ def test_work_with_no_gpus_waiting_for_a_node_is_not_told_about_reclaim() -> Non
     reasons = _reasons(data)
     assert reasons[10][0] == "no-capacity" and "reclaim" not in reasons[10][1], reasons[10]
     assert "n1 cordoned" in reasons[10][1] and reasons[11][0] == "no-capacity"
+
+
+def test_work_that_can_never_fit_raises_no_fair_share() -> None:
+    """A 16-GPU job on an 8-GPU pool counted 16 GPUs of its queue's demand: queue a's fair share rose to
+    the whole pool, a's small work reclaimed b's GPUs for it, and a's alert paged for work that can never
+    run. It counts for nothing now, as a model no node has does."""
+    scenario = parse_scenario(
+        {
+            "description": "never fits",
+            "nodes": [{"name": "n1", "gpus": 8, "model": "H100"}],
+            "queues": [{"name": "a", "gpu": 2}, {"name": "b", "gpu": 2}],
+            "running": [{"id": 1, "queue": "b", "on": {"n1": [0, 1, 2, 3, 4, 5]}}],
+            "pending": [
+                {"id": 10, "queue": "a", "gpus": 16},
+                {"id": 11, "queue": "a", "gpus": "A100:4"},
+                {"id": 12, "queue": "a", "gpus": 2},
+            ],
+            "expect": {"binds": {12: "any"}},
+        },
+        "never_fits",
+    )
+    decisions = decide(scenario.snapshot, scenario.now)
+    assert [b.workload_id for b in decisions.binds] == [12]
+    assert (
+        decisions.explanations[10].code == "too-large"
+        and decisions.explanations[11].code == "no-matching-gpu"
+    )
+    assert decisions.fair_shares["a"]["gpu"] == 2.0  # its 2-GPU job alone: not 2 + 16 + 4 of demand
+    assert decisions.fair_shares["b"]["gpu"] == 6.0
+    assert decisions.evictions == []
