@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -59,17 +59,8 @@ def slurm() -> Iterator[SlurmCluster]:
     if os.geteuid() != 0:
         pytest.skip("the Slurm tests start slurmd and munged, which need root")
     base = Path(tempfile.mkdtemp(prefix="gpupool-slurm-"))
-    cluster = SlurmCluster(base)
-    try:
-        cluster.start()
-    except RuntimeError:
-        cluster.stop()
-        raise
-    try:
+    with _started(SlurmCluster(base), base) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +68,16 @@ def two_nodes(slurm: SlurmCluster) -> Iterator[TwoNodeCluster]:
     """A second cluster, of two nodes on this machine, for gangs and node failures (after the first, which
     checked that Slurm can run here, and which keeps munged up for both)."""
     base = Path(tempfile.mkdtemp(prefix="gpupool-slurm2-"))
-    cluster = TwoNodeCluster(base)
+    with _started(TwoNodeCluster(base), base) as cluster:
+        yield cluster
+
+
+C = TypeVar("C", SlurmCluster, TwoNodeCluster)
+
+
+@contextlib.contextmanager
+def _started(cluster: C, base: Path) -> Iterator[C]:
+    """`cluster` started (stopped again if its start fails), then stopped and its folder removed."""
     try:
         cluster.start()
     except RuntimeError:

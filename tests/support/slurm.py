@@ -3,13 +3,9 @@ benchmarks use it too), and a two-node one for gangs and node failures."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import time
 from pathlib import Path
 
-from gpupool.backends.slurm_testbed import SlurmCluster, _free_port, _which, missing_binaries
+from gpupool.backends.slurm_testbed import SlurmCluster, _free_port, _which, missing_binaries, stop_child
 
 __all__ = ["SlurmCluster", "TwoNodeCluster", "missing_binaries"]
 
@@ -75,20 +71,5 @@ class TwoNodeCluster(SlurmCluster):
     def stop(self) -> None:
         self.cancel_all()
         for name in [n for n in self._pids if n.startswith("slurmd-")]:
-            pid = self._pids.pop(name)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.time() + 10
-            while time.time() < deadline:
-                try:
-                    if os.waitpid(pid, os.WNOHANG)[0]:
-                        break
-                except ChildProcessError:
-                    break
-                time.sleep(0.1)
-            else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
+            stop_child(self._pids.pop(name))
         super().stop()

@@ -238,24 +238,27 @@ class SlurmCluster:
         self.cancel_all()
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self._pids.pop(name, None)
-            if pid is None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.time() + 10
-            while time.time() < deadline:
-                try:
-                    finished, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if finished:
-                    break
-                time.sleep(0.1)
-            else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
+            if pid is not None:
+                stop_child(pid)
+
+
+def stop_child(pid: int, wait: float = 10.0) -> None:
+    """SIGTERM a daemon this process started, wait up to `wait` seconds for it, then SIGKILL it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        try:
+            finished, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if finished:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def main() -> None:
