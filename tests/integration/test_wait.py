@@ -30,6 +30,10 @@ def test_run_wait_prints_the_output_and_exits_with_the_jobs_code(server: ServerP
     assert failed.stdout == "hello\nbye\n"  # the work's output alone on stdout
     assert "submitted 1" in failed.stderr and "workload 1 (" in failed.stderr
     assert "failed with exit code 3" in failed.stderr
+    why = server.cli("why", "1", check=True).stdout  # "exit code 3" alone: where to read why
+    assert why.splitlines()[:3] == ["1 (job-1) failed", "  exit code 3", "  its output: `gpupool logs 1`"], (
+        why
+    )
 
     done = server.cli("run", "--wait", "--gpus", "0", "--", "echo", "ok")
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr

@@ -24,6 +24,7 @@ from gpupool.cli.render import (
     print_json,
     ps_rows,
     ps_table,
+    rank_hint,
     styled,
 )
 from gpupool.client.client import ride_out
@@ -246,6 +247,9 @@ def why(
     console.print(f"{w['id']} ({escape(member_name(w))}) {'' if ended else 'is '}{styled(w['state'])}{code}")
     if w["reason"]:
         console.print(f"  {escape(w['reason'])}")
+    if w["state"] == "failed" and w.get("attempts"):  # "exit code 2" alone: the why is in its output
+        said = rank_hint(w["id"], w["reason"] or "") or f"its output: `gpupool logs {w['id']}`"
+        console.print(f"  {escape(said)}", highlight=False)
     console.print(
         f"  queue {queue['name']}: fair share {gpus(fair, '.3g')}, allocated {queue['gpus_allocated']:g}, "
         f"pending demand {gpus(queue['gpus_pending'])}{held_back_note(queue)}, "
