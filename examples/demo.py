@@ -1,6 +1,7 @@
 """`make demo`: a real gpupool server with 8 simulated H100s running a handful of real jobs.
 
-Starts a server on a free port (its own home in .demo/), creates two queues, submits jobs, shows
+Starts a server on a free port, or on DEMO_PORT (`make demo DEMO_PORT=8470` for a firewall's one open
+port; its own home in .demo/), creates two queues, submits jobs, shows
 `gpupool ps` while they run, cancels a checkpointing job and resumes it from its checkpoint, then stops.
 """
 
@@ -90,7 +91,7 @@ def main() -> None:
     shutil.rmtree(DEMO, ignore_errors=True)
     # A checkpoint left in examples/jobs by trying the jobs by hand must not make the demo's fine-tune resume.
     shutil.copytree(ROOT / "examples" / "jobs", JOBS, ignore=shutil.ignore_patterns("ckpt", "__pycache__"))
-    port = free_port()
+    port = int(os.environ.get("DEMO_PORT") or 0) or free_port()
     ENV.update({"GPUPOOL_HOME": str(DEMO / "home"), "GPUPOOL_SERVER": f"http://127.0.0.1:{port}"})
 
     (DEMO / "home").mkdir(parents=True)
