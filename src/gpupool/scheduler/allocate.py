@@ -299,11 +299,12 @@ class Allocation(EvictionSearch):
             return explain.too_large(w, f"needs {w.cpus:g} CPUs on one {such}; the largest has {most_cpus:g}")
         if not memory_anywhere:
             return explain.too_large(
-                w, f"needs {w.memory_bytes / 1e9:g}GB of memory on one {such}; the largest has "
-                f"{most_memory / 1e9:g}GB",
+                w, f"needs {explain.size_text(w.memory_bytes)} of memory on one {such}; the largest has "
+                f"{explain.size_text(most_memory)}",
             )  # fmt: skip
         return explain.too_large(
-            w, f"needs {w.nodes} nodes with {w.cpus:g} CPUs and {w.memory_bytes / 1e9:g}GB of memory "
+            w, f"needs {w.nodes} nodes with {w.cpus:g} CPUs and {explain.size_text(w.memory_bytes)} of "
+            f"memory "
             f"{'beside its GPUs ' if w.gpus.count > 0 else ''}each; {able} have them",
         )  # fmt: skip
 

@@ -8,6 +8,7 @@ from typing import Final, TypeAlias
 
 from gpupool.scheduler.snapshot import Explanation, NodeView, WorkloadView
 from gpupool.scheduler.state import EPSILON
+from gpupool.spec.quantities import format_size
 
 QUEUE_LIMIT: Final = "queue-limit"
 OVER_QUOTA_NONPREEMPTIBLE: Final = "over-quota-nonpreemptible"
@@ -53,12 +54,23 @@ Standing: TypeAlias = tuple[object, ...]
 UNITS: Final = {"gpu": "GPUs", "cpu": "CPUs", "memory": "bytes of memory"}
 
 
+def size_text(n: float) -> str:
+    """Bytes as a reason says them: a request as it was written where it is round ("512GB", "64GiB"), a
+    node's memory in GiB as `gpupool nodes` shows it ("23.5GiB"; it read "25.2762GB")."""
+    whole = int(n)
+    if whole == n and whole >= 0:
+        said = format_size(whole)  # in its largest exact unit: "512GB", but also "26503040KiB"
+        if len(said.rstrip("BiKMGTPE")) <= 4 or whole < 2**20:
+            return said
+    return f"{n / 2**30:.3g}GiB"
+
+
 def gpu_text(w: WorkloadView) -> str:
     demand = w.gpus
     count = f"{demand.count:g}"
     what = "|".join(demand.models)
     if demand.min_memory_bytes:
-        what = f">={demand.min_memory_bytes / 1e9:g}GB"
+        what = f">={size_text(demand.min_memory_bytes)}"
     return f"{count} {what} GPU".replace("  ", " ") + ("" if demand.count == 1 else "s")
 
 
@@ -168,11 +180,11 @@ def node_resources_short(w: WorkloadView, resource: str, most: float, node: str)
     well. `resource`: "cpu" or "memory" when every such node lacks that one (`most`: the most any of
     them has free, on `node`), "both" when each lacks one or the other."""
     gpus = f"{gpu_text(w)} free" if w.gpus.count > 0 else "room"
-    memory = f"{w.memory_bytes / 1e9:g}GB of memory"
+    memory = f"{size_text(w.memory_bytes)} of memory"
     if resource == "cpu":
         why = f"needs {w.cpus:g} CPUs on a node with {gpus}; those nodes have at most {most:g} CPUs free"
     elif resource == "memory":
-        why = f"needs {memory} on a node with {gpus}; those nodes have at most {most / 1e9:g}GB free"
+        why = f"needs {memory} on a node with {gpus}; those nodes have at most {size_text(most)} free"
     else:
         both = f"needs {w.cpus:g} CPUs and {memory} on a node with {gpus}"
         return Explanation(FRAGMENTED, f"{both}; no such node has both free")

@@ -198,8 +198,8 @@ def test_work_that_asks_more_cpus_or_memory_than_any_node_has_can_never_fit_and_
     reasons = _reasons({"nodes": nodes, "running": running, "pending": pending})
     assert reasons[10] == ("too-large", "can never fit this pool: needs 100 CPUs on one node with its GPUs; "
                            "the largest has 64")  # fmt: skip
-    assert reasons[11] == ("too-large", "can never fit this pool: needs 2000GB of memory on one node; "
-                           "the largest has 1000GB")  # fmt: skip
+    assert reasons[11] == ("too-large", "can never fit this pool: needs 2TB of memory on one node; "
+                           "the largest has 1TB")  # fmt: skip
     assert reasons[12] == ("too-large", "can never fit this pool: needs 2 nodes with 48 CPUs and 150GB of "
                            "memory beside its GPUs each; 1 have them")  # fmt: skip
     assert reasons[13] == ("too-large", "can never fit this pool: needs 40 CPUs on one node with its GPUs; "
@@ -309,3 +309,12 @@ def test_work_that_can_never_fit_raises_no_fair_share() -> None:
     assert decisions.fair_shares["a"]["gpu"] == 2.0  # its 2-GPU job alone: not 2 + 16 + 4 of demand
     assert decisions.fair_shares["b"]["gpu"] == 6.0
     assert decisions.evictions == []
+
+
+def test_sizes_read_as_written_or_in_gib_as_nodes_shows_them() -> None:
+    """A node's memory read "25.2762GB" beside `gpupool nodes`' "23.5GiB"; a request reads as written."""
+    from gpupool.scheduler.explain import size_text
+
+    assert [size_text(n) for n in (512 * 10**9, 64 * 2**30, 25_276_200_000, 27_139_112_960)] == [
+        "512GB", "64GiB", "23.5GiB", "25.3GiB"
+    ]  # fmt: skip
