@@ -220,6 +220,7 @@ def test_a_node_that_joins_with_fewer_gpus_than_its_join_token_declares_is_taken
         )
         shown = server.cli("node", "show", "short", check=True).stdout
         assert "expected GPUs: 4; its join token declares 4" in shown
+        assert "  state reason: health: 2 of 4 expected GPUs answer" in shown  # out of service: why
     finally:
         pool.stop()
 

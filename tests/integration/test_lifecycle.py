@@ -268,6 +268,8 @@ def test_cordoned_node_takes_no_new_work(server: ServerProcess) -> None:
         assert "node-1 cordoned" in waiting["reason"]
         assert client.post("/api/v1/nodes/node-1/uncordon").json()["state"] == "ready"
         assert client.post("/api/v1/nodes/nope/cordon").status_code == 404
+    shown = server.cli("node", "show", "node-1", check=True).stdout  # ready: what last changed, no problem
+    assert "  last change: " in shown and "state reason" not in shown, shown  # "uncordoned by admin"
     assert server.wait_for(created["id"])["state"] == "succeeded"
 
 

@@ -150,8 +150,9 @@ def node_show(
         f"{node['gpus_total']}x {','.join(node['gpu_models']) or '-'}  {node['cpus']:g} CPUs  "
         f"{human_bytes(node['memory_bytes'])}  backend {node['backend']}"
     )
-    if node.get("state_reason"):
-        console.print(f"  state reason: {escape(node['state_reason'])}", highlight=False)
+    if node.get("state_reason"):  # a ready node's is its last change ("uncordoned by admin"), no problem
+        label = "last change" if node["state"] == "ready" else "state reason"
+        console.print(f"  {label}: {escape(node['state_reason'])}", highlight=False)
     evidence = health["evidence"].removeprefix("health: ")  # a node's reason says "health: ..." already
     console.print(f"  health: {escape(evidence)}", highlight=False)
     if health.get("expected_gpus") is not None:
