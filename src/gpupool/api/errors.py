@@ -8,12 +8,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
 from gpupool.control.errors import ServiceError
 from gpupool.spec import SpecError
+from gpupool.store.db import driver_error_line
 
 
 class ApiError(Exception):
@@ -52,9 +52,8 @@ def install(app: FastAPI) -> None:
     async def _store_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
         """The store cannot be reached (PostgreSQL stopped, the network cut, SQLite's disk gone): 503 with
         what failed, not a bare 500; nothing was changed, and the head reconnects by itself."""
-        url = getattr(getattr(request.app.state, "runtime", None), "store", None)
-        where = store_name(url.url) if url is not None else "the store"
-        cause = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else "unavailable"
+        where = request.app.state.runtime.store.engine.url.render_as_string(hide_password=True)
+        cause = driver_error_line(exc)
         return JSONResponse(
             _body(
                 "store_unavailable",
@@ -115,11 +114,3 @@ def _bound(error: Mapping[str, Any]) -> str | None:
         return None
     bound = ctx[said[0]]
     return f"{given} " + said[1].format(f"{bound:g}" if isinstance(bound, float) else bound)
-
-
-def store_name(url: str) -> str:
-    """A store's URL as an error may show it: no password."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "the store"

@@ -247,8 +247,8 @@ class AgentBackend(AgentHeartbeats):
                      ended.detail)  # fmt: skip
         elif attempt.stopping_since and now - attempt.stopping_since >= attempt.grace_period:
             self.signal(handle, signals.SIGKILL)
-        if not attempt.stopping_since and attempt.signal == signals.SIGTERM:  # adopted after a restart
-            attempt.stopping_since = now
+        if not attempt.stopping_since and attempt.signal == signals.SIGTERM:
+            attempt.stopping_since = now  # a stop this did not start (control's, one before a restart)
         which = ", ".join(str(r) for r in running)
         return Status(
             Phase.RUNNING,

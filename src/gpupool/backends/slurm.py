@@ -67,9 +67,6 @@ WHOLE_GPUS = (
 JOB_PREFIX = "gpupool-"
 TOKEN_IN_NAME = 8
 NAME_FILE = "slurm_job_name"  # RUN_DIR/slurm_job_name: written before sbatch, so that find() knows it
-# Left in a run dir by an earlier life of the same workload and attempt number (a store restored from a
-# backup): a new attempt starts without them.
-STALE_FILES = ("exit_code", "exit_code.tmp", "slurm_job_id", "released", NAME_FILE)
 CANCEL_TIMEOUT = 10.0  # seconds, for the scancel after an sbatch that timed out
 HOLDING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING"})
 NODE_LOST = frozenset({"DOWN", "FUTURE", "UNKNOWN", "INVAL", "POWERED_DOWN", "POWERING_UP", "POWER_DOWN"})
@@ -355,8 +352,6 @@ class SlurmBackend:
         launch.run_dir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         run_dir = launch.run_dir
-        for stale in [*STALE_FILES, *(p.name for p in run_dir.glob("rank_exit.*"))]:
-            (run_dir / stale).unlink(missing_ok=True)
         name = job_name(launch.workload_id, launch.attempt_number, launch.fencing_token)
         (run_dir / NAME_FILE).write_text(name + "\n")
         (run_dir / "script.sh").write_text(SCRIPT_PRELUDE + launch.script)

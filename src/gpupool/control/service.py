@@ -534,7 +534,7 @@ def submit(
             )
         if not admin:
             _check_priority_cap(s, spec.queue, spec.priority, "submit")
-        _check_gpu_models(s, spec)
+        lacking = _check_gpu_models(s, spec)
         check_at_submit(s, spec.after)
         secrets.check_at_submit(s, user, spec.secrets)
         if spec.workdir is not None and not Path(spec.workdir).is_absolute():
@@ -573,7 +573,7 @@ def submit(
                 set_committed_value(first, key, value)
         warnings = {
             "warnings": _placement_warnings(s, spec, first.id)
-            + _model_warnings(s, spec, first.id)
+            + _model_warnings(lacking, spec, first.id)
             + _checkpoint_warnings(s, spec, first.id)
         }
         if spec.array is not None:
@@ -588,16 +588,13 @@ def submit(
         return {**workload_view(first), "replica_ids": [w.id for w in replicas], **warnings}
 
 
-def _model_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]:
-    """What to tell a submitter who asks for GPU models no node of this pool has (known ones: an unknown
-    model is refused): accepted, since nodes with them may join, but it waits (`no-matching-gpu`) until
-    then, as work pinned to a node that never joined does."""
+def _model_warnings(in_pool: list[str] | None, spec: WorkloadSpec, workload_id: int) -> list[str]:
+    """What to tell a submitter who asks for GPU models no node of this pool has (`in_pool`: the pool's
+    models, from `_check_gpu_models`, None when one asked for is there): accepted, since nodes with them may
+    join, but it waits (`no-matching-gpu`) until then, as work pinned to a node that never joined does."""
+    if in_pool is None:
+        return []
     wanted = spec.resources.gpu.models
-    if not wanted:
-        return []
-    in_pool = sorted({m.upper() for m in s.scalars(select(Gpu.model).distinct())})
-    if any(split_model(m)[0] in in_pool for m in wanted):
-        return []
     return [
         f"resources.gpu: no node of this pool has {' or '.join(wanted)} GPUs (models here: "
         f"{', '.join(in_pool) or 'none'}); it waits pending until such a node joins: ask for another model, "
@@ -719,11 +716,13 @@ def _add_events(s: Session, pending_since: list[tuple[Workload, str]], actor: st
     s.execute(insert(cast(Table, Event.__table__)), rows)
 
 
-def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
-    """Refuse a GPU model that no node has and no catalog knows (a typo would otherwise wait forever)."""
+def _check_gpu_models(s: Session, spec: WorkloadSpec) -> list[str] | None:
+    """Refuse a GPU model that no node has and no catalog knows (a typo would otherwise wait forever). The
+    pool's models when it has none of those asked for (a known model: `_model_warnings` says so), else
+    None."""
     wanted = spec.resources.gpu.models
     if not wanted:
-        return
+        return None
     in_pool = {m.upper() for m in s.scalars(select(Gpu.model).distinct())}
     known = {m.upper() for m in families()} | in_pool
     unknown = [m for m in wanted if split_model(m)[0] not in known]
@@ -734,6 +733,9 @@ def _check_gpu_models(s: Session, spec: WorkloadSpec) -> None:
             field="resources.gpu",
             example="H100:8",
         )
+    if any(split_model(m)[0] in in_pool for m in wanted):
+        return None
+    return sorted(in_pool)
 
 
 def owner_of(store: Store, workload_id: int) -> str:

@@ -111,7 +111,7 @@ def migrate(engine: Engine) -> None:
         try:
             before = _revision(engine)
         except Exception as exc:  # the driver's error says why (auth, unreachable, no such database)
-            raise StoreError(f"cannot open the store at {where}: {_first_line(exc)}") from exc
+            raise StoreError(f"cannot open the store at {where}: {driver_error_line(exc)}") from exc
         if before == HEAD_REVISION:
             return
         if before is not None and before not in known_revisions():
@@ -127,7 +127,7 @@ def migrate(engine: Engine) -> None:
                 command.upgrade(alembic_config(engine), "head")
             after = _revision(engine)
         except Exception as exc:  # the driver's error says why (auth, unreachable, locked)
-            raise StoreError(f"cannot migrate the store at {where}: {_first_line(exc)}") from exc
+            raise StoreError(f"cannot migrate the store at {where}: {driver_error_line(exc)}") from exc
     if after != before:
         log.info("event=store_migrated from=%s to=%s url=%s", before or "empty", after, engine.url)
 
@@ -155,7 +155,7 @@ def _upgrading(engine: Engine) -> Iterator[None]:
             conn.commit()
 
 
-def _first_line(exc: BaseException) -> str:
+def driver_error_line(exc: BaseException) -> str:
     """A driver error's own first line: SQLAlchemy appends the SQL and a link to its docs."""
     text_ = str(getattr(exc, "orig", None) or exc).strip()
     return text_.splitlines()[0] if text_ else type(exc).__name__

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.backends.base import BackendUnavailable, Handle, LaunchError, Phase
+from gpupool.backends.base import BackendUnavailable, Handle, LaunchError
 from gpupool.backends.slurm_commands import SlurmCommands, SlurmError
 from tests.unit.backends.slurm_stub import NODE, Stub
 
@@ -97,19 +97,6 @@ def test_an_attempt_that_never_reached_sbatch_is_not_adopted_from_a_job_of_the_s
     run_dir.mkdir(parents=True)
     stub.answer("named.gpupool-3.0", "13")
     assert stub.backend().find(run_dir) is None
-
-
-def test_a_new_attempt_does_not_inherit_the_exit_code_an_older_life_left_in_its_run_dir(
-    stub: Stub, tmp_path: Path
-) -> None:
-    launch = stub.launch(tmp_path)
-    launch.run_dir.mkdir(parents=True)
-    (launch.run_dir / "exit_code").write_text("0\n")  # a store restored from a backup numbers it again
-    backend = stub.backend()
-    handle = backend.start(launch)
-    stub.answer("squeue.out", f"{handle.pid}|RUNNING|1|1|gres:gpu:1|root|N/A|n1|None|gpupool-3.0.0123abcd")
-    backend.refresh()
-    assert backend.status(handle, launch.run_dir).phase is Phase.RUNNING
 
 
 def test_a_missing_slurm_conf_fails_at_once_naming_the_file(tmp_path: Path) -> None:
