@@ -25,6 +25,19 @@ from gpupool.client import GpupoolError
 from gpupool.home import DEFAULT_PORT, default_db_url, home_dir
 from gpupool.spec import SpecError, parse_duration
 
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _log_level(value: str) -> str:
+    if value.lower() not in _LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not a log level; give one of {', '.join(_LOG_LEVELS)}")
+    return value.lower()
+
+
+_LOG_LEVEL = typer.Option(
+    "info", "--log-level", callback=_log_level, help="how much the log says: debug, info, warning or error"
+)
+
 
 @app.command()
 def server(
@@ -108,7 +121,7 @@ def server(
         "exist; heads sharing one store share it (default $GPUPOOL_HOME/secrets.key, made at the first "
         "start; docs/operations.md#secrets)",
     ),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = _LOG_LEVEL,
 ) -> None:
     """Run the gpupool head: API server, scheduler loop and the executor (local processes or Slurm jobs)."""
     import uvicorn
@@ -268,7 +281,7 @@ def agent(
         "--telemetry-interval",
         help="how often the GPUs are sampled and sent (0.2s to 15s; at most once a heartbeat)",
     ),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = _LOG_LEVEL,
 ) -> None:
     """Run the node agent: join the head and run the work it places on this node (docs/agents.md)."""
     from gpupool.agent.daemon import Agent, AgentRefused, AgentSettings

@@ -16,10 +16,30 @@ import typer
 from rich.markup import escape
 
 from gpupool.cli.bench import bench_app
-from gpupool.cli.render import err_console, rank_hint
+from gpupool.cli.render import JSON_HELP, err_console, rank_hint
 from gpupool.cli.sim import sim_app
 from gpupool.client import Client, WaitTimeout
 from gpupool.client.client import RIDE_OUT, Outage, ride_out
+
+
+def _flags_without_type() -> None:
+    """Typer 0.29 labels an on/off flag `<bool>` in help, which reads as if it took a value (`--all true`);
+    a flag shows no type, as in click's own help and in Slurm's man pages."""
+    option = getattr(getattr(typer, "core", None), "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if option is None or shown is None or getattr(shown, "_gpupool", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        if self.is_flag and self.metavar is None:
+            return None
+        return shown(self, ctx)  # type: ignore[no-any-return]
+
+    display_type_rich._gpupool = True  # type: ignore[attr-defined]
+    option.display_type_rich = display_type_rich
+
+
+_flags_without_type()
 
 app = typer.Typer(
     name="gpupool",
@@ -83,7 +103,7 @@ def listing_aliases(group: typer.Typer, listing: Callable[[bool], None], what: s
     """`gpupool GROUP list` and its hidden alias `ls`: the top-level `listing` (e.g. `gpupool nodes`) under
     the group, where people reach for it as for `kubectl get`."""
 
-    def list_all(as_json: bool = typer.Option(False, "--json")) -> None:
+    def list_all(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
         listing(as_json)
 
     list_all.__doc__ = what

@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from gpupool.bench.errors import BenchError
-from gpupool.cli.render import console, err_console, print_error, print_json, print_warnings
+from gpupool.cli.render import JSON_HELP, console, err_console, print_error, print_json, print_warnings
 
 bench_app = typer.Typer(
     help="Benchmarks in the formats people already read: nccl-tests tables, GEMM TFLOPS, Megatron-style MFU.",
@@ -530,7 +530,7 @@ def results(
     kind: str | None = typer.Option(None, "--kind", help="collective, gemm or train"),
     history: bool = typer.Option(False, "--history", help="every stored result, not only the newest of each"),
     limit: int = typer.Option(50, "--limit", help="at most this many results"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Bench results stored on the head: the newest of each node, kind and series (op, dtype, precision)."""
     from gpupool.cli.app import client

@@ -14,7 +14,7 @@ from gpupool import spec  # its pydantic models load on first use (see gpupool.s
 from gpupool.cli import refs
 from gpupool.cli.app import API_PAGE, app, client
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, member_name, print_error, print_json
+from gpupool.cli.render import JSON_HELP, console, member_name, print_error, print_json
 from gpupool.client import ApiError, Client
 from gpupool.spec import format_duration
 
@@ -260,7 +260,7 @@ def scale(
     replicas: str = typer.Argument(
         ..., help="how many copies run, 1..64; or MIN..MAX, the range of a service that scales itself"
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Change how many replicas a service runs.
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import typer
 
 from gpupool.cli.app import app, client, listing_aliases, node_app
-from gpupool.cli.render import console, folding_table, human_bytes, print_json, styled
+from gpupool.cli.render import JSON_HELP, console, folding_table, human_bytes, print_json, styled
 
 
 @app.command()
-def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
+def nodes(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Nodes, their GPUs and what runs on them."""
     rows = client().nodes()
     if as_json:
@@ -39,7 +39,10 @@ listing_aliases(node_app, nodes, "Every node, as `gpupool nodes` lists them (als
 
 
 @node_app.command("cordon")
-def node_cordon(name: str, reason: str | None = typer.Option(None, "--reason")) -> None:
+def node_cordon(
+    name: str,
+    reason: str | None = typer.Option(None, "--reason", help="why, shown in nodes and to waiting work"),
+) -> None:
     """Stop placing new work on NAME; running work continues."""
     n = client().cordon(name, reason)
     console.print(f"node {n['name']}: {styled(n['state'])}")

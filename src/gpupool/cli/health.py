@@ -17,7 +17,7 @@ from rich.text import Text
 from gpupool.cli.app import app, client, node_app
 from gpupool.cli.bench import result_lines as bench_result_lines
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, err_console, human_bytes, print_json, styled
+from gpupool.cli.render import JSON_HELP, console, err_console, human_bytes, print_json, styled
 from gpupool.spec import SpecError, parse_duration
 
 health_app = typer.Typer(
@@ -125,7 +125,7 @@ def top(
 def node_show(
     name: str = typer.Argument(..., help="the node's name (see `gpupool nodes`)"),
     history: str = typer.Option("10m", "--history", help="how far back the history goes: 60s, 10m, 2h, 24h"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """A node's GPUs with their latest readings and recent history, its health and its events."""
     try:
@@ -272,7 +272,7 @@ def node_accept_gpus(
 def health_run(
     node: str | None = typer.Option(None, "--node", help="the node to check (default: every node that can)"),
     level: str = typer.Option("quick", "--level", help="quick (GEMM, copies, memory) or full (+ all-reduce)"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Run the passive and active checks now; an unhealthy node is drained, a passing one returns to service.
 
@@ -320,7 +320,7 @@ def _num(value: float | None) -> str:
 
 
 @health_app.command("status")
-def health_status(as_json: bool = typer.Option(False, "--json")) -> None:
+def health_status(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Every node's health verdict with its evidence."""
     rows = client().node_health()
     if as_json:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from gpupool.cli.app import client, node_app
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, err_console, print_json, styled
+from gpupool.cli.render import JSON_HELP, console, err_console, print_json, styled
 from gpupool.client import Client
 from gpupool.spec import SpecError, parse_duration
 
@@ -30,7 +30,7 @@ def join_token_create(
         help="GPUs each node joining with it has, as Slurm's configured Gres count: one that registers "
         "fewer is unhealthy (default: what each node first registers)",
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Create a join token; start agents with `gpupool agent --server URL --join-token TOKEN`."""
     if ttl != "never":
@@ -51,7 +51,7 @@ def join_token_create(
 
 
 @join_token_app.command("list")
-def join_token_list(as_json: bool = typer.Option(False, "--json")) -> None:
+def join_token_list(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Join tokens: prefix, state (valid, expired, revoked), expiry, how many nodes joined with each, and
     the GPUs it declares each has."""
     rows = client().join_tokens()
@@ -85,7 +85,7 @@ def node_drain(
     rolling: bool = typer.Option(
         False, "--rolling", help="one node at a time: wait until its work runs again elsewhere first"
     ),
-    reason: str | None = typer.Option(None, "--reason"),
+    reason: str | None = typer.Option(None, "--reason", help="why, shown in nodes and to waiting work"),
     timeout: str = typer.Option("30m", "--timeout", help="--rolling: give up on a node after this long"),
 ) -> None:
     """Stop placing work on nodes and move their work away (SIGTERM, grace period, resumed elsewhere)."""

@@ -12,11 +12,11 @@ import typer
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
 from gpupool.cli.app import app, client, listing_aliases, queue_app
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, print_json, print_warnings, queue_lines, queues_table
+from gpupool.cli.render import JSON_HELP, console, print_json, print_warnings, queue_lines, queues_table
 
 
 @app.command()
-def queues(as_json: bool = typer.Option(False, "--json")) -> None:
+def queues(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Queues with their GPU quota, limit, weight and current use.
 
     PRIO is the queue's priority; WEIGHT the spec's over-quota weight, WEIGHT (NOW) the one the last
@@ -33,7 +33,7 @@ listing_aliases(queue_app, queues, "Every queue, as `gpupool queues` lists them 
 
 
 @queue_app.command("show")
-def queue_show(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
+def queue_show(name: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """One queue: its quotas and limits, its fair share and use now, its ordering, minimum runtimes,
     budget and per-user caps (as `scontrol show partition`)."""
     q = client().queue(name)
@@ -90,7 +90,7 @@ _MAX_PRIORITY = typer.Option(
     None, "--max-priority", help="the highest priority users may give work here (max_priority); none: any"
 )
 _PARENT = typer.Option(None, "--parent", help="parent queue (department); none: a top-level queue")
-_DESCRIPTION = typer.Option(None, "--description")
+_DESCRIPTION = typer.Option(None, "--description", help="a line about the team or project")
 _ORDERING = typer.Option(None, "--ordering", help="fifo | attained | las | estimate")
 _MIN_PREEMPT = typer.Option(None, "--min-runtime-preempt", help="e.g. 10m: no preemption of younger work")
 _MIN_RECLAIM = typer.Option(None, "--min-runtime-reclaim", help="e.g. 30m: no reclaim of younger work")

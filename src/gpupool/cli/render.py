@@ -74,6 +74,9 @@ STATE_STYLE = {
 }
 
 
+JSON_HELP = "print the API's JSON instead of a table (for scripts and jq)"
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from gpupool.cli.app import app, client
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, print_json
+from gpupool.cli.render import JSON_HELP, console, print_json
 
 secret_app = typer.Typer(help="Your secrets: values your work gets in its environment (spec secrets).")
 app.add_typer(secret_app, name="secret")
@@ -48,7 +48,7 @@ def secret_set(
 @secret_app.command("list")
 def secret_list(
     owner: str | None = typer.Option(None, "--owner", help="another user's (admin)"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Your secrets' names and when each was set; never their values.
 

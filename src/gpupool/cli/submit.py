@@ -16,7 +16,7 @@ from gpupool import spec  # its pydantic models load on first use (see gpupool.s
 from gpupool.cli import refs
 from gpupool.cli.app import app, client
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, print_json, print_warnings, styled
+from gpupool.cli.render import JSON_HELP, console, print_json, print_warnings, styled
 
 # The options `run` and `submit` share (one definition each; Typer reads them per command).
 ARRAY_OPTION = typer.Option(
@@ -126,7 +126,9 @@ def run(
     queue: str | None = typer.Option(
         None, "--queue", "-q", help="default: the token's queue when it is for one queue, else 'default'"
     ),
-    name: str | None = typer.Option(None, "--name", "-n"),
+    name: str | None = typer.Option(
+        None, "--name", "-n", help="a name for show, logs, --after; default: the server names it"
+    ),
     priority: str | None = typer.Option(
         None, "--priority", help="inference|build|interactive|train or 0..1000"
     ),
@@ -137,7 +139,9 @@ def run(
         "Non-preemptible work runs only within its queue's GPU quota",
     ),
     max_duration: str | None = typer.Option(None, "--max-duration", help="e.g. 90s, 30m, 12h"),
-    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir"),
+    checkpoint_dir: str | None = typer.Option(
+        None, "--checkpoint-dir", help="where it saves to resume after preemption ($GPUPOOL_CHECKPOINT_DIR)"
+    ),
     node: list[str] = typer.Option(
         [], "--node", help="only on this node (repeat for several; like Slurm's --nodelist)"
     ),
@@ -196,7 +200,7 @@ def run(
     wait_end: bool = WAIT_OPTION,
     timeout: str | None = TIMEOUT_OPTION,
     parsable: bool = PARSABLE_OPTION,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
     _no_stray_option(command)

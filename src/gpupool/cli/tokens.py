@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from gpupool.cli.app import app, client
-from gpupool.cli.render import console, err_console, print_json
+from gpupool.cli.render import JSON_HELP, console, err_console, print_json
 
 ROLES = ("admin", "user", "viewer")
 token_app = typer.Typer(
@@ -23,7 +23,7 @@ def token_create(
     queue: list[str] = typer.Option(
         [], "--queue", "-q", help="a user token submits only to these queues (repeatable; default any)"
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Make a token (admin): printed once; its holder sets GPUPOOL_TOKEN (and GPUPOOL_SERVER) to use it."""
     pool = client()
@@ -41,7 +41,7 @@ def token_create(
 
 
 @token_app.command("list")
-def token_list(as_json: bool = typer.Option(False, "--json")) -> None:
+def token_list(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """The tokens by name and role (admin); never the tokens themselves."""
     rows = client().tokens()
     if as_json:
@@ -67,7 +67,7 @@ def token_revoke(name: str = typer.Argument(..., help="the token's name")) -> No
 
 
 @app.command()
-def whoami(as_json: bool = typer.Option(False, "--json")) -> None:
+def whoami(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Who your token says you are: name, role, and the queues you may submit to."""
     me = client().whoami()
     if as_json:

@@ -8,7 +8,7 @@ import typer
 
 from gpupool.cli.app import app, client
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import console, print_json, usage_table, write_usage_csv
+from gpupool.cli.render import JSON_HELP, console, print_json, usage_table, write_usage_csv
 
 USAGE_GROUPS = ("queue", "user", "workload", "node", "model", "day", "outcome")
 
@@ -26,7 +26,7 @@ def usage(
     top: int = typer.Option(
         0, "--top", min=0, help="show only the first N lines (0: all); the total counts all"
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     as_csv: bool = typer.Option(False, "--csv", help="CSV for a spreadsheet: a line per row, no total"),
 ) -> None:
     """GPU-hours used per queue (or user, workload, node, ...), and what they cost.

@@ -14,6 +14,7 @@ from gpupool.cli import refs
 from gpupool.cli.app import API_PAGE, app, client, outage_note, stream_log
 from gpupool.cli.errors import CliError
 from gpupool.cli.render import (
+    JSON_HELP,
     console,
     efficiency_line,
     err_console,
@@ -36,15 +37,17 @@ T = TypeVar("T")
 @app.command()
 def ps(
     all: bool = typer.Option(False, "--all", "-a", help="include finished workloads"),
-    queue: str | None = typer.Option(None, "--queue", "-q"),
-    state: str | None = typer.Option(None, "--state"),
+    queue: str | None = typer.Option(None, "--queue", "-q", help="only work in this queue"),
+    state: str | None = typer.Option(
+        None, "--state", help="only work in this state: pending, running, succeeded, failed, cancelled"
+    ),
     user: str | None = typer.Option(None, "--user", "-u", help="only work this user submitted"),
     me: bool = typer.Option(False, "--me", help="only your own work (Slurm's squeue --me)"),
     wide: bool = typer.Option(False, "--wide", "-w", help="show every reason"),
     limit: int = typer.Option(
         1000, "--limit", "-n", min=1, max=API_PAGE, help="at most this many, the newest (up to 100,000)"
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """List workloads: pending and running ones, or all with --all."""
     c = client()
@@ -80,7 +83,8 @@ def ps(
 
 @app.command()
 def show(
-    workload: str = typer.Argument(..., help=refs.ID_HELP), as_json: bool = typer.Option(False, "--json")
+    workload: str = typer.Argument(..., help=refs.ID_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Everything about one workload: spec, attempts, history, and why it is pending."""
     c = client()
@@ -224,7 +228,8 @@ def _attempt_line(a: Mapping[str, Any], queue: str) -> str:
 
 @app.command()
 def why(
-    workload: str = typer.Argument(..., help=refs.ID_HELP), as_json: bool = typer.Option(False, "--json")
+    workload: str = typer.Argument(..., help=refs.ID_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Why a workload is where it is: the scheduler's reason, and its queue's share of the pool."""
     c = client()

@@ -32,3 +32,31 @@ def test_reflowing_keeps_paragraphs_and_a_kept_as_written_block() -> None:
 
     reflow_help(Command)
     assert Command.help == "First line goes on.\n\nSecond paragraph.\n\n\b\na\nb"
+
+
+def test_every_option_says_what_it_does_and_a_flag_takes_no_value() -> None:
+    from typer.testing import CliRunner
+
+    commands = _commands(reflow_help(typer.main.get_command(app)))
+    silent = [
+        f"{path} {option.opts[0]}"
+        for path, command in commands
+        for option in getattr(command, "params", [])
+        if option.param_type_name == "option" and not option.help
+    ]
+    assert silent == []  # `--help` itself has help too
+
+    shown = CliRunner().invoke(app, ["ps", "--help"], env={"COLUMNS": "100"})
+    assert shown.exit_code == 0
+    flags = [line for line in shown.output.splitlines() if line.startswith(("│ --all", "│ --json"))]
+    assert len(flags) == 2 and all("<bool>" not in line for line in flags), flags  # not `--all <bool>`
+    assert "<str>" in next(line for line in shown.output.splitlines() if "--queue" in line)
+
+
+def test_a_log_level_that_is_none_is_refused_before_anything_starts() -> None:
+    from typer.testing import CliRunner
+
+    for command in ("server", "agent"):
+        refused = CliRunner().invoke(app, [command, "--log-level", "verbose"], env={"COLUMNS": "200"})
+        assert refused.exit_code == 2, refused.output  # a usage error, no traceback from logging
+        assert "'verbose' is not a log level; give one of debug, info, warning, error" in refused.output
