@@ -188,6 +188,17 @@ def _hours(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 3600:.2f}"
 
 
+# The eviction costs a replay models, the same in `sim run` and `sim whatif`.
+_RESTART_OVERHEAD = typer.Option(
+    "60s", "--restart-overhead", help="paid by each job the replays evict and start again"
+)
+_CHECKPOINT_INTERVAL = typer.Option(
+    "30m",
+    "--checkpoint-interval",
+    help="a job the replays evict loses the work since its last checkpoint; 0 = none",
+)
+
+
 @sim_app.command("run")
 def run(
     trace: str = typer.Option(
@@ -216,12 +227,8 @@ def run(
         0, "--seed", help="recorded with the results; the replay itself is deterministic"
     ),
     cycle: str = typer.Option("60s", "--cycle", help="virtual time between periodic scheduler cycles"),
-    restart_overhead: str = typer.Option("60s", "--restart-overhead", help="paid by each restarted job"),
-    checkpoint_interval: str = typer.Option(
-        "30m",
-        "--checkpoint-interval",
-        help="an evicted job loses the work since its last checkpoint; 0 = none",
-    ),
+    restart_overhead: str = _RESTART_OVERHEAD,
+    checkpoint_interval: str = _CHECKPOINT_INTERVAL,
     json_out: Path | None = typer.Option(None, "--json", help="write the figures as JSON to this file"),
     report: Path | None = typer.Option(
         None, "--report", help="write report.md and PNG plots into this folder"
@@ -418,14 +425,8 @@ def whatif(
         help="the 'after' replay's policy, to see a change of policy (alone, or with a change of cluster): a "
         "scheduling.yaml file (e.g. from `gpupool scheduling > tuned.yaml`), a policy of sim run, or server",
     ),
-    restart_overhead: str = typer.Option(
-        "60s", "--restart-overhead", help="paid by each job the replays evict and start again"
-    ),
-    checkpoint_interval: str = typer.Option(
-        "30m",
-        "--checkpoint-interval",
-        help="a job the replays evict loses the work since its last checkpoint; 0 = none",
-    ),
+    restart_overhead: str = _RESTART_OVERHEAD,
+    checkpoint_interval: str = _CHECKPOINT_INTERVAL,
     json_out: Path | None = typer.Option(None, "--json", help="write the comparison as JSON to this file"),
     jobs: str = typer.Option(
         "auto", "--jobs", help="1: the two replays one after the other; 2 or auto: at once, in two processes"
