@@ -44,6 +44,7 @@ while step < int(os.environ.get("STEPS", "1000")):
         sys.exit(143)
 print("done", flush=True)
 """
+MAX_TIME = "1-00:00:00"  # the testbed partition's MaxTime: a job without max_duration gets it
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def slurm() -> Iterator[SlurmCluster]:
     if os.geteuid() != 0:
         pytest.skip("the Slurm tests start slurmd and munged, which need root")
     base = Path(tempfile.mkdtemp(prefix="gpupool-slurm-"))
-    with _started(SlurmCluster(base), base) as cluster:
+    with _started(SlurmCluster(base, max_time=MAX_TIME), base) as cluster:
         yield cluster
 
 
@@ -178,6 +179,47 @@ def test_a_job_runs_as_a_slurm_job_pinned_to_the_scheduled_node_with_the_job_con
     assert f"job={job['id']} attempt=0 rank=0\ncvd=0,1" in log
     shown = server.cli("show", str(job["id"]), check=True).stdout
     assert f"slurm job {slurm_id}" in shown
+
+
+def test_max_duration_is_the_slurm_time_limit_refused_past_max_time_and_an_update_raises_it(
+    slurm: SlurmCluster, server: ServerProcess, job_dir: Path
+) -> None:
+    gate = job_dir / "gate"
+    wait = [f"while [ ! -e {gate} ]; do sleep 0.1; done"]
+    limited = server.submit({"resources": {"gpu": 1}, "commands": wait, "max_duration": "60s",
+                             "grace_period": "5s"})  # fmt: skip
+    unlimited = server.submit({"resources": {"gpu": 1}, "commands": wait})
+
+    def time_limit(workload_id: int) -> str:
+        attempts = server.workload(workload_id)["attempt_list"]
+        slurm_id = attempts[0]["slurm_job_id"] if attempts else None
+        record = slurm.run("scontrol", "show", "job", "-o", slurm_id).stdout if slurm_id else ""
+        return match.group(1) if (match := re.search(r" TimeLimit=(\S+)", record)) else ""
+
+    # sbatch --time: max_duration + grace_period + 60 s, rounded up to Slurm's minutes; none without
+    assert _wait(lambda: time_limit(limited["id"]), 30, "the job in Slurm") == "00:03:00"
+    assert _wait(lambda: time_limit(unlimited["id"]), 30, "the job in Slurm") == MAX_TIME
+
+    # gpupool update --max-duration: the running job's TimeLimit follows, so the old one cannot end it
+    out = server.cli("update", str(limited["id"]), "--max-duration", "2h", check=True)
+    assert "max duration 2h" in out.stdout, out.stdout
+    _wait(lambda: time_limit(limited["id"]) == "02:02:00", 10, "Slurm's TimeLimit to follow the update")
+    # ... but not past the partition's MaxTime, which would end it there: refused, nothing changed
+    past = server.cli("update", str(limited["id"]), "--max-duration", "2d")
+    assert past.returncode != 0 and "is longer than Slurm partition" in past.stderr, past.stderr
+    assert server.workload(limited["id"])["spec"]["max_duration"] == 7200
+    assert time_limit(limited["id"]) == "02:02:00"
+
+    # Longer than the partition's MaxTime: Slurm would keep it pending for ever; refused at submit
+    with server.http() as client:
+        refused = client.post("/api/v1/workloads", json={"commands": ["true"], "max_duration": "2d"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["message"].startswith(
+        f"max_duration: '2d' is longer than Slurm partition {slurm.partition}'s MaxTime ({MAX_TIME})"
+    ), refused.text
+    gate.touch()
+    for wid in (limited["id"], unlimited["id"]):
+        assert server.wait_for(wid, timeout=30)["state"] == "succeeded"
 
 
 def test_quotas_and_borrowing_across_two_queues_through_slurm(

@@ -40,6 +40,9 @@ class Launch:
     # Seconds between SIGTERM and SIGKILL (the spec's grace_period): what a gang's other ranks get when one
     # of them ends early or its node is lost (the agent backend; Slurm's srun does it with its KillWait).
     grace_period: float = 30.0
+    # The spec's max_duration in seconds (None: no limit): control enforces it; a backend with a time limit
+    # of its own (Slurm's --time) sets that as a backstop for while the head is down.
+    max_duration: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,3 +196,19 @@ class Backend(Protocol):
     def resume_node(self, name: str) -> None:
         """Return a node drained by `drain_node` to service."""
         ...
+
+
+class FollowsTimeLimits(Protocol):
+    """An optional hook of a backend that enforces a time limit of its own (Slurm's TimeLimit). Control
+    calls it for a running attempt whose max_duration is not the one it last gave the backend (`gpupool
+    update --max-duration`; once per attempt after a restart of the head), so that a raised limit is not
+    cut short by the old one. A backend without it (local, agent) has nothing to follow: control alone
+    enforces max_duration."""
+
+    def follow_time_limit(
+        self, handle: Handle, run_dir: Path, max_duration: float | None, grace_period: float
+    ) -> str:
+        """Make the attempt's own limit follow `max_duration` (None: no limit); "" when it does (or did
+        already), else why the backend refused, in words for the workload's history. Raises
+        BackendUnavailable when the backend cannot answer now (control asks again at its next pass)."""
+        return ""

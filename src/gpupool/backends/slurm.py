@@ -43,13 +43,23 @@ from gpupool.backends.slurm_commands import (
     SlurmTimeout,
     SlurmUnreachable,
     exit_status,
+    format_time_limit,
     gpu_indices_by_node,
     gpus_in_tres,
     missing_tools,
     parse_gres,
     parse_time,
+    partition_max_time,
 )
-from gpupool.spec import SpecError
+from gpupool.backends.slurm_time import (
+    JOB_ENDED,
+    PARTITION_INTERVAL,
+    PartitionTime,
+    followed,
+    minutes_for,
+    write_followed,
+)
+from gpupool.spec import SpecError, format_duration
 
 if TYPE_CHECKING:
     from gpupool.spec.workload import WorkloadSpec
@@ -166,6 +176,7 @@ class SlurmBackend:
         self._foreign_indices: dict[str, dict[str, tuple[int, ...]]] = {}
         self._nodes: dict[str, InventoryNode] = {}
         self._inventory: Inventory | None = None
+        self._max_time = PartitionTime()  # refuse() answers from it without asking Slurm
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.check()
@@ -183,13 +194,27 @@ class SlurmBackend:
                 "slurm.conf and munge.key, or run the head on a Slurm login node"
             )
         self.commands.ping()
+        partitions = self.commands.partitions()
         if self.partition is not None:
-            names = [p.get("PartitionName", "") for p in self.commands.partitions()]
+            names = [p.get("PartitionName", "") for p in partitions]
             if self.partition not in names:
                 raise SlurmError(
                     f"--partition {self.partition}: no such Slurm partition "
                     f"(partitions: {', '.join(names) or 'none'}); pass one of them or leave --partition out"
                 )
+        self._note_max_time(partitions)
+
+    def _note_max_time(self, partitions: list[dict[str, str]]) -> None:
+        if self._max_time.note(partition_max_time(partitions, self.partition), time.monotonic()):
+            log.warning("event=slurm_max_time_unknown partition=%s", self.partition or "(default)")
+
+    def _read_max_time(self) -> None:
+        """Read the partition's MaxTime again; a Slurm that does not answer leaves the last one known."""
+        try:
+            self._note_max_time(self.commands.partitions())
+        except SlurmError as exc:
+            self._max_time.read_at = time.monotonic()  # tried: again after PARTITION_INTERVAL
+            log.warning("event=slurm_partition_read_failed error=%r", str(exc))
 
     def watch(self) -> None:
         """Start the poller that keeps squeue's and scontrol's answers fresh and wakes the loop."""
@@ -217,6 +242,8 @@ class SlurmBackend:
                     changed = self.refresh() or changed
                 except SlurmError as exc:
                     log.warning("event=slurm_refresh_failed error=%r", str(exc))
+                if refreshed - self._max_time.read_at >= PARTITION_INTERVAL:
+                    self._read_max_time()
             if changed and self._on_change is not None:
                 self._on_change()
 
@@ -338,6 +365,10 @@ class SlurmBackend:
             raise SpecError(
                 "resources.gpu", spec.resources.gpu.count, f"cannot run on Slurm: {WHOLE_GPUS}", "1"
             )
+        # From the MaxTime last read (the poller reads it every minute): a submit never waits on Slurm.
+        past = self._max_time.past(spec.max_duration)
+        if past:
+            raise SpecError("max_duration", format_duration(spec.max_duration or 0), *past)
 
     def start(self, launch: Launch) -> Handle:
         if not launch.workdir.is_dir():
@@ -349,6 +380,9 @@ class SlurmBackend:
             raise LaunchError("the slurm backend needs the scheduler's placement (Launch.pods)")
         if any(p.gpu_indices and p.gpu_fraction < 1.0 for p in pods):  # work submitted before `refuse`
             raise Unrunnable(f"resources.gpu: {WHOLE_GPUS}")
+        past = self._max_time.past(launch.max_duration)  # submitted before, or MaxTime lowered since
+        if past:
+            raise Unrunnable(f"max_duration: {format_duration(launch.max_duration or 0)} {past[0]}")
         launch.run_dir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         run_dir = launch.run_dir
@@ -401,6 +435,9 @@ class SlurmBackend:
             args.append(f"--cpus-per-task={math.ceil(launch.cpus)}")
         if launch.memory_bytes > 0:
             args.append(f"--mem={math.ceil(launch.memory_bytes / (1 << 20))}M")
+        if launch.max_duration is not None:
+            limit = self._max_time.limit(launch.max_duration, launch.grace_period)
+            args.append(f"--time={format_time_limit(limit)}")
         try:
             job_id = self.commands.sbatch([*args, str(batch)], env)
         except SlurmTimeout as exc:  # slurmctld may have taken it: no job of this attempt may run untracked
@@ -411,6 +448,7 @@ class SlurmBackend:
         except SlurmError as exc:
             raise LaunchError(str(exc)) from exc
         (run_dir / "slurm_job_id").write_text(job_id + "\n")
+        write_followed(run_dir, launch.max_duration)
         slots = _slots(pods)
         with self._lock:
             self._submitted[job_id] = time.monotonic()
@@ -422,6 +460,52 @@ class SlurmBackend:
         log.info("event=slurm_submitted workload=%d job=%s nodes=%s", launch.workload_id, job_id, args[3])
         endpoint = f"{self._address(pods[0].node)}:{launch.service_port}" if launch.service_port else ""
         return Handle(int(job_id), 0.0, endpoint)
+
+    def follow_time_limit(
+        self, handle: Handle, run_dir: Path, max_duration: float | None, grace_period: float
+    ) -> str:
+        """Make the job's TimeLimit follow a changed max_duration (`gpupool update --max-duration`): raised
+        or removed, the old one would end the job first; lowered, it stays the backstop. No limit: the
+        partition's MaxTime (UNLIMITED where it has none). Only Slurm operators (and SlurmUser) may raise
+        a time limit, unless slurm.conf has `SlurmctldParameters=allow_user_incr_time`: a refusal is
+        said in the log and returned for the workload's history."""
+        job_id = str(handle.pid)
+        known, before = followed(run_dir)
+        if (known and before == max_duration) or (not known and max_duration is None):
+            return ""  # as set at sbatch (or by the last update); none set and none wanted
+        with self._lock:
+            row = self._jobs.get(job_id)
+        limits = self._max_time
+        minutes = limits.most if max_duration is None else limits.limit(max_duration, grace_period)
+        if minutes is not None and row is not None and row.start_time is not None:
+            # Never below what the job has run plus its grace period and the margin: Slurm would end it at
+            # once, with its own KillWait, cutting short the stop the head gives it with its grace period.
+            ran = time.time() - row.start_time
+            minutes = max(minutes, minutes_for(ran, grace_period))
+        wanted = format_time_limit(minutes)
+        try:
+            self.commands.update_time_limit(job_id, wanted)
+        except SlurmUnreachable as exc:
+            raise BackendUnavailable(f"slurmctld is not reachable ({exc}); try again later") from exc
+        except SlurmError as exc:
+            if any(text in str(exc) for text in JOB_ENDED):
+                return ""  # it has ended: the loop settles it
+            log.warning(
+                "event=slurm_time_limit_refused job=%s time_limit=%s error=%r fix=%r",
+                job_id,
+                wanted,
+                str(exc),
+                f"scontrol update JobId={job_id} TimeLimit={wanted} (as a Slurm operator)",
+            )
+            return (
+                f"Slurm job {job_id} keeps its old TimeLimit, which may end it before max_duration does: "
+                f"Slurm refused TimeLimit={wanted} ({exc}); only Slurm operators may raise a job's time "
+                f"limit (unless slurm.conf sets SlurmctldParameters=allow_user_incr_time): ask one to run "
+                f"`scontrol update JobId={job_id} TimeLimit={wanted}`"
+            )
+        write_followed(run_dir, max_duration)
+        log.info("event=slurm_time_limit job=%s time_limit=%s", job_id, wanted)
+        return ""
 
     def _cancel_untracked(self, name: str, run_dir: Path) -> None:
         """After an sbatch that timed out: cancel any job slurmctld took under this attempt's name (its

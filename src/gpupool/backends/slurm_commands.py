@@ -53,6 +53,8 @@ for line in sys.stdin:
 
 # squeue's fields, "|"-separated; the job name goes last because it may contain "|".
 SQUEUE_FORMAT = "%A|%T|%D|%C|%b|%u|%S|%N|%r|%j"
+# How Slurm writes "no time limit" (MaxTime, TimeLimit; INFINITE in slurm.conf).
+NO_TIME_LIMIT = frozenset({"UNLIMITED", "INFINITE"})
 
 
 class SlurmError(RuntimeError):
@@ -225,6 +227,11 @@ class SlurmCommands:
             argv.append(f"reason={reason}")
         self.run(*argv)
 
+    def update_time_limit(self, job_id: str, time_limit: str) -> None:
+        """`scontrol update JobId=... TimeLimit=...` (only operators and SlurmUser may raise one, unless
+        slurm.conf says `SlurmctldParameters=allow_user_incr_time`)."""
+        self.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={time_limit}")
+
     def complete_job(self, job_id: str, exit_code: int) -> bool:
         """End a running job's allocation with its exit code, through libslurm; False when libslurm is
         not available here or slurmctld refused (the job then ends by itself)."""
@@ -388,6 +395,53 @@ def parse_squeue_line(line: str) -> JobRow | None:
         reason=reason.strip(),
         name=name,
     )
+
+
+def parse_time_limit(text: str) -> int | None:
+    """A Slurm time limit in whole minutes, read as Slurm reads one (seconds round up to the next minute):
+    "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours", "days-hours:minutes" or
+    "days-hours:minutes:seconds"; None for no limit (UNLIMITED, INFINITE). ValueError for anything else
+    (NONE, NOT_SET, N/A: no limit was set, which is not "no limit")."""
+    text = text.strip()
+    if text.upper() in NO_TIME_LIMIT:
+        return None
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if match is None:
+        raise ValueError(f"not a Slurm time limit: {text!r}")
+    days, first, second, third = match.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+        total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    elif third is not None:  # hours:minutes:seconds
+        total = (int(first) * 60 + int(second)) * 60 + int(third)
+    else:  # minutes[:seconds]
+        total = int(first) * 60 + int(second or 0)
+    return -(-total // 60)
+
+
+def partition_max_time(records: list[dict[str, str]], partition: str | None) -> tuple[str, int | None] | None:
+    """From `scontrol show partition -o`: the partition jobs go to (`partition`, else Slurm's default one)
+    and its MaxTime in minutes (None: no limit); None when there is no such partition or Slurm does not
+    say a MaxTime this can read."""
+    for record in records:
+        name = record.get("PartitionName", "")
+        if name == partition or (partition is None and record.get("Default") == "YES"):
+            try:
+                return name, parse_time_limit(record.get("MaxTime", ""))
+            except ValueError:
+                return None
+    return None
+
+
+def format_time_limit(minutes: int | None) -> str:
+    """Minutes as Slurm's days-hours:minutes:seconds ("0-02:02:00"), which sbatch --time and scontrol's
+    TimeLimit= take as they are; None: UNLIMITED. Never "0", which asks Slurm for no limit at all."""
+    if minutes is None:
+        return "UNLIMITED"
+    if minutes < 1:
+        raise ValueError(f"a Slurm time limit is at least one minute, not {minutes}")
+    days, rest = divmod(minutes, 24 * 60)
+    return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
 
 
 def parse_time(text: str) -> float | None:

@@ -56,12 +56,14 @@ class SlurmCluster:
         cpus: int = 8,
         partition: str = "gpu",
         options: tuple[str, ...] = (),
+        max_time: str = "INFINITE",
     ) -> None:
         self.base = base
         self.gpus = gpus
         self.cpus = cpus
         self.partition = partition
         self.options = options  # more slurm.conf lines (keys not set above), e.g. "Epilog=/bin/true"
+        self.max_time = max_time  # the partition's MaxTime, as slurm.conf writes it ("1-00:00:00")
         self.node = socket.gethostname().split(".")[0]
         self.conf = base / "slurm.conf"
         self._pids: dict[str, int] = {}
@@ -130,7 +132,8 @@ class SlurmCluster:
                     *self.options,
                     f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={memory_mb} "
                     f"Gres=gpu:{self.gpus} State=UNKNOWN",
-                    f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                    f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime={self.max_time} "
+                    "State=UP",
                     "",
                 ]
             )

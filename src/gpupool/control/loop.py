@@ -35,7 +35,7 @@ from gpupool.control.efficiency import EfficiencyWatch
 from gpupool.control.errors import ServiceError
 from gpupool.control.idle import CHECK_INTERVAL as IDLE_CHECK_INTERVAL
 from gpupool.control.idle import IdleWatch
-from gpupool.control.lifecycle import CANCELLED, EVICTED, FAILED, PENDING, RUNNING, SERVICE, transition
+from gpupool.control.lifecycle import CANCELLED, EVICTED, FAILED, PENDING, RUNNING, SERVICE, note, transition
 from gpupool.control.node_views import NodeViews
 from gpupool.control.observe import ALIVE_INTERVAL, Observation, store_handle
 from gpupool.control.policy import BandNotes, load_policy, policy_file, reword_preemptions
@@ -62,6 +62,7 @@ PASS_DUTY = 4.0  # after a pass of t seconds, the next starts no sooner than PAS
 # long: each try can block a pass for the backend's own timeout.
 BACKEND_RETRY = 15.0
 BACKEND_UNAVAILABLE = "backend-unavailable"  # the reason code of work bound while starts wait for it
+TIME_LIMIT_INTERVAL = 1.0  # seconds between looks for changed max_durations (follow_time_limits)
 
 
 class Reconciler(Observation, SnapshotBuilding):
@@ -142,6 +143,9 @@ class Reconciler(Observation, SnapshotBuilding):
         # Each running attempt's mean GPU utilization and peak memory (control/efficiency.py).
         self.efficiency = EfficiencyWatch(self.telemetry)
         self._efficiency_due = 0.0
+        # Running attempts' max_duration as last given to a backend with a time limit of its own (Slurm).
+        self._time_limits: dict[int, float | None] = {}
+        self._time_limits_due = 0.0
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
 
@@ -211,6 +215,9 @@ class Reconciler(Observation, SnapshotBuilding):
         if now >= self._efficiency_due:
             self._efficiency_due = now + EFFICIENCY_CHECK_INTERVAL
             self.record_efficiency(now)
+        if now >= self._time_limits_due:
+            self._time_limits_due = now + TIME_LIMIT_INTERVAL
+            self.follow_time_limits(now)
         if now >= self._alive_due:
             self._alive_due = now + ALIVE_INTERVAL
             self.record_alive(now)
@@ -349,6 +356,40 @@ class Reconciler(Observation, SnapshotBuilding):
         if writes:
             with self.store.session() as s:
                 efficiency.write(s, writes)
+
+    def follow_time_limits(self, now: float) -> None:
+        """Give a backend with a time limit of its own (Slurm's TimeLimit; base.FollowsTimeLimits) each
+        running attempt's max_duration where it changed (`gpupool update`), so that a raised limit is not
+        cut short by the old one. What the backend refuses goes into the workload's history."""
+        follow = getattr(self.backend, "follow_time_limit", None)
+        if follow is None:
+            return
+        with self.store.read() as s:
+            rows = s.execute(
+                select(Attempt.id, Attempt.workload_id, Attempt.pid, Attempt.run_dir, Workload.spec)
+                .join(Workload, Attempt.workload_id == Workload.id)
+                .where(Attempt.state == RUNNING, Attempt.pid.is_not(None), self._observed())
+            ).all()
+        running = {attempt_id for attempt_id, *_ in rows}
+        self._time_limits = {a: v for a, v in self._time_limits.items() if a in running}
+        for attempt_id, workload_id, pid, run_dir, spec in rows:
+            limit = spec.get("max_duration")
+            if attempt_id in self._time_limits and self._time_limits[attempt_id] == limit:
+                continue
+            grace = float(spec.get("grace_period", 30.0))
+            try:
+                problem = follow(Handle(pid, 0.0), Path(run_dir), limit, grace)
+            except BackendUnavailable as exc:  # each try could block a pass: the rest wait with it
+                log.warning("event=time_limit_not_followed workload=%d error=%r", workload_id, str(exc))
+                self._time_limits_due = now + BACKEND_RETRY
+                return
+            self._time_limits[attempt_id] = limit
+            if problem:
+                log.warning("event=time_limit_refused workload=%d error=%r", workload_id, problem)
+                with self.store.session() as s:
+                    workload = s.get(Workload, workload_id)
+                    if workload is not None:
+                        note(s, workload, problem, actor="control")
 
     def _cancel_unmeetable(self, never: dict[int, str]) -> None:
         """Cancel the pending work whose dependencies can no longer be met (control/dependencies.py)."""
@@ -614,6 +655,7 @@ class Reconciler(Observation, SnapshotBuilding):
             fencing_token=attempt.fencing_token,
             service_port=service_port,
             grace_period=float(spec.get("grace_period", 30.0)),
+            max_duration=spec.get("max_duration"),
         )
 
     def _explain(self, explanations: dict[int, scheduler.Explanation]) -> None:

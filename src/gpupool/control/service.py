@@ -46,7 +46,14 @@ from gpupool.control.user_limits import USER_LIMIT
 from gpupool.gpu.catalog import families
 from gpupool.scheduler import Explanation, explain
 from gpupool.scheduler.placement import split_model
-from gpupool.spec import QueueSpec, WorkloadSpec, parse_gpu_request, parse_queue_spec
+from gpupool.spec import (
+    QueueSpec,
+    SpecError,
+    WorkloadSpec,
+    parse_gpu_request,
+    parse_queue_spec,
+    parse_workload_spec,
+)
 from gpupool.spec.quantities import format_duration
 from gpupool.spec.workload import (
     MAX_PRIORITY,
@@ -1178,6 +1185,7 @@ def update(
     actor: str = "admin",
     task: bool = False,
     admin: bool = True,
+    refuse: Callable[[WorkloadSpec], None] | None = None,
 ) -> dict[str, Any]:
     """Change pending or running work, as Slurm's scontrol update: its priority (0..1000; the next pass
     orders and preempts by it; whether it is preemptible stays as submitted), its time limit (TimeLimit=)
@@ -1189,7 +1197,9 @@ def update(
     with the queue they ran in (Attempt.queue). Everything is checked before anything changes, and all
     changes in one transaction. It names what `cancel` names: a service whole, a job array whole by its
     id (unless `task`). Where the caller is not an admin (`admin` False), raising a priority, or raising
-    or removing a time limit, is refused (403), as Slurm lets users only lower them."""
+    or removing a time limit, is refused (403), as Slurm lets users only lower them. `refuse` (the
+    backend's `refuse`) sees each changed spec with its new time limit, as at submit: what the backend can
+    never run (a max_duration past a Slurm partition's MaxTime) is refused, and nothing changes."""
     if priority is None and limit is None and queue is None:
         raise Invalid("give a priority, a max_duration or a queue to change", field="priority", example="100")
     if priority is not None and not 0 <= priority <= MAX_PRIORITY:
@@ -1219,6 +1229,9 @@ def update(
                 _check_priority_cap(s, queue, max(moving), "move")
         if queue is not None:
             _check_move(s, named, active, queue)
+        if refuse is not None and limit is not None:
+            for w in active:
+                _refused_by_backend(refuse, w, seconds)
 
     def change(s: Session, w: Workload) -> None:
         if priority is not None and w.priority != priority:
@@ -1238,6 +1251,15 @@ def update(
     verb = "change the priority of" if limit is None and queue is None else "change"
     view, ids = _change_named(store, workload_id, task, verb, change, check)
     return {**view, "updated_ids": ids, **({"moved_ids": moved} if queue is not None else {})}
+
+
+def _refused_by_backend(refuse: Callable[[WorkloadSpec], None], w: Workload, seconds: float | None) -> None:
+    """Raise the backend's SpecError where it could never run `w` with a time limit of `seconds`."""
+    try:
+        changed = parse_workload_spec({**w.spec, "max_duration": seconds})
+    except SpecError:
+        return  # a spec stored by an older version that reads differently now: the backend says at start
+    refuse(changed)
 
 
 def _check_priority_cap(s: Session, queue: str, priority: int, done: str) -> None:

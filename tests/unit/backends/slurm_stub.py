@@ -37,7 +37,8 @@ done
 cat "$STUB/squeue.out" 2>/dev/null
 exit 0
 """,
-    # nodes.out: `scontrol show node -o`; job.ID: `scontrol show job -o ID`; ping.mode "hang": never answers
+    # nodes.out: `scontrol show node -o`; job.ID: `scontrol show job -o ID`; ping.mode "hang": never answers;
+    # partition.out: `scontrol show partition -o`; update.mode: how `scontrol update` fails ("" succeeds)
     "scontrol": """#!/bin/sh
 printf '%s\\n' "$*" >> "$STUB/scontrol.log"
 case "$1" in
@@ -50,11 +51,20 @@ case "$1" in
   show)
     case "$2" in
       node) cat "$STUB/nodes.out" 2>/dev/null ;;
-      partition) echo "PartitionName=gpu Nodes=n1 State=UP" ;;
+      partition)
+        if [ -f "$STUB/partition.out" ]; then cat "$STUB/partition.out"
+        else echo "PartitionName=gpu Default=YES MaxTime=UNLIMITED Nodes=n1 State=UP"; fi ;;
       job)
         for id; do :; done
         if [ -f "$STUB/job.$id" ]; then cat "$STUB/job.$id"
         else echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; fi ;;
+    esac ;;
+  update)
+    case "$(cat "$STUB/update.mode" 2>/dev/null)" in
+      denied) echo "Access/permission denied for job 42" >&2; exit 1 ;;
+      ended) echo "Job has already finished for job 42" >&2; exit 1 ;;
+      unreachable)
+        echo "slurm_update error: Unable to contact slurm controller (connect failure)" >&2; exit 1 ;;
     esac ;;
 esac
 exit 0

@@ -175,7 +175,7 @@ def update(
     limit = service.TimeLimit(seconds) if "max_duration" in given else None
     result = service.update(
         runtime.store, workload_id, priority=priority, limit=limit, queue=queue, task=task, actor=caller.name,
-        admin=caller.admin,
+        admin=caller.admin, refuse=getattr(runtime.backend, "refuse", None),  # as at submit
     )  # fmt: skip
     runtime.wake()
     return result
