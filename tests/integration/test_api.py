@@ -136,6 +136,11 @@ def test_a_queue_gpu_limit_is_never_exceeded(server: ServerProcess, tmp_path: Pa
     second = server.wait_for_reason(ids[1])
     assert second["state"] == "pending" and second["reason_code"] == "queue-limit"
     assert second["reason"] == "queue capped is at its limit (2/2 GPUs)"
+    # its own queue's limit holds it: no other queue's GPUs would help, so the starved-queue alert
+    # (pending less held back) stays quiet for it
+    with server.http() as client:
+        capped = client.get("/api/v1/queues/capped").json()
+    assert (capped["gpus_pending"], capped["gpus_held_back"]) == (2, 2), capped
     gate.touch()
     assert server.wait_for(ids[0])["state"] == "succeeded"
     assert server.wait_for(ids[1])["state"] == "succeeded"

@@ -71,7 +71,8 @@ SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no
 # The reason codes of pending work that counts toward no fair share, so that reclaim takes nothing back
 # for it (and QueueStarvedBelowQuota does not page for it): what the control loop holds back from the
 # scheduler (a hold, a dependency, an array's limit, a crash-loop backoff, a user limit, a spent budget),
-# and what the scheduler found can never fit the pool (too large, no GPU of its model).
+# what its own queue's limit holds back (no reclaim from other queues frees room under it), and what the
+# scheduler found can never fit the pool (too large, no GPU of its model).
 HELD_BACK: Final = frozenset(
     {
         HELD,
@@ -80,6 +81,7 @@ HELD_BACK: Final = frozenset(
         RESTART_BACKOFF,
         USER_LIMIT,
         BUDGET,
+        explain.QUEUE_LIMIT,
         explain.TOO_LARGE,
         explain.NO_MATCHING_GPU,
     }
