@@ -15,6 +15,13 @@ from tests.support.server import ServerProcess
 def test_healthz_needs_no_token(server: ServerProcess) -> None:
     with server.http(token=None) as client:
         assert client.get("/healthz").json()["status"] == "ok"
+        # uptime checkers and load balancers probe with HEAD: answered as GET is, without the body
+        for path in ("/healthz", "/readyz", "/ui"):
+            probed = client.head(path)
+            assert (probed.status_code, probed.content) == (200, b""), (path, probed.status_code)
+        assert client.head("/metrics").status_code == 401  # a token, as GET needs
+    with server.http() as client:
+        assert client.head("/metrics").status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ from gpupool.api.routes import (
 from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
+PROBED = ["GET", "HEAD"]  # the methods of the pages a probe may ask for
 MAX_BODY_BYTES = 1 << 20
 # The dashboard runs only its own inline script and talks only to this server; no other site may frame it.
 PAGE_HEADERS = {
@@ -110,20 +111,27 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(agents.HeartbeatEndpoint, limit=MAX_BODY_BYTES)  # outermost: the agents' hot path
 
-    @app.get("/", include_in_schema=False)
+    # GET and HEAD: uptime checkers and load balancers probe with HEAD (the body is left out)
+    @app.api_route("/", methods=PROBED, include_in_schema=False)
     def home() -> RedirectResponse:
         return RedirectResponse("/ui")
 
-    @app.get("/ui", tags=["dashboard"], summary="The dashboard page (its data: the API, with a token)")
+    @app.api_route(
+        "/ui",
+        methods=PROBED,
+        tags=["dashboard"],
+        summary="The dashboard page (its data: the API, with a token)",
+    )
     def dashboard() -> HTMLResponse:
         return HTMLResponse(web.page(), headers=PAGE_HEADERS)
 
-    @app.get("/healthz", tags=["health"], summary="Liveness: answers without a token")
+    @app.api_route("/healthz", methods=PROBED, tags=["health"], summary="Liveness: answers without a token")
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "version": __version__}
 
-    @app.get(
+    @app.api_route(
         "/readyz",
+        methods=PROBED,
         tags=["health"],
         summary="Readiness: 200 while the server can reach its store, else 503 (no token)",
         responses={503: {"description": "the store cannot be reached"}},

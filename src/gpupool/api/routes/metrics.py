@@ -11,7 +11,11 @@ from gpupool.control.tokens import Caller
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", summary="Prometheus metrics (dcgm-exporter GPU series and gpupool's own)")
+@router.api_route(
+    "/metrics",
+    methods=["GET", "HEAD"],  # HEAD: probes (no body)
+    summary="Prometheus metrics (dcgm-exporter GPU series and gpupool's own)",
+)
 def metrics(request: Request, _: Caller = Depends(require_token)) -> Response:
     return Response(
         generate_latest(request.app.state.runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST
