@@ -3,6 +3,7 @@ and budgets."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,31 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
         body["budget"] = None if budget == "none" else budget
     if caps is not None:
         body["user_limits"] = {**(body.get("user_limits") or {}), **caps}
+    _refuse_non_finite(body, "")
     return body
+
+
+# The flag that sets each number of a queue spec, for an error that names what the user typed.
+_FLAG_OF = {
+    "resources.gpu.quota": "--gpu-quota",
+    "resources.gpu.limit": "--gpu-limit",
+    "resources.gpu.over_quota_weight": "--gpu-weight",
+    "budget.gpu_hours": "--budget",
+    "user_limits.gpus": "--user-gpus",
+    "user_limits.workloads": "--user-workloads",
+}
+
+
+def _refuse_non_finite(value: Any, path: str) -> None:
+    """nan and inf (which float() reads, and YAML's .nan and .inf) are no quota, limit or budget: said here,
+    as the server would say it, where JSON could not carry them there."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _refuse_non_finite(inner, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, float) and not math.isfinite(value):
+        flag = _FLAG_OF.get(path)
+        said = f"{flag} {value}" if flag else f"{path}: {value}"
+        raise CliError(f"{said} is not a finite number; give a number such as 16, or none to remove it")
 
 
 _GPU_FLAGS = {"gpu_quota": "quota", "gpu_limit": "limit", "gpu_weight": "over_quota_weight"}

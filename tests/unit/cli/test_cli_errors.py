@@ -65,3 +65,24 @@ def test_version_and_the_short_help_flag() -> None:
             [sys.executable, "-m", "gpupool.main", *argv], env=env, capture_output=True, text=True, timeout=60
         )
         assert shown.returncode == 0 and f"Usage: gpupool {' '.join(argv[:-1])}".strip() in shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--gpu-quota", "nan"], "error: --gpu-quota nan is not a finite number"),
+        (["--gpu-weight", "inf"], "error: --gpu-weight inf is not a finite number"),
+        (["--gpu-limit", "nan"], "error: --gpu-limit nan is not a finite number"),
+        (["--budget", "inf/day"], "error: --budget inf is not a finite number"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_before_a_queue_changes(argv: list[str], said: str) -> None:
+    """JSON cannot carry nan or inf: `queue update` printed a traceback where `queue create` refused."""
+    env = {"GPUPOOL_SERVER": "http://127.0.0.1:1", "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.main", "queue", "update", "nlp", *argv],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith(said) and "Traceback" not in out.stderr, out.stderr
+    assert "give a number such as 16, or none to remove it" in out.stderr
