@@ -43,6 +43,12 @@ def test_run_wait_prints_the_output_and_exits_with_the_jobs_code(server: ServerP
     limited = server.cli("run", "--wait", "--gpus", "0", "--max-duration", "1s", "--", "sleep", "30")
     assert limited.returncode == 143, limited.stderr
     assert "exceeded max_duration (1s)" in limited.stderr
+    # ... and a program that chooses its code on SIGTERM has that one (it read 143 whatever it chose), and
+    # nothing after it runs
+    chose = server.cli("run", "--wait", "--gpus", "0", "--max-duration", "1s", "--", "sh", "-c",
+                       "trap 'echo saved; exit 42' TERM; sleep 30 & wait; echo not-this")  # fmt: skip
+    assert (chose.returncode, chose.stdout) == (42, "saved\n"), chose.stderr
+    assert "exceeded max_duration (1s); exit code 42" in chose.stderr, chose.stderr
 
 
 def test_an_array_and_several_workloads_exit_0_only_when_all_succeeded(server: ServerProcess) -> None:

@@ -25,10 +25,12 @@ from gpupool.backends.base import (
 )
 
 # bash runs the commands in order and stops at the first failure; on SIGTERM it lets the running command
-# finish its own shutdown (checkpointing) before exiting, instead of dying under it. On the first command's
-# line, so that bash's own messages number the lines as the spec does ("bash: line 1: trian: command not
-# found" for the first command).
-SCRIPT_PRELUDE = "trap 'exit 143' TERM INT; set -e; "
+# finish its own shutdown (checkpointing) before exiting, instead of dying under it, and then exits with
+# that command's own code: 143 where the signal ended it, else the code it chose (a program that exits 42
+# on SIGTERM ends the attempt with 42, as under Slurm), and runs no command after it. On the first
+# command's line, so that bash's own messages number the lines as the spec does ("bash: line 1: trian:
+# command not found" for the first command).
+SCRIPT_PRELUDE = "trap 'exit $?' TERM INT; set -e; "
 
 # The attempt's parent, so its exit status outlives a head restart: a POSIX shell (cheap to start) that
 # outlasts SIGTERM (a trapped signal waits for the foreground command), then writes RUN_DIR/exit_code
