@@ -4,6 +4,7 @@ against the API with the token `gpupool ui` puts in the address, and the DOM it 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -98,6 +99,13 @@ def parse(dom: str) -> Rows:
     return rows
 
 
+def line(dom: str, element_id: str) -> str:
+    """The text of the page's element of that id (a div or span holding text alone)."""
+    found = re.search(rf'<(div|span)[^>]* id="{element_id}"[^>]*>([^<]*)</\1>', dom)
+    assert found is not None, element_id
+    return found.group(2).strip()
+
+
 def test_the_page_is_served_without_a_token_and_holds_no_data(server: ServerProcess) -> None:
     page = plain_http.get(f"{server.url}/ui")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
@@ -112,9 +120,14 @@ def test_the_page_is_served_without_a_token_and_holds_no_data(server: ServerProc
 def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     server: ServerProcess, browser: str, tmp_path: Path
 ) -> None:
-    server.cli("queue", "create", "nlp", "--gpu-quota", "2", "--budget", "1000", check=True)
+    server.cli(
+        "queue", "create", "nlp", "--gpu-quota", "2", "--gpu-limit", "3", "--budget", "1000", check=True
+    )  # fmt: skip
     running = server.submit(
         {"name": "train", "queue": "nlp", "resources": {"gpu": 2}, "commands": ["sleep 60"]}
+    )
+    half = server.submit(
+        {"name": "half", "queue": "nlp", "resources": {"gpu": 0.5}, "commands": ["sleep 60"]}
     )
     huge = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
     web = server.submit({"kind": "service", "name": "web", "resources": {"gpu": 1}, "commands": ["sleep 60"]})
@@ -123,6 +136,7 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
         {"name": "next", "resources": {"gpu": 1}, "commands": ["true"], "after": [sweep["id"]]}
     )
     server.wait_for(running["id"], ("running",))
+    server.wait_for(half["id"], ("running",))
     server.wait_for(web["id"], ("running",))
     endpoint = _endpoint(server, web["id"])
     server.wait_for_reason(huge["id"])
@@ -132,37 +146,113 @@ def test_the_dashboard_shows_queues_nodes_and_why_work_waits_in_a_real_browser(
     url = server.cli("ui", check=True).stdout.strip()
     assert url == f"{server.url}/ui#token={server.token}"
 
-    shown = parse(render(browser, url, tmp_path / "profile"))
+    dom = render(browser, url, tmp_path / "profile")
+    shown = parse(dom)
 
     assert not "".join(shown.text).strip(), shown.text
     nlp = shown.rows[("queue", "nlp")]
-    assert nlp[:4] == ["nlp", "2", "2", "2"]  # quota, fair share, allocated
-    assert nlp[7].endswith(" of 1000 a month"), nlp  # its budget, as the head last counted it
+    # quota, GPU limit, fair share, allocated: half a GPU as written, 2.5 (not 2.50)
+    assert nlp[:5] == ["nlp", "2", "3", "2.5", "2.5"], nlp
+    assert nlp[8].endswith(" of 1000 a month"), nlp  # its budget, as the head last counted it
     # huge's 16 GPUs, which never fit, and next's 1, which waits on its dependency: no fair share counts them
-    assert shown.rows[("queue", "default")][4] == "17 (17 held back)", shown.rows[("queue", "default")]
-    assert shown.rows[("node", "node-1")][1:4] == ["ready", "8 x H100", "3 / 8"]  # train and web
+    default = shown.rows[("queue", "default")]
+    assert default[2] == "-" and default[5] == "17 (17 held back)", default
+    held_back = re.search(r'title="(held back: [^"]*)"', dom)
+    assert held_back is not None and "reclaiming GPUs from other queues cannot fix" in held_back.group(1)
+    assert "a size or GPU model the pool cannot give" in held_back.group(1)
+    assert shown.rows[("node", "node-1")][1] == "ready"
+    assert shown.rows[("node", "node-1")][3:5] == ["8 x H100", "4 / 8"]  # train, half and web
     train = shown.rows[("workload", str(running["id"]))]
-    assert train[1:8] == ["train", "job", "nlp", "admin", "running", "2", "node-1"] and train[9] == ""
+    assert train[1:7] == ["train", "job", "nlp", "admin", "running", "2"] and train[10] == ""
+    assert re.fullmatch(r"\d+s", train[7]) and train[8] == "node-1", train  # its age, as ps says it
+    assert shown.rows[("workload", str(half["id"]))][6] == "0.5"
     service = shown.rows[("workload", str(web["id"]))]
-    assert service[2] == "service" and service[9] == endpoint and endpoint.startswith("127.0.0.1:")
+    assert service[2] == "service" and service[10] == endpoint and endpoint.startswith("127.0.0.1:")
     waiting = shown.rows[("workload", str(huge["id"]))]
-    assert waiting[5] == "pending" and "can never fit this pool" in waiting[10]
+    assert waiting[5] == "pending" and "can never fit this pool" in waiting[11]
     first, second = (shown.rows[("workload", str(wid))] for wid in sweep["array_ids"])
     assert first[1:6] == ["sweep[0]", "job", "default", "admin", "running"]
-    assert second[1] == "sweep[1]" and "runs at most 1 of its tasks at once" in second[10]
+    assert second[1] == "sweep[1]" and "runs at most 1 of its tasks at once" in second[11]
     usage = shown.rows[("usage", "nlp")]  # train's GPU-hours so far, out of a quota of 2 GPUs
     assert usage[0] == "nlp" and usage[1] not in ("", "0.00") and usage[3] == "" and usage[4] == "0%", usage
     waits = shown.rows[("workload", str(after["id"]))]
-    assert f"waits for array {sweep['id']} (sweep) to succeed" in waits[10]
-    server.cli("cancel", str(running["id"]), str(huge["id"]), str(web["id"]), str(sweep["id"]), check=True)
+    assert f"waits for array {sweep['id']} (sweep) to succeed" in waits[11]
+    assert line(dom, "work-note") == ""  # all of it is shown
+    assert line(dom, "who-name") == "admin (admin)"
+    server.cli(
+        "cancel", *(str(w["id"]) for w in (running, half, huge, web, sweep)), check=True
+    )  # fmt: skip
+
+
+def test_past_a_thousand_active_workloads_the_longest_waiting_stays_and_the_page_says_what_it_left_out(
+    server: ServerProcess, browser: str, tmp_path: Path
+) -> None:
+    oldest = server.submit({"name": "huge", "resources": {"gpu": 16}, "commands": ["true"]})
+    with server.http() as client:  # 1,000 tasks, held: newer than huge, and more than one page of 1,000
+        response = client.post(
+            "/api/v1/workloads", params={"hold": "true"},
+            json={"name": "sweep", "array": "0-999", "commands": ["true"]},
+        )  # fmt: skip
+        assert response.status_code == 201, response.text
+    tasks = response.json()["array_ids"]
+
+    dom = render(browser, server.cli("ui", check=True).stdout.strip(), tmp_path / "profile")
+    shown = parse(dom)
+
+    assert ("workload", str(oldest["id"])) in shown.rows  # the longest-waiting work never vanishes
+    assert ("workload", str(tasks[0])) in shown.rows and ("workload", str(tasks[-1])) not in shown.rows
+    assert sum(key == "workload" for key, _ in shown.rows) == 1000
+    note = line(dom, "work-note")
+    assert note.startswith("showing 1,000 of 1,001 active workloads: all running work and the pending"), note
+
+
+def test_a_warning_node_shows_its_health_and_the_evidence(
+    server: ServerProcess, browser: str, tmp_path: Path
+) -> None:
+    server.cli("node", "inject-fault", "node-1", "--gpu", "0", "--throttle", "thermal", check=True)
+    deadline = time.time() + 30
+    while (node := server.cli("nodes", "--json", check=True).stdout).count('"warning"') == 0:
+        assert time.time() < deadline, node
+        time.sleep(0.2)
+
+    dom = render(browser, server.cli("ui", check=True).stdout.strip(), tmp_path / "profile")
+    row = parse(dom).rows[("node", "node-1")]
+
+    assert row[1:3] == ["ready", "warning"], row  # in service, and running hot
+    assert "GPU 0: thermal throttling" in row[7] and "C > 85 C" in row[7], row
+    assert re.search(r'class="health-warning" title="[^"]*GPU 0: thermal throttling', dom)
 
 
 def test_a_refused_token_says_so_and_shows_no_pool(
     server: ServerProcess, browser: str, tmp_path: Path
 ) -> None:
-    shown = parse(render(browser, f"{server.url}/ui#token=not-a-token", tmp_path / "profile"))
+    dom = render(browser, f"{server.url}/ui#token=not-a-token", tmp_path / "profile")
+    shown = parse(dom)
     assert "the token was refused (401)" in "".join(shown.text)
+    assert line(dom, "status") == "not signed in: the token was refused"  # not "loading..."
     assert not shown.rows
+
+
+def test_the_page_says_who_is_signed_in_and_forgets_the_token_when_asked(
+    server: ServerProcess, browser: str, tmp_path: Path
+) -> None:
+    made = server.cli("token", "create", "bob", "--role", "viewer", check=True)
+    page = Page(browser, f"{server.url}/ui#token={made.stdout.splitlines()[-1]}", tmp_path / "viewer")
+    try:
+        who = "document.getElementById('who')"
+        assert page.wait_for(f"{who} && !{who}.hidden && {who}.textContent.replace(/\\s+/g, ' ').trim()") == (
+            "signed in as bob (viewer) · forget token"
+        )
+        page.evaluate("document.getElementById('forget').click()")
+        assert page.evaluate("localStorage.getItem('gpupool-token')") is None
+        assert page.evaluate(f"{who}.hidden && document.getElementById('pool').hidden")
+        assert not page.evaluate("document.getElementById('login').hidden")
+        assert page.evaluate("document.querySelectorAll('#workloads tbody tr, #queues tbody tr').length") == 0
+        assert page.evaluate("document.getElementById('status').textContent") == (
+            "the token is forgotten: this browser no longer keeps it"
+        )
+    finally:
+        page.close()
 
 
 def _menu(workload_id: int, action: str) -> str:
