@@ -23,9 +23,10 @@ def test_a_users_work_waits_beyond_the_gpu_cap_and_others_are_untouched() -> Non
     assert held[2].message.startswith(
         "alice holds or is next in line for 8 of the 8 GPUs one user may hold in queue nlp"
     )
-    assert (
-        "more than the 8 one user may hold in queue nlp (user_limits.gpus): it cannot start"
-        in held[6].message
+    assert "(user_limits.gpus), and this needs 1; it starts as alice's earlier work" in held[2].message
+    assert held[6].message == (
+        "asks for 16 GPUs, more than the 8 one user may hold in queue nlp (user_limits.gpus): it starts only "
+        "once an admin raises the cap (`gpupool queue update nlp --user-gpus 16`) or it asks for less"
     )
 
 
