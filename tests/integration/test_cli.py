@@ -443,6 +443,18 @@ def test_quotas_that_promise_more_than_the_pool_or_the_parent_are_taken_with_a_w
         "queue", "update", "nlp", "--gpu-quota", "2", check=True
     )  # the parent, below its own
     assert "the queues under nlp add up to 4, but parent queue nlp's quota is 2" in lowered.stderr
+    # a quota lowered below the queue's running non-preemptible work: nothing can take those GPUs back
+    kept = server.submit(
+        {"queue": "cv", "resources": {"gpu": 2}, "commands": ["sleep 600"], "priority": "build"}
+    )  # priority build, above train: non-preemptible
+    server.cli("queue", "update", "cv", "--gpu-quota", "2", check=True)
+    server.wait_for(kept["id"], states=("running",))
+    below = server.cli("queue", "update", "cv", "--gpu-quota", "1", check=True)
+    assert (
+        "warning: queue cv runs 2 GPUs of non-preemptible work, more than its GPU quota of 1: no queue can "
+        "reclaim the 1 beyond it until that work ends"
+    ) in below.stderr, below.stderr
+    server.cli("cancel", str(kept["id"]), check=True)
     # the system queue is gpupool's own: not changed by hand, nor a token's queue
     for args in (
         ("queue", "update", "gpupool-system", "--gpu-quota", "100"),

@@ -276,7 +276,28 @@ def update_queue(
         queue.parent, queue.priority, queue.spec = spec.parent, spec.priority, spec.model_dump(mode="json")
         audit.record(s, audit.QUEUE, name, f"updated: {audit.changes(before, queue.spec)}", actor)
         s.flush()
-        return {**queue_view(queue, _queue_usage(s)), "warnings": quota_warnings(s, name)}
+        warnings = quota_warnings(s, name) + _unreclaimable_warnings(s, name, _gpu_quota(queue.spec))
+        return {**queue_view(queue, _queue_usage(s)), "warnings": warnings}
+
+
+def _unreclaimable_warnings(s: Session, name: str, quota: float) -> list[str]:
+    """Queue `name`'s non-preemptible running work beyond its (new) quota: nothing takes those GPUs back
+    for other queues until that work ends, as over-quota work of its own kind could not have started."""
+    held = sum(
+        attempt_gpus(indices, fraction, pods)
+        for indices, fraction, pods in s.execute(
+            select(Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods)
+            .join(Workload, Attempt.workload_id == Workload.id)
+            .where(Attempt.state == RUNNING, Workload.queue == name, Workload.preemptible.is_(False))
+        )
+    )
+    if held <= quota + 1e-9:
+        return []
+    return [
+        f"queue {name} runs {held:g} GPUs of non-preemptible work, more than its GPU quota of {quota:g}: "
+        f"no queue can reclaim the {held - quota:g} beyond it until that work ends (`gpupool ps --queue "
+        f"{name}`; `gpupool requeue ID` stops one now)"
+    ]
 
 
 def _not_system(name: str, done: str) -> None:
