@@ -260,6 +260,29 @@ def why(
         f"pending demand {gpus(queue['gpus_pending'])}{held_back_note(queue)}, "
         f"quota {queue['resources']['gpu'].get('quota', 0):g}"
     )
+    beyond = _beyond_reclaim(w, queue, fair)
+    if beyond:
+        console.print(f"  {escape(beyond)}", highlight=False)
+
+
+def _beyond_reclaim(w: Mapping[str, Any], queue: Mapping[str, Any], fair: float) -> str:
+    """Why reclaim does not act for work that waits for GPUs although its queue holds less than its quota
+    (an operator expects it to): started, the queue would pass both its quota and its fair share, and
+    reclaim gives a queue no more than the larger of them (docs/scheduler.md)."""
+    if w["state"] != "pending" or w["reason_code"] not in ("no-capacity", "fragmented"):
+        return ""
+    from gpupool.spec.quantities import parse_gpu_request
+
+    wants = parse_gpu_request(w["gpus"]).count * (w.get("nodes") or 1)
+    quota = float(queue["resources"]["gpu"].get("quota") or 0.0)
+    would = float(queue["gpus_allocated"]) + wants
+    if wants <= 0 or would <= max(quota, fair) + 1e-9:
+        return ""
+    return (
+        f"reclaim takes no GPUs from other queues for it: with its {wants:g} GPUs queue {queue['name']} "
+        f"would hold {would:g}, above both its quota ({quota:g}) and its fair share ({fair:.3g}), the most "
+        f"reclaim gives a queue; it starts when {wants:g} GPUs come free"
+    )
 
 
 @app.command()

@@ -164,6 +164,7 @@ class Allocation(EvictionSearch):
                 if allocated + wants[position] > limit + EPSILON:
                     return explain.queue_limit(name, RESOURCES[position], allocated, limit, wants[position])
         if not w.preemptible and w.gpu_units > 0:
+            over: list[tuple[str, float, float]] = []
             for name in state.chain(w.queue):
                 queue = self.queues.get(name)
                 if queue is None:
@@ -171,7 +172,9 @@ class Allocation(EvictionSearch):
                 quota = queue.gpu.quota
                 would = state.allocated_np(name) + w.gpu_units
                 if would > quota + EPSILON:
-                    return explain.over_quota_nonpreemptible(name, would, quota)
+                    over.append((name, would, quota))
+            if over:
+                return explain.over_quota_nonpreemptible(over)
         return None
 
     def _holds_back(self, w: WorkloadView, code: str) -> bool:

@@ -98,16 +98,22 @@ def queue_limit(queue: str, resource: str, allocated: float, limit: float, wants
     )
 
 
-def over_quota_nonpreemptible(queue: str, would_use: float, quota: float) -> Explanation:
+def over_quota_nonpreemptible(over: Sequence[tuple[str, float, float]]) -> Explanation:
     """Run:ai's rule (no borrowed GPU may be held by work that reclaim could not take back), with both ways
-    out: a quota that covers it, or the work made preemptible."""
+    out: quotas that cover it, or the work made preemptible. `over`: (queue, non-preemptible GPUs it would
+    hold, its quota) for every level of the queue's chain it would pass, its own first: a fix for one level
+    alone would leave the work waiting on the next."""
+    said = [
+        f"queue {queue} would hold {would:g} non-preemptible GPU{'' if would == 1 else 's'}, over its "
+        f"quota of {quota:g}"
+        for queue, would, quota in over
+    ]
+    fixes = ", ".join(f"`gpupool queue update {queue} --gpu-quota {would:g}`" for queue, would, _ in over)
     return Explanation(
         OVER_QUOTA_NONPREEMPTIBLE,
-        f"non-preemptible work runs only within quota: queue {queue} would hold {would_use:g} "
-        f"non-preemptible GPU{'' if would_use == 1 else 's'}, over its quota of {quota:g}; it starts once "
-        "the quota covers it "
-        f"(`gpupool queue update {queue} --gpu-quota {would_use:g}`), or submit it preemptible "
-        "(`gpupool run --preemptible`, `preemptible: true`)",
+        f"non-preemptible work runs only within quota: {'; and '.join(said)}; it starts once "
+        f"{'the quota covers' if len(over) == 1 else 'these quotas cover'} it ({fixes}), or submit it "
+        "preemptible (`gpupool run --preemptible`, `preemptible: true`)",
     )
 
 

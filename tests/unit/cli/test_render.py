@@ -217,3 +217,18 @@ def test_the_rank_that_ended_a_gang_is_pointed_to_when_another_is_shown() -> Non
     assert rank_hint(68, reason, shown=1) is None
     assert rank_hint(68, "exit code 2 (rank 0 on node-a exited with code 2)") is None
     assert rank_hint(68, "exit code 3") is None
+
+
+def test_why_says_when_reclaim_gives_a_queue_no_more_for_a_job_larger_than_its_quota_and_share() -> None:
+    from gpupool.cli.workloads import _beyond_reclaim
+
+    queue = {"name": "nlp", "gpus_allocated": 0.0, "resources": {"gpu": {"quota": 4}}}
+    six = {"state": "pending", "reason_code": "no-capacity", "gpus": "6", "nodes": 1}
+    assert _beyond_reclaim(six, queue, 5.14) == (
+        "reclaim takes no GPUs from other queues for it: with its 6 GPUs queue nlp would hold 6, above both "
+        "its quota (4) and its fair share (5.14), the most reclaim gives a queue; it starts when 6 GPUs come "
+        "free"
+    )
+    assert _beyond_reclaim({**six, "gpus": "H100:2", "nodes": 2}, queue, 5.14) == ""  # 4: within its quota
+    assert _beyond_reclaim(six, queue, 6.0) == ""  # within its fair share: reclaim may act
+    assert _beyond_reclaim({**six, "reason_code": "queue-limit"}, queue, 1.0) == ""

@@ -318,3 +318,25 @@ def test_sizes_read_as_written_or_in_gib_as_nodes_shows_them() -> None:
     assert [size_text(n) for n in (512 * 10**9, 64 * 2**30, 25_276_200_000, 27_139_112_960)] == [
         "512GB", "64GiB", "23.5GiB", "25.3GiB"
     ]  # fmt: skip
+
+
+def test_non_preemptible_work_over_quota_at_two_levels_is_told_both_fixes() -> None:
+    # dept-a and its parent dept both have no quota: raising dept-a's alone left it waiting, now told of
+    # dept's only then
+    scenario = parse_scenario(
+        {
+            "description": "two levels",
+            "nodes": [{"name": "n1", "gpus": 8}],
+            "queues": [{"name": "dept"}, {"name": "dept-a", "parent": "dept"}, {"name": "b", "gpu": 8}],
+            "pending": [{"id": 10, "queue": "dept-a", "gpus": 1, "preemptible": False}],
+            "expect": {"binds": {}},
+        },
+        "two_levels",
+    )
+    decisions = decide(scenario.snapshot, scenario.now)
+    assert decisions.explanations[10].message == (
+        "non-preemptible work runs only within quota: queue dept-a would hold 1 non-preemptible GPU, over its "
+        "quota of 0; and queue dept would hold 1 non-preemptible GPU, over its quota of 0; it starts once these "
+        "quotas cover it (`gpupool queue update dept-a --gpu-quota 1`, `gpupool queue update dept --gpu-quota "
+        "1`), or submit it preemptible (`gpupool run --preemptible`, `preemptible: true`)"
+    )
