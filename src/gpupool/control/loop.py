@@ -293,7 +293,7 @@ class Reconciler(Observation, SnapshotBuilding):
         decisions = self._scheduler.decide(snapshot, now)
         self._remember_released(snapshot, decisions)
         self.fair_shares, self.pass_queues = decisions.fair_shares, snapshot.queues
-        self._band_notes.add(decisions.explanations, snapshot.pending, snapshot.queues)
+        self._band_notes.add(decisions.explanations, snapshot.pending, snapshot.queues, snapshot.running)
         # Reasons first: starting many binds can take a while, and work left pending says why meanwhile.
         self._explain({**decisions.explanations, **waiting} if waiting else decisions.explanations)
         if decisions.evictions:

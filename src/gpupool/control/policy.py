@@ -150,6 +150,7 @@ class BandNotes:
         explanations: dict[int, Explanation],
         pending: tuple[WorkloadView, ...],
         queues: tuple[QueueView, ...] = (),
+        running: tuple[WorkloadView, ...] = (),
     ) -> None:
         config = self.config
         bands = config.las_preempt and bool(config.las_thresholds)
@@ -160,9 +161,19 @@ class BandNotes:
             return
         thresholds = config.las_thresholds
         top = len(thresholds)
+        # Each queue's highest band, pending or running: work below it has work of its queue going first; the
+        # note would mislead work that is alone in its queue, or the least served there.
+        highest: dict[str, int] = {}
+        if bands:
+            for v in (*pending, *running):
+                band = v.priority % (top + 1)
+                if band > highest.get(v.queue, -1):
+                    highest[v.queue] = band
         notes: dict[int, tuple[Explanation, Explanation]] = {}
         for w in pending:
             band = w.priority % (top + 1) if bands else top
+            if band < top and highest.get(w.queue, band) <= band:
+                band = top  # no work of its queue has had less
             old = w.queue in idle
             if band == top and not old:
                 continue

@@ -102,8 +102,8 @@ def _over(caps: Limits, row: list[float], gpus: float, queue: str, user: str) ->
     if caps.gpus is not None and row[0] + gpus > caps.gpus + 1e-9:
         return (
             f"{user} holds or is next in line for {row[0]:g} of the {caps.gpus:g} GPUs one user may hold "
-            f"in queue {queue} and the queues below it (user_limits.gpus), and this needs {gpus:g}; it starts "
-            f"as {user}'s earlier work there ends"
+            f"in queue {queue} and the queues below it (user_limits.gpus), and this needs {gpus:g}; it "
+            f"starts as {user}'s earlier work there ends"
         )
     if caps.workloads is not None and row[1] + 1 > caps.workloads:
         return (

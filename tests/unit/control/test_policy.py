@@ -185,8 +185,18 @@ def test_pending_work_in_a_lower_band_is_told_why_newer_work_goes_first() -> Non
     )
     assert given[2].message == "x"  # top band: nothing to add
     again = {1: Explanation("no-capacity", "needs 8 GPUs; 1 GPUs free in the pool")}
-    notes.add(again, (waiting,))
+    notes.add(again, (waiting, fresh))
     assert again[1] is given[1]  # an unchanged pass builds nothing new
+    # alone in its queue (or the least served there), no work of its queue goes first: nothing said of it
+    alone = {1: Explanation("no-capacity", "needs 8 GPUs; 1 GPUs free in the pool")}
+    notes.add(alone, (waiting,))
+    assert alone[1].message == "needs 8 GPUs; 1 GPUs free in the pool"
+    # newer work of its queue that runs goes first as well
+    ahead = {1: Explanation("no-capacity", "needs 8 GPUs; 1 GPUs free in the pool")}
+    notes.add(ahead, (waiting,), (), (fresh,))
+    assert ahead[1].message.endswith(
+        "so work of its queue that has had less goes first (least-attained-service bands)"
+    )
 
 
 def test_the_operators_file_changes_the_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

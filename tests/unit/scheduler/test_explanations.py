@@ -335,8 +335,8 @@ def test_non_preemptible_work_over_quota_at_two_levels_is_told_both_fixes() -> N
     )
     decisions = decide(scenario.snapshot, scenario.now)
     assert decisions.explanations[10].message == (
-        "non-preemptible work runs only within quota: queue dept-a would hold 1 non-preemptible GPU, over its "
-        "quota of 0; and queue dept would hold 1 non-preemptible GPU, over its quota of 0; it starts once these "
-        "quotas cover it (`gpupool queue update dept-a --gpu-quota 1`, `gpupool queue update dept --gpu-quota "
-        "1`), or submit it preemptible (`gpupool run --preemptible`, `preemptible: true`)"
+        "non-preemptible work runs only within quota: queue dept-a would hold 1 non-preemptible GPU, over "
+        "its quota of 0; and queue dept would hold 1 non-preemptible GPU, over its quota of 0; it starts "
+        "once these quotas cover it (`gpupool queue update dept-a --gpu-quota 1`, `gpupool queue update "
+        "dept --gpu-quota 1`), or submit it preemptible (`gpupool run --preemptible`, `preemptible: true`)"
     )
