@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -296,3 +297,31 @@ def test_max_stopping_gpus_stops_work_in_waves(tmp_path: Path, job_dir: Path) ->
     finally:
         server.stop()
         kill_attempts_under(tmp_path)
+
+
+def test_why_names_the_work_reclaim_may_not_take_yet_and_when_it_may(server: ServerProcess) -> None:
+    """b is owed its quota, but a's work is within a's minimum runtime for reclaim: `why` names that work
+    and the time it becomes reclaimable, not only "reclaim found nothing"."""
+    _queue(server, {"name": "a", "resources": {"gpu": {"quota": 0}}, "min_runtime_reclaim": "10m"})
+    _queue(server, {"name": "b", "resources": {"gpu": {"quota": 2}}})
+    holders = [server.submit({"queue": "a", "name": f"hold{i}", "resources": {"gpu": 2},
+                              "commands": ["sleep 120"]})["id"] for i in range(4)]  # fmt: skip
+    for wid in holders:
+        server.wait_for(wid, states=("running",))
+    owed = server.submit({"queue": "b", "resources": {"gpu": 2}, "commands": ["true"]})
+    server.wait_until(owed["id"], lambda w: "reclaim found nothing" in (w["reason"] or ""))
+    out = server.cli("why", str(owed["id"]), check=True).stdout
+    assert "what reclaim may not take (other queues' work above their quotas):" in out, out
+    named = [line.strip() for line in out.splitlines() if line.startswith("    workload ")]
+    assert len(named) == 4, out
+    assert all(
+        re.fullmatch(
+            r"workload \d+ \(hold\d, queue a, 2 GPUs\): within queue a's minimum runtime for reclaim "
+            r"\(10m\), reclaimable from \d\d:\d\d:\d\d UTC",
+            line,
+        )
+        for line in named
+    ), named
+    with server.http() as client:
+        for wid in [*holders, owed["id"]]:
+            client.post(f"/api/v1/workloads/{wid}/cancel")

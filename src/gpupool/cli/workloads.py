@@ -243,6 +243,7 @@ def why(
                 "state": w["state"],
                 "reason_code": w["reason_code"],
                 "reason": w["reason"],
+                "reclaim_blockers": w.get("reclaim_blockers") or [],
                 "queue": queue,
             }
         )
@@ -263,6 +264,11 @@ def why(
     beyond = _beyond_reclaim(w, queue, fair)
     if beyond:
         console.print(f"  {escape(beyond)}", highlight=False)
+    blockers = w.get("reclaim_blockers") or []
+    if blockers:
+        console.print("  what reclaim may not take (other queues' work above their quotas):", highlight=False)
+        for said in blockers:
+            console.print(f"    {escape(said)}", highlight=False)
 
 
 def _beyond_reclaim(w: Mapping[str, Any], queue: Mapping[str, Any], fair: float) -> str:

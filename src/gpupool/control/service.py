@@ -39,6 +39,7 @@ from gpupool.control.lifecycle import (
 )
 from gpupool.control.notify import redacted_url
 from gpupool.control.readiness import Readiness, word_on
+from gpupool.control.reclaim_blockers import NOTHING_TO_RECLAIM, reclaim_blockers
 from gpupool.control.restarts import RESTART_BACKOFF
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
@@ -975,6 +976,9 @@ def get_workload(
     with store.read() as s:
         workload = _load(s, workload_id)
         view = workload_view(workload, detail=True, live=live, readiness=readiness)
+        if view["state"] == PENDING and NOTHING_TO_RECLAIM in (view["reason"] or ""):
+            # which work of other queues reclaim may not take, and until when (`gpupool why`)
+            view["reclaim_blockers"] = reclaim_blockers(s, workload.queue)
         if workload.kind == SERVICE:
             replicas = _replicas(s, workload)
             view["replicas"] = len(_kept(replicas))
