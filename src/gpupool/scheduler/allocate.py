@@ -154,7 +154,11 @@ class Allocation(EvictionSearch):
         `too-large`, it holds back no other work of its queue under strict blocking)."""
         never = self._never_fits(w)
         if never is not None:
-            return never
+            if never.code == explain.TOO_LARGE or never.code == explain.NO_MATCHING_GPU:
+                return never
+            # No node can take work now (none joined, all out of service): that passes, a limit the work
+            # alone is larger than does not, and is the news (it was hidden while the node was down).
+            return self._over_limit_alone(w) or never
         state = self.state
         limits = self._limits(w.queue)
         if limits:
@@ -175,6 +179,18 @@ class Allocation(EvictionSearch):
                     over.append((name, would, quota))
             if over:
                 return explain.over_quota_nonpreemptible(over)
+        return None
+
+    def _over_limit_alone(self, w: WorkloadView) -> Explanation | None:
+        """The queue limit (its own or an ancestor's) `w` alone asks for more than, said with its fix."""
+        limits = self._limits(w.queue)
+        if not limits:
+            return None
+        wants = whole_demand(w)
+        for name, position, limit in limits:
+            if wants[position] > limit + EPSILON:
+                allocated = self.state.alloc[name][position]
+                return explain.queue_limit(name, RESOURCES[position], allocated, limit, wants[position])
         return None
 
     def _holds_back(self, w: WorkloadView, code: str) -> bool:
