@@ -54,7 +54,7 @@ def test_metrics_need_the_api_token(server: ServerProcess) -> None:
     assert "# TYPE gpupool_scheduler_cycle_seconds histogram" in response.text
 
 
-def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
+def test_prometheus_reads_gpu_series_under_dcgm_names_and_who_holds_each_gpu(
     server: ServerProcess, prometheus: PrometheusProcess, job_dir: Path
 ) -> None:
     with server.http() as client:
@@ -86,14 +86,39 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
     too_big = server.submit({"queue": "nlp", "resources": {"gpu": 16}, "commands": ["true"]})
     assert server.wait_for_reason(too_big["id"])["reason_code"] == "too-large"
 
-    held = prometheus.wait_for(f'DCGM_FI_DEV_FB_USED{{workload="{job["id"]}"}}', count=2)
+    half = server.submit({"name": "half", "resources": {"gpu": 0.5}, "commands": ["sleep 60"]})
+    server.wait_for(half["id"], ("running",))
+
+    # who holds a GPU is a series of its own, one per holder; the GPU's own series carry only its labels
+    held = prometheus.wait_for(f'gpupool_gpu_allocation_info{{workload="{job["id"]}"}}', count=2)
     assert {s["metric"]["queue"] for s in held} == {"nlp"}
     assert {s["metric"]["user"] for s in held} == {"admin"}
-    assert {s["metric"]["modelName"] for s in held} == {"NVIDIA H100 80GB HBM3"}
     assert {s["metric"]["Hostname"] for s in held} == {"node-1"}
+    (part,) = prometheus.wait_for(f'gpupool_gpu_allocation_fraction{{workload="{half["id"]}"}}')
+    assert float(part["value"][1]) == 0.5
     gpus = prometheus.wait_for("DCGM_FI_DEV_GPU_TEMP", count=8)
     assert sorted(int(s["metric"]["gpu"]) for s in gpus) == list(range(8))
     assert all(s["metric"]["UUID"].startswith("GPU-") for s in gpus)
+    assert {s["metric"]["modelName"] for s in gpus} == {"NVIDIA H100 80GB HBM3"}
+    assert {frozenset(s["metric"]) for s in gpus} == {
+        frozenset({"__name__", "gpu", "UUID", "device", "modelName", "Hostname", "instance", "job"})
+    }
+    # joined on (Hostname, gpu), the holder's series on the many side: its GPUs' memory, with its UUIDs
+    memory = prometheus.wait_for(
+        f'gpupool_gpu_allocation_info{{workload="{job["id"]}"}} * on(Hostname, gpu) group_left '
+        "DCGM_FI_DEV_FB_USED",
+        count=2,
+    )
+    assert {s["metric"]["UUID"] for s in memory} == {s["metric"]["UUID"] for s in held}
+    assert {s["metric"]["UUID"] for s in held} <= {s["metric"]["UUID"] for s in gpus}
+    dashboard = json.loads((DOCS / "grafana" / "gpupool.json").read_text())
+    (by_queue,) = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]
+                   if panel["title"].startswith("GPU utilization by queue and user")]  # fmt: skip
+    by_queue = by_queue.replace("$node", ".*").replace("$queue", ".*")
+    assert {(s["metric"]["queue"], s["metric"]["user"]) for s in prometheus.wait_for(by_queue, count=2)} == {
+        ("nlp", "admin"),
+        ("default", "admin"),
+    }
     for name in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
                  "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_SM_CLOCK"):  # fmt: skip
         assert len(prometheus.wait_for(name, count=8)) == 8
@@ -112,10 +137,18 @@ def test_prometheus_reads_gpu_series_under_dcgm_names_with_the_workload_labels(
     assert value('gpupool_node_health{node="node-1",health="healthy"}') == 1.0
     assert value("gpupool_scheduler_cycle_seconds_count") > 0
     assert value('gpupool_gpu_hours_total{queue="nlp"}') >= 0.0
-    server.cli("cancel", str(job["id"]), str(too_big["id"]), str(web["id"]), str(deaf["id"]), check=True)
+    server.cli(
+        "cancel",
+        str(job["id"]),
+        str(half["id"]),
+        str(too_big["id"]),
+        str(web["id"]),
+        str(deaf["id"]),
+        check=True,
+    )
 
-    # Every query of the shipped Grafana dashboard is valid PromQL and finds series here.
-    dashboard = json.loads((DOCS / "grafana" / "gpupool.json").read_text())
+    # Every query of the shipped Grafana dashboard is valid PromQL here (tests/unit/control/
+    # test_metrics_dashboard.py checks that each asks only for series and labels the head exports).
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             expr = target["expr"].replace("$node", ".*").replace("$queue", ".*")

@@ -63,9 +63,10 @@ def test_requests_per_second_add_replicas_up_to_max_and_quiet_removes_them_to_mi
         assert added[0]["actor"] == "autoscaler"
         with server.http() as client:
             scraped = client.get("/metrics").text
-        assert f'gpupool_service_replicas{{kind="wanted",name="echo",workload="{sid}"}} 3.0' in scraped
-        assert f'gpupool_service_replicas{{kind="max",name="echo",workload="{sid}"}} 3.0' in scraped
-        assert f'gpupool_service_load{{metric="rps",name="echo",workload="{sid}"}}' in scraped
+        echo = f'name="echo",queue="default",workload="{sid}"'
+        assert f'gpupool_service_replicas{{kind="wanted",{echo}}} 3.0' in scraped
+        assert f'gpupool_service_replicas{{kind="max",{echo}}} 3.0' in scraped
+        assert f'gpupool_service_load{{metric="rps",{echo}}}' in scraped
         shown_text = server.cli("show", str(sid), check=True).stdout
         assert "autoscaling: 1..3 replicas, 5 requests/s each" in shown_text and "wants 3" in shown_text
 

@@ -1,8 +1,10 @@
 """Prometheus metrics of the head (`GET /metrics`): GPU series under dcgm-exporter's names, and gpupool's own.
 
-GPU series carry dcgm-exporter's labels (`gpu`, `UUID`, `device`, `modelName`, `Hostname`), so dashboards
-built for dcgm-exporter work unchanged, plus `queue`, `workload` and `user` of the workload holding the GPU
-(empty when idle). Units are dcgm-exporter's: framebuffer in MiB, energy in mJ, clocks in MHz. Values are
+GPU series carry dcgm-exporter's labels (`gpu`, `UUID`, `device`, `modelName`, `Hostname`) and nothing
+else, so dashboards built for dcgm-exporter work unchanged and a series stays one series while jobs come and
+go (an alert's `for:` and a counter's increase() span them). Who holds a GPU is its own series,
+`gpupool_gpu_allocation_info` (one per holder: two for a GPU two fractional workloads share), to join on
+(Hostname, gpu). Units are dcgm-exporter's: framebuffer in MiB, energy in mJ, clocks in MHz. Values are
 read at scrape time from the telemetry cache and the store; the scheduler cycle histogram is observed by
 the reconcile loop. The list with meanings is in docs/telemetry.md.
 """
@@ -35,7 +37,8 @@ from gpupool.store.models import Attempt, Gpu, Node, Workload
 from gpupool.timeutil import as_utc
 
 MIB = 1024 * 1024
-GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "queue", "workload", "user")
+GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")  # the GPU's own, never its holder's
+HOLDER_LABELS = ("Hostname", "gpu", "UUID", "workload", "queue", "user")  # one GPU and one holder
 GPU_HOURS_REFRESH = 15.0  # seconds between recomputations of GPU-hours from the attempts
 NODE_STATES = ("ready", "cordoned", "draining", "unhealthy", "lost")
 HEALTH_STATES = ("healthy", "warning", "unhealthy", "unknown")
@@ -193,10 +196,18 @@ class PoolCollector(Collector):
 
     def _gpus(self) -> Iterator[Metric]:
         with self.store.read() as s:
-            models = {(node, idx): (model, name) for node, idx, model, name in s.execute(
-                select(Node.name, Gpu.index, Gpu.model, Gpu.product_name).join(Gpu, Gpu.node_id == Node.id)
+            models = {(node, idx): (model, name, uuid) for node, idx, model, name, uuid in s.execute(
+                select(Node.name, Gpu.index, Gpu.model, Gpu.product_name, Gpu.uuid)
+                .join(Gpu, Gpu.node_id == Node.id)
             )}  # fmt: skip
             lost_nodes = set(s.scalars(select(Node.name).where(Node.state == "lost")))
+            held = s.execute(
+                select(Attempt.workload_id, Attempt.node_name, Attempt.gpu_indices, Attempt.gpu_fraction,
+                       Attempt.pods, Workload.queue, Workload.user)
+                .join(Workload, Attempt.workload_id == Workload.id)
+                .where(Attempt.state == RUNNING)
+            ).all()  # fmt: skip
+        yield from _allocations(held, {key: uuid for key, (_, _, uuid) in models.items()})
         # dcgm-exporter types its cumulative fields (energy, ECC, PCIe replays, remapped rows) as counters
         # under names without `_total`; the Python client would append `_total` to a counter, so they are
         # exposed as gauges under dcgm-exporter's exact names (rate() and increase() read them the same).
@@ -206,18 +217,13 @@ class PoolCollector(Collector):
             if node in lost_nodes or age is None or age > STALE_AFTER:
                 continue  # a node that stopped sending (lost): its last samples are not its GPUs now
             lost = bool(sample.get("lost"))
-            holders = sample.get("holders") or [{}]
-            first = holders[0]
-            model, product = models.get((node, index), ("", ""))
+            model, product, _ = models.get((node, index), ("", "", ""))
             labels = {
                 "gpu": str(index),
                 "UUID": str(sample.get("uuid", "")),
                 "device": f"nvidia{index}",
                 "modelName": product or model,
                 "Hostname": node,
-                "queue": str(first.get("queue", "")),
-                "workload": str(first.get("workload", "")),
-                "user": str(first.get("user", "")),
             }
             for family, (name, _, kind, read) in zip(families, _GPU_SERIES, strict=True):
                 if lost and kind == "gauge" and name not in _KNOWN_WHEN_LOST:
@@ -250,9 +256,10 @@ class PoolCollector(Collector):
         )
         held_back = GaugeMetricFamily(
             "gpupool_queue_held_back_gpus",
-            "GPUs of the queue's pending work that the scheduler does not see: held, waiting on a "
-            "dependency, an array's limit, a crash-loop backoff, a user limit or a spent budget (part of "
-            "pending_gpus).",
+            "GPUs of the queue's pending work that waits for a reason reclaiming from other queues cannot "
+            "fix, so no fair share counts it (part of pending_gpus), by its reason code: held, dependency, "
+            "array-limit (an array's %N), restart-backoff, user-limit, budget (spent), queue-limit (its own "
+            "queue's), too-large or no-matching-gpu (a size or GPU model the pool cannot give).",
             labels=["queue"],
         )
         for q in queues:
@@ -398,16 +405,26 @@ class PoolCollector(Collector):
             "gpupool_service_load",
             "A service's load through the head's proxy over its scaling window, as its autoscaler measured "
             "it: requests per second (metric rps) or requests in flight (metric concurrency).",
-            labels=["workload", "name", "metric"],
+            labels=["workload", "name", "queue", "metric"],
         )
         replicas = GaugeMetricFamily(
             "gpupool_service_replicas",
             "An autoscaled service's replicas: wanted (ceil(load / target), within its range), the count "
             "(pending or running, not stopping), and its range's min and max.",
-            labels=["workload", "name", "kind"],
+            labels=["workload", "name", "queue", "kind"],
         )
-        for wid, word in sorted(self.autoscaling().items()):
-            labels = [str(wid), word.name]
+        words = sorted(self.autoscaling().items())
+        queues: dict[int, str] = {}
+        if words:
+            with self.store.read() as s:
+                ids = [wid for wid, _ in words]
+                queues = {wid: queue for wid, queue in s.execute(
+                    select(Workload.id, Workload.queue).where(Workload.id.in_(ids))
+                )}  # fmt: skip
+        for wid, word in words:
+            if wid not in queues:
+                continue  # deleted since the autoscaler's last look
+            labels = [str(wid), word.name, queues[wid]]
             load.add_metric([*labels, word.metric], word.load)
             for kind, value in (("wanted", word.wanted), ("count", word.replicas), ("min", word.min),
                                 ("max", word.max)):  # fmt: skip
@@ -464,6 +481,34 @@ class Metrics:
                 store, telemetry, health, fair_shares, explanations, readiness, autoscaling, budgets
             )
         )
+
+
+def _allocations(rows: Iterable[Any], uuids: Mapping[tuple[str, int], str]) -> Iterator[Metric]:
+    """Who holds each GPU, one series per GPU and holder, from the running attempts (every pod of a gang):
+    kube-state-metrics' *_info pattern, so the GPU's own series keep their identity when its holder changes.
+    """
+    info = GaugeMetricFamily(
+        "gpupool_gpu_allocation_info",
+        "1 for each workload holding the GPU (two for a GPU two fractional workloads share); join it to a "
+        "GPU series on (Hostname, gpu), this series on the many side.",
+        labels=HOLDER_LABELS,
+    )
+    fraction = GaugeMetricFamily(
+        "gpupool_gpu_allocation_fraction",
+        "The part of the GPU the workload holds (1 for a whole GPU, 0.5 for half of it).",
+        labels=HOLDER_LABELS,
+    )
+    parts: dict[tuple[str, int, int, str, str], float] = {}
+    for wid, node, indices, gpu_fraction, pods, queue, user in rows:
+        for pod in pods or [{"node": node, "gpu_indices": indices, "gpu_fraction": gpu_fraction}]:
+            for index in pod.get("gpu_indices") or ():
+                key = (str(pod.get("node") or node), int(index), int(wid), str(queue), str(user))
+                parts[key] = parts.get(key, 0.0) + float(pod.get("gpu_fraction") or 1.0)
+    for (node, index, wid, queue, user), part in sorted(parts.items()):
+        labels = [node, str(index), uuids.get((node, index), ""), str(wid), queue, user]
+        info.add_metric(labels, 1.0)
+        fraction.add_metric(labels, part)
+    yield from (info, fraction)
 
 
 def _stopping(rows: Iterable[Any]) -> GaugeMetricFamily:
