@@ -39,10 +39,12 @@ from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
 PROBED = ["GET", "HEAD"]  # the methods of the pages a probe may ask for
 MAX_BODY_BYTES = 1 << 20
-# The dashboard runs only its own inline script and talks only to this server; no other site may frame it.
+# The dashboard runs only its own inline script (by its hash) and talks only to this server; no other site
+# may frame it.
 PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-    "connect-src 'self'; img-src 'self' data:; form-action 'none'; frame-ancestors 'none'",
+    "Content-Security-Policy": f"default-src 'none'; script-src {web.script_sources()}; "
+    "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; form-action 'none'; "
+    "frame-ancestors 'none'",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",

@@ -7,6 +7,9 @@ server, as `gpupool ui` prints it, or a form), kept in that browser's local stor
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from functools import cache
 from importlib import resources
 
@@ -14,3 +17,13 @@ from importlib import resources
 @cache
 def page() -> str:
     return resources.files(__package__).joinpath("index.html").read_text(encoding="utf-8")
+
+
+@cache
+def script_sources() -> str:
+    """The page's own inline scripts as CSP sources ('sha256-...' each): the browser runs those and no
+    other script, so text that ever reached the page as HTML could not run as one."""
+    scripts = re.findall(r"<script>(.*?)</script>", page(), flags=re.DOTALL)
+    return " ".join(
+        f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'" for body in scripts
+    )
