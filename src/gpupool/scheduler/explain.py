@@ -150,8 +150,10 @@ def unschedulable_nodes(w: WorkloadView, nodes: Sequence[NodeView]) -> Explanati
     out = [f"{n.name} {n.state}" for n in nodes if not n.schedulable]
     shown = ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")
     ready = len(nodes) - len(out)
+    sick = any(n.state == "unhealthy" for n in nodes if not n.schedulable)
+    evidence = "; why a node is unhealthy: `gpupool health status`" if sick else ""
     return Explanation(
-        NO_CAPACITY, f"needs {w.nodes} schedulable node(s); {ready} can take work now ({shown})"
+        NO_CAPACITY, f"needs {w.nodes} schedulable node(s); {ready} can take work now ({shown}){evidence}"
     )
 
 

@@ -340,3 +340,19 @@ def test_non_preemptible_work_over_quota_at_two_levels_is_told_both_fixes() -> N
         "once these quotas cover it (`gpupool queue update dept-a --gpu-quota 1`, `gpupool queue update "
         "dept --gpu-quota 1`), or submit it preemptible (`gpupool run --preemptible`, `preemptible: true`)"
     )
+
+
+def test_work_waiting_for_an_unhealthy_node_is_told_where_the_evidence_is() -> None:
+    scenario = parse_scenario(
+        {
+            "description": "unhealthy",
+            "nodes": [{"name": "n1", "state": "unhealthy"}, {"name": "n2", "state": "cordoned"}],
+            "pending": [{"id": 10, "gpus": 1, "nodes": 2}],
+            "expect": {"binds": {}},
+        },
+        "unhealthy",
+    )
+    said = decide(scenario.snapshot, scenario.now).explanations[10].message
+    assert said.endswith(
+        "0 can take work now (n1 unhealthy, n2 cordoned); why a node is unhealthy: `gpupool health status`"
+    ), said
