@@ -29,6 +29,7 @@ from gpupool.backends.agent_records import (
 from gpupool.backends.base import Inventory
 
 log = logging.getLogger("gpupool.agents")
+LOG_LOCKS = 64  # locks the rank logs' appends are striped over
 
 HEARTBEAT_INTERVAL = 1.0  # seconds between an agent's heartbeats (the agent's long-poll hold)
 
@@ -67,6 +68,10 @@ class AgentHeartbeats:
         self._clock = clock
         self._started = clock()
         self._lock = threading.Lock()
+        # A rank's log is appended by one heartbeat at a time: an agent that timed out a slow heartbeat
+        # sends its chunk again while the first is still being written, and two appends at one offset wrote
+        # it twice, then cut as much from the next chunk (striped by path: heartbeats of other ranks go on).
+        self._log_locks = tuple(threading.Lock() for _ in range(LOG_LOCKS))
         self._nodes: dict[str, AgentNode] = {}
         self._attempts: dict[int, AgentAttempt] = {}
         self._by_node: dict[str, set[int]] = {}
@@ -262,7 +267,7 @@ class AgentHeartbeats:
         data = base64.b64decode(chunk.get("data") or "")
         offset = int(chunk.get("offset") or 0)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as fh:
+        with self._log_locks[hash(path) % LOG_LOCKS], open(path, "ab") as fh:
             size = fh.tell()
             if offset <= size < offset + len(data):
                 fh.write(data[size - offset :])
