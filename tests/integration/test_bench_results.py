@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,9 @@ def test_a_submitted_bench_job_is_recorded_by_the_head_for_the_node_it_ran_on(
     head: ServerProcess, job_dir: Path
 ) -> None:
     args = tiny_gemm_submit("--node", "node-1")
-    assert "submitted 1 (bench-gemm)" in head.cli(*args, cwd=job_dir, check=True).stdout
+    submitted = " ".join(head.cli(*args, cwd=job_dir, check=True).stdout.split())
+    assert submitted.startswith("submitted 1 (bench-gemm)")
+    assert submitted.endswith(f"results: {job_dir}/gpupool-bench-gemm-job1-node0.json"), submitted
     assert head.workload(1)["spec"]["placement"]["nodes"] == ["node-1"]
     assert head.wait_for(1, timeout=60)["state"] == "succeeded", head.cli("logs", "1").stdout
 
@@ -131,6 +134,7 @@ def test_bad_results_and_unpinnable_jobs_are_refused_with_one_line(
     gemm = tmp_path / "gemm.json"
     head.cli("bench", "gemm", "--device", "cpu", "--sizes", "32", "-n", "1", "-w", "0", "--json", str(gemm),
              check=True)  # fmt: skip
+    assert "measured_at" in json.loads(gemm.read_text())
     unknown = head.cli("bench", "record", str(gemm), "--node", "node-9")
     assert unknown.returncode == 1
     assert unknown.stderr.strip() == "error: no node named 'node-9' (nodes: node-1); name one with --node"
@@ -139,7 +143,26 @@ def test_bad_results_and_unpinnable_jobs_are_refused_with_one_line(
     assert response.status_code == 422
     assert response.json()["error"]["field"] == "report.nranks"
     assert head.cli("bench", "results", "--json", check=True).stdout.strip() == "[]"  # nothing half-stored
+    undated = tmp_path / "undated.json"  # as gpupool wrote them before reports said when they were measured
+    dated = json.loads(gemm.read_text())
+    undated.write_text(json.dumps({k: v for k, v in dated.items() if k != "measured_at"}))
+    taken = head.cli("bench", "record", str(undated), "--node", "node-1", check=True)
+    assert " ".join(taken.stderr.split()) == (
+        f"warning: {undated} has no measured_at (a bench of an older gpupool wrote it): recorded as measured "
+        "now, so it is the node's newest result of its series"
+    )
 
+    assert head.cli("ps", "--all", "--json", check=True).stdout.strip() == "[]"
+    empty = head.cli("bench", "gemm", "--sizes", "128,,", "--device", "cpu")
+    assert empty.returncode == 1
+    assert empty.stderr.strip() == (
+        "error: --sizes '128,,': an empty size between commas; give e.g. 1024,2048,4096"
+    )
+    for pinned in ([], ["--node", "node-1"]):  # simulated GPUs: torch sees none, so a GPU gemm cannot run
+        simulated = head.cli("bench", "gemm", "--submit", "--gpus", "1", *pinned)
+        assert simulated.returncode == 1
+        assert "simulated (gpupool server --gpus sim:...), which torch cannot see" in simulated.stderr
+        assert simulated.stderr.strip().endswith("measure the CPU instead with --device cpu")
     assert head.cli("ps", "--all", "--json", check=True).stdout.strip() == "[]"
     gang = head.cli("bench", "collective", "--submit", "--gpus", "1", "--nodes", "2", "--node", "node-1")
     assert gang.returncode == 1
@@ -183,12 +206,26 @@ def test_with_action_unhealthy_a_slow_result_drains_the_node_until_a_newer_one_p
         now = node()  # unhealthy also while each recheck's job runs (docs/telemetry.md)
         assert now["health"] == "unhealthy" and now["state"] == "unhealthy"
 
-        # A newer result of the same series that meets the threshold (as a faster machine would give).
+        # An older result that passed, sent again (a file kept from before): refused, the node stays out.
         fast = json.loads(slow.read_text())
         for row in fast["rows"]:
             row["tflops"] = 50.0
+        measured = datetime.fromisoformat(fast["measured_at"])
+        fast["measured_at"] = (measured - timedelta(days=1)).isoformat()
+        (tmp_path / "old.json").write_text(json.dumps(fast))
+        old = head.cli("bench", "record", str(tmp_path / "old.json"), "--node", "node-1")
+        assert old.returncode == 1
+        refusal = f"error: report.measured_at: {fast['measured_at']} is before the newest gemm float result"
+        newest = f"of node node-1 (measured {measured.isoformat()})"
+        assert old.stderr.startswith(f"{refusal} {newest}"), old.stderr
+        assert node()["state"] == "unhealthy"
+
+        # A newer result of the same series that meets the threshold (as a faster machine would give).
+        fast["measured_at"] = (measured + timedelta(seconds=1)).isoformat()
         (tmp_path / "fast.json").write_text(json.dumps(fast))
-        head.cli("bench", "record", str(tmp_path / "fast.json"), "--node", "node-1", check=True)
+        taken = head.cli("bench", "record", str(tmp_path / "fast.json"), "--node", "node-1", check=True)
+        when = (measured + timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S")
+        assert f"recorded for node node-1 (measured {when} UTC): gemm float: best 50 TFLOPS" in taken.stdout
         back = poll(node, lambda n: n["state"] == "ready")
         assert back["state_reason"].startswith("health: passed the quick active checks")
     finally:

@@ -108,3 +108,45 @@ def test_bad_usage_requests_name_the_field_and_the_fix(server: ServerProcess) ->
             assert error["field"] == field and field in error["message"], error
     refused = server.cli("usage", "--by", "team")
     assert refused.returncode != 0 and "--by team: not one of queue" in refused.stderr
+
+
+def test_a_report_of_one_user_counts_only_their_work_and_an_unknown_parameter_is_refused(
+    server: ServerProcess,
+) -> None:
+    made = json.loads(server.cli("token", "create", "alice", "--json", check=True).stdout)
+    with server.http(str(made["token"])) as client:
+        response = client.post("/api/v1/workloads", json={"resources": {"gpu": 1}, "commands": ["sleep 1"]})
+        assert response.status_code == 201, response.text
+        hers = response.json()
+    mine = server.submit({"resources": {"gpu": 1}, "commands": ["sleep 1"]})  # the admin's
+    for w in (hers, mine):
+        server.wait_for(w["id"], states=("succeeded",))
+    with server.http() as client:
+        answer = client.get("/api/v1/usage", params={"since": "1d", "by": "workload", "user": "alice"})
+        assert answer.status_code == 200, answer.text
+        report = answer.json()
+        assert [r["key"] for r in report["rows"]] == [str(hers["id"])] and report["users"] == ["alice"]
+        both = client.get("/api/v1/usage", params={"by": "user", "user": "alice,admin"}).json()
+        assert sorted(r["key"] for r in both["rows"]) == ["admin", "alice"]
+        for params, field in (
+            ({"by": "workload", "users": "alice"}, "users"),  # a misspelling is not everyone's report
+            ({"since": "1d", "bogus": "1"}, "bogus"),
+            ({"user": "alcie"}, "user"),
+            ({"user": "alice,"}, "user"),
+        ):
+            response = client.get("/api/v1/usage", params=params)
+            assert response.status_code == 422, (params, response.text)
+            error = response.json()["error"]
+            assert error["field"] == field and error["message"].startswith(f"{field}: "), error
+
+    only_hers = _report(server, "--by", "workload", "--user", "alice")
+    assert [r["key"] for r in only_hers["rows"]] == [str(hers["id"])]
+    mine_only = _report(server, "--by", "workload", "--me")
+    assert [r["key"] for r in mine_only["rows"]] == [str(mine["id"])]
+    repeated = _report(server, "--by", "user", "-u", "alice", "-u", "admin")
+    assert repeated["users"] == ["admin", "alice"]
+    table = server.cli("usage", "--by", "outcome", "--user", "alice", check=True).stdout
+    assert "so the lines can add up to more than TOTAL" in " ".join(table.split()), table
+    assert "Only the work of alice" in " ".join(table.split()), table
+    refused = server.cli("usage", "--user", "alice,,admin")
+    assert refused.returncode != 0 and "--user 'alice,,admin': an empty name" in refused.stderr

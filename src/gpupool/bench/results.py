@@ -11,6 +11,9 @@ that make two results comparable, and the figures the health checks and /metrics
   largest shape), `by_size` (each row's device, `MxNxK`, TFLOPS and fraction of peak);
 - train: `tokens_per_s`, `tflops_per_gpu`, `mfu`, `iteration_time_s`, `world_size`.
 
+A report says when it was measured (`measured_at`, UTC ISO 8601, which `gpupool bench` writes); reports
+written before it did have none, and the head then takes the time they arrive.
+
 Pure: no I/O, no torch. Also the line a bench run as a gpupool job prints so the head can read its
 result from the job's log (`RESULT_MARKER`).
 """
@@ -20,7 +23,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 KINDS = ("collective", "gemm", "train")
@@ -39,6 +43,7 @@ class BenchSummary:
     parameters: dict[str, Any]
     figures: dict[str, Any]
     report: dict[str, Any]
+    measured_at: datetime | None = None  # the report's `measured_at`; None: an older report without it
 
 
 def kind_of(report: Any) -> str:
@@ -62,16 +67,37 @@ def summarize(report: Any, kind: str | None = None) -> list[BenchSummary]:
         if kind not in KINDS:
             raise BenchResultError(f"kind: {kind!r} is not a bench kind; one of {', '.join(KINDS)}")
         raise BenchResultError(f"kind: {kind!r}, but the report is a {found} result; drop kind or fix it")
+    at = measured_at(report)
     if found == "collective":
         if "ops" in report:
             ops = _field(report, "ops", list, "report")
             if not ops:
                 raise BenchResultError("report.ops: empty; a collective result has at least one op")
-            return [_collective(op, f"report.ops[{i}]") for i, op in enumerate(ops)]
-        return [_collective(report, "report")]
-    if found == "gemm":
-        return [_gemm(report)]
-    return [_train(report)]
+            series = [_collective(op, f"report.ops[{i}]") for i, op in enumerate(ops)]
+        else:
+            series = [_collective(report, "report")]
+    elif found == "gemm":
+        series = [_gemm(report)]
+    else:
+        series = [_train(report)]
+    return [replace(s, measured_at=at) for s in series]
+
+
+def measured_at(report: Mapping[str, Any]) -> datetime | None:
+    """When the report says it was measured (UTC; a time without a zone is UTC); None when it does not."""
+    value = report.get("measured_at")
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise BenchResultError(
+            f"report.measured_at: {value!r} is not an ISO 8601 time such as 2026-12-01T08:00:00+00:00; "
+            "give the report exactly as the bench wrote it"
+        ) from None
+    return moment.astimezone(UTC) if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _collective(report: Any, where: str) -> BenchSummary:

@@ -28,6 +28,17 @@ def json_name(kind: str, distributed: bool) -> str:
     return f"gpupool-bench-{kind}-job${{GPUPOOL_JOB_ID}}{suffix}.json"
 
 
+def results_path(kind: str, distributed: bool, job_id: int, nodes: int) -> str:
+    """The results file(s) of a submitted job as a person reads them: the name, or with several nodes that
+    each write their own, a pattern with `<rank>` that says so."""
+    name = json_name(kind, distributed).replace("${GPUPOOL_JOB_ID}", str(job_id))
+    if distributed:
+        return name
+    if nodes == 1:
+        return name.replace("${GPUPOOL_NODE_RANK}", "0")
+    return name.replace("${GPUPOOL_NODE_RANK}", "<rank>") + f" (one per node, <rank> 0..{nodes - 1})"
+
+
 def job_spec(
     kind: str,
     forward: list[str],

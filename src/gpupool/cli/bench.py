@@ -13,12 +13,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from gpupool.bench.errors import BenchError
 from gpupool.cli.render import JSON_HELP, console, err_console, print_error, print_json, print_warnings
+from gpupool.timeutil import utcnow
+
+if TYPE_CHECKING:
+    from gpupool.client import Client
 
 bench_app = typer.Typer(
     help="Benchmarks in the formats people already read: nccl-tests tables, GEMM TFLOPS, Megatron-style MFU.",
@@ -82,9 +86,11 @@ _EMIT = typer.Option(
 
 def _report(kind: str, payload: dict[str, Any], json_out: Path | None, *, record: bool, node: str | None,
             emit: bool) -> None:  # fmt: skip
-    """Write --json, print the job's result line (--emit-result), and record the result on the head."""
+    """Write --json, print the job's result line (--emit-result), and record the result on the head. The
+    report says when it was measured (`measured_at`): a copy sent later is stored at that time."""
     from gpupool.bench.results import result_line
 
+    payload = {**payload, "measured_at": utcnow().isoformat()}
     _write_json(json_out, payload)
     if emit:
         rank = os.environ.get("GPUPOOL_NODE_RANK", "")
@@ -134,8 +140,16 @@ def describe(result: dict[str, Any]) -> str:
     params = (p.get("model") or {}).get("parameters") or 0
     return (
         f"train {key}: {f['tokens_per_s']:.4g} tokens/s, {f['tflops_per_gpu']:.4g} TFLOP/s per GPU, "
-        f"MFU {mfu} ({params / 1e6:.1f}M parameters, {f['world_size']} ranks, {p.get('parallel')})"
+        f"MFU {mfu} ({count_text(params)} parameters, {f['world_size']} ranks, {p.get('parallel')})"
     )
+
+
+def count_text(n: float) -> str:
+    """A count as people write model sizes: 17.4K, 124M, 1.3B (three significant digits); 512 as is."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:g}"
 
 
 def _size_text(n: int) -> str:
@@ -156,8 +170,11 @@ def _submit(
     name: str | None,
     print_spec: bool,
     node: str | None = None,
+    needs_gpus: bool = False,
 ) -> None:
-    from gpupool.bench.submit import job_spec, json_name
+    """Submit the bench as a job; `needs_gpus`: it fails without GPUs torch can see (gemm's --device all),
+    so a pool of simulated GPUs is refused here rather than at run time."""
+    from gpupool.bench.submit import job_spec, results_path
     from gpupool.spec import parse_workload_spec
 
     spec = job_spec(
@@ -177,14 +194,35 @@ def _submit(
         return
     from gpupool.cli.app import client  # the global --server/--token options live there
 
-    created = client().submit(spec)
-    results = json_name(kind, distributed).replace("${GPUPOOL_JOB_ID}", str(created["id"]))
+    c = client()
+    if needs_gpus:
+        _refuse_simulated(c, node)
+    created = c.submit(spec)
+    results = results_path(kind, distributed, created["id"], nodes)
     console.print(
         f"submitted [bold]{created['id']}[/bold] ({created['name']}) to queue {created['queue']}: "
         f"{created['state']}; results: {spec['workdir']}/{results}",
         highlight=False,
     )
     print_warnings(created)
+
+
+def _refuse_simulated(c: Client, node: str | None) -> None:
+    """BenchError when every GPU the job could be placed on (`node`'s, else the pool's) is simulated: torch
+    sees none there, so `--device all` would fail when the job runs."""
+    from gpupool.client import GpupoolError
+
+    try:
+        nodes = c.nodes()
+    except GpupoolError:
+        return  # the submit that follows says what is wrong with the server or the token
+    gpus = [g for n in nodes if node is None or n["name"] == node for g in n.get("gpus") or []]
+    if gpus and all(g.get("simulated") for g in gpus):
+        where = f"node {node}'s GPUs are" if node is not None else "the pool's GPUs are all"
+        raise BenchError(
+            f"--submit: {where} simulated (gpupool server --gpus sim:...), which torch cannot see, so a "
+            "GPU gemm would fail when the job runs; measure the CPU instead with --device cpu"
+        )
 
 
 # -- collective ---------------------------------------------------------------------------------------------
@@ -305,6 +343,8 @@ def gemm(
         if dtype is not None:
             parse_gemm_dtype(dtype)
         if sizes is not None:
+            if any(not part.strip() for part in sizes.split(",")):  # "128,," is a typo, not "128"
+                raise BenchError(f"--sizes {sizes!r}: an empty size between commas; give e.g. 1024,2048,4096")
             parse_shapes(sizes)
         if iters < 1 or warmup_iters < 0:
             raise BenchError("-n/--iters must be at least 1 and -w/--warmup_iters at least 0")
@@ -318,8 +358,10 @@ def gemm(
                 "all" if device == "auto" else device,
             ]
             forward += (["--dtype", dtype] if dtype else []) + (["--sizes", sizes] if sizes else [])
+            # auto is all on a job: a GPU job that found no GPU must fail, not record the CPU's TFLOPS
+            # for a GPU node (which could drain it, bench.action unhealthy)
             _submit("gemm", forward, distributed=False, nodes=nodes, gpus=gpus, queue=queue, name=name,
-                    print_spec=print_spec, node=node)  # fmt: skip
+                    print_spec=print_spec, node=node, needs_gpus=device != "cpu")  # fmt: skip
             return
         from gpupool.bench import gemm_torch
 
@@ -499,7 +541,7 @@ def record_file(
     node: str | None = typer.Option(None, "--node", help="the node it was measured on (default: this host)"),
 ) -> None:
     """Record a saved bench result on the head for a node (admin token)."""
-    from gpupool.bench.results import BenchResultError, kind_of
+    from gpupool.bench.results import BenchResultError, kind_of, measured_at
 
     with _bench_errors():
         try:
@@ -510,13 +552,26 @@ def record_file(
             raise BenchError(f"{path}: not JSON ({exc}); give the file a bench wrote with --json") from exc
         try:
             kind = kind_of(payload)
+            dated = measured_at(payload) is not None
         except BenchResultError as exc:
             raise BenchError(f"{path}: {exc}") from exc
         from gpupool.cli.app import client
 
         stored = client().record_bench(node or socket.gethostname(), payload, kind=kind, source="file")
         for r in stored:
-            console.print(f"recorded for node {r['node']}: {describe(r)}", highlight=False, soft_wrap=True)
+            when = r["measured_at"][:19].replace("T", " ")
+            console.print(
+                f"recorded for node {r['node']} (measured {when} UTC): {describe(r)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        if not dated:
+            err_console.print(
+                f"warning: {path} has no measured_at (a bench of an older gpupool wrote it): recorded as "
+                "measured now, so it is the node's newest result of its series",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _no_constant(name: str) -> None:

@@ -441,11 +441,20 @@ class Client:
 
     # -- usage and cost --------------------------------------------------------------------------------
     def usage(
-        self, since: str | None = None, until: str | None = None, by: str = "queue", queue: str | None = None
+        self,
+        since: str | None = None,
+        until: str | None = None,
+        by: str = "queue",
+        queue: str | None = None,
+        users: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         """GPU-hours (and cost) over a window, a row per `by` key; `since`/`until`: ISO times or durations
-        before now ("7d")."""
-        params = {k: v for k, v in (("since", since), ("until", until), ("queue", queue)) if v}
+        before now ("7d"); `users`: only the work they submitted (None: everyone's)."""
+        params: dict[str, Any] = {
+            k: v for k, v in (("since", since), ("until", until), ("queue", queue)) if v
+        }
+        if users is not None:
+            params["user"] = list(users)
         result: dict[str, Any] = self._call("GET", "/api/v1/usage", params={**params, "by": by})
         return result
 

@@ -11,6 +11,9 @@ attempt without any (an old one, a Slurm node's) is left out of both, never coun
 model is the one recorded when the attempt started (attempts from before gpupool recorded it take the
 model its node has now).
 
+A report of some users (`users`) counts only the attempts of their workloads, in every grouping; a name
+that never submitted work and holds no token is refused (a typo must not read as "used nothing").
+
 Prices come from `$GPUPOOL_HOME/prices.yaml` (spec/prices.py), read when the server starts. Without the
 file the report has GPU-hours and no costs; with it, hours of a model it does not price (and no `default`)
 are reported as unpriced, never as free.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,7 +39,7 @@ from gpupool.gpu.catalog import families, known_models
 from gpupool.spec import SpecError, parse_duration
 from gpupool.spec.prices import DEFAULT_MODEL, PricesSpec, parse_prices_spec
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Gpu, Node, Queue, Workload
+from gpupool.store.models import ApiToken, Attempt, Gpu, Node, Queue, Workload
 from gpupool.timeutil import as_utc
 
 log = logging.getLogger(__name__)
@@ -196,13 +199,16 @@ def usage(
     *,
     by: str = "queue",
     queue: str | None = None,
+    users: Sequence[str] | None = None,
     prices: PricesSpec | None = None,
     now: datetime,
 ) -> dict[str, Any]:
     """The report: a row per `by` key (GPU-hours, share, cost, attempts, workloads, GPU-hours by how the
-    attempts ended), the total, and the pool's capacity over the window."""
+    attempts ended), the total, and the pool's capacity over the window; `users`: only their work."""
     if by not in GROUPS:
         raise Invalid(f"by: {by!r} is not one of {', '.join(GROUPS)}", field="by", example="queue")
+    if users is not None and not users:
+        raise Invalid("user: empty; give a user's name, e.g. user=alice", field="user", example="alice")
     hours = (until - since).total_seconds() / HOUR
     with store.read() as s:
         if queue is not None and not _known_queue(s, queue):
@@ -210,6 +216,14 @@ def usage(
                 f"queue: no queue named {queue!r} and no work in one; list them with `gpupool queues`",
                 field="queue",
             )
+        for name in users or ():
+            if not _known_user(s, name):
+                raise Invalid(
+                    f"user: no work was ever submitted by {name!r} and no token has that name; check the "
+                    "spelling (`gpupool ps --all` shows who submitted what)",
+                    field="user",
+                    example="alice",
+                )
         models = _models(s)
         pool = _pool_nodes(s)
         capacity = sum(len(gpus) for node, gpus in models.items() if node in pool)  # the pool's GPUs now
@@ -217,7 +231,8 @@ def usage(
         quotas = {q.name: _gpu_quota(q.spec) for q in queue_rows}
         parents = {q.name: q.parent for q in queue_rows}
         # a queue's report covers the queues under it too, as its budget counts them (a department's)
-        spans = list(_spans(s, since, until, None if queue is None else _subtree(s, queue), models, now))
+        queues = None if queue is None else _subtree(s, queue)
+        spans = list(_spans(s, since, until, queues, models, now, users=users))
     rows: dict[str, _Row] = {}
     total = _Row()
     for span in spans:
@@ -230,7 +245,7 @@ def usage(
             row.add(held, price, span.attempt, span.workload, span.outcome, span.utilization_pct)
         held = span.gpus * (span.end - span.start).total_seconds() / HOUR
         total.add(held, price, span.attempt, span.workload, span.outcome, span.utilization_pct)
-    if by == "queue" and queue is None:
+    if by == "queue" and queue is None and users is None:
         for name in quotas:  # a queue that used nothing is a line too: its quota went unused
             rows.setdefault(name, _Row())
     below = _below(rows, parents) if by == "queue" else {}
@@ -242,6 +257,7 @@ def usage(
         "hours": round(hours, 6),
         "by": by,
         "queue": queue,
+        "users": sorted(set(users)) if users is not None else None,
         "currency": prices.currency if priced and prices is not None else None,
         "capacity_gpu_hours": round(capacity * hours, 6),
         "capacity_gpus": capacity,
@@ -287,6 +303,13 @@ def _known_queue(s: Session, queue: str) -> bool:
     if s.scalar(select(Queue.id).where(Queue.name == queue)) is not None:
         return True
     return s.scalar(select(Workload.id).where(Workload.queue == queue).limit(1)) is not None
+
+
+def _known_user(s: Session, name: str) -> bool:
+    """Someone who holds a token (work is submitted as the token's name), or who once submitted work."""
+    if s.scalar(select(ApiToken.id).where(ApiToken.name == name)) is not None:
+        return True
+    return s.scalar(select(Workload.id).where(Workload.user == name).limit(1)) is not None
 
 
 def _models(s: Session) -> dict[str, dict[int, str]]:
@@ -338,8 +361,11 @@ def _spans(
     queues: list[str] | None,
     models: dict[str, dict[int, str]],
     now: datetime,
+    *,
+    users: Sequence[str] | None = None,
 ) -> Iterator[_Span]:
-    """Every pod of every attempt that held GPUs inside the window, cut to it (of `queues` only, if given)."""
+    """Every pod of every attempt that held GPUs inside the window, cut to it (of `queues` and of `users`
+    only, if given)."""
     query = (
         select(*_SPAN_COLUMNS)
         .join(Workload, Attempt.workload_id == Workload.id)
@@ -348,6 +374,8 @@ def _spans(
     )
     if queues is not None:
         query = query.where(Attempt.queue.in_(queues))  # where its GPU-hours were spent (work may move)
+    if users is not None:
+        query = query.where(Workload.user.in_(list(users)))
     for row in s.execute(query):
         yield from _row_spans(row, since, until, models, now)
 

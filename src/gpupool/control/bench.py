@@ -6,6 +6,12 @@ A bench submitted with `gpupool bench ... --submit` prints its report as one mar
 which every backend delivers to the head, and records it for the node each rank ran on (gemm: every node
 its own; collective and train: the gang's result, from global rank 0, for every node of the gang). No
 credential is needed inside the job, and the node is the one the head placed the rank on.
+
+A result is stored at the time its report says it was measured (`measured_at`; one from the future is
+taken as now; a report without it, from before gpupool wrote it, at the time it arrives). A result measured
+before the newest one of its series on a node is refused (409): the newest result is what the health
+checks judge, and an old passing file sent again must never put back in service a node that a newer, slow
+result drained.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from gpupool.bench.results import (
     reports_in_log,
     summarize,
 )
-from gpupool.control.errors import Invalid, NotFound
+from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.health.bench import judge
 from gpupool.health.checks import Verdict
 from gpupool.health.thresholds import HealthConfig
@@ -86,12 +92,17 @@ def record(
     workload_id: int | None = None,
     measured_together: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Store each series for each node; keeps the newest HISTORY_PER_SERIES per (node, kind, key)."""
+    """Store each series for each node at the time it was measured; keeps the newest HISTORY_PER_SERIES
+    per (node, kind, key). Conflict, and nothing stored, when a series already has a newer result."""
     if not nodes:
         raise Invalid("node: give the node the bench ran on, e.g. node-1", field="node")
     together = list(measured_together or nodes)
+    now = utcnow()
     with store.session() as s:
         models = _check_nodes(s, nodes)
+        for name in nodes:
+            for summary in summaries:
+                _refuse_older(s, name, summary, min(summary.measured_at or now, now))
         rows = []
         for name in nodes:
             for summary in summaries:
@@ -99,7 +110,7 @@ def record(
                     node_name=name, kind=summary.kind, key=summary.key[:64], gpu_model=models[name],
                     nodes=together, workload_id=workload_id, source=source, actor=actor,
                     parameters=summary.parameters, figures=summary.figures, report=summary.report,
-                    measured_at=utcnow(),
+                    measured_at=min(summary.measured_at or now, now),
                 )  # fmt: skip
                 s.add(row)
                 rows.append(row)
@@ -114,6 +125,28 @@ def record(
             v["node"], v["kind"], v["key"], v["source"], v["figures"],
         )  # fmt: skip
     return views
+
+
+def _refuse_older(s: Session, node: str, summary: BenchSummary, at: datetime) -> None:
+    """Conflict when `node`'s newest result of the series was measured after `at` (the same time is a
+    report sent again: taken, it changes nothing)."""
+    series = (
+        BenchResult.node_name == node,
+        BenchResult.kind == summary.kind,
+        BenchResult.key == summary.key[:64],
+    )
+    newest = as_utc(
+        s.scalar(select(BenchResult.measured_at).where(*series).order_by(BenchResult.id.desc()).limit(1))
+    )
+    if newest is None or newest <= at:
+        return
+    raise Conflict(
+        f"report.measured_at: {at.isoformat()} is before the newest {summary.kind} {summary.key} result of "
+        f"node {node} (measured {newest.isoformat()}); an older result cannot replace a newer one (it "
+        f"could return a node that the newer result drained); `gpupool bench results {node} --history` "
+        "lists them",
+        field="report.measured_at",
+    )
 
 
 def _prune(s: Session, node: str, kind: str, key: str) -> None:
@@ -305,7 +338,7 @@ class JobResults:
                     record(self.store, summaries, targets, source=f"job {workload_id}", actor="bench-job",
                            workload_id=workload_id, measured_together=gang)
                 )  # fmt: skip
-            except NotFound as exc:  # the node left the pool since
+            except (NotFound, Conflict) as exc:  # the node left the pool since; a newer result is there
                 log.warning("event=bench_result_refused workload=%s error=%r", workload_id, exc.message)
         return recorded
 
@@ -374,7 +407,7 @@ def metric_families(results: Iterable[Mapping[str, Any]]) -> Iterator[Metric]:
         "gpupool_bench_train_mfu", "GPT training model FLOPs utilization.", labels=train_labels
     )
     when = GaugeMetricFamily(
-        "gpupool_bench_result_timestamp_seconds", "When the newest result of the series was recorded (unix).",
+        "gpupool_bench_result_timestamp_seconds", "When the newest result of the series was measured (unix).",
         labels=[*base, "kind", "key"],
     )  # fmt: skip
     for r in sorted(results, key=lambda r: int(r["id"])):

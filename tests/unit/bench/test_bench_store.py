@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,7 @@ from gpupool.backends.agent_records import rank_log_path
 from gpupool.bench import results
 from gpupool.bench.results import result_line, summarize
 from gpupool.control import bench
-from gpupool.control.errors import NotFound
+from gpupool.control.errors import Conflict, NotFound
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Gpu, Node, Workload
 from gpupool.timeutil import utcnow
@@ -158,3 +158,47 @@ def test_a_nodes_bench_verdict_is_judged_again_when_its_results_change_or_age_ou
     book.refresh()
     now = book.latest("node-1")[0]["measured_at_unix"] + 1
     assert book.verdict("node-1", config, now).health == "healthy"
+
+
+def test_a_result_is_stored_at_the_time_it_was_measured_and_an_older_one_never_replaces_a_newer(
+    store: Store,
+) -> None:
+    now = utcnow()
+
+    def at(moment: datetime, busbw: float = 470.5) -> list[results.BenchSummary]:
+        report = collective()
+        report["rows"][-1]["out_of_place"]["busbw"] = busbw
+        return summarize({**report, "measured_at": moment.isoformat()})
+
+    [first] = bench.record(store, at(now - timedelta(hours=2), 300.0), ["node-1"], source="cli", actor="a")
+    assert first["measured_at"] == (now - timedelta(hours=2)).isoformat()
+    # an older file sent later (a passing one, say): refused, for every node named, and nothing stored
+    with pytest.raises(Conflict, match=r"is before the newest collective all_reduce result of node node-1"):
+        bench.record(store, at(now - timedelta(days=3)), ["node-2", "node-1"], source="file", actor="a")
+    assert [r["id"] for r in bench.history(store)] == [first["id"]]
+    # the same report again changes nothing and is taken; a newer one becomes the newest
+    bench.record(store, at(now - timedelta(hours=2), 300.0), ["node-1"], source="file", actor="a")
+    [newer] = bench.record(store, at(now - timedelta(hours=1)), ["node-1"], source="cli", actor="a")
+    assert bench.history(store, node="node-1", latest=True)[0]["id"] == newer["id"]
+    # a report from the future (a clock ahead) is taken as now, so it cannot block the results after it
+    [ahead] = bench.record(store, at(now + timedelta(days=1)), ["node-1"], source="cli", actor="a")
+    assert datetime.fromisoformat(ahead["measured_at"]) <= utcnow()
+    # a report without measured_at (an older gpupool wrote it) is stored at the time it arrives
+    [undated] = bench.record(store, summarize(collective()), ["node-1"], source="file", actor="a")
+    assert datetime.fromisoformat(undated["measured_at"]) >= datetime.fromisoformat(ahead["measured_at"])
+    # other nodes and series are their own: an old result is taken where nothing newer is
+    [elsewhere] = bench.record(store, at(now - timedelta(days=3)), ["node-2"], source="file", actor="a")
+    assert elsewhere["node"] == "node-2"
+
+
+def test_a_bench_jobs_result_older_than_the_newest_is_logged_and_skipped(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    newest = utcnow()
+    bench.record(store, summarize({**collective(), "measured_at": newest.isoformat()}), ["node-1"],
+                 source="cli", actor="a")  # fmt: skip
+    old = {**collective(), "measured_at": (newest - timedelta(days=1)).isoformat()}
+    ended_bench_job(store, tmp_path, {0: result_line(old, 0)}, command=BENCH.format("collective"))
+    assert bench.JobResults(store).sweep() == 0
+    assert "event=bench_result_refused" in caplog.text and "is before the newest" in caplog.text
+    assert len(bench.history(store)) == 1

@@ -6,7 +6,7 @@ import pytest
 
 from gpupool.bench.errors import BenchError
 from gpupool.bench.peak import peak_for
-from gpupool.bench.submit import job_spec
+from gpupool.bench.submit import job_spec, results_path
 from gpupool.spec import parse_workload_spec
 
 
@@ -67,3 +67,11 @@ def test_multi_node_jobs_use_torchrun_with_the_job_contract() -> None:
 def test_submit_needs_gpus() -> None:
     with pytest.raises(BenchError, match="--submit needs --gpus"):
         job_spec("gemm", [], distributed=False, nodes=1, gpus=None, queue="q", name=None, workdir="/w")
+
+
+def test_the_results_file_a_submitted_job_writes_is_named_as_a_person_finds_it() -> None:
+    assert results_path("gemm", False, 7, 1) == "gpupool-bench-gemm-job7-node0.json"
+    assert results_path("gemm", False, 7, 3) == (
+        "gpupool-bench-gemm-job7-node<rank>.json (one per node, <rank> 0..2)"
+    )
+    assert results_path("train", True, 7, 2) == "gpupool-bench-train-job7.json"  # rank 0 writes for all

@@ -127,3 +127,18 @@ def test_a_report_survives_the_trip_through_a_job_log() -> None:
         RESULT_MARKER + '{"node_rank": 0}',
     ]
     assert list(reports_in_log("\n".join(lines))) == [(None, report), (1, report)]
+
+
+def test_a_report_says_when_it_was_measured_and_an_older_one_without_it_has_no_time() -> None:
+    from datetime import UTC, datetime
+
+    [dated] = summarize({**TRAIN, "measured_at": "2026-12-01T08:00:00+01:00"})
+    assert dated.measured_at == datetime(2026, 12, 1, 7, 0, tzinfo=UTC)
+    [naive] = summarize({**TRAIN, "measured_at": "2026-12-01T08:00:00"})  # no zone: UTC
+    assert naive.measured_at == datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    ops = summarize({"ops": [collective(), collective("all_gather")], "measured_at": "2026-12-01T08:00:00Z"})
+    assert {s.measured_at for s in ops} == {datetime(2026, 12, 1, 8, 0, tzinfo=UTC)}
+    assert summarize(TRAIN)[0].measured_at is None
+    for bad in ("yesterday", 1764576000, ""):
+        with pytest.raises(BenchResultError, match=r"^report\.measured_at: .* is not an ISO 8601 time"):
+            summarize({**TRAIN, "measured_at": bad})

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gpupool.control import accounting, service
+from gpupool.control import accounting, service, tokens
 from gpupool.control.errors import Invalid
 from gpupool.spec import parse_queue_spec
 from gpupool.spec.prices import parse_prices_spec
@@ -182,6 +182,38 @@ def test_outcomes_users_and_workloads(store: Store) -> None:
     assert (
         rows[1]["key"] == str(first) and rows[1]["name"] == "big" and rows[1]["share"] == pytest.approx(1 / 3)
     )
+
+
+def test_a_report_of_some_users_counts_only_their_attempts_in_every_grouping(store: Store) -> None:
+    _node(store, "a", "H100")
+    _attempt(store, NOW - 4 * H, NOW - 3 * H, state="failed", user="alice", name="big")
+    _attempt(store, NOW - 3 * H, NOW - H, user="alice", name="big", gpus=2)
+    bob = _attempt(store, NOW - 2 * H, NOW - H, user="bob", gpus=6)
+    _attempt(store, NOW - 2 * H, NOW - H, user="carol", queue="nlp")
+    for by in accounting.GROUPS:
+        report = _report(store, NOW - 4 * H, by=by, users=["alice"])
+        assert report["total"]["gpu_hours"] == pytest.approx(5.0), by  # bob's and carol's left out
+        assert sum(_rows(report).values()) == pytest.approx(5.0), by
+        assert report["users"] == ["alice"]
+    assert list(_rows(_report(store, NOW - 4 * H, by="queue", users=["alice"]))) == ["default"]
+    both = _report(store, NOW - 4 * H, by="workload", users=["bob", "alice", "bob"])
+    assert both["rows"][0]["key"] == str(bob) and both["users"] == ["alice", "bob"]
+    assert _report(store, NOW - 4 * H)["users"] is None
+    assert _report(store, NOW - 4 * H)["total"]["gpu_hours"] == pytest.approx(12.0)
+
+
+def test_a_user_who_never_submitted_and_holds_no_token_is_refused_not_reported_as_idle(store: Store) -> None:
+    _node(store, "a", "H100")
+    _attempt(store, NOW - 30 * 24 * H, NOW - 29 * 24 * H, user="alice")  # long before the window
+    assert _report(store, NOW - H, users=["alice"])["total"]["gpu_hours"] == 0.0
+    with pytest.raises(Invalid) as caught:
+        _report(store, NOW - H, users=["alcie"])
+    assert caught.value.field == "user" and "'alcie'" in caught.value.message
+    with pytest.raises(Invalid) as caught:
+        _report(store, NOW - H, users=[])
+    assert caught.value.field == "user"
+    tokens.create_token(store, "dana", "user")  # a token, no work yet: a report of nothing
+    assert _report(store, NOW - H, by="user", users=["dana"])["rows"] == []
 
 
 def test_used_gpu_hours_weigh_the_attempts_with_telemetry_and_none_is_not_zero(store: Store) -> None:
