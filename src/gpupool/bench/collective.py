@@ -167,7 +167,7 @@ WHY_NOT_MEASURED = {
 
 def parse_ops(text: str) -> list[Op]:
     """`all_reduce`, a comma list, or `all`."""
-    names = [n.strip().lower().replace("-", "_") for n in text.split(",") if n.strip()]
+    names = [n.strip().lower().replace("-", "_") for n in text.split(",")]
     if names == ["all"]:
         return list(OPS.values())
     unknown = [n for n in names if n not in OPS]

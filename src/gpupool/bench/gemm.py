@@ -15,6 +15,8 @@ _SHAPE = re.compile(r"^(\d+)(?:x(\d+)x(\d+))?$")
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     """`4096` (square) or `MxNxK`, comma separated: "1024,4096x4096x1024"."""
     shapes = []
+    if any(not p.strip() for p in text.split(",")) and text.strip():
+        raise BenchError(f"--sizes {text!r}: an empty item; give N or MxNxK, comma separated, e.g. 1024,4096")
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
         match = _SHAPE.match(part)
         if not match:

@@ -90,3 +90,11 @@ class Batching:
                 f"{self.world_size} ranks = {per_step}; "
                 f"use --global-batch {max(1, self.global_batch // per_step) * per_step}"
             )
+
+
+def count_text(n: float) -> str:
+    """A count as people write model sizes: 17.4K, 124M, 1.3B (three significant digits); 512 as is."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:g}"

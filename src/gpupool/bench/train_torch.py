@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gpupool.bench.errors import BenchError
-from gpupool.bench.gpt import Batching, GptShape, megatron_flops
+from gpupool.bench.gpt import Batching, GptShape, count_text, megatron_flops
 from gpupool.bench.gpt_torch import Gpt
 from gpupool.bench.launch_torch import Rank
 from gpupool.bench.peak import peak_for
@@ -237,7 +237,7 @@ def _header(ctx: Rank, cfg: TrainConfig, batching: Batching, parameters: int, pe
     s = cfg.shape
     return [
         f"# gpupool bench train: GPT, {s.layers} layers, hidden {s.hidden}, {s.heads} heads, seq {s.seq}, "
-        f"vocab {s.vocab}: {parameters / 1e6:.2f}M parameters",
+        f"vocab {s.vocab}: {count_text(parameters)} parameters",
         f"# {ctx.world_size} ranks ({ctx.backend}, {cfg.parallel}, {ctx.device.type}), micro batch "
         f"{cfg.micro_batch}, global batch {cfg.global_batch}, gradient accumulation {batching.accumulation}, "
         f"precision {cfg.precision}, data {cfg.data or 'synthetic'}"

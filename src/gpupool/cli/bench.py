@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from gpupool.bench.errors import BenchError
+from gpupool.bench.gpt import count_text
 from gpupool.cli.render import JSON_HELP, console, err_console, print_error, print_json, print_warnings
 from gpupool.timeutil import utcnow
 
@@ -142,14 +143,6 @@ def describe(result: dict[str, Any]) -> str:
         f"train {key}: {f['tokens_per_s']:.4g} tokens/s, {f['tflops_per_gpu']:.4g} TFLOP/s per GPU, "
         f"MFU {mfu} ({count_text(params)} parameters, {f['world_size']} ranks, {p.get('parallel')})"
     )
-
-
-def count_text(n: float) -> str:
-    """A count as people write model sizes: 17.4K, 124M, 1.3B (three significant digits); 512 as is."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:g}"
 
 
 def _size_text(n: int) -> str:

@@ -159,3 +159,15 @@ def test_footer_has_the_average_bus_bandwidth_of_every_measured_cell() -> None:
     assert "# Out of bounds values : 0 OK" in footer
     assert footer[0] == "# Skipped sizes (B) smaller than one element per rank: 4"
     assert footer[-1] == "# Collective test concluded: all_gather_perf"
+
+
+def test_a_list_with_an_empty_item_is_refused_not_read_as_shorter() -> None:
+    from gpupool.bench.gemm import parse_shapes
+    from gpupool.bench.gpt import count_text
+
+    with pytest.raises(BenchError, match="--op 'all_reduce,,'"):
+        parse_ops("all_reduce,,")
+    with pytest.raises(BenchError, match="--sizes '128,,': an empty item"):
+        parse_shapes("128,,")
+    assert parse_shapes("128, 4096x4096x1024") == [(128, 128, 128), (4096, 4096, 1024)]
+    assert [count_text(n) for n in (17_408, 124_439_808, 512)] == ["17.4K", "124M", "512"]
