@@ -50,7 +50,7 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
     from gpupool.spec.document import load_yaml  # with pydantic: loaded by the commands that need it
 
     body: dict[str, Any] = {}
-    budget = _budget(fields.pop("budget", None))
+    budget = _budget(fields.pop("budget", None), fields.pop("budget_when_spent", None))
     caps = _user_limits(fields.pop("user_gpus", None), fields.pop("user_workloads", None))
     if file is not None:
         try:
@@ -75,8 +75,11 @@ def _queue_body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
     if gpu:
         body.setdefault("resources", {}).setdefault("gpu", {}).update(gpu)
     body.update({key: value for key, value in fields.items() if value is not None and key not in _GPU_FLAGS})
-    if budget is not None:
-        body["budget"] = None if budget == "none" else budget
+    if budget == "none":
+        body["budget"] = None
+    elif isinstance(budget, dict):  # the flags win over the file's budget, field by field
+        loaded_budget = body.get("budget")
+        body["budget"] = {**loaded_budget, **budget} if isinstance(loaded_budget, dict) else budget
     if caps is not None:
         body["user_limits"] = {**(body.get("user_limits") or {}), **caps}
     _refuse_non_finite(body, "")
@@ -125,6 +128,13 @@ _BUDGET = typer.Option(
     help="GPU-hours per calendar month (UTC) for this queue and those below it, e.g. 5000, 200/week, "
     "24/day; none removes it",
 )
+_BUDGET_WHEN_SPENT = typer.Option(
+    None,
+    "--budget-when-spent",
+    help="what the queue's running work does once its budget is used: wait (runs on; only new work waits; "
+    "the default) or stop (stopped as `gpupool requeue` stops it, to wait pending until the next period or "
+    "a raised budget)",
+)
 _USER_GPUS = typer.Option(
     None,
     "--user-gpus",
@@ -165,11 +175,25 @@ def _or_none(text: str, flag: str, kind: Callable[[str], float], said: str) -> f
         raise CliError(f"{flag} {text}: {said}, or none to remove it") from None
 
 
-def _budget(text: str | None) -> dict[str, Any] | str | None:
-    """--budget as the spec's `budget` (None: no flag; "none": remove the budget)."""
+WHEN_SPENT = ("wait", "stop")  # the spec's budget.when_spent (spec/queue.py BudgetWhenSpent)
+
+
+def _budget(text: str | None, when_spent: str | None = None) -> dict[str, Any] | str | None:
+    """--budget and --budget-when-spent as the spec's `budget` (None: neither flag; "none": remove the
+    budget)."""
+    when: dict[str, Any] = {}
+    if when_spent is not None:
+        if when_spent.strip().lower() not in WHEN_SPENT:
+            raise CliError(
+                f"--budget-when-spent {when_spent}: wait (running work goes on once the budget is used) or "
+                "stop (it is stopped and waits pending)"
+            )
+        when["when_spent"] = when_spent.strip().lower()
     if text is None:
-        return None
+        return when or None
     if text.strip().lower() == "none":
+        if when:
+            raise CliError("--budget none removes the budget: give --budget-when-spent only with a budget")
         return "none"
     hours, _, period = text.partition("/")
     try:
@@ -180,7 +204,7 @@ def _budget(text: str | None) -> dict[str, Any] | str | None:
         ) from None
     given = int(gpu_hours) if gpu_hours.is_integer() else gpu_hours  # errors echo it as it was written
     # no period given: the queue's own (or, for a new budget, the spec's default, month)
-    return {"gpu_hours": given, **({"period": period.strip()} if period.strip() else {})}
+    return {"gpu_hours": given, **({"period": period.strip()} if period.strip() else {}), **when}
 
 
 @queue_app.command("create")
@@ -197,11 +221,13 @@ def queue_create(
     min_runtime_preempt: str | None = _MIN_PREEMPT,
     min_runtime_reclaim: str | None = _MIN_RECLAIM,
     budget: str | None = _BUDGET,
+    budget_when_spent: str | None = _BUDGET_WHEN_SPENT,
     user_gpus: str | None = _USER_GPUS,
     user_workloads: str | None = _USER_WORKLOADS,
     file: Path | None = _FILE,
 ) -> None:
-    """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16 [--budget 5000]"""
+    """Create a queue: gpupool queue create nlp --gpu-quota 8 --gpu-limit 16 [--budget 5000]
+    [--budget-when-spent stop]"""
     fields = dict(locals())
     body = _queue_body(fields.pop("file"), {k: v for k, v in fields.items() if k != "name"})
     named = body.get("name")
@@ -233,6 +259,7 @@ def queue_update(
     min_runtime_preempt: str | None = _MIN_PREEMPT,
     min_runtime_reclaim: str | None = _MIN_RECLAIM,
     budget: str | None = _BUDGET,
+    budget_when_spent: str | None = _BUDGET_WHEN_SPENT,
     user_gpus: str | None = _USER_GPUS,
     user_workloads: str | None = _USER_WORKLOADS,
     file: Path | None = _FILE,
@@ -245,7 +272,7 @@ def queue_update(
             "nothing to change: give at least one of --gpu-quota, --gpu-limit, --gpu-weight, --priority, "
             "--max-priority, "
             "--parent, --description, --ordering, --min-runtime-preempt, --min-runtime-reclaim, --budget, "
-            "--user-gpus, --user-workloads, --file"
+            "--budget-when-spent, --user-gpus, --user-workloads, --file"
         )
     q = client().update_queue(name, body)
     console.print(f"queue {q['name']} updated")

@@ -334,9 +334,15 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
         if budget.get("from") and budget.get("until"):
             window = f" ({budget['from'][:10]} to {budget['until'][:10]})"
         used = budget.get("used_gpu_hours")
-        spent = "; spent: its work waits" if budget.get("spent") else ""
+        stops = budget.get("when_spent") == "stop"
+        rule = "; when spent, running work stops too (when_spent: stop)" if stops else ""
+        spent = ""
+        if budget.get("spent"):
+            spent = "; spent: its running work is stopped and waits" if stops else "; spent: new work waits"
         of = f"{used:.3g} of " if used is not None else ""
-        lines.append(f"  budget: {of}{budget['gpu_hours']:g} GPU-hours a {budget['period']}{window}{spent}")
+        lines.append(
+            f"  budget: {of}{budget['gpu_hours']:g} GPU-hours a {budget['period']}{window}{rule}{spent}"
+        )
     caps = q.get("user_limits") or {}
     if caps.get("gpus") is not None or caps.get("workloads") is not None:
         said = [f"{caps['gpus']:g} GPUs" if caps.get("gpus") is not None else "",
@@ -356,7 +362,9 @@ def _budget_cell(budget: Mapping[str, Any] | None) -> str:
     used = budget.get("used_gpu_hours")
     if used is None:
         return limit
-    spent = ", spent" if budget.get("spent") else ""
+    spent = ""
+    if budget.get("spent"):
+        spent = ", spent (running work stopped)" if budget.get("when_spent") == "stop" else ", spent"
     return f"{used:.3g} of {limit}{spent}" if used < 10 else f"{used:,.0f} of {limit}{spent}"
 
 

@@ -199,6 +199,9 @@ class Reconciler(Observation, SnapshotBuilding):
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         self.sync_inventory()
+        # The running work of a used budget that says `when_spent: stop` (last pass's count): its stops are
+        # written down now and carried out by this observe (control/budgets.py).
+        self.budgets.stop_spent(self.store)
         self.observe(now)
         # A node whose lease ran out since the inventory above had its attempts ended as node-lost just
         # now: it leaves the store's ready nodes before this pass places their retries (back on it).

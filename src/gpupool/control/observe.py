@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.base import Backend, BackendUnavailable, Handle, Phase, Status, recorded_exit_code
+from gpupool.control.budgets import STOP_BUDGET
 from gpupool.control.lifecycle import (
     CANCELLED,
     EVICTED,
@@ -48,6 +49,9 @@ log = logging.getLogger("gpupool.control")
 
 STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
 STOP_DRAIN = "drain"  # set by service.drain_node on the attempts of a draining node; the loop stops them
+# Stops written down by others (a drain, `gpupool hold` or `requeue`, a used budget: control/budgets.py)
+# that observe carries out.
+ASKED_STOPS = (STOP_DRAIN, STOP_HOLD, STOP_REQUEUE, STOP_BUDGET)
 EVICTIONS = frozenset({"reclaim", "preempt", "consolidate", "stale-gang"})
 PID_GRACE = 10.0  # seconds an attempt may exist without a pid before it counts as never started
 NEVER_STARTED = "never started"  # how such an attempt's reason begins
@@ -174,7 +178,7 @@ class Observation:
             max_duration = spec.get("max_duration")
             return (
                 cancel_requested
-                or attempt.stop_reason in (STOP_DRAIN, STOP_HOLD, STOP_REQUEUE)
+                or attempt.stop_reason in ASKED_STOPS
                 or bool(max_duration and age_seconds(attempt.started_at) > float(max_duration))
             )
         if attempt.killed_at is None:
@@ -204,7 +208,7 @@ class Observation:
                 return [self._request_stop(attempt, handle, STOP_CANCEL)]
             if max_duration and age_seconds(attempt.started_at) > float(max_duration):
                 return [self._request_stop(attempt, handle, STOP_TIMEOUT)]
-            if attempt.stop_reason in (STOP_DRAIN, STOP_HOLD, STOP_REQUEUE):
+            if attempt.stop_reason in ASKED_STOPS:
                 return [self._request_stop(attempt, handle, attempt.stop_reason)]
         elif attempt.killed_at is None:
             grace = float(spec.get("grace_period", 30.0))
@@ -332,6 +336,16 @@ class Observation:
             attempt.reason = f"{who}; {ended}"
             transition(s, workload, PENDING, f"{who}: stopped, and waits pending for the scheduler "
                        f"({resumes(workload)})", actor="control")  # fmt: skip
+            return
+        if attempt.stop_reason == STOP_BUDGET:
+            used = attempt.reason or "its queue's budget is used"  # "queue nlp's budget of 200 ... is used"
+            attempt.state = EVICTED
+            attempt.reason = f"{used}; {ended}"
+            transition(s, workload, PENDING, f"stopped: {used}; it waits pending until the budget lets it "
+                       f"start again (the next period, or an admin raising it), with no restart used "
+                       f"({resumes(workload)})", actor=STOP_BUDGET)  # fmt: skip
+            if workload.held:  # held while it stopped: it waits for `gpupool release` too
+                workload.reason_code = HELD
             return
         if attempt.stop_reason in EVICTIONS:
             attempt.state = EVICTED

@@ -49,6 +49,7 @@ QUEUE_FIELD_EXAMPLES: Final[dict[str, str]] = {
     "budget": "{gpu_hours: 5000, period: month}",
     "budget.gpu_hours": "5000",
     "budget.period": "month (or week, day)",
+    "budget.when_spent": "stop (or wait)",
     "max_priority": "50",
 }
 """A valid example for each field path, shown in every error about that field."""
@@ -93,6 +94,8 @@ class ResourceShare(BaseModel):
 
 
 BudgetPeriod = Literal["day", "week", "month"]
+# What a used budget does to the running work of its queue tree: lets it run on (wait), or stops it (stop).
+BudgetWhenSpent = Literal["wait", "stop"]
 GpuHours = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False), BeforeValidator(refuse_bool)]
 
 
@@ -109,6 +112,14 @@ class BudgetSpec(BaseModel):
     period: BudgetPeriod = Field(
         default="month",
         description="day, week (from Monday) or month, in UTC; default month.",
+    )
+    when_spent: BudgetWhenSpent = Field(
+        default="wait",
+        description="What becomes of the running work of the queue and the queues below it once the budget "
+        "is used: wait (it runs on, only new work waits) or stop (its work holding GPUs is stopped as "
+        "`gpupool requeue` stops it, SIGTERM then SIGKILL after its grace period, and waits pending, "
+        "reason budget, until the next period or a raised budget; no restart used: Slurm's GrpTRESMins); "
+        "default wait.",
     )
 
 
@@ -213,7 +224,8 @@ class QueueSpec(BaseModel):
     budget: BudgetSpec | None = Field(
         default=None,
         description="GPU-hours it and the queues below it may use per day, week or month (UTC); once "
-        "used, their pending work waits (reason budget) and running work goes on; default null: no budget.",
+        "used, their pending work waits (reason budget) and running work goes on, or is stopped with "
+        "`when_spent: stop`; default null: no budget.",
     )
 
     @model_validator(mode="after")
@@ -233,6 +245,7 @@ def parse_queue_spec(data: object) -> QueueSpec:
 __all__ = [
     "QUEUE_FIELD_EXAMPLES",
     "BudgetSpec",
+    "BudgetWhenSpent",
     "QueueResources",
     "QueueSpec",
     "ResourceShare",

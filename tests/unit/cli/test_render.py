@@ -11,6 +11,7 @@ from rich.console import Console
 
 from gpupool.cli.render import (
     QUEUE_COLUMNS,
+    _budget_cell,
     efficiency_line,
     ps_table,
     queue_lines,
@@ -232,3 +233,22 @@ def test_why_says_when_reclaim_gives_a_queue_no_more_for_a_job_larger_than_its_q
     assert _beyond_reclaim({**six, "gpus": "H100:2", "nodes": 2}, queue, 5.14) == ""  # 4: within its quota
     assert _beyond_reclaim(six, queue, 6.0) == ""  # within its fair share: reclaim may act
     assert _beyond_reclaim({**six, "reason_code": "queue-limit"}, queue, 1.0) == ""
+
+
+def test_a_budget_that_stops_running_work_says_so_in_queue_show_and_the_table() -> None:
+    budget = {
+        "gpu_hours": 200,
+        "period": "week",
+        "used_gpu_hours": 201.0,
+        "spent": True,
+        "when_spent": "stop",
+    }
+    shown = " ".join(queue_lines({**_queue("nlp", budget=budget), "created_at": "x", "updated_at": "y"}))
+    assert (
+        "when spent, running work stops too (when_spent: stop); spent: its running work is stopped" in shown
+    )
+    assert _budget_cell(budget) == "201 of 200 a week, spent (running work stopped)"
+    waits = {**budget, "when_spent": "wait"}
+    told = " ".join(queue_lines({**_queue("nlp", budget=waits), "created_at": "x", "updated_at": "y"}))
+    assert "; spent: new work waits" in told
+    assert _budget_cell(waits) == "201 of 200 a week, spent"

@@ -3,28 +3,39 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
+from gpupool.backends.base import Handle, Launch
+from gpupool.backends.local import LocalBackend
 from gpupool.control import service
 from gpupool.control.accounting import Tally, gpu_hours_by_queue
 from gpupool.control.budgets import (
     BUDGET,
     COST_SPACING,
     REFRESH,
+    STOP_BUDGET,
     Budgets,
     BudgetState,
     blocked,
     period_bounds,
 )
+from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.spec import parse_queue_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Queue, Workload
+from gpupool.timeutil import utcnow
+from tests.support.store import submit_running
 
 NOW = datetime(2026, 12, 31, 22, 0, tzinfo=UTC)  # a Thursday
 H = timedelta(hours=1)
+NODE = "head"
 
 
 @pytest.mark.parametrize(
@@ -170,3 +181,93 @@ def test_a_tally_reads_only_what_changed_and_equals_a_whole_count(store: Store) 
     end(running, t2 + 3 * H)
     assert same(t2 + 4 * H)["cv"] == pytest.approx(16.0 + 3.5)
     assert len(tally.counted) <= 2  # what the query no longer reads is forgotten
+
+
+def _running_process(
+    store: Store, backend: LocalBackend, folder: Path, queue: str, **spec: object
+) -> tuple[int, Handle]:
+    """A workload of `queue` running `sleep 60` as a real process, begun a minute ago as its attempt says."""
+    folder.mkdir()
+    handle = backend.start(
+        Launch(
+            attempt_id=0, workload_id=0, attempt_number=0, script="exec sleep 60\n", env=dict(os.environ),
+            workdir=folder, run_dir=folder / "run", log_path=folder / "attempt.log",
+        )
+    )  # fmt: skip
+    wid = submit_running(
+        store, {"queue": queue, "commands": ["sleep 60"], "resources": {"gpu": 1}, **spec}, node=NODE,
+        gpu_indices=[0], run_dir=str(folder / "run"), pid=handle.pid, pid_start_time=handle.start_time,
+        pid_boot_id=handle.boot, started_at=utcnow() - timedelta(minutes=1),
+    )  # fmt: skip
+    return wid, handle
+
+
+def _attempt(store: Store, wid: int) -> Attempt:
+    with store.read() as s:
+        attempt = s.scalar(select(Attempt).where(Attempt.workload_id == wid).order_by(Attempt.number))
+        assert attempt is not None
+        s.expunge(attempt)
+        return attempt
+
+
+def test_a_spent_budget_that_says_stop_stops_its_trees_running_work_through_a_head_restart(
+    tmp_path: Path, store: Store
+) -> None:
+    """`when_spent: stop` (an ancestor's too): the stop of each running workload that holds GPUs is written
+    down first, with the budget's words and the actor `budget`, and no signal; a head that starts after
+    that (its Budgets never counted) carries it out; the work goes back to pending with no restart used.
+    Work under a budget that says wait, work without GPUs and work stopping already are left as they are;
+    nothing is asked twice."""
+    _queue(store, name="lab", budget={"gpu_hours": 0.001, "period": "day", "when_spent": "stop"})
+    _queue(store, name="nlp", parent="lab", budget={"gpu_hours": 1000, "period": "day"})  # wait, unspent
+    _queue(store, name="cv", budget={"gpu_hours": 0.001, "period": "day"})  # spent, but it says wait
+    backend = LocalBackend()
+    stopped, _ = _running_process(store, backend, tmp_path / "a", "nlp", checkpoint={"dir": "./ckpt"})
+    goes_on, left = _running_process(store, backend, tmp_path / "b", "cv")
+    no_gpu = submit_running(store, {"queue": "lab", "commands": ["true"]}, node=NODE, gpu_indices=[])
+    one_gpu = {"queue": "nlp", "commands": ["true"], "resources": {"gpu": 1}}
+    cancelled = submit_running(
+        store, one_gpu, node=NODE, gpu_indices=[1], started_at=utcnow() - timedelta(minutes=1)
+    )
+    service.cancel(store, cancelled)
+
+    budgets, now = Budgets(), datetime.now(UTC)
+    state = _look(store, budgets, now)
+    assert state["lab"].stops and state["cv"].spent and not state["cv"].stops
+    assert state["lab"].view()["when_spent"] == "stop"
+    assert budgets.stop_spent(store) == [stopped]
+    assert budgets.stop_spent(store) == []  # once per count
+    another = Budgets()  # another head's count, or the next: nothing is asked twice
+    _look(store, another, now)
+    assert another.stop_spent(store) == []
+    first = _attempt(store, stopped)
+    assert (first.stop_reason, first.stop_requested_at) == (STOP_BUDGET, None)  # on record, no signal yet
+    assert first.reason.startswith("queue lab's budget of 0.001 GPU-hours for 20"), first.reason
+    assert first.reason.endswith(" is used"), first.reason
+    assert _attempt(store, goes_on).stop_reason == "" and _attempt(store, no_gpu).stop_reason == ""
+    assert _attempt(store, cancelled).stop_reason == ""  # the cancel stops it, as it was asked
+    shown = service.get_workload(store, stopped)
+    assert shown["reason_code"] == "stopping" and shown["reason"].startswith(f"stopping ({first.reason})")
+    said = shown["events"][-1]
+    assert said["actor"] == "budget" and said["reason"].startswith(first.reason + " (0.0")
+    assert "when_spent: stop): stopping it, to wait pending until 20" in said["reason"]
+
+    # the head died before its observe: the next one sends the SIGTERM and settles the work
+    head = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name=NODE))
+    head.recover()
+    head.observe(time.time())
+    assert _attempt(store, stopped).stop_requested_at is not None
+    deadline = time.time() + 10
+    while (done := service.get_workload(store, stopped))["state"] == "running":
+        assert time.time() < deadline, done
+        time.sleep(0.05)
+        head.observe(time.time())
+    assert done["state"] == "pending" and done["restarts"] == 0, done
+    last = done["events"][-1]
+    assert last["actor"] == "budget", last
+    assert last["reason"].startswith(f"stopped: {first.reason}; it waits pending"), last
+    assert last["reason"].endswith("with no restart used (it resumes from its checkpoint)"), last
+    ended = _attempt(store, stopped)
+    assert ended.state == "evicted" and ended.reason == f"{first.reason}; exit code 143", ended.reason
+    assert service.get_workload(store, goes_on)["state"] == "running"
+    backend.signal(left, signal.SIGKILL)
