@@ -11,11 +11,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support import plain_http
 from tests.support.server import free_port
 
 CI_MESSAGE = "Prometheus is not installed; .ci/run installs Debian's prometheus package"
+
+
+def promtool() -> str:
+    """Debian's promtool; a test without it is skipped, or fails under CI (which installs it)."""
+    found = shutil.which("promtool")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(CI_MESSAGE)
+        pytest.skip("promtool not installed (Debian's prometheus package)")
+    return found
 
 
 def find_prometheus() -> str | None:

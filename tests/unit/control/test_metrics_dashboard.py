@@ -5,9 +5,7 @@ the utilization-by-queue panel attributes a shared GPU to each of its holders.""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -24,7 +22,7 @@ from gpupool.gpu.types import GpuSample
 from gpupool.health.thresholds import HealthConfig
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Gpu, Node, Workload
-from tests.support.prometheus import CI_MESSAGE
+from tests.support.prometheus import promtool
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 DASHBOARD = json.loads((DOCS / "grafana" / "gpupool.json").read_text())
@@ -33,15 +31,6 @@ NAME = re.compile(r"\b(DCGM_\w+|gpupool_\w+)\b(\{[^}]*\})?")
 MATCHER = re.compile(r"(\w+)\s*(=~|!~|!=|=)\s*\"([^\"]*)\"")
 GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 VARIABLES = {"Hostname": "$node", "node": "$node", "queue": "$queue"}  # label -> the variable that filters it
-
-
-def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(CI_MESSAGE)
-        pytest.skip("promtool not installed (Debian's prometheus package)")
-    return found
 
 
 def panel_queries() -> Iterator[tuple[str, str, str]]:

@@ -4,17 +4,14 @@ checked by Prometheus' own rule tester (`promtool test rules`) over series named
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from gpupool.health.xid import HARDWARE, XIDS
-from tests.support.prometheus import CI_MESSAGE
+from tests.support.prometheus import promtool
 
 RULES = Path(__file__).resolve().parents[3] / "docs" / "prometheus" / "alerts.yml"
 LABELS = {"Hostname": "node-1", "gpu": "0", "UUID": "GPU-0", "modelName": "NVIDIA H100 80GB HBM3"}
@@ -113,15 +110,6 @@ TESTS = {
         }
     ],
 }
-
-
-def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(CI_MESSAGE)
-        pytest.skip("promtool not installed (Debian's prometheus package)")
-    return found
 
 
 def test_the_alert_rules_are_valid() -> None:
