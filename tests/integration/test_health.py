@@ -552,6 +552,9 @@ def test_an_operators_cordon_outlasts_a_fault_and_its_repair(health_server: Serv
     says why), and the repair does not put it back in service; the operator's uncordon does."""
     server = health_server
     server.cli("node", "cordon", "node-1", "--reason", "RMA 123: do not use", check=True)
+    # Slow first (the passive checks do not see it), so the active checks the Xid brings at once (the node
+    # runs no work) fail too: the fault stays judged.
+    server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--slow", "0.5", check=True)
     server.cli("node", "inject-fault", "node-1", "--gpu", "1", "--xid", "79", check=True)
     until("the fault judged", lambda: node(server)["health"] == "unhealthy")
     time.sleep(2.5)  # passes of the health loop, and its recheck interval

@@ -6,16 +6,20 @@ The reconcile loop calls `EfficiencyWatch.look` every `CHECK_INTERVAL` seconds w
 (`running`). For each GPU of each attempt it reads the points of the GPU's finest telemetry history
 (control/telemetry.py: one per second) that arrived since its last look, on the samples' own clock, from
 the attempt's start on (points before it are the previous holder's). Each point weighs the time since the
-point before it, at most `MAX_GAP` (a GPU silent for minutes counts as silent, not as that long at its next
-value): the mean is over GPU-time, summed over the attempt's GPUs. A GPU shared by fractions counts its
-whole utilization for each holder, as `idle` judges it (NVML cannot tell whose kernels ran).
+point before it in the GPU's history (from the attempt's start on): the mean is over GPU-time, summed over
+the attempt's GPUs. A point with none before it within `MAX_GAP` weighs nothing: after an outage (a GPU
+silent for minutes, a head restarted, whose history starts empty) no one knows what the GPU did meanwhile,
+so the first value after it must not stand for that time. A GPU shared by fractions counts its whole
+utilization for each holder, as `idle` judges it (NVML cannot tell whose kernels ran).
 
 What the looks found is written to the attempt's row every `FLUSH_INTERVAL` seconds (only the attempts
 whose figures changed, in one transaction) and at the look after the attempt ended (points up to its end),
 so telemetry never causes a write per sample. A restarted head resumes an attempt's mean from its row
-(weighted by `gpu_seconds_sampled`): it loses at most the figures of the last `FLUSH_INTERVAL` before it
-stopped. An attempt no sample ever arrived for (a Slurm node, whose GPUs gpupool does not sample) is never
-written: its figures stay None, which people read as "no GPU telemetry", never as 0%.
+(weighted by `gpu_seconds_sampled`) and counts only the points after its own start (`began`: the stored
+figures cover none later, as the head before had stopped by then): it loses at most the figures of the last
+`FLUSH_INTERVAL` before it stopped, and the time it was down counts for nothing. An attempt no sample ever
+arrived for (a Slurm node, whose GPUs gpupool does not sample) is never written: its figures stay None,
+which people read as "no GPU telemetry", never as 0%.
 
 Utilization is NVML's utilization rate (`nvmlDeviceGetUtilizationRates().gpu`): the share of the last
 sample period during which one or more kernels ran on the GPU, not how many of its SMs they kept busy; a
@@ -25,6 +29,7 @@ placed on them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -46,7 +51,7 @@ COLUMNS: Final = (
     "gpu_memory_peak_bytes",
     "gpu_memory_total_bytes",
 )
-MAX_GAP: Final = 60.0  # the most time one point counts for (a longer silence is not the next value's)
+MAX_GAP: Final = 60.0  # the most time one point counts for (after a longer silence it counts for none)
 
 
 @dataclass(slots=True)
@@ -107,7 +112,10 @@ class _Tally:
 
     gpus: tuple[tuple[str, int], ...]
     figures: Efficiency
-    last_at: dict[tuple[str, int], float]  # per GPU: the newest point counted (the samples' clock)
+    since: float  # points at or before it are not counted: the previous holder's, or in the stored figures
+    # per GPU: the newest point read (the samples' clock); None: none yet (the one before `since`, if any,
+    # is read first: what the first point counted weighs)
+    last_at: dict[tuple[str, int], float | None]
     sized: set[tuple[str, int]] = field(default_factory=set)  # GPUs whose memory size is known
     written: dict[str, Any] = field(default_factory=dict)  # the columns as last written
 
@@ -122,8 +130,11 @@ _TRACKED_COLUMNS: Final = (
 class EfficiencyWatch:
     """The looks of the reconcile loop at running attempts' GPU telemetry (see the module)."""
 
-    def __init__(self, telemetry: TelemetryCache) -> None:
+    def __init__(self, telemetry: TelemetryCache, *, began: float | None = None) -> None:
         self.telemetry = telemetry
+        # When this head began looking (epoch seconds; default now): the figures it finds stored cover no
+        # point after it, so a resumed attempt counts from there and none is counted twice.
+        self.began = time.time() if began is None else began
         self._tallies: dict[int, _Tally] = {}  # attempt id -> what the looks found
         self._flushed = 0.0  # when running attempts' figures were last written (head time)
 
@@ -182,8 +193,10 @@ class EfficiencyWatch:
         for tracked in running:
             tally = self._tallies.get(tracked.attempt_id)
             if tally is None:
+                resumed = tracked.stored.gpu_seconds > 0
+                since = max(tracked.started, self.began) if resumed else tracked.started
                 tally = self._tallies[tracked.attempt_id] = _Tally(
-                    tracked.gpus, tracked.stored, dict.fromkeys(tracked.gpus, tracked.started)
+                    tracked.gpus, tracked.stored, since, dict.fromkeys(tracked.gpus)
                 )
                 tally.written = tracked.stored.columns() if tracked.stored.gpu_seconds else {}
             self._count(tally, float("inf"))
@@ -192,21 +205,27 @@ class EfficiencyWatch:
         return writes
 
     def _count(self, tally: _Tally, until: float) -> None:
-        figures = tally.figures
+        figures, since = tally.figures, tally.since
         for gpu in tally.gpus:
-            after = tally.last_at[gpu]
+            before = tally.last_at[gpu]
+            after = since - MAX_GAP if before is None else before  # the first time: the point before too
             points = self.telemetry.points_after(gpu[0], gpu[1], after, until)
             if not points:
                 continue
-            if gpu not in tally.sized:
+            if gpu not in tally.sized and points[-1][0] > since:
                 tally.sized.add(gpu)
                 latest = self.telemetry.get(gpu[0], gpu[1]) or {}
                 total = int(latest.get("memory_total_bytes") or 0)
                 figures.memory_total_bytes = max(figures.memory_total_bytes, total)
             for at, utilization, memory, _temperature, _power in points:
-                figures.add(utilization, memory, min(at - after, MAX_GAP))
-                after = at
-            tally.last_at[gpu] = after
+                if at > since:
+                    # After an outage (no point before it within MAX_GAP) the point stands for no time.
+                    if before is None or at - before > MAX_GAP:
+                        figures.add(utilization, memory, 0.0)
+                    else:
+                        figures.add(utilization, memory, at - max(before, since))
+                before = at
+            tally.last_at[gpu] = before
 
     @staticmethod
     def _changed(tally: _Tally | None) -> dict[str, Any] | None:

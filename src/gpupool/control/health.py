@@ -4,8 +4,9 @@ after they pass the active checks.
 Each pass (every second, in its own thread): the passive checks read the latest samples of every node
 (`health.checks.passive`); an `unhealthy` verdict moves the node to state `unhealthy` (no new work) and asks
 the reconcile loop to stop its attempts (`stop_reason` "drain": SIGTERM, SIGKILL after the grace period,
-requeued to resume from the checkpoint). An unhealthy node gets the active checks every
-`schedule.recheck_interval` seconds; it returns to `ready` when they pass and no passive fault remains.
+requeued to resume from the checkpoint). An unhealthy node gets the active checks as soon as its work has
+left, then every `schedule.recheck_interval` seconds (doubled after each failed recheck; a check on demand
+never backs them off); it returns to `ready` when they pass and no passive fault remains.
 Idle ready nodes get the active checks every `schedule.idle_interval` seconds. An agent node back from
 `lost` comes back cordoned (control/inventory.py, BACK_FROM_LOST) and returns to `ready` when it passes the
 `schedule.after_lost_level` checks. A node with fewer GPUs than it is expected to have (`Node.expected_gpus`:
@@ -117,12 +118,14 @@ class HealthMonitor(Judging):
                 state = "unhealthy"
             if state == "unhealthy":
                 self._drain(name)
-                # Rechecked once its work has left and the interval has passed since it fell (or was last
-                # checked), so a drain is never raced and a flapping GPU is not retried every second.
+                # Rechecked as soon as its work has left (a drain is never raced), then every recheck
+                # interval after its last active checks, also when they ran just before it fell (a flapping
+                # GPU is not retried every second). Only a recheck after the first since it fell backs off.
                 with self._lock:
                     since = self._unhealthy_since.setdefault(name, now)
-                if not busy and self._due(name, now, self._recheck_interval(name), since=since):
-                    self._check_later(name, schedule.recheck_level)
+                if not busy and self._due(name, now, self._recheck_interval(name)) and self.can_check(name):
+                    backs_off = self._checked_since(name, since)
+                    self._check_later(name, schedule.recheck_level, backs_off=backs_off)
             elif back:
                 # Checked at once, and again each pass until a check gives a verdict (one that could not
                 # run, the node busy with work still settling, gives none).

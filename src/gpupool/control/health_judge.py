@@ -37,9 +37,9 @@ class Judging(HealthState):
             return True
         return self.agents is not None and self.agents.knows(name)
 
-    def _check_later(self, name: str, level: str) -> None:
+    def _check_later(self, name: str, level: str, *, backs_off: bool = False) -> None:
         """Run the checks of one node in a thread of its own, unless they run already or PARALLEL_CHECKS
-        others do (a later pass starts it: many idle nodes fall due at once)."""
+        others do (a later pass starts it: many idle nodes fall due at once). `backs_off`: `_check_held`'s."""
         lock = self._running.setdefault(name, threading.Lock())
         if lock.locked() or not self._parallel.acquire(blocking=False):
             return
@@ -49,7 +49,7 @@ class Judging(HealthState):
                 if not lock.acquire(blocking=False):
                     return
                 try:
-                    self._check_locked(name, level)
+                    self._check_locked(name, level, backs_off=backs_off)
                 except Conflict as exc:  # work started there, or the job was stopped: the next pass decides
                     log.info("event=health_check_skipped node=%s level=%s why=%r", name, level, exc.message)
                 except Exception:  # the next due pass retries; the API's `health run` shows the error
@@ -144,15 +144,18 @@ class Judging(HealthState):
                 node.declared_gpus,
             )
 
-    def _check_locked(self, name: str, level: str) -> dict[str, Any]:
+    def _check_locked(self, name: str, level: str, *, backs_off: bool = False) -> dict[str, Any]:
         try:
-            return self._check_held(name, level)
+            return self._check_held(name, level, backs_off=backs_off)
         finally:
             with self._lock:
                 self._checks_done[name] += 1
 
-    def _check_held(self, name: str, level: str) -> dict[str, Any]:
-        """The checks of one node, its lock held (`check`, `_check_later`)."""
+    def _check_held(self, name: str, level: str, *, backs_off: bool = False) -> dict[str, Any]:
+        """The checks of one node, its lock held (`check`, `_check_later`). `backs_off`: a scheduled recheck
+        of an unhealthy node that was checked since it fell; its failure doubles the node's recheck interval
+        (`HealthMonitor._recheck_interval`). A check on demand (`gpupool health run`) never backs off the
+        loop's schedule: the loop's next recheck comes `recheck_interval` after it, as after any check."""
         state, reason = self._node_state_and_reason(name)
         back = state == "cordoned" and reason == BACK_FROM_LOST
         passive = self._passive(name) or checks.verdict([], [])
@@ -173,20 +176,27 @@ class Judging(HealthState):
             active = checks.verdict([Finding("active", checks.UNHEALTHY, str(exc))], ["active"])
             job_id = exc.workload_id if isinstance(exc, CheckJobFailed) else None
             active_view = {"job": job_id, "result": None, **active.to_dict()}
-        # A node that passes is judged with what it shows now acknowledged (old Xids, ECC counts).
+        # A node that passes is judged with what it shows now acknowledged (old Xids, ECC counts), and that
+        # baseline is kept. One that fails keeps its baseline and is judged with it: the verdict names every
+        # fault still counted against it (an ECC error acknowledged in a verdict that failed for a pending
+        # row remap would read as gone, then come back once the remap was cleared).
         tentative = Baseline()
         tentative.acknowledge(self.telemetry.node_samples(name))
-        after = self._judge(name, tentative) or passive
-        overall = checks.combine(after if active.health != checks.UNHEALTHY else passive, active)
-        overall = self._with_bench(name, overall, began) or overall
+        if_kept = checks.combine(self._judge(name, tentative) or passive, active)
+        overall = self._with_bench(name, if_kept, began) or if_kept
+        passed = overall.health != checks.UNHEALTHY
+        if not passed:
+            judged = checks.combine(self._judge(name, self._baseline(name)) or passive, active)
+            overall = self._with_bench(name, judged, began) or judged
         with self._lock:
             entry = self._nodes.setdefault(name, NodeHealth(overall, began))
             entry.active, entry.active_at, entry.active_verdict = active_view, began, active
         self._record(name, state, overall, began)
-        if overall.health == checks.UNHEALTHY:
-            if state == "unhealthy":
-                with self._lock:
+        if not passed:
+            with self._lock:
+                if state == "unhealthy" and backs_off:
                     self._failed_rechecks[name] = self._failed_rechecks.get(name, 0) + 1
+                self._unhealthy_since.setdefault(name, began)  # one it takes out: out since it began
             self._mark_unhealthy(name, overall)
         else:
             with self._lock:

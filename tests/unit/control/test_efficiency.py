@@ -11,7 +11,6 @@ from sqlalchemy import select
 
 from gpupool.control.efficiency import (
     FLUSH_INTERVAL,
-    MAX_GAP,
     Efficiency,
     EfficiencyWatch,
     Tracked,
@@ -70,9 +69,10 @@ def test_points_before_the_attempt_and_long_silences_do_not_count() -> None:
     tracked = Tracked(1, START, (("n1", 0),), Efficiency())
     watch.look([tracked], {}, START + 400)
     figures = watch._tallies[1].figures
-    # 10 points at 20% (the first counts from the start: 0 s), then 80% for MAX_GAP (not 291 s) and 1 s.
-    assert figures.gpu_seconds == pytest.approx(9 + MAX_GAP + 1)
-    expected = (9 * 20 + (MAX_GAP + 1) * 80) / figures.gpu_seconds
+    # 10 points at 20% (the first counts from the start: 0 s), then 80% for 1 s: the first point after the
+    # silence (longer than MAX_GAP) stands for no time, neither 291 s nor MAX_GAP of it.
+    assert figures.gpu_seconds == pytest.approx(9 + 1)
+    expected = (9 * 20 + 1 * 80) / figures.gpu_seconds
     assert figures.mean_pct == pytest.approx(expected)
     assert figures.peak_memory_bytes == 2 * GIB and figures.memory_total_bytes == 80 * GIB
 
@@ -123,7 +123,7 @@ def test_a_restarted_head_resumes_the_stored_figures(store: Store) -> None:
         assert row is not None and row.gpu_utilization_pct == pytest.approx(100.0)
         assert row.gpu_seconds_sampled == pytest.approx(9.0)
 
-    after = EfficiencyWatch(TelemetryCache())  # a new head: its history starts empty
+    after = EfficiencyWatch(TelemetryCache(), began=START + 100)  # a new head: its history starts empty
     _feed(after.telemetry, 0, START + 100, START + 110, 0.0)
     with store.read() as s:
         running = after.running(s)
@@ -133,5 +133,50 @@ def test_a_restarted_head_resumes_the_stored_figures(store: Store) -> None:
     with store.read() as s:
         row = s.scalar(select(Attempt))
         assert row is not None and row.gpu_memory_peak_bytes == GIB  # the peak before the restart stays
-        # 9 s at 100% resumed, then MAX_GAP + 8 s at 0%.
-        assert row.gpu_utilization_pct == pytest.approx(100 * 9 / (9 + MAX_GAP + 8), abs=1e-3)
+        # 9 s at 100% resumed, then 8 s at 0%: the first point the new head has stands for no time.
+        assert row.gpu_utilization_pct == pytest.approx(100 * 9 / (9 + 8), abs=1e-3)
+        assert row.gpu_seconds_sampled == pytest.approx(9 + 8)
+
+
+@pytest.mark.parametrize("history_kept", [False, True], ids=["history-lost", "history-kept"])
+def test_a_head_killed_and_restarted_counts_neither_its_outage_nor_a_point_twice(
+    store: Store, history_kept: bool
+) -> None:
+    """A busy attempt; the head is killed 38 s in (its figures last written at 20 s) and is back at 45 s;
+    the first sample after the restart reads 0% (a simulated GPU's first reading). The attempt never has
+    more GPU-seconds than it held, and its mean stays that of a busy GPU. `history_kept`: the new head's
+    history still holds the points from before the kill (its finest history is not saved, but a point
+    counted must never be counted again)."""
+    with store.session() as s:
+        workload = Workload(name="busy", queue="default", spec={}, state="running", version=1)
+        s.add(workload)
+        s.flush()
+        started = datetime.fromtimestamp(START, UTC)
+        s.add(Attempt(workload_id=workload.id, queue=workload.queue, number=0, state="running",
+                      node_name="n1", gpu_indices=[0], started_at=started))  # fmt: skip
+    killed = EfficiencyWatch(TelemetryCache(), began=START - 100)
+    _feed(killed.telemetry, 0, START, START + 22, 100.0)
+    with store.read() as s:
+        running = killed.running(s)
+    with store.session() as s:
+        write(s, killed.look(running, {}, START + 22))  # points +0..+20: 20 s written
+    _feed(killed.telemetry, 0, START + 22, START + 38, 100.0)
+    killed.look(running, {}, START + 35)  # counted, never written: lost with the kill
+
+    restarted = EfficiencyWatch(TelemetryCache(), began=START + 45)
+    if history_kept:
+        _feed(restarted.telemetry, 0, START, START + 39, 100.0)
+    _feed(restarted.telemetry, 0, START + 46, START + 47, 0.0)
+    _feed(restarted.telemetry, 0, START + 47, START + 82, 100.0)  # points +46..+80
+    with store.read() as s:
+        running = restarted.running(s)
+    with store.session() as s:
+        write(s, restarted.look(running, {}, START + 82))
+    with store.read() as s:
+        row = s.scalar(select(Attempt))
+        assert row is not None and row.gpu_seconds_sampled is not None
+        assert row.gpu_seconds_sampled <= 81  # never more than the attempt held
+        # 20 s stored, the outage and the first point after it nothing (1 s at 0% where the kept history
+        # has a point just before the restart), then 34 s at 100%.
+        assert row.gpu_seconds_sampled == pytest.approx(20 + 34 + (1 if history_kept else 0))
+        assert row.gpu_utilization_pct == pytest.approx(100 * 54 / row.gpu_seconds_sampled, abs=1e-3)
