@@ -156,6 +156,9 @@ def test_max_duration_stops_the_job_and_fails_it(server: ServerProcess) -> None:
     done = server.wait_for(created["id"], timeout=20)
     assert done["state"] == "failed"
     assert "max_duration" in done["reason"]
+    assert done["reason_code"] == "timeout"  # Slurm's TIMEOUT: told from a failure of its own by a script
+    failed = server.wait_for(server.submit({"commands": ["exit 143"]})["id"], timeout=20)
+    assert (failed["state"], failed["reason_code"]) == ("failed", "")
 
 
 def test_a_pending_job_says_why_and_starts_when_gpus_free_up(server: ServerProcess, tmp_path: Path) -> None:

@@ -32,6 +32,9 @@ HOLD_STOPPING = ": stopping it, to wait pending until released"
 STOP_REQUEUE = "requeue"
 REQUEUE_STOPPING = ": stopping it, to wait pending for the scheduler"
 SERVICE = "service"  # the workload kind that runs until cancelled
+# The reason code of work that failed because its max_duration ended it (Slurm's TIMEOUT state): a script
+# tells it from work that failed by itself, whatever exit code SIGTERM made.
+TIMEOUT = "timeout"
 
 # The lifecycle graph. running -> pending is a retry (a new attempt follows).
 ALLOWED: dict[str, frozenset[str]] = {

@@ -36,6 +36,7 @@ from gpupool.control.lifecycle import (
     STOP_HOLD,
     STOP_REQUEUE,
     SUCCEEDED,
+    TIMEOUT,
     transition,
 )
 from gpupool.control.settings import ControlSettings
@@ -359,6 +360,7 @@ class Observation:
             said = "its limit, since removed" if limit is None else f"{limit:g}s"
             attempt.reason = f"exceeded max_duration ({said}); {ended}"
             transition(s, workload, FAILED, attempt.reason, actor="control")
+            workload.reason_code = TIMEOUT
             return
         if state.phase is Phase.EXITED and code == 0:
             attempt.state = SUCCEEDED
