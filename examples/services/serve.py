@@ -29,6 +29,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
+        # A body sent with a GET is read too: under HTTP/1.1 keep-alive its bytes would otherwise be taken
+        # for the start of the next request on the connection (the head's proxy reuses connections).
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path == "/health":
             self._reply(200 if loaded.is_set() else 503, {"loaded": loaded.is_set()})
         else:
