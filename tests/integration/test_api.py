@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import select
+import socket
 import stat
 import time
 from datetime import UTC, datetime
@@ -203,3 +205,79 @@ def test_workloads_can_be_listed_by_name(server: ServerProcess) -> None:
         assert client.get("/api/v1/workloads", params={"all": True, "name": "nobody"}).json() == []
         for workload_id in (a, b, c):
             client.post(f"/api/v1/workloads/{workload_id}/cancel")
+
+
+def _streamed_post(server: ServerProcess, token: str | None, body: bytes) -> tuple[int, int]:
+    """POST `body` to /api/v1/workloads chunked (no Content-Length), as a client that watches for an answer
+    while it sends: the answer's status, and how many bytes of the body were sent before it came."""
+    head = "POST /api/v1/workloads HTTP/1.1\r\nHost: gpupool\r\nTransfer-Encoding: chunked\r\n"
+    head += "Content-Type: application/json\r\n" + (f"Authorization: Bearer {token}\r\n" if token else "")
+    sent = 0
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall((head + "\r\n").encode())
+        for at in range(0, len(body), 1 << 16):
+            if select.select([sock], [], [], 0)[0]:
+                break  # answered before the whole body
+            chunk = body[at : at + (1 << 16)]
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:  # the server closed its end: its answer is already here
+                break
+            sent += len(chunk)
+        else:
+            sock.sendall(b"0\r\n\r\n")
+        status_line = sock.recv(1 << 16).split(b"\r\n", 1)[0]
+    return int(status_line.split()[1]), sent
+
+
+@pytest.mark.parametrize("with_token", [False, True])
+def test_a_streamed_body_over_the_limit_is_refused_as_it_arrives(
+    server: ServerProcess, with_token: bool
+) -> None:
+    # without a token the head used to read all of it first (1.5 GB: 4.6 GB of memory) to answer 401; with
+    # one, a 30 MB command was taken
+    huge = b'{"name": "big", "commands": ["' + b"x" * (32 << 20) + b'"]}'
+    status, sent = _streamed_post(server, server.token if with_token else None, huge)
+    assert status == 413
+    assert sent < len(huge) // 2, sent  # refused while the client still sent
+    with server.http() as client:
+        assert client.get("/api/v1/workloads", params={"all": True}).json() == []  # nothing was made
+        # a small body sent the same way is taken as before
+        assert _streamed_post(server, server.token, b'{"name": "small", "commands": ["true"]}')[0] == 201
+
+
+def test_a_token_kept_to_some_queues_adds_no_work_to_another_through_work_it_has_there(
+    server: ServerProcess,
+) -> None:
+    with server.http() as admin:
+        for name in ("a", "b"):
+            assert admin.post("/api/v1/queues", json={"name": name}).status_code == 201
+        alice = admin.post("/api/v1/tokens", json={"name": "alice"}).json()["token"]
+    with server.http(alice) as client:  # alice, while her token is for any queue, runs work in b
+        svc = client.post(
+            "/api/v1/workloads",
+            json={"kind": "service", "name": "svc", "queue": "b", "commands": ["sleep 300"]},
+        ).json()["id"]
+        held = client.post(
+            "/api/v1/workloads?hold=true", json={"name": "held", "queue": "b", "commands": ["true"]}
+        ).json()["id"]
+    server.wait_for(svc, states=("running",))
+    with server.http() as admin:  # then an admin keeps her to queue a
+        assert admin.delete("/api/v1/tokens/alice").status_code == 200
+        alice = admin.post("/api/v1/tokens", json={"name": "alice", "queues": ["a"]}).json()["token"]
+    with server.http(alice) as client:
+        for path, body in (
+            (f"{svc}/scale", {"replicas": 3}),
+            (f"{svc}/scale", {"replicas": "1..4"}),
+            (f"{svc}/requeue", None),
+            (f"{held}/release", None),
+        ):
+            refused = client.post(f"/api/v1/workloads/{path}", json=body)
+            assert refused.status_code == 403, (path, refused.text)
+            said = refused.json()["error"]["message"]
+            assert "may submit only to a, not 'b'" in said and "adds work there" in said, said
+        # taking work away from b stays hers to do
+        assert client.post(f"/api/v1/workloads/{held}/cancel").status_code == 202
+    shown = server.workload(svc)
+    assert (shown["replicas"], shown["state"], shown["attempts"]) == (1, "running", 1)  # nothing changed
+    assert server.workload(held)["state"] == "cancelled"

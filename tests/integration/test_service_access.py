@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -103,13 +104,13 @@ def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
         assert _refusal(client, proxy_path(999_999, "x"))[0] == 401
     assert "(anyone, no token)" in server.cli("show", str(public), check=True).stdout
 
-    # WebSocket handshakes follow the same rules
+    # WebSocket handshakes follow the same rules; a viewer opens none (a WebSocket sends as well as reads)
     head = server.url.replace("http://", "ws://")
-    for token in (bob, None):
+    for token, service in ((bob, private), (None, private), (viewer, pool)):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         with pytest.raises(InvalidStatus) as refused:
-            connect(head + proxy_path(private, "ws"), additional_headers=headers, open_timeout=10)
-        assert refused.value.response.status_code == 403
+            connect(head + proxy_path(service, "ws"), additional_headers=headers, open_timeout=10)
+        assert refused.value.response.status_code == 403, token
     # admitted with no token: the head reaches the service, which (plain HTTP) refuses the upgrade itself
     with (
         connect(head + proxy_path(public, "ws"), open_timeout=10) as ws,
@@ -118,6 +119,79 @@ def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
         ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
     assert "refused the WebSocket" in closed.value.rcvd.reason
+
+
+# A service that answers a plain GET, and a WebSocket's first message, with the request headers it received.
+HEADERS = """
+import asyncio, json, os
+from http import HTTPStatus
+from websockets.asyncio.server import serve
+
+def said(headers):
+    return json.dumps([[name.lower(), value] for name, value in headers.raw_items()])
+
+def plain(connection, request):
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return connection.respond(HTTPStatus.OK, said(request.headers))
+
+async def opened(ws):
+    await ws.send(said(ws.request.headers))
+
+async def main():
+    async with serve(opened, "0.0.0.0", int(os.environ["GPUPOOL_PORT"]), process_request=plain) as server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+def _forwarded(said: str) -> dict[str, list[str]]:
+    """The X-Forwarded-* and Forwarded headers among those a HEADERS service received."""
+    seen: dict[str, list[str]] = {}
+    for name, value in json.loads(said):
+        if name.startswith("x-forwarded-") or name == "forwarded":
+            seen.setdefault(name, []).append(value)
+    return seen
+
+
+def test_a_service_hears_who_called_from_the_head_and_never_from_the_client(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "headers.py").write_text(HEADERS)
+    sid = server.submit(
+        {
+            "kind": "service",
+            "name": "headers",
+            "workdir": str(tmp_path),
+            "commands": [f"exec {sys.executable} headers.py"],
+        }
+    )["id"]
+    wait_until(server, sid, lambda w: w["state"] == "running")
+    claimed = {
+        "X-Forwarded-For": "203.0.113.9",
+        "X-Forwarded-Host": "bank.example",
+        "X-Forwarded-Proto": "https",
+        "X-Forwarded-Prefix": "/elsewhere",
+        "Forwarded": "for=203.0.113.9;host=bank.example",
+    }
+    head = {
+        "x-forwarded-for": ["127.0.0.1"],
+        "x-forwarded-host": [f"127.0.0.1:{server.port}"],
+        "x-forwarded-proto": ["http"],
+        "x-forwarded-prefix": [f"/api/v1/workloads/{sid}/proxy"],
+    }
+    with server.http() as client:
+        deadline = time.time() + 30
+        while (answer := client.get(proxy_path(sid, "who"), headers=claimed)).status_code != 200:
+            assert answer.status_code in (502, 503) and time.time() < deadline, answer.text
+            time.sleep(0.1)
+    assert _forwarded(answer.text) == head
+    with connect(
+        server.url.replace("http://", "ws://") + proxy_path(sid, "who"),
+        additional_headers={"Authorization": f"Bearer {server.token}", **claimed},
+        open_timeout=10,
+    ) as ws:
+        assert _forwarded(str(ws.recv(timeout=10))) == head
 
 
 def test_gpupool_forward_as_someone_else_is_refused_with_the_reason(

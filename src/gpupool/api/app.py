@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy import text
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpupool import __version__, web
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, admin_only, require_token
 from gpupool.api.body import refuse_nul
-from gpupool.api.ratelimit import RateLimiter
+from gpupool.api.ratelimit import FAILED_AUTH_BURST, FAILED_AUTH_RATE, RateLimiter
 from gpupool.api.routes import (
     agents,
     bench,
@@ -52,20 +53,64 @@ PAGE_HEADERS = {
 
 
 class BodyLimit:
-    """Refuse request bodies over `limit` bytes (by Content-Length) with 413, before any parsing."""
+    """Refuse a request body over `limit` bytes with 413 before it is parsed or the caller is known: by its
+    Content-Length at once, and a body sent without one (chunked) as its bytes arrive, so that nobody, with
+    a token or none, makes the head hold more than `limit` bytes of it. Requests to a service through the
+    proxy are left out: their bodies go on to the service as they arrive, never held (api/routes/proxy.py)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope["headers"]:
-                if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                    message = f"request body of {int(value)} bytes is over the {self.limit}-byte limit"
-                    body = JSONResponse({"error": {"code": "too_large", "message": message}}, status_code=413)
-                    await body(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or proxy.is_proxied(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._refuse(
+                    send, f"request body of {int(value)} bytes is over the {self.limit}-byte limit"
+                )
+                return
+        size, started, refused = 0, False, False
+
+        async def counted() -> Message:
+            nonlocal size, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > self.limit:
+                    # Answered here, and to the route the client seems gone: it stops reading, and
+                    # whatever it answers or raises after is dropped.
+                    refused = True
+                    if not started:
+                        await self._refuse(send, f"request body over the {self.limit}-byte limit")
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not refused:
+                raise
+
+    async def _refuse(self, send: Send, message: str) -> None:
+        payload = json.dumps({"error": {"code": "too_large", "message": message}}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"connection", b"close"),  # the rest of the body is not read
+        ]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
 
 
 async def _listen(backend: AgentBackend) -> None:
@@ -107,6 +152,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.proxy = proxy.ProxyState()
     app.state.tokens = TokenCache()
     app.state.limiter = RateLimiter(runtime.settings.rate_limit, runtime.settings.rate_burst)
+    app.state.failed_auth = RateLimiter(FAILED_AUTH_RATE, FAILED_AUTH_BURST)  # by client address
     app.state.node_credentials = agents.NodeCredentials()
     errors.install(app)
 

@@ -7,6 +7,10 @@ nothing and may be sent again as it is: the SDK and CLI wait and retry. One scri
 then slows to the rate, and everyone else's calls, the scheduler and the agents' heartbeats (not API
 calls of a token) go on. Calls through the service proxy are the services' traffic and are not counted,
 but for those without a token that make the head read the store (api/routes/proxy.py, by client address).
+
+Tokens that match nothing are counted too, by client address (`FAILED_AUTH_RATE`, `FAILED_AUTH_BURST`):
+each costs a store read, and guessing tokens at will must not be free. Past the bucket, a client's calls
+with a token not known to be good get 429 before the store is read (api/auth.py `caller_from`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Final
 DEFAULT_RATE: Final = 50.0  # requests a second, sustained, per token
 DEFAULT_BURST: Final = 200  # requests at once, after a quiet while
 MAX_CALLERS: Final = 10_000  # buckets kept; full ones are forgotten first (a full bucket is a new one)
+FAILED_AUTH_RATE: Final = 1.0  # bad tokens a second, sustained, per client address
+FAILED_AUTH_BURST: Final = 20  # bad tokens at once, per client address (a person's typos stay far below)
 
 
 class RateLimiter:
@@ -46,6 +52,14 @@ class RateLimiter:
             return 0.0
         self._remember(caller, left, now)
         return (1.0 - left) / self.rate
+
+    def waiting(self, caller: str) -> float:
+        """The seconds until `caller` may make a request (0: now), counting none."""
+        hit = self._buckets.get(caller)
+        if self.rate <= 0 or hit is None:
+            return 0.0
+        left = min(float(self.burst), hit[0] + (self._clock() - hit[1]) * self.rate)
+        return 0.0 if left >= 1.0 else (1.0 - left) / self.rate
 
     def _remember(self, caller: str, left: float, now: float) -> None:
         buckets = self._buckets

@@ -63,3 +63,16 @@ def test_retry_after_is_whole_seconds_at_least_one() -> None:
     assert retry_after(0.01) == "1"
     assert retry_after(1.0) == "1"
     assert retry_after(1.2) == "2"
+
+
+def test_waiting_says_how_long_without_counting_a_request() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=2.0, burst=2, clock=clock)
+    assert limiter.waiting("alice") == 0.0  # never seen: a full bucket
+    limiter.wait("alice")
+    assert [limiter.waiting("alice") for _ in range(5)] == [0.0] * 5  # asking takes nothing
+    limiter.wait("alice")
+    assert limiter.waiting("alice") == pytest.approx(0.5)
+    clock.now += 0.5
+    assert limiter.waiting("alice") == 0.0
+    assert RateLimiter(rate=0.0, burst=1).waiting("alice") == 0.0

@@ -6,11 +6,14 @@ service's running attempt listens on (`GPUPOOL_PORT` on rank 0's node); the answ
 server-sent events and long downloads pass as they come. Who may reach a service is its spec's `access`
 (`_admit`): its owner and admins (private, the default), any token of this head (pool), or anyone
 (public). The head's own bearer token is checked like any API call's and is not passed on; the body is the
-service's business (no NUL check, unlike the API's own routes). See docs/user-guide.md#reaching-a-service.
+service's business (no NUL check, unlike the API's own routes, and no size limit: it is streamed on as it
+arrives, never held by the head). The client's own X-Forwarded-* and Forwarded headers are dropped: the
+head writes its own, so a service can believe them. See docs/user-guide.md#reaching-a-service.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -50,6 +53,9 @@ DROPPED_RESPONSE = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
      "transfer-encoding", "upgrade", "date", "server"}
 )  # fmt: skip
+# What a client says about where a request came from is not passed on: the head writes its own (`_forwarded`).
+FORWARDED_PREFIX = "x-forwarded-"
+FORWARDED = "forwarded"  # RFC 7239
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0)
 # Where a service runs is read from the store at most once a TARGET_TTL seconds per service (and again at
 # once after its endpoint failed to answer, or its probe said not ready): a read in a worker thread costs
@@ -62,6 +68,33 @@ MAX_TARGETS = 10_000
 # token is always looked up: access once seen is kept, and a miss must not let a new private service by.)
 MISSING_TTL = 2.0
 PUBLIC_SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-downloads"
+# What `_admit` is told a WebSocket does: not a read (a WebSocket carries data both ways), so no viewer
+# opens one, as no viewer may POST to a service.
+WEBSOCKET = "WEBSOCKET"
+_PROXIED = re.compile(r"/api/v1/workloads/[^/]+/proxy(/|$)")
+
+
+def is_proxied(path: str) -> bool:
+    """Whether a request's path goes to a service through the proxy (its body is the service's)."""
+    return _PROXIED.match(path) is not None
+
+
+def _passed_on(name: str, dropped: frozenset[str]) -> bool:
+    """Whether a request header of this (lowercase) name goes on to the service."""
+    return name not in dropped and name != FORWARDED and not name.startswith(FORWARDED_PREFIX)
+
+
+def _forwarded(connection: HTTPConnection, workload_id: int) -> list[tuple[str, str]]:
+    """The head's own X-Forwarded-* headers: the client's address (the peer's, or what a proxy trusted
+    by `gpupool server --forwarded-allow-ips` said), the host and scheme it asked for, and the path prefix
+    the service is reached under."""
+    host = connection.headers.get("host", "")
+    forwarded = [
+        ("x-forwarded-for", connection.client.host if connection.client is not None else ""),
+        ("x-forwarded-proto", "https" if connection.url.scheme in ("https", "wss") else "http"),
+        ("x-forwarded-prefix", f"/api/v1/workloads/{workload_id}/proxy"),
+    ]
+    return forwarded + ([("x-forwarded-host", host)] if host else [])
 
 
 class ProxyState:
@@ -185,11 +218,9 @@ async def _send(request: Request, workload_id: int, target: service.ServiceTarge
     headers = [
         (name, value)
         for name, value in request.headers.raw
-        if name.decode("latin-1").lower() not in DROPPED_REQUEST
+        if _passed_on(name.decode("latin-1").lower(), DROPPED_REQUEST)
     ]
-    client_host = request.client.host if request.client is not None else ""
-    headers.append((b"x-forwarded-for", client_host.encode("latin-1")))
-    headers.append((b"x-forwarded-prefix", f"/api/v1/workloads/{workload_id}/proxy".encode()))
+    headers += [(name.encode(), value.encode("latin-1")) for name, value in _forwarded(request, workload_id)]
     has_body = "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
     client = _state(request).client
     outgoing = client.build_request(
@@ -329,12 +360,12 @@ async def _proxied(request: Request, workload_id: int, flight: _InFlight) -> Res
 async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> None:
     """A WebSocket to a running service, passed through message by message both ways (text and binary),
     until either side closes. Registered on the app itself (`app.py`): the API router's dependencies read
-    an HTTP request. A caller its `access` refuses (a missing or bad token, someone else's private service)
-    is refused at the handshake (HTTP 403); a service that cannot be
-    reached closes it at once with the reason (1008: not a service or ended; 1013: not running or not
-    ready yet, try again; 1011: nothing answers on its port)."""
+    an HTTP request. A caller its `access` refuses (a missing or bad token, someone else's private service,
+    a viewer: a WebSocket sends as well as reads) is refused at the handshake (HTTP 403); a service that
+    cannot be reached closes it at once with the reason (1008: not a service or ended; 1013: not running
+    or not ready yet, try again; 1011: nothing answers on its port)."""
     try:
-        await _admit(websocket, workload_id, "GET")
+        await _admit(websocket, workload_id, WEBSOCKET)
     except ApiError:
         await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
         return
@@ -355,9 +386,9 @@ async def _relayed(websocket: WebSocket, workload_id: int) -> None:
     headers = [
         (name.decode("latin-1"), value.decode("latin-1"))
         for name, value in websocket.headers.raw
-        if name.decode("latin-1").lower() not in DROPPED_UPGRADE
+        if _passed_on(name.decode("latin-1").lower(), DROPPED_UPGRADE)
     ]
-    headers.append(("X-Forwarded-Prefix", f"/api/v1/workloads/{workload_id}/proxy"))
+    headers += _forwarded(websocket, workload_id)
     url = f"ws://{target.endpoint}{_rest_of_path(websocket, workload_id)}"
     subprotocols = websocket.scope.get("subprotocols") or None
     try:

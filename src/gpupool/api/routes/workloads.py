@@ -128,7 +128,7 @@ def requeue(
     task: bool = _task_query("requeue"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    return _act(request, caller, workload_id, service.requeue, task)
+    return _act(request, caller, workload_id, service.requeue, task, adding="requeue")
 
 
 @router.post("/{workload_id}/release", summary="Release held work: the scheduler may start it again")
@@ -138,7 +138,8 @@ def release(
     task: bool = _task_query("release"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    return _act(request, caller, workload_id, functools.partial(service.release, admin=caller.admin), task)
+    release = functools.partial(service.release, admin=caller.admin)
+    return _act(request, caller, workload_id, release, task, adding="release")
 
 
 @router.patch(
@@ -196,10 +197,11 @@ def _queue(given: object, caller: Caller) -> str:
     return name
 
 
-def _may_submit_to(caller: Caller, queue: str) -> None:
+def _may_submit_to(caller: Caller, queue: str, why: str = "") -> None:
     """Refuse (403) work in a queue the caller's token is not for (tokens limited to some queues), and
     anyone's in gpupool's own queue: the head submits its node health checks there, outside the scheduler,
-    with no quota (a person's work there would never be given GPUs)."""
+    with no quota (a person's work there would never be given GPUs). `why`: what would add work to `queue`,
+    when it is not a submission naming it."""
     if queue == SYSTEM_QUEUE:
         raise ApiError(
             403,
@@ -209,11 +211,12 @@ def _may_submit_to(caller: Caller, queue: str) -> None:
             field="queue",
         )
     if not caller.may_submit_to(queue):
+        fix = f"{why}; ask an admin" if why else "name one of those, or ask an admin"
         raise ApiError(
             403,
             "forbidden",
             f"queue: the token {caller.name!r} may submit only to {', '.join(caller.queues)}, not "
-            f"{queue!r}; name one of those, or ask an admin",
+            f"{queue!r}; {fix}",
             field="queue",
         )
 
@@ -246,7 +249,7 @@ def scale(
 ) -> dict[str, Any]:
     replicas = fields(body, ("replicas",)).get("replicas")
     runtime = request.app.state.runtime
-    _owned(runtime, caller, workload_id)
+    _owned(runtime, caller, workload_id, adding="scale")
     found = RANGE.fullmatch(replicas) if isinstance(replicas, str) else None
     if found is not None:  # an autoscaled service's new range
         low, high = int(found.group(1)), int(found.group(2))
@@ -298,18 +301,36 @@ async def logs(
 
 
 def _act(
-    request: Request, caller: Caller, workload_id: int, act: Callable[..., dict[str, Any]], task: bool
+    request: Request,
+    caller: Caller,
+    workload_id: int,
+    act: Callable[..., dict[str, Any]],
+    task: bool,
+    adding: str | None = None,
 ) -> dict[str, Any]:
-    """`act` (service.cancel, hold, requeue, release) on what `workload_id` names, by its owner or an admin;
-    the control loop is woken to carry it out."""
+    """`act` (service.cancel, hold, requeue, release) on what `workload_id` names, by its owner or an admin
+    (`adding`: see `_owned`); the control loop is woken to carry it out."""
     runtime = request.app.state.runtime
-    _owned(runtime, caller, workload_id)
+    _owned(runtime, caller, workload_id, adding)
     result = act(runtime.store, workload_id, task=task, actor=caller.name)
     runtime.wake()
     return result
 
 
-def _owned(runtime: Any, caller: Caller, workload_id: int) -> None:
-    """Refuse (403) a change of someone else's work to anyone but an admin (404 when there is none)."""
-    if not caller.admin:
+def _owned(runtime: Any, caller: Caller, workload_id: int, adding: str | None = None) -> None:
+    """Refuse (403) a change of someone else's work to anyone but an admin (404 when there is none). A
+    change that puts work before the scheduler (`adding`: scale, release, requeue) is refused too where
+    the caller's token may not submit to the work's queue: such a token could otherwise add work to a
+    queue that is not its own, through work it once submitted there."""
+    if caller.admin:
+        return
+    if adding is None:
         may_change(caller, service.owner_of(runtime.store, workload_id), f"workload {workload_id}")
+        return
+    view = service.get_workload(runtime.store, workload_id)
+    may_change(caller, view["user"], f"workload {workload_id}")
+    _may_submit_to(
+        caller,
+        view["queue"],
+        f"workload {workload_id} is in queue {view['queue']!r}, and to {adding} it adds work there",
+    )
