@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import ipaddress
 import logging
 import socket
 import sys
@@ -22,7 +23,7 @@ from gpupool.cli.app import app
 from gpupool.cli.errors import CliError
 from gpupool.cli.render import err_console, print_error
 from gpupool.client import GpupoolError
-from gpupool.home import DEFAULT_PORT, default_db_url, home_dir
+from gpupool.home import DEFAULT_PORT, default_db_url, home_dir, make_private
 from gpupool.spec import SpecError, parse_duration
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -37,6 +38,22 @@ def _log_level(value: str) -> str:
 _LOG_LEVEL = typer.Option(
     "info", "--log-level", callback=_log_level, help="how much the log says: debug, info, warning or error"
 )
+
+
+def _forwarded_allow_ips(value: str) -> list[str]:
+    """--forwarded-allow-ips as uvicorn takes it: ["*"], or IP addresses and networks (CIDR)."""
+    given = [part.strip() for part in value.split(",") if part.strip()]
+    if "*" in given:
+        return ["*"]
+    for part in given:
+        try:
+            ipaddress.ip_network(part) if "/" in part else ipaddress.ip_address(part)
+        except ValueError:
+            raise CliError(
+                f"--forwarded-allow-ips {value}: {part!r} is not an IP address or network (host bits "
+                "clear); give the reverse proxy's address, e.g. 10.0.0.5 or 10.0.0.0/24 (or * for any)"
+            ) from None
+    return given
 
 
 @app.command()
@@ -121,6 +138,13 @@ def server(
         "exist; heads sharing one store share it (default $GPUPOOL_HOME/secrets.key, made at the first "
         "start; docs/operations.md#secrets)",
     ),
+    forwarded_allow_ips: str = typer.Option(
+        "",
+        "--forwarded-allow-ips",
+        help="addresses (IPs or CIDRs, comma-separated; * for any) of reverse proxies in front of the head "
+        "whose X-Forwarded-For/-Proto it believes: the client's address then comes from them (rate limits, "
+        "the service proxy's X-Forwarded-For); default none: the peer's own address",
+    ),
     log_level: str = _LOG_LEVEL,
 ) -> None:
     """Run the gpupool head: API server, scheduler loop and the executor (local processes or Slurm jobs)."""
@@ -183,6 +207,7 @@ def server(
     if not 1 <= rate_burst <= 1_000_000:
         raise CliError(f"--rate-burst {rate_burst}: must be 1 to 1000000 calls; try 200")
     sample_every = _telemetry_interval(telemetry_interval)
+    trusted = _forwarded_allow_ips(forwarded_allow_ips)
     if backend not in BACKENDS:
         raise CliError(f"--backend {backend}: unknown backend; one of {', '.join(BACKENDS)}")
     _check_listen(host, port)
@@ -190,8 +215,7 @@ def server(
         normalise_url(url)  # a kind of database gpupool does not use
     except StoreError as exc:
         raise CliError(str(exc)) from exc
-    if not home.exists():  # its files give the admin token and the secrets' key: the server's user's only
-        home.mkdir(parents=True, mode=0o700)
+    make_private(home)  # its files give the admin token, the secrets' key, users' logs: the server's user's
     _claim_home(home)
     try:
         store = Store(url)
@@ -242,7 +266,17 @@ def server(
         f"gpupool server on {server_url} (store {store.url.split('@')[-1]}, {where}, home {home})",
         highlight=False,
     )
-    uvicorn.run(create_app(runtime), host=host, port=port, log_level=log_level.lower(), access_log=False)
+    uvicorn.run(
+        create_app(runtime),
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=False,
+        # uvicorn would believe X-Forwarded-For from 127.0.0.1 (or $FORWARDED_ALLOW_IPS) by default: anyone
+        # on the head's machine could then pick the address rate limits count under
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted or None,
+    )
 
 
 @app.command()

@@ -6,11 +6,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tests.support import plain_http
-from tests.support.agent import AgentProcess, join_token, start_pool
+from tests.support.agent import LOSS_LEASE, AgentProcess, join_token, start_pool
 
 
 def _until(what: str, probe: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -371,5 +372,64 @@ def test_agent_nodes_keep_their_gpu_uuids_and_nvlink_islands_and_a_job_stays_on_
         islands = {gpus[i]["nvlink_island"] for i in indices}
         assert len(islands) == 1, f"held {held}, the pair got {indices}: across NVLink islands"
         server.cli("cancel", str(holder["id"]), check=True)
+    finally:
+        pool.stop()
+
+
+def test_a_join_token_cannot_take_over_a_running_node_nor_name_one_outside_host_names(tmp_path: Path) -> None:
+    """The review's attack: with the reusable join token, register the name of a live node running a job
+    that uses a secret. It got a new credential, and its first heartbeat the attempt's fencing token,
+    script and secret, while the real agent was refused and exited, its job left running unsupervised."""
+    pool = start_pool(tmp_path, 1)
+    server = pool.server
+    try:
+        token = join_token(server)
+        with server.http() as admin:
+            assert admin.put("/api/v1/secrets/HF_TOKEN", json={"value": "hf-carols"}).status_code == 200
+            created = admin.post("/api/v1/join-tokens", json={}).json()  # no ttl: it expires in an hour
+            expires = datetime.fromisoformat(created["expires_at"])
+            assert 3500 < (expires - datetime.now(UTC)).total_seconds() <= 3600, created
+        job = server.submit({"resources": {"gpu": 1}, "secrets": ["HF_TOKEN"], "commands": ["sleep 60"]})
+        server.wait_for(job["id"], states=("running",))
+        with plain_http.client(base_url=server.url, timeout=30) as client:
+            body = {"name": "agent-0", "join_token": token, "info": {}}
+            taken = client.post("/api/v1/agents/register", json=body)
+            assert taken.status_code == 409, taken.text
+            error = taken.json()["error"]
+            assert error["code"] == "node_name_taken" and error["field"] == "name"
+            said = error["message"]
+            assert "'agent-0' belongs to the agent that joined with that name and is not lost" in said
+            assert "credential" not in taken.json() and "hf-carols" not in taken.text
+            for name in ("a\x1b[31mred", "..", "$(id)", "x" * 253):
+                odd = client.post("/api/v1/agents/register", json={**body, "name": name})
+                assert odd.status_code == 422 and odd.json()["error"]["field"] == "name", odd.text
+        time.sleep(2)  # heartbeats of the real agent go on with its own credential
+        agent = pool.agents[0]
+        assert agent.proc is not None and agent.proc.poll() is None, agent.log()
+        assert "invalid node credential" not in agent.log()
+        assert server.workload(job["id"])["state"] == "running"
+        assert set(pool.nodes()) == {"agent-0"}, "a refused name leaves no node behind"
+        server.cli("cancel", str(job["id"]), check=True)
+    finally:
+        pool.stop()
+
+
+def test_a_reinstalled_machine_joins_again_under_its_name_once_the_old_agent_is_lost(tmp_path: Path) -> None:
+    """Its credential went with its disk: the new agent, with a join token, waits (and says why) until the
+    head has seen the old one lost, then takes the name; the old credential works no more."""
+    pool = start_pool(tmp_path, 1, lease=LOSS_LEASE)
+    server = pool.server
+    try:
+        old = pool.agents[0]
+        old.kill9()
+        new = AgentProcess(server, "agent-0", tmp_path / "reinstalled", join_token(server)).start()
+        pool.agents.append(new)
+        _until("the new agent to wait for the name", lambda: "event=node_name_held" in new.log())
+        assert "not lost (its last heartbeat was" in new.log()
+        _until("the new agent to join", lambda: "event=agent_joined" in new.log(), timeout=40)
+        pool.wait_for_nodes(["agent-0"])
+        assert new.proc is not None and new.proc.poll() is None
+        done = server.wait_for(server.submit({"resources": {"gpu": 1}, "commands": ["echo back"]})["id"])
+        assert done["state"] == "succeeded", done
     finally:
         pool.stop()

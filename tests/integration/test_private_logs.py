@@ -4,6 +4,7 @@ admins; anyone else gets 403 saying why, through the API and `gpupool logs`."""
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 from tests.support.server import ServerProcess
@@ -37,3 +38,36 @@ def test_with_private_logs_only_the_owner_and_admins_read_the_output(tmp_path: P
             del server.extra_env["GPUPOOL_TOKEN"]
     finally:
         server.stop()
+
+
+def test_a_home_open_to_other_users_is_made_private_at_start_and_new_output_is_0600(tmp_path: Path) -> None:
+    """--private-logs guards the API; a home of 0755 with 0644 logs and store (as a head before 2026-12-07
+    left it, or an operator's mkdir) let every Unix user of the head read the output and the store."""
+    home = tmp_path / "home"
+    server = ServerProcess(home=home, extra_args=["--private-logs"]).start()
+    try:
+        first = server.submit({"commands": ["echo one"]})
+        server.wait_for(first["id"])
+    finally:
+        server.stop()
+    for path in (home, home / "logs", home / "runs", home / "logs" / str(first["id"])):
+        path.chmod(0o755)
+    (home / "gpupool.db").chmod(0o644)
+
+    server.start()
+    try:
+        assert _mode(home) == 0o700 and _mode(home / "gpupool.db") == 0o600
+        assert _mode(home / "logs") == _mode(home / "runs") == 0o700
+        said = server.log()
+        assert "event=home_made_private" in said and "path=. mode=755->700" in said, said
+        second = server.submit({"commands": ["echo two"]})
+        server.wait_for(second["id"])
+        log = home / "logs" / str(second["id"]) / "attempt-0.log"
+        assert "two" in log.read_text() and _mode(log) == 0o600
+        # (its folders keep the operator's umask: inside the 0700 home no other user reaches them)
+    finally:
+        server.stop()
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)

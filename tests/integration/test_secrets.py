@@ -194,3 +194,22 @@ def test_a_head_without_the_key_starts_marks_the_secret_and_fails_the_work_namin
     assert failed["state"] == "failed", failed
     assert f"the secret HF_TOKEN of alice cannot be decrypted: it was encrypted with the key {lost}" in reason
     assert str(other) in reason and "put that key back" in reason
+
+
+def test_the_heads_own_credentials_never_reach_a_job(tmp_path: Path) -> None:
+    """A job gets the head's environment (PATH, locale, SLURM_CONF) but not the head's credentials in it:
+    its database password, cloud keys, tokens. Its owner's own values come through `env` and `secrets`."""
+    head = {"PGPASSWORD": "head-db-pw", "AWS_SECRET_ACCESS_KEY": "head-aws-key", "VAULT_TOKEN": "head-vt"}
+    server = ServerProcess(home=tmp_path / "home", extra_env=dict(head)).start()
+    try:
+        with server.http() as admin:
+            assert admin.put("/api/v1/secrets/VAULT_TOKEN", json={"value": "users-own"}).status_code == 200
+        job = server.submit({"secrets": ["VAULT_TOKEN"], "env": {"LR": "0.1"}, "commands": ["env | sort"]})
+        assert server.wait_for(job["id"])["state"] == "succeeded"
+        with server.http() as admin:
+            output = admin.get(f"/api/v1/workloads/{job['id']}/logs").json()["data"]
+        assert "VAULT_TOKEN=users-own" in output and "LR=0.1" in output and "PATH=" in output
+        assert not [value for value in head.values() if value in output], output
+        assert "PGPASSWORD" not in output and "AWS_SECRET_ACCESS_KEY" not in output
+    finally:
+        server.stop()

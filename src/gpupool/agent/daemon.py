@@ -35,10 +35,16 @@ log = logging.getLogger("gpupool.agent")
 
 API = "/api/v1/agents"
 RETRY_DELAY = 1.0  # seconds between attempts to reach an unreachable head
+NAME_HELD_RETRY = 5.0  # seconds between registrations while another agent holds this node's name
 
 
 class AgentRefused(RuntimeError):
     """The head refused this agent (bad or revoked join token, a name taken by another backend): fatal."""
+
+
+class NameHeld(AgentRefused):
+    """Another agent holds this node's name and is not lost: at the first registration the agent waits for
+    it (this machine may replace it), later it is fatal (this agent was lost and its name taken over)."""
 
 
 @dataclass
@@ -132,6 +138,8 @@ class Agent:
             "info": self.describe(),
         }
         response = self._http.post(f"{API}/register", json=body)
+        if response.status_code == 409 and _code(response) == "node_name_taken":
+            raise NameHeld(_message(response))
         if response.status_code in (401, 403, 409, 422):
             raise AgentRefused(_message(response))
         response.raise_for_status()
@@ -164,6 +172,10 @@ class Agent:
             self.register()  # the head restarted and does not know this node yet
             return
         if response.status_code == 401:
+            # The head knows this node's credential no more (another agent took the name once this one was
+            # lost, the node was removed, the store replaced): what runs here is not the head's work now.
+            stopped = self.attempts.stop_all("the head no longer knows this node's credential")
+            log.warning("event=credential_refused node=%s stopped=%d", self.settings.name, stopped)
             raise AgentRefused(_message(response))
         response.raise_for_status()
         answer = response.json()
@@ -202,6 +214,10 @@ class Agent:
                 log.warning("event=head_unreachable server=%s error=%r", self.settings.server, str(exc))
                 self._check_orphans()
                 self._stop.wait(RETRY_DELAY)
+            except NameHeld as exc:  # this machine may replace a node the head has not yet seen lost
+                log.warning("event=node_name_held node=%s error=%r", self.settings.name, str(exc))
+                self._check_orphans()
+                self._stop.wait(NAME_HELD_RETRY)
         reporter = threading.Thread(target=self._report_exits, name="agent-report", daemon=True)
         reporter.start()
         while not self._stop.is_set():
@@ -261,6 +277,13 @@ def _catalog_kind(model: str, memory_bytes: int) -> str:
         if abs(info.memory_bytes - memory_bytes) <= 0.1 * max(memory_bytes, 1) or kind == model:
             return kind
     return model
+
+
+def _code(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 def _message(response: httpx.Response) -> str:

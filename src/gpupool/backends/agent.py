@@ -361,6 +361,22 @@ class AgentBackend(AgentHeartbeats):
             devices=node.devices,
         )
 
+    def still_held(self, name: str) -> str | None:
+        """Why the agent that registered `name` still holds it (a join token may not take it over), or
+        None once it is lost (silent past the lease; after a head restart, counted from the start) and no
+        attempt is listed on it any more (an attempt listed there would be offered to the newcomer)."""
+        now = self._clock()
+        with self._lock:
+            node = self._nodes.get(name)
+            silent = now - (node.last_seen if node is not None else self._started)
+            listed = len(self._by_node.get(name) or ())
+        if silent <= self.lease:
+            heard = "its last heartbeat" if node is not None else "the head's start"
+            return f"{heard} was {silent:.1f}s ago, within the node lease of {self.lease:g}s"
+        if listed:
+            return f"{listed} attempt(s) are still listed on it, until the head has moved them"
+        return None
+
     def registered(self, name: str) -> InventoryNode:
         """A node as its agent has just registered it (heard from now: not lost)."""
         with self._lock:

@@ -157,7 +157,11 @@ class AgentAttempt:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace the file with `text` at once: a reader sees the old text or the new, never a part."""
+    """Replace the file with `text` at once: a reader sees the old text or the new, never a part. The
+    file is the head's user's only (mode 0600): launch.json holds the job's environment, secrets too."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o600)  # a .tmp left by an older head keeps its mode through O_CREAT
     os.replace(tmp, path)

@@ -56,7 +56,9 @@ class LocalBackend:
         launch.run_dir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = ["/bin/sh", "-c", SHIM, "gpupool-attempt", str(launch.run_dir), SCRIPT_PRELUDE + launch.script]
-        with open(launch.log_path, "ab") as log:
+        # The output is its owner's business (`--private-logs`): no other Unix user of the machine reads it.
+        log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(log_fd, "ab") as log:
             try:
                 proc = subprocess.Popen(
                     argv,

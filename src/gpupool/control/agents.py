@@ -2,11 +2,14 @@
 
 An operator creates a join token (`gpupool node join-token create --ttl 1h`); an agent presents it once,
 at its first registration, and gets back a node credential of its own, which it keeps in its state dir
-and presents on every later call. Both are kept only as SHA-256 hashes, like API tokens.
+and presents on every later call. Both are kept only as SHA-256 hashes, like API tokens. A join token
+admits new names only: a name whose agent still holds it (heard from within the node lease, or work still
+listed on it) is refused, so a join token's holder cannot take over a running node and its work.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -26,11 +29,39 @@ from gpupool.timeutil import as_utc, utcnow
 JOIN_PREFIX = "gpj_"
 CREDENTIAL_PREFIX = "gpn_"
 AGENT_BACKEND = "agent"
+DEFAULT_JOIN_TTL = 3600.0  # seconds a join token admits agents when its creator names no ttl
+# A node's name is a host name (RFC 1123): dot-separated labels of letters, digits and inner hyphens, 1-63
+# characters each, 253 in all. It is printed by `gpupool nodes`, written into logs and paths, and
+# passed to Slurm-style tools: no control characters, no shell syntax, no `..`.
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 class Unauthorized(ServiceError):
     status = 401
     code = "unauthorized"
+
+
+class NameTaken(Conflict):
+    """A join token names a node whose agent still holds it (the agent retries: it may be that node's
+    replacement, waiting for the head to see the old agent lost)."""
+
+    code = "node_name_taken"
+
+
+def check_node_name(name: str) -> None:
+    """Raise Invalid (field `name`) unless `name` is a host name (see _LABEL)."""
+    if (
+        not name
+        or len(name) > 253
+        or not all(_LABEL.fullmatch(label) for label in name.split("."))
+        or not name.isascii()
+    ):
+        raise Invalid(
+            f"node name {name[:80]!r}: use a host name, 1-253 characters of dot-separated labels of "
+            "letters, digits and '-' (1-63 each, no '-' at either end); start the agent with --name",
+            field="name",
+            example="gpu-07.rack-3",
+        )
 
 
 def _iso(value: Any) -> str | None:
@@ -79,8 +110,9 @@ def create_join_token(
     gpus: object = None,
     actor: str = "admin",
 ) -> dict[str, Any]:
-    """A new join token; the token itself is in the answer once and never again. `gpus`: how many GPUs each
-    node joining with it has (Slurm's configured Gres count): one that registers fewer is unhealthy."""
+    """A new join token; the token itself is in the answer once and never again. `ttl_seconds`: how long
+    it admits new agents (None: until revoked). `gpus`: how many GPUs each node joining with it has
+    (Slurm's configured Gres count): one that registers fewer is unhealthy."""
     if ttl_seconds is not None and ttl_seconds <= 0:
         raise Invalid(f"ttl must be longer than 0 seconds, got {ttl_seconds:g}", field="ttl", example="1h")
     declared = _declared(gpus)
@@ -132,39 +164,48 @@ def register(
     join_token: str | None,
     credential: str | None,
     described: Callable[[], InventoryNode],
+    still_held: Callable[[], str | None] = lambda: "the head cannot tell whether its agent is alive",
 ) -> str | None:
     """Admit node `name`: with a valid join token (a new credential is returned), or with the credential it
     got before (None is returned: it keeps it). Raises Unauthorized with the fix otherwise.
 
+    A join token takes over a name that already has a credential only once `still_held()` says None:
+    the agent backend answers why the old agent still holds the node (heard from within the lease, work
+    listed on it), so the holder of a join token cannot take a live node's work, fencing token and secrets.
+
     Once admitted, the node is written as `described()` says (its GPUs, CPUs, labels) in the same
     transaction: a node that joins is never seen ready without its GPUs, waiting for a reconcile pass."""
-    if not name or len(name) > 253 or any(c.isspace() or c == "/" for c in name):
-        raise Invalid(f"node name {name!r}: use 1-253 characters without spaces or '/'", field="name")
     with store.session() as s, s.no_autoflush:
-        issued = _admit(s, name, join_token, credential)
+        issued = _admit(s, name, join_token, credential, still_held)
         s.flush()
         node = s.scalar(select(Node).where(Node.name == name).options(selectinload(Node.gpus)))
         inventory.apply_node(s, AGENT_BACKEND, described(), node)
         return issued
 
 
-def _admit(s: Session, name: str, join_token: str | None, credential: str | None) -> str | None:
+def _admit(
+    s: Session,
+    name: str,
+    join_token: str | None,
+    credential: str | None,
+    still_held: Callable[[], str | None],
+) -> str | None:
     node = s.scalar(select(Node).where(Node.name == name))
+    if credential and node is not None and node.credential_hash == hash_token(credential):
+        return None  # a node admitted before keeps its name, even one this head would not admit today
+    check_node_name(name)
     if node is not None and node.backend != AGENT_BACKEND:
         raise Conflict(
             f"node {name!r} exists and is run by the {node.backend} backend, not by an agent; "
             "start the agent with another --name",
             field="name",
         )
-    if credential:
-        if node is not None and node.credential_hash == hash_token(credential):
-            return None
-        if not join_token:
-            raise Unauthorized(
-                f"the node credential of {name!r} is not known to this head (its store was replaced, or "
-                "the node was removed); start the agent with a new --join-token "
-                "(`gpupool node join-token create` on the head)"
-            )
+    if credential and not join_token:
+        raise Unauthorized(
+            f"the node credential of {name!r} is not known to this head (its store was replaced, or "
+            "the node was removed); start the agent with a new --join-token "
+            "(`gpupool node join-token create` on the head)"
+        )
     if not join_token:
         raise Unauthorized("no join token: pass --join-token (`gpupool node join-token create` on the head)")
     row = s.scalar(select(JoinToken).where(JoinToken.token_hash == hash_token(join_token)))
@@ -183,6 +224,16 @@ def _admit(s: Session, name: str, join_token: str | None, credential: str | None
             f"join token {row.prefix}... expired at {expires.isoformat()}; create a new one with "
             "`gpupool node join-token create --ttl 1h`"
         )
+    if node is not None and node.credential_hash:
+        held = still_held()
+        if held is not None:
+            raise NameTaken(
+                f"node {name!r} belongs to the agent that joined with that name and is not lost ({held}); "
+                "a join token cannot take it over. Another machine: start this agent with another --name. "
+                "This machine reinstalled (its credential lost): stop the old agent; this one is let in "
+                "once the head has seen the node lost (no heartbeat for --node-lease, no work left on it)",
+                field="name",
+            )
     row.uses += 1
     row.last_used_at = utcnow()
     issued = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
@@ -197,6 +248,17 @@ def _admit(s: Session, name: str, join_token: str | None, credential: str | None
                 from_state="",
                 to_state="ready",
                 reason=f"joined with join token {row.prefix}...{declares}",
+                actor=AGENT_BACKEND,
+            )
+        )
+    elif node.credential_hash:
+        s.add(
+            Event(
+                object_kind="node",
+                object_id=name,
+                from_state=node.state,
+                to_state=node.state,
+                reason=f"joined again with join token {row.prefix}... (a new agent: the old one was lost)",
                 actor=AGENT_BACKEND,
             )
         )

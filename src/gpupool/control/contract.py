@@ -9,8 +9,15 @@ from typing import Any
 
 from gpupool.spec.workload import parse_array
 
-# Server-side settings that must never leak into a job's environment.
+# Server-side settings that must never leak into a job's environment: gpupool's own (the store's URL, the
+# CLI's token, the secrets key file), and whatever else in the head's environment names a credential
+# (PGPASSWORD, AWS_SECRET_ACCESS_KEY, VAULT_TOKEN, DATABASE_URL...). A job gets its user's own values from
+# its spec's `env` and `secrets`, which are added after this filter.
 _PRIVATE_PREFIXES = ("GPUPOOL_",)
+_PRIVATE_WORDS = (
+    "TOKEN", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY",
+    "DATABASE_URL", "DB_URL",
+)  # fmt: skip
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -97,5 +104,13 @@ def job_environment(
     return env
 
 
+def private_to_the_head(name: str) -> bool:
+    """Whether the head's environment variable `name` is the head's own (see _PRIVATE_WORDS)."""
+    upper = name.upper()
+    return upper.startswith(_PRIVATE_PREFIXES) or any(word in upper for word in _PRIVATE_WORDS)
+
+
 def server_environment() -> dict[str, str]:
-    return dict(os.environ)
+    """The head's environment as every backend hands it to a job (the local process, Slurm's sbatch with
+    --export=ALL; the agent backend sends what differs from it): without the head's own credentials."""
+    return {k: v for k, v in os.environ.items() if not private_to_the_head(k)}

@@ -639,10 +639,14 @@ class Reconciler(Observation, SnapshotBuilding):
             array_index=workload.array_index,
         )
         env.update(secret_values or {})
-        try:
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            log.warning("event=checkpoint_dir_unavailable workload=%d error=%s", workload.id, exc)
+        # Only where the job runs on this machine as the head's own user (local). An agent makes it on its
+        # node; on Slurm the job's batch script does: the head (root, perhaps) makes no directory a spec
+        # names on anyone's behalf.
+        if self.backend.name == "local":
+            try:
+                checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                log.warning("event=checkpoint_dir_unavailable workload=%d error=%s", workload.id, exc)
         return Launch(
             attempt_id=attempt.id,
             workload_id=workload.id,

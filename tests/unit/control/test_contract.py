@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from gpupool.control.contract import checkpoint_dir_for, job_environment, workdir_for
+import pytest
+
+from gpupool.control.contract import checkpoint_dir_for, job_environment, server_environment, workdir_for
 
 
 def test_environment_has_every_contract_variable_and_hides_server_secrets() -> None:
@@ -65,3 +68,44 @@ def test_an_array_task_knows_its_array_and_checkpoints_in_its_own_folder(tmp_pat
         checkpoint_dir=Path("/ck"), node_address="10.0.0.1", master_port=1,
     )  # fmt: skip
     assert not any(name.startswith("GPUPOOL_ARRAY") for name in plain)
+
+
+def test_the_heads_own_credentials_stay_out_of_the_environment_jobs_get(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every backend builds a job's environment on server_environment() (Slurm passes it with
+    --export=ALL): the head's store URL, tokens and passwords are the head's, not its jobs'."""
+    head = {
+        "PATH": "/usr/bin",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "LANG": "C.UTF-8",
+        "GPUPOOL_DB": "postgresql://gpupool:hunter2@db/gpupool",
+        "GPUPOOL_TOKEN": "gpt_admin",
+        "PGPASSWORD": "hunter2",
+        "AWS_SECRET_ACCESS_KEY": "aws",
+        "AWS_SESSION_TOKEN": "aws-session",
+        "vault_token": "v",
+        "DATABASE_URL": "postgresql://u:p@h/d",
+        "OPENAI_API_KEY": "sk",
+        "MY_SECRET": "s",
+        "GOOGLE_APPLICATION_CREDENTIALS": "/etc/head.json",
+    }
+    monkeypatch.setattr(os, "environ", head)
+    env = job_environment(
+        base=server_environment(),
+        spec={"env": {"WANDB_API_KEY": "the-users-own"}},
+        workload_id=1,
+        workload_name="train",
+        queue="default",
+        attempt_number=0,
+        gpu_indices=[0],
+        checkpoint_dir=Path("/ck"),
+        node_address="10.0.0.1",
+        master_port=29500,
+    )
+    assert {k: env[k] for k in ("PATH", "SLURM_CONF", "LANG")} == {
+        "PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm/slurm.conf", "LANG": "C.UTF-8"
+    }  # fmt: skip
+    assert env["WANDB_API_KEY"] == "the-users-own", "the spec's env (and secrets) are added after the filter"
+    leaked = sorted((set(head) - {"PATH", "SLURM_CONF", "LANG"}) & set(env))
+    assert leaked == [] and not any(v in env.values() for v in ("hunter2", "gpt_admin", "aws", "sk"))

@@ -142,6 +142,7 @@ def register(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, An
             join_token=body.get("join_token") or None,
             credential=body.get("credential") or None,
             described=described,
+            still_held=lambda: backend.still_held(name),
         )
         request.app.state.node_credentials.registered(name, credential)
     if credential is not None:
@@ -248,7 +249,10 @@ def create_join_token(
 ) -> dict[str, Any]:
     body = fields(body, ("ttl", "description", "gpus"))
     ttl = body.get("ttl")
-    seconds = parse_duration(ttl, "ttl") if ttl not in (None, "", "never") else None
+    if "ttl" not in body:  # one that never expires is asked for: "never" (or null, as the CLI sends it)
+        seconds: float | None = agents.DEFAULT_JOIN_TTL
+    else:
+        seconds = parse_duration(ttl, "ttl") if ttl not in (None, "", "never") else None
     description = text(body, "description", example="rack 12") or ""
     return agents.create_join_token(
         request.app.state.runtime.store, seconds, description, gpus=body.get("gpus"), actor=caller.name
