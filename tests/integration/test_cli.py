@@ -34,6 +34,13 @@ def test_run_ps_logs_show_cancel_through_the_cli(server: ServerProcess, job_dir:
     rows = json.loads(server.cli("ps", "--all", "--json", check=True).stdout)
     assert rows[0]["id"] == 1 and rows[0]["state"] == "succeeded"
     assert {"id", "name", "queue", "state", "gpus", "node", "age"} <= set(rows[0])
+    # the API's fields, as `show --json` gives them, not only the table's columns
+    shown = json.loads(server.cli("show", "1", "--json", check=True).stdout)
+    api = ("priority", "created_at", "started_at", "finished_at", "run_seconds", "max_duration", "held")
+    assert {key: rows[0][key] for key in (*api, "attempts")} == {
+        **{key: shown[key] for key in api},
+        "attempts": len(shown["attempt_list"]),
+    }
     assert "hi from 0,1" in server.cli("logs", "1", check=True).stdout
     table = server.cli("ps", "--all", check=True).stdout
     assert "hello" in table and "succeeded" in table
@@ -245,6 +252,27 @@ def test_a_bad_spec_is_one_clear_line_and_a_nonzero_exit(
     assert expected in lines[0]
     assert "Traceback" not in result.stderr
     assert json.loads(server.cli("ps", "--all", "--json", check=True).stdout) == []
+
+
+def test_a_spec_the_head_refuses_is_one_line_naming_the_file_first(
+    server: ServerProcess, job_dir: Path
+) -> None:
+    path = job_dir / "two.yaml"
+    path.write_text("commands: [echo]\nresources: {gpu: two}\n")  # a model the head does not know
+    result = server.cli("submit", str(path))
+    assert result.returncode == 1 and result.stderr.startswith(
+        f"error: {path}: resources.gpu: unknown GPU model 'TWO'"
+    ), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_submit_options_override_the_specs_fields(server: ServerProcess, job_dir: Path) -> None:
+    path = job_dir / "train.yaml"
+    path.write_text("commands: [sleep 30]\npriority: inference\nmax_duration: 1h\n")
+    server.cli("submit", str(path), "--priority", "train", "--max-duration", "2h", "--hold", check=True)
+    assert (server.workload(1)["priority"], server.workload(1)["max_duration"]) == (50, 7200)
+    server.cli("submit", str(path), "--priority", "70", "--hold", check=True)
+    assert (server.workload(2)["priority"], server.workload(2)["max_duration"]) == (70, 3600)
 
 
 def test_a_queue_is_deleted_only_once_nothing_uses_it(server: ServerProcess, job_dir: Path) -> None:

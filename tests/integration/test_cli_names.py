@@ -74,9 +74,20 @@ def test_a_name_with_no_active_work_reads_its_newest_finished_one_but_changes_no
     unknown = "error: no workload is named 'nothing' (gpupool ps lists them)"
     for command in (("logs", "nothing"), ("cancel", "nothing"), ("scale", "nothing", "2")):
         assert _refused(server.cli(*command)) == unknown, command
-    # a name made only of digits is read as an id: such a workload is given by its id
-    server.cli("run", "--name", "7", "--gpus", "0", "--", "true", cwd=job_dir, check=True)
-    assert _refused(server.cli("show", "7")).startswith("error: no workload with id 7")
+    # a name made only of digits would be read as an id: it is refused, by `run` and by the head
+    assert _refused(server.cli("run", "--name", "7", "--gpus", "0", "--", "true", cwd=job_dir)) == (
+        "error: --name 7: a name of digits alone would be read as a workload id. Slurm's -n is --ntasks; "
+        "here -n is --name (a gang of N nodes is -N N)"
+    )
+    (job_dir / "seven.yaml").write_text("name: '7'\ncommands: [true]\n")
+    said = _refused(server.cli("submit", str(job_dir / "seven.yaml")))
+    assert said.startswith(
+        f"error: {job_dir / 'seven.yaml'}: name: '7' is not a valid name: it is digits alone"
+    )
+    with server.http() as client:
+        response = client.post("/api/v1/workloads", json={"name": "7", "commands": ["true"]})
+    assert response.status_code == 422 and response.json()["error"]["field"] == "name", response.text
+    assert server.cli("show", "7").returncode == 1  # nothing was submitted
 
 
 def test_a_name_several_users_run_stands_for_the_callers_own(server: ServerProcess) -> None:
@@ -163,6 +174,13 @@ def test_after_takes_the_workload_it_waits_for_by_name(server: ServerProcess, jo
     server.cli("run", "--name", "eval", "--after", "ended:prep", "--gpus", "0", "--", "true", cwd=job_dir,
                check=True)  # fmt: skip
     assert server.workload(3)["spec"]["after"] == [{"workload": 1, "when": "ended"}]
+    # Slurm's dependency types are taken as gpupool's conditions, with a name as with an id
+    server.cli("run", "--after", "afterany:prep", "--after", "after:eval", "--gpus", "0", "--hold", "--",
+               "true", cwd=job_dir, check=True)  # fmt: skip
+    assert server.workload(4)["spec"]["after"] == [
+        {"workload": 1, "when": "ended"},
+        {"workload": 3, "when": "started"},
+    ]
     assert _refused(server.cli("run", "--after", "nothere", "--gpus", "0", "--", "true", cwd=job_dir)) == (
         "error: no workload is named 'nothere' (gpupool ps lists them)"
     )

@@ -114,6 +114,27 @@ def test_a_dependency_that_cannot_be_met_or_names_nothing_is_refused_at_submit(s
     server.cli("cancel", str(web["id"]))
 
 
+def test_a_cancel_meets_neither_failed_nor_started_unlike_slurms_afternotok_and_after(
+    server: ServerProcess,
+) -> None:
+    with server.http() as client:  # held: it never starts
+        never_ran = client.post(
+            "/api/v1/workloads", json={"commands": ["true"]}, params={"hold": "true"}
+        ).json()
+    server.cli("cancel", str(never_ran["id"]), check=True)
+    assert server.wait_for(never_ran["id"])["state"] == "cancelled"
+    body = _refused(server, {"commands": ["true"], "after": [f"started:{never_ran['id']}"]})
+    assert body["message"] == (
+        f"after[0]: workload {never_ran['id']} ({never_ran['name']}) was cancelled before it started, and "
+        "this one was to start after it started: it would never start; drop the entry, or wait with when: "
+        "ended"
+    )
+    body = _refused(server, {"commands": ["true"], "after": [f"failed:{never_ran['id']}"]})
+    assert "was cancelled before it started, and this one was to start after it failed" in body["message"]
+    after_any = server.submit({"commands": ["true"], "after": [f"ended:{never_ran['id']}"]})
+    assert server.wait_for(after_any["id"])["state"] == "succeeded"
+
+
 def test_dependencies_hold_across_a_kill_9_of_the_head(tmp_path: Path, job_dir: Path) -> None:
     server = ServerProcess(home=tmp_path / "home").start()
     gate = job_dir / "gate"

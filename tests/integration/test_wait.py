@@ -55,7 +55,7 @@ def test_an_array_and_several_workloads_exit_0_only_when_all_succeeded(server: S
     array = server.cli(
         "run", "--array", "0-2", "--wait", "--gpus", "0", "--", "sh", "-c", "exit $GPUPOOL_ARRAY_INDEX"
     )
-    assert array.returncode == 1, array.stderr
+    assert array.returncode == 2, array.stderr  # the highest exit code of its tasks, as sbatch --wait
     assert "1 of 3 succeeded" in array.stderr
     assert "([0]) succeeded" not in array.stderr and "[2]) failed with exit code 2" in array.stderr
 
@@ -74,7 +74,7 @@ def test_an_array_and_several_workloads_exit_0_only_when_all_succeeded(server: S
     assert f"workload {slow['id']} (" in said and "cancelled" in said and "1 of 2 succeeded" in said
 
     first = int(array.stderr.split("as array ")[1].split()[0])
-    assert server.cli("wait", str(first), "--quiet").returncode == 1  # an array's id: all its tasks
+    assert server.cli("wait", str(first), "--quiet").returncode == 2  # an array's id: all its tasks
     assert server.cli("wait", str(good["id"])).returncode == 0
 
 

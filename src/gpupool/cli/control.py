@@ -15,6 +15,7 @@ from gpupool.cli import refs
 from gpupool.cli.app import API_PAGE, app, client
 from gpupool.cli.errors import CliError
 from gpupool.cli.render import JSON_HELP, console, member_name, print_error, print_json
+from gpupool.cli.submit import SlurmNames
 from gpupool.client import ApiError, Client
 from gpupool.spec import format_duration
 
@@ -119,7 +120,7 @@ def each(ids: list[int], act: Callable[[int], None]) -> None:
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=SlurmNames)  # `--time`, `-p`, `--qos` answered with this command's own options
 def update(
     workloads: list[str] = typer.Argument(..., help=refs.IDS_HELP),
     priority: str | None = typer.Option(

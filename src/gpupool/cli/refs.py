@@ -1,14 +1,14 @@
 """Workloads as the command line names them: by id, or by the name they were submitted with.
 
-An argument made only of digits is an id (so a workload named `42` is given by its id). Any other is a
-name, standing for the one pending or running workload of that name. A service's replicas and a job
-array's tasks share their name, so they count as one, by the id that names them whole: the service's
-(replica 0's) or the array's (its first task's). `NAME#N`, as `gpupool ps` shows a replica, is replica N
-of the service NAME, and `NAME[N]`, as it shows an array's task, is task N of the array NAME. Commands
-that only read (`show`, `why`, `logs`, `wait`) take the newest finished workload of the name when none is
-pending or running; commands that change something refuse it, so that a name never reaches ended work by
-surprise. Where several users run work of one name, a name stands for the caller's own when only one of
-them is theirs.
+An argument made only of digits is an id (the spec refuses such a name; one stored before that is given by
+its id). Any other is a name, standing for the one pending or running workload of that name. A service's
+replicas and a job array's tasks share their name, so they count as one, by the id that names them whole:
+the service's (replica 0's) or the array's (its first task's). `NAME#N`, as `gpupool ps` shows a replica,
+is replica N of the service NAME, and `NAME[N]`, as it shows an array's task, is task N of the array NAME.
+Commands that only read (`show`, `why`, `logs`, `wait`) take the newest finished workload of the name when
+none is pending or running; commands that change something refuse it, so that a name never reaches ended
+work by surprise. Where several users run work of one name, a name stands for the caller's own when only
+one of them is theirs.
 """
 
 from __future__ import annotations

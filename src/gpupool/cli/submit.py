@@ -6,17 +6,20 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Collection, Mapping
 from contextlib import redirect_stdout
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Final
 
 import typer
+from typer.core import TyperCommand
 
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
 from gpupool.cli import refs
 from gpupool.cli.app import app, client
 from gpupool.cli.errors import CliError
 from gpupool.cli.render import JSON_HELP, console, print_json, print_warnings, styled
+from gpupool.client import ApiError, Client
 
 # The options `run` and `submit` share (one definition each; Typer reads them per command).
 ARRAY_OPTION = typer.Option(
@@ -30,7 +33,8 @@ AFTER_OPTION = typer.Option(
     [],
     "--after",
     help="start only after workload ID (or NAME, as the other commands take it) succeeded; WHEN:ID for "
-    "failed, ended or started (repeatable; Slurm's --dependency)",
+    "failed, ended or started (repeatable; Slurm's --dependency, whose afterok:, afternotok:, afterany: "
+    "and after: it takes too)",
 )
 PARSABLE_OPTION = typer.Option(
     False, "--parsable", help="print only the new workload's id (Slurm's sbatch --parsable)"
@@ -49,11 +53,146 @@ TIMEOUT_OPTION = typer.Option(
 )
 
 
-@app.command()
+# sbatch/srun options a Slurm user reaches for, and what `gpupool run` calls them (its own -N, -c, -n,
+# --nodes and --gpus are taken by typer before a command is seen). `--dependency` is answered by its value
+# (`_after_hint`).
+SLURM_OPTIONS: dict[str, str] = {
+    "--time": "--max-duration 2h (Slurm's --time=2:00:00)",
+    "-t": "--max-duration 2h (Slurm's --time=2:00:00)",
+    "--partition": "--queue NAME (a queue, with its quota, is what a partition is here)",
+    "-p": "--queue NAME (a queue, with its quota, is what a partition is here)",
+    "--gres": "--gpus H100:8 (per node)",
+    "--gpus-per-node": "--gpus 8",
+    "--mem": "--memory 64GB (per node)",
+    "--cpus-per-task": "--cpus 8 (per node)",
+    "--job-name": "--name NAME",
+    "-J": "--name NAME",
+    "--nodelist": "--node NAME (repeat it for several)",
+    "-w": "--node NAME (repeat it for several)",
+    "--dependency": "--after ID",
+    "-d": "--after ID",
+    "--export": "--env KEY=VALUE (repeat it)",
+    "--qos": "--priority inference|build|interactive|train",
+}
+# Slurm's dependency types (sbatch --dependency=TYPE:ID), as the conditions of `--after` (WHEN:ID).
+SLURM_DEPENDENCIES: Final = {
+    "afterok": "succeeded",
+    "afterany": "ended",
+    "afternotok": "failed",
+    "after": "started",
+}
+# Options of `run` (their Slurm names above lead to them) that `submit` reads from the spec instead.
+SPEC_FIELDS: Final = {
+    "--gpus": "resources.gpu",
+    "-g": "resources.gpu",
+    "--memory": "resources.memory",
+    "--cpus": "resources.cpu",
+    "-c": "resources.cpu",
+    "--nodes": "nodes",
+    "-N": "nodes",
+    "--node": "placement.nodes",
+    "--env": "env",
+    "-e": "env",
+}
+
+
+def slurm_hint(words: list[str], takes: Collection[str] | None, spec_fields: Mapping[str, str]) -> str | None:
+    """What to use instead of the option `words` begin with (["--time", "1h"], ["--dependency=afterany:12"],
+    ["-t60"]) when it is Slurm's name for an option the command takes (`takes`; None: all of run's), or
+    one of run's that `spec_fields` says is set in the spec: "use --max-duration 2h ..."; else None."""
+    option = words[0].split("=", 1)[0]
+    if not option.startswith("--"):
+        option = option[:2]  # -t60, -pgpu
+    if option in ("--dependency", "-d"):
+        hint: str | None = _after_hint(_option_value(words, option))
+    else:
+        hint = SLURM_OPTIONS.get(option)
+    ours = option if hint is None else hint.split()[0]
+    if hint is not None and (takes is None or ours in takes):
+        return f"use {hint}"
+    if ours in spec_fields:
+        return f"set {spec_fields[ours]} in the spec (docs/specs.md)"
+    return None
+
+
+def _option_value(words: list[str], option: str) -> str | None:
+    """The value `words` give `option` (their first): --dependency=X, -dX, or the next word."""
+    first = words[0]
+    if first.startswith(f"{option}="):
+        return first[len(option) + 1 :]
+    if first == option:
+        return words[1] if len(words) > 1 else None
+    return None if option.startswith("--") else first[len(option) :]
+
+
+def _after_hint(value: str | None) -> str:
+    """`--after` for Slurm's `--dependency=VALUE`: afterany:12 -> "--after ended:12"; for a VALUE that
+    `--after` cannot say (singleton, +time, ?), what each condition is."""
+    wanted: list[str] = []
+    for item in (value or "").split(","):
+        kind, _, ids = item.strip().partition(":")
+        when = SLURM_DEPENDENCIES.get(kind.lower())
+        numbers = ids.split(":")
+        if when is None or not all(re.fullmatch(r"[0-9]+", n) for n in numbers):
+            return (
+                "--after ID (once it succeeded: Slurm's afterok), --after ended:ID (afterany), "
+                "--after failed:ID (afternotok) or --after started:ID (after)"
+            )
+        wanted += [n if when == "succeeded" else f"{when}:{n}" for n in numbers]
+    return " ".join(f"--after {w}" for w in wanted)
+
+
+# Click's usage error (exit 2, "error: ... (`gpupool submit --help`)" in main.py), from the copy of Click
+# this Typer uses (its own since Typer 0.26), as main.py finds it.
+_USAGE_ERROR: Final[type[Exception]] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+
+
+class SlurmNames(TyperCommand):
+    """A command that answers an option it lacks, where that is Slurm's name for one it has, with the one
+    it has ("'--time' is not an option of gpupool update: use --max-duration 2h ..."), as `run` does."""
+
+    spec_fields: ClassVar[Mapping[str, str]] = {}  # run's options this command reads from a spec instead
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # Click's parser takes the words off `args` as it reads them
+        try:
+            return super().parse_args(ctx, args)
+        except _USAGE_ERROR as exc:
+            option = getattr(exc, "option_name", None)
+            if type(exc).__name__ != "NoSuchOption" or not isinstance(option, str):
+                raise
+            at = next((i for i, word in enumerate(given) if _gives(word, option)), None)
+            takes = {opt for param in self.params for opt in (*param.opts, *param.secondary_opts)}
+            hint = None if at is None else slurm_hint(given[at:], takes, self.spec_fields)
+            if hint is None:
+                raise
+            raise _USAGE_ERROR(f"{option!r} is not an option of {ctx.command_path}: {hint}", ctx) from None
+
+
+def _gives(word: str, option: str) -> bool:
+    """Whether the word `word` is (or begins with) the option `option`: --time, --time=2h, -t60."""
+    return word.split("=", 1)[0] == option if option.startswith("--") else word.startswith(option)
+
+
+class SpecSlurmNames(SlurmNames):
+    """`submit`: run's options it lacks are fields of the spec."""
+
+    spec_fields = SPEC_FIELDS
+
+
+@app.command(cls=SpecSlurmNames)
 def submit(
     file: Path = typer.Argument(..., help="a workload spec (YAML), see docs/specs.md"),
     queue: str | None = typer.Option(None, "--queue", "-q", help="override the spec's queue"),
     name: str | None = typer.Option(None, "--name", "-n", help="override the spec's name"),
+    priority: str | None = typer.Option(
+        None, "--priority", help="override the spec's priority: inference|build|interactive|train or 0..1000"
+    ),
+    max_duration: str | None = typer.Option(
+        None, "--max-duration", help="override the spec's max_duration, e.g. 2h (Slurm's --time)"
+    ),
     array: str | None = ARRAY_OPTION,
     after: list[str] = AFTER_OPTION,
     hold: bool = HOLD_OPTION,
@@ -62,7 +201,10 @@ def submit(
     parsable: bool = PARSABLE_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print the created workload as JSON"),
 ) -> None:
-    """Submit a job or service from a YAML spec. Commands run in the spec's folder unless it sets workdir."""
+    """Submit a job or service from a YAML spec. Commands run in the spec's folder unless it sets workdir.
+
+    Options given here override the spec's fields, as sbatch's override #SBATCH lines."""
+    _refuse_number_name(name, gang="nodes: N in the spec")
     try:
         text = file.read_text()
     except OSError as exc:
@@ -80,21 +222,33 @@ def submit(
         data["queue"] = queue
     if name:
         data["name"] = name
+    if priority is not None:
+        data["priority"] = _priority(priority)
+        data.pop("priority_class", None)  # the spec's, or the one it was given by default: --priority's now
+    if max_duration is not None:
+        data["max_duration"] = max_duration
     _add_array_and_after(data, array, after)
     folder = file.resolve().parent
     data["workdir"] = str(folder / data["workdir"]) if data.get("workdir") else str(folder)
     spec.parse_workload_spec(data)
-    _submit_and_wait(data, hold, wait_end, timeout, as_json, parsable)
+    _submit_and_wait(data, hold, wait_end, timeout, as_json, parsable, source=file)
 
 
 def _submit_and_wait(
-    data: dict[str, Any], hold: bool, wait_end: bool, timeout: str | None, as_json: bool, parsable: bool
+    data: dict[str, Any],
+    hold: bool,
+    wait_end: bool,
+    timeout: str | None,
+    as_json: bool,
+    parsable: bool,
+    source: Path | None = None,
 ) -> None:
-    """Submit `data`; with `wait_end`, wait for it to end (cli/wait.py), its output printed as it comes."""
+    """Submit `data` (read from the file `source`, if any); with `wait_end`, wait for it to end
+    (cli/wait.py), its output printed as it comes."""
     if not wait_end:
         if timeout is not None:
             raise CliError("--timeout goes with --wait: e.g. --wait --timeout 2h")
-        _created(client().submit(data, hold=hold), as_json, parsable)
+        _created(_submitted(client(), data, hold, source), as_json, parsable)
         return
     from gpupool.cli import wait  # registers `gpupool wait`; imported at the end of cli/app.py
 
@@ -106,11 +260,37 @@ def _submit_and_wait(
         )
     wait.check_timeout(timeout)
     c = client()
-    created = c.submit(data, hold=hold)
+    created = _submitted(c, data, hold, source)
     with redirect_stdout(sys.stderr):  # stdout is the work's output
         _created(created, as_json, parsable)
     tasks = created.get("array_ids")  # an array's tasks: a line each, not their output
     wait.finish(c, tasks or [created["id"]], logs=tasks is None, timeout=timeout, quiet=False)
+
+
+def _submitted(c: Client, data: dict[str, Any], hold: bool, source: Path | None) -> dict[str, Any]:
+    """The workload the head made of `data`. The head's refusal of a spec read from a file (422: a GPU
+    model this pool lacks, a queue that does not exist) names the file first, as a local parse error does."""
+    try:
+        return c.submit(data, hold=hold)
+    except ApiError as exc:
+        if source is None or exc.status != 422:
+            raise
+        raise CliError(f"{source}: {exc.message}") from exc
+
+
+def _refuse_number_name(name: str | None, gang: str) -> None:
+    """A --name of digits alone: every command would read it as a workload id. Most likely Slurm's -n
+    (ntasks), which here is --name; `gang` says how to ask for several nodes instead."""
+    if name is not None and re.fullmatch(r"\s*[0-9]+\s*", name):
+        raise CliError(
+            f"--name {name.strip()}: a name of digits alone would be read as a workload id. Slurm's -n is "
+            f"--ntasks; here -n is --name (a gang of N nodes is {gang})"
+        )
+
+
+def _priority(text: str) -> int | str:
+    """--priority as the spec takes it: a number, or a class name (the spec checks either)."""
+    return int(text) if text.strip().isdigit() else text
 
 
 # As `docker run`: run's options come first; from the command's first word on, every word is the command's.
@@ -204,6 +384,7 @@ def run(
 ) -> None:
     """Run one command as a job in the current directory: gpupool run --gpus 2 -- python train.py"""
     _no_stray_option(command)
+    _refuse_number_name(name, gang="-N N")
     resources: dict[str, Any] = {"gpu": gpus}
     if cpus is not None:
         resources["cpu"] = cpus
@@ -227,7 +408,7 @@ def run(
     if name:
         data["name"] = name
     if priority:
-        data["priority"] = int(priority) if priority.isdigit() else priority
+        data["priority"] = _priority(priority)
     if preemptible is not None:
         data["preemptible"] = preemptible
     if max_duration:
@@ -261,7 +442,17 @@ def _add_array_and_after(data: dict[str, Any], array: str | None, after: list[st
     if array is not None:
         data["array"] = array
     if after:
-        data["after"] = [*data.get("after", []), *map(_dependency, after)]
+        data["after"] = [*data.get("after", []), *(d for text in after for d in _dependencies(text))]
+
+
+def _dependencies(text: str) -> list[str]:
+    """An `--after` value as the spec's entries: Slurm's TYPE:ID[:ID...] (afterok:12:13) by its condition
+    (succeeded:12, succeeded:13); any other as `_dependency` gives it."""
+    kind, sep, refs_given = text.partition(":")
+    when = SLURM_DEPENDENCIES.get(kind.strip().lower()) if sep else None
+    if when is None:
+        return [_dependency(text)]
+    return [_dependency(f"{when}:{ref}") for ref in refs_given.split(":")]
 
 
 def _dependency(text: str) -> str:
@@ -308,28 +499,6 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     return pairs
 
 
-# sbatch/srun options a Slurm user reaches for, and what `gpupool run` calls them (its own -N, -c, -n,
-# --nodes and --gpus are taken by typer before a command is seen).
-SLURM_OPTIONS: dict[str, str] = {
-    "--time": "--max-duration 2h (Slurm's --time=2:00:00)",
-    "-t": "--max-duration 2h (Slurm's --time=2:00:00)",
-    "--partition": "--queue NAME (a queue, with its quota, is what a partition is here)",
-    "-p": "--queue NAME (a queue, with its quota, is what a partition is here)",
-    "--gres": "--gpus H100:8 (per node)",
-    "--gpus-per-node": "--gpus 8",
-    "--mem": "--memory 64GB (per node)",
-    "--cpus-per-task": "--cpus 8 (per node)",
-    "--job-name": "--name NAME",
-    "-J": "--name NAME",
-    "--nodelist": "--node NAME (repeat it for several)",
-    "-w": "--node NAME (repeat it for several)",
-    "--dependency": "--after ID (starts once workload ID succeeded)",
-    "-d": "--after ID (starts once workload ID succeeded)",
-    "--export": "--env KEY=VALUE (repeat it)",
-    "--qos": "--priority inference|build|interactive|train",
-}
-
-
 def _no_stray_option(command: list[str]) -> None:
     """A command never starts with an option: one there is an option `run` does not have (a typo, or one
     meant for the command but put before `--`). Taken as the command, it would fail as a job. Slurm's
@@ -338,9 +507,9 @@ def _no_stray_option(command: list[str]) -> None:
         option = command[0].split("=", 1)[0]
         if not option.startswith("--"):
             option = option[:2]  # -t60, -pgpu
-        ours = SLURM_OPTIONS.get(option)
-        if ours is not None:
-            raise CliError(f"{option!r} is not an option of gpupool run: use {ours}")
+        hint = slurm_hint(command, None, {})
+        if hint is not None:
+            raise CliError(f"{option!r} is not an option of gpupool run: {hint}")
         raise CliError(
             f"{command[0]!r} is not an option of gpupool run (see gpupool run --help); the command goes "
             "after --, e.g. gpupool run --gpus 2 -- python train.py"

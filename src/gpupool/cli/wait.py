@@ -1,9 +1,10 @@
 """`gpupool wait` and `gpupool run|submit --wait`: block until work has ended and exit with how it ended, as
 Slurm's `sbatch --wait` does, so that a script or a CI step can run a job and read its result.
 
-Exit codes: 0 when every workload succeeded; a single workload that failed with an exit code gives that
-code; 1 otherwise (failed without one, cancelled, or some of several did not succeed); 124 when `--timeout`
-passed first; 130 on Ctrl-C. Nothing is cancelled by waiting less: the work goes on.
+Exit codes: 0 when every workload succeeded; else the highest exit code of those that failed (a lone job's
+own; an array's highest over its tasks, as Slurm's `sbatch --wait`); 1 when none that failed has one
+(cancelled, or failed before its command ran); 124 when `--timeout` passed first; 130 on Ctrl-C. Nothing is
+cancelled by waiting less: the work goes on.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def wait(
 ) -> None:
     """Wait until workloads end (Slurm's sbatch --wait, for work already submitted).
 
-    Exit 0 when all succeeded, a lone failed job's exit code, else 1 (124 on --timeout, 130 on Ctrl-C;
-    the work goes on)."""
+    Exit 0 when all succeeded, else the highest exit code of those that failed (1 when none has one:
+    cancelled); 124 on --timeout, 130 on Ctrl-C (the work goes on)."""
     seconds = check_timeout(timeout)
     began = time.monotonic()
     c = client()
@@ -119,14 +120,12 @@ def finish(
 
 
 def exit_code(workloads: list[dict[str, Any]]) -> int:
-    """0 when every one succeeded; a lone failed workload's own exit code (1..255); else 1."""
+    """0 when every one succeeded; else the highest exit code (1..255) of those that failed, as Slurm's
+    `sbatch --wait` gives an array's; 1 when none that failed has one (cancelled, never ran)."""
     if all(w["state"] == "succeeded" for w in workloads):
         return 0
-    if len(workloads) == 1:
-        code = workloads[0].get("exit_code")
-        if workloads[0]["state"] == "failed" and isinstance(code, int) and 0 < code < 256:
-            return code
-    return 1
+    codes = (w.get("exit_code") for w in workloads if w["state"] == "failed")
+    return max((code for code in codes if isinstance(code, int) and 0 < code < 256), default=1)
 
 
 def _members(c: Client, named: list[tuple[int, bool]]) -> list[int]:

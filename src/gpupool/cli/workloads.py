@@ -21,9 +21,9 @@ from gpupool.cli.render import (
     foreign_table,
     gpus,
     held_back_note,
+    human_age,
     member_name,
     print_json,
-    ps_rows,
     ps_table,
     rank_hint,
     styled,
@@ -68,8 +68,8 @@ def ps(
         )
         err_console.print(f"[yellow]the newest {limit:,} only; {more}[/yellow]")
     foreign = c.foreign_jobs() if all and state is None and queue is None and user is None else []
-    if as_json:
-        rows = [{k: v for k, v in row.items() if not k.startswith("_")} for row in ps_rows(workloads)]
+    if as_json:  # the API's fields, as `show --json` gives them, and the age as the table shows it
+        rows = [{**w, "age": human_age(w.get("age_seconds", 0.0))} for w in workloads]
         print_json(rows + [{"foreign": True, **job} for job in foreign] if foreign else rows)
         return
     if not workloads:

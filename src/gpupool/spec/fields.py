@@ -25,9 +25,17 @@ def field_name(info: ValidationInfo, default: str) -> str:
 
 
 def check_name(value: Any, field: str) -> str:
-    """A DNS-label-like name: 1-63 lowercase letters, digits or '-', first and last a letter or digit."""
+    """A DNS-label-like name: 1-63 lowercase letters, digits or '-', first and last a letter or digit, not
+    digits alone (the command line reads those as an id: `gpupool cancel 4` is workload 4)."""
     if not isinstance(value, str):
         raise SpecError(field, value, "is not a name: it must be text", "'llama-finetune'")
+    if re.fullmatch(r"[0-9]+", value):
+        raise SpecError(
+            field,
+            value,
+            "is not a valid name: it is digits alone, which the command line reads as an id; add a letter",
+            f"'job-{value}'",
+        )
     if _NAME_RE.fullmatch(value):
         return value
     cleaned = re.sub(r"[^a-z0-9-]+", "-", value.strip().lower()).strip("-")[:63].strip("-")

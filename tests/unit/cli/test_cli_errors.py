@@ -29,6 +29,12 @@ def test_a_server_address_without_http_is_refused_with_the_fix() -> None:
         (["ps", "--bogus"], "No such option: --bogus", "ps"),
         (["show"], "Missing argument 'workload'.", "show"),
         (["logs", "1", "--attempt", "-1"], "Invalid value for '--attempt': Input should be greater", "logs"),
+        (
+            ["update", "1", "--time", "2h"],
+            "'--time' is not an option of gpupool update: use --max-duration",
+            "update",
+        ),
+        (["submit", "x.yaml", "-J", "a"], "'-J' is not an option of gpupool submit:", "submit"),
     ],
 )
 def test_a_flag_a_command_cannot_take_is_one_error_line_naming_its_help(

@@ -500,7 +500,7 @@ _NAME = st.builds(
     lambda a, b: a + b,
     st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789"),
     st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", max_size=10),
-)
+).filter(lambda name: not name.isdigit())  # digits alone: an id, never a name
 _TEXT = st.text(min_size=1, max_size=20).filter(lambda s: s.strip() != "")
 _ENV_NAME = st.builds(
     lambda a, b: a + b,
@@ -690,3 +690,11 @@ def test_bad_placement_names_the_field(placement: dict[str, Any], nodes: int, fi
         parse_workload_spec({"commands": ["x"], "nodes": nodes, "placement": placement})
     assert caught.value.field == field
     assert words in caught.value.message
+
+
+@pytest.mark.parametrize("name", ["4", "0", "0042"])
+def test_a_name_of_digits_alone_is_refused_as_the_command_line_reads_it_as_an_id(name: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_workload_spec({"commands": ["x"], "name": name})
+    assert caught.value.field == "name" and "digits alone" in str(caught.value), caught.value
+    assert parse_workload_spec({"commands": ["x"], "name": f"{name}a"}).name == f"{name}a"
