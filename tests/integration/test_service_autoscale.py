@@ -78,10 +78,14 @@ def test_requests_per_second_add_replicas_up_to_max_and_quiet_removes_them_to_mi
         assert shrunk["autoscaling"]["load"] < 5
         left = [r for r in shrunk["replica_list"] if r["state"] in ("pending", "running")]
         assert left[0]["replica"] == 0 and left[0]["id"] == sid
+        # the service's own history (replica 0's) says each change the autoscaler made
+        said = [e["reason"] for e in server.workload(sid)["events"] if e["actor"] == "autoscaler"]
+        assert any(r.startswith("scaled to 3 replicas by the autoscaler") for r in said), said
+        assert any(r.startswith("scaled to 1 replica by the autoscaler") for r in said), said
         # the load fades over the window, so it may go 3 -> 2 -> 1 or 3 -> 1; replica 1 goes last either way
         for number, said in (
             (2, "stopping: scaled to "),
-            (1, "stopping: scaled to 1 replicas by the autoscaler"),
+            (1, "stopping: scaled to 1 replica by the autoscaler"),
         ):
             ended = wait_until(
                 server, grown["replica_list"][number]["id"], lambda w: w["state"] == "cancelled"
@@ -186,3 +190,24 @@ def test_an_autoscaled_service_is_shown_before_it_is_measured_and_its_bad_specs_
     finally:
         server.stop()
         kill_attempts_under(tmp_path)
+
+
+def test_requests_refused_because_no_replica_takes_them_add_no_replicas(tmp_path: Path) -> None:
+    """A crash-looping service refuses every request (503): that is no load, and it gains no replicas."""
+    server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "2"]).start()
+    stop = threading.Event()
+    try:
+        created = server.submit(
+            {"kind": "service", "name": "crashes", "commands": ["exit 1"], "replicas": "1..4",
+             "scaling": {"metric": "rps", "target": 1, **SCALING}}
+        )  # fmt: skip
+        sid = int(created["id"])
+        loaders = [threading.Thread(target=_hammer, args=(server, sid, stop)) for _ in range(2)]
+        for loader in loaders:
+            loader.start()
+        wait_until(server, sid, lambda w: w["attempts"] >= 3, timeout=60)
+        shown = server.workload(sid)
+        assert _kept(shown) == 1 and shown["autoscaling"]["load"] < 1, shown["autoscaling"]
+    finally:
+        stop.set()
+        server.stop()

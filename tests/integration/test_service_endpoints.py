@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -319,3 +320,105 @@ def test_a_websocket_passes_through_the_head_and_gpupool_forward(
     with _forwarding(server, sid) as said:
         local = said.split()[1].replace("http://", "ws://")
         assert _talk(local + "chat", {}) == ["opened at /chat", "hello", b"\x00\x01binary"]
+
+
+HANGS_UP = """
+import http.server, os
+
+class HangsUp(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # reads the request and closes the connection without a word
+        self.close_connection = True
+
+http.server.HTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), HangsUp).serve_forever()
+"""
+
+
+def test_a_service_that_closes_the_connection_before_answering_is_told_apart_from_one_not_listening(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "hangs_up.py").write_text(HANGS_UP)
+    hangs_up = server.submit(
+        {"kind": "service", "name": "hangs-up", "workdir": str(tmp_path),
+         "commands": [f"exec {sys.executable} hangs_up.py"]}
+    )  # fmt: skip
+    server.wait_for(hangs_up["id"], states=("running",))
+    with server.http() as client:
+        deadline = time.time() + 30
+        while True:
+            answer = client.get(proxy_path(hangs_up["id"], "x"))
+            message = answer.json()["error"]["message"]
+            if "must listen" not in message or time.time() > deadline:
+                break
+            time.sleep(0.1)  # not listening yet
+        assert answer.status_code == 502, answer.text
+        assert "closed the connection before answering" in message and "crashed or was stopped" in message
+        assert "must listen on $GPUPOOL_PORT" not in message
+
+
+def test_a_pending_service_is_refused_with_its_live_reason_and_when_its_backoff_ends(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "3"]).start()
+    try:
+        crashes = server.submit({"kind": "service", "name": "crashes", "commands": ["exit 1"]})
+        waiting = wait_until(
+            server,
+            crashes["id"],
+            lambda w: w["reason_code"] == "restart-backoff" and "2 times in a row" in w["reason"],
+        )
+        with server.http() as client:
+            refused = client.get(proxy_path(crashes["id"], "x"))
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert waiting["reason"] in message, (waiting["reason"], message)
+        assert 1 <= int(refused.headers["retry-after"]) <= 7
+
+        big = server.submit(
+            {"kind": "service", "name": "big", "commands": ["sleep 60"], "resources": {"gpu": 64}}
+        )
+        wait_until(server, big["id"], lambda w: w["reason_code"] == "too-large")
+        with server.http() as client:
+            never = client.get(proxy_path(big["id"], "x"))
+        assert never.status_code == 503 and "can never fit this pool" in never.json()["error"]["message"]
+        assert "retry-after" not in never.headers
+    finally:
+        server.stop()
+
+
+def test_a_hung_replica_is_passed_over_and_rested_after_its_connection_times_out(tmp_path: Path) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        sid = echo_service(server, tmp_path, replicas=2)
+        shown = wait_until(
+            server, sid, lambda w: [r["state"] for r in w["replica_list"]].count("running") == 2
+        )
+        hung = server.workload(shown["replica_list"][1]["id"])
+        host, port = hung["endpoint"].split(":")
+        # the replica's process stopped, and its accept queue filled: a new connection is never accepted
+        os.killpg(hung["attempt_list"][-1]["pid"], signal.SIGSTOP)
+        held = []
+        for _ in range(64):
+            sock = socket.socket()
+            sock.settimeout(0.3)
+            try:
+                sock.connect((host, int(port)))
+            except OSError:
+                sock.close()
+                break
+            held.append(sock)
+        else:
+            pytest.skip("this machine's TCP accept queue never filled")
+        try:
+            with server.http() as client:
+                began = time.monotonic()
+                answers = [client.get(proxy_path(sid, "x"), timeout=30) for _ in range(6)]
+                took = time.monotonic() - began
+            assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+            assert {a.json()["replica"] for a in answers} == {"0"}
+            # at most one connect waited out (5 s); the replica rested after it
+            assert took < 9, took
+        finally:
+            for sock in held:
+                sock.close()
+            os.killpg(hung["attempt_list"][-1]["pid"], signal.SIGCONT)
+    finally:
+        server.stop()
+        kill_attempts_under(tmp_path)

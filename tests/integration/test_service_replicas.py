@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -221,3 +223,82 @@ def test_replicas_spread_over_nodes_and_are_reached_on_each(tmp_path: Path) -> N
     finally:
         pool.stop()
         kill_attempts_under(tmp_path)
+
+
+def test_a_scale_down_removes_a_replica_that_is_not_ready_before_a_ready_one_and_says_so_on_replica_0(
+    tmp_path: Path,
+) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        (tmp_path / "ready-0").touch()
+        (tmp_path / "ready-2").touch()  # replica 1 never answers its probe 2xx
+        sid = echo_service(server, tmp_path, replicas=3, readiness_probe="/health")
+        shown = wait_until(
+            server, sid, lambda w: [r["ready"] for r in w["replica_list"]] == [True, False, True], timeout=60
+        )
+        one, two = shown["replica_list"][1]["id"], shown["replica_list"][2]["id"]
+        server.cli("scale", str(sid), "2", check=True)
+        assert server.wait_for(one)["state"] == "cancelled"
+        assert server.workload(two)["state"] == "running" and not server.workload(two)["cancel_requested"]
+        server.cli("scale", str(sid), "1", check=True)
+        assert server.wait_for(two)["state"] == "cancelled"
+        said = [e["reason"] for e in server.workload(sid)["events"]]
+        assert "scaled to 2 replicas by admin" in said and "scaled to 1 replica by admin" in said, said
+    finally:
+        server.stop()
+        kill_attempts_under(tmp_path)
+
+
+SLOW = """
+import http.server, json, os, time
+
+class Slow(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # 2 s a request; on SIGTERM the process dies at once, as http.server does
+        time.sleep(2)
+        out = json.dumps({"replica": os.environ.get("GPUPOOL_REPLICA")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), Slow).serve_forever()
+"""
+
+
+def test_a_scale_down_stops_a_replica_once_it_has_answered_what_the_proxy_gave_it(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """A server that exits on SIGTERM lost every request in flight to the replica a scale-down removed
+    (502 'Server disconnected'): its SIGTERM now waits for them, and it gets no new ones."""
+    (tmp_path / "slow.py").write_text(SLOW)
+    sid = server.submit({"kind": "service", "name": "slow", "resources": {"gpu": 1}, "replicas": 2,
+                         "workdir": str(tmp_path), "commands": [f"exec {sys.executable} slow.py"],
+                         "grace_period": "20s"})["id"]  # fmt: skip
+    _running(server, sid, 2)
+    url = f"{server.url}{proxy_path(sid, 'x')}"
+    with httpx.Client(headers={"Authorization": f"Bearer {server.token}"}, timeout=30) as client:
+        deadline = time.time() + 30  # both replicas listening (each answers in 2 s)
+        while {client.get(url).json().get("replica") for _ in range(2)} != {"0", "1"}:
+            assert time.time() < deadline, "both replicas never answered"
+    answers: list[int] = []
+
+    def ask() -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {server.token}"}, timeout=30) as client:
+            answers.append(client.get(url).status_code)
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # all six in flight, three on each replica
+    server.cli("scale", str(sid), "1", check=True)
+    for t in threads:
+        t.join()
+    assert answers == [200] * 6, answers
+    # and then it is stopped, well before its 20 s grace period
+    wait_until(server, sid, lambda w: [r["state"] for r in w["replica_list"]] == ["running", "cancelled"], 10)
+    server.cli("cancel", str(sid), check=True)

@@ -106,7 +106,14 @@ class Runtime:
         )
         self.readiness = ReadinessProber(self.store)
         self.load = Load()  # what the proxy carries per service (control/autoscale.py)
-        self.autoscaler = Autoscaler(self.store, self.load, self.reconciler.wake)
+        self.autoscaler = Autoscaler(
+            self.store,
+            self.load,
+            self.reconciler.wake,
+            readiness=lambda: self.readiness.state,  # a scale-down removes replicas that serve least first
+            live=lambda: self.reconciler.explanations,
+        )
+        self.reconciler.draining = self.load.draining  # a replica being removed answers what it was given
         self.notifier = Notifier(self.store, settings.notify_hosts)  # control/notify.py
         self.metrics = Metrics(
             self.store,

@@ -6,8 +6,15 @@ Target tracking, as dstack's and SkyPilot's services and Knative do it: a servic
 ceil(load / target) replicas. It gains them once `scale_up_delay` has passed since its count last changed;
 it loses some only when the most it wanted all through the last `scale_down_delay` is fewer (Kubernetes'
 HPA downscale stabilization window), and then down to that most, so a dip between two bursts removes
-nothing. The load is the proxy's own measure, in the head's memory: after a
-restart of the head the autoscaler removes nothing until it has watched a whole `scale_down_delay`.
+nothing. As HPA's tolerance, a load within TOLERANCE of what the current count carries (load / target
+within 0.9..1.1 of it) changes nothing: a load at the edge of a step does not add and remove a replica
+by turns. The load is the proxy's own measure, in the head's memory, of the requests it passed on to a
+replica (one refused because no replica takes requests is no load: a crash-looping service gains no
+replicas by the requests it refuses); after a restart of the head the autoscaler removes nothing until
+it has watched a whole `scale_down_delay`.
+
+`Load` also knows, per replica, what the proxy has in flight to it (`draining`): a replica being removed
+is stopped once it has answered them.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ log = logging.getLogger(__name__)
 
 PERIOD: Final = 1.0  # seconds between two passes of the autoscaler
 KEPT: Final = 3600  # seconds of load kept per workload id: the longest window a spec may ask for
+TOLERANCE: Final = 0.1  # a load within this fraction of what the current count carries changes nothing
+SETTLE: Final = 1.0  # seconds after the proxy last sent a replica a request during which more may follow
+# (the proxy reads where replicas run at most once a second: api/routes/proxy.py TARGET_TTL)
 MAX_IDS: Final = 10_000  # ids counted at once; past it (a client asking for many ids that are no service),
 # the idle ones are forgotten, or else all: the services' measures start again, as after a restart
 
@@ -75,10 +85,41 @@ class Load:
         self._clock = clock
         self._lock = threading.Lock()
         self._counts: dict[int, _Counts] = {}
+        # per replica (its workload id): requests in flight to it, and when the proxy last sent it one
+        self._serving: dict[int, int] = {}
+        self._sent: dict[int, float] = {}
         self.started = clock()  # the measure covers nothing before this
 
-    def began(self, workload_id: int) -> None:
-        """A request (or a WebSocket) to `workload_id` arrived at the proxy."""
+    def sent(self, replica_id: int) -> None:
+        """The proxy passes a request (or a WebSocket) on to the replica `replica_id`."""
+        with self._lock:
+            self._serving[replica_id] = self._serving.get(replica_id, 0) + 1
+            self._sent[replica_id] = self._clock()
+
+    def answered(self, replica_id: int) -> None:
+        """A request `sent` counted has its whole answer back, or failed."""
+        with self._lock:
+            left = self._serving.get(replica_id, 0) - 1
+            if left > 0:
+                self._serving[replica_id] = left
+            else:
+                self._serving.pop(replica_id, None)
+
+    def draining(self, replica_id: int) -> bool:
+        """Whether the proxy has requests in flight to the replica `replica_id`, or sent it one within the
+        last SETTLE seconds (it may still be sending some): a replica being removed is stopped once not
+        (control/observe.py), so that what it was given is answered."""
+        with self._lock:
+            if self._serving.get(replica_id, 0) > 0:
+                return True
+            last = self._sent.get(replica_id)
+            if last is not None and self._clock() - last >= SETTLE:
+                del self._sent[replica_id]
+                return False
+            return last is not None
+
+    def began(self, workload_id: int) -> float:
+        """A request (or a WebSocket) to `workload_id` is passed on by the proxy; when (for `withdraw`)."""
         now = self._clock()
         with self._lock:
             counts = self._counts.get(workload_id)
@@ -90,6 +131,22 @@ class Load:
                 counts = self._counts[workload_id] = _Counts(now)
             counts.settle(now)[1] += 1
             counts.in_flight += 1
+        return now
+
+    def withdraw(self, workload_id: int, began: float) -> None:
+        """A request `began` counted at `began` ended without reaching any replica (each connection
+        refused or not accepted: its replicas crash or hang): it ends, and is no request begun."""
+        self.ended(workload_id)
+        with self._lock:
+            counts = self._counts.get(workload_id)
+            if counts is not None:
+                second = float(math.floor(began))
+                for bucket in reversed(counts.buckets):
+                    if bucket[0] == second:
+                        bucket[1] = max(0.0, bucket[1] - 1)
+                        break
+                    if bucket[0] < second:
+                        break
 
     def ended(self, workload_id: int) -> None:
         """A request `began` counted has its whole answer sent, or failed."""
@@ -133,9 +190,13 @@ class Load:
             self._forget_idle(self._clock())
 
 
-def wanted(load: float, scaling: ScalingSpec) -> int:
-    """Replicas for `load` at `scaling.target` each, within scaling.min..max."""
-    return min(scaling.max, max(scaling.min, math.ceil(load / scaling.target - 1e-9)))
+def wanted(load: float, scaling: ScalingSpec, current: int | None = None) -> int:
+    """Replicas for `load` at `scaling.target` each, within scaling.min..max; `current` itself while the
+    load is within TOLERANCE of what `current` replicas carry (Kubernetes' HPA tolerance)."""
+    ratio = load / scaling.target
+    if current is not None and current > 0 and abs(ratio / current - 1.0) <= TOLERANCE + 1e-9:
+        return min(scaling.max, max(scaling.min, current))
+    return min(scaling.max, max(scaling.min, math.ceil(ratio - 1e-9)))
 
 
 class Tracker:
@@ -147,7 +208,7 @@ class Tracker:
         self.wants: deque[tuple[float, int]] = deque()
 
     def next_count(self, scaling: ScalingSpec, current: int, load: float, now: float) -> int:
-        want = wanted(load, scaling)
+        want = wanted(load, scaling, current)
         wants = self.wants
         wants.append((now, want))
         while len(wants) > 1 and wants[1][0] <= now - scaling.scale_down_delay:
@@ -202,11 +263,16 @@ class Autoscaler:
         load: Load,
         wake: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        readiness: Callable[[], service.Ready] | None = None,
+        live: Callable[[], service.Live] | None = None,
     ) -> None:
         self.store = store
         self.load = load
         self._wake = wake
         self._clock = clock
+        # the prober's word and the loop's reasons: a scale-down removes the replicas that serve least
+        self._readiness = readiness
+        self._live = live
         self._trackers: dict[int, Tracker] = {}
         self.words: dict[int, Word] = {}
 
@@ -228,7 +294,8 @@ class Autoscaler:
 
         def word(replicas: int) -> Word:
             return Word(
-                found.name, scaling.metric, load, scaling.window, scaling.target, wanted(load, scaling),
+                found.name, scaling.metric, load, scaling.window, scaling.target,
+                wanted(load, scaling, found.replicas),
                 replicas, scaling.min, scaling.max, time.time(),
             )  # fmt: skip
 
@@ -236,12 +303,16 @@ class Autoscaler:
             return word(count), False
         measured = describe(scaling.metric, load, scaling.window)
         why = (
-            f"scaled to {count} replicas by the autoscaler: {measured}, target "
+            f"scaled to {service.replicas_said(count)} by the autoscaler: {measured}, target "
             f"{scaling.target:g} per replica, range {scaling.min}..{scaling.max}"
         )
         self.words = {**self.words, found.service_id: word(count)}
         try:
-            service.scale(self.store, found.service_id, count, actor="autoscaler", why=why)
+            service.scale(
+                self.store, found.service_id, count, actor="autoscaler", why=why,
+                readiness=self._readiness() if self._readiness is not None else None,
+                live=self._live() if self._live is not None else None,
+            )  # fmt: skip
         except ServiceError as exc:  # ended or cancelled meanwhile
             log.info("event=autoscale_skipped service=%s why=%s", found.service_id, exc.message)
             return word(found.replicas), False

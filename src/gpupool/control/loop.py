@@ -145,6 +145,10 @@ class Reconciler(Observation, SnapshotBuilding):
         self._efficiency_due = 0.0
         # Running attempts' max_duration as last given to a backend with a time limit of its own (Slurm).
         self._time_limits: dict[int, float | None] = {}
+        # A cancelled service replica's SIGTERM waits while the proxy has requests in flight to it
+        # (observe.py `_drains`); the API's runtime gives the proxy's count, nothing drains without it.
+        self.draining: Callable[[int], bool] = lambda _workload_id: False
+        self._drains_since: dict[int, float] = {}
         self._time_limits_due = 0.0
 
     # -- lifecycle of the loop ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +50,8 @@ from gpupool.timeutil import age_seconds, as_utc, utcnow
 log = logging.getLogger("gpupool.control")
 
 STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
+# Seconds at most a stopping service replica's SIGTERM waits for the requests the proxy gave it.
+DRAIN_MAX = 30.0
 STOP_DRAIN = "drain"  # set by service.drain_node on the attempts of a draining node; the loop stops them
 # Stops written down by others (a drain, `gpupool hold` or `requeue`, a used budget: control/budgets.py)
 # that observe carries out.
@@ -92,6 +95,10 @@ class Observation:
     backend: Backend
     settings: ControlSettings
     _inventory_generation: int
+    # Whether the head's proxy still has requests in flight to a service replica (autoscale.Load.draining;
+    # the API's runtime sets it) and since when a cancelled replica's SIGTERM has waited for them.
+    draining: Callable[[int], bool]
+    _drains_since: dict[int, float]
 
     # -- restart safety -------------------------------------------------------------------------------
 
@@ -186,6 +193,19 @@ class Observation:
             return age_seconds(attempt.stop_requested_at) >= float(spec.get("grace_period", 30.0))
         return False
 
+    def _drains(self, workload: Workload, now: float) -> bool:
+        """Whether a service replica asked to stop (a scale-down, a cancel) still answers requests the
+        head's proxy gave it, which gets no new ones: its SIGTERM waits for them, at most its grace period
+        (DRAIN_MAX at most), so that a server that exits on SIGTERM loses none."""
+        if workload.kind != SERVICE or not self.draining(workload.id):
+            self._drains_since.pop(workload.id, None)
+            return False
+        since = self._drains_since.setdefault(workload.id, now)
+        if now - since < min(float(workload.spec.get("grace_period", 30.0)), DRAIN_MAX):
+            return True
+        del self._drains_since[workload.id]
+        return False
+
     def _observe_one(self, s: Session, attempt: Attempt, now: float) -> list[tuple[Handle, int]]:
         """Settle or stop one attempt; the signals to send once this is committed."""
         try:
@@ -206,6 +226,8 @@ class Observation:
         if attempt.stop_requested_at is None:
             max_duration = spec.get("max_duration")
             if workload.cancel_requested:
+                if self._drains(workload, now):
+                    return []  # still cancel_requested: looked at again at the next pass
                 return [self._request_stop(attempt, handle, STOP_CANCEL)]
             if max_duration and age_seconds(attempt.started_at) > float(max_duration):
                 return [self._request_stop(attempt, handle, STOP_TIMEOUT)]

@@ -24,6 +24,7 @@ from gpupool.control.lifecycle import (
     ACTIVE,
     CANCELLED,
     EVICTED,
+    FAILED,
     HELD,
     HOLD_STOPPING,
     PENDING,
@@ -40,7 +41,7 @@ from gpupool.control.lifecycle import (
 from gpupool.control.notify import redacted_url
 from gpupool.control.readiness import Readiness, word_on
 from gpupool.control.reclaim_blockers import NOTHING_TO_RECLAIM, reclaim_blockers
-from gpupool.control.restarts import RESTART_BACKOFF
+from gpupool.control.restarts import DEFAULT_BASE, RESTART_BACKOFF, Ended, backoff
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.control.usage import attempt_gpus
 from gpupool.control.user_limits import USER_LIMIT
@@ -900,11 +901,17 @@ class ServiceTarget:
 
 
 def service_targets(
-    store: Store, workload_id: int, readiness: Ready | None = None
+    store: Store,
+    workload_id: int,
+    readiness: Ready | None = None,
+    live: Live | None = None,
+    restart_backoff: float = DEFAULT_BASE,
 ) -> tuple[ServiceTarget, ...]:
     """Where the replicas of the service `workload_id` names (any of its replicas' ids) listen and take
     requests now, for the head's proxy, by replica number; a clear refusal when none does: not a service,
-    ended, or none of its replicas running and ready (each one's reason said)."""
+    ended, or none of its replicas running and ready (each one's reason said, pending ones' as the control
+    loop explains them now (`live`); `NotServing.retry_at` when one's crash-loop backoff ends, read with the
+    head's `restart_backoff`)."""
     with store.read() as s:
         workload = _load_service(
             s, workload_id, "has an endpoint to reach through the proxy: submit it with kind: service "
@@ -914,39 +921,82 @@ def service_targets(
         active = _active(replicas)
         if len(replicas) == 1 or len(active) <= 1:
             one = active[0] if active else workload
-            return (_target_of(one, f"service {one.name} (workload {one.id})", readiness),)
+            name = f"service {one.name} (workload {one.id})"
+            return (_target_of(one, name, readiness, live, restart_backoff),)
         targets: list[ServiceTarget] = []
         refusals: list[str] = []
+        retry_at: list[float] = []
         for replica in active:
             if replica.cancel_requested:  # stopping: it finishes what it has, and takes nothing new
                 refusals.append(f"{_replica_name(replica)} is stopping")
                 continue
             try:
-                targets.append(_target_of(replica, _replica_name(replica), readiness))
+                targets.append(_target_of(replica, _replica_name(replica), readiness, live, restart_backoff))
             except ServiceError as exc:
                 refusals.append(exc.message)
+                if isinstance(exc, NotServing) and exc.retry_at is not None:
+                    retry_at.append(exc.retry_at)
         if not targets:
-            raise Unavailable(
+            raise NotServing(
                 f"none of the {len(active)} replicas of service {workload.name} (workload "
-                f"{workload.service_id}) takes requests now: " + "; ".join(refusals)
+                f"{workload.service_id}) takes requests now: " + "; ".join(refusals),
+                retry_at=min(retry_at, default=None),
             )
         return tuple(targets)
+
+
+class NotServing(Unavailable):
+    """A service that takes no requests now; `retry_at` (Unix seconds): when it may, where that is known
+    (the end of a crash-loop backoff), for the proxy's Retry-After."""
+
+    def __init__(self, message: str, *, retry_at: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at
 
 
 def _replica_name(workload: Workload) -> str:
     return f"service {workload.name} replica {workload.replica} (workload {workload.id})"
 
 
-def _target_of(workload: Workload, name: str, readiness: Ready | None) -> ServiceTarget:
+def _pending_reason(workload: Workload, live: Live | None) -> tuple[str, str]:
+    """Why pending work waits, as the control loop explains it now (`live`), else as last stored: the
+    reason and its code."""
+    explained = live.get(workload.id) if live is not None else None
+    if explained is not None:
+        return explained.message, explained.code
+    return workload.reason, workload.reason_code
+
+
+def _backoff_end(workload: Workload, restart_backoff: float) -> float | None:
+    """When pending work waiting out a crash-loop backoff may start again (Unix seconds)."""
+    ended = []
+    for a in sorted(workload.attempts, key=lambda a: a.number):
+        unstarted = a.pid is None and a.state == FAILED  # its node could not start it, as the loop reads it
+        stop = a.stop_reason or ""
+        ended.append(Ended(a.started_at, a.finished_at, a.exit_code, stop, unstarted, a.reason or ""))
+    waiting = backoff(ended, restart_backoff)
+    return waiting.until if waiting is not None else None
+
+
+def _target_of(
+    workload: Workload,
+    name: str,
+    readiness: Ready | None,
+    live: Live | None = None,
+    restart_backoff: float = DEFAULT_BASE,
+) -> ServiceTarget:
     """Where one replica listens (`name`: how messages name it), or why it takes no requests now."""
     if workload.state in TERMINAL:
         raise Conflict(f"{name} has ended ({workload.state}) and runs no more: submit it again")
     last = workload.attempts[-1] if workload.attempts else None
     if workload.state != RUNNING or last is None or last.state != RUNNING:
-        why = f": {workload.reason}" if workload.reason and workload.state == PENDING else ""
-        raise Unavailable(
+        reason, code = _pending_reason(workload, live) if workload.state == PENDING else ("", "")
+        why = f": {reason}" if reason else ""
+        retry_at = _backoff_end(workload, restart_backoff) if code == RESTART_BACKOFF else None
+        raise NotServing(
             f"{name} is {workload.state}{why}; it has no running attempt to proxy to yet: try again "
-            f"when `gpupool show {workload.id}` says running"
+            f"when `gpupool show {workload.id}` says running",
+            retry_at=retry_at,
         )
     if not last.endpoint and last.pid is None:
         # The attempt is stored before its process is launched; the backend gives the address after.
@@ -1408,12 +1458,32 @@ def _cancel_one(s: Session, workload: Workload, reason: str, actor: str) -> None
         transition(s, workload, CANCELLED, reason, actor=actor)
 
 
+def _removal_rank(workload: Workload, readiness: Ready | None, live: Live | None) -> int:
+    """How much a replica serves, for a scale-down, which removes the least first: 0 running and ready
+    (by its probe, or without one), 1 running but not ready (or not probed yet: `readiness` None counts
+    every running one alike), 2 waiting out a crash-loop backoff, 3 waiting for the scheduler."""
+    last = workload.attempts[-1] if workload.attempts else None
+    if workload.state == RUNNING:
+        probed = _readiness_of(workload, last, readiness) if readiness is not None else None
+        return 1 if probed is not None and not probed.ready else 0
+    return 2 if _pending_reason(workload, live)[1] == RESTART_BACKOFF else 3
+
+
 def scale(
-    store: Store, workload_id: int, replicas: int, *, actor: str = "admin", why: str | None = None
+    store: Store,
+    workload_id: int,
+    replicas: int,
+    *,
+    actor: str = "admin",
+    why: str | None = None,
+    readiness: Ready | None = None,
+    live: Live | None = None,
 ) -> dict[str, Any]:
     """Run `replicas` copies of the service `workload_id` names: new ones (the lowest replica numbers
-    free) pending for the scheduler, or some cancelled: those still waiting first, then the running ones
-    with the highest numbers (each stopped with its grace period); never replica 0, the service's own.
+    free) pending for the scheduler, or some cancelled, those that serve least first (`_removal_rank`,
+    by the prober's word `readiness` and the loop's `live` reasons), the highest numbers first among
+    equals (each running one stopped with its grace period); never replica 0, the service's own (its id
+    is the service's, which `gpupool show`, the proxy's address and the service's history go by).
     `why` is the autoscaler's reason (control/autoscale.py); without it, a person asked, which a service
     with `scaling` in its spec refuses (the autoscaler would undo it). Returns the service's detail."""
     if not 1 <= replicas <= MAX_REPLICAS:
@@ -1445,7 +1515,7 @@ def scale(
                         f"{replicas}..{max(scaling['max'], replicas)}` for at least {replicas}",
                         field="replicas",
                     )
-                reason = why or f"scaled to {replicas} replicas by {actor}"
+                reason = why or f"scaled to {replicas_said(replicas)} by {actor}"
                 spec = {**kept[0].spec, "replicas": replicas}
                 for replica in kept:
                     replica.spec = spec
@@ -1455,23 +1525,32 @@ def scale(
                 if added:
                     s.flush()
                     _submitted(s, added, reason, actor)
-                # Kept: replica 0 (the service's own id), running ones before those still waiting, then
-                # the lowest numbers.
-                removed = sorted(kept, key=lambda w: (w.replica != 0, w.state != RUNNING, w.replica))[
-                    replicas:
-                ]
+                # Kept: replica 0 (the service's own id), then those that serve most, the lowest numbers
+                # first among equals.
+                ranked = sorted(
+                    kept, key=lambda w: (w.replica != 0, _removal_rank(w, readiness, live), w.replica)
+                )
+                removed = ranked[replicas:]
                 for replica in removed:
                     _cancel_one(s, replica, reason, actor)
                     if replica.state == RUNNING:  # it stops with its grace period: say why in its history
                         replica.reason = f"stopping: {reason}"
                         note(s, replica, replica.reason, actor=actor)
-                if removed:
+                head = next((w for w in kept if w.replica == 0), None)
+                if head is not None and (added or removed) and head not in removed:
+                    note(s, head, reason, actor=actor)  # the service's own history says each change
+                if removed or head is not None:
                     s.flush()
                 service_id = workload.service_id or workload.id
         except StaleDataError:
             continue  # the control loop changed a replica at the same moment: read again, decide again
         return get_workload(store, service_id)
     raise Conflict(f"service {workload_id} is changing state; try again")
+
+
+def replicas_said(count: int) -> str:
+    """ "1 replica", "3 replicas"."""
+    return f"{count} replica" if count == 1 else f"{count} replicas"
 
 
 def scale_range(
@@ -1516,7 +1595,7 @@ def scale_range(
         clamped = min(high, max(low, count))
         if clamped != count:
             return scale(
-                store, service_id, clamped, actor=actor, why=f"scaled to {clamped} replicas: {reason}"
+                store, service_id, clamped, actor=actor, why=f"scaled to {replicas_said(clamped)}: {reason}"
             )
         return get_workload(store, service_id)
     raise Conflict(f"service {workload_id} is changing state; try again")

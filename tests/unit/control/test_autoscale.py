@@ -215,3 +215,34 @@ def test_one_client_always_waiting_is_one_request_in_flight_at_any_instant(
     measured = load.measure([5], "concurrency", window=window)
     assert measured == pytest.approx(1.0, abs=1e-9)
     assert wanted(measured, _scaling(min=1, max=4, target=1)) == 1
+
+
+def test_a_load_within_ten_percent_of_what_the_count_carries_changes_nothing() -> None:
+    """Kubernetes' HPA tolerance: 6.02 in flight at 2 each is 3.01 replicas' worth: three stay three."""
+    scaling = _scaling(metric="concurrency", target=2, max=6)
+    assert wanted(6.02, scaling, current=3) == 3
+    assert wanted(6.02, scaling) == 4  # without a current count: the plain rule
+    assert wanted(6.6, scaling, current=3) == 3  # 1.1 of it: still within
+    assert wanted(6.8, scaling, current=3) == 4  # past it
+    assert wanted(5.5, scaling, current=3) == 3  # 0.92 of it
+    assert wanted(5.2, scaling, current=3) == 3  # 0.87: ceil(2.6) is 3 anyway
+    assert wanted(3.8, scaling, current=3) == 2
+    tracker = Tracker(now=0.0)
+    rps = _scaling(target=10, scale_up_delay=0, scale_down_delay=0)
+    assert tracker.next_count(rps, current=2, load=21.0, now=1.0) == 2
+    assert tracker.next_count(rps, current=2, load=23.0, now=2.0) == 3
+
+
+def test_a_replica_drains_while_the_proxy_has_requests_in_flight_to_it_and_a_moment_after() -> None:
+    clock = Clock()
+    load = Load(clock)
+    assert not load.draining(5)
+    load.sent(5)
+    load.sent(5)
+    load.answered(5)
+    assert load.draining(5)
+    load.answered(5)
+    assert load.draining(5)  # just sent one: the proxy may still send it more from its last read
+    clock.now += 1.0
+    assert not load.draining(5)
+    assert not load.draining(6)

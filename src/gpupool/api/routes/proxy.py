@@ -62,6 +62,9 @@ TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0)
 # the event loop more than the request it serves (docs/benchmarks.md#service-proxy).
 TARGET_TTL = 1.0
 MAX_TARGETS = 10_000
+# Passive health: an endpoint that refused or did not accept a connection gets no request for REST seconds
+# while another replica takes them (a hung process's accept queue fills, and each connect would wait).
+REST = 5.0
 # For a caller without a token, an id that named no workload is not looked up again for MISSING_TTL seconds,
 # and a request that needs a store read (an id not known here) is counted by the API's rate limiter under
 # the caller's address: nobody without a token can make the head read the store at will. (A caller with a
@@ -109,6 +112,19 @@ class ProxyState:
         # who may reach each workload: its owner and spec never change, so an answer is kept (bounded)
         self.access: dict[int, service.Access] = {}
         self.missing: dict[int, float] = {}  # ids that named no workload -> until when that is believed
+        self.resting: dict[str, float] = {}  # endpoints that failed to connect -> until when (REST)
+
+    def rest(self, endpoint: str) -> None:
+        if len(self.resting) >= MAX_TARGETS:
+            self.resting.clear()
+        self.resting[endpoint] = time.monotonic() + REST
+
+    def is_resting(self, endpoint: str, now: float) -> bool:
+        until = self.resting.get(endpoint)
+        if until is not None and until <= now:
+            del self.resting[endpoint]
+            return False
+        return until is not None
 
     def take_turn(self, workload_id: int, choices: list[service.ServiceTarget]) -> service.ServiceTarget:
         turn = self.turns.get(workload_id, 0)
@@ -186,9 +202,10 @@ async def _target(
     request: HTTPConnection, workload_id: int, avoid: str = ""
 ) -> tuple[service.ServiceTarget, bool]:
     """The next of the service's replicas to send to (round robin over those that take requests; the
-    endpoint `avoid` only when no other does), and whether it is remembered: from the last second's read
-    while one of those is still ready, else read from the store (which refuses, as
-    `service.service_targets` says)."""
+    endpoint `avoid`, and those resting after a failed connection (REST), only when no other does), and
+    whether it is remembered: from the last second's read while one of those is still ready, else read
+    from the store (which refuses, as `service.service_targets` says: 503 with the live reason, and
+    Retry-After when a crash-loop backoff says when)."""
     runtime = request.app.state.runtime
     state = _state(request)
     hit = state.targets.get(workload_id)
@@ -198,23 +215,38 @@ async def _target(
             t
             for t in hit[1]
             if t.endpoint != avoid
+            and not state.is_resting(t.endpoint, now)
             and (not t.probed or word_on(runtime.readiness.state, t.workload_id, t.attempt).ready)
         ]
         if ready:
             return state.take_turn(workload_id, ready), True
-    group: tuple[service.ServiceTarget, ...] = await run_in_threadpool(
-        service.service_targets, runtime.store, workload_id, runtime.readiness.state
-    )
+    try:
+        group: tuple[service.ServiceTarget, ...] = await run_in_threadpool(
+            service.service_targets,
+            runtime.store,
+            workload_id,
+            runtime.readiness.state,
+            runtime.reconciler.explanations,
+            runtime.settings.restart_backoff,
+        )
+    except service.NotServing as exc:
+        if exc.retry_at is None:
+            raise
+        wait = max(1.0, exc.retry_at - time.time())
+        raise ApiError(503, exc.code, exc.message, headers={"Retry-After": retry_after(wait)}) from exc
     if len(state.targets) >= MAX_TARGETS:
         state.targets.clear()
         state.turns.clear()
     state.targets[workload_id] = (now + TARGET_TTL, group)
-    return state.take_turn(workload_id, [t for t in group if t.endpoint != avoid] or list(group)), False
+    others = [t for t in group if t.endpoint != avoid]
+    healthy = [t for t in others if not state.is_resting(t.endpoint, now)]
+    return state.take_turn(workload_id, healthy or others or list(group)), False
 
 
 async def _send(request: Request, workload_id: int, target: service.ServiceTarget) -> httpx.Response:
     """The request passed on to `target`, its answer's head read (the body follows as it is streamed);
-    the service's failures to answer as the API's errors, the connection refused as httpx raises it."""
+    the service's failures to answer as the API's errors, a connection refused or not accepted in time
+    (nothing was sent) as httpx raises it."""
     headers = [
         (name, value)
         for name, value in request.headers.raw
@@ -231,19 +263,34 @@ async def _send(request: Request, workload_id: int, target: service.ServiceTarge
     )
     try:
         return await client.send(outgoing, stream=True)
+    except (httpx.ConnectError, httpx.ConnectTimeout):
+        raise
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        _forget(request, workload_id)
+        raise ApiError(
+            502,
+            "bad_gateway",
+            f"{target.described} closed the connection before answering ({exc or type(exc).__name__}): it "
+            "crashed or was stopped while it had the request",
+        ) from exc
     except httpx.TimeoutException as exc:
         _forget(request, workload_id)
         raise ApiError(
             504, "gateway_timeout", f"{target.described} did not answer in time ({type(exc).__name__})"
         ) from exc
-    except httpx.ConnectError:
-        raise
     except httpx.HTTPError as exc:
         _forget(request, workload_id)
         raise _unreachable(target, exc) from exc
 
 
 def _unreachable(target: service.ServiceTarget, exc: Exception) -> ApiError:
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ApiError(
+            504,
+            "gateway_timeout",
+            f"{target.described} did not accept a connection within {TIMEOUT.connect:g} s (ConnectTimeout): "
+            "its process may be hung or its node overloaded",
+        )
     return ApiError(
         502,
         "bad_gateway",
@@ -291,21 +338,44 @@ async def proxy(request: Request, workload_id: int, path: str) -> Response:
 
 
 class _InFlight:
-    """One request counted by the autoscaler's `Load`: begun now, ended once (`done`), when its answer has
-    been sent whole, or the client went away, or it failed."""
+    """One request counted by the autoscaler's `Load`: begun once it is passed on to a replica (`to`; a
+    request refused before, no replica taking requests, is no load), ended once (`done`), when its answer
+    has been sent whole, or the client went away, or it failed. Also counted per replica, which is stopped,
+    when removed, once it has answered what it was given (`Load.draining`)."""
 
-    __slots__ = ("load", "open", "workload_id")
+    __slots__ = ("began", "load", "open", "replica", "workload_id")
 
     def __init__(self, load: Load, workload_id: int) -> None:
         self.load = load
         self.workload_id = workload_id
-        self.open = True
-        load.began(workload_id)
+        self.open = False
+        self.began = 0.0
+        self.replica: int | None = None
+
+    def to(self, replica: int) -> None:
+        """The request is passed on to the replica `replica` (again, to another, after a failed connect)."""
+        if not self.open:
+            self.open = True
+            self.began = self.load.began(self.workload_id)
+        if self.replica is not None:
+            self.load.answered(self.replica)
+        self.replica = replica
+        self.load.sent(replica)
+
+    def unreached(self) -> None:
+        """Ended without reaching any replica: no load (`Load.withdraw`)."""
+        if self.open:
+            self.open = False
+            self.load.withdraw(self.workload_id, self.began)
+        self.done()
 
     def done(self) -> None:
         if self.open:
             self.open = False
             self.load.ended(self.workload_id)
+        if self.replica is not None:
+            self.load.answered(self.replica)
+            self.replica = None
 
 
 async def _streamed(answer: httpx.Response, flight: _InFlight) -> AsyncIterator[bytes]:
@@ -323,22 +393,34 @@ async def _close(answer: httpx.Response, flight: _InFlight) -> None:
 
 async def _proxied(request: Request, workload_id: int, flight: _InFlight) -> Response:
     target, remembered = await _target(request, workload_id)
+    flight.to(target.workload_id)
+    state = _state(request)
     try:
         answer = await _send(request, workload_id, target)
-    except httpx.ConnectError as exc:
-        hit = _state(request).targets.get(workload_id)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        hit = state.targets.get(workload_id)
         others = hit is not None and any(t.endpoint != target.endpoint for t in hit[1])
         _forget(request, workload_id)
+        state.rest(target.endpoint)
         if not remembered and not others:
+            flight.unreached()
             raise _unreachable(target, exc) from exc
-        # Nothing reached the service: where its replicas run is read afresh (this one may have ended, or
-        # started again on another port), and the request is sent once more, to another replica when
-        # one takes requests, or refused as the store's state says.
-        target, _ = await _target(request, workload_id, avoid=target.endpoint)
+        # Nothing reached the service (refused, or not accepted in time: a hung process): where its
+        # replicas run is read afresh (this one may have ended, or started again on another port), and
+        # the request is sent once more, to another replica when one takes requests, or refused as the
+        # store's state says.
+        try:
+            target, _ = await _target(request, workload_id, avoid=target.endpoint)
+        except (ServiceError, ApiError):
+            flight.unreached()
+            raise
+        flight.to(target.workload_id)
         try:
             answer = await _send(request, workload_id, target)
-        except httpx.ConnectError as again:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as again:
             _forget(request, workload_id)
+            state.rest(target.endpoint)
+            flight.unreached()
             raise _unreachable(target, again) from again
     kept = [
         (name, value)
@@ -371,18 +453,19 @@ async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> 
         return
     flight = _InFlight(websocket.app.state.runtime.load, workload_id)
     try:
-        await _relayed(websocket, workload_id)
+        await _relayed(websocket, workload_id, flight)
     finally:
         flight.done()
 
 
-async def _relayed(websocket: WebSocket, workload_id: int) -> None:
+async def _relayed(websocket: WebSocket, workload_id: int, flight: _InFlight) -> None:
     try:
         target, _ = await _target(websocket, workload_id)
-    except ServiceError as exc:
+    except (ServiceError, ApiError) as exc:
         await websocket.accept()
         await websocket.close(code=1013 if exc.status == 503 else 1008, reason=_short(exc.message))
         return
+    flight.to(target.workload_id)
     headers = [
         (name.decode("latin-1"), value.decode("latin-1"))
         for name, value in websocket.headers.raw

@@ -264,7 +264,10 @@ def scale(
             f'replicas: {said}; e.g. {{"replicas": 2}} or {{"replicas": "1..4"}}',
             field="replicas",
         )
-    result = service.scale(runtime.store, workload_id, replicas, actor=caller.name)
+    result = service.scale(
+        runtime.store, workload_id, replicas, actor=caller.name, readiness=runtime.readiness.state,
+        live=runtime.reconciler.explanations,
+    )  # fmt: skip
     runtime.wake()
     return result
 
