@@ -24,6 +24,7 @@ from typing import Any
 
 from gpupool.backends.base import Handle, Launch, LaunchError, Phase
 from gpupool.backends.local import LocalBackend
+from gpupool.environment import shared_environment
 
 log = logging.getLogger("gpupool.agent")
 
@@ -173,7 +174,7 @@ class NodeAttempts:
         launch = entry["launch"]
         run_dir = self.root / f"{key[0]}.{key[1]}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env = shared_environment(os.environ)  # not the agent's own credentials (gpupool/environment.py)
         env.update({str(k): str(v) for k, v in (launch.get("env") or {}).items()})
         devices = env.get("CUDA_VISIBLE_DEVICES", "")
         indices = tuple(int(i) for i in devices.split(",") if i.strip().isdigit())

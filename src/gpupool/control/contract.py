@@ -7,17 +7,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from gpupool.environment import PRIVATE_PREFIXES, shared_environment
 from gpupool.spec.workload import parse_array
 
 # Server-side settings that must never leak into a job's environment: gpupool's own (the store's URL, the
 # CLI's token, the secrets key file), and whatever else in the head's environment names a credential
 # (PGPASSWORD, AWS_SECRET_ACCESS_KEY, VAULT_TOKEN, DATABASE_URL...). A job gets its user's own values from
 # its spec's `env` and `secrets`, which are added after this filter.
-_PRIVATE_PREFIXES = ("GPUPOOL_",)
-_PRIVATE_WORDS = (
-    "TOKEN", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY",
-    "DATABASE_URL", "DB_URL",
-)  # fmt: skip
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,7 +64,7 @@ def job_environment(
     array_id: int | None = None,
     array_index: int | None = None,
 ) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if not k.startswith(_PRIVATE_PREFIXES)}
+    env = {k: v for k, v in base.items() if not k.startswith(PRIVATE_PREFIXES)}
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
     ips = node_ips or [node_address]
     env.update(
@@ -104,13 +100,7 @@ def job_environment(
     return env
 
 
-def private_to_the_head(name: str) -> bool:
-    """Whether the head's environment variable `name` is the head's own (see _PRIVATE_WORDS)."""
-    upper = name.upper()
-    return upper.startswith(_PRIVATE_PREFIXES) or any(word in upper for word in _PRIVATE_WORDS)
-
-
 def server_environment() -> dict[str, str]:
     """The head's environment as every backend hands it to a job (the local process, Slurm's sbatch with
     --export=ALL; the agent backend sends what differs from it): without the head's own credentials."""
-    return {k: v for k, v in os.environ.items() if not private_to_the_head(k)}
+    return shared_environment(os.environ)

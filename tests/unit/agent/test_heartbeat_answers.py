@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpupool.agent.daemon import Agent, AgentSettings
 
 
@@ -79,3 +81,33 @@ def test_the_agent_makes_the_checkpoint_dir_on_its_node_before_the_rank_starts(t
         assert _starts(marks, 1) == ["there"]
     finally:
         agent.attempts.stop_all("the test is over")
+
+
+def test_a_rank_gets_the_agents_environment_without_its_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's own tokens and passwords (and gpupool's settings) stay the agent's; what the launch
+    gives (the spec's env, the user's own HF_TOKEN) arrives."""
+    monkeypatch.setenv("VAULT_TOKEN", "the agent's")
+    monkeypatch.setenv("PGPASSWORD", "the agent's")
+    monkeypatch.setenv("GPUPOOL_JOIN_TOKEN", "the agent's")
+    monkeypatch.setenv("AGENT_SITE", "kept")
+    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=tmp_path / "state", name="n0"), None)
+    seen = tmp_path / "seen"
+    launch = {
+        "workload_id": 1,
+        "attempt_number": 0,
+        "script": f"env > {seen}.tmp && mv {seen}.tmp {seen}\n",
+        "env": {"GPUPOOL_ATTEMPT": "0", "HF_TOKEN": "the user's"},
+        "workdir": str(tmp_path),
+    }
+    try:
+        assert agent.take_answer(_head_answer(agent, 1, launch))
+        deadline = time.monotonic() + 20  # a bound on a shell starting, not a timing assertion
+        while not seen.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    finally:
+        agent.attempts.stop_all("the test is over")
+    assert env["AGENT_SITE"] == "kept" and env["HF_TOKEN"] == "the user's" and env["GPUPOOL_ATTEMPT"] == "0"
+    assert not {"VAULT_TOKEN", "PGPASSWORD", "GPUPOOL_JOIN_TOKEN"} & set(env), sorted(env)
