@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -389,6 +390,9 @@ def test_a_join_token_cannot_take_over_a_running_node_nor_name_one_outside_host_
             created = admin.post("/api/v1/join-tokens", json={}).json()  # no ttl: it expires in an hour
             expires = datetime.fromisoformat(created["expires_at"])
             assert 3500 < (expires - datetime.now(UTC)).total_seconds() <= 3600, created
+        for args, hour in ((("--json",), True), (("--ttl", "never", "--json"), False)):  # the CLI alike
+            made = json.loads(server.cli("node", "join-token", "create", *args, check=True).stdout)
+            assert (made["expires_at"] is not None) == hour, made
         job = server.submit({"resources": {"gpu": 1}, "secrets": ["HF_TOKEN"], "commands": ["sleep 60"]})
         server.wait_for(job["id"], states=("running",))
         with plain_http.client(base_url=server.url, timeout=30) as client:

@@ -38,7 +38,7 @@ def join_token_create(
             parse_duration(ttl, "--ttl")
         except SpecError as exc:
             raise CliError(f"--ttl: {ttl!r} {exc.message}; e.g. --ttl 1h, or --ttl never") from exc
-    row = client().create_join_token(None if ttl == "never" else ttl, description, gpus)
+    row = client().create_join_token(ttl, description, gpus)
     if as_json:
         print_json(row)
         return

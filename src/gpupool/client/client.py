@@ -477,10 +477,11 @@ class Client:
 
     # -- join tokens (node agents) --------------------------------------------------------------------
     def create_join_token(
-        self, ttl: str | None = None, description: str = "", gpus: int | None = None
+        self, ttl: str | None = "1h", description: str = "", gpus: int | None = None
     ) -> dict[str, Any]:
-        """`gpus`: how many GPUs each node that joins with it has; one that registers fewer is unhealthy."""
-        body: dict[str, Any] = {"ttl": ttl, "description": description}
+        """`ttl`: how long it admits nodes ("1h", as the head's default; None or "never": no expiry).
+        `gpus`: how many GPUs each node that joins with it has; one that registers fewer is unhealthy."""
+        body: dict[str, Any] = {"ttl": "never" if ttl is None else ttl, "description": description}
         if gpus is not None:
             body["gpus"] = gpus
         result: dict[str, Any] = self._call("POST", "/api/v1/join-tokens", json=body)

@@ -249,7 +249,7 @@ def create_join_token(
 ) -> dict[str, Any]:
     body = fields(body, ("ttl", "description", "gpus"))
     ttl = body.get("ttl")
-    if "ttl" not in body:  # one that never expires is asked for: "never" (or null, as the CLI sends it)
+    if "ttl" not in body:  # one that never expires is asked for: "never" (or null)
         seconds: float | None = agents.DEFAULT_JOIN_TTL
     else:
         seconds = parse_duration(ttl, "ttl") if ttl not in (None, "", "never") else None
