@@ -107,6 +107,8 @@ def test_a_retried_job_is_followed_to_its_last_attempt(tmp_path: Path) -> None:
         server.wait_for(flaky["id"], states=("running",))
         followed = server.cli("logs", "-f", str(flaky["id"]))
         assert followed.stdout == "attempt 0\nattempt 1\n", followed.stderr
+        # how it ended, on stderr (it printed nothing: a failure read as the end of the output)
+        assert followed.stderr.rstrip().endswith(f"workload {flaky['id']} (job-{flaky['id']}) succeeded")
     finally:
         server.stop()
 

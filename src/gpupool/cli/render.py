@@ -561,3 +561,14 @@ def write_usage_csv(report: Mapping[str, Any], out: Any) -> None:
             *("" if row.get(k) is None else row[k]
               for k in ("used_gpu_hours", "measured_gpu_hours", "gpu_utilization_pct")),
         ])  # fmt: skip
+
+
+def ending_line(w: Mapping[str, Any]) -> str:
+    """One line on how a workload ended (`wait`, `run --wait`, `logs -f`)."""
+    state = w["state"]
+    code = w.get("exit_code")
+    said = f" with exit code {code}" if state == "failed" and code is not None else ""
+    why = w.get("reason") or ""
+    reason = f": {why}" if why and state != "succeeded" and why != f"exit code {code}" else ""
+    name = member_name(w)
+    return f"workload {w['id']} ({escape(name)}) {styled(state)}{said}{escape(reason)}"

@@ -20,7 +20,7 @@ from rich.markup import escape
 from gpupool.cli import refs
 from gpupool.cli.app import app, client, outage_note, stream_log
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import err_console, member_name, styled
+from gpupool.cli.render import ending_line, err_console, member_name
 from gpupool.client import ApiError, Client, WaitTimeout
 from gpupool.client.client import ride_out
 from gpupool.spec import parse_duration
@@ -112,7 +112,7 @@ def finish(
         raise typer.Exit(TIMED_OUT)
     if not quiet:
         for w in done:
-            err_console.print(_ending(w), highlight=False)
+            err_console.print(ending_line(w), highlight=False)
         if len(done) > 1:
             good = sum(1 for w in done if w["state"] == "succeeded")
             err_console.print(f"{good} of {len(done)} succeeded")
@@ -183,17 +183,6 @@ def _progress(ended: int, total: int, waiting: list[dict[str, Any]]) -> str:
     why = f": {first['reason']}" if first["state"] == "pending" and first.get("reason") else ""
     head = f"{ended} of {total} ended; " if total > 1 else ""
     return escape(f"{head}{first['id']} ({member_name(first)}) {first['state']}{why}")[:200]
-
-
-def _ending(w: dict[str, Any]) -> str:
-    """One line on how a workload ended."""
-    state = w["state"]
-    code = w.get("exit_code")
-    said = f" with exit code {code}" if state == "failed" and code is not None else ""
-    why = w.get("reason") or ""
-    reason = f": {why}" if why and state != "succeeded" and why != f"exit code {code}" else ""
-    name = member_name(w)
-    return f"workload {w['id']} ({escape(name)}) {styled(state)}{said}{escape(reason)}"
 
 
 def _named(ids: Iterable[int]) -> str:

@@ -17,6 +17,7 @@ from gpupool.cli.render import (
     JSON_HELP,
     console,
     efficiency_line,
+    ending_line,
     err_console,
     foreign_table,
     gpus,
@@ -318,3 +319,5 @@ def logs(
                 highlight=False,
             )
     stream_log(c, found, attempt=attempt, rank=rank, follow=follow, say_unstarted=True)
+    if follow:  # it ended: how, on stderr (the output alone on stdout); `gpupool wait` exits with its code
+        err_console.print(ending_line(ask(lambda: c.workload(found))), highlight=False)
