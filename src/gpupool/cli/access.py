@@ -53,6 +53,15 @@ def forward(
             f"service {w['name']} (workload {workload_id}) has ended ({w['state']}) and serves no more; "
             "submit it again to forward to it"
         )
+    access = (w.get("spec") or {}).get("access") or "private"
+    if access == "private":  # its owner and admins alone (the proxy's rule): said now, not at each request
+        me = c.whoami()
+        if me.get("role") != "admin" and me.get("name") != w.get("user"):
+            raise CliError(
+                f"service {w['name']} (workload {workload_id}) belongs to {w.get('user')} and is private: "
+                f"only they or an admin may reach it (your token: {me.get('name')}); its owner can open it "
+                "with access: pool (any token of this head) or public"
+            )
     try:
         listener = socket.create_server((host, port))
     except OSError as exc:
