@@ -32,7 +32,9 @@ def test_work_waits_once_its_queues_budget_is_used_and_starts_when_raised(server
     assert budget["gpu_hours"] == 0.001 and budget["period"] == "day" and budget["spent"] is True
     # what the budget counts, the department's own report shows: nlp's hours under lab's
     report = json.loads(server.cli("usage", "--since", "1d", "--queue", "lab", "--json", check=True).stdout)
-    assert [row["key"] for row in report["rows"]] == ["nlp"] and report["total"]["gpu_hours"] > 0.0013, report
+    assert [row["key"] for row in report["rows"]] == ["nlp", "lab"] and report["total"]["gpu_hours"] > 0.0013
+    lab = report["rows"][1]  # the department's own line: nothing of its own, its queues' hours beside it
+    assert lab["gpu_hours"] == 0.0 and lab["gpu_hours_below"] == report["total"]["gpu_hours"], report
     assert 0.0013 < budget["used_gpu_hours"] < 0.01  # a GPU for 5 s and a little more
     assert queues["nlp"]["budget"] is None and queues["cv"]["budget"] is None
     table = server.cli("queues", check=True).stdout

@@ -245,8 +245,10 @@ def usage(
             row.add(held, price, span.attempt, span.workload, span.outcome, span.utilization_pct)
         held = span.gpus * (span.end - span.start).total_seconds() / HOUR
         total.add(held, price, span.attempt, span.workload, span.outcome, span.utilization_pct)
-    if by == "queue" and queue is None and users is None:
-        for name in quotas:  # a queue that used nothing is a line too: its quota went unused
+    if by == "queue" and users is None:
+        # a queue that used nothing is a line too: its quota went unused (with --queue, those of its tree:
+        # a department's own row, with what the queues under it used, is its report's first line)
+        for name in quotas if queues is None else queues:
             rows.setdefault(name, _Row())
     below = _below(rows, parents) if by == "queue" else {}
     ordered = _ordered(rows, by)

@@ -145,7 +145,8 @@ def test_queues_with_their_quota_including_one_that_used_nothing(store: Store) -
     assert rows["vision"]["gpu_hours"] == 0.0 and rows["vision"]["quota_gpu_hours"] == pytest.approx(20.0)
     assert rows["default"]["quota_used"] is None  # no quota: nothing to use of it
     only = _report(store, NOW - 10 * H, queue="vision")
-    assert [row["key"] for row in only["rows"]] == [] and only["total"]["gpu_hours"] == 0.0
+    assert [row["key"] for row in only["rows"]] == ["vision"] and only["total"]["gpu_hours"] == 0.0
+    assert only["rows"][0]["quota_gpu_hours"] == pytest.approx(20.0)  # its quota, unused: its line says so
 
 
 def test_a_parent_queues_row_says_what_its_queues_used_and_its_quota_counts_them(store: Store) -> None:
@@ -164,6 +165,12 @@ def test_a_parent_queues_row_says_what_its_queues_used_and_its_quota_counts_them
     assert rows["nlp"]["gpu_hours_below"] == pytest.approx(10.0)
     assert rows["nlp"]["quota_used"] == pytest.approx(30.0 / 40.0)
     assert "gpu_hours_below" not in rows["bert"] and report["total"]["gpu_hours"] == pytest.approx(30.0)
+    # the department's own report (`usage --queue research`): its own row and every queue under it, one
+    # that used nothing too (its row was left out: the report read as if research held nothing of its own)
+    service.create_queue(store, parse_queue_spec({"name": "idle", "parent": "research"}))
+    tree = {row["key"]: row for row in _report(store, NOW - 10 * H, queue="research")["rows"]}
+    assert set(tree) == {"research", "nlp", "bert", "idle"}, tree
+    assert tree["research"]["gpu_hours_below"] == pytest.approx(30.0) and tree["idle"]["gpu_hours"] == 0.0
 
 
 def test_outcomes_users_and_workloads(store: Store) -> None:
