@@ -228,7 +228,7 @@ def usage(
         pool = _pool_nodes(s)
         capacity = sum(len(gpus) for node, gpus in models.items() if node in pool)  # the pool's GPUs now
         queue_rows = list(s.scalars(select(Queue)))
-        quotas = {q.name: _gpu_quota(q.spec) for q in queue_rows}
+        quotas = {q.name: gpu_quota(q.spec) for q in queue_rows}
         parents = {q.name: q.parent for q in queue_rows}
         # a queue's report covers the queues under it too, as its budget counts them (a department's)
         queues = None if queue is None else _subtree(s, queue)
@@ -327,7 +327,8 @@ def _pool_nodes(s: Session) -> set[str]:
     return set(s.scalars(select(Node.name).where(Node.state != "lost")))
 
 
-def _gpu_quota(spec: Mapping[str, Any] | None) -> float:
+def gpu_quota(spec: Mapping[str, Any] | None) -> float:
+    """A queue spec's GPU quota (0 where it sets none)."""
     gpu = ((spec or {}).get("resources") or {}).get("gpu")
     if isinstance(gpu, Mapping):
         quota = gpu.get("quota")

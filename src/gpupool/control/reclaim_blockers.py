@@ -9,13 +9,14 @@ holds the GPUs and until when (Run:ai's and KAI-Scheduler's users ask the same o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.control.accounting import gpu_quota
+from gpupool.control.budgets import chain
 from gpupool.control.lifecycle import RUNNING
 from gpupool.control.usage import attempt_gpus
 from gpupool.spec.quantities import format_duration
@@ -31,9 +32,13 @@ def reclaim_blockers(s: Session, queue: str, now: datetime | None = None) -> lis
     non-preemptible, or not yet past its queue's `min_runtime_reclaim` (inherited from the parent where
     unset), oldest first; at most SHOWN, then how many more."""
     now = now or utcnow()
-    specs = {name: (parent, spec or {}) for name, parent, spec in s.execute(select(Queue.name, Queue.parent,
-                                                                                    Queue.spec))}  # fmt: skip
-    mine = set(_chain(queue, specs))
+    parents: dict[str, str | None] = {}
+    quotas: dict[str, float] = {}
+    floors: dict[str, float | None] = {}  # each queue's own min_runtime_reclaim (None: its parent's)
+    for name, parent, spec in s.execute(select(Queue.name, Queue.parent, Queue.spec)):
+        parents[name], quotas[name] = parent, gpu_quota(spec)
+        floors[name] = (spec or {}).get("min_runtime_reclaim")
+    mine = set(chain(queue, parents))
     rows = s.execute(
         select(
             Workload.id, Workload.name, Workload.queue, Workload.preemptible, Attempt.started_at,
@@ -45,21 +50,21 @@ def reclaim_blockers(s: Session, queue: str, now: datetime | None = None) -> lis
     ).all()  # fmt: skip
     held: dict[str, float] = {}
     for row in rows:
-        for level in _chain(row.queue, specs):
+        for level in chain(row.queue, parents):
             held[level] = held.get(level, 0.0) + attempt_gpus(row.gpu_indices, row.gpu_fraction, row.pods)
     found: list[str] = []
     for row in rows:
         if row.queue in mine or row.stop_reason:
             continue  # its own queue's (preempt's to judge), or stopping already
-        over = [q for q in _chain(row.queue, specs) if q not in mine and held.get(q, 0.0) > _quota(specs, q)]
-        if not over:
+        levels = chain(row.queue, parents)
+        if not any(q not in mine and held.get(q, 0.0) > quotas.get(q, 0.0) for q in levels):
             continue  # within its quota: reclaim by quota takes none of it
         gpus = attempt_gpus(row.gpu_indices, row.gpu_fraction, row.pods)
         who = f"workload {row.id} ({row.name}, queue {row.queue}, {gpus:g} GPUs)"
         if not row.preemptible:
             found.append(f"{who}: non-preemptible, runs until it ends")
             continue
-        floor = _min_runtime_reclaim(row.queue, specs)
+        floor = next((float(f) for q in levels if (f := floors.get(q)) is not None), 0.0)
         started = as_utc(row.started_at)
         if floor > 0 and started is not None and (now - started).total_seconds() < floor:
             free = started + timedelta(seconds=floor)
@@ -70,27 +75,3 @@ def reclaim_blockers(s: Session, queue: str, now: datetime | None = None) -> lis
     if len(found) > SHOWN:
         found = [*found[:SHOWN], f"and {len(found) - SHOWN} more"]
     return found
-
-
-def _chain(queue: str, specs: Mapping[str, tuple[str | None, Mapping[str, Any]]]) -> list[str]:
-    """The queue and its ancestors, nearest first (a loop in bad data ends the walk)."""
-    chain: list[str] = []
-    at: str | None = queue
-    while at is not None and at not in chain:
-        chain.append(at)
-        at = specs[at][0] if at in specs else None
-    return chain
-
-
-def _quota(specs: Mapping[str, tuple[str | None, Mapping[str, Any]]], queue: str) -> float:
-    spec = specs.get(queue, (None, {}))[1]
-    return float(((spec.get("resources") or {}).get("gpu") or {}).get("quota") or 0.0)
-
-
-def _min_runtime_reclaim(queue: str, specs: Mapping[str, tuple[str | None, Mapping[str, Any]]]) -> float:
-    """The queue's `min_runtime_reclaim`, else its nearest ancestor's, else 0 (as the scheduler reads it)."""
-    for level in _chain(queue, specs):
-        value = specs.get(level, (None, {}))[1].get("min_runtime_reclaim")
-        if value is not None:
-            return float(value)
-    return 0.0

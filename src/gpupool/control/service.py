@@ -16,6 +16,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent_records import rank_log_path
 from gpupool.control import audit, secrets
+from gpupool.control.accounting import gpu_quota
 from gpupool.control.arrays import ARRAY_LIMIT
 from gpupool.control.budgets import BUDGET
 from gpupool.control.dependencies import DEPENDENCY, check_at_submit
@@ -204,17 +205,13 @@ def _check_parent(s: Session, spec: QueueSpec) -> None:
         above = parents.get(above)
 
 
-def _gpu_quota(spec: dict[str, Any]) -> float:
-    return float(((spec.get("resources") or {}).get("gpu") or {}).get("quota") or 0.0)
-
-
 def quota_warnings(s: Session, name: str) -> list[str]:
     """What no longer holds once queue `name` has its quota: the quotas of it and its siblings promise more
     GPUs than their parent's quota (or, at the top, than the pool has), or those of its children more than
     its own. Accepted all the same (a pool may grow, and Slurm and Kueue take such settings too), but every
     such queue then gets less than its quota when all of them want it: fair shares scale the quotas down."""
     rows = s.execute(select(Queue.name, Queue.parent, Queue.spec)).all()
-    quotas = {n: _gpu_quota(spec) for n, _, spec in rows}
+    quotas = {n: gpu_quota(spec) for n, _, spec in rows}
     parent = next((p for n, p, _ in rows if n == name), None)
     levels = [(parent, sum(quotas[n] for n, p, _ in rows if p == parent))]
     if any(p == name for _, p, _ in rows):
@@ -278,7 +275,7 @@ def update_queue(
         queue.parent, queue.priority, queue.spec = spec.parent, spec.priority, spec.model_dump(mode="json")
         audit.record(s, audit.QUEUE, name, f"updated: {audit.changes(before, queue.spec)}", actor)
         s.flush()
-        warnings = quota_warnings(s, name) + _unreclaimable_warnings(s, name, _gpu_quota(queue.spec))
+        warnings = quota_warnings(s, name) + _unreclaimable_warnings(s, name, gpu_quota(queue.spec))
         return {**queue_view(queue, _queue_usage(s)), "warnings": warnings}
 
 
