@@ -20,7 +20,7 @@ import typer.main
 
 from gpupool.api.ratelimit import DEFAULT_BURST, DEFAULT_RATE
 from gpupool.cli.app import app
-from gpupool.cli.errors import CliError
+from gpupool.cli.errors import CliError, click_class
 from gpupool.cli.render import err_console, print_error
 from gpupool.client import GpupoolError
 from gpupool.home import DEFAULT_PORT, default_db_url, home_dir, make_private
@@ -451,15 +451,10 @@ def reflow_help(command: Any) -> Any:
     return command
 
 
-def _click_class(name: str) -> type[Exception]:
-    """Click's exception class `name`, whichever Click this Typer uses (its own copy since Typer 0.26)."""
-    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
-
-
 def main() -> None:
     """The CLI. A flag or argument a command cannot take (`--gpu-quota two`, `--bogus`) is one `error:` line
     naming it and the command's --help, exit 2 (Click's usage error, as argparse's), not Click's box."""
-    usage_error, click_exception = _click_class("UsageError"), _click_class("ClickException")
+    usage_error, click_exception = click_class("UsageError"), click_class("ClickException")
     try:
         code = reflow_help(typer.main.get_command(app)).main(prog_name="gpupool", standalone_mode=False)
     except (CliError, GpupoolError, SpecError) as exc:

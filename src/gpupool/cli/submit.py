@@ -17,7 +17,7 @@ from typer.core import TyperCommand
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
 from gpupool.cli import refs
 from gpupool.cli.app import app, client
-from gpupool.cli.errors import CliError
+from gpupool.cli.errors import CliError, click_class
 from gpupool.cli.render import JSON_HELP, console, print_json, print_warnings, styled
 from gpupool.client import ApiError, Client
 
@@ -142,11 +142,8 @@ def _after_hint(value: str | None) -> str:
     return " ".join(f"--after {w}" for w in wanted)
 
 
-# Click's usage error (exit 2, "error: ... (`gpupool submit --help`)" in main.py), from the copy of Click
-# this Typer uses (its own since Typer 0.26), as main.py finds it.
-_USAGE_ERROR: Final[type[Exception]] = next(
-    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
-)
+# Click's usage error (exit 2, "error: ... (`gpupool submit --help`)" in main.py).
+_USAGE_ERROR: Final[type[Exception]] = click_class("UsageError")
 
 
 class SlurmNames(TyperCommand):
