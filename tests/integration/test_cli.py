@@ -367,6 +367,24 @@ def test_ps_says_when_it_shows_only_the_newest(server: ServerProcess, job_dir: P
     assert server.cli("ps", "--queue", "default", check=True).returncode == 0
 
 
+def test_ps_narrows_by_name_and_by_several_states(server: ServerProcess, job_dir: Path) -> None:
+    server.cli("run", "--gpus", "0", "--name", "done", "--", "true", cwd=job_dir, check=True)
+    server.wait_for(1)
+    server.cli("run", "--gpus", "64", "--name", "big", "--", "true", cwd=job_dir, check=True)  # stays pending
+    server.cli("run", "--gpus", "0", "--name", "big", "--", "false", cwd=job_dir, check=True)
+    assert server.wait_for(3)["state"] == "failed"
+
+    def listed(*args: str) -> list[int]:
+        return [row["id"] for row in json.loads(server.cli("ps", *args, "--json", check=True).stdout)]
+
+    assert listed("--state", "pending,failed") == [2, 3]
+    assert listed("-t", "SUCCEEDED, pending") == [1, 2]  # squeue's -t, in any case
+    assert listed("--all", "--name", "big") == [2, 3]
+    assert listed("--name", "big") == [2]  # active only, unless --all or --state
+    bad = server.cli("ps", "--state", "pending,runing")
+    assert bad.returncode == 1 and "unknown state 'runing'" in bad.stderr, bad.stderr
+
+
 def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
     for args, expected in [
         (("show", "42"), "no workload with id 42"),

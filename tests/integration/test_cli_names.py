@@ -162,6 +162,48 @@ def test_an_array_is_named_whole_by_its_name_and_a_task_as_ps_shows_it(server: S
     )
 
 
+def test_several_tasks_in_one_argument_and_slurms_id_n(server: ServerProcess) -> None:
+    spec = {"name": "grid", "array": "0-4", "commands": ["sleep 60"], "resources": {"gpu": 0}}
+    ids = server.submit(spec)["array_ids"]
+    for task in ids:
+        server.wait_for(task, states=("running",))
+    assert _refused(server.cli("show", "grid[1-2]")) == (
+        "error: grid[1-2] names several tasks; this command takes one (e.g. grid[1])"
+    )
+    server.cli("cancel", "grid[1-2]", check=True)  # scancel's 12_[1-2], by name
+    assert [server.wait_for(task)["state"] for task in ids[1:3]] == ["cancelled", "cancelled"]
+    assert server.workload(ids[0])["state"] == "running" and server.workload(ids[3])["state"] == "running"
+    first = ids[0]
+    out = server.cli("cancel", f"{first}_3", check=True).stdout  # Slurm's ID_N: task N alone
+    assert out.startswith(f"{ids[3]} (grid[3]): stopping"), out
+    assert server.wait_for(ids[3])["state"] == "cancelled"
+    assert server.workload(ids[0])["state"] == "running"
+    assert server.cli("show", f"{first}_2", check=True).stdout.startswith(f"{ids[2]} grid[2]  cancelled")
+    assert (
+        _refused(server.cli("cancel", f"{first}_2"))
+        == f"error: {first}_2: task 2 of job array {first} has ended (cancelled)"
+    )
+    assert (
+        _refused(server.cli("cancel", f"{first}_9"))
+        == f"error: {first}_9: job array {first} (grid) has no task 9"
+    )
+    assert (
+        _refused(server.cli("cancel", "grid[3-1]"))
+        == "error: grid[3-1]: '3-1' is not a task index or range; e.g. grid[1-3,7]"
+    )
+    # tasks 1 to 3 have ended: the range takes the others, task 0 alone (its id is the array's) and 4
+    server.cli("cancel", f"{first}_[0-4]", check=True)
+    assert [server.wait_for(task)["state"] for task in (ids[0], ids[4])] == ["cancelled", "cancelled"]
+    assert _refused(server.cli("cancel", "grid[0-4]")) == (
+        "error: grid[0-4]: none of its tasks can be taken (no pending or running workload is named "
+        "'grid[0]' (gpupool ps --all lists finished ones))"
+    )
+    plain = server.submit({"name": "one", "commands": ["true"], "resources": {"gpu": 0}})["id"]
+    assert _refused(server.cli("show", f"{plain}_0")) == (
+        f"error: {plain}_0: workload {plain} is not a job array (ID_N is task N of the array ID)"
+    )
+
+
 def test_after_takes_the_workload_it_waits_for_by_name(server: ServerProcess, job_dir: Path) -> None:
     server.cli("run", "--name", "prep", "--gpus", "0", "--", "sleep", "30", cwd=job_dir, check=True)
     server.wait_for(1, states=("running",))

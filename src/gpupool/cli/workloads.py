@@ -40,9 +40,13 @@ def ps(
     all: bool = typer.Option(False, "--all", "-a", help="include finished workloads"),
     queue: str | None = typer.Option(None, "--queue", "-q", help="only work in this queue"),
     state: str | None = typer.Option(
-        None, "--state", help="only work in this state: pending, running, succeeded, failed, cancelled"
+        None,
+        "--state",
+        "-t",
+        help="only work in this state: pending, running, succeeded, failed, cancelled; several with commas",
     ),
     user: str | None = typer.Option(None, "--user", "-u", help="only work this user submitted"),
+    name: str | None = typer.Option(None, "--name", help="only work of this name (squeue --name)"),
     me: bool = typer.Option(False, "--me", help="only your own work (Slurm's squeue --me)"),
     wide: bool = typer.Option(False, "--wide", "-w", help="show every reason"),
     limit: int = typer.Option(
@@ -55,7 +59,7 @@ def ps(
     if me:
         user = c.whoami()["name"]
     asked = min(limit + 1, API_PAGE)  # one more than shown tells whether there are more
-    workloads = c.workloads(all=all, state=state, queue=queue, user=user, limit=asked)
+    workloads = c.workloads(all=all, state=state, queue=queue, user=user, name=name, limit=asked)
     if not workloads and queue is not None:  # nothing, or a typo: as `--state bogus` is refused, say which
         names = sorted(q["name"] for q in c.queues())
         if queue not in names:
@@ -68,7 +72,8 @@ def ps(
             else "narrow it with --queue or --state"
         )
         err_console.print(f"[yellow]the newest {limit:,} only; {more}[/yellow]")
-    foreign = c.foreign_jobs() if all and state is None and queue is None and user is None else []
+    narrowed = state is not None or queue is not None or user is not None or name is not None
+    foreign = c.foreign_jobs() if all and not narrowed else []
     if as_json:  # the API's fields, as `show --json` gives them, and the age as the table shows it
         rows = [{**w, "age": human_age(w.get("age_seconds", 0.0))} for w in workloads]
         print_json(rows + [{"foreign": True, **job} for job in foreign] if foreign else rows)

@@ -1066,14 +1066,13 @@ def list_workloads(
     `ids`, when given; of `name`: a service's replicas and an array's tasks share theirs)."""
     if ids is not None and len(ids) > MAX_LISTED_IDS:
         raise Invalid(f"{len(ids)} ids: at most {MAX_LISTED_IDS} in one request; ask in parts", field="id")
-    if state is not None and state not in STATES:
-        raise Invalid(f"unknown state {state!r}; one of {', '.join(STATES)}", field="state")
+    states = _states(state)
     with store.read() as s:
         query = select(Workload).order_by(Workload.id.desc()).limit(limit)
         if since is not None:
             query = query.where(Workload.created_at >= as_utc(since))
-        if state is not None:
-            query = query.where(Workload.state == state)
+        if states:
+            query = query.where(Workload.state.in_(states))
         elif not include_finished:
             query = query.where(Workload.state.in_(ACTIVE))
         if queue is not None:
@@ -1085,6 +1084,22 @@ def list_workloads(
         if ids is not None:
             query = query.where(Workload.id.in_([i for i in ids if 0 < i <= MAX_ID]))
         return [workload_view(w, live=live, readiness=readiness) for w in reversed(s.scalars(query).all())]
+
+
+def _states(asked: str | None) -> list[str]:
+    """The states `asked` names: one, or several with commas (`pending,running`, as squeue's -t), in any
+    case; none when None."""
+    if asked is None:
+        return []
+    states = [part.strip().lower() for part in asked.split(",")]
+    for state in states:
+        if state not in STATES:
+            raise Invalid(
+                f"unknown state {state!r}; one of {', '.join(STATES)}, or several with commas "
+                "(pending,running)",
+                field="state",
+            )
+    return states
 
 
 def cancel(

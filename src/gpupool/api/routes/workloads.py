@@ -50,7 +50,9 @@ def submit(
 def list_workloads(
     request: Request,
     all: bool = Query(False, description="include finished workloads"),
-    state: str | None = Query(None, description="only this state"),
+    state: str | None = Query(
+        None, description="only work in this state, or these (comma-separated: pending,running)"
+    ),
     queue: str | None = Query(None, description="only this queue"),
     user: str | None = Query(None, description="only work this user (token name) submitted"),
     name: str | None = Query(
