@@ -74,13 +74,6 @@ SLURM_OPTIONS: dict[str, str] = {
     "--export": "--env KEY=VALUE (repeat it)",
     "--qos": "--priority inference|build|interactive|train",
 }
-# Slurm's dependency types (sbatch --dependency=TYPE:ID), as the conditions of `--after` (WHEN:ID).
-SLURM_DEPENDENCIES: Final = {
-    "afterok": "succeeded",
-    "afterany": "ended",
-    "afternotok": "failed",
-    "after": "started",
-}
 # Options of `run` (their Slurm names above lead to them) that `submit` reads from the spec instead.
 SPEC_FIELDS: Final = {
     "--gpus": "resources.gpu",
@@ -128,6 +121,8 @@ def _option_value(words: list[str], option: str) -> str | None:
 def _after_hint(value: str | None) -> str:
     """`--after` for Slurm's `--dependency=VALUE`: afterany:12 -> "--after ended:12"; for a VALUE that
     `--after` cannot say (singleton, +time, ?), what each condition is."""
+    from gpupool.spec.workload import SLURM_DEPENDENCIES  # pydantic: loaded by the commands that submit
+
     wanted: list[str] = []
     for item in (value or "").split(","):
         kind, _, ids = item.strip().partition(":")
@@ -445,6 +440,8 @@ def _add_array_and_after(data: dict[str, Any], array: str | None, after: list[st
 def _dependencies(text: str) -> list[str]:
     """An `--after` value as the spec's entries: Slurm's TYPE:ID[:ID...] (afterok:12:13) by its condition
     (succeeded:12, succeeded:13); any other as `_dependency` gives it."""
+    from gpupool.spec.workload import SLURM_DEPENDENCIES  # pydantic: loaded by the commands that submit
+
     kind, sep, refs_given = text.partition(":")
     when = SLURM_DEPENDENCIES.get(kind.strip().lower()) if sep else None
     if when is None:

@@ -176,7 +176,10 @@ class QueueSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Name = Field(description="DNS-label-like name, e.g. nlp (required).")
+    name: Name = Field(
+        description="DNS-label-like name (1-63 lowercase letters, digits or '-'; not digits alone), e.g. nlp "
+        "(required)."
+    )
     parent: Name | None = Field(
         default=None,
         description="Name of the parent queue (e.g. a department); default null: a top-level queue.",

@@ -60,6 +60,14 @@ MAX_ARRAY_TASKS: Final = 1000  # Slurm's MaxArraySize is 1001 by default
 MAX_ARRAY_INDEX: Final = 1_000_000
 _ARRAY_PART_RE: Final = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 DEPENDENCY_CONDITIONS: Final = ("succeeded", "failed", "ended", "started")
+# Slurm's dependency types (sbatch --dependency=TYPE:ID), as the conditions above: `afterok:12` is taken
+# as `succeeded:12`, in a spec's `after` as in `gpupool run --after`.
+SLURM_DEPENDENCIES: Final = {
+    "afterok": "succeeded",
+    "afterany": "ended",
+    "afternotok": "failed",
+    "after": "started",
+}
 _DEPENDENCY_RE: Final = re.compile(r"\s*(?:([A-Za-z-]+)\s*:)?\s*([0-9]+)\s*")
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_SECRETS: Final = 64
@@ -111,7 +119,7 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "idle.action": "hold (or cancel)",
     "idle.utilization": "1",
     "array": "0-15%4 (or 1,3,5-9, or 0-99:10)",
-    "after": "[12, ended:13] (or [{workload: 12, when: succeeded}])",
+    "after": "[12, ended:13] (or [{workload: 12, when: succeeded}], or Slurm's afterany:13)",
     "after.workload": "12",
     "after.when": "succeeded (or failed, ended, started)",
     "placement.nodes": "[node-3, node-4]",
@@ -343,7 +351,8 @@ class ScalingSpec(BaseModel):
 
 class DependencySpec(BaseModel):
     """A workload this one starts after, and what that one must have done first (Slurm's --dependency).
-    Written in full or short: 12 (it succeeded), "ended:12", {workload: 12, when: ended}."""
+    Written in full or short: 12 (it succeeded), "ended:12", {workload: 12, when: ended}; Slurm's types
+    are taken for the conditions ("afterany:12")."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -367,7 +376,10 @@ class DependencySpec(BaseModel):
             if match is None:
                 raise SpecError("workload", data, "is not a workload id, or WHEN:ID", "12, or ended:12")
             when, number = match.groups()
-            return {"workload": int(number)} | ({"when": when.lower()} if when else {})
+            when = SLURM_DEPENDENCIES.get(when.lower(), when.lower()) if when else None
+            return {"workload": int(number)} | ({"when": when} if when else {})
+        if isinstance(data, dict) and isinstance(data.get("when"), str):
+            return {**data, "when": SLURM_DEPENDENCIES.get(data["when"].lower(), data["when"])}
         return data
 
 
@@ -550,7 +562,8 @@ class WorkloadSpec(BaseModel):
     )
     name: Name | None = Field(
         default=None,
-        description="DNS-label-like name, e.g. llama-finetune; default null: the server names it.",
+        description="DNS-label-like name (1-63 lowercase letters, digits or '-'; not digits alone, which the "
+        "command line reads as an id), e.g. llama-finetune; default null: the server names it.",
     )
     queue: Name = Field(
         default="default",

@@ -360,6 +360,22 @@ def test_after_takes_ids_short_forms_and_mappings_and_stores_them_in_full() -> N
         {"workload": 7, "when": "succeeded"}
     ]
     assert parse_workload_spec({"commands": ["true"]}).after == []
+    # Slurm's dependency types, as sbatch --dependency writes them
+    slurm = parse_workload_spec(
+        {
+            "commands": ["true"],
+            "after": [
+                "afterok:21",
+                "AfterAny:22",
+                "afternotok:23",
+                "after:24",
+                {"workload": 25, "when": "afterany"},
+            ],
+        }
+    )
+    assert [(d.workload, d.when) for d in slurm.after] == [
+        (21, "succeeded"), (22, "ended"), (23, "failed"), (24, "started"), (25, "ended"),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
