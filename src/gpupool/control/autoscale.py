@@ -94,7 +94,12 @@ class Load:
         """The proxy passes a request (or a WebSocket) on to the replica `replica_id`."""
         with self._lock:
             self._serving[replica_id] = self._serving.get(replica_id, 0) + 1
-            self._sent[replica_id] = self._clock()
+            now = self._clock()
+            if replica_id not in self._sent and len(self._sent) >= MAX_IDS:
+                # replicas that ended without being drained (a crash, a lost node) are never asked about:
+                # what is past SETTLE says nothing any more
+                self._sent = {i: at for i, at in self._sent.items() if now - at < SETTLE}
+            self._sent[replica_id] = now
 
     def answered(self, replica_id: int) -> None:
         """A request `sent` counted has its whole answer back, or failed."""

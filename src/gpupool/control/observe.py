@@ -200,6 +200,11 @@ class Observation:
         if workload.kind != SERVICE or not self.draining(workload.id):
             self._drains_since.pop(workload.id, None)
             return False
+        if workload.id not in self._drains_since:
+            # a replica that ended while it drained is never looked at again: forget those long past
+            stale = [i for i, at in self._drains_since.items() if now - at > 2 * DRAIN_MAX]
+            for i in stale:
+                del self._drains_since[i]
         since = self._drains_since.setdefault(workload.id, now)
         if now - since < min(float(workload.spec.get("grace_period", 30.0)), DRAIN_MAX):
             return True

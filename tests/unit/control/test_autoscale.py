@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool.control import service
-from gpupool.control.autoscale import Autoscaler, Load, Tracker, wanted
+from gpupool.control.autoscale import MAX_IDS, Autoscaler, Load, Tracker, wanted
 from gpupool.spec import ScalingSpec, parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Workload
@@ -246,3 +246,16 @@ def test_a_replica_drains_while_the_proxy_has_requests_in_flight_to_it_and_a_mom
     clock.now += 1.0
     assert not load.draining(5)
     assert not load.draining(6)
+
+
+def test_replicas_that_ended_without_draining_are_forgotten_so_memory_stays_bounded() -> None:
+    clock = Clock()
+    load = Load(clock)
+    for replica in range(MAX_IDS):  # each served once, then ended (a crash): never asked `draining`
+        load.sent(replica)
+        load.answered(replica)
+    clock.now += 2.0
+    load.sent(MAX_IDS)
+    load.sent(MAX_IDS + 1)
+    assert len(load._sent) == 2
+    assert load.draining(MAX_IDS) and not load.draining(0)
