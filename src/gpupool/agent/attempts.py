@@ -221,7 +221,11 @@ class NodeAttempts:
         return proc
 
     def _signal(self, proc: RankProcess, level: int) -> None:
-        if level <= proc.signal_sent or not proc.running or proc.handle is None:
+        """Send the rank the signal the head asks for, once: SIGTERM, then SIGKILL after the grace period
+        (signal numbers are no order: SIGKILL is 9, SIGTERM 15); nothing after SIGKILL."""
+        if level in (0, proc.signal_sent) or proc.signal_sent == signal.SIGKILL:
+            return
+        if not proc.running or proc.handle is None:
             return
         self.local.signal(proc.handle, level)
         proc.signal_sent = level
