@@ -199,6 +199,15 @@ def test_an_agent_cut_off_from_the_head_stops_its_work_after_the_orphan_grace(tm
         assert alive(pid), "a short outage of the head costs nothing"
         _wait(lambda: not alive(pid), "the orphan grace to stop the work", 15)
         assert "event=orphan_grace_expired" in pool.agents[0].log()
+        # Back, the head learns why the work ended: not its own failure, but its node's (as after a lost
+        # node), so it is requeued without using a restart, and starts again.
+        server.start()
+        _wait(lambda: server.workload(job["id"])["attempts"] >= 2, "the job to be requeued and started", 60)
+        shown = server.workload(job["id"])
+        first = shown["attempt_list"][0]
+        assert "stopped by its node's agent: no answer from the head" in first["reason"], first
+        assert shown["node_failures"] == 1 and shown["restarts"] == 0, shown
+        assert any("requeued after node failure 1 of 5" in e["reason"] for e in shown["events"]), shown
     finally:
         pool.stop()
 

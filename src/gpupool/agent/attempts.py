@@ -44,6 +44,9 @@ class RankProcess:
     # Why it ended, where the exit code does not say: "cannot start rank 0: workdir ... does not exist on
     # this node" (exit code 127); reported with the exit, kept in RUN_DIR/detail.
     detail: str = ""
+    # Whose fault the end was, as the head's retry policy reads it: "failure" (the work's), or
+    # "node-failure" where the agent itself killed the rank (the head was unreachable for the orphan grace).
+    cause: str = "failure"
     signal_sent: int = 0
     shipped: int = 0
     gpu_indices: tuple[int, ...] = ()
@@ -86,6 +89,8 @@ class NodeAttempts:
                     proc.exit_code = code
                     with contextlib.suppress(OSError):
                         proc.detail = (run_dir / "detail").read_text().strip()
+                    with contextlib.suppress(OSError):
+                        proc.cause = (run_dir / "cause").read_text().strip() or proc.cause
                 else:
                     proc.vanished = "the agent restarted before the process was recorded"
             self._ranks[(proc.attempt_id, proc.rank)] = proc
@@ -111,6 +116,8 @@ class NodeAttempts:
                 item.update(state="exited", exit_code=proc.exit_code)
                 if proc.detail:
                     item["detail"] = proc.detail
+                if proc.cause != "failure":
+                    item["cause"] = proc.cause
             elif proc.vanished:
                 item.update(state="vanished", detail=proc.vanished)
             else:
@@ -248,11 +255,16 @@ class NodeAttempts:
 
     def stop_all(self, why: str) -> int:
         """Kill every running rank (orphaned: the head was unreachable for the orphan grace); their exit
-        statuses stay, to be reported when the head answers again."""
+        statuses stay, to be reported when the head answers again, with `why` and the cause node-failure:
+        the work did not fail, its node lost the head, and the head requeues it as after a lost node."""
         stopped = 0
         with self._lock:
             for proc in self._ranks.values():
                 if proc.running and proc.handle is not None:
+                    proc.detail, proc.cause = f"stopped by its node's agent: {why}", "node-failure"
+                    with contextlib.suppress(OSError):  # said before the kill: its exit is reported with it
+                        _write(proc.run_dir / "detail", proc.detail)
+                        _write(proc.run_dir / "cause", proc.cause)
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(proc.handle.pid, signal.SIGKILL)
                     stopped += 1

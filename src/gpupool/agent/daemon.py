@@ -242,7 +242,10 @@ class Agent:
     def _check_orphans(self) -> None:
         silent = time.monotonic() - self.last_contact
         if silent >= self.settings.orphan_grace and not self._orphaned:
-            stopped = self.attempts.stop_all(f"no answer from the head for {silent:.0f}s")
+            stopped = self.attempts.stop_all(
+                f"no answer from the head for {silent:.0f}s (the agent's orphan grace, "
+                f"{self.settings.orphan_grace:g}s)"
+            )
             self._orphaned = True
             log.warning(
                 "event=orphan_grace_expired node=%s silent=%.1f stopped=%d",

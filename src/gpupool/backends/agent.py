@@ -26,6 +26,7 @@ instructions); the records it keeps and their files on disk are in backends/agen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -147,6 +148,11 @@ class AgentBackend(AgentHeartbeats):
             code = _read(run_dir / f"rank-{rank}.exit_code")
             if code is not None and code.lstrip("-").isdigit():
                 item.exit_code = int(code)
+                why = _read(run_dir / f"rank-{rank}.why")
+                if why is not None:
+                    with contextlib.suppress(ValueError, TypeError, AttributeError):
+                        said = json.loads(why)
+                        item.detail, item.cause = str(said["detail"]), str(said["cause"])
             vanished = _read(run_dir / f"rank-{rank}.vanished")
             if vanished is not None:
                 item.vanished, item.detail = True, vanished
@@ -266,7 +272,7 @@ class AgentBackend(AgentHeartbeats):
             detail = f"rank {rank} on {pod.node} exited with code {pod.exit_code}" + (
                 f": {pod.detail}" if pod.detail else ""
             )
-            return Status(Phase.EXITED, pod.exit_code, detail=detail)
+            return Status(Phase.EXITED, pod.exit_code, detail=detail, cause=pod.cause)
         if all(p.exit_code == 0 for p in ranks):
             return Status(Phase.EXITED, 0, detail=f"{len(ranks)} rank(s) exited with code 0")
         gone = [(r, p) for r, p in enumerate(ranks) if p.vanished]

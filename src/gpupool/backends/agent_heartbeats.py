@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import secrets
 import threading
@@ -228,6 +229,7 @@ class AgentHeartbeats:
             if state == "exited" and item.get("exit_code") is not None:
                 pod.exit_code = int(item["exit_code"])
                 pod.detail = str(item.get("detail") or "")
+                pod.cause = "node-failure" if item.get("cause") == "node-failure" else "failure"
                 path = attempt.run_dir / f"rank-{rank}.exit_code"
             elif state == "vanished":
                 pod.vanished, pod.detail = True, str(item.get("detail") or "the process ended unrecorded")
@@ -235,6 +237,10 @@ class AgentHeartbeats:
             else:
                 return False
         text = str(pod.exit_code) if pod.exit_code is not None else pod.detail
+        if pod.exit_code is not None and (pod.detail or pod.cause != "failure"):  # kept for a restart
+            write_atomic(
+                path.with_name(f"rank-{rank}.why"), json.dumps({"detail": pod.detail, "cause": pod.cause})
+            )
         write_atomic(path, text + "\n")
         log.info(
             "event=agent_rank_ended node=%s attempt=%d rank=%d exit_code=%s detail=%r",

@@ -131,6 +131,9 @@ class Rank:
     gpu_fraction: float
     exit_code: int | None = None
     detail: str = ""  # why it ended, in the agent's words (vanished, could not start)
+    # whose fault the end was: "failure" (the work's), or "node-failure" where its agent killed it (the
+    # head was unreachable for the agent's orphan grace); RUN_DIR/rank-R.why keeps both
+    cause: str = "failure"
     vanished: bool = False
     seen: bool = False  # the agent has reported it at least once
 
