@@ -7,12 +7,14 @@ the API-token dependency; `admin_router` is mounted inside it.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.exc import OperationalError
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -26,13 +28,19 @@ from gpupool.backends.base import InventoryNode
 from gpupool.control import agents, service
 from gpupool.control.tokens import Caller, hash_token
 from gpupool.spec import parse_duration
-from gpupool.store.db import Store
+from gpupool.store.db import Store, driver_error_line
 
 agent_router = APIRouter(prefix="/api/v1/agents", tags=["agents"])
 admin_router = APIRouter(tags=["agents"])
 
+log = logging.getLogger(__name__)
+
 CREDENTIAL_CACHE_SECONDS = 30.0
 MISS_RELOAD_SECONDS = 1.0
+# While the store cannot be read, the credentials last read keep answering heartbeats (an agent's liveness
+# needs no store: a PostgreSQL restart must not make agents kill their work after their orphan grace),
+# and the store is tried again this often.
+STORE_RETRY_SECONDS = 5.0
 MAX_WAIT = 5.0  # seconds a heartbeat may be held
 HEARTBEAT_PATH = agent_router.prefix + "/heartbeat"
 
@@ -89,7 +97,14 @@ class NodeCredentials:
         with self._lock:
             if now - self._loaded <= MISS_RELOAD_SECONDS:
                 return  # another request just did
-            self._names = agents.credential_names(store)
+            try:
+                self._names = agents.credential_names(store)
+            except OperationalError as exc:
+                if self._loaded == float("-inf"):
+                    raise  # nothing read yet: the API's 503 store_unavailable
+                log.warning("event=node_credentials_stale error=%s", driver_error_line(exc))
+                self._loaded = time.monotonic() - CREDENTIAL_CACHE_SECONDS + STORE_RETRY_SECONDS
+                return
             self._loaded = time.monotonic()
 
 
@@ -224,6 +239,11 @@ class HeartbeatEndpoint:
             payload = json.dumps({"error": error}).encode()
             if status == 401:
                 headers.append((b"www-authenticate", b"Bearer"))
+        except OperationalError as exc:  # as the API answers it (api/errors.py), without a traceback
+            status = 503
+            message = f"the server cannot reach its store ({driver_error_line(exc)}); try again shortly"
+            payload = json.dumps({"error": {"code": "store_unavailable", "message": message}}).encode()
+            headers.append((b"retry-after", b"5"))
         headers.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
