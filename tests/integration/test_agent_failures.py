@@ -183,6 +183,25 @@ def test_kill9_of_the_head_during_runs_finishes_every_job_exactly_once(tmp_path:
         pool.stop()
 
 
+def test_work_that_ends_while_the_head_is_down_is_charged_until_its_end_not_the_head_s_return(
+    tmp_path: Path,
+) -> None:
+    pool = start_pool(tmp_path, 1)
+    server = pool.server
+    try:
+        started = tmp_path / "started"
+        job = server.submit({"resources": {"gpu": 1}, "commands": [f"touch {started}", "sleep 2", "exit 3"]})
+        _wait(started.exists, "the job to start", 30)
+        server.kill9()
+        time.sleep(8.0)  # it ends about 2 s into the outage
+        server.start()
+        done = server.wait_for(job["id"], timeout=60)
+        assert done["state"] == "failed" and "exit code 3" in done["attempt_list"][-1]["reason"], done
+        assert done["run_seconds"] < 6.0, done  # charged 10 s and more before (until the head was back)
+    finally:
+        pool.stop()
+
+
 def test_an_agent_cut_off_from_the_head_stops_its_work_after_the_orphan_grace(tmp_path: Path) -> None:
     # 6 s: the 1.5 s outage below stays well inside it even when a loaded machine delayed the agent's last
     # heartbeat before the head died (the grace counts from the last answer the agent got).

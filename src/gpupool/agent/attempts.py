@@ -17,12 +17,13 @@ import shutil
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpupool.backends.base import Handle, Launch, LaunchError, Phase
+from gpupool.backends.base import Handle, Launch, LaunchError, Phase, recorded_end
 from gpupool.backends.local import LocalBackend
 from gpupool.environment import shared_environment
 
@@ -114,6 +115,9 @@ class NodeAttempts:
                 item.update(state="running")
             elif proc.exit_code is not None:
                 item.update(state="exited", exit_code=proc.exit_code)
+                ended = recorded_end(proc.run_dir)
+                if ended is not None:  # how long ago, not when: the head's clock may differ from this one's
+                    item["ended_ago"] = round(max(0.0, time.time() - ended), 3)
                 if proc.detail:
                     item["detail"] = proc.detail
                 if proc.cause != "failure":

@@ -33,6 +33,7 @@ import os
 import secrets
 import signal as signals
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,7 @@ class AgentBackend(AgentHeartbeats):
                     with contextlib.suppress(ValueError, TypeError, AttributeError):
                         said = json.loads(why)
                         item.detail, item.cause = str(said["detail"]), str(said["cause"])
+                        item.ended_at = float(said["ended_at"]) if said.get("ended_at") else None
             vanished = _read(run_dir / f"rank-{rank}.vanished")
             if vanished is not None:
                 item.vanished, item.detail = True, vanished
@@ -219,8 +221,10 @@ class AgentBackend(AgentHeartbeats):
         if attempt is None:
             return Status(Phase.VANISHED, detail=f"no launch record in {run_dir}")
         ended = self._ended(attempt)
-        if ended.phase is Phase.RUNNING or (ended.phase is Phase.EXITED and ended.exit_code == 0):
+        if ended.phase is Phase.RUNNING:
             return ended
+        if ended.phase is Phase.EXITED and ended.exit_code == 0:
+            return _when(ended, attempt)
         lost = self._lost_nodes()
         running = [
             r
@@ -230,8 +234,9 @@ class AgentBackend(AgentHeartbeats):
         if not running:
             first = attempt.gang_end
             if first is None:
-                return ended
-            return Status(Phase(first["phase"]), first["code"], detail=first["detail"], cause=first["cause"])
+                return _when(ended, attempt)
+            gang = Status(Phase(first["phase"]), first["code"], detail=first["detail"], cause=first["cause"])
+            return _when(gang, attempt)
         return self._stop_the_rest(attempt, ended, running)
 
     def _stop_the_rest(self, attempt: AgentAttempt, ended: Status, running: list[int]) -> Status:
@@ -422,6 +427,15 @@ class AgentBackend(AgentHeartbeats):
 
     def resume_node(self, name: str) -> None:
         """Nothing to undo; see drain_node."""
+
+
+def _when(ended: Status, attempt: AgentAttempt) -> Status:
+    """`ended` with when its last rank ended, where every rank's agent said (work that ended while the head
+    was down is charged until then, not until the head heard of it)."""
+    times = [p.ended_at for p in attempt.ranks]
+    if not times or any(t is None for t in times):
+        return ended
+    return replace(ended, ended_at=max(t for t in times if t is not None))
 
 
 def _read(path: Path) -> str | None:

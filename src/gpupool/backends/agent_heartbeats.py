@@ -230,6 +230,9 @@ class AgentHeartbeats:
                 pod.exit_code = int(item["exit_code"])
                 pod.detail = str(item.get("detail") or "")
                 pod.cause = "node-failure" if item.get("cause") == "node-failure" else "failure"
+                ago = item.get("ended_ago")
+                if isinstance(ago, int | float) and 0 <= ago < 30 * 86400:
+                    pod.ended_at = time.time() - ago
                 path = attempt.run_dir / f"rank-{rank}.exit_code"
             elif state == "vanished":
                 pod.vanished, pod.detail = True, str(item.get("detail") or "the process ended unrecorded")
@@ -237,10 +240,9 @@ class AgentHeartbeats:
             else:
                 return False
         text = str(pod.exit_code) if pod.exit_code is not None else pod.detail
-        if pod.exit_code is not None and (pod.detail or pod.cause != "failure"):  # kept for a restart
-            write_atomic(
-                path.with_name(f"rank-{rank}.why"), json.dumps({"detail": pod.detail, "cause": pod.cause})
-            )
+        if pod.exit_code is not None and (pod.detail or pod.cause != "failure" or pod.ended_at):
+            ended = {"detail": pod.detail, "cause": pod.cause, "ended_at": pod.ended_at}  # kept for a restart
+            write_atomic(path.with_name(f"rank-{rank}.why"), json.dumps(ended))
         write_atomic(path, text + "\n")
         log.info(
             "event=agent_rank_ended node=%s attempt=%d rank=%d exit_code=%s detail=%r",

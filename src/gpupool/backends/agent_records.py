@@ -134,6 +134,8 @@ class Rank:
     # whose fault the end was: "failure" (the work's), or "node-failure" where its agent killed it (the
     # head was unreachable for the agent's orphan grace); RUN_DIR/rank-R.why keeps both
     cause: str = "failure"
+    # when it ended by the head's clock (the agent says how long ago: its clock may differ), if it said
+    ended_at: float | None = None
     vanished: bool = False
     seen: bool = False  # the agent has reported it at least once
 
