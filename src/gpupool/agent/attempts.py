@@ -179,20 +179,29 @@ class NodeAttempts:
                 shipped = self._ranks.get((int(attempt_id), int(rank)))
                 if shipped is not None and int(size) > shipped.shipped:
                     shipped.shipped = int(size)
-                    _write(shipped.run_dir / "shipped", str(shipped.shipped))
+                    with contextlib.suppress(OSError):  # kept for a restart only (the head drops a repeat)
+                        _write(shipped.run_dir / "shipped", str(shipped.shipped))
 
     def _start(self, key: Key, entry: dict[str, Any]) -> RankProcess:
         launch = entry["launch"]
         run_dir = self.root / f"{key[0]}.{key[1]}"
-        run_dir.mkdir(parents=True, exist_ok=True)
         env = shared_environment(os.environ)  # not the agent's own credentials (gpupool/environment.py)
         env.update({str(k): str(v) for k, v in (launch.get("env") or {}).items()})
         devices = env.get("CUDA_VISIBLE_DEVICES", "")
         indices = tuple(int(i) for i in devices.split(",") if i.strip().isdigit())
-        meta = {"attempt_id": key[0], "rank": key[1], "token": entry["token"], "gpu_indices": list(indices)}
-        _write(run_dir / "rank.json", json.dumps(meta))
         proc = RankProcess(key[0], key[1], str(entry["token"]), run_dir, gpu_indices=indices)
         self._ranks[key] = proc
+        meta = {"attempt_id": key[0], "rank": key[1], "token": entry["token"], "gpu_indices": list(indices)}
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _write(run_dir / "rank.json", json.dumps(meta))
+        except OSError as exc:  # a full or broken disk: the node's fault, not the work's
+            proc.exit_code, proc.cause = 127, "node-failure"
+            proc.detail = (
+                f"cannot start rank {key[1]}: the agent cannot write its state dir {self.root}: {exc}"
+            )
+            log.error("event=rank_start_failed attempt=%d rank=%d error=%r", key[0], key[1], str(exc))
+            return proc
         checkpoint = env.get("GPUPOOL_CHECKPOINT_DIR")
         if checkpoint:  # the head made it on its own filesystem, which this node may not share
             try:
@@ -218,11 +227,12 @@ class NodeAttempts:
             )
         except LaunchError as exc:
             message = f"cannot start rank {key[1]}: {exc}\n"
-            with open(run_dir / "output.log", "a") as fh:
-                fh.write(message)
-            _write(run_dir / "detail", message)
-            _write(run_dir / "exit_code", "127")
             proc.exit_code, proc.detail = 127, message.strip()
+            with contextlib.suppress(OSError):  # said in the report whether or not the disk takes it
+                with open(run_dir / "output.log", "a") as fh:
+                    fh.write(message)
+                _write(run_dir / "detail", message)
+                _write(run_dir / "exit_code", "127")
             log.warning("event=rank_start_failed attempt=%d rank=%d error=%r", key[0], key[1], str(exc))
             return proc
         log.info(
@@ -240,7 +250,8 @@ class NodeAttempts:
             return
         self.local.signal(proc.handle, level)
         proc.signal_sent = level
-        _write(proc.run_dir / "signal_sent", str(level))
+        with contextlib.suppress(OSError):  # kept for a restart only: a signal sent again does no harm
+            _write(proc.run_dir / "signal_sent", str(level))
         log.info("event=rank_signalled attempt=%d rank=%d signal=%d", proc.attempt_id, proc.rank, level)
 
     def _drop(self, proc: RankProcess, why: str) -> None:

@@ -9,7 +9,6 @@ agent kills its work (the head has moved it elsewhere by then; see docs/agents.m
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -229,6 +228,9 @@ class Agent:
                 log.warning("event=heartbeat_failed server=%s error=%r", self.settings.server, str(exc))
                 self._check_orphans()
                 self._stop.wait(RETRY_DELAY)
+            except OSError as exc:  # its state dir's disk (full, gone): heartbeats go on, and say it
+                log.error("event=agent_state_dir_error node=%s error=%r", self.settings.name, str(exc))
+                self._stop.wait(RETRY_DELAY)
 
     def _report_exits(self) -> None:
         while not self._stop.is_set():
@@ -236,8 +238,12 @@ class Agent:
                 continue
             self._exited.clear()
             # On failure the long-poll reports it too.
-            with contextlib.suppress(httpx.TransportError, httpx.HTTPStatusError, AgentRefused):
+            try:
                 self._heartbeat(self._report_http, 0.0)
+            except (httpx.TransportError, httpx.HTTPStatusError, AgentRefused):
+                pass
+            except OSError as exc:  # its state dir's disk (full, gone): the thread must live on
+                log.error("event=agent_state_dir_error node=%s error=%r", self.settings.name, str(exc))
 
     def _check_orphans(self) -> None:
         silent = time.monotonic() - self.last_contact
