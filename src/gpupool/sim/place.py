@@ -19,10 +19,10 @@ from typing import Any
 from gpupool.scheduler import GpuDemand, SchedulerConfig, Snapshot, WorkloadView, decide
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.errors import SimError
-from gpupool.sim.trace import MIB, OPENB_POD_COLUMNS, number_field, read_rows
+from gpupool.sim.trace import MIB, OPENB_POD_COLUMNS, models_field, number_field, openb_gpus, read_rows
 
 PLACEMENTS = ("binpack", "spread", "fragmentation")
-CURVE_POINTS = tuple(round(0.05 * i, 2) for i in range(1, 27))  # arrived demand 5% .. 130%
+CURVE_STEP = 0.05  # the curve's points: every 5% of capacity of arrived demand
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,8 @@ class Pod:
 
 
 def load_pods(value: str) -> list[Pod]:
+    """The pods of an alibaba-openb pod list, CPU-only pods included (0 GPUs): the GPUs of each as
+    `trace.load_alibaba_openb` reads them, but a negative figure is an error (no pod is left out here)."""
     fmt, sep, raw = value.partition(":")
     if not sep or fmt != "alibaba-openb":
         raise SimError(
@@ -43,24 +45,21 @@ def load_pods(value: str) -> list[Pod]:
     path = Path(raw)
     pods = []
     for line, row in enumerate(read_rows(path, "alibaba-openb pod list", OPENB_POD_COLUMNS), start=2):
-        num_gpu = number_field(row, "num_gpu", path, line)
-        milli = number_field(row, "gpu_milli", path, line)
-        models = tuple(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
-        if num_gpu <= 0 or milli <= 0:
-            count = 0.0
-        elif num_gpu == 1 and milli < 1000:
-            count = milli / 1000.0
-        else:
-            count = num_gpu
-        pods.append(
-            Pod(
-                row["name"].strip(),
-                count,
-                GpuDemand(count, models),
-                number_field(row, "cpu_milli", path, line) / 1000.0,
-                int(number_field(row, "memory_mib", path, line) * MIB),
+        count, why_not = openb_gpus(row, path, line)
+        cpu_milli = number_field(row, "cpu_milli", path, line)
+        memory_mib = number_field(row, "memory_mib", path, line)
+        negative = next((c for c, v in (("cpu_milli", cpu_milli), ("memory_mib", memory_mib)) if v < 0), None)
+        if why_not is not None and why_not.startswith("a negative "):
+            negative = why_not.removeprefix("a negative ")
+        if negative is not None:
+            raise SimError(
+                "--trace",
+                f"{path} line {line}: {negative} {row[negative].strip()} is negative; a pod asks for 0 or "
+                "more: correct the row or delete it",
             )
-        )
+        models = models_field(row, "gpu_spec", path, line)
+        memory = int(memory_mib * MIB)
+        pods.append(Pod(row["name"].strip(), count, GpuDemand(count, models), cpu_milli / 1000.0, memory))
     if not pods:
         raise SimError("--trace", f"{path} lists no pods")
     return pods
@@ -106,7 +105,9 @@ def place(pods: list[Pod], cluster: Cluster, placement: str) -> dict[str, Any]:
     # the arrived demand each point was read at: the pod that crossed it counts, so it may lie past it
     curve_arrived: dict[str, float] = {}
     at_100: float | None = None
-    points = list(CURVE_POINTS)
+    # every 5% of capacity up to the demand that arrived in all (the draw's --stop, 130% by default)
+    total = sum(p.gpus for p in pods) / capacity
+    points = [round(CURVE_STEP * i, 2) for i in range(1, int(total / CURVE_STEP + 1e-9) + 1)]
     for i, pod in enumerate(pods):
         arrived += pod.gpus
         if i in placed:

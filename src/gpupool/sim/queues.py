@@ -39,8 +39,20 @@ def proportional(weights: Mapping[str, float], total: int) -> dict[str, int]:
     return shares
 
 
-def load_queue_file(path: Path) -> tuple[QueueView, ...]:
-    """Queue specs (a YAML list, `queues: [...]`, or several YAML documents)."""
+# What a queue spec may set that no replay models: their queues run as though these were not set.
+UNMODELLED = ("max_priority", "user_limits", "budget")
+
+
+class QueueFile(tuple[QueueView, ...]):
+    """The queues of a `--queues` file, and what in it the replays do not model (`unmodelled`, one note or
+    ""), which `quota_warnings` says with the rest."""
+
+    unmodelled: str = ""
+
+
+def load_queue_file(path: Path) -> QueueFile:
+    """Queue specs (a YAML list, `queues: [...]`, or several YAML documents), each once, their parents
+    defined in the file and no queue under itself (as the server refuses both)."""
     try:
         text = read_text(path, "--queues")
     except FileNotFoundError:
@@ -50,7 +62,7 @@ def load_queue_file(path: Path) -> tuple[QueueView, ...]:
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        raise SimError("--queues", f"{path} is not valid YAML: {exc}") from None
+        raise SimError("--queues", yaml_problem(path, exc)) from None
     items: list[Any] = []
     for doc in documents:
         if isinstance(doc, dict) and "queues" in doc:
@@ -61,6 +73,7 @@ def load_queue_file(path: Path) -> tuple[QueueView, ...]:
             "--queues", f"{path} defines no queues; e.g. '- {{name: nlp, resources: {{gpu: {{quota: 16}}}}}}'"
         )
     views: list[QueueView] = []
+    unmodelled: dict[str, list[str]] = {}  # field -> the queues that set it
     for i, item in enumerate(items):
         try:
             spec = parse_queue_spec(item)
@@ -71,11 +84,67 @@ def load_queue_file(path: Path) -> tuple[QueueView, ...]:
                 "--queues",
                 f"{path}, queue {i + 1}: {spec.name!r} is defined twice; give each queue one entry",
             )
+        for name in UNMODELLED:
+            if getattr(spec, name) is not None:
+                unmodelled.setdefault(name, []).append(spec.name)
         views.append(queue_view(spec.model_dump(mode="json")))
-    return tuple(views)
+    _check_parents(views, path)
+    queues = QueueFile(views)
+    if unmodelled:
+        fields = ", ".join(
+            f"{name} (queue{'s' if len(named) > 1 else ''} {', '.join(named)})"
+            for name, named in unmodelled.items()
+        )
+        queues.unmodelled = (
+            f"{path} sets what the simulator does not model, so the replays run as though it were not set: "
+            f"{fields}"
+        )
+    return queues
+
+
+def yaml_problem(path: Path, exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: "q.yaml line 2, column 1: not valid YAML: expected ',' or '}', but got
+    '<stream end>' (a flow mapping begun at line 1, column 3); correct it there"."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return f"{path} is not valid YAML: {' '.join(str(exc).split())}"
+    mark = exc.problem_mark
+    where = f"{path} line {mark.line + 1}, column {mark.column + 1}"
+    began = ""
+    if exc.context and exc.context_mark is not None:
+        what = exc.context.removeprefix("while ").removeprefix("parsing ").removeprefix("scanning ")
+        began = f" ({what} begun at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1})"
+    problem = " ".join((exc.problem or "unreadable").split())
+    return f"{where}: not valid YAML: {problem}{began}; correct it there"
+
+
+def _check_parents(views: Sequence[QueueView], path: Path) -> None:
+    """Refuse a parent the file does not define, and queues under themselves, as the server's
+    `_check_parent` does (a queue its own parent is the spec's own error)."""
+    parents = {v.name: v.parent for v in views}
+    for v in views:
+        if v.parent is None:
+            continue
+        if v.parent not in parents:
+            raise SimError(
+                "--queues",
+                f"{path}, queue {v.name!r}: parent queue {v.parent!r} does not exist; define it in the file, "
+                "or leave parent out",
+            )
+        chain, above = [v.parent], parents[v.parent]
+        while above is not None and above not in chain:
+            if above == v.name:
+                loop = " under ".join([*chain, v.name])
+                raise SimError(
+                    "--queues",
+                    f"{path}, queue {v.name!r}: parent: {v.parent!r} is under {v.name!r} ({loop}), so the "
+                    f"queues would form a loop; choose a parent outside {v.name!r} and the queues under it",
+                )
+            chain.append(above)
+            above = parents.get(above)
 
 
 def resolve_queues(value: str, jobs: Sequence[TraceJob], cluster_gpus: int) -> tuple[QueueView, ...]:
+    """`auto` (`auto_queues`), or the queues of a file (`load_queue_file`), one for every tenant of `jobs`."""
     if value == "auto":
         return auto_queues(jobs, cluster_gpus)
     views = load_queue_file(Path(value))
@@ -100,8 +169,9 @@ def resolve_queues(value: str, jobs: Sequence[TraceJob], cluster_gpus: int) -> t
 def quota_warnings(queues: Sequence[QueueView], cluster_gpus: int) -> list[str]:
     """What a queue file promises that the cluster cannot hold, as the server warns of it: top-level GPU
     quotas adding up to more than the cluster's GPUs, or a parent's children to more than its quota. The
-    replay runs all the same (fair shares scale the quotas down), but a quota is then no guarantee."""
-    said: list[str] = []
+    replay runs all the same (fair shares scale the quotas down), but a quota is then no guarantee. First,
+    for the queues of a file, the fields it sets that the replay does not model (`QueueFile`)."""
+    said: list[str] = [queues.unmodelled] if isinstance(queues, QueueFile) and queues.unmodelled else []
     for above in (None, *sorted({q.parent for q in queues if q.parent is not None})):
         promised = sum(q.gpu.quota for q in queues if q.parent == above)
         if above is None:

@@ -12,11 +12,14 @@ import datetime as dt
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 from gpupool.sim.errors import SimError
+from gpupool.spec import GpuRequest, SpecError
 
 MIB = 1024 * 1024
+MAX_WINDOW_S = 1e12  # seconds (31,700 years) from 1970 or the start: a --window bound beyond is a typo
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,9 @@ class TraceJob:
 
 @dataclass(slots=True)
 class Trace:
+    """A loaded trace. `skipped` and `adjusted` count the whole file's rows until `select` narrows them to
+    the rows submitted inside its selection (what `--window` and `--first` replay)."""
+
     format: str
     path: Path
     jobs: list[TraceJob]
@@ -49,6 +55,9 @@ class Trace:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows left out
     # how the replay runs rows otherwise than they read -> rows so run (`adjusted_note`)
     adjusted: dict[str, int] = field(default_factory=dict)
+    # every row left out, and every row adjusted, as (its submit time, the reason): what `select` counts
+    skipped_rows: list[tuple[float, str]] = field(default_factory=list)
+    adjusted_rows: list[tuple[float, str]] = field(default_factory=list)
 
 
 def adjusted_note(trace: Trace) -> str | None:
@@ -89,6 +98,8 @@ def load_trace(value: str) -> Trace:
 def read_rows(
     path: Path, fmt: str, required: tuple[str, ...], flag: str = "--trace"
 ) -> Iterator[dict[str, str]]:
+    """The rows of a CSV file with a header naming `required`; a row with fewer or more fields than the
+    header, or a quoted field running over a line break (a quote left open), is an error naming its line."""
     try:
         handle = path.open(
             newline="", encoding="utf-8-sig"
@@ -128,7 +139,19 @@ def _checked_rows(
             f"(it needs {', '.join(required)}; see docs/simulator.md)",
         )
     reader.fieldnames = header
+    last = reader.line_num  # the line the previous row ended on
     for row in reader:
+        if reader.line_num != last + 1:  # blank lines, or a quoted field over several lines
+            _no_line_breaks(row, last, reader.line_num, path, flag)
+        last = reader.line_num
+        if None in row:  # csv's key for the fields beyond the header's
+            extra = row[None]
+            raise SimError(
+                flag,
+                f"{path} line {reader.line_num}: {len(header) + len(extra)} fields, the header {len(header)} "
+                f"(extra: {', '.join(repr(v) for v in extra[:3])}); delete the extra fields, or quote a "
+                'field that holds a comma ("a,b")',
+            )
         if None in row.values():  # csv's filler for the columns a short row lacks
             missing = [c for c in header if row[c] is None]
             raise SimError(
@@ -137,6 +160,21 @@ def _checked_rows(
                 f"{len(header) - len(missing)} fields, the header {len(header)}); complete or delete it",
             )
         yield row
+
+
+def _no_line_breaks(row: dict[str, str], last: int, now: int, path: Path, flag: str) -> None:
+    """Refuse a row with a field holding a line break: a quote left open takes in the lines after it."""
+    breaks = {c: v.count("\n") + v.count("\r") - v.count("\r\n") for c, v in row.items() if v and c}
+    column = next((c for c, n in breaks.items() if n), None)
+    if column is None:
+        return  # blank lines before the row: csv skips them
+    # where the row began: the line its breaks end on, less the breaks (one more if the file ended first)
+    opened = max(last + 1, now - sum(breaks.values()))
+    raise SimError(
+        flag,
+        f'{path} line {opened}: {column} opens a quote (") that this line does not close, so the lines '
+        "after it are read into the field; close the quote on that line, or remove it",
+    )
 
 
 UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")  # what a spreadsheet's "Unicode text" begins with
@@ -193,6 +231,42 @@ def gpu_count(row: dict[str, str], column: str, path: Path, line: int) -> float:
     return value
 
 
+def whole_field(
+    row: dict[str, str], column: str, path: Path, line: int, unit: str, flag: str = "--trace"
+) -> int:
+    """A count that only comes whole (nodes, GPUs of a node): "2.5" is an error, never cut to 2. Whether a
+    negative one is an error or a row to leave out is the caller's to say."""
+    value = number_field(row, column, path, line, flag)
+    if not value.is_integer():
+        raise SimError(
+            flag, f"{path} line {line}: {column} {value:g} is not a whole number; give whole {unit}"
+        )
+    return int(value)
+
+
+@lru_cache(maxsize=4096)
+def gpu_models(text: str) -> tuple[str, ...]:
+    """The GPU models of `a100|H100` as the product spells them (a GpuRequest's: upper case, sorted, each
+    once), so that a trace's and a cluster's agree whatever their case; () for none. SpecError if one is
+    not a model name. Cached: a trace repeats a handful of texts."""
+    return GpuRequest(1, tuple(m.strip() for m in text.split("|") if m.strip())).models
+
+
+def models_field(
+    row: dict[str, str], column: str, path: Path, line: int, flag: str = "--trace"
+) -> tuple[str, ...]:
+    """A column of GPU models (`A100|H100`; empty: any), canonical (`gpu_models`)."""
+    raw = row.get(column) or ""
+    try:
+        return gpu_models(raw)
+    except SpecError:
+        raise SimError(
+            flag,
+            f"{path} line {line}: {column} {raw.strip()!r} is not a GPU model name (a letter, then letters, "
+            "digits, '-', '_' or '.'; several joined by '|', e.g. A100|H100)",
+        ) from None
+
+
 def _not_negative(value: float, column: str, path: Path, line: int, unit: str) -> float:
     """A figure of a user's own csv: negative is an error there (0 leaves the row out, as in a public
     trace, where a negative figure is a row the logs got wrong: `_public_counts`)."""
@@ -206,19 +280,19 @@ def _not_negative(value: float, column: str, path: Path, line: int, unit: str) -
 
 
 def _public_counts(
-    row: dict[str, str], columns: tuple[str, str], path: Path, line: int, skipped: dict[str, int]
+    row: dict[str, str], columns: tuple[str, str], path: Path, line: int, submit: float, left: LeftOut
 ) -> tuple[float, float] | None:
     """(GPUs, duration) of a public trace's row, or None for a row it records but that never ran on GPUs
-    (counted in `skipped`: no GPUs, no run time, or a negative figure of the logs' own making)."""
+    (noted in `left`: no GPUs, no run time, or a negative figure of the logs' own making)."""
     gpus_column, duration_column = columns
     gpus = gpu_count(row, gpus_column, path, line)
     duration = number_field(row, duration_column, path, line)
     if gpus < 0 or duration < 0:
-        _skip(skipped, f"a negative {gpus_column if gpus < 0 else duration_column}")
+        left.append((submit, f"a negative {gpus_column if gpus < 0 else duration_column}"))
     elif gpus == 0:
-        _skip(skipped, "no GPUs")
+        left.append((submit, "no GPUs"))
     elif duration == 0:
-        _skip(skipped, "no run time")
+        left.append((submit, "no run time"))
     else:
         return gpus, duration
     return None
@@ -253,8 +327,21 @@ def parse_timestamp(raw: str) -> float:
     return (stamp - EPOCH).total_seconds()
 
 
-def _skip(skipped: dict[str, int], reason: str) -> None:
-    skipped[reason] = skipped.get(reason, 0) + 1
+LeftOut = list[tuple[float, str]]  # rows left out (or adjusted): (submit time, reason)
+
+
+def _counts(rows: LeftOut) -> dict[str, int]:
+    """Reason -> rows, of rows noted as (submit time, reason)."""
+    counts: dict[str, int] = {}
+    for _, reason in rows:
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def _trace(fmt: str, path: Path, jobs: list[TraceJob], dated: bool, left: LeftOut,
+           adjusted: LeftOut | None = None) -> Trace:  # fmt: skip
+    adjusted = adjusted or []
+    return Trace(fmt, path, jobs, dated, _counts(left), _counts(adjusted), left, adjusted)
 
 
 # -- formats --------------------------------------------------------------------------------------------
@@ -262,20 +349,20 @@ def _skip(skipped: dict[str, int], reason: str) -> None:
 
 def load_philly(path: Path) -> Trace:
     drafts: list[tuple[float, float, float, str]] = []  # submit, duration, GPUs, queue: numbered once sorted
-    skipped: dict[str, int] = {}
+    left: LeftOut = []
     required = ("timestamp", "duration", "num_gpus", "cluster")
     for line, row in enumerate(read_rows(path, "philly", required), start=2):
-        counts = _public_counts(row, ("num_gpus", "duration"), path, line, skipped)
+        submit = _time(row, "timestamp", path, line)
+        counts = _public_counts(row, ("num_gpus", "duration"), path, line, submit, left)
         if counts is None:
             continue
         gpus, duration = counts
-        submit = _time(row, "timestamp", path, line)
         drafts.append((submit, duration, gpus, row["cluster"].strip() or "default"))
     drafts.sort(key=_submit_of)  # stable: the file's order among jobs submitted at one moment, as _by_submit
     jobs = [
         TraceJob(i, submit, duration, gpus, queue) for i, (submit, duration, gpus, queue) in enumerate(drafts)
     ]
-    return Trace("philly", path, jobs, dated=True, skipped=skipped)
+    return _trace("philly", path, jobs, True, left)
 
 
 def _submit_of(draft: tuple[float, float, float, str]) -> float:
@@ -284,42 +371,58 @@ def _submit_of(draft: tuple[float, float, float, str]) -> float:
 
 def load_tiresias(path: Path) -> Trace:
     jobs: list[TraceJob] = []
-    skipped: dict[str, int] = {}
+    left: LeftOut = []
     for line, row in enumerate(read_rows(path, "tiresias", ("num_gpu", "submit_time", "duration")), start=2):
-        counts = _public_counts(row, ("num_gpu", "duration"), path, line, skipped)
+        submit = number_field(row, "submit_time", path, line)
+        counts = _public_counts(row, ("num_gpu", "duration"), path, line, submit, left)
         if counts is None:
             continue
         gpus, duration = counts
-        submit = number_field(row, "submit_time", path, line)
         jobs.append(TraceJob(len(jobs), submit, duration, gpus, "default", user=row.get("model_name", "")))
-    return Trace("tiresias", path, _by_submit(jobs), dated=False, skipped=skipped)
+    return _trace("tiresias", path, _by_submit(jobs), False, left)
 
 
 OPENB_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
 
 
+def openb_gpus(row: dict[str, str], path: Path, line: int) -> tuple[float, str | None]:
+    """A pod's GPUs (`gpu_milli` / 1000 of one GPU when below 1000 with `num_gpu` 1, else `num_gpu`), or 0
+    and why it has none: "no GPUs", or "a negative num_gpu" (or gpu_milli), a figure the logs got wrong.
+    A fraction above 1 is an error (`gpu_count`)."""
+    num_gpu = gpu_count(row, "num_gpu", path, line)
+    milli = number_field(row, "gpu_milli", path, line)
+    if num_gpu < 0 or milli < 0:
+        return 0.0, f"a negative {'num_gpu' if num_gpu < 0 else 'gpu_milli'}"
+    if num_gpu == 0 or milli == 0:
+        return 0.0, "no GPUs"
+    return (milli / 1000.0 if num_gpu == 1 and milli < 1000 else num_gpu), None
+
+
 def load_alibaba_openb(path: Path) -> Trace:
     """Pods with creation and deletion times run as jobs: a fraction of a GPU when gpu_milli < 1000."""
     jobs: list[TraceJob] = []
-    skipped: dict[str, int] = {}
+    left: LeftOut = []
     required = (*OPENB_POD_COLUMNS, "creation_time", "deletion_time")
     for line, row in enumerate(read_rows(path, "alibaba-openb", required), start=2):
-        num_gpu = number_field(row, "num_gpu", path, line)
-        milli = number_field(row, "gpu_milli", path, line)
-        if num_gpu <= 0 or milli <= 0:
-            _skip(skipped, "no GPUs")
-            continue
         created = number_field(row, "creation_time", path, line)
+        gpus, why_not = openb_gpus(row, path, line)
+        if why_not is not None:
+            left.append((created, why_not))
+            continue
         if not (row.get("deletion_time") or "").strip():
-            _skip(skipped, "no deletion time")
+            left.append((created, "no deletion time"))
             continue
         deleted = number_field(row, "deletion_time", path, line)
         scheduled_raw = (row.get("scheduled_time") or "").strip()
         began = number_field(row, "scheduled_time", path, line) if scheduled_raw else created
         if deleted <= began:
-            _skip(skipped, "no run time")
+            left.append((created, "no run time" if deleted == began else "a negative run time"))
             continue
-        gpus = milli / 1000.0 if num_gpu == 1 and milli < 1000 else num_gpu
+        cpu_milli = number_field(row, "cpu_milli", path, line)
+        memory_mib = number_field(row, "memory_mib", path, line)
+        if cpu_milli < 0 or memory_mib < 0:
+            left.append((created, f"a negative {'cpu_milli' if cpu_milli < 0 else 'memory_mib'}"))
+            continue
         jobs.append(
             TraceJob(
                 len(jobs),
@@ -328,17 +431,13 @@ def load_alibaba_openb(path: Path) -> Trace:
                 gpus,
                 (row.get("qos") or "").strip() or "default",
                 user=row["name"].strip(),
-                gpu_models=_models(row.get("gpu_spec", "")),
+                gpu_models=models_field(row, "gpu_spec", path, line),
                 nodes=1,
-                cpus=number_field(row, "cpu_milli", path, line) / 1000.0,
-                memory_bytes=int(number_field(row, "memory_mib", path, line) * MIB),
+                cpus=cpu_milli / 1000.0,
+                memory_bytes=int(memory_mib * MIB),
             )
         )
-    return Trace("alibaba-openb", path, _by_submit(jobs), dated=False, skipped=skipped)
-
-
-def _models(spec: str) -> tuple[str, ...]:
-    return tuple(m.strip() for m in spec.split("|") if m.strip())
+    return _trace("alibaba-openb", path, _by_submit(jobs), False, left)
 
 
 # The engine runs a job of node_num pods as node_num pods of the same size: gpu_num rounded up to a multiple.
@@ -351,26 +450,31 @@ HELIOS_UNEVEN = (
 def load_helios(path: Path) -> Trace:
     """Helios (HeliosData) and Acme (AcmeTrace) job logs: submit_time, duration, gpu_num, vc, user."""
     jobs: list[TraceJob] = []
-    skipped: dict[str, int] = {}
-    adjusted: dict[str, int] = {}
+    left: LeftOut = []
+    adjusted: LeftOut = []
     dated = False
     for line, row in enumerate(
         read_rows(path, "helios", ("submit_time", "duration", "gpu_num", "vc")), start=2
     ):
-        counts = _public_counts(row, ("gpu_num", "duration"), path, line, skipped)
+        submit = _time(row, "submit_time", path, line)
+        counts = _public_counts(row, ("gpu_num", "duration"), path, line, submit, left)
         if counts is None:
             continue
         gpus, duration = counts
+        has_nodes = bool((row.get("node_num") or "").strip())
+        nodes = whole_field(row, "node_num", path, line, "nodes") if has_nodes else 0
+        if nodes < 0:
+            left.append((submit, "a negative node_num"))
+            continue
         raw = (row.get("submit_time") or "").strip()
         dated = dated or not raw.replace(".", "", 1).isdigit()
-        node_num = number_field(row, "node_num", path, line) if (row.get("node_num") or "").strip() else 0.0
-        nodes = int(node_num) if node_num > 1 else 0
+        nodes = nodes if nodes > 1 else 0
         if nodes and gpus % nodes:
-            _skip(adjusted, HELIOS_UNEVEN)
+            adjusted.append((submit, HELIOS_UNEVEN))
         jobs.append(
             TraceJob(
                 len(jobs),
-                _time(row, "submit_time", path, line),
+                submit,
                 duration,
                 gpus,
                 row["vc"].strip() or "default",
@@ -379,33 +483,50 @@ def load_helios(path: Path) -> Trace:
                 cpus=number_field(row, "cpu_num", path, line) if (row.get("cpu_num") or "").strip() else 0.0,
             )
         )
-    return Trace("helios", path, _by_submit(jobs), dated=dated, skipped=skipped, adjusted=adjusted)
+    return _trace("helios", path, _by_submit(jobs), dated, left, adjusted)
 
 
 def load_csv(path: Path) -> Trace:
     jobs: list[TraceJob] = []
-    skipped: dict[str, int] = {}
+    left: LeftOut = []
     for line, row in enumerate(
         read_rows(path, "csv", ("submit_time", "duration", "num_gpus", "queue")), start=2
     ):
+        submit = _seconds(row, "submit_time", path, line)
         gpus = _not_negative(gpu_count(row, "num_gpus", path, line), "num_gpus", path, line, "GPUs")
         duration = number_field(row, "duration", path, line)
         duration = _not_negative(duration, "duration", path, line, "seconds of run time")
         if gpus == 0 or duration == 0:
-            _skip(skipped, "no GPUs" if gpus == 0 else "no run time")
+            left.append((submit, "no GPUs" if gpus == 0 else "no run time"))
             continue
         jobs.append(
             TraceJob(
                 len(jobs),
-                number_field(row, "submit_time", path, line),
+                submit,
                 duration,
                 gpus,
                 row["queue"].strip() or "default",
                 user=(row.get("user") or "").strip(),
-                gpu_models=_models(row.get("gpu_model") or ""),
+                gpu_models=models_field(row, "gpu_model", path, line),
             )
         )
-    return Trace("csv", path, _by_submit(jobs), dated=False, skipped=skipped)
+    return _trace("csv", path, _by_submit(jobs), False, left)
+
+
+def _seconds(row: dict[str, str], column: str, path: Path, line: int) -> float:
+    """A csv trace's time: seconds (from the trace's start, or since 1970); a date says where dates go."""
+    try:
+        return number_field(row, column, path, line)
+    except SimError:
+        raw = (row.get(column) or "").strip()
+        if raw[4:5] != "-":
+            raise
+        raise SimError(
+            "--trace",
+            f"{path} line {line}: {column} {raw!r} is not a number: a csv trace's times are seconds; for "
+            "date-times use the helios format (--trace helios:FILE, columns submit_time, duration, gpu_num, "
+            "vc), or convert them to seconds",
+        ) from None
 
 
 def _by_submit(jobs: list[TraceJob]) -> list[TraceJob]:
@@ -427,17 +548,26 @@ LOADERS: dict[str, Loader] = {
 
 
 def parse_window(value: str, dated: bool) -> tuple[float, float]:
-    """`START..END`: seconds, or dates/date-times (`2017-10-02..2017-10-09`) for dated traces."""
+    """`START..END`: seconds (finite, at most MAX_WINDOW_S either side of 0), or dates/date-times
+    (`2017-10-02..2017-10-09`) for dated traces; END after START."""
     start_raw, sep, end_raw = value.partition("..")
     if not sep or not start_raw.strip() or not end_raw.strip():
         raise SimError("--window", f"{value!r} is not START..END; e.g. --window 2017-10-02..2017-10-09")
     bounds = []
     for raw in (start_raw, end_raw):
         try:
-            bounds.append(float(raw))
-            continue
+            seconds = float(raw)
         except ValueError:
             pass
+        else:
+            if not abs(seconds) <= MAX_WINDOW_S:  # also NaN
+                raise SimError(
+                    "--window",
+                    f"{raw.strip()!r} in {value!r} is not a time: give seconds between -1e12 and 1e12, "
+                    "or a date (YYYY-MM-DD)",
+                )
+            bounds.append(seconds)
+            continue
         if not dated:
             raise SimError(
                 "--window",
@@ -450,22 +580,29 @@ def parse_window(value: str, dated: bool) -> tuple[float, float]:
                 "--window", f"{raw!r} is neither seconds nor a date (YYYY-MM-DD or 'YYYY-MM-DD HH:MM')"
             ) from None
     start, end = bounds
-    if end <= start:
+    if end == start:
+        raise SimError("--window", f"{value!r} is empty: END must be after START")
+    if end < start:
         raise SimError("--window", f"{value!r} ends before it starts")
     return start, end
 
 
 def select(trace: Trace, window: str | None = None, first: int | None = None) -> tuple[list[TraceJob], float]:
-    """The jobs submitted in the window (or the first N), and the window's start (time zero)."""
+    """The jobs submitted in the window (or the first N), and the window's start (time zero). The trace's
+    `skipped` and `adjusted` then count the rows submitted in that selection only: in the window, and with
+    `first` up to the moment of the last job taken (rows of that very moment all count)."""
     jobs = trace.jobs
     origin = jobs[0].submit if jobs else 0.0
+    low, high = -math.inf, math.inf  # the selection's submit times, [low, high)
     if window is not None:
-        start, end = parse_window(window, trace.dated)
-        jobs = [j for j in jobs if start <= j.submit < end]
-        origin = start
+        low, high = parse_window(window, trace.dated)
+        jobs = [j for j in jobs if low <= j.submit < high]
+        origin = low
     if first is not None:
         if first <= 0:
             raise SimError("--first", f"{first} must be a positive number of jobs")
+        if first < len(jobs):
+            high = math.nextafter(jobs[first - 1].submit, math.inf)
         jobs = jobs[:first]
     if not jobs and window is None:
         left = sum(trace.skipped.values())
@@ -494,6 +631,8 @@ def select(trace: Trace, window: str | None = None, first: int | None = None) ->
             "--window" if window is not None else "--trace",
             f"no jobs selected from {trace.path}{span}; move or widen it",
         )
+    trace.skipped = _counts([r for r in trace.skipped_rows if low <= r[0] < high])
+    trace.adjusted = _counts([r for r in trace.adjusted_rows if low <= r[0] < high])
     return jobs, origin
 
 

@@ -175,8 +175,11 @@ def test_quotas_beyond_what_the_cluster_or_a_parent_holds_are_warned_of() -> Non
     [
         ("2x8:", "'2x8:' names no GPU model after ':'; e.g. 2x8:H100, or 2x8"),
         ("2x8:H100:x",
-         "'2x8:H100:x': GPU model 'H100:x' is not a model name (letters, digits, '_', '.', '-', one model a "
-         "group); e.g. 2x8:H100"),
+         "'2x8:H100:x': GPU model 'H100:x' is not a model name (a letter, then letters, digits, '_', '.' or "
+         "'-'; one model a group); e.g. 2x8:H100"),
+        ("2x8:3090",
+         "'2x8:3090': GPU model '3090' is not a model name (a letter, then letters, digits, '_', '.' or '-'; "
+         "one model a group); e.g. 2x8:H100"),
         ("4x8,2x8:", "'2x8:' names no GPU model after ':'; e.g. 2x8:H100, or 2x8"),
         ("slurm:cluster.conf",
          "unknown cluster kind 'slurm'; expected NODESxGPUS[:MODEL][,...] (e.g. 64x8 or "

@@ -36,7 +36,7 @@ def test_pods_are_read_as_fractions_whole_gpus_cpu_only_and_model_lists(fixtures
     assert pods["openb-pod-0002"].gpus == 0.25 and pods["openb-pod-0002"].cpus == 16.0
     assert pods["openb-pod-0001"].gpus == 4 and pods["openb-pod-0001"].demand.models == ()
     assert pods["openb-pod-0004"].gpus == 0
-    assert pods["openb-pod-0017"].demand.models == ("V100M32", "T4")
+    assert pods["openb-pod-0017"].demand.models == ("T4", "V100M32")  # as the product spells a request
 
 
 def test_the_draw_is_seeded_and_stops_at_the_demand_asked(fixtures: Path) -> None:
