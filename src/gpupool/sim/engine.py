@@ -22,6 +22,7 @@ from typing import cast
 from gpupool.scheduler import (
     Decisions,
     GpuDemand,
+    NodeView,
     PodPlacement,
     QueueView,
     Share,
@@ -74,13 +75,56 @@ class _Job:
 
 
 def shape(gpus: float, max_per_node: int, nodes_hint: int = 0) -> tuple[int, float]:
-    """(pods, GPUs per pod) for a job of `gpus` GPUs: one pod up to a node's size, else whole nodes."""
+    """(pods, GPUs per pod) for a job of `gpus` GPUs: the pods the trace says (`nodes_hint`; 1, an
+    alibaba-openb pod, must fit one node or is dropped), else one pod up to a node's size, else whole
+    nodes."""
     if nodes_hint > 1:
         return nodes_hint, math.ceil(gpus / nodes_hint)
-    if gpus <= max_per_node or max_per_node <= 0:
+    if nodes_hint == 1 or gpus <= max_per_node or max_per_node <= 0:
         return 1, gpus
     nodes = math.ceil(gpus / max_per_node)
     return nodes, float(math.ceil(gpus / nodes))
+
+
+# Why a job cannot run even on the empty cluster (`unfit`), in the order asked.
+GPUS, MODEL, CPUS, MEMORY = "gpus", "model", "cpus", "memory"
+_FitKey = tuple[int, GpuDemand, float, int]  # pods, GPUs per pod, CPUs and memory per pod
+
+
+def unfit(
+    nodes: int, demand: GpuDemand, cpus: float, memory_bytes: int, cluster: Sequence[NodeView]
+) -> str | None:
+    """Why `nodes` pods of `demand` GPUs, `cpus` CPUs and `memory_bytes` each cannot all run on the empty
+    cluster, or None where they can: fewer nodes than pods have that many GPUs (`GPUS`), then of a model
+    the job accepts (`MODEL`), then with its CPUs (`CPUS`), then its memory (`MEMORY`). A node that does
+    not say its CPUs or memory has no limit on them, as in the scheduler."""
+    need = max(demand.count, 1)  # a fraction of a GPU needs one
+    able = [n for n in cluster if len(n.gpus) >= need]
+    if len(able) < nodes:
+        return GPUS
+    able = [n for n in able if sum(1 for g in n.gpus if gpu_matches(g.model, g.memory_bytes, demand)) >= need]
+    if len(able) < nodes:
+        return MODEL
+    able = [n for n in able if not (n.cpus and n.cpus < cpus)]
+    if len(able) < nodes:
+        return CPUS
+    able = [n for n in able if not (n.memory_bytes and n.memory_bytes < memory_bytes)]
+    return MEMORY if len(able) < nodes else None
+
+
+def drop_reasons(jobs: Sequence[TraceJob], cluster: Cluster) -> list[str | None]:
+    """Why a replay on `cluster` drops each job (`unfit`), or None for a job it replays: what the engine
+    finds at the job's arrival, known before any replay."""
+    per_node = cluster.max_gpus_per_node
+    known: dict[_FitKey, str | None] = {}
+    reasons = []
+    for trace in jobs:
+        nodes, count = shape(trace.gpus, per_node, trace.nodes)
+        key = (nodes, GpuDemand(count, trace.gpu_models), trace.cpus, trace.memory_bytes)
+        if key not in known:
+            known[key] = unfit(*key, cluster.nodes)
+        reasons.append(known[key])
+    return reasons
 
 
 class Simulation:
@@ -139,7 +183,7 @@ class Simulation:
         self._young = policy.young
         self._by_attained = policy.band_by == "attained"
         self._est_sum: dict[object, list[float]] = {}
-        self._fits_cache: dict[tuple[int, GpuDemand, float, int], bool] = {}
+        self._fits_cache: dict[_FitKey, bool] = {}
         last_arrival = max((t.submit for t in jobs), default=origin) - origin
         # Utilisation and quota shortfall are measured while work arrives (the whole run if all at once).
         window = last_arrival if last_arrival > 0 else math.inf
@@ -152,7 +196,13 @@ class Simulation:
         self.settled = 0  # jobs finished or dropped
         self._cluster_gpus = cluster.gpus
         self._strict = self._strict_fifo()
-        self._positive_quotas = [(name, quota) for name, quota in self.quotas.items() if quota > 0]
+        # The quotas the shortfall is measured against (`_quota_gaps`): each leaf's by its own demand, each
+        # parent's by its subtree's (the queue and every one under it).
+        below = _subtrees(self.tenant_queues)
+        positive = [(name, quota) for name, quota in self.quotas.items() if quota > 0]
+        self._positive_quotas = [(name, quota) for name, quota in positive if name not in below]
+        self._parent_quotas = [(name, quota, below[name]) for name, quota in positive if name in below]
+        self.result.parents = tuple(sorted(below))
         self._gaps: list[tuple[str, float]] | None = None  # `_quota_gaps()` until demand or allocation moves
         self.shortcuts = True  # skip cycles that provably change nothing (off only to test that claim)
         self.skipped = 0
@@ -275,12 +325,19 @@ class Simulation:
         self.now = t
 
     def _quota_gaps(self) -> list[tuple[str, float]]:
-        """(queue, GPUs it wants within its quota but does not have) for each queue short of them."""
+        """(queue, GPUs it wants within its quota but does not have) for each queue short of them. A leaf
+        wants its own jobs' GPUs; a parent, those of its subtree, against its own quota (its line alone:
+        the overall figure counts the leaves, `metrics.summarize`)."""
         demand, alloc = self.demand, self.alloc
         gaps = []
         for name, quota in self._positive_quotas:
             wanted = min(quota, demand.get(name, 0.0))
             got = alloc.get(name, 0.0)
+            if got + EPS < wanted:
+                gaps.append((name, wanted - got))
+        for name, quota, members in self._parent_quotas:
+            wanted = min(quota, sum(demand.get(m, 0.0) for m in members))
+            got = sum(alloc.get(m, 0.0) for m in members)
             if got + EPS < wanted:
                 gaps.append((name, wanted - got))
         return gaps
@@ -313,22 +370,11 @@ class Simulation:
         self._dirty = True
 
     def _fits_empty(self, job: _Job) -> bool:
-        """Whether the job fits the empty cluster: enough nodes with its GPUs, CPUs and memory (a node that
-        does not say its CPUs or memory has no limit on them, as in the scheduler)."""
+        """Whether the job fits the empty cluster: enough nodes with its GPUs, CPUs and memory (`unfit`)."""
         trace = job.trace
         key = (job.nodes, job.demand, trace.cpus, trace.memory_bytes)
         if key not in self._fits_cache:
-            need = job.demand.count
-            able = 0
-            for node in self.cluster.nodes:
-                if (node.cpus and node.cpus < trace.cpus) or (
-                    node.memory_bytes and node.memory_bytes < trace.memory_bytes
-                ):
-                    continue
-                matching = sum(1 for g in node.gpus if gpu_matches(g.model, g.memory_bytes, job.demand))
-                if (need < 1 and matching > 0) or (need >= 1 and matching >= need):
-                    able += 1
-            self._fits_cache[key] = able >= job.nodes
+            self._fits_cache[key] = unfit(*key, self.cluster.nodes) is None
         return self._fits_cache[key]
 
     def _finish(self, job: _Job) -> None:
@@ -762,6 +808,22 @@ class Simulation:
         self.result.timeline.append(
             Sample(self.now, len(self.pending), self.used, dict(self.alloc), dict(self.fair))
         )
+
+
+def _subtrees(queues: Sequence[QueueView]) -> dict[str, tuple[str, ...]]:
+    """Each parent queue's subtree: itself and every queue under it, at any depth."""
+    children: dict[str, list[str]] = {}
+    for q in queues:
+        if q.parent is not None:
+            children.setdefault(q.parent, []).append(q.name)
+    subtrees = {}
+    for parent in children:
+        found, frontier = [parent], [parent]
+        while frontier:
+            frontier = [c for q in frontier for c in children.get(q, ()) if c not in found]
+            found += frontier
+        subtrees[parent] = tuple(found)
+    return subtrees
 
 
 def workload_view(

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupool.scheduler import QueueView
+from gpupool.scheduler import QueueView, Share
 from gpupool.sim.cluster import Cluster, load_cluster
+from gpupool.sim.engine import CPUS, GPUS, MEMORY, MODEL, drop_reasons
 from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import summarize
 from gpupool.sim.parallel import Progress, Replay, processes, replay_all
 from gpupool.sim.policies import Policy, resolve_policies
-from gpupool.sim.queues import resolve_queues
+from gpupool.sim.queues import auto_queues, resolve_queues
 from gpupool.sim.results import SimOptions, SimResult
 from gpupool.sim.trace import Trace, TraceJob, load_trace, select
 
@@ -29,6 +31,9 @@ class Experiment:
     options: SimOptions
     window: str | None = None
     workers: int = 1  # replays at once, each in a process of its own when more than 1 (`--jobs`)
+    cluster_flag: str = "--cluster"  # the option that gave the cluster: --cluster or --nodes
+    # why the replays drop jobs, known before they run: reason (`engine.unfit`) -> jobs
+    drops: dict[str, int] = field(default_factory=dict)
     results: list[SimResult] = field(default_factory=list)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -60,8 +65,56 @@ def prepare(
         raise SimError(flag, f"{spec!r} has no GPUs")
     loaded = load_trace(trace)
     jobs, origin = select(loaded, window, first)
-    views = resolve_queues(queues, jobs, built.gpus)
-    return Experiment(loaded, jobs, origin, built, views, chosen, options or SimOptions(), window, at_once)
+    reasons = drop_reasons(jobs, built)
+    drops = dict(Counter(r for r in reasons if r is not None))
+    if sum(drops.values()) == len(jobs):
+        raise SimError(
+            flag,
+            f"{counted(len(jobs), 'job')} selected and none fits {spec!r}: {_why(drops)}; give "
+            + ", or ".join(_FIXES[r] for r in DROP_REASONS if r in drops),
+        )
+    if queues == "auto":
+        views = _auto_queues(jobs, [j for j, r in zip(jobs, reasons, strict=True) if r is None], built.gpus)
+    else:
+        views = resolve_queues(queues, jobs, built.gpus)
+    return Experiment(
+        loaded, jobs, origin, built, views, chosen, options or SimOptions(), window, at_once, flag, drops
+    )
+
+
+def _auto_queues(
+    jobs: Sequence[TraceJob], replayed: Sequence[TraceJob], cluster_gpus: int
+) -> tuple[QueueView, ...]:
+    """`--queues auto` over the jobs the replays run (a job the cluster cannot hold demands none of its
+    GPUs); a tenant all of whose jobs are dropped keeps a queue, with no quota."""
+    views = auto_queues(replayed, cluster_gpus)
+    idle = {j.queue for j in jobs} - {q.name for q in views}
+    return tuple(sorted((*views, *(QueueView(n, gpu=Share(quota=0.0)) for n in idle)), key=lambda q: q.name))
+
+
+# What each drop reason (`engine.unfit`) says of the jobs, and what would let them run.
+DROP_REASONS = {
+    GPUS: "more GPUs than the cluster's nodes hold",
+    MODEL: "a GPU model none of the nodes with enough GPUs has",
+    CPUS: "more CPUs per pod than any node with their GPUs has",
+    MEMORY: "more memory per pod than any node with their GPUs has",
+}
+_FIXES = {
+    GPUS: "larger nodes (or more of them)",
+    MODEL: "nodes of the GPU models they ask for",
+    CPUS: "nodes with more CPUs",
+    MEMORY: "nodes with more memory",
+}
+
+
+def _why(drops: dict[str, int]) -> str:
+    """The reasons of the drops, counted: "2 ask for more GPUs than the cluster's nodes hold, 1 for ..."."""
+    said: list[str] = []
+    for reason, text in DROP_REASONS.items():
+        if n := drops.get(reason, 0):
+            verb = "for" if said else ("asks for" if n == 1 else "ask for")
+            said.append(f"{n:,} {verb} {text}")
+    return ", ".join(said)
 
 
 def run(experiment: Experiment, progress: Progress | None = None) -> Experiment:
@@ -87,6 +140,7 @@ def as_json(experiment: Experiment) -> dict[str, Any]:
             "window": experiment.window,
             "jobs": len(experiment.jobs),
             "skipped": experiment.trace.skipped,
+            "dropped": experiment.drops,
             "adjusted": experiment.trace.adjusted,
         },
         "cluster": {
@@ -128,15 +182,14 @@ def left_out(experiment: Experiment) -> str | None:
 
 
 def dropped(experiment: Experiment) -> str | None:
-    """What the replays dropped: the jobs no set of the cluster's nodes can hold (the same for every
-    policy)."""
-    counts = {m["dropped"] for m in experiment.metrics.values()}
-    most = max(counts, default=0)
-    if not most:
+    """What the replays drop, and why: the jobs no set of the cluster's nodes can hold (the same for every
+    policy, known before they run)."""
+    total = sum(experiment.drops.values())
+    if not total:
         return None
     return (
-        f"{counted(most, 'job')} of {len(experiment.jobs):,} dropped: more GPUs than the cluster's nodes "
-        "hold, a GPU model it lacks, or more CPUs or memory per pod than its nodes have (--cluster)"
+        f"{counted(total, 'job')} of {len(experiment.jobs):,} dropped ({experiment.cluster_flag}): "
+        f"{_why(experiment.drops)}"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +31,17 @@ def jain(values: Sequence[float]) -> float:
 
 def summarize(result: SimResult) -> dict[str, Any]:
     """The JSON figures of one policy: `policies.<name>` in `sim run --json`. A figure of no jobs (the
-    JCT of a queue none of whose jobs finished) is None, null in the JSON: not 0, which reads as news."""
+    JCT of a queue none of whose jobs finished) is None, null in the JSON: not 0, which reads as news.
+
+    `jobs` counts the jobs replayed (not dropped), overall and per queue, `finished` and `unfinished`
+    split them; JCT, slowdown and queueing figures are over the finished jobs.
+
+    `quota_violation` is the GPU-seconds queues wanted within their quotas but did not get, over their
+    quota GPU-seconds, both summed over the leaf queues only (those with no queue under them): a parent's
+    quota is what its children's quotas share out, so counting it too would count one guarantee twice in
+    the denominator, and a parent's own shortfall is its subtree's. Flat queues and the same queues under
+    a parent that adds no constraint give the same figure. A parent's own line (`queues.<parent>`)
+    measures its subtree (its own jobs and all below) against its quota."""
     done = [j for j in result.jobs if j.finish is not None]
     jcts = [j.finish - j.submit for j in done if j.finish is not None]
     slowdowns = [(j.finish - j.submit) / j.duration for j in done if j.finish is not None and j.duration > 0]
@@ -39,9 +50,13 @@ def summarize(result: SimResult) -> dict[str, Any]:
         if j.finish is not None and j.duration > 0:
             by_queue.setdefault(j.queue, []).append((j.finish - j.submit) / j.duration)
     queue_slowdown = {q: sum(v) / len(v) for q, v in sorted(by_queue.items())}
+    replayed = Counter(j.queue for j in result.jobs)
+    unfinished = Counter(j.queue for j in result.jobs if j.finish is None)
     window = result.arrival_window  # 0 when no job ran (every one dropped)
     quota_gpu_s = {q: quota * window for q, quota in result.quotas.items() if quota > 0 and window > 0}
-    total_quota = sum(quota_gpu_s.values())
+    leaves = [q for q in quota_gpu_s if q not in result.parents]
+    total_quota = sum(quota_gpu_s[q] for q in leaves)
+    total_shortfall = sum(result.shortfall_gpu_s.get(q, 0.0) for q in leaves)
     window_gpu_s = result.cluster_gpus * window
     return {
         "jobs": len(result.jobs),
@@ -56,7 +71,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "makespan_s": max((j.finish for j in done if j.finish is not None), default=0.0),
         "gpu_util": result.busy_gpu_s / window_gpu_s if window_gpu_s > 0 else 0.0,
         "jain": jain(list(queue_slowdown.values())),
-        "quota_violation": sum(result.shortfall_gpu_s.values()) / total_quota if total_quota > 0 else 0.0,
+        "quota_violation": total_shortfall / total_quota if total_quota > 0 else 0.0,
         "preemptions": sum(j.preemptions for j in result.jobs),
         "lost_gpu_h": sum(j.lost_gpu_s for j in result.jobs) / 3600.0,
         "wall_s": result.wall_s,
@@ -64,7 +79,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "cycles": result.cycles,
         "queues": {
             q: {
-                "jobs": len(by_queue.get(q, [])),
+                "jobs": replayed.get(q, 0),
+                "finished": replayed.get(q, 0) - unfinished.get(q, 0),
+                "unfinished": unfinished.get(q, 0),
                 "mean_slowdown": queue_slowdown.get(q),
                 "quota_gpus": result.quotas.get(q, 0.0),
                 "quota_violation": (result.shortfall_gpu_s.get(q, 0.0) / quota_gpu_s[q])
@@ -75,7 +92,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
                 ),
                 "avg_queue_s": _mean([j.queued for j in done if j.queue == q]),
             }
-            for q in sorted(set(by_queue) | set(result.quotas))
+            for q in sorted(set(replayed) | set(result.quotas))
         },
     }
 

@@ -53,6 +53,9 @@ class SimResult:
     quotas: dict[str, float]
     busy_gpu_s: float = 0.0  # GPU-seconds in use during the arrival window
     shortfall_gpu_s: dict[str, float] = field(default_factory=dict)  # wanted within quota, not given
+    # queues with queues under them: a parent's shortfall is its subtree's, and the overall violation
+    # counts the leaves' quotas alone (`metrics.summarize`)
+    parents: tuple[str, ...] = ()
     timeline: list[Sample] = field(default_factory=list)
     cycles: int = 0
     decide_s: float = 0.0
