@@ -12,11 +12,12 @@ import os
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.cells import cell_len
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -25,6 +26,9 @@ from gpupool.cli.render import console, err_console, folding_table, print_error,
 from gpupool.sim.errors import SimError
 from gpupool.spec import SpecError
 from gpupool.spec.quantities import parse_duration
+
+if TYPE_CHECKING:
+    from gpupool.sim.policies import Policy
 
 HISTORY_PAGE = 100_000  # the API's largest list
 MIN_CYCLE_S = 1.0  # the shortest --cycle accepted (shorter ones were quietly raised to it before)
@@ -109,6 +113,11 @@ def _writable_file(path: Path, flag: str) -> None:
 
 
 def _writable_folder(folder: Path, flag: str) -> None:
+    for above in (folder, *folder.parents):  # the nearest that exists: mkdir's "File exists" hides which
+        if above.exists():
+            if not above.is_dir():
+                raise SimError(flag, f"{above} is a file, not a folder; give {flag} a path in a folder")
+            break
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -243,6 +252,7 @@ def run(
     """Replay a trace window through each policy and compare JCT, fairness, quotas and utilization."""
     from gpupool.sim import experiment as ex
     from gpupool.sim.queues import quota_warnings
+    from gpupool.sim.report import unfinished
     from gpupool.sim.results import SimOptions
     from gpupool.sim.trace import adjusted_note
 
@@ -256,13 +266,15 @@ def run(
         exp = ex.prepare(trace, cluster, nodes, window, first, queues, policy, options, jobs)
         _check_outputs(json_out, report)
         console.print(
-            f"{ex.counted(len(exp.jobs), 'job')} from {exp.trace.path} on "
-            f"{ex.counted(exp.cluster.gpus, 'GPU')} ({ex.counted(len(exp.cluster.nodes), 'node')}), "
-            f"{ex.counted(len(exp.queues), 'queue')}",
+            escape(
+                f"{ex.counted(len(exp.jobs), 'job')} from {exp.trace.path} on "
+                f"{ex.counted(exp.cluster.gpus, 'GPU')} ({ex.counted(len(exp.cluster.nodes), 'node')}), "
+                f"{ex.counted(len(exp.queues), 'queue')}"
+            ),
             highlight=False,
         )
         if (note := ex.left_out(exp)) is not None:
-            console.print(note, highlight=False)
+            console.print(escape(note), highlight=False)
         # accepted, as the server accepts them, but what the rows or quotas say is not what the replay does
         warnings = [f"--trace: {note}"] if (note := adjusted_note(exp.trace)) is not None else []
         warnings += [f"--queues: {said}" for said in quota_warnings(exp.queues, exp.cluster.gpus)]
@@ -271,32 +283,26 @@ def run(
             tasks: dict[str, Any] = {}
             if bar is not None:
                 for p in exp.policies:
-                    tasks[p.name] = bar.add_task(p.name, total=len(exp.jobs))
+                    tasks[p.name] = bar.add_task(escape(p.name), total=len(exp.jobs))
 
             def advance(name: str, done: int, total: int) -> None:
                 if bar is not None:
                     bar.update(tasks[name], completed=done, total=total)
 
             ex.run(exp, advance)
-        if all(m["dropped"] == len(exp.jobs) for m in exp.metrics.values()):
-            raise SimError(
-                "--cluster",
-                f"{ex.counted(len(exp.jobs), 'job')} selected and none fits {exp.cluster.spec!r}: each asks "
-                "for more GPUs than its nodes hold, or for a GPU model it lacks; give a larger cluster, or "
-                "those models",
-            )
         _print_figures("policies side by side (times in hours)", *_summary(exp))
         if (note := ex.dropped(exp)) is not None:
-            console.print(note, highlight=False)
+            console.print(escape(note), highlight=False)
+        print_warnings({"warnings": unfinished(exp)})  # figures of fewer jobs than the table's neighbours
         data = ex.as_json(exp)
         if json_out is not None:
             _write_json(json_out, data)
-            console.print(f"figures written to {json_out}", highlight=False)
+            console.print(escape(f"figures written to {json_out}"), highlight=False)
         if report is not None:
             from gpupool.sim.report import write_report
 
             path = write_report(exp, report)
-            console.print(f"report written to {path}", highlight=False)
+            console.print(escape(f"report written to {path}"), highlight=False)
 
 
 def _summary(exp: Any) -> tuple[list[str], list[list[str]]]:
@@ -349,6 +355,7 @@ def place(
     report: Path | None = typer.Option(
         None, "--report", help="write a PNG of allocation against demand here"
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
     """Fragmentation: place randomly drawn pods with no departures; allocated share at 100% demand (FGD)."""
     from gpupool.sim import experiment as ex
@@ -370,6 +377,8 @@ def place(
         if built.gpus <= 0:
             raise SimError("--nodes", "the cluster has no GPUs")
         placements = [p.strip() for p in policy.split(",") if p.strip()]
+        if not placements:
+            raise SimError("--policy", f"no placement given; one or more of {', '.join(pl.PLACEMENTS)}")
         for name in placements:
             if name not in pl.PLACEMENTS:
                 raise SimError("--policy", f"unknown placement {name!r}; one of {', '.join(pl.PLACEMENTS)}")
@@ -383,12 +392,14 @@ def place(
             highlight=False,
         )
         results: dict[str, Any] = {}
-        with _progress(True, "placements") as bar:
-            task = bar.add_task("placing", total=len(placements)) if bar is not None else None
+        with _progress(not quiet, "pods") as bar:
             for name in placements:
+                # One `decide` call places the whole draw and reports nothing on the way: the bar pulses,
+                # with the time taken so far, until that call returns (fragmentation: the longest).
+                task = bar.add_task(name, total=None) if bar is not None else None
                 results[name] = pl.place(drawn, built, name)
                 if bar is not None and task is not None:
-                    bar.advance(task)
+                    bar.update(task, total=len(drawn), completed=len(drawn))
         columns = ["policy", "alloc ratio at 100%", "at end", "pods placed", "GPU pods failed", "wall s"]
         rows = [
             [name, f"{r['alloc_ratio_at_100']:.2%}", f"{r['alloc_ratio_at_end']:.2%}",
@@ -400,11 +411,13 @@ def place(
                 "policies": results}  # fmt: skip
         if json_out is not None:
             _write_json(json_out, data)
-            console.print(f"figures written to {json_out}", highlight=False)
+            console.print(escape(f"figures written to {json_out}"), highlight=False)
         if report is not None:
             from gpupool.sim.report import write_place_plot
 
-            console.print(f"plot written to {write_place_plot(results, report)}", highlight=False)
+            console.print(
+                escape(f"plot written to {write_place_plot(results, report, stop)}"), highlight=False
+            )
 
 
 @sim_app.command("whatif")
@@ -440,7 +453,8 @@ def whatif(
     from gpupool.sim import experiment as ex
     from gpupool.sim import whatif as wi
     from gpupool.sim.parallel import processes
-    from gpupool.sim.policies import resolve_policies, server_policy
+    from gpupool.sim.policies import server_policy
+    from gpupool.sim.queues import quota_warnings
     from gpupool.sim.results import SimOptions
     from gpupool.spec.views import queue_view
 
@@ -451,17 +465,25 @@ def whatif(
         )
         servers = policy.strip() == "server"  # known once the server is asked
         if not servers:
-            (chosen,) = resolve_policies(policy, one=True)
+            chosen = _one_policy(policy, "--policy")
         later = policy_after.strip() if policy_after is not None else None
+        if later is not None and later == policy.strip():
+            if not (add or remove or quota):
+                raise SimError(
+                    "--policy-after",
+                    f"{later!r} is the --policy too: nothing to compare; give another policy, or a change of "
+                    "cluster (--add 4x8:H100, --remove NODE, --quota QUEUE=GPUS)",
+                )
+            later = None  # the same policy after: a change of cluster alone
         if later is not None and later != "server":
-            (changed_policy,) = resolve_policies(later, one=True)
+            changed_policy = _one_policy(later, "--policy-after")
         if not (add or remove or quota or later):
             raise SimError(
                 "--add",
                 "nothing to change; give --add 4x8:H100, --remove NODE, --quota QUEUE=GPUS or --policy-after "
                 "tuned.yaml",
             )
-        period = _seconds(since, "--since")
+        period = _since_seconds(since)
         workers = processes(jobs, 2)
         wi.check_changes(add, quota)
         api = client()
@@ -491,17 +513,33 @@ def whatif(
         queues = [queue_view(q) for q in api.queues()]
         history = wi.history_jobs(workloads, now - period, now)
         after = wi.changed(nodes, queues, add, remove, quota)
+        wi.check_replays(history, nodes, after[0])
         _check_outputs(json_out)
+        if quota or remove:  # as `sim run --queues` warns of a file: quotas promising more than the GPUs
+            promised = quota_warnings(queues, sum(len(n.gpus) for n in nodes))  # the server's to warn of
+            print_warnings(
+                {
+                    "warnings": [
+                        f"{'--quota' if quota else '--remove'}: {said}"
+                        for said in quota_warnings(after[1], sum(len(n.gpus) for n in after[0]))
+                        if said not in promised
+                    ]
+                }
+            )
         used = chosen.description if chosen.name == "server" else f"policy {chosen.name}"
         if changed_policy is not chosen:
             then = changed_policy.description if changed_policy.name == "server" else changed_policy.name
             used = f"{used} before, {then} after"
-        console.print(f"replaying {len(history):,} jobs of the last {since} with {used}", highlight=False)
+        console.print(
+            escape(f"replaying {len(history):,} jobs of the last {since} with {used}"), highlight=False
+        )
         out = sorted(f"{n['name']} ({n['state']})" for n in listed if n.get("state", "ready") != "ready")
         if out:
             console.print(
-                f"counted in service, as the history ran on them: {', '.join(out)}; --remove NODE leaves one "
-                "out",
+                escape(
+                    f"counted in service, as the history ran on them: {', '.join(out)}; --remove NODE leaves "
+                    "one out"
+                ),
                 highlight=False,
             )
         measured = wi.measured_jcts(workloads, now - period, now)
@@ -514,7 +552,7 @@ def whatif(
             *quota,
             *([f"policy {changed_policy.name}"] if later else []),
         ]
-        table = Table(title=f"what if: {' '.join(asked)}")
+        table = Table(title=escape(f"what if: {' '.join(asked)}"))
         for column in (
             "queue",
             "jobs",
@@ -528,9 +566,9 @@ def whatif(
             table.add_column(column, justify="left" if column == "queue" else "right")
         for name, q in result["queues"].items():
             if not q["jobs"]:  # a queue of the server's that ran nothing in the period: no times to tell
-                table.add_row(name, "0", *("-",) * 6)
+                table.add_row(Text(name), "0", *("-",) * 6)
                 continue
-            table.add_row(name, str(q["jobs"]), *_change(q["avg_jct_s"]), *_change(q["avg_queue_s"]))
+            table.add_row(Text(name), str(q["jobs"]), *_change(q["avg_jct_s"]), *_change(q["avg_queue_s"]))
         b, a = result["before"], result["after"]
         table.add_row(
             "all", str(result["jobs"]), *_change([b["avg_jct_s"], a["avg_jct_s"]]),
@@ -542,21 +580,37 @@ def whatif(
         lost = f"GPU-hours lost to them {b['lost_gpu_h']:.2f} -> {a['lost_gpu_h']:.2f}"
         console.print(f"GPUs {b['gpus']:g} -> {a['gpus']:g}; {util}; {evicted}; {lost}", highlight=False)
         for when in ("before", "after"):
-            dropped, never = result[when]["dropped"], result[when]["unfinished"]
-            if dropped:
+            if dropped := result[when]["dropped"]:
                 console.print(
                     f"[yellow]the {when} replay dropped {ex.counted(dropped, 'job')}: no node has its GPUs, "
                     "CPUs or memory; its figures leave them out[/yellow]"
                 )
-            if never:
-                console.print(
-                    f"[yellow]the {when} replay never finished {ex.counted(never, 'job')} (non-preemptible "
-                    "work runs only within its queue's quota); its figures leave them out[/yellow]"
-                )
+            if (never := wi.unfinished_note(when, result[when])) is not None:
+                console.print(f"[yellow]{escape(never)}[/yellow]", highlight=False)
         _live_note(result["live"], restart_overhead, checkpoint_interval)
         if json_out is not None:
             _write_json(json_out, result)
-            console.print(f"figures written to {json_out}", highlight=False)
+            console.print(escape(f"figures written to {json_out}"), highlight=False)
+
+
+def _one_policy(value: str, flag: str) -> Policy:
+    """The one policy `value` names, refused under `flag`."""
+    from gpupool.sim.policies import resolve_policies
+
+    (chosen,) = resolve_policies(value, one=True, flag=flag)
+    return chosen
+
+
+def _since_seconds(value: str) -> float:
+    """`--since`: a bare number would be seconds, almost surely meant as days: a unit is asked for."""
+    seconds = _seconds(value, "--since")
+    try:
+        float(value)
+    except ValueError:
+        return seconds
+    raise SimError(
+        "--since", f"{value!r} has no unit; give one, e.g. {value.strip()}d (days) or {value.strip()}h"
+    )
 
 
 def _live_note(live: dict[str, Any], restart_overhead: str, checkpoint_interval: str) -> None:
@@ -572,9 +626,9 @@ def _live_note(live: dict[str, Any], restart_overhead: str, checkpoint_interval:
     )
     if abs(replayed - real) > 0.25 * real and abs(replayed - real) >= 1.0:
         console.print(
-            f"[yellow]the replays count {restart_overhead} for each restart after an eviction and lose the "
-            f"work since a checkpoint every {checkpoint_interval}: set --restart-overhead and "
-            "--checkpoint-interval to what your jobs pay, so that 'before' comes near what was "
+            f"[yellow]the replays count {escape(restart_overhead)} for each restart after an eviction and "
+            f"lose the work since a checkpoint every {escape(checkpoint_interval)}: set --restart-overhead "
+            "and --checkpoint-interval to what your jobs pay, so that 'before' comes near what was "
             "measured[/yellow]"
         )
 

@@ -186,56 +186,56 @@ BY_NAME = {p.name: p for p in POLICIES}
 DEFAULT_POLICIES = ("fifo", "las", "gpupool")
 
 
-def resolve_policies(value: str, one: bool = False) -> list[Policy]:
+def resolve_policies(value: str, one: bool = False, flag: str = "--policy") -> list[Policy]:
     """`a,b,c` (or `all`) -> the policies, in the order given; an item that names a scheduling.yaml (it ends
     in .yaml or .yml, or holds a "/") is that file's policy (`file_policy`). `one`: a single policy asked
-    for (`sim whatif`): `all` or a list is refused."""
+    for (`sim whatif`): `all` or a list is refused. `flag`: the option named in errors."""
     names = [n.strip() for n in value.split(",") if n.strip()]
     choice = "one of" if one else "one or more of"
     other = "" if one else " (or all)"
     if one and (len(names) > 1 or names == ["all"]):
-        raise SimError("--policy", "whatif replays one policy; give one name, e.g. --policy gpupool")
+        raise SimError(flag, f"whatif replays one policy; give one name, e.g. {flag} gpupool")
     if names == ["all"]:
         return list(POLICIES)
     if "all" in names:
         raise SimError(
-            "--policy",
-            f"'all' stands alone in {value!r} (it is every policy): give --policy all, or name the policies "
-            "without it, e.g. --policy fifo,gpupool",
+            flag,
+            f"'all' stands alone in {value!r} (it is every policy): give {flag} all, or name the policies "
+            f"without it, e.g. {flag} fifo,gpupool",
         )
     if not names:
-        raise SimError("--policy", f"no policy given; {choice} {', '.join(BY_NAME)}{other}")
+        raise SimError(flag, f"no policy given; {choice} {', '.join(BY_NAME)}{other}")
     out: list[Policy] = []
     for name in names:
         if any(p.name == name for p in out):
             continue
         if name.endswith(FILE_SUFFIXES) or "/" in name:
-            out.append(file_policy(name))
+            out.append(file_policy(name, flag))
         elif name in BY_NAME:
             out.append(BY_NAME[name])
         else:
             raise SimError(
-                "--policy",
+                flag,
                 f"unknown policy {name!r}; one of {', '.join(BY_NAME)}{other}, or a scheduling.yaml file",
             )
     return out
 
 
-def file_policy(path: str) -> Policy:
+def file_policy(path: str, flag: str = "--policy") -> Policy:
     """The policy of the scheduling.yaml at `path` (docs/scheduler.md), as a server started with it would
     run it with `--usage-weight 0` (its default); named `path`, as given."""
     try:
-        text = read_text(Path(path).expanduser(), "--policy")
+        text = read_text(Path(path).expanduser(), flag)
     except FileNotFoundError:
         raise SimError(
-            "--policy", f"{path}: no such file; give a scheduling.yaml (docs/scheduler.md) or a policy name"
+            flag, f"{path}: no such file; give a scheduling.yaml (docs/scheduler.md) or a policy name"
         ) from None
     except OSError as exc:
-        raise SimError("--policy", f"cannot read {path}: {exc.strerror}") from None
+        raise SimError(flag, f"cannot read {path}: {exc.strerror}") from None
     try:
         spec = parse_scheduling_spec(text)
     except SpecError as exc:
-        raise SimError("--policy", f"{path}: {exc}") from None
+        raise SimError(flag, f"{path}: {exc}") from None
     return spec_policy(path, spec, f"the scheduling.yaml {path}")
 
 

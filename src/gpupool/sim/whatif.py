@@ -22,7 +22,7 @@ from gpupool.sim.errors import SimError
 from gpupool.sim.metrics import summarize
 from gpupool.sim.parallel import Replay, processes, replay_all
 from gpupool.sim.policies import Policy
-from gpupool.sim.results import SimOptions
+from gpupool.sim.results import SimOptions, SimResult
 from gpupool.sim.trace import TraceJob
 from gpupool.spec import SpecError
 from gpupool.spec.quantities import parse_gpu_request
@@ -188,6 +188,17 @@ def changed(
     return kept, list(by_name.values())
 
 
+def check_replays(jobs: Sequence[TraceJob], before: Sequence[NodeView], after: Sequence[NodeView]) -> None:
+    """Refuse replays that could not run before saying that they do: no job in the period, or a cluster (as
+    it is, or changed) without GPUs."""
+    if not jobs:
+        raise SimError("--since", "no finished or running jobs in that period; widen it (e.g. --since 30d)")
+    if not any(n.gpus for n in before):
+        raise SimError("--add", "the pool's nodes have no GPUs to replay the history on; add some, e.g. 4x8")
+    if not any(n.gpus for n in after):
+        raise SimError("--remove", "the changed cluster has no GPUs left; remove fewer nodes, or --add some")
+
+
 def compare(
     jobs: Sequence[TraceJob],
     before: tuple[Sequence[NodeView], Sequence[QueueView]],
@@ -205,19 +216,16 @@ def compare(
 
     `workers` is `--jobs`: 2 (or `auto` with 2 CPUs or more) replays both at once, each in its own process."""
     at_once = processes(workers, 2)
-    if not jobs:
-        raise SimError("--since", "no finished or running jobs in that period; widen it (e.g. --since 30d)")
+    check_replays(jobs, before[0], after[0])
     origin = jobs[0].submit
     replays = []
     policies = {"before": policy, "after": policy_after or policy}
     for name, (nodes, queues) in (("before", before), ("after", after)):
         cluster = Cluster(tuple(nodes), "")
-        if cluster.gpus <= 0:
-            raise SimError("--remove", "the changed cluster has no GPUs left")
         replays.append(Replay(name, jobs, origin, cluster, tuple(queues), policies[name], options))
     results = replay_all(replays, at_once)
     old, new = (
-        summarize(result) | {"gpus": replay.cluster.gpus}
+        summarize(result) | {"gpus": replay.cluster.gpus} | _unfinished(jobs, result, replay.queues)
         for replay, result in zip(replays, results, strict=True)
     )
     replayed = Counter(job.queue for job in jobs)
@@ -230,8 +238,9 @@ def compare(
             "avg_queue_s": [a.get("avg_queue_s"), b.get("avg_queue_s")],
             "quota_gpus": [a.get("quota_gpus", 0.0), b.get("quota_gpus", 0.0)],
         }
-    keys = ("avg_jct_s", "avg_queue_s", "gpu_util", "gpus", "dropped", "unfinished", "makespan_s",
-            "preemptions", "lost_gpu_h")  # fmt: skip
+    keys = ("avg_jct_s", "avg_queue_s", "gpu_util", "gpus", "dropped", "unfinished", "unfinished_by_queue",
+            "unfinished_over_limit", "unfinished_nonpreemptible_over_quota", "makespan_s", "preemptions",
+            "lost_gpu_h")  # fmt: skip
     ended = measured or {}
     as_replayed = [r.jct for r in results[0].jobs if r.id in ended and r.jct is not None]
     return {
@@ -247,3 +256,73 @@ def compare(
             "replayed_avg_jct_s": sum(as_replayed) / len(as_replayed) if as_replayed else None,
         },
     }
+
+
+def _unfinished(jobs: Sequence[TraceJob], result: SimResult, queues: Sequence[QueueView]) -> dict[str, Any]:
+    """The jobs a replay never finished, by queue, and how many of them are known never to start there: one
+    asking for more GPUs than a limit on its queue's line, or non-preemptible work asking for more than a
+    quota on it (non-preemptible work runs only within quota, as on the server)."""
+    by_name = {q.name: q for q in queues}
+    by_id = {job.id: job for job in jobs}
+    left = [by_id[r.id] for r in result.jobs if r.finish is None]
+    over_limit = over_quota = 0
+    for job in left:
+        line = _line(job.queue, by_name)
+        if any(q.gpu.limit is not None and job.gpus > q.gpu.limit + 1e-9 for q in line):
+            over_limit += 1
+        elif not job.preemptible and any(job.gpus > q.gpu.quota + 1e-9 for q in line):
+            over_quota += 1
+    return {
+        "unfinished_by_queue": dict(Counter(job.queue for job in left).most_common()),
+        "unfinished_over_limit": over_limit,
+        "unfinished_nonpreemptible_over_quota": over_quota,
+    }
+
+
+def _line(queue: str, by_name: Mapping[str, QueueView]) -> list[QueueView]:
+    """`queue` and its ancestors, as far as they are known."""
+    line: list[QueueView] = []
+    view = by_name.get(queue)
+    while view is not None and view not in line:
+        line.append(view)
+        view = by_name.get(view.parent) if view.parent is not None else None
+    return line
+
+
+def unfinished_note(when: str, figures: Mapping[str, Any]) -> str | None:
+    """What `sim whatif` says of the jobs the `when` replay never finished (`figures`: its part of
+    `compare`), the cause only where it is known."""
+    never = int(figures.get("unfinished") or 0)
+    if not never:
+        return None
+    causes = [
+        (figures.get("unfinished_nonpreemptible_over_quota") or 0,
+         "non-preemptible and asking for more GPUs than its queue's quota: non-preemptible work runs only "
+         "within quota"),
+        (figures.get("unfinished_over_limit") or 0, "asking for more GPUs than its queue's limit"),
+    ]  # fmt: skip
+    known = [(n, why) for n, why in causes if n]
+    if len(known) == 1 and known[0][0] == never:
+        why = known[0][1]
+    elif known and sum(n for n, _ in known) == never:
+        why = "; ".join(f"{n:,} {said}" for n, said in known)
+    else:
+        why = "still pending or running when the replay ended"
+        why += "".join(f"; {n:,} of them {said}" for n, said in known)
+    jobs = f"{never:,} job{'' if never == 1 else 's'}"
+    where = in_queues(figures.get("unfinished_by_queue") or {})
+    return (
+        f"the {when} replay never finished {jobs}{f' ({where})' if where else ''}, {why}; its figures leave "
+        f"them out ({when}.unfinished in --json)"
+    )
+
+
+def in_queues(counts: Mapping[str, int]) -> str:
+    """Jobs counted by queue, most first, as said in a line: "in queue nlp", "in queues nlp 3, cv 1"."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    if not ranked:
+        return ""
+    if len(ranked) == 1:
+        return f"in queue {ranked[0][0]}"
+    said = "in queues " + ", ".join(f"{queue} {n:,}" for queue, n in ranked[:3])
+    return said + (f" and {len(ranked) - 3} more" if len(ranked) > 3 else "")

@@ -8,14 +8,17 @@ from gpupool.scheduler import QueueView, Share
 from gpupool.sim.cluster import parse_groups
 from gpupool.sim.errors import SimError
 from gpupool.sim.policies import BY_NAME
+from gpupool.sim.trace import TraceJob
 from gpupool.sim.whatif import (
     changed,
     check_changes,
     check_models,
+    check_replays,
     cluster_from_nodes,
     compare,
     history_jobs,
     measured_jcts,
+    unfinished_note,
 )
 
 T0 = "2026-11-30T10:00:00+00:00"
@@ -174,3 +177,55 @@ def test_a_node_out_of_service_now_counts_in_the_replays_as_the_history_ran_on_i
     result = compare(jobs, (nodes, queues), changed(nodes, queues, remove=["n1"]), BY_NAME["gpupool"])
     assert result["before"]["avg_jct_s"] == 3600.0 and result["after"]["avg_jct_s"] == 3600.0
     assert result["queues"]["nlp"]["jobs"] == 1
+
+
+def test_a_change_that_leaves_nothing_to_replay_is_refused_before_the_replays_are_announced() -> None:
+    """`--remove` of the only node was refused only once "replaying 10 jobs..." had been printed."""
+    nodes = parse_groups("1x8", "--cluster")
+    jobs = history_jobs([workload("succeeded", "8", T0, "2026-11-30T11:00:00+00:00")], 0.0, 2e9)
+    after, _ = changed(nodes, [QueueView("nlp")], remove=["node-0"])
+    with pytest.raises(
+        SimError, match=r"^--remove: the changed cluster has no GPUs left; remove fewer nodes"
+    ):
+        check_replays(jobs, nodes, after)
+    with pytest.raises(SimError, match=r"^--since: no finished or running jobs in that period"):
+        check_replays([], nodes, nodes)
+    check_replays(jobs, nodes, nodes)
+
+
+def eight_gpu_history(preemptible: bool) -> list[TraceJob]:
+    rows = [
+        {**workload("succeeded", "8", f"2026-11-30T1{i}:00:00+00:00", f"2026-11-30T1{i + 1}:00:00+00:00"),
+         "preemptible": preemptible}
+        for i in range(2)
+    ]  # fmt: skip
+    return history_jobs(rows, 0.0, 2e9)
+
+
+def test_jobs_a_replay_never_finishes_are_said_with_their_cause_only_where_it_is_known() -> None:
+    """Non-preemptible work runs only within quota: with `--quota nlp=2` its 8-GPU jobs never start, and
+    that is the reason given. A job larger than its queue's limit is told so; else no cause is guessed."""
+    nodes = parse_groups("1x8", "--cluster")
+    queues = [QueueView("nlp", gpu=Share(quota=8.0))]
+    result = compare(eight_gpu_history(False), (nodes, queues), changed(nodes, queues, quotas=["nlp=2"]),
+                     BY_NAME["gpupool"])  # fmt: skip
+    after = result["after"]
+    assert (after["unfinished"], after["unfinished_nonpreemptible_over_quota"]) == (2, 2)
+    assert after["unfinished_by_queue"] == {"nlp": 2} and result["before"]["unfinished"] == 0
+    assert unfinished_note("before", result["before"]) is None
+    assert unfinished_note("after", after) == (
+        "the after replay never finished 2 jobs (in queue nlp), non-preemptible and asking for more GPUs "
+        "than its queue's quota: non-preemptible work runs only within quota; its figures leave them out "
+        "(after.unfinished in --json)"
+    )
+    limited = [QueueView("nlp", gpu=Share(quota=0.0, limit=4.0))]
+    result = compare(eight_gpu_history(True), (nodes, queues), (nodes, limited), BY_NAME["gpupool"])
+    assert result["after"]["unfinished_over_limit"] == 2
+    said = unfinished_note("after", result["after"])
+    assert said is not None and "asking for more GPUs than its queue's limit" in said
+    assert "non-preemptible" not in said
+    unknown = {"unfinished": 3, "unfinished_by_queue": {"nlp": 2, "cv": 1}}
+    assert unfinished_note("before", unknown) == (
+        "the before replay never finished 3 jobs (in queues nlp 2, cv 1), still pending or running when the "
+        "replay ended; its figures leave them out (before.unfinished in --json)"
+    )
