@@ -577,3 +577,48 @@ def test_asking_for_a_gpu_model_no_node_has_is_warned_of_at_submit(store: Store)
             "warnings"
         ][0]
     )
+
+
+def test_a_full_disk_under_the_store_is_said_as_such_and_the_server_goes_on_once_there_is_room(
+    tmp_path: Path,
+) -> None:
+    """SQLite's disk full: a submit is refused with a 503 that says the disk is full and what to do (it said
+    the store could not be reached and would reconnect by itself), /readyz says not ready (it said ready
+    while nothing could be written), and once there is room again everything works with nothing lost."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], capture_output=True
+    ).returncode:
+        pytest.skip("this machine does not let the test mount a small tmpfs")
+    try:
+        server = ServerProcess(home=disk / "home").start()
+        try:
+            created = server.submit({"commands": ["true"]})
+            assert server.wait_for(created["id"])["state"] == "succeeded"
+            filler = disk / "filler"
+            subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # to ENOSPC
+            with server.http() as client:
+                answer = client.post("/api/v1/workloads", json={"commands": ["true"]})
+                assert answer.status_code == 503, answer.text
+                message = answer.json()["error"]["message"]
+                assert answer.json()["error"]["code"] == "store_full", message
+                assert "its disk is full" in message and "free space on that disk" in message, message
+                deadline = time.time() + 60  # the loop writes at least every 10 s (record_alive)
+                while client.get("/readyz").status_code != 503:
+                    assert time.time() < deadline, "/readyz never said the server cannot work"
+                    time.sleep(0.5)
+                said = client.get("/readyz").json()["error"]["message"]
+                assert said.startswith("the control loop's passes fail"), said
+                filler.unlink()
+                deadline = time.time() + 60
+                while client.get("/readyz").status_code != 200:
+                    assert time.time() < deadline, "/readyz never said ready again"
+                    time.sleep(0.5)
+            again = server.submit({"commands": ["true"]})
+            assert server.wait_for(again["id"])["state"] == "succeeded"
+            assert server.workload(created["id"])["state"] == "succeeded"
+        finally:
+            server.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from sqlalchemy import text
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,6 +40,7 @@ from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
 PROBED = ["GET", "HEAD"]  # the methods of the pages a probe may ask for
+FAILING_NOT_READY = 30.0  # /readyz says not ready while two control passes failed within this many seconds
 MAX_BODY_BYTES = 1 << 20
 # The dashboard runs only its own inline script (by its hash) and talks only to this server; no other site
 # may frame it.
@@ -181,13 +183,25 @@ def create_app(runtime: Runtime) -> FastAPI:
         "/readyz",
         methods=PROBED,
         tags=["health"],
-        summary="Readiness: 200 while the server can reach its store, else 503 (no token)",
-        responses={503: {"description": "the store cannot be reached"}},
+        summary="Readiness: 200 while the server can reach its store and its control loop works, else 503 "
+        "(no token)",
+        responses={
+            503: {"description": "the store cannot be reached, or every control pass has failed lately"}
+        },
     )
-    def readyz() -> dict[str, Any]:
+    def readyz() -> JSONResponse:
         with runtime.store.read() as s:  # an OperationalError is the 503 of errors.py, naming the store
             s.execute(text("SELECT 1"))
-        return {"status": "ready", "version": __version__}
+        failures = list(runtime.reconciler.failures)
+        if len(failures) == 2 and time.monotonic() - failures[0][0] <= FAILING_NOT_READY:
+            message = (
+                f"the control loop's passes fail (two in the last {FAILING_NOT_READY:g}s; the last: "
+                f"{failures[-1][1]}): work may not be scheduled, started or settled; see the server's log "
+                "(event=reconcile_failed)"
+            )
+            body = {"error": {"code": "not_ready", "message": message}}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+        return JSONResponse({"status": "ready", "version": __version__})
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token), Depends(refuse_nul)])
     api.include_router(workloads.router)

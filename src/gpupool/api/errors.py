@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 
 from gpupool.control.errors import ServiceError
 from gpupool.spec import SpecError
-from gpupool.store.db import driver_error_line
+from gpupool.store.db import driver_error_line, is_disk_full
 
 
 class ApiError(Exception):
@@ -54,6 +54,16 @@ def install(app: FastAPI) -> None:
         what failed, not a bare 500; nothing was changed, and the head reconnects by itself."""
         where = request.app.state.runtime.store.engine.url.render_as_string(hide_password=True)
         cause = driver_error_line(exc)
+        if is_disk_full(exc):
+            return JSONResponse(
+                _body(
+                    "store_full",
+                    f"the server's store cannot write: its disk is full ({where}: {cause}); nothing was "
+                    "changed; free space on that disk (or grow it), and the server goes on by itself",
+                ),
+                status_code=503,
+                headers={"Retry-After": "30"},
+            )
         return JSONResponse(
             _body(
                 "store_unavailable",

@@ -16,6 +16,7 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -48,7 +49,7 @@ from gpupool.control.usage import AttainedService
 from gpupool.gpu import GpuProvider
 from gpupool.spec import format_gpu_indices
 from gpupool.spec.scheduling import scheduling_fields
-from gpupool.store.db import Store
+from gpupool.store.db import Store, driver_error_line
 from gpupool.store.models import Attempt, Event, Gpu, Node, Workload
 from gpupool.timeutil import utcnow
 
@@ -84,6 +85,10 @@ class Reconciler(Observation, SnapshotBuilding):
         self._wake = threading.Event()
         self._prompt = threading.Event()  # an observed change: cut the pacing pause short (see run)
         self._stopping: threading.Event | None = None
+        # The last two failed passes (when, by time.monotonic(), and the error): /readyz says not ready while
+        # both are recent (a full disk under the store fails every write, some passes having none), not
+        # after one bad pass.
+        self.failures: deque[tuple[float, str]] = deque(maxlen=2)
         self._last_sample = 0.0
         self._alive_due = 0.0  # when this head next writes down that it is alive (Observation.recover)
         self._reasons: dict[int, scheduler.Explanation] = {}
@@ -178,8 +183,9 @@ class Reconciler(Observation, SnapshotBuilding):
             started, cpu = time.monotonic(), time.thread_time()
             try:
                 self.tick()
-            except Exception:  # one bad pass must not stop the pool; the next pass retries
+            except Exception as exc:  # one bad pass must not stop the pool; the next pass retries
                 log.exception("event=reconcile_failed")
+                self.failures.append((time.monotonic(), driver_error_line(exc)))
             took, used = time.monotonic() - started, time.thread_time() - cpu
             self._wake.wait(self.settings.tick)
             self._wake.clear()

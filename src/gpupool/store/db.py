@@ -155,6 +155,16 @@ def _upgrading(engine: Engine) -> Iterator[None]:
             conn.commit()
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a driver error says the store's disk is full (SQLite's SQLITE_FULL, PostgreSQL's
+    disk_full, 53100): the store is reachable but cannot write, and no reconnect mends that."""
+    orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "sqlstate", None) == "53100" or getattr(orig, "pgcode", None) == "53100":
+        return True
+    text_ = str(orig).lower()
+    return "database or disk is full" in text_ or "no space left on device" in text_
+
+
 def driver_error_line(exc: BaseException) -> str:
     """A driver error's own first line: SQLAlchemy appends the SQL and a link to its docs."""
     text_ = str(getattr(exc, "orig", None) or exc).strip()
