@@ -10,6 +10,7 @@ import errno
 import inspect
 import ipaddress
 import logging
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -330,6 +331,11 @@ def agent(
             raise CliError(f"--labels {labels}: {item!r} is not key=value; e.g. --labels zone=a,rack=r1")
         parsed[key.strip()] = value.strip()
     grace = parse_duration(orphan_grace, "--orphan-grace")
+    if grace <= 0:  # the first missed heartbeat would kill this node's work
+        raise CliError(
+            f"--orphan-grace {orphan_grace}: must be longer than 0 (and than the head's --node-lease), "
+            "e.g. 60s"
+        )
     low, sep, high = rendezvous_ports.partition("-")
     if not (sep and low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high) <= 65535):
         raise CliError(f"--rendezvous-ports {rendezvous_ports}: give a port range LOW-HIGH, e.g. 29500-29999")
@@ -355,6 +361,13 @@ def agent(
         telemetry_interval=sample_every,
     )
     runner = Agent(settings, provider)
+
+    def stop(signum: int, _frame: object) -> None:  # the agent says what runs on, then exits
+        signal.signal(signum, signal.SIG_DFL)  # a second one does not wait
+        runner.stop(signal.Signals(signum).name)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
     err_console.print(
         f"gpupool agent {node} -> {server_url} (gpus: {describe(provider)}, state {settings.state_dir})",
         highlight=False,

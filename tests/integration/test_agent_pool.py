@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tests.support import plain_http
-from tests.support.agent import LOSS_LEASE, AgentProcess, join_token, start_pool
+from tests.support.agent import LOSS_LEASE, AgentProcess, Pool, agent_head, join_token, start_pool
+from tests.support.process import alive
 
 
 def _until(what: str, probe: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -435,5 +439,82 @@ def test_a_reinstalled_machine_joins_again_under_its_name_once_the_old_agent_is_
         assert new.proc is not None and new.proc.poll() is None
         done = server.wait_for(server.submit({"resources": {"gpu": 1}, "commands": ["echo back"]})["id"])
         assert done["state"] == "succeeded", done
+    finally:
+        pool.stop()
+
+
+# What the tester saw on a node whose clock was two hours behind (a sitecustomize shifting time.time).
+CLOCK_TWO_HOURS_BEHIND = """\
+import time
+_time = time.time
+time.time = lambda: _time() - 7200
+"""
+# Seven seconds of a busy CPU (its simulated GPU is as busy as it): longer than the 5 s between the head's
+# looks at running attempts' telemetry, so that one sees it running (control/efficiency.py).
+BUSY = "import time\nend = time.time() + 7\nwhile time.time() < end:\n    pass\n"
+
+
+def test_an_agent_whose_clock_is_two_hours_behind_keeps_its_jobs_gpu_telemetry(tmp_path: Path) -> None:
+    """Its samples were kept at its own times, two hours before the work they measured on the head's
+    clock: `gpupool show` said "no GPU telemetry" for a job that kept its GPU busy. The head now keeps them
+    on its own clock, and says which node's clock is off, by how much."""
+    behind = tmp_path / "behind"
+    behind.mkdir()
+    (behind / "sitecustomize.py").write_text(CLOCK_TWO_HOURS_BEHIND)
+    (tmp_path / "busy.py").write_text(BUSY)
+    server = agent_head(tmp_path / "home").start()
+    # The agent's view of the head, with the shifted clock on its PYTHONPATH (the head's own is right).
+    shifted = replace(
+        server, proc=None, extra_env={"PYTHONPATH": f"{behind}:{os.environ.get('PYTHONPATH', '')}"}
+    )
+    agent = AgentProcess(shifted, "agent-0", tmp_path / "agents" / "agent-0", join_token(server))
+    pool = Pool(server, [agent.start()])
+    try:
+        pool.wait_for_nodes(["agent-0"])
+        job = server.submit(
+            {"resources": {"gpu": 1}, "commands": [f"{sys.executable} {tmp_path / 'busy.py'}"]}
+        )
+        done = server.wait_until(
+            job["id"],
+            lambda w: (
+                w["state"] not in ("pending", "running") and w["attempt_list"][-1]["gpu_seconds_sampled"]
+            ),
+            timeout=60.0,
+        )  # written at the look after the attempt ended (every 5 s)
+        attempt = done["attempt_list"][-1]
+        assert done["state"] == "succeeded", done
+        assert attempt["gpu_utilization_pct"] is not None and attempt["gpu_utilization_pct"] > 5.0, attempt
+        assert "event=agent_clock_off node=agent-0 offset=7200" in server.log()
+        assert "clock is 7200" in server.log() and "s behind the head's" in server.log()
+    finally:
+        pool.stop()
+
+
+def test_an_agent_stopped_by_sigterm_says_its_ranks_run_on_and_keeps_its_state_its_own(
+    tmp_path: Path,
+) -> None:
+    """It said nothing and left its state dir 0755 with each rank's fencing token 0644; nor did it say that
+    its orphan grace was shorter than the head's node lease."""
+    pool = start_pool(tmp_path, 1, orphan_grace="5s")  # the head's node lease: 10 s
+    server = pool.server
+    agent = pool.agents[0]
+    pid_file = tmp_path / "pid"
+    try:
+        assert "--orphan-grace 5s is shorter than the head's node lease of 10s: " in agent.log()
+        job = server.submit({"resources": {"gpu": 1}, "commands": [f"echo $$ > {pid_file}", "sleep 60"]})
+        server.wait_for(job["id"], states=("running",))
+        _until("the job to start", lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+        pid = int(pid_file.read_text())
+        assert agent.state_dir.stat().st_mode & 0o777 == 0o700
+        (rank,) = (agent.state_dir / "attempts").glob("*/rank.json")
+        assert rank.stat().st_mode & 0o777 == 0o600
+        agent.signal(signal.SIGTERM)
+        assert agent.proc is not None and agent.proc.wait(timeout=15) == 0
+        assert "event=agent_stopping node=agent-0 by=SIGTERM running_ranks=1: they run on" in agent.log()
+        assert alive(pid), "an agent's ranks outlive it"
+        agent.start()  # re-adopts the rank; the head stops it on cancel
+        server.cli("cancel", str(job["id"]), check=True)
+        assert server.wait_for(job["id"])["state"] == "cancelled"
+        _until("the rank to be stopped", lambda: not alive(pid))
     finally:
         pool.stop()

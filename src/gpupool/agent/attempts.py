@@ -1,9 +1,10 @@
 """The attempt ranks one node runs for the head, kept in the agent's state dir so a restart re-adopts them.
 
 Each rank lives in STATE_DIR/attempts/<attempt>.<rank>/: `rank.json` (its id, rank, fencing token and
-launch), the local backend's `pid` and `exit_code` files, `output.log`, and `shipped` (how much of the
-log the head has acknowledged). Processes are started by the local backend (a /bin/sh shim per rank in
-its own process group, which writes the exit status to disk), exactly as on a single-machine pool.
+GPUs; mode 0600: the token is a secret), the local backend's `pid` and `exit_code` files, `output.log`, and
+`shipped` (how much of the log the head has acknowledged). Processes are started by the local backend (a
+/bin/sh shim per rank in its own process group, which writes the exit status to disk), exactly as on a
+single-machine pool.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class NodeAttempts:
                 run_dir,
                 gpu_indices=tuple(int(i) for i in meta.get("gpu_indices", [])),
             )
+            with contextlib.suppress(OSError):  # written 0644 before 2026-12: its fencing token is private
+                (run_dir / "rank.json").chmod(0o600)
             proc.handle = self.local.find(run_dir)
             proc.shipped = _read_int(run_dir / "shipped") or 0
             proc.signal_sent = _read_int(run_dir / "signal_sent") or 0
@@ -289,8 +292,12 @@ class NodeAttempts:
         return stopped
 
     def running_count(self) -> int:
+        """Ranks whose process runs, each looked at now (one may have ended since the last report)."""
         with self._lock:
-            return sum(1 for p in self._ranks.values() if p.running)
+            procs = list(self._ranks.values())
+        for proc in procs:
+            self._poll(proc)
+        return sum(1 for p in procs if p.running)
 
 
 def _log_chunk(path: Path, offset: int) -> bytes:
@@ -310,8 +317,10 @@ def _read_int(path: Path) -> int | None:
 
 
 def _write(path: Path, text: str) -> None:
+    """Replace `path` whole, as a file of its user's only (rank.json holds the attempt's fencing token)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(text)
     os.replace(tmp, path)
 
 

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,14 @@ from gpupool.gpu import GpuProvider, GpuSample
 from gpupool.gpu.catalog import lookup_model
 from gpupool.gpu.errors import UnknownGpuModel
 from gpupool.health.node_tasks import NodeTasks
+from gpupool.home import make_private
 
 log = logging.getLogger("gpupool.agent")
 
 API = "/api/v1/agents"
 RETRY_DELAY = 1.0  # seconds between attempts to reach an unreachable head
 NAME_HELD_RETRY = 5.0  # seconds between registrations while another agent holds this node's name
+OUTAGE_LOG_EVERY = 60.0  # seconds between the lines that say the head still cannot be reached
 
 
 class AgentRefused(RuntimeError):
@@ -60,11 +62,52 @@ class AgentSettings:
     rendezvous_ports: tuple[int, int] = (29500, 29999)  # kept free here for MASTER_PORT of gangs' rank 0
 
 
+class Outage:
+    """Failed calls to the head, said in the log without a line a second: the first failure, then one line
+    a minute with how long it has lasted, and a line when the head answers again."""
+
+    def __init__(self, node: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.node, self._clock = node, clock
+        self._lock = threading.Lock()
+        self._since: float | None = None  # when the first call of this outage failed (None: no outage)
+        self._said = 0.0  # when the log last said so
+        self._failures = 0
+
+    def failed(self, event: str, server: str, error: str) -> None:
+        now = self._clock()
+        with self._lock:
+            self._failures += 1
+            first = self._since is None
+            if self._since is None:
+                self._since = now
+            elif now - self._said < OUTAGE_LOG_EVERY:
+                return
+            self._said, since, failures = now, self._since, self._failures
+        if first:
+            log.warning("event=%s node=%s server=%s error=%r", event, self.node, server, error)
+        else:
+            log.warning(
+                "event=%s node=%s server=%s failing_for=%.0fs failures=%d error=%r",
+                event, self.node, server, now - since, failures, error,
+            )  # fmt: skip
+
+    def answered(self) -> None:
+        with self._lock:
+            since, failures = self._since, self._failures
+            self._since, self._failures = None, 0
+        if since is not None:
+            log.info(
+                "event=head_reachable_again node=%s after=%.1fs failures=%d",
+                self.node, self._clock() - since, failures,
+            )  # fmt: skip
+
+
 class Agent:
     def __init__(self, settings: AgentSettings, gpus: GpuProvider | None) -> None:
         self.settings = settings
         self.gpus = gpus
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        # Its user's only (as the head's home): it holds the node credential and the ranks' fencing tokens.
+        make_private(settings.state_dir)
         self._exited = threading.Event()
         self.attempts = NodeAttempts(settings.state_dir, on_exit=self._exited.set)
         self.attempts.load()
@@ -79,7 +122,10 @@ class Agent:
         self.last_contact = time.monotonic()
         self._sampled_at = float("-inf")  # when GPU samples were last sent
         self._orphaned = False
+        self._outage = Outage(settings.name)
+        self._lease_warned: float | None = None  # the head's node lease last warned about
         self._stop = threading.Event()
+        self._stopped_by = ""  # what asked the agent to stop (a signal's name)
         # The head's version of the newest answer applied (-1: none since joining). The long-poll and the
         # exit report are two heartbeats that may be answered in one order and applied in the other.
         self._applied_version = -1
@@ -146,9 +192,26 @@ class Agent:
         if answer.get("credential"):
             self._save_credential(str(answer["credential"]))
         self.interval = float(answer.get("interval") or 1.0)
+        self._check_lease(answer.get("lease"))
+        self._outage.answered()
         with self._send_lock:
             self._applied_version = -1  # a restarted head counts its versions from 0 again
         log.info("event=agent_joined node=%s server=%s", self.settings.name, self.settings.server)
+
+    def _check_lease(self, lease: object) -> None:
+        """Say once (per lease the head answers) when the orphan grace is shorter than the head's node lease:
+        a head outage between the two would stop work the head keeps waiting for."""
+        grace = self.settings.orphan_grace
+        if not isinstance(lease, int | float) or grace >= lease or lease == self._lease_warned:
+            return
+        self._lease_warned = lease
+        log.warning(
+            "event=orphan_grace_below_lease node=%s: --orphan-grace %gs is shorter than the head's node "
+            "lease of %gs: a head outage longer than %gs stops this node's work, which the head would not "
+            "have moved (it waits a lease before it sees a node lost); give --orphan-grace longer than the "
+            "lease, e.g. --orphan-grace %gs",
+            self.settings.name, grace, lease, grace, max(60.0, 2 * lease),
+        )  # fmt: skip
 
     def _heartbeat(self, client: httpx.Client, wait: float) -> None:
         with self._send_lock:
@@ -165,6 +228,9 @@ class Agent:
         replies = self.tasks.results()
         if replies:
             body["instruction_results"] = replies
+        # The agent's clock when it sent the report: the head measures this node's clock against its own by
+        # it and keeps the samples on its own clock (an agent's clock may be hours off).
+        body["sent_at"] = time.time()
         headers = {"Authorization": f"Bearer {self._credential}"}
         response = client.post(f"{API}/heartbeat", json=body, headers=headers, timeout=wait + 10.0)
         if response.status_code == 409:
@@ -181,9 +247,8 @@ class Agent:
         if self.take_answer(answer):
             self.tasks.take(answer.get("instructions") or [])
         self.last_contact = time.monotonic()
-        if self._orphaned:
-            self._orphaned = False
-            log.info("event=head_reachable_again node=%s", self.settings.name)
+        self._orphaned = False
+        self._outage.answered()
 
     def take_answer(self, answer: dict[str, Any]) -> bool:
         """Run what a heartbeat answer lists, unless the head wrote it before an answer already applied
@@ -210,7 +275,7 @@ class Agent:
                 self.register()
                 break
             except httpx.TransportError as exc:
-                log.warning("event=head_unreachable server=%s error=%r", self.settings.server, str(exc))
+                self._outage.failed("head_unreachable", self.settings.server, str(exc))
                 self._check_orphans()
                 self._stop.wait(RETRY_DELAY)
             except NameHeld as exc:  # this machine may replace a node the head has not yet seen lost
@@ -225,16 +290,30 @@ class Agent:
             except AgentRefused:
                 raise
             except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-                log.warning("event=heartbeat_failed server=%s error=%r", self.settings.server, str(exc))
+                self._outage.failed("heartbeat_failed", self.settings.server, str(exc))
                 self._check_orphans()
                 self._stop.wait(RETRY_DELAY)
             except OSError as exc:  # its state dir's disk (full, gone): heartbeats go on, and say it
                 log.error("event=agent_state_dir_error node=%s error=%r", self.settings.name, str(exc))
                 self._stop.wait(RETRY_DELAY)
+        self._say_stopping()
+
+    def _say_stopping(self) -> None:
+        """The agent stops, its ranks do not (an agent restart must not stop work): say how many run on."""
+        running = self.attempts.running_count()
+        line = "event=agent_stopping node=%s by=%s running_ranks=%d"
+        if not running:
+            log.info(line, self.settings.name, self._stopped_by or "stop", running)
+            return
+        log.warning(
+            line + ": they run on (by design); an agent started again on this node re-adopts them, or kills "
+            "them if the head has moved their work meanwhile (no orphan grace applies until then)",
+            self.settings.name, self._stopped_by or "stop", running,
+        )  # fmt: skip
 
     def _report_exits(self) -> None:
         while not self._stop.is_set():
-            if not self._exited.wait(0.5):
+            if not self._exited.wait(0.5) or self._stop.is_set():
                 continue
             self._exited.clear()
             # On failure the long-poll reports it too.
@@ -258,7 +337,9 @@ class Agent:
                 self.settings.name, silent, stopped,
             )  # fmt: skip
 
-    def stop(self) -> None:
+    def stop(self, by: str = "") -> None:
+        """End `run` after the call to the head under way (`by`: what asked, for the log: SIGTERM)."""
+        self._stopped_by = by
         self._stop.set()
 
     def close(self) -> None:

@@ -12,12 +12,14 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpupool.backends.agent_records import (
     AgentAttempt,
@@ -33,6 +35,19 @@ log = logging.getLogger("gpupool.agents")
 LOG_LOCKS = 64  # locks the rank logs' appends are striped over
 
 HEARTBEAT_INTERVAL = 1.0  # seconds between an agent's heartbeats (the agent's long-poll hold)
+# An agent's clock is measured from its heartbeats' `sent_at` (the head's time on receipt minus the agent's
+# at sending): the clocks' offset plus the report's time in transit, so the smallest of the last few is kept
+# (a head that stood still reads reports late: that is no clock error).
+CLOCK_SAMPLES = 10
+CLOCK_SHIFT_ABOVE = 1.0  # seconds off beyond which an agent's samples are put on the head's clock
+CLOCK_WARN_ABOVE = 5.0  # seconds off beyond which the log says so
+CLOCK_WARN_EVERY = 3600.0  # seconds between two such lines for one node
+
+
+class TelemetrySink(Protocol):
+    """Where an agent's GPU samples go (`TelemetryCache.put`); `offset`: seconds to add to their times."""
+
+    def __call__(self, node: str, samples: list[dict[str, Any]], offset: float = 0.0) -> None: ...
 
 
 @dataclass
@@ -56,10 +71,11 @@ class AgentHeartbeats:
         lease: float = 10.0,
         interval: float = HEARTBEAT_INTERVAL,
         on_change: Callable[[], None] | None = None,
-        on_telemetry: Callable[[str, list[dict[str, Any]]], None] | None = None,
+        on_telemetry: TelemetrySink | None = None,
         clock: Callable[[], float] = time.monotonic,
         known_nodes: tuple[str, ...] = (),
         on_heartbeats: Callable[[dict[str, float]], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.lease = lease
         self.interval = interval
@@ -67,6 +83,7 @@ class AgentHeartbeats:
         self._on_telemetry = on_telemetry
         self._on_heartbeats = on_heartbeats  # {node: epoch seconds} into the store, every so often
         self._clock = clock
+        self._wall_clock = wall_clock  # epoch seconds: what an agent's clock is measured against
         self._started = clock()
         self._lock = threading.Lock()
         # A rank's log is appended by one heartbeat at a time: an agent that timed out a slow heartbeat
@@ -88,6 +105,8 @@ class AgentHeartbeats:
         # The last verdict of _lost_nodes, kept while the head is deaf (replaced, never changed in place)
         self._held: dict[str, float] = {}
         self._replies: dict[str, _Reply] = {}  # instruction id -> where its reply goes
+        self._clock_offsets: dict[str, deque[float]] = {}  # node -> its last heartbeats' clock differences
+        self._clock_warned: dict[str, float] = {}  # node -> when the log last said its clock is off
 
     # -- registration and heartbeats (called by the API) ------------------------------------------------
 
@@ -128,12 +147,24 @@ class AgentHeartbeats:
     def heartbeat(self, name: str, report: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """Take in an agent's report; answer its desired state and the version to long-poll on."""
         now = self._clock()
+        sent = report.get("sent_at")  # the agent's clock when it sent the report (absent before 2026-12)
+        apart = self._wall_clock() - sent if isinstance(sent, int | float) and math.isfinite(sent) else None
+        offset, warn = 0.0, False
         with self._lock:
             node = self._nodes.get(name)
             if node is None:
                 raise UnknownNode(name)
             was_lost = now - node.last_seen > self.lease
             node.last_seen = now
+            if apart is not None:
+                offset, warn = self._clock_offset(name, apart, now)
+        if warn:
+            log.warning(
+                "event=agent_clock_off node=%s offset=%.1f: its agent's clock is %.1fs %s the head's; its "
+                "GPU samples are kept on the head's clock, but the node's own times (its log, its jobs') are "
+                "off: synchronise its clock (chrony, systemd-timesyncd)",
+                name, offset, abs(offset), "behind" if offset > 0 else "ahead of",
+            )  # fmt: skip
         if was_lost:
             log.info("event=agent_back node=%s", name)
             self._changed()
@@ -150,7 +181,7 @@ class AgentHeartbeats:
             settled = self._take_report(name, item) or settled
         samples = report.get("telemetry")
         if samples and self._on_telemetry is not None:
-            self._on_telemetry(name, list(samples))
+            self._on_telemetry(name, list(samples), offset=offset)
         for reply in report.get("instruction_results") or []:  # after the samples: a reply sees them
             self._take_reply(name, reply)
         if settled and self._on_change is not None:
@@ -158,6 +189,23 @@ class AgentHeartbeats:
         answer, version = self.desired(name, known)
         answer["logs"] = acked
         return answer, version
+
+    def _clock_offset(self, name: str, apart: float, now: float) -> tuple[float, bool]:
+        """(seconds to add to the times node `name` sends to put them on the head's clock, 0.0 while its
+        clock is within CLOCK_SHIFT_ABOVE of the head's; whether to say in the log that it is off).
+        `apart`: this report's head time on receipt minus its agent's time at sending. Under the lock."""
+        seen = self._clock_offsets.get(name)
+        if seen is None:
+            seen = self._clock_offsets[name] = deque(maxlen=CLOCK_SAMPLES)
+        seen.append(apart)
+        offset = min(seen)
+        if abs(offset) <= CLOCK_SHIFT_ABOVE:
+            return 0.0, False
+        warned = self._clock_warned.get(name)
+        if abs(offset) <= CLOCK_WARN_ABOVE or (warned is not None and now - warned < CLOCK_WARN_EVERY):
+            return offset, False
+        self._clock_warned[name] = now
+        return offset, True
 
     def desired(self, name: str, known: set[tuple[int, int]]) -> tuple[dict[str, Any], int]:
         with self._lock:

@@ -2,7 +2,8 @@
 
 Every sample, from any node, enters through one function: `TelemetryCache.put(node, samples)`. The local
 backend's reconcile loop calls it after each NVML/simulated reading; a node agent's heartbeat carries its
-samples (`GpuSample.to_dict()` rows) and the agent backend hands them to the same `put`. `put` attributes
+samples (`GpuSample.to_dict()` rows) and the agent backend hands them to the same `put`, with the offset of
+the agent's clock from the head's when it is off: every time kept is the head's. `put` attributes
 each sample to the workloads holding its GPU (queue and user too) and appends it to the GPU's history.
 
 History is kept per GPU in tiers of rising resolution (1 s for 10 minutes, 10 s for 2 hours, 1 min for
@@ -283,8 +284,10 @@ class TelemetryCache:
         """Attribute samples to the workloads `allocations()` says hold each GPU (set once at start)."""
         self._allocations = allocations
 
-    def put(self, node: str, samples: Iterable[Mapping[str, Any]]) -> None:
+    def put(self, node: str, samples: Iterable[Mapping[str, Any]], offset: float = 0.0) -> None:
         """The one way samples enter the head, from the local sampler or an agent: attribute, keep, append.
+        `offset`: seconds added to each sample's `at` to put it on the head's clock (an agent's clock may be
+        off; backends/agent_heartbeats.py measures by how much).
 
         A kept row holds no list (a list an agent sent becomes a tuple), and an idle GPU's row holds no
         container at all, so the garbage collector does not track it: 8,000 GPUs' rows replaced every
@@ -299,6 +302,8 @@ class TelemetryCache:
             row = dict(sample)
             if gc.is_tracked(row):  # a list inside (xid_errors): the row as tuples instead
                 row = {key: tuple(value) if type(value) is list else value for key, value in row.items()}
+            if offset:
+                row["at"] = float(row["at"]) + offset
             index = int(row["index"])
             holders = held.get((node, index)) if held else None
             if holders:

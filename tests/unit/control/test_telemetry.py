@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import gc
+import logging
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from gpupool.backends.agent_heartbeats import AgentHeartbeats
 from gpupool.control.telemetry import Holder, TelemetryCache
 from gpupool.control.telemetry_log import TelemetryLog
 from gpupool.gpu.simulated import SimulatedProvider
@@ -159,3 +164,81 @@ def test_a_gpu_its_node_no_longer_lists_leaves_the_cache() -> None:
     assert cache.get("n1", 3) is None and cache.history("n1", 3, 60.0, now=10.0)["points"] == []
     assert cache.series() == 4
     assert cache.keep_listed({"n2": []}) == 2 and cache.node_samples("n2") == []
+
+
+NOW = 1_800_000_000.0  # the head's clock (epoch seconds) when a test starts
+
+
+def _head(clock: list[float]) -> tuple[AgentHeartbeats, TelemetryCache]:
+    """A head's agent heartbeats handing their samples to its telemetry, as the API's runtime wires them;
+    `clock[0]` is its time (epoch seconds)."""
+    cache = TelemetryCache(tiers=TIERS)
+    heartbeats = AgentHeartbeats(on_telemetry=cache.put, clock=lambda: clock[0], wall_clock=lambda: clock[0])
+    heartbeats.register("gpu-07", {"gpus": [["H100", 1]]}, "127.0.0.1")
+    return heartbeats, cache
+
+
+def _report(agent_now: float, utilization: float = 55.0) -> dict[str, Any]:
+    """A heartbeat as an agent sends it: its samples and when it sent them, both on the agent's clock."""
+    sample = {"index": 0, "uuid": "GPU-0", "at": agent_now - 0.2, "utilization_pct": utilization}
+    return {"attempts": [], "logs": [], "telemetry": [sample], "sent_at": agent_now}
+
+
+def test_samples_of_an_agent_whose_clock_is_off_are_kept_on_the_head_s_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An agent two hours behind: its samples land at the head's time, where the work they measure ran
+    (they were kept two hours in the past, outside every attempt, and its jobs showed no GPU telemetry),
+    and the head says once which node's clock is off, by how much."""
+    clock = [NOW]
+    heartbeats, cache = _head(clock)
+    caplog.set_level(logging.WARNING, logger="gpupool.agents")
+    for second in range(5):
+        clock[0] = NOW + second
+        heartbeats.heartbeat("gpu-07", _report(NOW - 7200 + second - 0.05))  # 0.05 s in transit
+    latest = cache.get("gpu-07", 0)
+    assert latest is not None and latest["at"] == NOW + 4 - 0.2, latest
+    points = cache.points_after("gpu-07", 0, after=NOW - 5.0)  # the attempt's start, on the head's clock
+    assert [p[0] for p in points] == [NOW - 1, NOW, NOW + 1, NOW + 2], points  # each second's, averaged
+    assert all(p[1] == 55.0 for p in points), points
+    warned = [r.getMessage() for r in caplog.records if "agent_clock_off" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "node=gpu-07" in warned[0] and "offset=7200" in warned[0] and "behind" in warned[0], warned
+
+
+def test_an_agent_in_step_with_the_head_or_that_sends_no_send_time_keeps_its_sample_times() -> None:
+    """Within a second the agent's own times stand (a report's time in transit is no clock error); an
+    agent older than `sent_at` is taken as it was."""
+    clock = [NOW]
+    heartbeats, cache = _head(clock)
+    heartbeats.heartbeat("gpu-07", _report(NOW - 0.8))  # 0.8 s in transit, or a clock 0.8 s behind
+    assert cache.get("gpu-07", 0)["at"] == NOW - 1.0  # type: ignore[index]
+    old = _report(NOW - 7200)
+    del old["sent_at"]
+    heartbeats.heartbeat("gpu-07", old)
+    assert cache.get("gpu-07", 0)["at"] == NOW - 7200.2  # type: ignore[index]
+
+
+def test_one_heartbeat_a_stalled_head_read_late_neither_moves_samples_nor_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A head that stood still reads a heartbeat sent 12 s before: the agent's clock is not off, the
+    report waited (the smallest difference of the last heartbeats is the clocks' own)."""
+    clock = [NOW]
+    heartbeats, cache = _head(clock)
+    caplog.set_level(logging.WARNING, logger="gpupool.agents")
+    for second in range(3):
+        clock[0] = NOW + second
+        heartbeats.heartbeat("gpu-07", _report(NOW + second - 0.01))
+    clock[0] = NOW + 15.0
+    heartbeats.heartbeat("gpu-07", _report(NOW + 3.0))  # sent at NOW + 3, read 12 s later
+    assert cache.get("gpu-07", 0)["at"] == NOW + 3.0 - 0.2  # type: ignore[index]
+    assert not [r for r in caplog.records if "agent_clock_off" in r.getMessage()]
+
+
+def test_put_moves_samples_by_the_offset_it_is_given() -> None:
+    cache = TelemetryCache(tiers=TIERS)
+    for at in (10.0, 11.0):
+        cache.put("n1", [{"index": 0, "uuid": "GPU-0", "at": at, "utilization_pct": 50.0}], offset=7200.0)
+    assert cache.get("n1", 0)["at"] == 7211.0  # type: ignore[index]
+    assert cache.history("n1", 0, 60, now=7212.0)["points"] == [[7210.0, 50.0, 0.0, 0.0, 0.0]]
