@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import typer
@@ -17,7 +18,7 @@ from rich.text import Text
 from gpupool.cli.app import app, client, node_app
 from gpupool.cli.bench import result_lines as bench_result_lines
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import JSON_HELP, console, err_console, human_bytes, print_json, styled
+from gpupool.cli.render import JSON_HELP, console, err_console, human_age, human_bytes, print_json, styled
 from gpupool.spec import SpecError, parse_duration
 
 health_app = typer.Typer(
@@ -154,6 +155,11 @@ def node_show(
         label = "last change" if node["state"] == "ready" else "state reason"
         console.print(f"  {label}: {escape(node['state_reason'])}", highlight=False)
     evidence = health["evidence"].removeprefix("health: ")  # a node's reason says "health: ..." already
+    lost = node["state"] == "lost"
+    if lost and node.get("last_heartbeat"):  # lost since when
+        heard = datetime.fromisoformat(node["last_heartbeat"])
+        ago = human_age((datetime.now(UTC) - heard).total_seconds())
+        evidence += f"; last heartbeat {heard:%Y-%m-%d %H:%M:%S} UTC ({ago} ago)"
     console.print(f"  health: {escape(evidence)}", highlight=False)
     if health.get("expected_gpus") is not None:
         declared = health.get("declared_gpus")
@@ -177,17 +183,25 @@ def node_show(
     ):
         table.add_column(column)
     for g in node["gpus"]:
-        s = g.get("sample") or {}
+        # a lost node's last sample (none after a head restart) is what its GPUs did then, not now
+        s = {} if lost else g.get("sample") or {}
         points = history_by_gpu.get(g["index"], {}).get("points", [])
         xids = ",".join(str(x) for x in s.get("xid_errors", [])[-4:]) or "-"
+        readings = (
+            (
+                "[red]lost[/red]" if s.get("lost") else f"{s.get('utilization_pct', 0):.0f}%",
+                human_bytes(s.get("memory_used_bytes", 0)),
+                f"{s.get('temperature_c', 0):.0f}C",
+                f"{s.get('power_w', 0):.0f}W",
+                f"{s.get('sm_clock_mhz', 0):.0f}",
+            )
+            if s
+            else ("-",) * 5
+        )
         table.add_row(
             str(g["index"]),
             g["uuid"][:12] + "...",
-            "[red]lost[/red]" if s.get("lost") else f"{s.get('utilization_pct', 0):.0f}%",
-            human_bytes(s.get("memory_used_bytes", 0)),
-            f"{s.get('temperature_c', 0):.0f}C",
-            f"{s.get('power_w', 0):.0f}W",
-            f"{s.get('sm_clock_mhz', 0):.0f}",
+            *readings,
             xids,
             ",".join(map(str, g["workloads"])) or "-",
             sparkline([p[1] for p in points], 100.0),

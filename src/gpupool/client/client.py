@@ -401,6 +401,11 @@ class Client:
         result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{name}/drain", json=body)
         return result
 
+    def delete_node(self, name: str) -> dict[str, Any]:
+        """Remove a node that runs nothing (admin); returns it as it was, with warnings."""
+        result: dict[str, Any] = self._call("DELETE", f"/api/v1/nodes/{name}")
+        return result
+
     # -- tokens (people and scripts) -----------------------------------------------------------------
     def whoami(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/api/v1/whoami")

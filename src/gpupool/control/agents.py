@@ -201,6 +201,15 @@ def _admit(
             field="name",
         )
     if credential and not join_token:
+        deleted = inventory.deletion(s, name) if node is None else None
+        if deleted is not None:
+            at = as_utc(deleted.at)
+            when = f" at {at:%Y-%m-%d %H:%M:%S} UTC" if at is not None else ""
+            raise Unauthorized(
+                f"node {name!r} was deleted from the pool by {deleted.actor}{when} (`gpupool node delete`), "
+                "and its node credential with it; to join again, start the agent with a new --join-token "
+                "(`gpupool node join-token create` on the head)"
+            )
         raise Unauthorized(
             f"the node credential of {name!r} is not known to this head (its store was replaced, or "
             "the node was removed); start the agent with a new --join-token "

@@ -377,7 +377,10 @@ class HealthMonitor(Judging):
                 }
             return {
                 "health": checks.UNKNOWN,
-                "evidence": "no telemetry yet",
+                # lost before this head heard from it (it restarted since): nothing judged it
+                "evidence": "node lost: no telemetry since the head started"
+                if state == "lost"
+                else "no telemetry yet",
                 "findings": [],
                 "checked_at": None,
                 "expected_gpus": expected,

@@ -9,6 +9,10 @@ lifted, so an operator's own `gpupool node cordon` survives.
 An agent node back from `lost` is cordoned with the reason BACK_FROM_LOST rather than made ready: the health
 loop (control/health.py) runs its active checks and returns it to service when they pass (health.yaml
 `schedule.after_lost`; off: at once). Slurm nodes return at once: Slurm's own health checks judge them.
+
+`delete_node` removes a node that runs nothing (`gpupool node delete`): its row, GPUs and, for an agent
+node, its credential. The agent backend keeps the nodes it heard from in memory until the head restarts,
+so `apply` does not bring a deleted agent node back (an agent joins again only through registration).
 """
 
 from __future__ import annotations
@@ -17,17 +21,21 @@ import logging
 import math
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from gpupool import scheduler
 from gpupool.backends.base import Inventory, InventoryNode
+from gpupool.control import audit
+from gpupool.control.errors import Conflict, NotFound
+from gpupool.control.lifecycle import CONTROL, PENDING, RUNNING
 from gpupool.gpu.catalog import lookup_model
 from gpupool.gpu.errors import UnknownGpuModel
 from gpupool.store.db import Store
-from gpupool.store.models import ForeignJob, Gpu, Node
-from gpupool.timeutil import utcnow
+from gpupool.store.models import Attempt, Event, ForeignJob, Gpu, Node, Workload
+from gpupool.timeutil import as_utc, utcnow
 
 log = logging.getLogger("gpupool.control")
 
@@ -35,7 +43,11 @@ UNTYPED_MODEL = "GPU"  # the model of a GRES without a type (`Gres=gpu:8`): matc
 # state_reason of an agent node back from `lost`, cordoned until it passes the active checks (the health
 # loop's to lift: its prefix is the health loop's).
 BACK_FROM_LOST = "health: back from lost; no new work until it passes the active checks"
-CHECKED_AFTER_LOST = ("agent",)  # backends whose nodes gpupool's check jobs reach
+# The backend whose nodes join by registration (control/agents.py) and whose leases the head itself decides:
+# its nodes' state changes are the head's (actor CONTROL), where Slurm's are Slurm's own, mirrored.
+AGENT = "agent"
+CHECKED_AFTER_LOST = (AGENT,)  # backends whose nodes gpupool's check jobs reach
+DELETED = "deleted"  # how the audit event of a node's deletion begins ("deleted: ...")
 
 
 def apply(store: Store, backend: str, inventory: Inventory) -> None:
@@ -48,11 +60,32 @@ def apply(store: Store, backend: str, inventory: Inventory) -> None:
         seen = set()
         for item in inventory.nodes:
             seen.add(item.name)
-            apply_node(s, backend, item, rows.get(item.name))
+            row = rows.get(item.name)
+            # an agent node the backend still lists after `node delete` (it keeps nodes in memory) stays gone
+            if row is not None or backend != AGENT or deletion(s, item.name) is None:
+                apply_node(s, backend, item, row)
         for node in rows.values():
             if node.backend == backend and node.name not in seen and node.state != "lost":
-                _set_state(s, node, "lost", f"{backend}: no longer in the {backend} inventory")
+                _set_state(s, node, "lost", _gone(backend, node))
         _apply_foreign(s, backend, inventory)
+
+
+def _gone(backend: str, node: Node) -> str:
+    """Why a node its backend's inventory no longer lists is lost. The agent backend lists every node it
+    heard from since the head started, so an agent node missing from it has sent no heartbeat since."""
+    if backend != AGENT:
+        return f"{backend}: no longer in the {backend} inventory"
+    last = as_utc(node.last_heartbeat)
+    said = f"; last heartbeat {last:%Y-%m-%d %H:%M:%S} UTC, before the restart" if last else ""
+    return f"{backend}: no heartbeat since the head started{said}"
+
+
+def deletion(s: Session, name: str) -> Event | None:
+    """The audit event of node `name`'s deletion, when that is its latest event (it has not joined since)."""
+    event = s.scalar(
+        select(Event).where(Event.object_kind == "node", Event.object_id == name).order_by(Event.id.desc())
+    )
+    return event if event is not None and event.reason.startswith(f"{DELETED}:") else None
 
 
 def apply_node(s: Session, backend: str, item: InventoryNode, node: Node | None) -> None:
@@ -68,7 +101,8 @@ def apply_node(s: Session, backend: str, item: InventoryNode, node: Node | None)
         memory_bytes=item.memory_bytes,
         labels=dict(item.labels),
     )
-    node.last_heartbeat = utcnow()
+    if item.state != "lost":  # a lost node's last heartbeat stays when it was (`gpupool nodes`' LAST SEEN)
+        node.last_heartbeat = utcnow()
     mine = node.state_reason.startswith(f"{backend}: ")
     if item.state != "ready":
         if node.state != item.state or node.state_reason != item.state_reason:
@@ -142,8 +176,82 @@ def _assign(row: Node | Gpu, **values: object) -> None:
 
 def _set_state(s: Session, node: Node, state: str, reason: str) -> None:
     before = node.state
-    if node.change_state(state, reason, node.backend):
+    actor = CONTROL if node.backend == AGENT else node.backend
+    if node.change_state(state, reason, actor):
         log.info("event=node_state node=%s from=%s to=%s reason=%r", node.name, before, state, reason)
+
+
+def delete_node(store: Store, name: str, *, actor: str = "admin") -> dict[str, Any]:
+    """Remove a node that runs nothing (lost, cordoned, drained or unhealthy, and no running attempt lists
+    it): its row and GPUs, and so an agent node's credential (its agent is refused and must join again with
+    a join token). Finished attempts keep the node's name. Returns the node as it was, with warnings."""
+    with store.session() as s:
+        node = s.scalar(select(Node).where(Node.name == name))
+        if node is None:
+            names = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
+            raise NotFound(f"no node named {name!r} (nodes: {names})")
+        if node.backend != AGENT and node.state_reason != _gone(node.backend, node):
+            raise Conflict(
+                f"node {name} is the {node.backend} backend's, which still lists it: deleted here, it would "
+                f"be back with that backend's next inventory. Take it out of the {node.backend} backend "
+                "first (Slurm: slurm.conf); once it shows lost (`no longer in the ... inventory`), delete it",
+                field="name",
+            )
+        running = sorted(
+            {
+                attempt.workload_id
+                for attempt in s.scalars(select(Attempt).where(Attempt.state == RUNNING))
+                if any(p["node"] == name for p in attempt.pods or [{"node": attempt.node_name}])
+            }
+        )
+        if running:
+            listed = ", ".join(map(str, running))
+            raise Conflict(
+                f"node {name} still runs workload(s) {listed}; move them first with `gpupool node drain "
+                f"{name}` (a lost node's work is moved within a moment), then delete it once `gpupool nodes` "
+                "shows it drained",
+                field="name",
+            )
+        if node.state == "ready":
+            raise Conflict(
+                f"node {name} is ready: work may be placed on it at any moment; take it out of service "
+                f"first with `gpupool node drain {name}`, then delete it",
+                field="name",
+            )
+        models = sorted({g.model for g in node.gpus})
+        view = {
+            "name": node.name,
+            "backend": node.backend,
+            "state": node.state,
+            "state_reason": node.state_reason,
+            "gpus_total": len(node.gpus),
+            "gpu_models": models,
+            "warnings": _pinned_warnings(s, name),
+        }
+        was = f"{node.state}" + (f" ({node.state_reason})" if node.state_reason else "")
+        gpus = f"{len(node.gpus)} GPU(s)" + (f" {','.join(models)}" if models else "")
+        voided = "; its node credential is void" if node.credential_hash else ""
+        s.delete(node)  # its GPUs with it (delete-orphan); control/node_views.py sees both go
+        audit.record(s, "node", name, f"{DELETED}: it was {was}; {gpus}{voided}", actor)
+    log.info("event=node_deleted node=%s actor=%s", name, actor)
+    return view
+
+
+def _pinned_warnings(s: Session, name: str) -> list[str]:
+    """Pending work that may run on `name` only (its spec's placement.nodes): it waits for a node of that
+    name to join again."""
+    pinned = []
+    for workload_id, spec in s.execute(select(Workload.id, Workload.spec).where(Workload.state == PENDING)):
+        allowed = ((spec or {}).get("placement") or {}).get("nodes") or []
+        if allowed and set(allowed) <= {name}:
+            pinned.append(workload_id)
+    if not pinned:
+        return []
+    listed = ", ".join(map(str, sorted(pinned)))
+    return [
+        f"pending workload(s) {listed} may run only on {name} (placement.nodes): they wait until a node "
+        f"named {name} joins again, or cancel them (`gpupool cancel ID`)"
+    ]
 
 
 def _apply_foreign(s: Session, backend: str, inventory: Inventory) -> None:

@@ -36,6 +36,10 @@ SERVICE = "service"  # the workload kind that runs until cancelled
 # tells it from work that failed by itself, whatever exit code SIGTERM made.
 TIMEOUT = "timeout"
 
+# The actor the head records for its own decisions (its control loop): attempts settled, work requeued, a
+# node's lease run out. `gpupool audit --actor control` lists them (docs/operations.md, "Audit log").
+CONTROL = "control"
+
 # The lifecycle graph. running -> pending is a retry (a new attempt follows).
 ALLOWED: dict[str, frozenset[str]] = {
     PENDING: frozenset({RUNNING, CANCELLED, FAILED}),

@@ -89,7 +89,19 @@ def caller_of(store: Store, token: str) -> Caller | None:
 # The names the head records as the actor of its own changes (events, audit), and the user its health
 # check jobs run as (control/health_jobs.py): no token may carry one.
 HEAD_ACTORS = frozenset(
-    {"agent", "autoscaler", "bench-job", "control", "dependencies", "health", "idle", "scheduler", "system"}
+    {
+        "agent",
+        "autoscaler",
+        "bench-job",
+        "budget",
+        "control",
+        "dependencies",
+        "health",
+        "idle",
+        "scheduler",
+        "slurm",
+        "system",
+    }
 )
 
 

@@ -1,4 +1,4 @@
-"""/api/v1/nodes: list, cordon, uncordon."""
+"""/api/v1/nodes: list, cordon, uncordon, delete."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from fastapi import APIRouter, Body, Depends, Request
 
 from gpupool.api.auth import admin_only
 from gpupool.api.body import fields, text
-from gpupool.control import service
+from gpupool.api.routes.agents import NodeCredentials
+from gpupool.control import inventory, service
 from gpupool.control.tokens import Caller
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
@@ -41,3 +42,16 @@ def uncordon(request: Request, name: str, caller: Caller = Depends(admin_only)) 
     )
     runtime.wake()
     return result
+
+
+@router.delete("/{name}", summary="Remove a node that runs nothing, and void its agent's credential (admin)")
+def delete(request: Request, name: str, caller: Caller = Depends(admin_only)) -> dict[str, Any]:
+    runtime = request.app.state.runtime
+    with runtime.reconciler.inventory_lock:  # no inventory pass nor join between the check and the delete
+        deleted = inventory.delete_node(runtime.store, name, actor=caller.name)
+    # Credentials are cached for the heartbeats: a fresh cache reads them again, so the deleted node's
+    # agent gets 401 (join again) at its next heartbeat, not up to CREDENTIAL_CACHE_SECONDS later.
+    request.app.state.node_credentials = NodeCredentials()
+    runtime.telemetry.keep_listed({name: ()})  # its last samples and history are no node's GPUs now
+    runtime.wake()
+    return deleted
