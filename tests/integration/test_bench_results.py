@@ -178,7 +178,7 @@ def test_bad_results_and_unpinnable_jobs_are_refused_with_one_line(
     assert why["state"] == "pending" and why["reason_code"] == "no-capacity"
     assert (
         why["reason"]
-        == "needs 1 schedulable node(s) among its placement.nodes (node-9): node-9 is not in the pool"
+        == "needs 1 schedulable node among its placement.nodes (node-9): node-9 is not in the pool"
     )
 
 

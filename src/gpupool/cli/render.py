@@ -112,7 +112,7 @@ def efficiency_line(attempt: Mapping[str, Any], now: datetime) -> str | None:
     if started:
         end = datetime.fromisoformat(finished) if finished else now
         seconds = max(0.0, (end - datetime.fromisoformat(started)).total_seconds())
-    held = f"{gpus:g} GPU{'' if gpus == 1 else 's'} x {human_age(seconds)}"
+    held = f"{counted(gpus, 'GPU')} x {human_age(seconds)}"
     mean = attempt.get("gpu_utilization_pct")
     if mean is None:
         return f"{held}, no GPU telemetry"
@@ -122,10 +122,16 @@ def efficiency_line(attempt: Mapping[str, Any], now: datetime) -> str | None:
     return f"{held}, mean utilization {mean:.0f}%{memory}{so_far}"
 
 
-def gpus(count: float, digits: str = "g") -> str:
-    """A count of GPUs in words: "1 GPU", "0.5 GPUs", "16 GPUs" (`digits`: its format, e.g. ".3g")."""
+def counted(count: float, noun: str, digits: str = "g") -> str:
+    """A count and its noun, plural but for one: "1 GPU", "0.5 GPUs", "3 workloads" (`digits`: its format,
+    e.g. ".3g")."""
     shown = format(count, digits)
-    return f"{shown} GPU" if shown == "1" else f"{shown} GPUs"
+    return f"{shown} {noun}" if shown == "1" else f"{shown} {noun}s"
+
+
+def gpus(count: float, digits: str = "g") -> str:
+    """A count of GPUs in words: "1 GPU", "0.5 GPUs", "16 GPUs"."""
+    return counted(count, "GPU", digits)
 
 
 def styled(state: str) -> str:
@@ -134,6 +140,34 @@ def styled(state: str) -> str:
 
 
 PS_COLUMNS = ("id", "name", "queue", "state", "gpus", "node", "age")
+NODE_LIST_WIDTH = 24  # the most a NODE cell takes; a longer list is its first node and how many more
+
+
+def node_list(nodes: Sequence[str]) -> str:
+    """The nodes a workload runs on, for a narrow column, as Slurm's NODELIST writes them: "node-1",
+    "node-[1-2]", "gpu-[01,03-04]"; where the names share no stem before a number, or the list would be
+    wider than NODE_LIST_WIDTH, the first (rank 0's) and how many more: "node-1+3". "-" for none."""
+    if not nodes:
+        return "-"
+    unique = list(dict.fromkeys(nodes))
+    if len(unique) == 1:
+        return unique[0]
+    shortened = f"{unique[0]}+{len(unique) - 1}"
+    numbered = [re.fullmatch(r"(.*?)(\d+)", name) for name in unique]
+    stems = {found.group(1) for found in numbered if found is not None}
+    if None in numbered or len(stems) != 1:
+        return shortened
+    digits = sorted((found.group(2) for found in numbered if found is not None), key=int)
+    runs: list[list[str]] = []
+    for number in digits:
+        last = runs[-1][-1] if runs else None
+        if last is not None and int(number) == int(last) + 1 and (len(number) == len(last) or last[0] != "0"):
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    ranges = ",".join(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+    listed = f"{stems.pop()}[{ranges}]"
+    return listed if len(listed) <= NODE_LIST_WIDTH else shortened
 
 
 def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -154,6 +188,8 @@ def ps_rows(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "gpus": w["gpus"],
                 "gpu_indices": w.get("gpu_indices", []),
                 "node": w.get("node"),
+                # every rank's node (a gang's), running or, once ended, where its last attempt ran
+                "node_list": w.get("node_list") or ([w["node"]] if w.get("node") else []),
                 "age": human_age(w.get("age_seconds", 0.0)),
                 "age_seconds": w.get("age_seconds", 0.0),
                 "reason": w.get("reason", ""),
@@ -311,12 +347,12 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
             lines.append(f"  {resource}: quota {share.get('quota', 0):g}{unit}, limit {cap}")
     fair = q["fair_share"].get("gpu", 0)
     lines.append(
-        f"  now: {q['gpus_allocated']:g} GPUs allocated, fair share {fair:.3g}; {q['running']} running, "
-        f"{q['pending']} pending asking for {q['gpus_pending']:g} GPUs{held_back_note(q)}"
+        f"  now: {gpus(q['gpus_allocated'])} allocated, fair share {fair:.3g}; {q['running']} running, "
+        f"{q['pending']} pending asking for {gpus(q['gpus_pending'])}{held_back_note(q)}"
     )
     if q.get("gpus_allocated_below") or q.get("running_below"):
         lines.append(
-            f"  the queues under it: {q['gpus_allocated_below']:g} GPUs allocated, "
+            f"  the queues under it: {gpus(q['gpus_allocated_below'])} allocated, "
             f"{q['running_below']} running"
         )
     ordering = escape(q["ordering"]) if q.get("ordering") else "the server policy's"
@@ -345,8 +381,10 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
         )
     caps = q.get("user_limits") or {}
     if caps.get("gpus") is not None or caps.get("workloads") is not None:
-        said = [f"{caps['gpus']:g} GPUs" if caps.get("gpus") is not None else "",
-                f"{caps['workloads']:g} workloads" if caps.get("workloads") is not None else ""]  # fmt: skip
+        said = [
+            gpus(caps["gpus"]) if caps.get("gpus") is not None else "",
+            counted(caps["workloads"], "workload") if caps.get("workloads") is not None else "",
+        ]
         lines.append(f"  each user at most: {', '.join(x for x in said if x)}")
     if q.get("max_priority") is not None:
         lines.append(f"  users' work at priority {q['max_priority']} at most (max_priority)")
@@ -389,7 +427,13 @@ def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
         cells = [row.get("_id_text") or str(row["id"]), row["_name_text"]]
         if users:
             cells.append(row["user"])
-        cells += [row["queue"], styled(row["state"]), row["_gpus_text"], row["node"] or "-", row["age"]]
+        cells += [
+            row["queue"],
+            styled(row["state"]),
+            row["_gpus_text"],
+            escape(node_list(row["node_list"])),
+            row["age"],
+        ]
         cells.append(reason)
         table.add_row(*cells)
     return table
@@ -512,10 +556,14 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
     capacity = report["capacity_gpu_hours"]
     used = report["total"]["gpu_hours"]
     pool = f"{used / capacity:.1%} of " if capacity > 0 else ""
-    more = f"; {len(rows) - len(shown)} more lines not shown (--top)" if len(shown) < len(rows) else ""
+    more = (
+        f"; {counted(len(rows) - len(shown), 'more line')} not shown (--top)"
+        if len(shown) < len(rows)
+        else ""
+    )
     table.caption = (
         f"{report['since'][:16].replace('T', ' ')} .. {report['until'][:16].replace('T', ' ')} UTC "
-        f"({report['hours']:,.1f} h): {pool}the pool's {report['capacity_gpus']} GPUs now x the window "
+        f"({report['hours']:,.1f} h): {pool}the pool's {gpus(report['capacity_gpus'])} now x the window "
         f"({_hours(capacity)} GPU-h){more}. GPU-H: GPU-hours allocated; UTIL: their mean GPU utilization, "
         "over the attempts with GPU telemetry; USED: those attempts' GPU-hours x UTIL"
         + (f"; {currency}: their cost" if currency else " (no prices.yaml: docs/operations.md)")

@@ -16,6 +16,7 @@ from gpupool.cli.errors import CliError
 from gpupool.cli.render import (
     JSON_HELP,
     console,
+    counted,
     efficiency_line,
     ending_line,
     err_console,
@@ -136,7 +137,7 @@ def show(
         states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if state != "total")
         console.print(
             f"  array: task {w['array_index']} of array {w['array_id']} ({w['spec']['array']}; "
-            f"{counts.get('total', 0)} tasks: {states})"
+            f"{counted(counts.get('total', 0), 'task')}: {states})"
         )
     if w["spec"].get("after"):
         waits = ", ".join(f"{d['workload']} {d['when']}" for d in w["spec"]["after"])
@@ -207,19 +208,18 @@ def _time_limit(w: Mapping[str, Any]) -> str:
 
 
 def _attempt_line(a: Mapping[str, Any], queue: str) -> str:
-    """One attempt for `gpupool show`: its state, where, which GPUs (indices, not a count), the queue it
-    ran in where the work has moved since (`queue`: the work's now), how it runs, and how it ended (the
-    exit code once, where the reason does not already say it)."""
-    gpus = format_gpu_indices(a["gpu_indices"])
-    fraction = a.get("gpu_fraction")
-    if fraction and fraction < 1 and a["gpu_indices"]:
-        gpus = f"{fraction:g} of {gpus}"  # a share of one GPU (resources.gpu: 0.5)
-    parts = [f"{styled(a['state'])} on {a['node']}", gpus]
+    """One attempt for `gpupool show`: its state, where, which GPUs (indices, not a count; a gang's each
+    rank's node and GPUs), the queue it ran in where the work has moved since (`queue`: the work's now),
+    how it runs, and how it ended (the exit code once, where the reason does not already say it)."""
+    pods = a.get("pods") or []
+    if len(pods) > 1:  # a gang: where each rank ran ("evicted on node-1 ..." named rank 0's node alone)
+        ranks = "; ".join(f"rank {r}: {p['node']} {_pod_gpus(p)}" for r, p in enumerate(pods))
+        parts = [f"{styled(a['state'])} on {len(pods)} nodes ({escape(ranks)})"]
+    else:
+        parts = [f"{styled(a['state'])} on {escape(str(a['node']))}", _pod_gpus(a)]
     if a.get("queue") and a["queue"] != queue:
         parts.append(f"in queue {a['queue']}")
-    if a.get("backend") == "agent":
-        parts.append("ranks on " + ",".join(str(p["node"]) for p in a.get("pods") or []))
-    elif a.get("slurm_job_id"):
+    if a.get("slurm_job_id"):
         parts.append(f"slurm job {a['slurm_job_id']}")
     elif a.get("pid") is not None:
         parts.append(f"pid={a['pid']}")
@@ -230,6 +230,15 @@ def _attempt_line(a: Mapping[str, Any], queue: str) -> str:
     if reason:
         parts.append(escape(reason))
     return " ".join(parts)
+
+
+def _pod_gpus(pod: Mapping[str, Any]) -> str:
+    """Which GPUs of its node a pod (or an attempt's one) holds: "GPUs 0,1", "0.5 of GPU 3"."""
+    held = format_gpu_indices(pod.get("gpu_indices") or [])
+    fraction = pod.get("gpu_fraction")
+    if fraction and fraction < 1 and pod.get("gpu_indices"):
+        held = f"{fraction:g} of {held}"  # a share of one GPU (resources.gpu: 0.5)
+    return held
 
 
 @app.command()
@@ -291,9 +300,9 @@ def _beyond_reclaim(w: Mapping[str, Any], queue: Mapping[str, Any], fair: float)
     if wants <= 0 or would <= max(quota, fair) + 1e-9:
         return ""
     return (
-        f"reclaim takes no GPUs from other queues for it: with its {wants:g} GPUs queue {queue['name']} "
+        f"reclaim takes no GPUs from other queues for it: with its {gpus(wants)} queue {queue['name']} "
         f"would hold {would:g}, above both its quota ({quota:g}) and its fair share ({fair:.3g}), the most "
-        f"reclaim gives a queue; it starts when {wants:g} GPUs come free"
+        f"reclaim gives a queue; it starts when {gpus(wants)} {'comes' if wants == 1 else 'come'} free"
     )
 
 

@@ -551,7 +551,7 @@ class Reconciler(Observation, SnapshotBuilding):
                 s,
                 workload,
                 RUNNING,
-                f"started on {bind.node} {format_gpu_indices(bind.gpu_indices)}",
+                "started on " + ", ".join(f"{p.node} {format_gpu_indices(p.gpu_indices)}" for p in bind.pods),
                 actor="scheduler",
             )
             if not verdict.accepted:

@@ -389,6 +389,11 @@ def get_queue(
 # -- workloads -------------------------------------------------------------------------------------------
 
 
+def attempt_nodes(attempt: Attempt) -> list[str]:
+    """The node of each of an attempt's ranks, in rank order (its one node where it records no ranks)."""
+    return [str(pod["node"]) for pod in attempt.pods or ()] or [attempt.node_name]
+
+
 def attempt_view(attempt: Attempt) -> dict[str, Any]:
     return {
         "number": attempt.number,
@@ -501,6 +506,9 @@ def workload_view(
         "nodes": workload.nodes,
         "max_duration": workload.spec.get("max_duration"),  # seconds an attempt may run; null: no limit
         "node": last.node_name if running and last else None,
+        # each rank's node (one for single-node work), in rank order: the running attempt's, or, once the
+        # work has ended, its last attempt's (Slurm's NodeList); [] while it waits
+        "node_list": attempt_nodes(last) if last and (running or workload.state in TERMINAL) else [],
         "gpu_indices": list(last.gpu_indices) if running and last else [],
         # a running service's address, "host:port"; the head proxies to it (see `service_targets`)
         "endpoint": (last.endpoint or None) if running and last else None,

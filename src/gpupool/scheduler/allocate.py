@@ -281,11 +281,15 @@ class Allocation(EvictionSearch):
             return explain.no_matching_gpu(w)
         biggest = max(count for count, _ in matching)
         if w.gpus.count > biggest:
-            return explain.too_large(w, f"needs {w.gpus.count:g} GPUs on one node; the largest has {biggest}")
+            return explain.too_large(
+                w, f"needs {explain.counted(w.gpus.count, 'GPU')} on one node; the largest has {biggest}"
+            )
         able = sum(many for count, many in matching if count >= w.gpus.count)
         if w.nodes > able:
             return explain.too_large(
-                w, f"needs {w.nodes} nodes with {w.gpus.count:g} matching GPUs; {able} have them"
+                w,
+                f"needs {explain.counted(w.nodes, 'node')} with "
+                f"{explain.counted(w.gpus.count, 'matching GPU')}; {able} {_have(able)} them",
             )
         if w.cpus <= 0 and w.memory_bytes <= 0:
             return None
@@ -315,16 +319,18 @@ class Allocation(EvictionSearch):
             return None
         such = "node with its GPUs" if w.gpus.count > 0 else "node"
         if not cpus_anywhere:
-            return explain.too_large(w, f"needs {w.cpus:g} CPUs on one {such}; the largest has {most_cpus:g}")
+            return explain.too_large(
+                w, f"needs {explain.counted(w.cpus, 'CPU')} on one {such}; the largest has {most_cpus:g}"
+            )
         if not memory_anywhere:
             return explain.too_large(
                 w, f"needs {explain.size_text(w.memory_bytes)} of memory on one {such}; the largest has "
                 f"{explain.size_text(most_memory)}",
             )  # fmt: skip
+        beside = "beside its GPUs " if w.gpus.count > 0 else ""
         return explain.too_large(
-            w, f"needs {w.nodes} nodes with {w.cpus:g} CPUs and {explain.size_text(w.memory_bytes)} of "
-            f"memory "
-            f"{'beside its GPUs ' if w.gpus.count > 0 else ''}each; {able} have them",
+            w, f"needs {explain.counted(w.nodes, 'node')} with {explain.counted(w.cpus, 'CPU')} and "
+            f"{explain.size_text(w.memory_bytes)} of memory {beside}each; {able} {_have(able)} them",
         )  # fmt: skip
 
     def _never_fits_named(self, w: WorkloadView) -> Explanation | None:
@@ -524,3 +530,8 @@ def _listed(names: frozenset[str]) -> str:
 def whole_demand(w: WorkloadView) -> tuple[float, float, float]:
     """GPUs, CPUs and memory that all of `w`'s pods ask for, in `RESOURCES`' order (as queue limits count)."""
     return (w.gpus.count * w.nodes, w.cpus * w.nodes, float(w.memory_bytes * w.nodes))
+
+
+def _have(count: int) -> str:
+    """The verb after a count of nodes: "1 has", "2 have"."""
+    return "has" if count == 1 else "have"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, cast
 
 from gpupool.scheduler.snapshot import Explanation, NodeView, WorkloadView
 from gpupool.scheduler.state import EPSILON
@@ -46,12 +46,19 @@ def cured_by_capacity(code: str) -> bool:
 
 
 # A queue's standing as the over-fair-share sentence gives it: (the queue, its GPUs allocated, its fair
-# share). Typed as any tuple so that compiled code keeps it as one Python tuple that every sentence of the
-# queue shares: as `tuple[str, float, float]`, mypyc keeps it unboxed and makes a new tuple, with new
-# floats, each time a sentence takes it.
+# share), and, where given, fourth: how many of those GPUs stopping work is still releasing for its waiting
+# work (allocated to it after release: its fair share counts them, `gpupool queues` does not yet). Typed
+# as any tuple so that compiled code keeps it as one Python tuple that every sentence of the queue shares:
+# as `tuple[str, float, float]`, mypyc keeps it unboxed and makes a new tuple, with new floats, each time
+# a sentence takes it.
 Standing: TypeAlias = tuple[object, ...]
 
-UNITS: Final = {"gpu": "GPUs", "cpu": "CPUs", "memory": "bytes of memory"}
+UNITS: Final = {"gpu": ("GPU", ""), "cpu": ("CPU", ""), "memory": ("byte", " of memory")}  # see `counted`
+
+
+def counted(count: float, noun: str) -> str:
+    """`count` and the noun, plural but for one: "1 GPU", "0.5 GPUs", "2 schedulable nodes"."""
+    return f"{count:g} {noun}" if count == 1 else f"{count:g} {noun}s"
 
 
 def size_text(n: float) -> str:
@@ -67,17 +74,16 @@ def size_text(n: float) -> str:
 
 def gpu_text(w: WorkloadView) -> str:
     demand = w.gpus
-    count = f"{demand.count:g}"
     what = "|".join(demand.models)
     if demand.min_memory_bytes:
         what = f">={size_text(demand.min_memory_bytes)}"
-    return f"{count} {what} GPU".replace("  ", " ") + ("" if demand.count == 1 else "s")
+    return counted(demand.count, f"{what} GPU".lstrip())
 
 
 def queue_limit(queue: str, resource: str, allocated: float, limit: float, wants: float) -> Explanation:
     """`wants` more of `resource` would take `queue` past its limit. Work that alone asks for more than the
     limit waits until the limit is raised, however idle the queue: said so, with the command."""
-    units = UNITS.get(resource, resource)
+    noun, after = UNITS.get(resource, (resource, ""))
     if wants > limit + EPSILON:
         fix = (
             f"`gpupool queue update {queue} --gpu-limit {wants:g}`"
@@ -86,15 +92,17 @@ def queue_limit(queue: str, resource: str, allocated: float, limit: float, wants
         )
         return Explanation(
             QUEUE_LIMIT,
-            f"needs {wants:g} {units}, more than queue {queue}'s limit of {limit:g}: it starts only once "
-            f"an admin raises the limit ({fix}) or it asks for less",
+            f"needs {counted(wants, noun)}{after}, more than queue {queue}'s limit of {limit:g}: it starts "
+            f"only once an admin raises the limit ({fix}) or it asks for less",
         )
     if allocated + EPSILON >= limit:
-        return Explanation(QUEUE_LIMIT, f"queue {queue} is at its limit ({allocated:g}/{limit:g} {units})")
+        return Explanation(
+            QUEUE_LIMIT, f"queue {queue} is at its limit ({allocated:g}/{counted(limit, noun)}{after})"
+        )
     return Explanation(
         QUEUE_LIMIT,
-        f"queue {queue} would pass its limit: {allocated:g} of {limit:g} {units} in use, and this needs "
-        f"{wants:g}",
+        f"queue {queue} would pass its limit: {allocated:g} of {counted(limit, noun)}{after} in use, and "
+        f"this needs {wants:g}",
     )
 
 
@@ -104,8 +112,7 @@ def over_quota_nonpreemptible(over: Sequence[tuple[str, float, float]]) -> Expla
     hold, its quota) for every level of the queue's chain it would pass, its own first: a fix for one level
     alone would leave the work waiting on the next."""
     said = [
-        f"queue {queue} would hold {would:g} non-preemptible GPU{'' if would == 1 else 's'}, over its "
-        f"quota of {quota:g}"
+        f"queue {queue} would hold {counted(would, 'non-preemptible GPU')}, over its quota of {quota:g}"
         for queue, would, quota in over
     ]
     fixes = ", ".join(f"`gpupool queue update {queue} --gpu-quota {would:g}`" for queue, would, _ in over)
@@ -119,9 +126,9 @@ def over_quota_nonpreemptible(over: Sequence[tuple[str, float, float]]) -> Expla
 
 def _quota_not_reclaimable(why: Explanation, queue: str, allocated: float, quota: float) -> str:
     return (
-        f"{why.message}; queue {queue} is within its quota ({allocated:g} of {quota:g} GPUs in use), but "
-        "reclaim found nothing to take for it: the work beyond other queues' quotas is non-preemptible or "
-        "within its minimum runtime, or stopping it would not free room this work can use"
+        f"{why.message}; queue {queue} is within its quota ({allocated:g} of {counted(quota, 'GPU')} in "
+        "use), but reclaim found nothing to take for it: the work beyond other queues' quotas is "
+        "non-preemptible or within its minimum runtime, or stopping it would not free room this work can use"
     )
 
 
@@ -142,7 +149,7 @@ def too_large(w: WorkloadView, why: str) -> Explanation:
 
 def no_nodes(w: WorkloadView) -> Explanation:
     """The pool has no node at all (a head whose agents have not joined yet): work waits for one."""
-    pods = f"{w.nodes} nodes" if w.nodes > 1 else "a node"
+    pods = counted(w.nodes, "node") if w.nodes > 1 else "a node"
     return Explanation(NO_CAPACITY, f"needs {pods}; the pool has no nodes yet (none has joined)")
 
 
@@ -153,21 +160,23 @@ def unschedulable_nodes(w: WorkloadView, nodes: Sequence[NodeView]) -> Explanati
     sick = any(n.state == "unhealthy" for n in nodes if not n.schedulable)
     evidence = "; why a node is unhealthy: `gpupool health status`" if sick else ""
     return Explanation(
-        NO_CAPACITY, f"needs {w.nodes} schedulable node(s); {ready} can take work now ({shown}){evidence}"
+        NO_CAPACITY,
+        f"needs {counted(w.nodes, 'schedulable node')}; {ready} can take work now ({shown}){evidence}",
     )
 
 
 def named_nodes(w: WorkloadView, listed: str, why: str) -> Explanation:
     return Explanation(
-        NO_CAPACITY, f"needs {w.nodes} schedulable node(s) among its placement.nodes ({listed}): {why}"
+        NO_CAPACITY,
+        f"needs {counted(w.nodes, 'schedulable node')} among its placement.nodes ({listed}): {why}",
     )
 
 
 def named_nodes_full(w: WorkloadView, listed: str, free: float) -> Explanation:
     return Explanation(
         NO_CAPACITY,
-        f"needs {gpu_text(w)} free on {w.nodes} of its placement.nodes ({listed}); they have {free:g} GPUs "
-        "free",
+        f"needs {gpu_text(w)} free on {w.nodes} of its placement.nodes ({listed}); they have "
+        f"{counted(free, 'GPU')} free",
     )
 
 
@@ -180,7 +189,7 @@ def fragmented(w: WorkloadView, block: int, node: str | None) -> Explanation:
     pods = (
         f"{w.nodes} nodes with {gpu_text(w)} free each" if w.nodes > 1 else f"{gpu_text(w)} free on one node"
     )
-    return Explanation(FRAGMENTED, f"needs {pods}; the largest free block is {block} GPUs{where}")
+    return Explanation(FRAGMENTED, f"needs {pods}; the largest free block is {counted(block, 'GPU')}{where}")
 
 
 def node_resources_short(w: WorkloadView, resource: str, most: float, node: str) -> Explanation:
@@ -190,11 +199,14 @@ def node_resources_short(w: WorkloadView, resource: str, most: float, node: str)
     gpus = f"{gpu_text(w)} free" if w.gpus.count > 0 else "room"
     memory = f"{size_text(w.memory_bytes)} of memory"
     if resource == "cpu":
-        why = f"needs {w.cpus:g} CPUs on a node with {gpus}; those nodes have at most {most:g} CPUs free"
+        why = (
+            f"needs {counted(w.cpus, 'CPU')} on a node with {gpus}; those nodes have at most "
+            f"{counted(most, 'CPU')} free"
+        )
     elif resource == "memory":
         why = f"needs {memory} on a node with {gpus}; those nodes have at most {size_text(most)} free"
     else:
-        both = f"needs {w.cpus:g} CPUs and {memory} on a node with {gpus}"
+        both = f"needs {counted(w.cpus, 'CPU')} and {memory} on a node with {gpus}"
         return Explanation(FRAGMENTED, f"{both}; no such node has both free")
     return Explanation(FRAGMENTED, f"{why} ({node})")
 
@@ -202,7 +214,7 @@ def node_resources_short(w: WorkloadView, resource: str, most: float, node: str)
 def _no_capacity(w: WorkloadView, free: float, ahead: int) -> str:
     pods = f"{w.nodes} x {gpu_text(w)}" if w.nodes > 1 else gpu_text(w)
     behind = f"; {_ahead(ahead)} in queue {w.queue}" if ahead else ""
-    return f"needs {pods}; {free:g} GPUs free in the pool{behind}"
+    return f"needs {pods}; {counted(free, 'GPU')} free in the pool{behind}"
 
 
 _NO_CAPACITY: Final[Callable[..., str]] = _no_capacity
@@ -213,17 +225,28 @@ def no_capacity(w: WorkloadView, free: float, ahead: int) -> Explanation:
 
 
 def _ahead(count: int) -> str:
-    return "1 workload ahead" if count == 1 else f"{count} workloads ahead"
+    return f"{counted(count, 'workload')} ahead"
 
 
 def _over_fair_share(standing: Standing, ahead: int) -> str:
-    queue, allocated, fair = standing
+    queue, allocated, fair = standing[0], cast(float, standing[1]), standing[2]
+    freeing = cast(float, standing[3]) if len(standing) > 3 else 0.0
     behind = f"; {_ahead(ahead)}" if ahead else ""
+    # The GPUs its running work holds (the allocation `gpupool queues` shows), and apart from them those
+    # being released for its waiting work, which its fair share counts too: "holds 13 GPUs" beside the
+    # queue's "allocated 9" read as a mistake.
+    held, running = counted(allocated, "GPU"), allocated - freeing
+    if freeing > EPSILON:
+        held = (
+            f"{counted(running, 'GPU')} and {freeing:g} more being freed for its work"
+            if running > EPSILON
+            else f"no GPUs but {counted(freeing, 'GPU')} being freed for its work"
+        )
     # Capacity first, as Slurm's "Resources": a full pool read as a fairness problem ("at or over its fair
     # share (4 >= 4 GPUs)") to a user whose queue was the only one.
     return (
-        f"waiting for GPUs to come free: queue {queue} holds {allocated:g} GPUs, at or over its fair share "
-        f"of {fair:.3g}, so no other queue's work is reclaimed for it{behind}"
+        f"waiting for GPUs to come free: queue {queue} holds {held}, at or over its fair share of "
+        f"{fair:.3g}, so no other queue's work is reclaimed for it{behind}"
     )
 
 
@@ -231,7 +254,8 @@ _OVER_FAIR_SHARE: Final[Callable[..., str]] = _over_fair_share
 
 
 def over_fair_share(standing: Standing, ahead: int) -> Explanation:
-    """`standing`: the queue, the GPUs allocated to it, its fair share (one tuple serves all its work)."""
+    """`standing`: the queue, the GPUs allocated to it, its fair share, and optionally those of them being
+    freed for its waiting work (one tuple serves all its work)."""
     return Explanation(OVER_FAIR_SHARE, render=_OVER_FAIR_SHARE, args=(standing, ahead))
 
 
@@ -248,12 +272,12 @@ def stopping_limit(limit: float, stopping: float, wanted: float) -> Explanation:
 
 
 def _count_gpus(count: float) -> str:
-    return "1 GPU is" if count == 1 else f"{count:g} GPUs are"
+    return f"{counted(count, 'GPU')} {'is' if count == 1 else 'are'}"
 
 
 def waiting_for_release(w: WorkloadView, victims: Sequence[int] = ()) -> Explanation:
     """`victims`: the ids of the work stopping for `w` (evicted for it, now or in an earlier cycle)."""
-    why = f"waiting for {w.gpu_units:g} GPUs being released by evicted work"
+    why = f"waiting for {counted(w.gpu_units, 'GPU')} being released by evicted work"
     if victims:
         ids = sorted(set(victims))
         listed = ", ".join(str(i) for i in ids[:5])

@@ -476,6 +476,17 @@ class Prepared:
             self._rank = {v.id: i for vs in self.order.values() for i, v in enumerate(vs)}
         return self._rank.get(w.id, 0)
 
+    def _freeing_for(self, queue: str) -> float:
+        """GPUs allocated to `queue` (and the queues below it) that stopping work is still releasing: those
+        of its work left waiting for them (`Decisions.nominated`), counted in `state.allocated` though not
+        yet running (`gpupool queues` counts running work only)."""
+        total = 0.0
+        for wid in self.decisions.nominated:
+            w = self._pending_by_id.get(wid)
+            if w is not None and queue in self.state.chain(w.queue):
+                total += w.gpu_units
+        return total
+
     def _capacity_explanation(self, w: WorkloadView, why: Explanation, place: int = -1) -> Explanation:
         """Personalise a (possibly cached) capacity explanation for this workload and its queue (`place`:
         see `ahead_of`)."""
@@ -488,7 +499,8 @@ class Prepared:
             if queue != self._standing_queue or changes != self._standing_changes:
                 self._standing_queue, self._standing_changes = queue, changes
                 allocated, fair = self.state.allocated(queue), self.fair(queue)
-                self._standing = (queue, allocated, fair)  # one tuple for all the queue's sentences
+                # one tuple for all the queue's sentences
+                self._standing = (queue, allocated, fair, self._freeing_for(queue))
                 self._standing_over = self.config.fair_share and allocated + EPSILON >= fair
             if self._standing_over:
                 return explain.over_fair_share(self._standing, ahead)

@@ -252,3 +252,70 @@ def test_a_budget_that_stops_running_work_says_so_in_queue_show_and_the_table() 
     told = " ".join(queue_lines({**_queue("nlp", budget=waits), "created_at": "x", "updated_at": "y"}))
     assert "; spent: new work waits" in told
     assert _budget_cell(waits) == "201 of 200 a week, spent"
+
+
+def test_node_lists_read_as_slurms_nodelist_and_stay_narrow() -> None:
+    from gpupool.cli.render import node_list
+
+    assert node_list([]) == "-"
+    assert node_list(["node-1"]) == "node-1"
+    assert node_list(["node-2", "node-1"]) == "node-[1-2]"
+    assert node_list(["gpu-04", "gpu-01", "gpu-03"]) == "gpu-[01,03-04]"
+    assert node_list(["n9", "n10", "n11"]) == "n[9-11]"
+    assert node_list(["alpha", "beta", "gamma"]) == "alpha+2"  # no numbered stem: rank 0's and how many more
+    assert node_list(["a-1", "b-2"]) == "a-1+1"
+    spread = [f"rack-a-node-{i}" for i in range(1, 40, 2)]
+    assert node_list(spread) == "rack-a-node-1+19"  # wider than the column: shortened
+
+
+def test_ps_names_every_node_of_a_gang_and_where_finished_work_ran() -> None:
+    """NODE showed rank 0's node alone for a gang, and "-" for every finished workload."""
+    base = {**_task(3, 0, "running"), "array_id": None, "array_index": None}
+    gang = {**base, "nodes": 2, "gpus": "4", "node": "node-1", "node_list": ["node-1", "node-2"]}
+    done = {**base, "id": 4, "state": "succeeded", "exit_code": 0, "node": None, "node_list": ["node-2"]}
+    older_head = {**base, "id": 5, "node": "node-3"}  # a head whose views have no node_list
+    waiting = {**base, "id": 6, "state": "pending", "node": None, "node_list": []}
+    lines = _shown([gang, done, older_head, waiting])
+    assert [line.split()[5] for line in lines] == ["node-[1-2]", "node-2", "node-3", "-"], lines
+
+
+def test_show_gives_each_rank_of_a_gang_its_node_and_gpus() -> None:
+    """`evicted on node-1 GPUs 0,1,2,3 ranks on node-1,node-2` named rank 0's GPUs alone, though node-2
+    was the one lost."""
+    from gpupool.cli.workloads import _attempt_line
+
+    pods = [{"node": "node-1", "gpu_indices": [0, 1, 2, 3], "gpu_fraction": 1.0},
+            {"node": "node-2", "gpu_indices": [4, 5, 6, 7], "gpu_fraction": 1.0}]  # fmt: skip
+    gang = {"state": "evicted", "node": "node-1", "gpu_indices": [0, 1, 2, 3], "gpu_fraction": 1.0,
+            "backend": "agent", "pods": pods, "queue": "default", "exit_code": None,
+            "reason": "gang lost part of its placement (node-2); restarting it whole"}  # fmt: skip
+    line = Console(width=300).render_str(_attempt_line(gang, "default")).plain
+    assert line == (
+        "evicted on 2 nodes (rank 0: node-1 GPUs 0,1,2,3; rank 1: node-2 GPUs 4,5,6,7) gang lost part of its "
+        "placement (node-2); restarting it whole"
+    )
+    one = {
+        **gang,
+        "state": "running",
+        "pods": pods[:1],
+        "gpu_indices": [0],
+        "gpu_fraction": 0.5,
+        "reason": "",
+    }
+    assert Console().render_str(_attempt_line(one, "default")).plain == "running on node-1 0.5 of GPU 0"
+
+
+def test_counts_of_one_are_said_in_the_singular() -> None:
+    from gpupool.cli.render import counted, gpus
+
+    shown = {**_queue("nlp"), "gpus_allocated": 1, "gpus_pending": 1, "created_at": "x", "updated_at": "y"}
+    shown["user_limits"] = {"gpus": 1, "workloads": 1}
+    lines = " ".join(queue_lines(shown))
+    assert "now: 1 GPU allocated" in lines and "asking for 1 GPU" in lines and "1 GPUs" not in lines
+    assert "each user at most: 1 GPU, 1 workload" in lines
+    assert [gpus(1), gpus(0.5), counted(2, "node"), counted(1, "node")] == [
+        "1 GPU",
+        "0.5 GPUs",
+        "2 nodes",
+        "1 node",
+    ]

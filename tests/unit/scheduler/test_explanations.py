@@ -201,7 +201,7 @@ def test_work_that_asks_more_cpus_or_memory_than_any_node_has_can_never_fit_and_
     assert reasons[11] == ("too-large", "can never fit this pool: needs 2TB of memory on one node; "
                            "the largest has 1TB")  # fmt: skip
     assert reasons[12] == ("too-large", "can never fit this pool: needs 2 nodes with 48 CPUs and 150GB of "
-                           "memory beside its GPUs each; 1 have them")  # fmt: skip
+                           "memory beside its GPUs each; 1 has them")  # fmt: skip
     assert reasons[13] == ("too-large", "can never fit this pool: needs 40 CPUs on one node with its GPUs; "
                            "the largest has 32")  # fmt: skip
     assert reasons[14] == ("too-large", "can never fit this pool: needs 48 CPUs on one node with its GPUs; "
@@ -356,3 +356,88 @@ def test_work_waiting_for_an_unhealthy_node_is_told_where_the_evidence_is() -> N
     assert said.endswith(
         "0 can take work now (n1 unhealthy, n2 cordoned); why a node is unhealthy: `gpupool health status`"
     ), said
+
+
+def test_over_fair_share_tells_the_gpus_being_freed_for_the_queue_apart_from_those_it_holds() -> None:
+    """`gpupool why 13` said "queue nlp holds 13 GPUs" beside the queue's "allocated 9": the scheduler's
+    allocation counts the GPUs being released for the queue's waiting work (4 here), `gpupool queues` only
+    the GPUs its running work holds. The sentence says both apart."""
+    from gpupool.scheduler import explain
+
+    assert explain.over_fair_share(("nlp", 13.0, 12.0, 4.0), 1).message == (
+        "waiting for GPUs to come free: queue nlp holds 9 GPUs and 4 more being freed for its work, at or "
+        "over its fair share of 12, so no other queue's work is reclaimed for it; 1 workload ahead"
+    )
+    assert explain.over_fair_share(("nlp", 4.0, 4.0, 4.0), 0).message == (
+        "waiting for GPUs to come free: queue nlp holds no GPUs but 4 GPUs being freed for its work, at or "
+        "over its fair share of 4, so no other queue's work is reclaimed for it"
+    )
+    nothing_freed = explain.over_fair_share(("nlp", 1.0, 1.0, 0.0), 2).message
+    assert nothing_freed == explain.over_fair_share(("nlp", 1.0, 1.0), 2).message  # as before: no 4th
+    assert nothing_freed.startswith("waiting for GPUs to come free: queue nlp holds 1 GPU, at or over")
+
+
+_NLP_WAITS_FOR_RELEASE: dict[str, object] = {
+    # nlp runs 9 GPUs; cv's workload 3 stops for nlp's 10 (evicted in an earlier cycle): 10 waits for its
+    # 4 GPUs, and 13 waits with nlp at its fair share (12) once those 4 count
+    "description": "nlp's work waits for GPUs being released",
+    "now": 10000,
+    "nodes": [{"name": "n1", "gpus": 8}, {"name": "n2", "gpus": 8}],
+    "queues": [{"name": "nlp", "gpu": 8}, {"name": "cv"}],
+    "running": [
+        {"id": 1, "queue": "nlp", "on": {"n1": "0-7"}},
+        {"id": 2, "queue": "nlp", "on": {"n2": [0]}},
+        {"id": 3, "queue": "cv", "on": {"n2": "1-4"}, "stopping": True, "evicted_for": 10},
+        {"id": 4, "queue": "cv", "on": {"n2": "5-7"}},
+    ],
+    "pending": [{"id": 10, "queue": "nlp", "gpus": 4}, {"id": 13, "queue": "nlp", "gpus": 4}],
+    "expect": {"binds": {}, "evictions": {}},
+}
+
+
+def test_work_over_its_fair_share_is_told_what_its_queue_runs_as_gpupool_queues_counts_it() -> None:
+    scenario = parse_scenario(_NLP_WAITS_FOR_RELEASE, "waits_for_release")
+    decisions = decide(scenario.snapshot, scenario.now)
+    assert decisions.explanations[10].code == "waiting-for-release"
+    assert decisions.explanations[13].message == (
+        "waiting for GPUs to come free: queue nlp holds 9 GPUs and 4 more being freed for its work, at or "
+        "over its fair share of 12, so no other queue's work is reclaimed for it; 1 workload ahead"
+    )
+
+
+def test_a_count_of_one_is_said_in_the_singular() -> None:
+    """ "1 GPUs free", "needs 1 schedulable node(s)": a count of one reads "1 GPU", "1 node"."""
+    scenario = parse_scenario(
+        {
+            "description": "one free",
+            "nodes": [{"name": "n1", "gpus": 2, "cpus": 8}],
+            "queues": [{"name": "a", "gpu": 2}, {"name": "b", "gpu": 0}],
+            "running": [{"id": 1, "queue": "a", "on": {"n1": [0]}, "cpus": 7}],
+            "pending": [{"id": 10, "queue": "a", "gpus": 2}, {"id": 11, "queue": "a", "gpus": 1, "cpus": 2}],
+            "expect": {"binds": {}, "evictions": {}},
+        },
+        "one_free",
+    )
+    said = {wid: e.message for wid, e in decide(scenario.snapshot, scenario.now).explanations.items()}
+    assert said[10] == "needs 2 GPUs; 1 GPU free in the pool", said
+    assert said[11] == "needs 2 CPUs on a node with 1 GPU free; those nodes have at most 1 CPU free (n1)"
+    from gpupool.scheduler import NodeView, WorkloadView, explain
+
+    one = WorkloadView(20, "a", 50, 0.0, nodes=1)
+    lost = (NodeView("n1", schedulable=False, gpus=(), state="lost"),)
+    assert (
+        explain.unschedulable_nodes(one, lost).message
+        == "needs 1 schedulable node; 0 can take work now (n1 lost)"
+    )
+    assert explain.named_nodes(one, "n9", "n9 is not in the pool").message == (
+        "needs 1 schedulable node among its placement.nodes (n9): n9 is not in the pool"
+    )
+    assert explain.fragmented(replace(one, nodes=2), 1, "n1").message.endswith(
+        "largest free block is 1 GPU on n1"
+    )
+    assert explain.queue_limit("q", "gpu", 1, 1, 1).message == "queue q is at its limit (1/1 GPU)"
+    assert explain.queue_limit("q", "cpu", 0, 1, 2).message.startswith("needs 2 CPUs, more than queue q's")
+    assert explain.stopping_limit(4, 1, 0).message.startswith("1 GPU is being released")
+    assert explain.waiting_for_release(replace(one, gpus=replace(one.gpus, count=1))).message == (
+        "waiting for 1 GPU being released by evicted work"
+    )
