@@ -221,6 +221,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.include_router(proxy.router, prefix="/api/v1")
     app.include_router(api)
     app.add_api_websocket_route("/api/v1/workloads/{workload_id}/proxy/{path:path}", proxy.proxy_websocket)
+    app.add_api_websocket_route("/api/v1/services/{name}/proxy/{path:path}", proxy.proxy_websocket_by_name)
     app.include_router(agents.agent_router)
     app.include_router(metrics.router)
     return app

@@ -1,5 +1,7 @@
 """/api/v1/workloads/{id}/proxy/...: a service reached through the head, at an address that stays the same
-while the service starts again on another port or node.
+while the service starts again on another port or node; /api/v1/services/{name}/proxy/...: the one pending or
+running service of that name (control/service_names.py says which), at an address that stays the same while
+the service is cancelled and submitted again.
 
 The request goes, with its method, path below `proxy/`, query, headers and body, to the address the
 service's running attempt listens on (`GPUPOOL_PORT` on rank 0's node); the answer comes back streamed, so
@@ -8,7 +10,8 @@ server-sent events and long downloads pass as they come. Who may reach a service
 (public). The head's own bearer token is checked like any API call's and is not passed on; the body is the
 service's business (no NUL check, unlike the API's own routes, and no size limit: it is streamed on as it
 arrives, never held by the head). The client's own X-Forwarded-* and Forwarded headers are dropped: the
-head writes its own, so a service can believe them. See docs/user-guide.md#reaching-a-service.
+head writes its own, so a service can believe them. By name, the name is read to an id (`_by_name`),
+and from there all is as by id. See docs/user-guide.md#reaching-a-service.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 from fastapi import APIRouter, Request
@@ -30,13 +35,13 @@ from websockets.exceptions import InvalidHandshake
 from gpupool.api.auth import caller_from, refuse_viewer_change
 from gpupool.api.errors import ApiError
 from gpupool.api.ratelimit import RateLimiter, retry_after
-from gpupool.control import service
+from gpupool.control import service, service_names
 from gpupool.control.autoscale import Load
-from gpupool.control.errors import ServiceError
+from gpupool.control.errors import NotFound, ServiceError
 from gpupool.control.readiness import word_on
 from gpupool.websocket_relay import relay
 
-router = APIRouter(prefix="/workloads", tags=["services"])
+router = APIRouter(tags=["services"])
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 # Not passed on: hop-by-hop headers (RFC 9110, 7.6.1), the head's own credentials, and the host (the
@@ -59,22 +64,31 @@ FORWARDED = "forwarded"  # RFC 7239
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0)
 # Where a service runs is read from the store at most once a TARGET_TTL seconds per service (and again at
 # once after its endpoint failed to answer, or its probe said not ready): a read in a worker thread costs
-# the event loop more than the request it serves (docs/benchmarks.md#service-proxy).
+# the event loop more than the request it serves (docs/benchmarks.md#service-proxy). So are the services a
+# name stands for (read again at once when the one it stood for has ended).
 TARGET_TTL = 1.0
 MAX_TARGETS = 10_000
 # Passive health: an endpoint that refused or did not accept a connection gets no request for REST seconds
 # while another replica takes them (a hung process's accept queue fills, and each connect would wait).
 REST = 5.0
-# For a caller without a token, an id that named no workload is not looked up again for MISSING_TTL seconds,
-# and a request that needs a store read (an id not known here) is counted by the API's rate limiter under
-# the caller's address: nobody without a token can make the head read the store at will. (A caller with a
-# token is always looked up: access once seen is kept, and a miss must not let a new private service by.)
+# For a caller without a token, an id that named no workload (a name that named no pending or running
+# service) is not looked up again for MISSING_TTL seconds, and a request that needs a store read (an id not
+# known here, a name not read in the last TARGET_TTL seconds) is counted by the API's rate limiter under the
+# caller's address: nobody without a token can make the head read the store at will. (A caller with a token
+# is always looked up: access once seen is kept, and a miss must not let a new private service by.)
 MISSING_TTL = 2.0
 PUBLIC_SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-downloads"
 # What `_admit` is told a WebSocket does: not a read (a WebSocket carries data both ways), so no viewer
 # opens one, as no viewer may POST to a service.
 WEBSOCKET = "WEBSOCKET"
-_PROXIED = re.compile(r"/api/v1/workloads/[^/]+/proxy(/|$)")
+BY_ID = "/api/v1/workloads/"
+BY_NAME = "/api/v1/services/"
+# What the proxy tries again once, reading the name afresh, when the service a remembered name stood for
+# answers it: ended (409), or gone from the store (404).
+GONE = frozenset({404, 409})
+K = TypeVar("K")
+V = TypeVar("V")
+_PROXIED = re.compile(r"/api/v1/(workloads|services)/[^/]+/proxy(/|$)")
 
 
 def is_proxied(path: str) -> bool:
@@ -87,7 +101,20 @@ def _passed_on(name: str, dropped: frozenset[str]) -> bool:
     return name not in dropped and name != FORWARDED and not name.startswith(FORWARDED_PREFIX)
 
 
-def _forwarded(connection: HTTPConnection, workload_id: int) -> list[tuple[str, str]]:
+@dataclass(frozen=True, slots=True)
+class _Address:
+    """Where a request reached the proxy: below `start` (BY_ID or BY_NAME), at the service's id or name."""
+
+    start: str
+    key: str
+
+    @property
+    def prefix(self) -> str:
+        """The path prefix the service is reached under (its X-Forwarded-Prefix)."""
+        return f"{self.start}{self.key}/proxy"
+
+
+def _forwarded(connection: HTTPConnection, address: _Address) -> list[tuple[str, str]]:
     """The head's own X-Forwarded-* headers: the client's address (the peer's, or what a proxy trusted
     by `gpupool server --forwarded-allow-ips` said), the host and scheme it asked for, and the path prefix
     the service is reached under."""
@@ -95,15 +122,15 @@ def _forwarded(connection: HTTPConnection, workload_id: int) -> list[tuple[str, 
     forwarded = [
         ("x-forwarded-for", connection.client.host if connection.client is not None else ""),
         ("x-forwarded-proto", "https" if connection.url.scheme in ("https", "wss") else "http"),
-        ("x-forwarded-prefix", f"/api/v1/workloads/{workload_id}/proxy"),
+        ("x-forwarded-prefix", address.prefix),
     ]
     return forwarded + ([("x-forwarded-host", host)] if host else [])
 
 
 class ProxyState:
     """The app's one client for proxied requests (its connections kept and reused; closed with the app),
-    where each service's replicas were last read to run (see TARGET_TTL), and each service's turn: its
-    requests go round the replicas that take them."""
+    where each service's replicas were last read to run and the services each name stood for (see
+    TARGET_TTL), and each service's turn: its requests go round the replicas that take them."""
 
     def __init__(self) -> None:
         self.client = httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, trust_env=False)
@@ -112,6 +139,10 @@ class ProxyState:
         # who may reach each workload: its owner and spec never change, so an answer is kept (bounded)
         self.access: dict[int, service.Access] = {}
         self.missing: dict[int, float] = {}  # ids that named no workload -> until when that is believed
+        # the pending or running services each name stood for when read (see TARGET_TTL) -> until when
+        self.names: dict[str, tuple[float, tuple[service_names.Named, ...]]] = {}
+        self.unnamed: dict[str, float] = {}  # names that named no service -> until when (MISSING_TTL)
+        self.missing_said: dict[str, tuple[float, str]] = {}  # what a token's 404 for each said, until when
         self.resting: dict[str, float] = {}  # endpoints that failed to connect -> until when (REST)
 
     def rest(self, endpoint: str) -> None:
@@ -137,11 +168,11 @@ def _state(request: HTTPConnection) -> ProxyState:
     return state
 
 
-def _rest_of_path(request: HTTPConnection, workload_id: int) -> str:
+def _rest_of_path(request: HTTPConnection, address: _Address) -> str:
     """The path below `proxy/` as the client wrote it (still percent-encoded), with its query."""
     raw = request.scope.get("raw_path") or request.url.path.encode()
     path = raw.decode("latin-1")
-    at = path.find("/proxy/", len("/api/v1/workloads/"))
+    at = path.find("/proxy/", len(address.start))
     rest = path[at + len("/proxy") :] if at >= 0 else "/"
     query = request.url.query
     return f"{rest}?{query}" if query else rest
@@ -160,13 +191,9 @@ async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> b
             _count_anonymous(connection)
         access = await run_in_threadpool(service.access_of, runtime.store, workload_id)
         if access is not None:
-            if len(state.access) >= MAX_TARGETS:
-                state.access.clear()
-            state.access[workload_id] = access
+            _remember(state.access, workload_id, access)
         elif anonymous:
-            if len(state.missing) >= MAX_TARGETS:
-                state.missing.clear()
-            state.missing[workload_id] = time.monotonic() + MISSING_TTL
+            _remember(state.missing, workload_id, time.monotonic() + MISSING_TTL)
     if access is not None and access.access == service.PUBLIC:
         return True
     caller = await caller_from(connection)
@@ -196,6 +223,69 @@ def _count_anonymous(connection: HTTPConnection) -> None:
             f"lately: wait {wait:.2f} s (Retry-After) and send it again",
             headers={"Retry-After": retry_after(wait)},
         )
+
+
+async def _by_name(connection: HTTPConnection, name: str) -> tuple[int, bool]:
+    """The id of the service `name` stands for (`service_names.choose`), and whether the name's services
+    were remembered (read in the last TARGET_TTL seconds) rather than read now. Refused: 404 for a name
+    no pending or running service has, 409 for one several have (neither the caller's alone); and 401
+    without a token unless the name stands for public services alone, as for an id: nobody without a
+    token learns which names exist."""
+    state = _state(connection)
+    now = time.monotonic()
+    anonymous = "authorization" not in connection.headers
+    hit = state.names.get(name)
+    remembered = hit is not None and hit[0] > now
+    if hit is not None and remembered:
+        named = hit[1]
+    elif not service_names.could_be_a_name(name) or (anonymous and state.unnamed.get(name, 0.0) > now):
+        named = ()
+    else:
+        if anonymous:
+            _count_anonymous(connection)
+        store = connection.app.state.runtime.store
+        named = await run_in_threadpool(service_names.services_named, store, name)
+        if named:
+            _remember(state.names, name, (now + TARGET_TTL, named))
+        else:
+            state.names.pop(name, None)
+            if anonymous:
+                _remember(state.unnamed, name, now + MISSING_TTL)
+    caller = None
+    public = all(n.access.access == service.PUBLIC for n in named)
+    if len(named) != 1 and not (anonymous and named and public):
+        caller = (await caller_from(connection)).name  # 401 without a token; with one, its own may win
+    chosen = service_names.choose(named, name, caller)
+    if chosen is None:
+        assert caller is not None  # no service of the name: only a caller with a good token gets here
+        raise NotFound(await _missing(connection, name, caller), field="name")
+    if chosen.service_id not in state.access:  # what `_admit` would read: its owner and spec never change
+        _remember(state.access, chosen.service_id, chosen.access)
+    return chosen.service_id, remembered
+
+
+async def _missing(connection: HTTPConnection, name: str, caller: str) -> str:
+    """What a caller with a token is told of a name no pending or running service has. Whether one of it
+    ended lately is a scan of the name's past work: made at most once a MISSING_TTL per name, and counted
+    under the caller's token as an API call is; past the token's rate limit, it is not looked up."""
+    state = _state(connection)
+    now = time.monotonic()
+    said = state.missing_said.get(name)
+    if said is not None and said[0] > now:
+        return said[1]
+    limiter: RateLimiter = connection.app.state.limiter
+    if limiter.wait(caller) > 0:
+        return service_names.missing(None, name)
+    message = await run_in_threadpool(service_names.missing, connection.app.state.runtime.store, name)
+    _remember(state.missing_said, name, (now + MISSING_TTL, message))
+    return message
+
+
+def _remember(cache: dict[K, V], key: K, value: V) -> None:
+    """`cache[key] = value`, the cache emptied first when it holds MAX_TARGETS entries."""
+    if len(cache) >= MAX_TARGETS:
+        cache.clear()
+    cache[key] = value
 
 
 async def _target(
@@ -243,7 +333,9 @@ async def _target(
     return state.take_turn(workload_id, healthy or others or list(group)), False
 
 
-async def _send(request: Request, workload_id: int, target: service.ServiceTarget) -> httpx.Response:
+async def _send(
+    request: Request, workload_id: int, target: service.ServiceTarget, address: _Address
+) -> httpx.Response:
     """The request passed on to `target`, its answer's head read (the body follows as it is streamed);
     the service's failures to answer as the API's errors, a connection refused or not accepted in time
     (nothing was sent) as httpx raises it."""
@@ -252,12 +344,12 @@ async def _send(request: Request, workload_id: int, target: service.ServiceTarge
         for name, value in request.headers.raw
         if _passed_on(name.decode("latin-1").lower(), DROPPED_REQUEST)
     ]
-    headers += [(name.encode(), value.encode("latin-1")) for name, value in _forwarded(request, workload_id)]
+    headers += [(name.encode(), value.encode("latin-1")) for name, value in _forwarded(request, address)]
     has_body = "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
     client = _state(request).client
     outgoing = client.build_request(
         request.method,
-        f"http://{target.endpoint}{_rest_of_path(request, workload_id)}",
+        f"http://{target.endpoint}{_rest_of_path(request, address)}",
         headers=headers,
         content=request.stream() if has_body else None,
     )
@@ -305,28 +397,65 @@ def _forget(request: HTTPConnection, workload_id: int) -> None:
 
 
 @router.api_route(
-    "/{workload_id}/proxy",
+    "/workloads/{workload_id}/proxy",
     methods=METHODS,
     include_in_schema=False,
 )
 def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
-    query = request.url.query
-    return RedirectResponse(
-        f"/api/v1/workloads/{workload_id}/proxy/" + (f"?{query}" if query else ""), status_code=307
-    )
+    return _to_root(request, _Address(BY_ID, str(workload_id)))
 
 
 @router.api_route(
-    "/{workload_id}/proxy/{path:path}",
+    "/services/{name}/proxy",
+    methods=METHODS,
+    include_in_schema=False,
+)
+def proxy_by_name_root(request: Request, name: str) -> RedirectResponse:
+    return _to_root(request, _Address(BY_NAME, name))
+
+
+def _to_root(request: Request, address: _Address) -> RedirectResponse:
+    query = request.url.query
+    return RedirectResponse(f"{address.prefix}/" + (f"?{query}" if query else ""), status_code=307)
+
+
+@router.api_route(
+    "/workloads/{workload_id}/proxy/{path:path}",
     methods=METHODS,
     summary="Reach a running service: the request is passed to it, its answer streamed back",
     response_class=Response,
 )
 async def proxy(request: Request, workload_id: int, path: str) -> Response:
+    return await _reached(request, workload_id, _Address(BY_ID, str(workload_id)))
+
+
+@router.api_route(
+    "/services/{name}/proxy/{path:path}",
+    methods=METHODS,
+    summary="Reach the pending or running service of a name: as by its id, at an address that outlives it",
+    response_class=Response,
+)
+async def proxy_by_name(request: Request, name: str, path: str) -> Response:
+    address = _Address(BY_NAME, name)
+    workload_id, remembered = await _by_name(request, name)
+    try:
+        return await _reached(request, workload_id, address)
+    except (ServiceError, ApiError) as exc:
+        if not remembered or exc.status not in GONE:
+            raise
+    # The service the name stood for a moment ago has ended (nothing was sent to it): the name is read
+    # again, for the service submitted again under it, or for the reason there is none.
+    _state(request).names.pop(name, None)
+    workload_id, _ = await _by_name(request, name)
+    return await _reached(request, workload_id, address)
+
+
+async def _reached(request: Request, workload_id: int, address: _Address) -> Response:
+    """The service `workload_id`'s answer to `request`, once its `access` admits the caller."""
     public = await _admit(request, workload_id, request.method)
     flight = _InFlight(request.app.state.runtime.load, workload_id)  # the autoscaler's measure
     try:
-        response = await _proxied(request, workload_id, flight)
+        response = await _proxied(request, workload_id, address, flight)
         if public:
             # Anyone's browser may open a public service's pages, at the head's own origin: sandboxed,
             # they run as an origin of their own and cannot read the dashboard's token from its storage.
@@ -391,12 +520,12 @@ async def _close(answer: httpx.Response, flight: _InFlight) -> None:
     await answer.aclose()
 
 
-async def _proxied(request: Request, workload_id: int, flight: _InFlight) -> Response:
+async def _proxied(request: Request, workload_id: int, address: _Address, flight: _InFlight) -> Response:
     target, remembered = await _target(request, workload_id)
     flight.to(target.workload_id)
     state = _state(request)
     try:
-        answer = await _send(request, workload_id, target)
+        answer = await _send(request, workload_id, target, address)
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         hit = state.targets.get(workload_id)
         others = hit is not None and any(t.endpoint != target.endpoint for t in hit[1])
@@ -416,7 +545,7 @@ async def _proxied(request: Request, workload_id: int, flight: _InFlight) -> Res
             raise
         flight.to(target.workload_id)
         try:
-            answer = await _send(request, workload_id, target)
+            answer = await _send(request, workload_id, target, address)
         except (httpx.ConnectError, httpx.ConnectTimeout) as again:
             _forget(request, workload_id)
             state.rest(target.endpoint)
@@ -446,45 +575,94 @@ async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> 
     a viewer: a WebSocket sends as well as reads) is refused at the handshake (HTTP 403); a service that
     cannot be reached closes it at once with the reason (1008: not a service or ended; 1013: not running
     or not ready yet, try again; 1011: nothing answers on its port)."""
+    if not await _admitted(websocket, workload_id):
+        return
+    try:
+        target, _ = await _target(websocket, workload_id)
+    except (ServiceError, ApiError) as exc:
+        await _refuse(websocket, exc)
+        return
+    await _relayed(websocket, workload_id, target, _Address(BY_ID, str(workload_id)))
+
+
+async def proxy_websocket_by_name(websocket: WebSocket, name: str, path: str) -> None:
+    """As `proxy_websocket`, to the service `name` stands for (`_by_name`); a name that stands for none or
+    for several closes it at once with the reason (1008), as an ended service does. Registered on the app
+    itself, as that one."""
+    found = await _named_target(websocket, name)
+    if found is not None:
+        await _relayed(websocket, *found, _Address(BY_NAME, name))
+
+
+async def _named_target(websocket: WebSocket, name: str) -> tuple[int, service.ServiceTarget] | None:
+    """The service `name` stands for, admitted, and its replica to relay to; None once refused (and the
+    socket closed). A remembered name whose service has ended is read again once, as `proxy_by_name` does."""
+    for again in (False, True):
+        try:
+            workload_id, remembered = await _by_name(websocket, name)
+        except ServiceError as exc:
+            await _refuse(websocket, exc)
+            return None
+        except ApiError:
+            await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
+            return None
+        if not await _admitted(websocket, workload_id):
+            return None
+        try:
+            target, _ = await _target(websocket, workload_id)
+            return workload_id, target
+        except (ServiceError, ApiError) as exc:
+            if again or not remembered or exc.status not in GONE:
+                await _refuse(websocket, exc)
+                return None
+            _state(websocket).names.pop(name, None)
+    return None
+
+
+async def _admitted(websocket: WebSocket, workload_id: int) -> bool:
+    """Whether the service's `access` admits the caller; else the handshake is refused (HTTP 403)."""
     try:
         await _admit(websocket, workload_id, WEBSOCKET)
     except ApiError:
         await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
-        return
-    flight = _InFlight(websocket.app.state.runtime.load, workload_id)
+        return False
+    return True
+
+
+async def _refuse(websocket: WebSocket, exc: ServiceError | ApiError) -> None:
+    """Accepted and closed at once with why the service takes no WebSocket now."""
+    await websocket.accept()
+    await websocket.close(code=1013 if exc.status == 503 else 1008, reason=_short(exc.message))
+
+
+async def _relayed(
+    websocket: WebSocket, workload_id: int, target: service.ServiceTarget, address: _Address
+) -> None:
+    flight = _InFlight(websocket.app.state.runtime.load, workload_id)  # the autoscaler's measure
+    flight.to(target.workload_id)
     try:
-        await _relayed(websocket, workload_id, flight)
+        headers = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in websocket.headers.raw
+            if _passed_on(name.decode("latin-1").lower(), DROPPED_UPGRADE)
+        ]
+        headers += _forwarded(websocket, address)
+        url = f"ws://{target.endpoint}{_rest_of_path(websocket, address)}"
+        subprotocols = websocket.scope.get("subprotocols") or None
+        try:
+            upstream = await connect(
+                url, additional_headers=headers, subprotocols=subprotocols, max_size=None, open_timeout=10
+            )
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            _forget(websocket, workload_id)
+            await websocket.accept()
+            reason = f"{target.described} refused the WebSocket: {exc}"
+            await websocket.close(code=1011, reason=_short(reason))
+            return
+        await websocket.accept(subprotocol=upstream.subprotocol)
+        await relay(websocket.receive, websocket.send, upstream)
     finally:
         flight.done()
-
-
-async def _relayed(websocket: WebSocket, workload_id: int, flight: _InFlight) -> None:
-    try:
-        target, _ = await _target(websocket, workload_id)
-    except (ServiceError, ApiError) as exc:
-        await websocket.accept()
-        await websocket.close(code=1013 if exc.status == 503 else 1008, reason=_short(exc.message))
-        return
-    flight.to(target.workload_id)
-    headers = [
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in websocket.headers.raw
-        if _passed_on(name.decode("latin-1").lower(), DROPPED_UPGRADE)
-    ]
-    headers += _forwarded(websocket, workload_id)
-    url = f"ws://{target.endpoint}{_rest_of_path(websocket, workload_id)}"
-    subprotocols = websocket.scope.get("subprotocols") or None
-    try:
-        upstream = await connect(
-            url, additional_headers=headers, subprotocols=subprotocols, max_size=None, open_timeout=10
-        )
-    except (OSError, InvalidHandshake, TimeoutError) as exc:
-        _forget(websocket, workload_id)
-        await websocket.accept()
-        await websocket.close(code=1011, reason=_short(f"{target.described} refused the WebSocket: {exc}"))
-        return
-    await websocket.accept(subprotocol=upstream.subprotocol)
-    await relay(websocket.receive, websocket.send, upstream)
 
 
 def _short(reason: str) -> str:
