@@ -4,7 +4,6 @@ server, real services in real processes, real tokens."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -16,37 +15,17 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.support.server import ServerProcess
-from tests.support.services import ECHO, answer_of, proxy_path, wait_until
-
-
-def _token(server: ServerProcess, *args: str) -> str:
-    made = json.loads(server.cli("token", "create", *args, "--json", check=True).stdout)
-    return str(made["token"])
+from tests.support.services import (
+    echo_as,
+    forwarded_headers,
+    headers_service,
+    proxy_path,
+    token_for,
+)
 
 
 def _as(server: ServerProcess, token: str | None) -> httpx.Client:
     return server.http(token)
-
-
-def _echo(server: ServerProcess, token: str, workdir: Path, **spec: object) -> int:
-    """The echo service submitted with `token` (its owner is that token's name); its id once it answers."""
-    workdir.mkdir(exist_ok=True)
-    (workdir / "echo.py").write_text(ECHO)
-    body = {
-        "kind": "service",
-        "name": "echo",
-        "workdir": str(workdir),
-        "commands": [f"exec {sys.executable} echo.py"],
-        **spec,
-    }
-    with _as(server, token) as client:
-        created = client.post("/api/v1/workloads", json=body)
-        assert created.status_code == 201, created.text
-    sid = int(created.json()["id"])
-    wait_until(server, sid, lambda w: w["state"] == "running")
-    with server.http() as admin:
-        answer_of(admin, proxy_path(sid, "up"), "0")
-    return sid
 
 
 def _refusal(client: httpx.Client, url: str, method: str = "GET") -> tuple[int, str]:
@@ -57,11 +36,11 @@ def _refusal(client: httpx.Client, url: str, method: str = "GET") -> tuple[int, 
 def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    alice = _token(server, "alice")
-    bob = _token(server, "bob")
-    viewer = _token(server, "watcher", "--role", "viewer")
+    alice = token_for(server, "alice")
+    bob = token_for(server, "bob")
+    viewer = token_for(server, "watcher", "--role", "viewer")
 
-    private = _echo(server, alice, tmp_path / "private")
+    private = echo_as(server, alice, tmp_path / "private")
     with _as(server, alice) as client:  # the owner reaches it
         assert client.get(proxy_path(private, "mine")).json()["path"] == "/mine"
     with _as(server, None) as client:
@@ -80,7 +59,7 @@ def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
     shown = server.cli("show", str(private), check=True).stdout
     assert "(alice and admins)" in shown, shown
 
-    pool = _echo(server, alice, tmp_path / "pool", access="pool")
+    pool = echo_as(server, alice, tmp_path / "pool", access="pool")
     with _as(server, bob) as client:
         posted = client.post(proxy_path(pool, "generate"), json={"prompt": "hi"})
         assert posted.status_code == 200 and posted.json()["method"] == "POST", posted.text
@@ -91,7 +70,7 @@ def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
     with _as(server, None) as client:
         assert _refusal(client, proxy_path(pool, "x"))[0] == 401
 
-    public = _echo(server, alice, tmp_path / "public", access="public")
+    public = echo_as(server, alice, tmp_path / "public", access="public")
     with _as(server, None) as client:  # no token at all; the body is the service's, NUL and all
         posted = client.post(proxy_path(public, "v1"), content=b'{"text": "a\\u0000b"}')
         assert posted.status_code == 200, posted.text
@@ -120,52 +99,10 @@ def test_a_service_is_private_to_its_owner_unless_its_spec_opens_it(
     assert "refused the WebSocket" in closed.value.rcvd.reason
 
 
-# A service that answers a plain GET, and a WebSocket's first message, with the request headers it received.
-HEADERS = """
-import asyncio, json, os
-from http import HTTPStatus
-from websockets.asyncio.server import serve
-
-def said(headers):
-    return json.dumps([[name.lower(), value] for name, value in headers.raw_items()])
-
-def plain(connection, request):
-    if request.headers.get("Upgrade", "").lower() != "websocket":
-        return connection.respond(HTTPStatus.OK, said(request.headers))
-
-async def opened(ws):
-    await ws.send(said(ws.request.headers))
-
-async def main():
-    async with serve(opened, "0.0.0.0", int(os.environ["GPUPOOL_PORT"]), process_request=plain) as server:
-        await server.serve_forever()
-
-asyncio.run(main())
-"""
-
-
-def _forwarded(said: str) -> dict[str, list[str]]:
-    """The X-Forwarded-* and Forwarded headers among those a HEADERS service received."""
-    seen: dict[str, list[str]] = {}
-    for name, value in json.loads(said):
-        if name.startswith("x-forwarded-") or name == "forwarded":
-            seen.setdefault(name, []).append(value)
-    return seen
-
-
 def test_a_service_hears_who_called_from_the_head_and_never_from_the_client(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    (tmp_path / "headers.py").write_text(HEADERS)
-    sid = server.submit(
-        {
-            "kind": "service",
-            "name": "headers",
-            "workdir": str(tmp_path),
-            "commands": [f"exec {sys.executable} headers.py"],
-        }
-    )["id"]
-    wait_until(server, sid, lambda w: w["state"] == "running")
+    sid = headers_service(server, tmp_path)
     claimed = {
         "X-Forwarded-For": "203.0.113.9",
         "X-Forwarded-Host": "bank.example",
@@ -184,21 +121,21 @@ def test_a_service_hears_who_called_from_the_head_and_never_from_the_client(
         while (answer := client.get(proxy_path(sid, "who"), headers=claimed)).status_code != 200:
             assert answer.status_code in (502, 503) and time.time() < deadline, answer.text
             time.sleep(0.1)
-    assert _forwarded(answer.text) == head
+    assert forwarded_headers(answer.text) == head
     with connect(
         server.url.replace("http://", "ws://") + proxy_path(sid, "who"),
         additional_headers={"Authorization": f"Bearer {server.token}", **claimed},
         open_timeout=10,
     ) as ws:
-        assert _forwarded(str(ws.recv(timeout=10))) == head
+        assert forwarded_headers(str(ws.recv(timeout=10))) == head
 
 
 def test_gpupool_forward_as_someone_else_is_refused_with_the_reason(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    alice = _token(server, "alice")
-    bob = _token(server, "bob")
-    private = _echo(server, alice, tmp_path / "svc")
+    alice = token_for(server, "alice")
+    bob = token_for(server, "bob")
+    private = echo_as(server, alice, tmp_path / "svc")
     env = {**server.env, "GPUPOOL_TOKEN": bob}
     # refused at the start, not at each request it would pass on (it said "forwarding ... running")
     refused = subprocess.run(

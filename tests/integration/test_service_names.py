@@ -4,7 +4,6 @@ services in real processes, real tokens."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -13,10 +12,17 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from tests.integration.test_service_access import HEADERS, _echo, _forwarded, _token
 from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
-from tests.support.services import answer_of, echo_service, wait_until
+from tests.support.services import (
+    answer_of,
+    echo_as,
+    echo_service,
+    forwarded_headers,
+    headers_service,
+    token_for,
+    wait_until,
+)
 
 
 def by_name(name: str, rest: str = "") -> str:
@@ -70,16 +76,7 @@ def test_a_service_is_reached_by_its_name_and_the_name_follows_it_when_submitted
 def test_a_websocket_by_name_passes_and_the_service_hears_the_by_name_prefix(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    (tmp_path / "headers.py").write_text(HEADERS)
-    sid = server.submit(
-        {
-            "kind": "service",
-            "name": "headers",
-            "workdir": str(tmp_path),
-            "commands": [f"exec {sys.executable} headers.py"],
-        }
-    )["id"]
-    wait_until(server, sid, lambda w: w["state"] == "running")
+    headers_service(server, tmp_path)
     prefix = ["/api/v1/services/headers/proxy"]
     with server.http() as client:
         deadline = time.time() + 30
@@ -87,11 +84,11 @@ def test_a_websocket_by_name_passes_and_the_service_hears_the_by_name_prefix(
         while (answer := client.get(by_name("headers", "who"), headers=claimed)).status_code != 200:
             assert answer.status_code in (502, 503) and time.time() < deadline, answer.text
             time.sleep(0.1)
-    assert _forwarded(answer.text)["x-forwarded-prefix"] == prefix
+    assert forwarded_headers(answer.text)["x-forwarded-prefix"] == prefix
     head = server.url.replace("http://", "ws://")
     auth = {"Authorization": f"Bearer {server.token}"}
     with connect(head + by_name("headers", "who"), additional_headers=auth, open_timeout=10) as ws:
-        assert _forwarded(str(ws.recv(timeout=10)))["x-forwarded-prefix"] == prefix
+        assert forwarded_headers(str(ws.recv(timeout=10)))["x-forwarded-prefix"] == prefix
 
     with pytest.raises(InvalidStatus) as refused:  # no token, a private service: refused at the handshake
         connect(head + by_name("headers", "who"), open_timeout=10)
@@ -108,10 +105,10 @@ def test_a_websocket_by_name_passes_and_the_service_hears_the_by_name_prefix(
 def test_a_name_several_users_share_reaches_the_callers_own_else_is_refused_with_the_ids(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    alice, bob, carol = (_token(server, who) for who in ("alice", "bob", "carol"))
-    viewer = _token(server, "watcher", "--role", "viewer")
-    alices = _echo(server, alice, tmp_path / "a", name="llm", access="pool")
-    bobs = _echo(server, bob, tmp_path / "b", name="llm", access="pool")
+    alice, bob, carol = (token_for(server, who) for who in ("alice", "bob", "carol"))
+    viewer = token_for(server, "watcher", "--role", "viewer")
+    alices = echo_as(server, alice, tmp_path / "a", name="llm", access="pool")
+    bobs = echo_as(server, bob, tmp_path / "b", name="llm", access="pool")
     for token, own in ((alice, alices), (bob, bobs)):
         with server.http(token) as client:
             assert client.get(by_name("llm", "x")).json()["job_id"] == str(own)
@@ -129,17 +126,17 @@ def test_a_name_several_users_share_reaches_the_callers_own_else_is_refused_with
         assert anonymous.get(by_name("nothing-here", "x")).status_code == 401
 
     # one of the name: admitted by its `access`, exactly as by its id
-    private = _echo(server, alice, tmp_path / "p", name="notebook")
+    private = echo_as(server, alice, tmp_path / "p", name="notebook")
     with server.http(bob) as client:
         refused = client.get(by_name("notebook", "x"))
         assert refused.status_code == 403 and f"workload {private} belongs to alice" in _error(refused)
     with server.http(alice) as client:
         assert client.get(by_name("notebook", "x")).json()["job_id"] == str(private)
-    pool = _echo(server, alice, tmp_path / "q", name="shared", access="pool")
+    pool = echo_as(server, alice, tmp_path / "q", name="shared", access="pool")
     with server.http(viewer) as client:
         assert client.get(by_name("shared", "x")).json()["job_id"] == str(pool)
         assert client.post(by_name("shared", "x")).status_code == 403  # a viewer only reads
-    public = _echo(server, alice, tmp_path / "o", name="open", access="public")
+    public = echo_as(server, alice, tmp_path / "o", name="open", access="public")
     with server.http(None) as anonymous:
         reached = anonymous.get(by_name("open", "x"))
         assert reached.json()["job_id"] == str(public)
@@ -153,8 +150,8 @@ def test_without_a_token_unknown_names_are_counted_and_a_public_name_is_read_onc
         home=tmp_path / "home", extra_args=["--rate-limit", "1", "--rate-burst", "3"]
     ).start()
     try:
-        alice = _token(server, "alice")
-        _echo(server, alice, tmp_path / "o", name="open", access="public")
+        alice = token_for(server, "alice")
+        echo_as(server, alice, tmp_path / "o", name="open", access="public")
         with server.http(None) as anonymous:
             time.sleep(3.5)  # a full bucket
             codes = [anonymous.get(by_name(f"nope-{i}", "")).status_code for i in range(4)]

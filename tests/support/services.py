@@ -3,6 +3,7 @@ it received and which workload, attempt and replica received it."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -109,3 +110,80 @@ def wait_until(server: ServerProcess, workload_id: int, done: Any, timeout: floa
             return w
         assert time.time() < deadline, f"workload {workload_id}: still waiting after {timeout}s: {w}"
         time.sleep(0.1)
+
+
+def token_for(server: ServerProcess, *args: str) -> str:
+    """A new token of this name (and role, `--role viewer`), made by the admin."""
+    made = json.loads(server.cli("token", "create", *args, "--json", check=True).stdout)
+    return str(made["token"])
+
+
+def echo_as(server: ServerProcess, token: str, workdir: Path, **spec: object) -> int:
+    """The echo service submitted with `token` (its owner is that token's name); its id once it answers."""
+    workdir.mkdir(exist_ok=True)
+    (workdir / "echo.py").write_text(ECHO)
+    body = {
+        "kind": "service",
+        "name": "echo",
+        "workdir": str(workdir),
+        "commands": [f"exec {sys.executable} echo.py"],
+        **spec,
+    }
+    with server.http(token) as client:
+        created = client.post("/api/v1/workloads", json=body)
+        assert created.status_code == 201, created.text
+    sid = int(created.json()["id"])
+    wait_until(server, sid, lambda w: w["state"] == "running")
+    with server.http() as admin:
+        answer_of(admin, proxy_path(sid, "up"), "0")
+    return sid
+
+
+# A service that answers a plain GET, and a WebSocket's first message, with the request headers it received.
+HEADERS = """
+import asyncio, json, os
+from http import HTTPStatus
+from websockets.asyncio.server import serve
+
+def said(headers):
+    return json.dumps([[name.lower(), value] for name, value in headers.raw_items()])
+
+def plain(connection, request):
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return connection.respond(HTTPStatus.OK, said(request.headers))
+
+async def opened(ws):
+    await ws.send(said(ws.request.headers))
+
+async def main():
+    async with serve(opened, "0.0.0.0", int(os.environ["GPUPOOL_PORT"]), process_request=plain) as server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+def forwarded_headers(said: str) -> dict[str, list[str]]:
+    """The X-Forwarded-* and Forwarded headers among those a HEADERS service received."""
+    seen: dict[str, list[str]] = {}
+    for name, value in json.loads(said):
+        if name.startswith("x-forwarded-") or name == "forwarded":
+            seen.setdefault(name, []).append(value)
+    return seen
+
+
+def headers_service(server: ServerProcess, workdir: Path) -> int:
+    """The HEADERS service submitted (its program written into `workdir`); its id once it runs."""
+    (workdir / "headers.py").write_text(HEADERS)
+    sid = int(
+        server.submit(
+            {
+                "kind": "service",
+                "name": "headers",
+                "workdir": str(workdir),
+                "commands": [f"exec {sys.executable} headers.py"],
+            }
+        )["id"]
+    )
+    wait_until(server, sid, lambda w: w["state"] == "running")
+    return sid

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from gpupool.control import service
+from sqlalchemy import select
+
+from gpupool.control import agents, service
 from gpupool.control.lifecycle import RUNNING, transition
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
@@ -41,3 +43,21 @@ def submit_running(store: Store, spec: dict[str, Any], node: str = "node-1", **a
             Attempt(workload_id=wid, queue=workload.queue, number=0, state=RUNNING, node_name=node, **attempt)
         )
     return wid
+
+
+def join_token(store: Store) -> str:
+    """A join token for agents, valid an hour."""
+    return str(agents.create_join_token(store, 3600)["token"])
+
+
+def submit(store: Store, **spec: object) -> int:
+    """A `sleep 60` job with `spec`'s fields, submitted; its id."""
+    created = service.submit(store, parse_workload_spec({"commands": ["sleep 60"], **spec}))
+    return int(created["id"])
+
+
+def node_of(store: Store, workload_id: int) -> str | None:
+    """The node the workload's first attempt ran on, if it has one."""
+    with store.read() as s:
+        attempt = s.scalar(select(Attempt).where(Attempt.workload_id == workload_id))
+        return attempt.node_name if attempt is not None else None

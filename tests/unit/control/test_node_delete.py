@@ -18,29 +18,14 @@ from gpupool.control.errors import Conflict, NotFound
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.node_views import NodeViews
 from gpupool.control.tokens import hash_token
-from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
-from gpupool.store.models import Attempt, Event, Gpu, Node
+from gpupool.store.models import Event, Gpu, Node
 from tests.support.agent import described, in_process_head
 from tests.support.process import Clock
+from tests.support.store import join_token, node_of, submit
 
 LEASE = 10.0
 ONE_GPU = {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]}
-
-
-def _join_token(store: Store) -> str:
-    return str(agents.create_join_token(store, 3600)["token"])
-
-
-def _submit(store: Store, **spec: object) -> int:
-    created = service.submit(store, parse_workload_spec({"commands": ["sleep 60"], **spec}))
-    return int(created["id"])
-
-
-def _node_of(store: Store, workload_id: int) -> str | None:
-    with store.read() as s:
-        attempt = s.scalar(select(Attempt).where(Attempt.workload_id == workload_id))
-        return attempt.node_name if attempt is not None else None
 
 
 def _nodes(store: Store) -> dict[str, tuple[str, str]]:
@@ -80,11 +65,11 @@ def test_a_deleted_node_leaves_the_scheduler_s_views_and_the_agents_inventory_do
     # The agent backend still lists b (it keeps the nodes it heard from until the head restarts): a node
     # that joins makes a new inventory, which the loop applies without bringing b back.
     joining = described(backend, "c", ONE_GPU)
-    agents.register(store, "c", join_token=_join_token(store), credential=None, described=joining)
-    jobs = [_submit(store, resources={"gpu": 1}) for _ in range(3)]
+    agents.register(store, "c", join_token=join_token(store), credential=None, described=joining)
+    jobs = [submit(store, resources={"gpu": 1}) for _ in range(3)]
     reconciler.tick()
     assert list(_nodes(store)) == ["a", "c"]
-    assert sorted(str(_node_of(store, job)) for job in jobs) == ["None", "a", "c"]
+    assert sorted(str(node_of(store, job)) for job in jobs) == ["None", "a", "c"]
 
 
 def test_a_ready_node_or_one_that_runs_work_is_not_deleted_and_the_refusal_says_drain_it_first(
@@ -93,9 +78,9 @@ def test_a_ready_node_or_one_that_runs_work_is_not_deleted_and_the_refusal_says_
     reconciler, _ = in_process_head(store, tmp_path, Clock(), LEASE)
     with pytest.raises(Conflict, match=r"node b is ready: .*first with `gpupool node drain b`"):
         inventory.delete_node(store, "b")
-    job = _submit(store, resources={"gpu": 1}, placement={"nodes": ["b"]})
+    job = submit(store, resources={"gpu": 1}, placement={"nodes": ["b"]})
     reconciler.tick()
-    assert _node_of(store, job) == "b"
+    assert node_of(store, job) == "b"
     service.set_node_state(store, "b", "cordoned", "retiring")  # cordoned, but its work runs on
     with pytest.raises(Conflict, match=rf"node b still runs workload\(s\) {job}; .*`gpupool node drain b`"):
         inventory.delete_node(store, "b")
@@ -109,8 +94,8 @@ def test_pending_work_that_may_run_only_on_a_deleted_node_is_named_and_still_exp
 ) -> None:
     reconciler, _ = in_process_head(store, tmp_path, Clock(), LEASE)
     service.set_node_state(store, "b", "cordoned", "retiring")
-    pinned = _submit(store, resources={"gpu": 1}, placement={"nodes": ["b"]})
-    anywhere = _submit(store, resources={"gpu": 1})
+    pinned = submit(store, resources={"gpu": 1}, placement={"nodes": ["b"]})
+    anywhere = submit(store, resources={"gpu": 1})
     reconciler.tick()
 
     deleted = inventory.delete_node(store, "b")
@@ -120,7 +105,7 @@ def test_pending_work_that_may_run_only_on_a_deleted_node_is_named_and_still_exp
         f"pending workload(s) {pinned} may run only on b (placement.nodes): they wait until a node named b "
         "joins again, or cancel them (`gpupool cancel ID`)"
     ]
-    assert _node_of(store, anywhere) == "a"
+    assert node_of(store, anywhere) == "a"
     assert reconciler.explanations[pinned].message == (  # what `gpupool why` shows
         "needs 1 schedulable node among its placement.nodes (b): b is not in the pool"
     )
@@ -131,7 +116,7 @@ def test_the_agent_of_a_deleted_node_is_refused_naming_the_deletion_and_joins_ag
 ) -> None:
     _, backend = in_process_head(store, tmp_path, Clock(), LEASE, nodes=("a",))
     joining = described(backend, "c", ONE_GPU)
-    token = _join_token(store)
+    token = join_token(store)
     credential = agents.register(store, "c", join_token=token, credential=None, described=joining)
     assert credential is not None and agents.credential_names(store).get(hash_token(credential)) == "c"
     service.set_node_state(store, "c", "cordoned", "retiring")

@@ -15,11 +15,11 @@ from gpupool.backends.base import Inventory, InventoryNode
 from gpupool.control import agents, inventory, service
 from gpupool.control.loop import Reconciler
 from gpupool.control.node_views import NodeViews
-from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload
 from tests.support.agent import described, in_process_head
 from tests.support.process import Clock
+from tests.support.store import join_token, node_of, submit
 
 LEASE = 10.0
 
@@ -27,21 +27,6 @@ LEASE = 10.0
 def _pool(store: Store, tmp_path: Path, clock: Clock) -> tuple[Reconciler, AgentBackend]:
     """A head with two agent nodes of one GPU each, `a` and `b`, as their agents register them."""
     return in_process_head(store, tmp_path, clock, LEASE)
-
-
-def _join_token(store: Store) -> str:
-    return str(agents.create_join_token(store, 3600)["token"])
-
-
-def _submit(store: Store, **spec: object) -> int:
-    created = service.submit(store, parse_workload_spec({"commands": ["sleep 60"], **spec}))
-    return int(created["id"])
-
-
-def _node_of(store: Store, workload_id: int) -> str | None:
-    with store.read() as s:
-        attempt = s.scalar(select(Attempt).where(Attempt.workload_id == workload_id))
-        return attempt.node_name if attempt is not None else None
 
 
 def _state(store: Store, workload_id: int) -> str:
@@ -78,9 +63,9 @@ def test_a_node_taken_out_of_service_gets_no_work_from_the_next_pass(
     clock = Clock()
     reconciler, backend = _pool(store, tmp_path, clock)
     reconciler.tick()  # the views of a and b are read and kept
-    first = _submit(store, resources={"gpu": 1})
+    first = submit(store, resources={"gpu": 1})
     reconciler.tick()
-    placed = _node_of(store, first)
+    placed = node_of(store, first)
     assert placed is not None
 
     if placed == "b":  # b must be free to show that nothing more is sent there
@@ -91,10 +76,10 @@ def test_a_node_taken_out_of_service_gets_no_work_from_the_next_pass(
             attempt.state = "cancelled"
         reconciler.tick()
     change(store, backend, clock)
-    one, two = _submit(store, resources={"gpu": 1}), _submit(store, resources={"gpu": 1})
+    one, two = submit(store, resources={"gpu": 1}), submit(store, resources={"gpu": 1})
     reconciler.tick()
 
-    assert _node_of(store, one) != "b" and _node_of(store, two) != "b"
+    assert node_of(store, one) != "b" and node_of(store, two) != "b"
     assert "pending" in (_state(store, one), _state(store, two))
 
 
@@ -103,13 +88,13 @@ def test_an_uncordoned_node_takes_work_at_the_next_pass(store: Store, tmp_path: 
     reconciler, _ = _pool(store, tmp_path, clock)
     service.set_node_state(store, "a", "cordoned", "maintenance")
     service.set_node_state(store, "b", "cordoned", "maintenance")
-    job = _submit(store, resources={"gpu": 1})
+    job = submit(store, resources={"gpu": 1})
     reconciler.tick()
     assert _state(store, job) == "pending"
 
     service.set_node_state(store, "b", "ready", "maintenance done")
     reconciler.tick()
-    assert _node_of(store, job) == "b"
+    assert node_of(store, job) == "b"
 
 
 def test_views_are_read_again_only_for_nodes_that_changed(store: Store, tmp_path: Path) -> None:
@@ -131,7 +116,7 @@ def test_views_are_read_again_only_for_nodes_that_changed(store: Store, tmp_path
     assert second[0] is first[0]  # a: untouched, the same object
     assert (second[1].name, len(second[1].gpus), second[1].labels) == ("b", 2, (("zone", "z1"),))
 
-    agents.register(store, "c", join_token=_join_token(store), credential=None, described=lambda: bare_c)
+    agents.register(store, "c", join_token=join_token(store), credential=None, described=lambda: bare_c)
     assert [v.name for v in views.read(store)] == ["a", "b", "c"]
 
     with store.session() as s:
@@ -148,9 +133,9 @@ def test_work_on_a_node_lost_during_a_pass_is_retried_on_another_node(store: Sto
     clock = Clock()
     reconciler, backend = _pool(store, tmp_path, clock)
     reconciler.tick()
-    job = _submit(store, resources={"gpu": 1}, retry={"max_restarts": 1, "on": ["node-failure"]})
+    job = submit(store, resources={"gpu": 1}, retry={"max_restarts": 1, "on": ["node-failure"]})
     reconciler.tick()
-    lost = _node_of(store, job)
+    lost = node_of(store, job)
     assert lost is not None
     (other,) = {"a", "b"} - {lost}
 
@@ -179,7 +164,7 @@ def _join(store: Store, reconciler: Reconciler, backend: AgentBackend, name: str
     """What POST /api/v1/agents/register does (api/routes/agents.py): the store row, then the backend's."""
     with reconciler.inventory_lock:
         joining = described(backend, name, {"cpus": 8, "memory_bytes": 1 << 34, "gpus": [["H100", 1]]})
-        agents.register(store, name, join_token=_join_token(store), credential=None, described=joining)
+        agents.register(store, name, join_token=join_token(store), credential=None, described=joining)
 
 
 def test_a_node_joining_while_a_pass_applies_the_inventory_is_not_lost(store: Store, tmp_path: Path) -> None:
@@ -234,7 +219,7 @@ def test_a_node_that_joins_is_stored_with_its_gpus_before_its_join_is_answered(s
     assert NodeViews().read(store) == () and not backend.knows("n")
 
     agents.register(
-        store, "n", join_token=_join_token(store), credential=None, described=described(backend, "n", info)
+        store, "n", join_token=join_token(store), credential=None, described=described(backend, "n", info)
     )
     with store.read() as s:
         node = s.scalar(select(Node).where(Node.name == "n"))
