@@ -55,6 +55,8 @@ def test_a_service_is_reached_by_its_name_and_the_name_follows_it_when_submitted
             (tmp_path / "gate").touch()
             assert "".join(parts) == "data: second\n\n"
 
+        shown = server.cli("show", str(first), check=True).stdout  # where to reach it, by id and by name
+        assert f"  by name: {server.url}/api/v1/services/echo/proxy/\n" in shown, shown
         assert client.post(f"/api/v1/workloads/{first}/cancel").status_code == 202
         server.wait_for(first)
         ended = client.get(by_name("echo", "hello"))

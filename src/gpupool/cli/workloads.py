@@ -119,8 +119,10 @@ def show(
             "public": "anyone, no token",
             "pool": "any token of this head",
         }.get(w["spec"].get("access") or "private", _owner_and_admins(w.get("user")))
-        through = f"{c.server.rstrip('/')}/api/v1/workloads/{w['id']}/proxy/"
-        console.print(f"  through the head: {through}  ({who})")
+        head = c.server.rstrip("/")
+        console.print(f"  through the head: {head}/api/v1/workloads/{w['id']}/proxy/  ({who})")
+        if w.get("kind") == "service" and w.get("name"):  # the address that outlives a resubmit
+            console.print(f"  by name: {head}/api/v1/services/{w['name']}/proxy/", highlight=False)
     scaling = w["spec"].get("scaling")
     if scaling:
         console.print(f"  autoscaling: {_autoscaling(scaling, w.get('autoscaling'))}")
