@@ -3,15 +3,12 @@ it starts again on another port: a real server, a real HTTP service in a real pr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,24 +19,9 @@ from tests.support import plain_http
 from tests.support.agent import start_pool
 from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
-from tests.support.services import answer_of, echo_service, proxy_path, wait_until
+from tests.support.services import answer_of, echo_service, forwarding, proxy_path, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextlib.contextmanager
-def _forwarding(server: ServerProcess, workload_id: int) -> Iterator[str]:
-    """`gpupool forward ID --port 0` running; the first line it printed (it names the local address)."""
-    forwarder = subprocess.Popen(
-        [sys.executable, "-m", "gpupool.main", "forward", str(workload_id), "--port", "0"],
-        env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert forwarder.stdout is not None
-        yield forwarder.stdout.readline()
-    finally:
-        forwarder.terminate()
-        forwarder.wait(timeout=10)
 
 
 def test_a_service_is_reached_through_the_head_and_followed_across_a_restart(tmp_path: Path) -> None:
@@ -220,7 +202,7 @@ def test_gpupool_forward_serves_the_service_at_the_root_of_a_local_address(
     refused = server.cli("forward", str(job["id"]))
     assert refused.returncode == 1 and "is a job; only a service has an endpoint" in refused.stderr
 
-    with _forwarding(server, sid) as said:
+    with forwarding(server, str(sid)) as said:
         assert "to service echo (workload" in said and "running" in said, said
         local = said.split()[1]  # http://127.0.0.1:PORT/
         with plain_http.client(base_url=local, timeout=30) as plain:  # no token: the forwarder adds it
@@ -317,7 +299,7 @@ def test_a_websocket_passes_through_the_head_and_gpupool_forward(
         assert closed.value.rcvd is not None, workload
         assert closed.value.rcvd.code == code and said in closed.value.rcvd.reason, closed.value.rcvd
 
-    with _forwarding(server, sid) as said:
+    with forwarding(server, str(sid)) as said:
         local = said.split()[1].replace("http://", "ws://")
         assert _talk(local + "chat", {}) == ["opened at /chat", "hello", b"\x00\x01binary"]
 

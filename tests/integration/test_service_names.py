@@ -12,6 +12,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from tests.support import plain_http
 from tests.support.process import kill_attempts_under
 from tests.support.server import ServerProcess
 from tests.support.services import (
@@ -19,6 +20,7 @@ from tests.support.services import (
     echo_as,
     echo_service,
     forwarded_headers,
+    forwarding,
     headers_service,
     token_for,
     wait_until,
@@ -167,3 +169,26 @@ def test_without_a_token_unknown_names_are_counted_and_a_public_name_is_read_onc
     finally:
         server.stop()
         kill_attempts_under(tmp_path)
+
+
+def test_gpupool_forward_by_name_follows_the_service_when_it_is_submitted_again(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    first = echo_service(server, tmp_path)
+    with server.http() as client:
+        answer_of(client, by_name("echo", "up"), "0")
+    with forwarding(server, "echo") as said:
+        assert "by its name, so a resubmitted one too" in said, said
+        local = said.split()[1]  # http://127.0.0.1:PORT/
+        with plain_http.client(base_url=local, timeout=30) as plain:
+            assert plain.get("hello").json()["service_id"] == str(first)
+            server.cli("cancel", str(first), check=True)
+            server.wait_for(first)
+            again = echo_service(server, tmp_path)
+            deadline = time.time() + 30
+            while True:  # the forwarder goes on, to the new service
+                got = plain.get("hello")
+                if got.status_code == 200 and got.json()["service_id"] == str(again):
+                    break
+                assert got.status_code in (404, 502, 503) and time.time() < deadline, got.text
+                time.sleep(0.2)

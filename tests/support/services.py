@@ -3,9 +3,12 @@ it received and which workload, attempt and replica received it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +190,18 @@ def headers_service(server: ServerProcess, workdir: Path) -> int:
     )
     wait_until(server, sid, lambda w: w["state"] == "running")
     return sid
+
+
+@contextlib.contextmanager
+def forwarding(server: ServerProcess, ref: str) -> Iterator[str]:
+    """`gpupool forward REF --port 0` running; the first line it printed (it names the local address)."""
+    forwarder = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.main", "forward", ref, "--port", "0"],
+        env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert forwarder.stdout is not None
+        yield forwarder.stdout.readline()
+    finally:
+        forwarder.terminate()
+        forwarder.wait(timeout=10)

@@ -68,10 +68,14 @@ def forward(
         raise CliError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another with --port") from exc
     bound = listener.getsockname()[1]
     state = w["state"] + ("" if w.get("ready") is not False else ", not ready yet")
+    # given by its name, the service is forwarded to by its name: a resubmitted one is reached as well
+    by_name = service == w["name"]
+    follows = "; by its name, so a resubmitted one too" if by_name else ""
     print(
-        f"forwarding http://{host}:{bound}/ to service {w['name']} (workload {workload_id}, {state}) "
-        f"through {c.server}; Ctrl-C to stop",
+        f"forwarding http://{host}:{bound}/ to service {w['name']} (workload {workload_id}, {state}"
+        f"{follows}) through {c.server}; Ctrl-C to stop",
         flush=True,
     )
-    config = uvicorn.Config(Forwarder(c.server, c.token, workload_id), log_level="warning")
+    forwarder = Forwarder(c.server, c.token, workload_id, name=w["name"] if by_name else None)
+    config = uvicorn.Config(forwarder, log_level="warning")
     uvicorn.Server(config).run(sockets=[listener])

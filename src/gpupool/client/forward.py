@@ -36,12 +36,13 @@ Scope = dict[str, Any]
 
 
 class Forwarder:
-    """An ASGI application: every HTTP request it gets goes to the service `workload_id` through the
-    head at `server`, with `token`."""
+    """An ASGI application: every HTTP request it gets goes to a service through the head at `server`,
+    with `token`: the service `workload_id`, or, given `name`, the pending or running service of that
+    name (its by-name address, which follows the service when it is submitted again)."""
 
-    def __init__(self, server: str, token: str | None, workload_id: int) -> None:
+    def __init__(self, server: str, token: str | None, workload_id: int, name: str | None = None) -> None:
         self.server, self.token, self.workload_id = server.rstrip("/"), token, workload_id
-        self.prefix = f"/api/v1/workloads/{workload_id}/proxy"
+        self.prefix = f"/api/v1/services/{name}/proxy" if name else f"/api/v1/workloads/{workload_id}/proxy"
         self._client: httpx.AsyncClient | None = None
 
     def client(self) -> httpx.AsyncClient:
