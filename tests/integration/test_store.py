@@ -62,7 +62,7 @@ def test_migrations_create_every_table_and_are_idempotent(store: Store) -> None:
         "alembic_version",
     } <= tables
     with again.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0021"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0022"
     again.close()
 
 

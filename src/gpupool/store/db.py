@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # The newest migration (migrations/versions/). A store already there opens without loading Alembic (about
 # 0.15 s of a start's imports); tests/integration/test_store.py fails until this follows a new one.
-HEAD_REVISION = "0021"
+HEAD_REVISION = "0022"
 log = logging.getLogger("gpupool.store")
 
 

@@ -126,6 +126,7 @@ class Workload(Base):
         Index("ix_workloads_queue", "queue"),
         Index("ix_workloads_service_id", "service_id"),
         Index("ix_workloads_array_id", "array_id"),
+        Index("ix_workloads_name", "name"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
