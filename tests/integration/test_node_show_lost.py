@@ -4,6 +4,7 @@ when, also after a head restart. A real head and agents, the real CLI."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from tests.support.agent import LOSS_LEASE, start_pool
@@ -29,7 +30,13 @@ def test_a_lost_node_shows_no_live_readings_and_since_when_it_is_lost(tmp_path: 
         shown = server.cli("node", "show", "agent-1", check=True).stdout
         assert re.search(r"GPU-\S+ +- +- +- +- +- +- ", _gpu_row(shown)), shown
         assert re.search(r"  health: node lost: no telemetry since the head started" + since, shown), shown
-        live = server.cli("node", "show", "agent-0", check=True).stdout
-        assert re.search(r"GPU-\S+ +\d+% +\S+ +\d+C +\d+W +\d+ ", _gpu_row(live)), live
+        live_row = r"GPU-\S+ +\d+% +\S+ +\d+C +\d+W +\d+ "
+        deadline = time.monotonic() + 30  # the live node's first samples since the restart: a heartbeat away
+        while True:
+            live = server.cli("node", "show", "agent-0", check=True).stdout
+            if re.search(live_row, _gpu_row(live)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert re.search(live_row, _gpu_row(live)), live
     finally:
         pool.stop()
