@@ -25,11 +25,12 @@ def credentials_path() -> Path:
 
 
 def make_private(home: Path) -> None:
-    """Make the server's home its user's only, before the server writes in it: mode 0700, saying so in
-    the log when it was open to others (`event=home_made_private`, as a home made by hand, 0755, was before
-    2026-12-07). Inside a 0700 home no other user reaches what the server writes (the store with users'
-    plain `env` values, the logs, the run dirs), whatever their modes; the process's umask stays the
-    operator's, which the work it starts inherits (a checkpoint shared with teammates stays readable)."""
+    """Make a gpupool home (the server's, or an agent's state dir) its user's only, before anything is
+    written in it: mode 0700, saying so in the log when it was open to others (`event=home_made_private`,
+    as a home made by hand, 0755, was before 2026-12-07). Inside a 0700 home no other user reaches what
+    is written there (the store with users' plain `env` values, the logs, the run dirs, an agent's node
+    credential and fencing tokens), whatever their modes; the process's umask stays the operator's, which
+    the work it starts inherits (a checkpoint shared with teammates stays readable)."""
     if not home.exists():
         home.mkdir(parents=True, mode=0o700)
         return
