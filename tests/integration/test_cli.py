@@ -234,6 +234,9 @@ def test_nodes_and_cordon_commands(server: ServerProcess) -> None:
     assert (drained["state"], drained["drained"]) == ("draining", True), drained
     assert "drained" in server.cli("nodes", check=True).stdout
     server.cli("node", "uncordon", "node-1", check=True)
+    own = server.cli("node", "delete", "node-1")  # the head's own machine: it lists it while it runs
+    assert own.returncode == 1 and "is the head's own machine (the local backend)" in own.stderr, own.stderr
+    assert "--gpus none" in own.stderr, own.stderr
 
 
 BAD_SPECS = [
@@ -389,6 +392,10 @@ def test_ps_narrows_by_name_and_by_several_states(server: ServerProcess, job_dir
     assert listed("--name", "big") == [2]  # active only, unless --all or --state
     bad = server.cli("ps", "--state", "pending,runing")
     assert bad.returncode == 1 and "unknown state 'runing'" in bad.stderr, bad.stderr
+    slurm = server.cli("ps", "-t", "PD")
+    assert slurm.returncode == 1 and "unknown state 'pd' (Slurm's PD is pending)" in slurm.stderr, (
+        slurm.stderr
+    )
 
 
 def test_cli_errors_are_one_line(server: ServerProcess, tmp_path: Path) -> None:

@@ -29,9 +29,9 @@ IDS_HELP: Final = (
 _SHOWN: Final = 10  # the ids an ambiguous name's error lists
 _MEMBER_PAGE: Final = 1000  # finished workloads of a name looked through for the newest member N
 MAX_TASKS: Final = 1000  # the tasks one `NAME[1-3]` may name (as many as an array may have)
-_TASKS = re.compile(
-    r"(.+?)(\[|_\[)([0-9][0-9,.\-]*)\]"
-)  # NAME[1-3,7], NAME[1..3] (as ps shows them), ID_[1-3]
+# NAME[1-3,7], NAME[1..3] (as ps shows them), ID_[1-3]; NAME[3], one task, as `_member` reads it
+_TASKS = re.compile(r"(.+?)(\[|_\[)([^\]]*)\]")
+_MEMBER_TASK = re.compile(r".+\[[0-9]+\]")
 _SLURM_TASK = re.compile(r"([0-9]+)_([0-9]+)")  # ID_N
 
 
@@ -104,24 +104,33 @@ class _Reads:
 def _tasks(ref: str) -> list[str]:
     """The one-task references a range of tasks stands for (`sweep[1-3]` or `sweep[1..3]`, as `gpupool ps`
     shows pending tasks -> sweep[1], sweep[2], sweep[3]; `12_[1,4]` -> 12_1, 12_4); any other reference
-    alone."""
-    match = _TASKS.fullmatch(ref)
-    if match is None or not set(match[3]) & {"-", ",", "."}:
+    alone. A name has no "[", so anything else in brackets is refused, not looked up as a name."""
+    if "[" not in ref:
         return [ref]
+    match = _TASKS.fullmatch(ref)
+    slurm = match is not None and match[2] == "_[" and match[1].isdigit()  # ID_[3], ID_[1-3]
+    if _MEMBER_TASK.fullmatch(ref) and not slurm:
+        return [ref]
+    whole = ref.partition("[")[0].removesuffix("_") or "NAME"
+    if match is None:
+        raise CliError(
+            f"{ref}: not a task or a range of tasks; e.g. {whole}[3], {whole}[1-3,7] or {whole}[2..9]"
+        )
     whole, opening, listed = match[1], match[2], match[3]
     if opening == "_[" and not whole.isdigit():  # a name ending in "_": NAME_[1-3]
         whole, opening = f"{whole}_", "["
-    indices: list[int] = []
+    indices: dict[int, None] = {}
     for part in listed.split(","):
         low, dash, high = part.replace("..", "-").partition("-")
         if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
             raise CliError(f"{ref}: {part!r} is not a task index or range; e.g. {whole}{opening}1-3,7]")
-        indices += range(int(low), int(high if dash else low) + 1)
-        if len(indices) > MAX_TASKS:
+        first, last = int(low), int(high if dash else low)
+        if last - first + 1 + len(indices) > MAX_TASKS:  # counted before any is listed: `[0-10**20]`
             raise CliError(f"{ref}: more than {MAX_TASKS:,} tasks; name the array whole by its name or id")
+        indices.update(dict.fromkeys(range(first, last + 1)))
     if opening == "_[":
-        return [f"{whole}_{i}" for i in dict.fromkeys(indices)]
-    return [f"{whole}[{i}]" for i in dict.fromkeys(indices)]
+        return [f"{whole}_{i}" for i in indices]
+    return [f"{whole}[{i}]" for i in indices]
 
 
 def _resolved(c: _Reads, ref: str, *, reading: bool) -> tuple[int, bool]:

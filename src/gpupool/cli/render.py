@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
+from gpupool.spec.quantities import format_figure
+
 # A pipe or a file gets whole lines, as squeue's and kubectl's output does (`gpupool ps | grep running`
 # finds a workload's whole row), not the 80 columns Rich assumes when it cannot ask a terminal; a
 # terminal's own width, or $COLUMNS, is kept.
@@ -299,8 +301,8 @@ def queues_table(queues: list[dict[str, Any]]) -> Table:
             f"{gpu.get('quota', 0):g}",
             "-" if limit is None else f"{limit:g}",
             f"{gpu.get('over_quota_weight', 1):g}",
-            "-" if q.get("gpu_weight_now") is None else f"{q['gpu_weight_now']:.3g}",
-            f"{q['fair_share'].get('gpu', 0):.3g}",
+            "-" if q.get("gpu_weight_now") is None else format_figure(q["gpu_weight_now"]),
+            format_figure(q["fair_share"].get("gpu", 0)),
             f"{q['gpus_allocated']:g}"
             + (f" (+{below:g} below)" if (below := q.get("gpus_allocated_below")) else ""),
             f"{q['gpus_pending']:g}",
@@ -329,8 +331,8 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
     gpu = q["resources"].get("gpu", {})
     limit = gpu.get("limit")
     weight = f"{gpu.get('over_quota_weight', 1):g}"
-    if q.get("gpu_weight_now") is not None and f"{q['gpu_weight_now']:.3g}" != weight:
-        weight += f" (now {q['gpu_weight_now']:.3g})"
+    if q.get("gpu_weight_now") is not None and format_figure(q["gpu_weight_now"]) != weight:
+        weight += f" (now {format_figure(q['gpu_weight_now'])})"
     head = (
         f"{q['name']}  GPU quota {gpu.get('quota', 0):g}  limit {'-' if limit is None else f'{limit:g}'}  "
         f"weight {weight}  priority {q['priority']}"
@@ -347,8 +349,9 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
             lines.append(f"  {resource}: quota {share.get('quota', 0):g}{unit}, limit {cap}")
     fair = q["fair_share"].get("gpu", 0)
     lines.append(
-        f"  now: {gpus(q['gpus_allocated'])} allocated, fair share {fair:.3g}; {q['running']} running, "
-        f"{q['pending']} pending asking for {gpus(q['gpus_pending'])}{held_back_note(q)}"
+        f"  now: {gpus(q['gpus_allocated'])} allocated, fair share {format_figure(fair)}; "
+        f"{q['running']} running, {q['pending']} pending asking for {gpus(q['gpus_pending'])}"
+        f"{held_back_note(q)}"
     )
     if q.get("gpus_allocated_below") or q.get("running_below"):
         lines.append(
@@ -375,7 +378,7 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
         spent = ""
         if budget.get("spent"):
             spent = "; spent: its running work is stopped and waits" if stops else "; spent: new work waits"
-        of = f"{used:.3g} of " if used is not None else ""
+        of = f"{format_figure(used)} of " if used is not None else ""
         lines.append(
             f"  budget: {of}{budget['gpu_hours']:g} GPU-hours a {budget['period']}{window}{rule}{spent}"
         )
@@ -469,7 +472,7 @@ def _fold_waiting_tasks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         same = (
             row["state"] == "pending"
             and row.get("array_id") is not None
-            and (not run or (row["array_id"] == run[-1]["array_id"] and row["reason"] == run[-1]["reason"]))
+            and (not run or (row["array_id"] == run[-1]["array_id"] and _waits_as(row) == _waits_as(run[-1])))
         )
         if not same:
             close()
@@ -479,6 +482,15 @@ def _fold_waiting_tasks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             folded.append(row)
     close()
     return folded
+
+
+_AHEAD = re.compile(r"; [0-9]+ workloads? ahead.*$")
+
+
+def _waits_as(row: dict[str, Any]) -> str:
+    """A pending row's reason less how many wait ahead of it, which differs task by task (the folded row
+    keeps the first task's)."""
+    return _AHEAD.sub("", str(row.get("reason") or ""))
 
 
 def foreign_table(jobs: list[dict[str, Any]]) -> Table:

@@ -31,7 +31,7 @@ from gpupool.cli.render import (
     styled,
 )
 from gpupool.client.client import ride_out
-from gpupool.spec import format_duration, format_gpu_indices
+from gpupool.spec import format_duration, format_figure, format_gpu_indices
 
 T = TypeVar("T")
 
@@ -80,7 +80,10 @@ def ps(
         print_json(rows + [{"foreign": True, **job} for job in foreign] if foreign else rows)
         return
     if not workloads:
-        console.print("no workloads" + ("" if all else " pending or running (see --all)"))
+        if state is not None:
+            console.print(f"no workloads {state}", highlight=False)
+        else:
+            console.print("no workloads" + ("" if all else " pending or running (see --all)"))
     else:
         console.print(ps_table(workloads, wide=wide))
     if foreign:
@@ -190,7 +193,7 @@ def _autoscaling(scaling: dict[str, Any], word: dict[str, Any] | None) -> str:
     )
     if word is None:
         return said + "; not measured yet"
-    return f"{said}; now {word['load']:.3g} {unit}, wants {word['wanted']}"
+    return f"{said}; now {format_figure(word['load'])} {unit}, wants {word['wanted']}"
 
 
 def _time_limit(w: Mapping[str, Any]) -> str:
@@ -303,8 +306,9 @@ def _beyond_reclaim(w: Mapping[str, Any], queue: Mapping[str, Any], fair: float)
         return ""
     return (
         f"reclaim takes no GPUs from other queues for it: with its {gpus(wants)} queue {queue['name']} "
-        f"would hold {would:g}, above both its quota ({quota:g}) and its fair share ({fair:.3g}), the most "
-        f"reclaim gives a queue; it starts when {gpus(wants)} {'comes' if wants == 1 else 'come'} free"
+        f"would hold {would:g}, above both its quota ({quota:g}) and its fair share ({format_figure(fair)}), "
+        f"the most reclaim gives a queue; it starts when {gpus(wants)} "
+        f"{'comes' if wants == 1 else 'come'} free"
     )
 
 

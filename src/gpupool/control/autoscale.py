@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from gpupool.control import service
 from gpupool.control.errors import ServiceError
-from gpupool.spec import ScalingSpec
+from gpupool.spec import ScalingSpec, format_figure
 from gpupool.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class Word:
 def describe(metric: str, load: float, window: float) -> str:
     """The load as people read it: "23.4 requests/s over 60 s" or "3.2 requests in flight over 60 s"."""
     unit = "requests/s" if metric == "rps" else "requests in flight"
-    return f"{load:.3g} {unit} over {window:g} s"
+    return f"{format_figure(load)} {unit} over {window:g} s"
 
 
 class Autoscaler:

@@ -27,7 +27,7 @@ from gpupool.control.errors import Invalid
 from gpupool.control.lifecycle import CANCELLED, FAILED, SERVICE, SUCCEEDED, TERMINAL
 from gpupool.scheduler import Explanation
 from gpupool.spec.workload import DependencySpec
-from gpupool.store.models import Workload
+from gpupool.store.models import MAX_ID, Workload
 
 DEPENDENCY: Final = "dependency"  # the reason code of work waiting for other workloads
 CHUNK: Final = 500
@@ -116,8 +116,8 @@ def waiting_explanation(unmet: list[tuple[int, str, Facts]]) -> Explanation:
 
 
 def read_facts(s: Session, ids: Iterable[int]) -> dict[int, Facts]:
-    """The facts of the workloads `ids` that exist, by id."""
-    wanted = sorted(set(ids))
+    """The facts of the workloads `ids` that exist, by id (an id past a 64-bit column exists nowhere)."""
+    wanted = sorted({i for i in ids if 0 < i <= MAX_ID})
     found: dict[int, Facts] = {}
     arrays: list[int] = []
     for start in range(0, len(wanted), CHUNK):

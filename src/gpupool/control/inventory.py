@@ -191,6 +191,13 @@ def delete_node(store: Store, name: str, *, actor: str = "admin") -> dict[str, A
             names = ", ".join(s.scalars(select(Node.name).order_by(Node.name))) or "none"
             raise NotFound(f"no node named {name!r} (nodes: {names})")
         if node.backend != AGENT and node.state_reason != _gone(node.backend, node):
+            if node.backend == "local":  # the head's own machine, as `gpupool server --gpus` describes it
+                raise Conflict(
+                    f"node {name} is the head's own machine (the local backend), which the head lists while "
+                    f"it runs with GPUs there: cordon it to keep work off it (`gpupool node cordon {name}`), "
+                    "or start the server with `--gpus none`, then delete it",
+                    field="name",
+                )
             raise Conflict(
                 f"node {name} is the {node.backend} backend's, which still lists it: deleted here, it would "
                 f"be back with that backend's next inventory. Take it out of the {node.backend} backend "

@@ -66,7 +66,7 @@ from gpupool.spec.workload import (
     parse_array,
 )
 from gpupool.store.db import Store
-from gpupool.store.models import ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
+from gpupool.store.models import MAX_ID, ApiToken, Attempt, Event, Gpu, Node, Queue, Workload
 from gpupool.timeutil import age_seconds, as_utc, utcnow
 
 DEFAULT_QUEUE = "default"
@@ -90,7 +90,6 @@ HELD_BACK: Final = frozenset(
     }
 )
 LOG_CHUNK_MAX = 1 << 20
-MAX_ID = (1 << 63) - 1  # the largest id a 64-bit integer column holds
 
 
 def _iso(value: Any) -> str | None:
@@ -1102,12 +1101,21 @@ def _states(asked: str | None) -> list[str]:
     states = [part.strip().lower() for part in asked.split(",")]
     for state in states:
         if state not in STATES:
+            slurm = SLURM_STATES.get(state)
+            hint = f" (Slurm's {state.upper()} is {slurm})" if slurm else ""
             raise Invalid(
-                f"unknown state {state!r}; one of {', '.join(STATES)}, or several with commas "
+                f"unknown state {state!r}{hint}; one of {', '.join(STATES)}, or several with commas "
                 "(pending,running)",
                 field="state",
             )
     return states
+
+
+# Slurm's job state codes (squeue -t), for the hint when one is given as a state
+SLURM_STATES: Final = {
+    "pd": "pending", "r": "running", "cg": "running (stopping)", "cd": "succeeded", "f": "failed",
+    "ca": "cancelled", "to": "failed (reason_code timeout)", "nf": "failed", "pr": "pending (requeued)",
+}  # fmt: skip
 
 
 def cancel(

@@ -18,6 +18,7 @@ from gpupool.scheduler.evict_search import Budget, VictimRule
 from gpupool.scheduler.prepare import GLOBAL, same_shape
 from gpupool.scheduler.snapshot import Decisions, Eviction, PodPlacement, WorkloadView
 from gpupool.scheduler.state import EPSILON, GANG_LOST_STATES, LOST_STATES
+from gpupool.spec.quantities import format_figure
 
 MAX_CONSOLIDATION_TRIES: Final = 8
 MAX_CONSOLIDATION_TARGETS: Final = 8  # nodes per pod considered for emptying
@@ -290,8 +291,8 @@ class Cycle(Allocation):
 
         def reason(v: WorkloadView) -> str:  # written only for the victims taken
             return (
-                f"reclaimed for queue {queue} (below its {floor} of {self.reclaim_floor(queue, floor):.3g} "
-                f"GPUs) by workload {w.id}; "
+                f"reclaimed for queue {queue} (below its {floor} of "
+                f"{format_figure(self.reclaim_floor(queue, floor))} GPUs) by workload {w.id}; "
                 + (
                     f"queue {v.queue} holds GPUs beyond its quota, and a job that borrows is stopped whole"
                     if floor == "quota"

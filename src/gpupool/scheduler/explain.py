@@ -8,7 +8,7 @@ from typing import Final, TypeAlias, cast
 
 from gpupool.scheduler.snapshot import Explanation, NodeView, WorkloadView
 from gpupool.scheduler.state import EPSILON
-from gpupool.spec.quantities import format_size
+from gpupool.spec.quantities import format_figure, format_size
 
 QUEUE_LIMIT: Final = "queue-limit"
 OVER_QUOTA_NONPREEMPTIBLE: Final = "over-quota-nonpreemptible"
@@ -69,7 +69,7 @@ def size_text(n: float) -> str:
         said = format_size(whole)  # in its largest exact unit: "512GB", but also "26503040KiB"
         if len(said.rstrip("BiKMGTPE")) <= 4 or whole < 2**20:
             return said
-    return f"{n / 2**30:.3g}GiB"
+    return f"{format_figure(n / 2**30)}GiB"
 
 
 def gpu_text(w: WorkloadView) -> str:
@@ -229,7 +229,7 @@ def _ahead(count: int) -> str:
 
 
 def _over_fair_share(standing: Standing, ahead: int) -> str:
-    queue, allocated, fair = standing[0], cast(float, standing[1]), standing[2]
+    queue, allocated, fair = standing[0], cast(float, standing[1]), cast(float, standing[2])
     freeing = cast(float, standing[3]) if len(standing) > 3 else 0.0
     behind = f"; {_ahead(ahead)}" if ahead else ""
     # The GPUs its running work holds (the allocation `gpupool queues` shows), and apart from them those
@@ -246,7 +246,7 @@ def _over_fair_share(standing: Standing, ahead: int) -> str:
     # share (4 >= 4 GPUs)") to a user whose queue was the only one.
     return (
         f"waiting for GPUs to come free: queue {queue} holds {held}, at or over its fair share of "
-        f"{fair:.3g}, so no other queue's work is reclaimed for it{behind}"
+        f"{format_figure(fair)}, so no other queue's work is reclaimed for it{behind}"
     )
 
 

@@ -17,6 +17,7 @@ from gpupool.spec.errors import SpecError
 from gpupool.spec.quantities import (
     GpuRequest,
     format_duration,
+    format_figure,
     format_gpu_indices,
     format_size,
     parse_duration,
@@ -73,6 +74,7 @@ __all__ = [
     "SpecError",
     "WorkloadSpec",
     "format_duration",
+    "format_figure",
     "format_gpu_indices",
     "format_size",
     "parse_duration",

@@ -267,6 +267,12 @@ def _parse_size_text(raw: str, value: object, field: str) -> int:
     return int(exact.to_integral_value(rounding=ROUND_HALF_UP))
 
 
+def format_figure(x: float) -> str:
+    """A figure as a sentence says it: three significant digits ("0.333", "12.5"), whole numbers with
+    thousands separators from 1,000 on ("1,024"; `.3g` wrote "1.02e+03")."""
+    return f"{x:,.0f}" if abs(x) >= 999.5 else f"{x:.3g}"
+
+
 def format_size(n: int) -> str:
     """Human text for a number of bytes in the largest exact unit ("256GB", "512MiB", "1234B")."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:

@@ -27,6 +27,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, object_sessio
 
 from gpupool.timeutil import utcnow
 
+MAX_ID = (1 << 63) - 1  # the largest id a 64-bit integer column holds: a larger one names no row
+
 
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}

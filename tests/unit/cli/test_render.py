@@ -50,6 +50,17 @@ def test_a_run_of_waiting_tasks_is_one_line_and_the_rest_stay_row_by_row() -> No
     assert lines[3].split()[:2] == ["17", "solo"]
 
 
+def test_waiting_tasks_whose_reasons_differ_only_in_the_work_ahead_of_each_are_one_line() -> None:
+    """A full pool: each task's reason ends with how many wait ahead of it, one more for each task."""
+    said = "waiting for GPUs to come free: queue nlp holds 8 GPUs, at or over its fair share of 8"
+    tasks = [
+        _task(12 + i, 2 + i, "pending", f"{said}; {i + 1} workload{'s' if i else ''} ahead") for i in range(4)
+    ]
+    lines = _shown(tasks)
+    assert len(lines) == 1 and lines[0].split()[:2] == ["12..15", "sweep[2..5]"], lines
+    assert "4 tasks: waiting for GPUs to come free" in lines[0], lines
+
+
 def test_two_waiting_tasks_or_different_reasons_are_not_folded() -> None:
     lines = _shown([_task(12, 2, "pending", "a"), _task(13, 3, "pending", "a"), _task(14, 4, "pending", "b")])
     assert [line.split()[0] for line in lines] == ["12", "13", "14"]

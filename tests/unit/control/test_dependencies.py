@@ -93,6 +93,7 @@ def test_submit_refuses_what_could_never_start_and_changes_nothing(store: Store)
     refusals = [
         ([failed], "after[0]", "failed, and this one was to start after it succeeded"),
         ([f"started:{web}", 99], "after[1].workload", "no workload with id 99"),
+        ([f"afterok:{2**64}"], "after[0].workload", f"no workload with id {2**64}"),  # past a 64-bit column
         ([f"succeeded:{web}"], "after[0].when", "is a service"),
         ([f"failed:{web}"], "after[0].when", "is a service"),
     ]

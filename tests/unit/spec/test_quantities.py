@@ -381,3 +381,11 @@ def test_gpu_request_text_is_canonical(request_: GpuRequest) -> None:
 )
 def test_gpu_indices_read_as_indices_not_a_count(indices: tuple[int, ...], text: str) -> None:
     assert format_gpu_indices(indices) == text
+
+
+def test_a_figure_is_never_written_in_scientific_notation() -> None:
+    from gpupool.spec import format_figure
+
+    assert [format_figure(x) for x in (0.3333, 12.5, 999.4, 999.5, 1024.0, 123456.7)] == [
+        "0.333", "12.5", "999", "1,000", "1,024", "123,457",
+    ]  # fmt: skip
