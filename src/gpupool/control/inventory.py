@@ -233,7 +233,7 @@ def delete_node(store: Store, name: str, *, actor: str = "admin") -> dict[str, A
             "state_reason": node.state_reason,
             "gpus_total": len(node.gpus),
             "gpu_models": models,
-            "warnings": _pinned_warnings(s, name),
+            "warnings": _pinned_warnings(s, name) + _left_running_warnings(node),
         }
         was = f"{node.state}" + (f" ({node.state_reason})" if node.state_reason else "")
         gpus = f"{len(node.gpus)} GPU(s)" + (f" {','.join(models)}" if models else "")
@@ -242,6 +242,19 @@ def delete_node(store: Store, name: str, *, actor: str = "admin") -> dict[str, A
         audit.record(s, "node", name, f"{DELETED}: it was {was}; {gpus}{voided}", actor)
     log.info("event=node_deleted node=%s actor=%s", name, actor)
     return view
+
+
+def _left_running_warnings(node: Node) -> list[str]:
+    """A lost agent node may still run what the head moved away: an agent's ranks outlive the agent (so
+    that restarting it stops nothing), and a stopped agent kills nothing; deleted, its node's agent can no
+    longer be told to."""
+    if node.backend != AGENT or node.state != "lost":
+        return []
+    return [
+        f"node {node.name} was lost: if its machine is still up, processes its agent started may still "
+        f"run there (an agent's ranks outlive it); stop them on {node.name}, or start its agent once with "
+        "its old state dir before deleting, which kills what the head no longer lists"
+    ]
 
 
 def _pinned_warnings(s: Session, name: str) -> list[str]:

@@ -276,8 +276,9 @@ def _count_gpus(count: float) -> str:
 
 
 def waiting_for_release(w: WorkloadView, victims: Sequence[int] = ()) -> Explanation:
-    """`victims`: the ids of the work stopping for `w` (evicted for it, now or in an earlier cycle)."""
-    why = f"waiting for {counted(w.gpu_units, 'GPU')} being released by evicted work"
+    """`victims`: the ids of the work stopping for `w` (evicted for it, now or in an earlier cycle, or
+    cancelled with its GPUs promised to it): "stopping", not "evicted", says both."""
+    why = f"waiting for {counted(w.gpu_units, 'GPU')} being released by stopping work"
     if victims:
         ids = sorted(set(victims))
         listed = ", ".join(str(i) for i in ids[:5])

@@ -79,7 +79,7 @@ def test_the_gpus_of_cancelled_work_are_promised_to_the_workload_waiting_for_the
     assert running[cancelled].stopping and running[cancelled].evicted_for == waiting
     reconciler.tick()  # what `gpupool why` shows (the API reads the loop's latest explanations)
     told = reconciler.explanations[waiting].message
-    assert told == f"waiting for 2 GPUs being released by evicted work (workload {cancelled} stops for it)"
+    assert told == f"waiting for 2 GPUs being released by stopping work (workload {cancelled} stops for it)"
 
 
 def test_the_pass_after_a_victim_stopped_gives_its_gainer_the_room_first(

@@ -120,7 +120,7 @@ def test_the_agent_of_a_deleted_node_is_refused_naming_the_deletion_and_joins_ag
     credential = agents.register(store, "c", join_token=token, credential=None, described=joining)
     assert credential is not None and agents.credential_names(store).get(hash_token(credential)) == "c"
     service.set_node_state(store, "c", "cordoned", "retiring")
-    inventory.delete_node(store, "c", actor="root")
+    assert inventory.delete_node(store, "c", actor="root")["warnings"] == []  # cordoned: its agent stopped it
 
     assert hash_token(credential) not in agents.credential_names(store)  # heartbeats get 401
     refused = r"node 'c' was deleted from the pool by root at .* UTC .* start the agent with a new --join-tok"
@@ -174,3 +174,16 @@ def test_an_agent_node_that_does_not_come_back_after_a_head_restart_is_lost_sinc
     )
     assert _node_events(store, "b")[-1][:3] == ("ready", "lost", "control")
     assert _nodes(store)["a"] == ("ready", "")
+
+
+def test_deleting_a_lost_agent_node_warns_that_its_agent_may_have_left_work_running(
+    store: Store, tmp_path: Path
+) -> None:
+    _, backend = in_process_head(store, tmp_path, Clock(), LEASE, nodes=("a",))
+    token = join_token(store)
+    agents.register(store, "d", join_token=token, credential=None, described=described(backend, "d", ONE_GPU))
+    service.set_node_state(store, "d", "lost", "agent: no heartbeat within the node lease (10s)")
+    (warning,) = inventory.delete_node(store, "d", actor="root")["warnings"]
+    assert warning.startswith("node d was lost: if its machine is still up, processes its agent started"), (
+        warning
+    )

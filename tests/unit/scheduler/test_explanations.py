@@ -90,7 +90,7 @@ def test_work_waiting_for_release_names_the_work_stopping_for_it_then_and_later(
     first = parse_scenario(data, "first")
     decisions = decide(first.snapshot, first.now)
     assert sorted(e.workload_id for e in decisions.evictions) == [1, 2]
-    waiting = "waiting for 2 GPUs being released by evicted work"
+    waiting = "waiting for 2 GPUs being released by stopping work"
     assert decisions.explanations[10].message == waiting + " (workloads 1, 2 stop for it)"
 
     for gainer, told in ((10, waiting + " (workloads 1, 2 stop for it)"), (None, waiting)):
@@ -439,5 +439,5 @@ def test_a_count_of_one_is_said_in_the_singular() -> None:
     assert explain.queue_limit("q", "cpu", 0, 1, 2).message.startswith("needs 2 CPUs, more than queue q's")
     assert explain.stopping_limit(4, 1, 0).message.startswith("1 GPU is being released")
     assert explain.waiting_for_release(replace(one, gpus=replace(one.gpus, count=1))).message == (
-        "waiting for 1 GPU being released by evicted work"
+        "waiting for 1 GPU being released by stopping work"
     )
