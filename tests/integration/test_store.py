@@ -12,7 +12,9 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.orm.exc import StaleDataError
@@ -487,11 +489,8 @@ def test_a_store_out_of_reach_is_a_503_that_names_it_and_the_server_recovers(tmp
             said = server.cli("ps")
             assert said.returncode == 1 and "cannot reach its store" in said.stderr, said.stderr
             pg.resume()
-            deadline = time.time() + 30
             with server.http() as client:
-                while client.get("/readyz").status_code != 200:
-                    assert time.time() < deadline, "the server never reached its store again"
-                    time.sleep(0.2)
+                _readyz_until(client, 200, 30, "the server never reached its store again")
             again = server.submit({"commands": ["true"]})
             assert server.wait_for(again["id"])["state"] == "succeeded"
             assert server.workload(created["id"])["state"] == "succeeded"
@@ -604,17 +603,13 @@ def test_a_full_disk_under_the_store_is_said_as_such_and_the_server_goes_on_once
                 message = answer.json()["error"]["message"]
                 assert answer.json()["error"]["code"] == "store_full", message
                 assert "its disk is full" in message and "free space on that disk" in message, message
-                deadline = time.time() + 60  # the loop writes at least every 10 s (record_alive)
-                while client.get("/readyz").status_code != 503:
-                    assert time.time() < deadline, "/readyz never said the server cannot work"
-                    time.sleep(0.5)
-                said = client.get("/readyz").json()["error"]["message"]
+                # the loop writes at least every 10 s (record_alive)
+                said = _readyz_until(client, 503, 60, "/readyz never said the server cannot work")["error"][
+                    "message"
+                ]
                 assert said.startswith("the control loop's passes fail"), said
                 filler.unlink()
-                deadline = time.time() + 60
-                while client.get("/readyz").status_code != 200:
-                    assert time.time() < deadline, "/readyz never said ready again"
-                    time.sleep(0.5)
+                _readyz_until(client, 200, 60, "/readyz never said ready again")
             again = server.submit({"commands": ["true"]})
             assert server.wait_for(again["id"])["state"] == "succeeded"
             assert server.workload(created["id"])["state"] == "succeeded"
@@ -622,3 +617,14 @@ def test_a_full_disk_under_the_store_is_said_as_such_and_the_server_goes_on_once
             server.stop()
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _readyz_until(client: httpx.Client, status: int, seconds: float, never: str) -> dict[str, Any]:
+    """/readyz's answer once it has `status` (a bound of `seconds`, not a timing assertion)."""
+    deadline = time.time() + seconds
+    while True:
+        answer = client.get("/readyz")
+        if answer.status_code == status:
+            return dict(answer.json())
+        assert time.time() < deadline, never
+        time.sleep(0.2)

@@ -280,7 +280,7 @@ class AgentHeartbeats:
                 pod.cause = "node-failure" if item.get("cause") == "node-failure" else "failure"
                 ago = item.get("ended_ago")
                 if isinstance(ago, int | float) and 0 <= ago < 30 * 86400:
-                    pod.ended_at = time.time() - ago
+                    pod.ended_at = self._wall_clock() - ago  # on the head's clock
                 path = attempt.run_dir / f"rank-{rank}.exit_code"
             elif state == "vanished":
                 pod.vanished, pod.detail = True, str(item.get("detail") or "the process ended unrecorded")

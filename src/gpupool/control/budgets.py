@@ -30,7 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.control.accounting import Tally
-from gpupool.control.lifecycle import RUNNING, note
+from gpupool.control.lifecycle import RUNNING, note, running_unstopped
 from gpupool.control.usage import attempt_gpus
 from gpupool.scheduler import Explanation
 from gpupool.store.db import Store
@@ -192,13 +192,7 @@ class Budgets:
             rows = s.execute(
                 select(Attempt.id, Workload.queue, Attempt.gpu_indices, Attempt.gpu_fraction, Attempt.pods)
                 .join(Workload, Attempt.workload_id == Workload.id)
-                .where(
-                    Attempt.state == RUNNING,
-                    Attempt.stop_requested_at.is_(None),
-                    Attempt.stop_reason == "",
-                    Workload.cancel_requested.is_(False),
-                    Workload.queue.in_(list(tree)),
-                )
+                .where(*running_unstopped(), Workload.queue.in_(list(tree)))
             ).all()
         # Work holding no GPU spends no GPU-hours: it runs on.
         due = [

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.control.lifecycle import RUNNING
+from gpupool.control.lifecycle import running_unstopped
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.spec.quantities import format_duration
 from gpupool.spec.workload import IdleSpec
@@ -84,13 +84,7 @@ class IdleWatch:
         rows = s.execute(
             select(*columns)
             .join(Workload, Attempt.workload_id == Workload.id)
-            .where(
-                Attempt.state == RUNNING,
-                Attempt.stop_requested_at.is_(None),
-                Attempt.stop_reason == "",
-                Workload.held.is_(False),
-                Workload.cancel_requested.is_(False),
-            )
+            .where(*running_unstopped(), Workload.held.is_(False))
         ).all()
         unseen = [row.workload_id for row in rows if row.workload_id not in self._specs]
         if unseen:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
-from gpupool.store.models import Event, Workload
+from gpupool.store.models import Attempt, Event, Workload
 from gpupool.timeutil import utcnow
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeeded", "failed", "cancelled"
@@ -179,4 +180,16 @@ def note(session: Session, workload: Workload, reason: str, *, actor: str) -> No
             actor=actor,
             at=utcnow(),
         )
+    )
+
+
+def running_unstopped() -> tuple[ColumnElement[bool], ...]:
+    """The conditions (on Attempt joined to its Workload) of a running attempt nobody has asked to stop:
+    no stop requested or marked, its workload not being cancelled. What a rule that stops work (a spent
+    budget, an idle timeout) may still act on."""
+    return (
+        Attempt.state == RUNNING,
+        Attempt.stop_requested_at.is_(None),
+        Attempt.stop_reason == "",
+        Workload.cancel_requested.is_(False),
     )
