@@ -59,8 +59,10 @@ def test_a_service_is_reached_by_its_name_and_the_name_follows_it_when_submitted
 
         shown = server.cli("show", str(first), check=True).stdout  # where to reach it, by id and by name
         assert f"  by name: {server.url}/api/v1/services/echo/proxy/\n" in shown, shown
+        replicas = [r["id"] for r in server.workload(first)["replica_list"]]
         assert client.post(f"/api/v1/workloads/{first}/cancel").status_code == 202
-        server.wait_for(first)
+        for replica in replicas:  # every replica ended: the name stands for no pending or running service
+            server.wait_for(replica)
         ended = client.get(by_name("echo", "hello"))
         assert ended.status_code == 404, ended.text
         said = _error(ended)
