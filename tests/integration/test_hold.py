@@ -296,3 +296,15 @@ def test_work_submitted_held_waits_until_released_tasks_and_replicas_alike(serve
     for wid in service["replica_ids"]:
         server.wait_for(wid, states=("running",))
     server.cli("cancel", str(service["id"]), check=True)
+
+
+def test_releasing_an_array_where_one_task_is_held_says_it_released_that_one(server: ServerProcess) -> None:
+    submitted = server.cli("run", "--array", "0-2", "--gpus", "1", "--", "sleep", "600", check=True)
+    array = server.workload(int(submitted.stdout.split()[1]))
+    held = array["task_list"][1]["id"]
+    assert "held" in server.cli("hold", f"{array['id']}_1", check=True).stdout
+    out = server.cli("release", str(array["id"]), check=True).stdout
+    assert f"released (1 of 3 workloads: {held}; 2 not held)" in out, out
+    out = server.cli("hold", str(array["id"]), check=True).stdout
+    assert "held (3 workloads:" in out, out  # all three were free to hold
+    server.cli("cancel", str(array["id"]), check=True)

@@ -199,8 +199,9 @@ def hold(
             console.print(f"{workload_id} ({name}): already held; nothing more to do")
             return
         release = f"{workload_id} --task" if workload_id in alone and not task else workload_id
+        took = _some(w["held_ids"], w["changed_ids"], "already held")
         console.print(
-            f"{workload_id} ({name}): held{_many(w['held_ids'])}; waits pending until `gpupool release "
+            f"{workload_id} ({name}): held{took}; waits pending until `gpupool release "
             f"{release}` (running work stops first: SIGTERM, then SIGKILL after its grace period)"
         )
 
@@ -249,8 +250,8 @@ def release(
         if not w.get("changed_ids", True):
             console.print(f"{workload_id} ({name}): not held; nothing to release")
             return
-        also = _many(w["held_ids"])
-        console.print(f"{workload_id} ({name}): released{also}; the scheduler may start it again")
+        took = _some(w["held_ids"], w["changed_ids"], "not held")
+        console.print(f"{workload_id} ({name}): released{took}; the scheduler may start it again")
 
     each(ids, release_one)
 
@@ -320,6 +321,15 @@ def _many(ids: list[int]) -> str:
         return ""
     listed = ", ".join(map(str, ids)) if len(ids) <= 8 else f"{ids[0]}..{ids[-1]}"
     return f" ({len(ids)} workloads: {listed})"
+
+
+def _some(named: list[int], changed: list[int], others: str) -> str:
+    """What to add when an id named several workloads and an action changed only some of them, e.g.
+    " (2 of 3 workloads: 4, 6; 1 already held)"."""
+    if len(changed) == len(named):
+        return _many(named)
+    listed = ", ".join(map(str, changed)) if len(changed) <= 8 else f"{changed[0]}..{changed[-1]}"
+    return f" ({len(changed)} of {len(named)} workloads: {listed}; {len(named) - len(changed)} {others})"
 
 
 def _moved(w: dict[str, Any], queue: str) -> str:

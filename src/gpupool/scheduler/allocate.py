@@ -268,7 +268,7 @@ class Allocation(EvictionSearch):
         if w.node_names:
             return self._never_fits_named(w)
         if not self.snapshot.nodes:
-            return explain.no_nodes(w)  # none has joined yet: not "can never fit"
+            return explain.no_nodes(w)  # none has joined yet (or all were deleted): not "can never fit"
         if w.nodes > len(self.snapshot.nodes):
             return explain.too_large(w, f"needs {w.nodes} nodes; the pool has {len(self.snapshot.nodes)}")
         if w.nodes > self.schedulable_nodes:

@@ -148,9 +148,13 @@ def too_large(w: WorkloadView, why: str) -> Explanation:
 
 
 def no_nodes(w: WorkloadView) -> Explanation:
-    """The pool has no node at all (a head whose agents have not joined yet): work waits for one."""
+    """The pool has no node at all (a head whose agents have not joined yet, or every node deleted): work
+    waits for one."""
     pods = counted(w.nodes, "node") if w.nodes > 1 else "a node"
-    return Explanation(NO_CAPACITY, f"needs {pods}; the pool has no nodes yet (none has joined)")
+    return Explanation(
+        NO_CAPACITY,
+        f"needs {pods}; the pool has no nodes (none has joined, or all were deleted: `gpupool nodes`)",
+    )
 
 
 def unschedulable_nodes(w: WorkloadView, nodes: Sequence[NodeView]) -> Explanation:

@@ -222,8 +222,14 @@ def test_work_in_a_pool_no_node_has_joined_yet_waits_for_one_and_is_told_so() ->
     snapshot = Snapshot((), (*pending, gang), (QueueView("default"),), (), SchedulerConfig())
     reasons = {wid: (e.code, e.message) for wid, e in decide(snapshot, 0.0).explanations.items()}
     assert reasons == {
-        10: ("no-capacity", "needs a node; the pool has no nodes yet (none has joined)"),
-        11: ("no-capacity", "needs 2 nodes; the pool has no nodes yet (none has joined)"),
+        10: (
+            "no-capacity",
+            "needs a node; the pool has no nodes (none has joined, or all were deleted: `gpupool nodes`)",
+        ),
+        11: (
+            "no-capacity",
+            "needs 2 nodes; the pool has no nodes (none has joined, or all were deleted: `gpupool nodes`)",
+        ),
     }
 
 
