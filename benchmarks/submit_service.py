@@ -1,7 +1,7 @@
-"""A submit's store path alone: CPU per `service.submit` (the spec parsed, the workload and its first event
+"""A submit's store path alone: CPU per `submission.submit` (the spec parsed, the workload and its first event
 committed) in one process on a fresh SQLite store, no HTTP, no control loop.
 
-`submit_throughput.py` measures the whole head; this isolates the part a change to `control/service.py`
+`submit_throughput.py` measures the whole head; this isolates the part a change to `control/submission.py`
 moves, with far less noise. Each --code runs in its own child process, the codes alternating round by round.
 
     python benchmarks/submit_service.py
@@ -27,19 +27,19 @@ NAME = "submit_service"
 CHILD = """
 import json, sys, tempfile, time
 from pathlib import Path
-from gpupool.control import service
+from gpupool.control import queues, submission
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
 submits, warmup = int(sys.argv[1]), int(sys.argv[2])
 with tempfile.TemporaryDirectory() as tmp:
     store = Store(f"sqlite:///{Path(tmp) / 'gpupool.db'}")
-    service.ensure_default_queue(store)
+    queues.ensure_default_queue(store)
     body = {"commands": ["true"], "resources": {"gpu": 1}}
     for _ in range(warmup):
-        service.submit(store, parse_workload_spec(body))
+        submission.submit(store, parse_workload_spec(body))
     began = time.process_time()
     for _ in range(submits):
-        service.submit(store, parse_workload_spec(body))
+        submission.submit(store, parse_workload_spec(body))
     print(json.dumps({"cpu_ms_per_submit": (time.process_time() - began) / submits * 1000}))
     store.close()
 """

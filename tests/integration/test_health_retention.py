@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from gpupool.control import health_jobs, service
+from gpupool.control import health_jobs, queues, workloads
 from gpupool.control.errors import NotFound
 from gpupool.control.health import HealthMonitor
 from gpupool.control.health_jobs import CheckJobs, ensure_system_queue
 from gpupool.control.health_state import NodeHealth
 from gpupool.control.metrics import PoolCollector
-from gpupool.control.service import SYSTEM_QUEUE
+from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.health.checks import verdict
 from gpupool.health.thresholds import CheckJobRetention, HealthConfig
@@ -34,7 +34,7 @@ DAY = 86400.0
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s = Store(database_url(request, tmp_path))
-    service.ensure_default_queue(s)
+    queues.ensure_default_queue(s)
     ensure_system_queue(s)
     try:
         yield s
@@ -121,11 +121,11 @@ def test_check_jobs_past_their_retention_leave_the_store_with_their_attempts_eve
     gone = set(old_node1[:4]) | {never_started}
     kept = {old_node1[4], old_node2, young, running, team}
     assert _ids(store) == kept
-    listed = service.list_workloads(store, include_finished=True, queue=SYSTEM_QUEUE)
+    listed = workloads.list_workloads(store, include_finished=True, queue=SYSTEM_QUEUE)
     assert {row["id"] for row in listed} == kept - {team}
     for wid in gone:
         with pytest.raises(NotFound):
-            service.get_workload(store, wid)
+            workloads.get_workload(store, wid)
         assert not (home / "logs" / str(wid)).exists() and not (home / "runs" / str(wid)).exists()
     for wid in kept - {never_started}:
         assert (home / "logs" / str(wid) / "attempt-0.log").exists()

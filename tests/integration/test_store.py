@@ -20,7 +20,16 @@ from sqlalchemy import inspect, select, text
 from sqlalchemy.orm.exc import StaleDataError
 
 from gpupool.backends.agent import AgentBackend
-from gpupool.control import accounting, secrets, service, tokens
+from gpupool.control import (
+    accounting,
+    changes,
+    queues,
+    secrets,
+    service_replicas,
+    submission,
+    tokens,
+    workloads,
+)
 from gpupool.control.errors import Conflict, Invalid
 from gpupool.control.lifecycle import transition
 from gpupool.control.loop import ControlSettings, Reconciler
@@ -37,7 +46,7 @@ from tests.support.store import run_attempt
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s = Store(database_url(request, tmp_path))
-    service.ensure_default_queue(s)
+    queues.ensure_default_queue(s)
     try:
         yield s
     finally:
@@ -170,8 +179,8 @@ def _store_at(path: Path, revision: str) -> Store:
 def test_a_store_at_an_older_migration_is_upgraded_in_place(tmp_path: Path) -> None:
     _store_at(tmp_path / "old.db", "0001").close()
     upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
-    created = service.submit(upgraded, parse_workload_spec({"commands": ["true"]}))
-    assert service.get_workload(upgraded, created["id"])["state"] == "pending"
+    created = submission.submit(upgraded, parse_workload_spec({"commands": ["true"]}))
+    assert workloads.get_workload(upgraded, created["id"])["state"] == "pending"
     upgraded.close()
 
 
@@ -199,7 +208,7 @@ def test_attempts_from_before_work_could_move_keep_their_workloads_queue(tmp_pat
     """Migration 0018 records the queue each attempt ran in: for attempts from before it, their
     workload's (work never moved until then), so `usage --by queue` reads as it did."""
     upgraded = _upgraded_with_an_attempt(tmp_path, "0017")
-    assert service.get_workload(upgraded, 7)["attempt_list"][0]["queue"] == "nlp"
+    assert workloads.get_workload(upgraded, 7)["attempt_list"][0]["queue"] == "nlp"
     upgraded.close()
 
 
@@ -208,7 +217,7 @@ def test_a_migration_that_rebuilds_workloads_keeps_the_rows_that_refer_to_them(t
     on, that drop deleted every attempt (the GPU-hours of `usage`) through ON DELETE CASCADE (0012 and 0020
     rebuild it)."""
     upgraded = _upgraded_with_an_attempt(tmp_path, "0011")
-    shown = service.get_workload(upgraded, 7)
+    shown = workloads.get_workload(upgraded, 7)
     assert [(a["state"], a["queue"]) for a in shown["attempt_list"]] == [("succeeded", "nlp")], shown
     with upgraded.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1, "on again once migrated"
@@ -248,10 +257,11 @@ def test_a_service_stored_before_replicas_is_upgraded_to_replica_0_of_itself(tmp
             )
     old.close()
     upgraded = Store(f"sqlite:///{tmp_path / 'old.db'}")
-    web, train = (w for w in service.list_workloads(upgraded) if w["name"] in ("web", "train"))
+    web, train = (w for w in workloads.list_workloads(upgraded) if w["name"] in ("web", "train"))
     assert (web["service_id"], web["replica"]) == (web["id"], 0)
     assert (train["service_id"], train["replica"]) == (None, 0)
-    scaled = service.scale(upgraded, web["id"], 2)  # the old service gains a replica as a new one would
+    # the old service gains a replica as a new one would
+    scaled = service_replicas.scale(upgraded, web["id"], 2)
     assert [(r["replica"], r["state"]) for r in scaled["replica_list"]] == [(0, "pending"), (1, "pending")]
     upgraded.close()
 
@@ -260,29 +270,29 @@ def test_scaling_keeps_replica_0_removes_waiting_replicas_first_and_counts_stopp
     store: Store,
 ) -> None:
     spec = parse_workload_spec({"kind": "service", "name": "web", "commands": ["serve"], "replicas": 3})
-    ids = service.submit(store, spec)["replica_ids"]
+    ids = submission.submit(store, spec)["replica_ids"]
     with store.session() as s:
         for workload_id in ids:
             assert transition(s, s.get(Workload, workload_id), "running", "started").accepted
 
-    down = service.scale(store, ids[2], 1)  # any replica's id names the service
+    down = service_replicas.scale(store, ids[2], 1)  # any replica's id names the service
     assert down["id"] == ids[0] and down["replicas"] == 1 and down["spec"]["replicas"] == 1
     with store.read() as s:  # running ones stop through the control loop: asked to, not yet stopped
         assert [s.get(Workload, i).cancel_requested for i in ids] == [False, True, True]
 
     # back up while 1 and 2 still stop: they count as gone, and their numbers are not given out again
-    up = service.scale(store, ids[0], 2)
+    up = service_replicas.scale(store, ids[0], 2)
     assert up["replicas"] == 2
     new = next(r for r in up["replica_list"] if r["id"] not in ids)
     assert (new["replica"], new["state"]) == (3, "pending")
-    events = service.get_workload(store, new["id"])["events"]
+    events = workloads.get_workload(store, new["id"])["events"]
     assert [e["reason"] for e in events] == ["scaled to 2 replicas by admin: replica 3"]
 
     # down again: the waiting replica goes, at once, before a running one; replica 0 is never removed
-    after = service.scale(store, ids[0], 1)
+    after = service_replicas.scale(store, ids[0], 1)
     states = {r["id"]: r["state"] for r in after["replica_list"]}
     assert states[new["id"]] == "cancelled" and states[ids[0]] == "running"
-    assert service.cancel(store, ids[1])["cancelled_replicas"] == [ids[0], ids[1], ids[2]]
+    assert changes.cancel(store, ids[1])["cancelled_replicas"] == [ids[0], ids[1], ids[2]]
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
@@ -296,9 +306,9 @@ def test_submitted_workload_is_durable_with_its_spec_and_an_event(store: Store) 
     spec = parse_workload_spec(
         {"name": "train", "resources": {"gpu": "H100:8"}, "commands": ["python t.py"], "max_duration": "12h"}
     )
-    created = service.submit(store, spec)
+    created = submission.submit(store, spec)
     reopened = Store(store.url)
-    got = service.get_workload(reopened, created["id"])
+    got = workloads.get_workload(reopened, created["id"])
     assert got["state"] == "pending" and got["gpus"] == "H100:8"
     assert parse_workload_spec(got["spec"]) == spec
     assert [e["to"] for e in got["events"]] == ["pending"]
@@ -309,16 +319,16 @@ def test_what_a_submit_writes_once_it_has_the_id_is_durable_on_both_databases(st
     """The name given from the id, a hold's reason, an array's tasks and their first events: written by
     statements of their own after the workload's insert, in the same transaction."""
     job = parse_workload_spec({"commands": ["true"], "resources": {"gpu": 1}})
-    held = service.submit(store, job, held=True)
+    held = submission.submit(store, job, held=True)
     sweep = parse_workload_spec({"name": "sweep", "array": "3-4", "commands": ["true"]})
-    array = service.submit(store, sweep)
+    array = submission.submit(store, sweep)
     reopened = Store(store.url)
     try:
-        got = service.get_workload(reopened, held["id"])
+        got = workloads.get_workload(reopened, held["id"])
         assert (got["name"], got["held"], got["reason_code"]) == (f"job-{held['id']}", True, "held")
         assert got["reason"] == f"held at submit; `gpupool release {held['id']}` lets it start"
         assert [(e["to"], e["reason"]) for e in got["events"]] == [("pending", "submitted")]
-        first, second = (service.get_workload(reopened, wid) for wid in array["array_ids"])
+        first, second = (workloads.get_workload(reopened, wid) for wid in array["array_ids"])
         assert (first["array_id"], first["array_index"], second["array_index"]) == (array["id"], 3, 4)
         said = [e["reason"] for w in (first, second) for e in w["events"]]
         assert said == [f"submitted: task {i} of array {array['id']}" for i in (3, 4)]
@@ -328,13 +338,13 @@ def test_what_a_submit_writes_once_it_has_the_id_is_durable_on_both_databases(st
 
 def test_submit_to_a_missing_queue_is_refused_and_stores_nothing(store: Store) -> None:
     with pytest.raises(Invalid) as err:
-        service.submit(store, parse_workload_spec({"queue": "ghost", "commands": ["true"]}))
+        submission.submit(store, parse_workload_spec({"queue": "ghost", "commands": ["true"]}))
     assert err.value.field == "queue" and "gpupool queue create ghost" in err.value.message
-    assert service.list_workloads(store, include_finished=True) == []
+    assert workloads.list_workloads(store, include_finished=True) == []
 
 
 def test_transitions_follow_the_lifecycle_rules_and_are_audited(store: Store) -> None:
-    created = service.submit(store, parse_workload_spec({"commands": ["true"]}))
+    created = submission.submit(store, parse_workload_spec({"commands": ["true"]}))
     with store.session() as s:
         w = s.get(Workload, created["id"])
         assert w is not None
@@ -354,7 +364,7 @@ def test_transitions_follow_the_lifecycle_rules_and_are_audited(store: Store) ->
 
 
 def test_concurrent_writers_never_overwrite_each_other(store: Store) -> None:
-    created = service.submit(store, parse_workload_spec({"commands": ["true"]}))
+    created = submission.submit(store, parse_workload_spec({"commands": ["true"]}))
     with store.session() as s:  # writer A reads the row ...
         stale = s.get(Workload, created["id"])
         assert stale is not None
@@ -365,36 +375,36 @@ def test_concurrent_writers_never_overwrite_each_other(store: Store) -> None:
     with pytest.raises(StaleDataError), store.session() as s:  # ... and A's write is refused, not lost
         stale = s.merge(stale, load=False)
         stale.cancel_requested = True
-    assert service.get_workload(store, created["id"])["reason"] == "the loop moved first"
+    assert workloads.get_workload(store, created["id"])["reason"] == "the loop moved first"
 
 
 def test_cancel_of_pending_is_final_and_twice_is_a_conflict(store: Store) -> None:
-    created = service.submit(store, parse_workload_spec({"commands": ["true"]}))
-    assert service.cancel(store, created["id"])["state"] == "cancelled"
+    created = submission.submit(store, parse_workload_spec({"commands": ["true"]}))
+    assert changes.cancel(store, created["id"])["state"] == "cancelled"
     with pytest.raises(Conflict):
-        service.cancel(store, created["id"])
+        changes.cancel(store, created["id"])
 
 
 def test_queue_crud_round_trips(store: Store) -> None:
-    service.create_queue(store, parse_queue_spec({"name": "nlp", "resources": {"gpu": {"quota": 8}}}))
+    queues.create_queue(store, parse_queue_spec({"name": "nlp", "resources": {"gpu": {"quota": 8}}}))
     with pytest.raises(Conflict):
-        service.create_queue(store, parse_queue_spec({"name": "nlp"}))
-    updated = service.update_queue(store, "nlp", lambda cur: parse_queue_spec({**cur, "priority": 10}))
+        queues.create_queue(store, parse_queue_spec({"name": "nlp"}))
+    updated = queues.update_queue(store, "nlp", lambda cur: parse_queue_spec({**cur, "priority": 10}))
     assert updated["priority"] == 10 and updated["resources"]["gpu"]["quota"] == 8
-    assert [q["name"] for q in service.list_queues(store)] == ["default", "nlp"]
-    service.create_queue(store, parse_queue_spec({"name": "cv", "parent": "nlp"}))
-    pending = service.submit(store, parse_workload_spec({"queue": "cv", "commands": ["true"]}))
+    assert [q["name"] for q in queues.list_queues(store)] == ["default", "nlp"]
+    queues.create_queue(store, parse_queue_spec({"name": "cv", "parent": "nlp"}))
+    pending = submission.submit(store, parse_workload_spec({"queue": "cv", "commands": ["true"]}))
     with pytest.raises(Conflict, match="queue 'nlp' is the parent of cv"):
-        service.delete_queue(store, "nlp")
+        queues.delete_queue(store, "nlp")
     with pytest.raises(Conflict, match="queue 'cv' still has 1 pending workload"):
-        service.delete_queue(store, "cv")
+        queues.delete_queue(store, "cv")
     with pytest.raises(Conflict, match="the 'default' queue cannot be deleted"):
-        service.delete_queue(store, "default")
-    service.cancel(store, pending["id"])
-    assert service.delete_queue(store, "cv")["name"] == "cv"
-    assert service.delete_queue(store, "nlp")["name"] == "nlp"
-    assert [q["name"] for q in service.list_queues(store)] == ["default"]
-    assert service.get_workload(store, pending["id"])["queue"] == "cv"  # its history keeps the name
+        queues.delete_queue(store, "default")
+    changes.cancel(store, pending["id"])
+    assert queues.delete_queue(store, "cv")["name"] == "cv"
+    assert queues.delete_queue(store, "nlp")["name"] == "nlp"
+    assert [q["name"] for q in queues.list_queues(store)] == ["default"]
+    assert workloads.get_workload(store, pending["id"])["queue"] == "cv"  # its history keeps the name
 
 
 def test_tokens_are_hashed_and_the_admin_token_is_made_once(store: Store) -> None:
@@ -425,7 +435,7 @@ def test_usage_counts_the_attempts_that_overlap_the_window_on_both_databases(sto
     attempts that ended before it or started after it count nothing, the rest are cut to it."""
     now = datetime(2026, 12, 3, 12, tzinfo=UTC)
     hour = timedelta(hours=1)
-    wid = int(service.submit(store, parse_workload_spec({"commands": ["train"]}))["id"])
+    wid = int(submission.submit(store, parse_workload_spec({"commands": ["train"]}))["id"])
     spans = [(-9, -6), (-5, -3), (-2, None), (-30, -29)]  # hours from now; None: still running
     with store.session() as s:
         for number, (start, end) in enumerate(spans):
@@ -506,9 +516,9 @@ def test_the_next_pass_sees_a_new_queue_and_time_limit_on_both_databases(
 ) -> None:
     """The control loop keeps each workload's scheduler view from pass to pass; `gpupool update` may change
     its queue and time limit (read from the spec's JSON in SQL), which the next pass must see."""
-    service.create_queue(store, parse_queue_spec({"name": "nlp"}))
+    queues.create_queue(store, parse_queue_spec({"name": "nlp"}))
     spec = parse_workload_spec({"commands": ["x"], "max_duration": "1h"})
-    waiting, running = (int(service.submit(store, spec)["id"]) for _ in range(2))
+    waiting, running = (int(submission.submit(store, spec)["id"]) for _ in range(2))
     now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
     run_attempt(store, running, "a", [0], now)
     reconciler = Reconciler(
@@ -521,8 +531,8 @@ def test_the_next_pass_sees_a_new_queue_and_time_limit_on_both_databases(
         return {w.id: (w.queue, w.max_duration) for w in (*snapshot.pending, *snapshot.running)}
 
     assert views() == {waiting: ("default", 3600.0), running: ("default", 3600.0)}
-    service.update(store, waiting, queue="nlp", limit=service.TimeLimit(7200.0))
-    service.update(store, running, limit=service.TimeLimit(None))
+    changes.update(store, waiting, queue="nlp", limit=changes.TimeLimit(7200.0))
+    changes.update(store, running, limit=changes.TimeLimit(None))
     assert views() == {waiting: ("nlp", 7200.0), running: ("default", None)}  # the same reconciler
 
 
@@ -532,7 +542,7 @@ def test_a_checkpoint_dir_that_running_work_already_uses_is_warned_of_at_submit(
 
     def submit(workdir: str, checkpoint: str = "ckpt/run") -> dict[str, object]:
         spec = parse_workload_spec({"commands": ["x"], "workdir": workdir, "checkpoint": {"dir": checkpoint}})
-        return service.submit(store, spec)
+        return submission.submit(store, spec)
 
     first = submit("/work/a")
     assert first["warnings"] == []
@@ -555,7 +565,7 @@ def test_asking_for_a_gpu_model_no_node_has_is_warned_of_at_submit(store: Store)
     """A known model the pool lacks (an A100 on an H100 pool) waited `no-matching-gpu` with no word at
     submit, where a node name that never joined already got one."""
     spec = parse_workload_spec({"commands": ["x"], "resources": {"gpu": "A100:1"}})
-    first = service.submit(store, spec)
+    first = submission.submit(store, spec)
     assert first["warnings"] == [
         "resources.gpu: no node of this pool has A100 GPUs (models here: none); it waits pending until such "
         f"a node joins: ask for another model, or `gpupool cancel {first['id']}`"
@@ -565,14 +575,14 @@ def test_asking_for_a_gpu_model_no_node_has_is_warned_of_at_submit(store: Store)
         node.gpus.append(Gpu(index=0, model="A100", uuid="GPU-0", memory_bytes=80 * 2**30))
         s.add(node)
     assert (
-        service.submit(store, parse_workload_spec({"commands": ["x"], "resources": {"gpu": "A100-80GB:1"}}))[
-            "warnings"
-        ]
+        submission.submit(
+            store, parse_workload_spec({"commands": ["x"], "resources": {"gpu": "A100-80GB:1"}})
+        )["warnings"]
         == []
     )
     assert (
         "models here: A100"
-        in service.submit(store, parse_workload_spec({"commands": ["x"], "resources": {"gpu": "H100:1"}}))[
+        in submission.submit(store, parse_workload_spec({"commands": ["x"], "resources": {"gpu": "H100:1"}}))[
             "warnings"
         ][0]
     )

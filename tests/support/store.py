@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gpupool.control import agents, service
+from gpupool.control import agents, submission
 from gpupool.control.lifecycle import RUNNING, transition
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
@@ -35,7 +35,7 @@ def run_attempt(
 def submit_running(store: Store, spec: dict[str, Any], node: str = "node-1", **attempt: Any) -> int:
     """A workload submitted with `spec` and started through the lifecycle (its history says so), with
     attempt 0 running on `node` (`attempt`: more of the attempt's columns; no process). Its id."""
-    wid = int(service.submit(store, parse_workload_spec(spec))["id"])
+    wid = int(submission.submit(store, parse_workload_spec(spec))["id"])
     with store.session() as s:
         workload = s.get(Workload, wid)
         assert workload is not None and transition(s, workload, RUNNING, "started").accepted
@@ -52,7 +52,7 @@ def join_token(store: Store) -> str:
 
 def submit(store: Store, **spec: object) -> int:
     """A `sleep 60` job with `spec`'s fields, submitted; its id."""
-    created = service.submit(store, parse_workload_spec({"commands": ["sleep 60"], **spec}))
+    created = submission.submit(store, parse_workload_spec({"commands": ["sleep 60"], **spec}))
     return int(created["id"])
 
 

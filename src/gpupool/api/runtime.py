@@ -11,7 +11,7 @@ from pathlib import Path
 from gpupool.api.ratelimit import DEFAULT_BURST, DEFAULT_RATE
 from gpupool.backends.base import Backend
 from gpupool.backends.local import LocalBackend
-from gpupool.control import secrets, service
+from gpupool.control import queues, secrets
 from gpupool.control.accounting import load_prices
 from gpupool.control.autoscale import Autoscaler, Load
 from gpupool.control.health import HealthMonitor
@@ -61,7 +61,7 @@ class Runtime:
     def __init__(self, settings: ServerSettings, store: Store | None = None) -> None:
         self.settings = settings
         self.store = store or Store(settings.db_url)
-        service.ensure_default_queue(self.store)
+        queues.ensure_default_queue(self.store)
         # SecretKeyError (a ValueError) names the key file and the fix; then what is still plain text in the
         # store is encrypted, before the API serves (control/secrets.py).
         self.secret_keys = open_keys(

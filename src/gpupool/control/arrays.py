@@ -1,6 +1,6 @@
 """Job arrays (Slurm's --array): one spec, many tasks, each a workload of its own that shares the array's
 id (its first task's) and has its index (`array_id`, `array_index`; GPUPOOL_ARRAY_ID, GPUPOOL_ARRAY_INDEX).
-Submitting makes them (control/service.py); the scheduler sees each task as any other workload.
+Submitting makes them (control/submission.py); the scheduler sees each task as any other workload.
 
 An array written with `%N` (e.g. 0-15%4) runs at most N of its tasks at once: each pass gives the
 scheduler only the lowest-indexed pending tasks that fit under N beside those running; the rest wait

@@ -1,6 +1,7 @@
 """Services that follow their load: the head's proxy records each service's requests as they come and go
 (`Load`), and every PERIOD seconds the `Autoscaler` compares the load over the spec's `scaling.window` with
-`scaling.target` per replica and changes the replica count (`service.scale`) within `scaling.min..max`.
+`scaling.target` per replica and changes the replica count (`service_replicas.scale`) within
+`scaling.min..max`.
 
 Target tracking, as dstack's and SkyPilot's services and Knative do it: a service wants
 ceil(load / target) replicas. It gains them once `scale_up_delay` has passed since its count last changed;
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpupool.control import service
+from gpupool.control import service_replicas, workloads
 from gpupool.control.errors import ServiceError
 from gpupool.spec import ScalingSpec, format_figure
 from gpupool.store.db import Store
@@ -268,8 +269,8 @@ class Autoscaler:
         load: Load,
         wake: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
-        readiness: Callable[[], service.Ready] | None = None,
-        live: Callable[[], service.Live] | None = None,
+        readiness: Callable[[], workloads.Ready] | None = None,
+        live: Callable[[], workloads.Live] | None = None,
     ) -> None:
         self.store = store
         self.load = load
@@ -288,7 +289,7 @@ class Autoscaler:
             except Exception:  # one bad pass (the store busy, a service ending meanwhile) waits for the next
                 log.exception("event=autoscale_failed")
 
-    def _look(self, found: service.Autoscaled, tracker: Tracker, now: float) -> tuple[Word, bool]:
+    def _look(self, found: service_replicas.Autoscaled, tracker: Tracker, now: float) -> tuple[Word, bool]:
         """Measure one service, change its count if the rule says so; its word, and whether it changed.
 
         A changed count's word is shown before the count changes: whoever reads the new count (the API
@@ -308,12 +309,12 @@ class Autoscaler:
             return word(count), False
         measured = describe(scaling.metric, load, scaling.window)
         why = (
-            f"scaled to {service.replicas_said(count)} by the autoscaler: {measured}, target "
+            f"scaled to {service_replicas.replicas_said(count)} by the autoscaler: {measured}, target "
             f"{scaling.target:g} per replica, range {scaling.min}..{scaling.max}"
         )
         self.words = {**self.words, found.service_id: word(count)}
         try:
-            service.scale(
+            service_replicas.scale(
                 self.store, found.service_id, count, actor="autoscaler", why=why,
                 readiness=self._readiness() if self._readiness is not None else None,
                 live=self._live() if self._live is not None else None,
@@ -330,7 +331,7 @@ class Autoscaler:
         words: dict[int, Word] = {}
         trackers: dict[int, Tracker] = {}
         changed = False
-        for found in service.autoscaled(self.store):
+        for found in service_replicas.autoscaled(self.store):
             tracker = trackers[found.service_id] = self._trackers.get(found.service_id) or Tracker(now)
             try:
                 words[found.service_id], moved = self._look(found, tracker, now)

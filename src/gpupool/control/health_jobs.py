@@ -42,12 +42,12 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select
 
 from gpupool import scheduler
-from gpupool.control import service
+from gpupool.control import changes, submission
 from gpupool.control.bench import job_reports
 from gpupool.control.errors import Conflict, NotFound, ServiceError
 from gpupool.control.lifecycle import PENDING, RUNNING, TERMINAL
+from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.retention import delete_finished
-from gpupool.control.service import SYSTEM_QUEUE
 from gpupool.health.active import TORCH_TIMEOUT, ActiveCheckError
 from gpupool.health.check_job import REPORT_KIND
 from gpupool.health.checks import ActiveResult
@@ -359,7 +359,7 @@ class CheckJobs:
 
     def _cancel(self, workload_id: int) -> None:
         with contextlib.suppress(ServiceError):  # it ended meanwhile
-            service.cancel(self.store, workload_id, actor=USER)
+            changes.cancel(self.store, workload_id, actor=USER)
         self.wake()
 
     # -- the reconcile loop's side -------------------------------------------------------------------------
@@ -395,7 +395,7 @@ class CheckJobs:
         require_free(self.store, name)
         ensure_system_queue(self.store)  # with the first check job: a pool that never checks has none
         spec = job_spec(name, request.level, len(indices), simulated=simulated, python=self.python)
-        view = service.submit(self.store, WorkloadSpec.model_validate(spec), user=USER)
+        view = submission.submit(self.store, WorkloadSpec.model_validate(spec), user=USER)
         request.workload_id = int(view["id"])
         with self._lock:
             self._waited.add(request.workload_id)

@@ -24,7 +24,7 @@ from gpupool.control.bench import BenchBook
 from gpupool.control.errors import NotFound
 from gpupool.control.health_jobs import CheckJobs
 from gpupool.control.inventory import BACK_FROM_LOST
-from gpupool.control.service import SYSTEM_QUEUE
+from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu import GpuProvider, SimulatedProvider
 from gpupool.health import simulated_state

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from gpupool import scheduler
 from gpupool.backends.base import Backend, BackendUnavailable, Handle, Launch, LaunchError, Pod, Unrunnable
-from gpupool.control import contract, efficiency, inventory, secrets, service
+from gpupool.control import changes, contract, efficiency, inventory, secrets
 from gpupool.control.budgets import Budgets
 from gpupool.control.dependencies import Dependencies, Dependency
 from gpupool.control.efficiency import CHECK_INTERVAL as EFFICIENCY_CHECK_INTERVAL
@@ -351,7 +351,7 @@ class Reconciler(Observation, SnapshotBuilding):
         if not watched:
             return
         for idle in self.idle.look(watched, now):
-            act = service.hold if idle.action == "hold" else service.cancel
+            act = changes.hold if idle.action == "hold" else changes.cancel
             try:
                 act(self.store, idle.workload_id, actor="idle", task=True, why=idle.reason)
             except ServiceError as exc:  # it ended, or someone stopped it, since it was read

@@ -20,12 +20,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from gpupool.control import bench, service
+from gpupool.control import bench
 from gpupool.control.autoscale import Word
 from gpupool.control.budgets import BudgetState
 from gpupool.control.health import HealthMonitor
 from gpupool.control.health_judge import STALE_AFTER
 from gpupool.control.lifecycle import PENDING, RUNNING, SERVICE, STATES
+from gpupool.control.queues import list_queues
 from gpupool.control.readiness import Readiness, word_on
 from gpupool.control.retention import retired_gpu_hours
 from gpupool.control.telemetry import TelemetryCache
@@ -238,7 +239,7 @@ class PoolCollector(Collector):
         yield from families
 
     def _pool(self) -> Iterator[Metric]:
-        queues = service.list_queues(self.store, self.fair_shares(), self.explanations())
+        queues = list_queues(self.store, self.fair_shares(), self.explanations())
         quota = GaugeMetricFamily(
             "gpupool_queue_quota_gpus", "GPUs guaranteed to the queue.", labels=["queue"]
         )

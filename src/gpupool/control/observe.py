@@ -52,7 +52,7 @@ log = logging.getLogger("gpupool.control")
 STOP_CANCEL, STOP_TIMEOUT = "cancelled", "max_duration"
 # Seconds at most a stopping service replica's SIGTERM waits for the requests the proxy gave it.
 DRAIN_MAX = 30.0
-STOP_DRAIN = "drain"  # set by service.drain_node on the attempts of a draining node; the loop stops them
+STOP_DRAIN = "drain"  # set by nodes.drain_node on the attempts of a draining node; the loop stops them
 # Stops written down by others (a drain, `gpupool hold` or `requeue`, a used budget: control/budgets.py)
 # that observe carries out.
 ASKED_STOPS = (STOP_DRAIN, STOP_HOLD, STOP_REQUEUE, STOP_BUDGET)

@@ -14,9 +14,9 @@ from typing import Final
 
 from sqlalchemy import select
 
+from gpupool.control.access import PRIVATE, Access
 from gpupool.control.errors import Conflict
 from gpupool.control.lifecycle import ACTIVE, SERVICE, TERMINAL
-from gpupool.control.service import PRIVATE, Access
 from gpupool.spec.fields import NAME_PATTERN
 from gpupool.spec.quantities import format_duration
 from gpupool.store.db import Store
@@ -44,7 +44,7 @@ def could_be_a_name(name: str) -> bool:
 
 def services_named(store: Store, name: str) -> tuple[Named, ...]:
     """The pending or running services named `name`, by id: a service's replicas as one (its owner and
-    `access` as its own workload's, replica 0's, which `service.access_of` reads)."""
+    `access` as its own workload's, replica 0's, which `access.access_of` reads)."""
     if not could_be_a_name(name):
         return ()
     with store.read() as s:

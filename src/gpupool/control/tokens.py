@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from gpupool.control import audit
 from gpupool.control.errors import Conflict, Invalid, NotFound
-from gpupool.control.service import SYSTEM_QUEUE
+from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.spec.errors import SpecError
 from gpupool.spec.fields import check_name
 from gpupool.store.db import Store

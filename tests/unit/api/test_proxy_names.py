@@ -19,8 +19,8 @@ from gpupool.api.errors import ApiError
 from gpupool.api.ratelimit import RateLimiter
 from gpupool.api.routes import proxy
 from gpupool.control import service_names
+from gpupool.control.access import Access
 from gpupool.control.errors import Conflict, NotFound
-from gpupool.control.service import Access
 from gpupool.control.service_names import Named, choose
 from gpupool.control.tokens import Caller
 from tests.support.process import Clock

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from gpupool.backends.base import BackendUnavailable, Handle, Unrunnable
 from gpupool.backends.slurm_commands import format_time_limit, parse_time_limit, partition_max_time
-from gpupool.control import service
+from gpupool.control import changes, queues
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.spec import SpecError, parse_workload_spec
 from gpupool.store.db import Store
@@ -34,7 +34,7 @@ def stub(tmp_path: Path) -> Stub:
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     store = Store(f"sqlite:///{tmp_path / 'gpupool.db'}")
-    service.ensure_default_queue(store)
+    queues.ensure_default_queue(store)
     yield store
     store.close()
 
@@ -200,7 +200,7 @@ def test_the_loop_gives_slurm_a_raised_limit_and_records_a_refusal_in_the_worklo
     loop.follow_time_limits(time.time())
     assert _updates(stub) == [], "unchanged since sbatch"
 
-    service.update(store, wid, limit=service.TimeLimit(7200.0))
+    changes.update(store, wid, limit=changes.TimeLimit(7200.0))
     stub.answer("update.mode", "denied")
     loop.follow_time_limits(time.time())
     loop.follow_time_limits(time.time())

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.control import service
+from gpupool.control import queues
 from gpupool.store.db import Store
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     store = Store(f"sqlite:///{tmp_path / 'gpupool.db'}")
-    service.ensure_default_queue(store)
+    queues.ensure_default_queue(store)
     yield store
     store.close()

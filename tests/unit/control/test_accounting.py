@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gpupool.control import accounting, service, tokens
+from gpupool.control import accounting, queues, tokens
 from gpupool.control.errors import Invalid
 from gpupool.spec import parse_queue_spec
 from gpupool.spec.prices import parse_prices_spec
@@ -133,8 +133,8 @@ def test_days_split_at_utc_midnight(store: Store) -> None:
 
 def test_queues_with_their_quota_including_one_that_used_nothing(store: Store) -> None:
     _node(store, "a", "H100")
-    service.create_queue(store, parse_queue_spec({"name": "nlp", "resources": {"gpu": {"quota": 4}}}))
-    service.create_queue(store, parse_queue_spec({"name": "vision", "resources": {"gpu": {"quota": 2}}}))
+    queues.create_queue(store, parse_queue_spec({"name": "nlp", "resources": {"gpu": {"quota": 4}}}))
+    queues.create_queue(store, parse_queue_spec({"name": "vision", "resources": {"gpu": {"quota": 2}}}))
     _attempt(store, NOW - 10 * H, NOW, gpus=2, queue="nlp")
     report = _report(store, NOW - 10 * H)
     rows = {row["key"]: row for row in report["rows"]}
@@ -155,7 +155,7 @@ def test_a_parent_queues_row_says_what_its_queues_used_and_its_quota_counts_them
     _node(store, "a", "H100")
     for name, parent, quota in (("research", None, 6), ("nlp", "research", 4), ("bert", "nlp", 0)):
         spec = {"name": name, "parent": parent, "resources": {"gpu": {"quota": quota}}}
-        service.create_queue(store, parse_queue_spec(spec))
+        queues.create_queue(store, parse_queue_spec(spec))
     _attempt(store, NOW - 10 * H, NOW, gpus=2, queue="nlp")
     _attempt(store, NOW - 10 * H, NOW, gpus=1, queue="bert")
     report = _report(store, NOW - 10 * H)
@@ -167,7 +167,7 @@ def test_a_parent_queues_row_says_what_its_queues_used_and_its_quota_counts_them
     assert "gpu_hours_below" not in rows["bert"] and report["total"]["gpu_hours"] == pytest.approx(30.0)
     # the department's own report (`usage --queue research`): its own row and every queue under it, one
     # that used nothing too (its row was left out: the report read as if research held nothing of its own)
-    service.create_queue(store, parse_queue_spec({"name": "idle", "parent": "research"}))
+    queues.create_queue(store, parse_queue_spec({"name": "idle", "parent": "research"}))
     tree = {row["key"]: row for row in _report(store, NOW - 10 * H, queue="research")["rows"]}
     assert set(tree) == {"research", "nlp", "bert", "idle"}, tree
     assert tree["research"]["gpu_hours_below"] == pytest.approx(30.0) and tree["idle"]["gpu_hours"] == 0.0

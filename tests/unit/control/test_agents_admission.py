@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
-from gpupool.control import agents, service
+from gpupool.control import agents, submission
 from gpupool.control.errors import Invalid
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.spec import parse_workload_spec
@@ -84,7 +84,7 @@ def test_a_lost_node_is_not_taken_while_its_work_is_still_listed_on_it(store: St
     backend, clock, token, _ = _head(store)
     reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name="head"))
     spec = parse_workload_spec({"commands": ["sleep 60"], "resources": {"gpu": 1}})
-    service.submit(store, spec)
+    submission.submit(store, spec)
     clock.now += LEASE  # past the first lease after the head's start
     backend.heartbeat("gpu-1", {"attempts": []})
     reconciler.tick()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.backends.agent import AgentBackend
-from gpupool.control import service
+from gpupool.control import queues, submission
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.scheduler import SchedulerConfig, Snapshot
 from gpupool.spec import parse_queue_spec, parse_workload_spec
@@ -24,15 +24,15 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     store = Store(f"sqlite:///{tmp_path / 'gpupool.db'}")
-    service.ensure_default_queue(store)
-    service.create_queue(store, parse_queue_spec({"name": "research", "ordering": "las"}))
+    queues.ensure_default_queue(store)
+    queues.create_queue(store, parse_queue_spec({"name": "research", "ordering": "las"}))
     yield store
     store.close()
 
 
 def _submit(store: Store, queue: str) -> int:
     spec = parse_workload_spec({"commands": ["sleep 60"], "queue": queue, "resources": {"gpu": 2}})
-    return int(service.submit(store, spec)["id"])
+    return int(submission.submit(store, spec)["id"])
 
 
 def _ended_attempt(store: Store, workload_id: int, pods: list[dict[str, object]], seconds: float) -> None:
@@ -99,7 +99,7 @@ def test_pending_work_carries_the_gpu_seconds_of_its_earlier_attempts(tmp_path: 
 def test_nothing_is_read_while_nothing_orders_or_weighs_by_attained_service(
     tmp_path: Path, store: Store
 ) -> None:
-    service.update_queue(store, "research", lambda spec: parse_queue_spec({**spec, "ordering": "fifo"}))
+    queues.update_queue(store, "research", lambda spec: parse_queue_spec({**spec, "ordering": "fifo"}))
     reconciler = _reconciler(store, tmp_path, SchedulerConfig())  # fifo, no bands, no young-work weights
     ran = _submit(store, "research")
     _ended_attempt(store, ran, [{"node": "a", "gpu_indices": [0]}], 100)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.control import service
+from gpupool.control import service_replicas, submission, workloads
 from gpupool.control.autoscale import MAX_IDS, Autoscaler, Load, Tracker, wanted
 from gpupool.spec import ScalingSpec, parse_workload_spec
 from gpupool.store.db import Store
@@ -119,7 +119,7 @@ def _autoscaled(store: Store, name: str, **scaling: object) -> int:
         {"kind": "service", "name": name, "commands": ["serve"], "replicas": "1..4",
          "scaling": {"target": 10, "scale_up_delay": 0, "scale_down_delay": 60, **scaling}}
     )  # fmt: skip
-    return int(service.submit(store, spec)["id"])
+    return int(submission.submit(store, spec)["id"])
 
 
 def test_the_autoscaler_changes_each_service_by_its_own_load_and_says_why(store: Store) -> None:
@@ -128,19 +128,20 @@ def test_the_autoscaler_changes_each_service_by_its_own_load_and_says_why(store:
     woken: list[bool] = []
     autoscaler = Autoscaler(store, load, lambda: woken.append(True), clock)
     busy, quiet = _autoscaled(store, "busy", window=10), _autoscaled(store, "quiet", window=10)
-    fixed = service.submit(store, parse_workload_spec({"kind": "service", "commands": ["serve"]}))["id"]
+    fixed = submission.submit(store, parse_workload_spec({"kind": "service", "commands": ["serve"]}))["id"]
     clock.now += 100
     for _ in range(250):  # 25 requests a second over 10 s to the busy one
         load.began(busy)
         load.ended(busy)
     clock.now += 10
     autoscaler.step()
-    assert service.get_workload(store, busy)["replicas"] == 3 and woken == [True]
-    assert service.get_workload(store, quiet)["replicas"] == 1
+    assert workloads.get_workload(store, busy)["replicas"] == 3 and woken == [True]
+    assert workloads.get_workload(store, quiet)["replicas"] == 1
     assert set(autoscaler.words) == {busy, quiet} and fixed not in autoscaler.words
     word = autoscaler.words[busy]
     assert (word.wanted, word.replicas, word.metric) == (3, 3, "rps") and word.load == pytest.approx(25)
-    events = service.get_workload(store, service.get_workload(store, busy)["replica_list"][2]["id"])["events"]
+    added = workloads.get_workload(store, busy)["replica_list"][2]["id"]
+    events = workloads.get_workload(store, added)["events"]
     assert events[0]["actor"] == "autoscaler"
     assert events[0]["reason"] == (
         "scaled to 3 replicas by the autoscaler: 25 requests/s over 10 s, target 10 per replica, range 1..4: "
@@ -162,21 +163,21 @@ def test_whoever_reads_a_new_count_reads_the_load_that_made_it(
     autoscaler.step()
     assert autoscaler.words[busy].wanted == 1
     shown: list[tuple[int, int, float]] = []
-    scale = service.scale
+    scale = service_replicas.scale
 
     def watched(*args: object, **kwargs: object) -> None:
         word = autoscaler.words[busy]
         shown.append((word.wanted, word.replicas, word.load))
         scale(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(service, "scale", watched)
+    monkeypatch.setattr(service_replicas, "scale", watched)
     for _ in range(250):
         load.began(busy)
         load.ended(busy)
     clock.now += 10
     autoscaler.step()
     assert shown == [(3, 3, pytest.approx(25))]
-    assert service.get_workload(store, busy)["replicas"] == 3 and autoscaler.words[busy].replicas == 3
+    assert workloads.get_workload(store, busy)["replicas"] == 3 and autoscaler.words[busy].replicas == 3
 
 
 def test_one_service_the_autoscaler_cannot_read_leaves_the_others_scaling(store: Store) -> None:
@@ -193,7 +194,7 @@ def test_one_service_the_autoscaler_cannot_read_leaves_the_others_scaling(store:
         load.began(busy)
     clock.now += 10
     autoscaler.step()
-    assert service.get_workload(store, busy)["replicas"] == 4
+    assert workloads.get_workload(store, busy)["replicas"] == 4
     assert set(autoscaler.words) == {busy}
 
 

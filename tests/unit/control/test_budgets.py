@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from gpupool.backends.base import Handle, Launch
 from gpupool.backends.local import LocalBackend
-from gpupool.control import service
+from gpupool.control import changes, queues, workloads
 from gpupool.control.accounting import Tally, gpu_hours_by_queue
 from gpupool.control.budgets import (
     BUDGET,
@@ -52,7 +52,7 @@ def test_periods_are_calendar_periods_in_utc(period: str, start: datetime, end: 
 
 
 def _queue(store: Store, **spec: object) -> None:
-    service.create_queue(store, parse_queue_spec(spec))
+    queues.create_queue(store, parse_queue_spec(spec))
 
 
 def _used(store: Store, queue: str, start: datetime, hours: float, gpus: int = 1) -> None:
@@ -107,7 +107,7 @@ def test_a_changed_budget_or_a_new_period_is_counted_at_once(store: Store) -> No
     _used(store, "nlp", NOW - 2 * H, 1, gpus=4)
     budgets = Budgets()
     assert _look(store, budgets)["nlp"].spent
-    service.update_queue(
+    queues.update_queue(
         store, "nlp", lambda spec: parse_queue_spec({**spec, "budget": {"gpu_hours": 8, "period": "day"}})
     )
     assert not _look(store, budgets)["nlp"].spent
@@ -229,7 +229,7 @@ def test_a_spent_budget_that_says_stop_stops_its_trees_running_work_through_a_he
     cancelled = submit_running(
         store, one_gpu, node=NODE, gpu_indices=[1], started_at=utcnow() - timedelta(minutes=1)
     )
-    service.cancel(store, cancelled)
+    changes.cancel(store, cancelled)
 
     budgets, now = Budgets(), datetime.now(UTC)
     state = _look(store, budgets, now)
@@ -246,7 +246,7 @@ def test_a_spent_budget_that_says_stop_stops_its_trees_running_work_through_a_he
     assert first.reason.endswith(" is used"), first.reason
     assert _attempt(store, goes_on).stop_reason == "" and _attempt(store, no_gpu).stop_reason == ""
     assert _attempt(store, cancelled).stop_reason == ""  # the cancel stops it, as it was asked
-    shown = service.get_workload(store, stopped)
+    shown = workloads.get_workload(store, stopped)
     assert shown["reason_code"] == "stopping" and shown["reason"].startswith(f"stopping ({first.reason})")
     said = shown["events"][-1]
     assert said["actor"] == "budget" and said["reason"].startswith(first.reason + " (0.0")
@@ -258,7 +258,7 @@ def test_a_spent_budget_that_says_stop_stops_its_trees_running_work_through_a_he
     head.observe(time.time())
     assert _attempt(store, stopped).stop_requested_at is not None
     deadline = time.time() + 10
-    while (done := service.get_workload(store, stopped))["state"] == "running":
+    while (done := workloads.get_workload(store, stopped))["state"] == "running":
         assert time.time() < deadline, done
         time.sleep(0.05)
         head.observe(time.time())
@@ -269,5 +269,5 @@ def test_a_spent_budget_that_says_stop_stops_its_trees_running_work_through_a_he
     assert last["reason"].endswith("with no restart used (it resumes from its checkpoint)"), last
     ended = _attempt(store, stopped)
     assert ended.state == "evicted" and ended.reason == f"{first.reason}; exit code 143", ended.reason
-    assert service.get_workload(store, goes_on)["state"] == "running"
+    assert workloads.get_workload(store, goes_on)["state"] == "running"
     backend.signal(left, signal.SIGKILL)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.control import service
+from gpupool.control import submission
 from gpupool.control.dependencies import GONE, Dependencies, Facts, dependencies_of, verdict
 from gpupool.control.errors import Invalid
 from gpupool.control.lifecycle import transition
@@ -40,7 +40,7 @@ def test_a_workload_gone_from_the_store_can_no_longer_do_anything() -> None:
 
 
 def _submit(store: Store, **fields: object) -> int:
-    return int(service.submit(store, parse_workload_spec({"commands": ["true"], **fields}))["id"])
+    return int(submission.submit(store, parse_workload_spec({"commands": ["true"], **fields}))["id"])
 
 
 def _set_state(store: Store, wid: int, *states: str) -> None:
@@ -89,7 +89,7 @@ def test_a_pass_sorts_waiting_work_into_met_waiting_and_never(store: Store) -> N
 def test_submit_refuses_what_could_never_start_and_changes_nothing(store: Store) -> None:
     failed = _submit(store, name="flaky")
     _set_state(store, failed, "running", "failed")
-    web = int(service.submit(store, parse_workload_spec({"kind": "service", "commands": ["serve"]}))["id"])
+    web = int(submission.submit(store, parse_workload_spec({"kind": "service", "commands": ["serve"]}))["id"])
     refusals = [
         ([failed], "after[0]", "failed, and this one was to start after it succeeded"),
         ([f"started:{web}", 99], "after[1].workload", "no workload with id 99"),

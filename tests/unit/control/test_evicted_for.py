@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
-from gpupool.control import agents, service
+from gpupool.control import agents, changes, submission
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.scheduler import Eviction
 from gpupool.spec import parse_workload_spec
@@ -24,7 +24,7 @@ from tests.support.store import run_attempt
 
 def _submit(store: Store, gpus: int = 1) -> int:
     spec = parse_workload_spec({"commands": ["sleep 60"], "resources": {"gpu": gpus}})
-    return int(service.submit(store, spec)["id"])
+    return int(submission.submit(store, spec)["id"])
 
 
 def _one_agent_node(tmp_path: Path, store: Store) -> Reconciler:
@@ -67,7 +67,7 @@ def test_the_gpus_of_cancelled_work_are_promised_to_the_workload_waiting_for_the
     reconciler = _one_agent_node(tmp_path, store)
     cancelled = _submit(store, gpus=2)
     reconciler.tick()
-    service.cancel(store, cancelled)  # it stops; its GPUs are held until the agent reports it gone
+    changes.cancel(store, cancelled)  # it stops; its GPUs are held until the agent reports it gone
     waiting = _submit(store, gpus=2)
     reconciler.tick()
 

@@ -1,11 +1,11 @@
-"""`service.hold` and `release` on a real SQLite store: what they mark, and a hold taken back before the
+"""`changes.hold` and `release` on a real SQLite store: what they mark, and a hold taken back before the
 control loop acted on it."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpupool.control import service
+from gpupool.control import changes, submission, workloads
 from gpupool.control.errors import Conflict
 from gpupool.control.lifecycle import HELD, STOP_HOLD
 from gpupool.spec import parse_workload_spec
@@ -28,26 +28,26 @@ def test_holding_running_work_asks_the_loop_to_stop_it_and_a_release_in_time_tak
     store: Store,
 ) -> None:
     wid = _running(store)
-    view = service.hold(store, wid)
+    view = changes.hold(store, wid)
     assert view["held"] is True and view["held_ids"] == [wid]
     assert _attempt(store, wid) == (STOP_HOLD, False)  # the control loop sends SIGTERM
-    service.release(store, wid)
+    changes.release(store, wid)
     assert _attempt(store, wid) == ("", False)  # released before the loop acted: it runs on
-    assert service.get_workload(store, wid)["held"] is False
-    events = [e["reason"] for e in service.get_workload(store, wid)["events"]]
+    assert workloads.get_workload(store, wid)["held"] is False
+    events = [e["reason"] for e in workloads.get_workload(store, wid)["events"]]
     assert events[-2:] == ["held by admin: stopping it, to wait pending until released", "released by admin"]
 
 
 def test_held_pending_work_says_so_at_once_and_ended_work_cannot_be_held(store: Store) -> None:
-    wid = int(service.submit(store, parse_workload_spec({"commands": ["true"]}))["id"])
-    service.hold(store, wid, actor="alice")
-    view = service.get_workload(store, wid)
+    wid = int(submission.submit(store, parse_workload_spec({"commands": ["true"]}))["id"])
+    changes.hold(store, wid, actor="alice")
+    view = workloads.get_workload(store, wid)
     assert view["held"] is True and view["reason_code"] == HELD
     assert view["reason"] == f"held by alice; `gpupool release {wid}` lets it start"
-    service.cancel(store, wid)
+    changes.cancel(store, wid)
     with pytest.raises(Conflict) as caught:
-        service.hold(store, wid)
+        changes.hold(store, wid)
     assert caught.value.message == f"workload {wid} was cancelled; nothing to hold"
     with pytest.raises(Conflict) as caught:
-        service.cancel(store, wid)
+        changes.cancel(store, wid)
     assert caught.value.message == f"workload {wid} was cancelled; nothing to cancel"

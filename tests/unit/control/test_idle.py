@@ -3,7 +3,7 @@ cache, what makes a verdict, and which running attempts are watched (on a real S
 
 from __future__ import annotations
 
-from gpupool.control import service
+from gpupool.control import changes
 from gpupool.control.idle import STALE, Idle, IdleWatch, Watched
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.spec.workload import IdleSpec
@@ -100,8 +100,8 @@ def test_watched_attempts_are_those_running_that_declare_idle_and_nobody_stopped
     running({"resources": {"gpu": 1}})  # declares no idle
     held = running({"resources": {"gpu": 1}, "idle": "30m"})
     cancelled = running({"resources": {"gpu": 1}, "idle": "30m"})
-    service.hold(store, held)
-    service.cancel(store, cancelled)
+    changes.hold(store, held)
+    changes.cancel(store, cancelled)
     watch = IdleWatch(TelemetryCache())
     with store.read() as s:
         found = watch.watched(s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupool.control import service
+from gpupool.control import nodes
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.store.db import Store
 from gpupool.store.models import Node
@@ -22,10 +22,10 @@ def test_each_nodes_health_is_judged_with_the_state_the_listing_shows(store: Sto
         asked.append((name, state, reason))
         return {"health": "unhealthy" if state == "unhealthy" else "healthy", "evidence": reason}
 
-    listed = service.list_nodes(store, TelemetryCache(), view)
+    listed = nodes.list_nodes(store, TelemetryCache(), view)
     assert [(n["name"], n["state"], n["health"], n["health_evidence"]) for n in listed] == [
         ("a", "ready", "healthy", ""),
         ("b", "unhealthy", "unhealthy", "health: GPU 1 fell off the bus"),
     ]
     assert asked == [(n["name"], n["state"], n["state_reason"]) for n in listed]
-    assert [n["health"] for n in service.list_nodes(store, TelemetryCache())] == ["unknown", "unknown"]
+    assert [n["health"] for n in nodes.list_nodes(store, TelemetryCache())] == ["unknown", "unknown"]

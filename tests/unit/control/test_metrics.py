@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client.samples import Sample
 from sqlalchemy import select
 
-from gpupool.control import service
+from gpupool.control import queues
 from gpupool.control.autoscale import Word
 from gpupool.control.metrics import GPU_LABELS, PoolCollector
 from gpupool.control.telemetry import Holder, TelemetryCache
@@ -155,7 +155,7 @@ def test_a_gpus_own_series_keep_their_labels_when_its_holder_changes(store: Stor
 def test_held_back_gpus_name_every_reason_that_holds_work_back(store: Store) -> None:
     (family,) = [f for f in PoolCollector(store, TelemetryCache(), None, dict).collect()
                  if f.name == "gpupool_queue_held_back_gpus"]  # fmt: skip
-    missing = [code for code in sorted(service.HELD_BACK) if code not in family.documentation]
+    missing = [code for code in sorted(queues.HELD_BACK) if code not in family.documentation]
     assert not missing, f"gpupool_queue_held_back_gpus' help does not name {missing}"
 
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
-from gpupool.control import agents, inventory, service
+from gpupool.control import agents, inventory, nodes
 from gpupool.control.agents import Unauthorized
 from gpupool.control.errors import Conflict, NotFound
 from gpupool.control.loop import ControlSettings, Reconciler
@@ -49,7 +49,7 @@ def test_a_deleted_node_leaves_the_scheduler_s_views_and_the_agents_inventory_do
     reconciler, backend = in_process_head(store, tmp_path, Clock(), LEASE)  # nodes a and b, one GPU each
     views = NodeViews()
     assert [v.name for v in views.read(store)] == ["a", "b"]
-    service.set_node_state(store, "b", "cordoned", "retiring")
+    nodes.set_node_state(store, "b", "cordoned", "retiring")
 
     deleted = inventory.delete_node(store, "b", actor="admin")
 
@@ -81,7 +81,7 @@ def test_a_ready_node_or_one_that_runs_work_is_not_deleted_and_the_refusal_says_
     job = submit(store, resources={"gpu": 1}, placement={"nodes": ["b"]})
     reconciler.tick()
     assert node_of(store, job) == "b"
-    service.set_node_state(store, "b", "cordoned", "retiring")  # cordoned, but its work runs on
+    nodes.set_node_state(store, "b", "cordoned", "retiring")  # cordoned, but its work runs on
     with pytest.raises(Conflict, match=rf"node b still runs workload\(s\) {job}; .*`gpupool node drain b`"):
         inventory.delete_node(store, "b")
     with pytest.raises(NotFound, match=r"no node named 'x' \(nodes: a, b\)"):
@@ -93,7 +93,7 @@ def test_pending_work_that_may_run_only_on_a_deleted_node_is_named_and_still_exp
     store: Store, tmp_path: Path
 ) -> None:
     reconciler, _ = in_process_head(store, tmp_path, Clock(), LEASE)
-    service.set_node_state(store, "b", "cordoned", "retiring")
+    nodes.set_node_state(store, "b", "cordoned", "retiring")
     pinned = submit(store, resources={"gpu": 1}, placement={"nodes": ["b"]})
     anywhere = submit(store, resources={"gpu": 1})
     reconciler.tick()
@@ -119,7 +119,7 @@ def test_the_agent_of_a_deleted_node_is_refused_naming_the_deletion_and_joins_ag
     token = join_token(store)
     credential = agents.register(store, "c", join_token=token, credential=None, described=joining)
     assert credential is not None and agents.credential_names(store).get(hash_token(credential)) == "c"
-    service.set_node_state(store, "c", "cordoned", "retiring")
+    nodes.set_node_state(store, "c", "cordoned", "retiring")
     assert inventory.delete_node(store, "c", actor="root")["warnings"] == []  # cordoned: its agent stopped it
 
     assert hash_token(credential) not in agents.credential_names(store)  # heartbeats get 401
@@ -182,7 +182,7 @@ def test_deleting_a_lost_agent_node_warns_that_its_agent_may_have_left_work_runn
     _, backend = in_process_head(store, tmp_path, Clock(), LEASE, nodes=("a",))
     token = join_token(store)
     agents.register(store, "d", join_token=token, credential=None, described=described(backend, "d", ONE_GPU))
-    service.set_node_state(store, "d", "lost", "agent: no heartbeat within the node lease (10s)")
+    nodes.set_node_state(store, "d", "lost", "agent: no heartbeat within the node lease (10s)")
     (warning,) = inventory.delete_node(store, "d", actor="root")["warnings"]
     assert warning.startswith("node d was lost: if its machine is still up, processes its agent started"), (
         warning

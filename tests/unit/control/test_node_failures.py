@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.base import BackendUnavailable, Handle, Launch
-from gpupool.control import loop, service
+from gpupool.control import loop, submission
 from gpupool.control.loop import Reconciler
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
@@ -24,7 +24,7 @@ NODES = ("a", "b", "c")
 
 
 def _submit(store: Store, **spec: object) -> int:
-    created = service.submit(
+    created = submission.submit(
         store, parse_workload_spec({"commands": ["sleep 600"], "resources": {"gpu": 1}, **spec})
     )
     return int(created["id"])

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.base import Inventory, InventoryNode
-from gpupool.control import agents, inventory, service
+from gpupool.control import agents, changes, inventory, nodes
 from gpupool.control.loop import Reconciler
 from gpupool.control.node_views import NodeViews
 from gpupool.store.db import Store
@@ -37,11 +37,11 @@ def _state(store: Store, workload_id: int) -> str:
 
 
 def _cordon(store: Store, backend: AgentBackend, clock: Clock) -> None:
-    service.set_node_state(store, "b", "cordoned", "maintenance")
+    nodes.set_node_state(store, "b", "cordoned", "maintenance")
 
 
 def _drain(store: Store, backend: AgentBackend, clock: Clock) -> None:
-    service.drain_node(store, "b", "kernel upgrade")
+    nodes.drain_node(store, "b", "kernel upgrade")
 
 
 def _lose(store: Store, backend: AgentBackend, clock: Clock) -> None:
@@ -69,7 +69,7 @@ def test_a_node_taken_out_of_service_gets_no_work_from_the_next_pass(
     assert placed is not None
 
     if placed == "b":  # b must be free to show that nothing more is sent there
-        service.cancel(store, first)
+        changes.cancel(store, first)
         with store.session() as s:
             attempt = s.scalar(select(Attempt).where(Attempt.workload_id == first))
             assert attempt is not None
@@ -86,13 +86,13 @@ def test_a_node_taken_out_of_service_gets_no_work_from_the_next_pass(
 def test_an_uncordoned_node_takes_work_at_the_next_pass(store: Store, tmp_path: Path) -> None:
     clock = Clock()
     reconciler, _ = _pool(store, tmp_path, clock)
-    service.set_node_state(store, "a", "cordoned", "maintenance")
-    service.set_node_state(store, "b", "cordoned", "maintenance")
+    nodes.set_node_state(store, "a", "cordoned", "maintenance")
+    nodes.set_node_state(store, "b", "cordoned", "maintenance")
     job = submit(store, resources={"gpu": 1})
     reconciler.tick()
     assert _state(store, job) == "pending"
 
-    service.set_node_state(store, "b", "ready", "maintenance done")
+    nodes.set_node_state(store, "b", "ready", "maintenance done")
     reconciler.tick()
     assert node_of(store, job) == "b"
 

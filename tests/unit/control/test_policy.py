@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.backends.agent import AgentBackend
-from gpupool.control import service
+from gpupool.control import queues, submission
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.control.policy import (
     CONFIG_ENV,
@@ -32,9 +32,9 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     store = Store(f"sqlite:///{tmp_path / 'gpupool.db'}")
-    service.ensure_default_queue(store)
-    service.create_queue(store, parse_queue_spec({"name": "team", "resources": {"gpu": {"quota": 4}}}))
-    service.create_queue(store, parse_queue_spec({"name": "other", "resources": {"gpu": {"quota": 4}}}))
+    queues.ensure_default_queue(store)
+    queues.create_queue(store, parse_queue_spec({"name": "team", "resources": {"gpu": {"quota": 4}}}))
+    queues.create_queue(store, parse_queue_spec({"name": "other", "resources": {"gpu": {"quota": 4}}}))
     yield store
     store.close()
 
@@ -43,7 +43,7 @@ def _submit(store: Store, queue: str, gpus: int = 1, priority: str = "train", ch
     fields = {"commands": ["sleep 60"], "queue": queue, "resources": {"gpu": gpus}, "priority": priority}
     if checkpoint:
         fields["checkpoint"] = "./ckpt"
-    return int(service.submit(store, parse_workload_spec(fields))["id"])
+    return int(submission.submit(store, parse_workload_spec(fields))["id"])
 
 
 def _reconciler(store: Store, home: Path, policy: SchedulerConfig | None = None) -> Reconciler:
@@ -100,7 +100,7 @@ def test_a_higher_user_priority_keeps_outranking_whatever_its_service(tmp_path: 
 
 
 def test_a_queue_ordered_fifo_keeps_its_work_in_one_band(tmp_path: Path, store: Store) -> None:
-    service.update_queue(store, "team", lambda spec: parse_queue_spec({**spec, "ordering": "fifo"}))
+    queues.update_queue(store, "team", lambda spec: parse_queue_spec({**spec, "ordering": "fifo"}))
     old, new = _submit(store, "team", gpus=2), _submit(store, "team")
     run_attempt(store, old, "a", [0, 1], T0)
     snapshot = _snapshot(_reconciler(store, tmp_path), store, T0 + timedelta(hours=1))

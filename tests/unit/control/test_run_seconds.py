@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from gpupool.control import service
+from gpupool.control import workloads
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt
 from gpupool.timeutil import utcnow
@@ -24,9 +24,9 @@ def test_run_seconds_adds_up_the_attempts_and_leaves_out_the_wait_between_them(s
         first.finished_at = now - timedelta(hours=1, minutes=40)
         s.add(Attempt(workload_id=wid, queue="default", number=1, state="running", node_name="node-1",
                       started_at=now - timedelta(minutes=40)))  # fmt: skip
-    view = service.get_workload(store, wid)
+    view = workloads.get_workload(store, wid)
     assert abs(view["run_seconds"] - 3600.0) < 5.0, view["run_seconds"]  # 20 + 40 minutes, not 120
-    (listed,) = service.list_workloads(store, ids=[wid])
+    (listed,) = workloads.list_workloads(store, ids=[wid])
     assert abs(listed["run_seconds"] - 3600.0) < 5.0, listed["run_seconds"]
 
 
@@ -48,7 +48,7 @@ def test_work_seconds_leaves_out_an_evicted_attempt_whose_work_was_redone(store:
             s.add(Attempt(workload_id=wid, queue="default", number=1, state="succeeded", node_name="node-1",
                           started_at=now - timedelta(minutes=50),
                           finished_at=now - timedelta(minutes=10)))  # fmt: skip
-    views = {w["id"]: w for w in service.list_workloads(store, ids=[plain, resuming])}
+    views = {w["id"]: w for w in workloads.list_workloads(store, ids=[plain, resuming])}
     assert abs(views[plain]["run_seconds"] - 3600.0) < 5.0
     assert abs(views[plain]["work_seconds"] - 2400.0) < 5.0  # the 40 minutes of the attempt that finished
     assert abs(views[resuming]["work_seconds"] - 3600.0) < 5.0  # it resumed: all 60 minutes are work

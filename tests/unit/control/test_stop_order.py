@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from gpupool.backends.base import Handle, Launch
 from gpupool.backends.local import LocalBackend
-from gpupool.control import service
+from gpupool.control import changes
 from gpupool.control.loop import ControlSettings, Reconciler
 from gpupool.scheduler import Eviction
 from gpupool.store.db import Store
@@ -83,7 +83,7 @@ def test_a_cancels_sigterm_and_the_grace_periods_sigkill_go_out_once_committed(
     backend = Recording(store)
     # a job that ignores SIGTERM (its children too), so that the grace period's SIGKILL is needed
     wid, handle = _running(store, backend, tmp_path, {"grace_period": 0}, script="trap '' TERM; sleep 60")
-    service.cancel(store, wid)
+    changes.cancel(store, wid)
     reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name=NODE))
     reconciler.observe(time.time())
     assert backend.seen == [(signal.SIGTERM, True)]
@@ -127,7 +127,7 @@ def test_requeued_work_is_told_whether_it_resumes_from_a_checkpoint(tmp_path: Pa
         backend = LocalBackend()
         (tmp_path / name).mkdir()
         wid, handle = _running(store, backend, tmp_path / name, spec)
-        service.hold(store, wid)
+        changes.hold(store, wid)
         reconciler = Reconciler(store, backend, None, ControlSettings(home=tmp_path, node_name=NODE))
         reconciler.observe(time.time())
         assert _exit_code(backend, handle, tmp_path / name / "run") == 143

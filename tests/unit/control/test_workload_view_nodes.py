@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from gpupool.control import service
+from gpupool.control import workloads
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Workload
 from tests.support.store import submit_running
@@ -15,8 +15,8 @@ PODS = [{"node": "node-1", "gpu_indices": [0, 1, 2, 3]}, {"node": "node-2", "gpu
 
 
 def _view(store: Store, wid: int) -> dict[str, object]:
-    (listed,) = service.list_workloads(store, ids=[wid], include_finished=True)
-    shown = service.get_workload(store, wid)  # `gpupool show`'s: the same
+    (listed,) = workloads.list_workloads(store, ids=[wid], include_finished=True)
+    shown = workloads.get_workload(store, wid)  # `gpupool show`'s: the same
     assert (shown["node"], shown["node_list"]) == (listed["node"], listed["node_list"])
     return listed
 

@@ -16,7 +16,7 @@ from gpupool import scheduler
 from gpupool.control.errors import Conflict
 from gpupool.control.health import RECHECKING, HealthMonitor
 from gpupool.control.health_jobs import CheckInterrupted, CheckJobs, job_spec
-from gpupool.control.service import SYSTEM_QUEUE
+from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.health import checks
 from gpupool.health.thresholds import HealthConfig, Schedule

@@ -25,7 +25,7 @@ from gpupool.backends.agent import AgentBackend
 from gpupool.backends.agent_heartbeats import UnknownNode
 from gpupool.backends.agent_records import BadRegistration, check_description, parse_devices, parse_ports
 from gpupool.backends.base import InventoryNode
-from gpupool.control import agents, service
+from gpupool.control import agents, nodes
 from gpupool.control.tokens import Caller, hash_token
 from gpupool.spec import parse_duration
 from gpupool.store.db import Store, driver_error_line
@@ -300,6 +300,6 @@ def drain(
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
     reason = text(fields(body, ("reason",)), "reason", example="replace GPU 3") or f"drained by {caller.name}"
-    result = service.drain_node(runtime.store, name, reason, actor=caller.name)
+    result = nodes.drain_node(runtime.store, name, reason, actor=caller.name)
     runtime.wake()
     return result

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Depends, Request
 from gpupool.api.auth import admin_only
 from gpupool.api.body import fields, text
 from gpupool.api.routes.agents import NodeCredentials
-from gpupool.control import inventory, service
+from gpupool.control import inventory, nodes
 from gpupool.control.tokens import Caller
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
@@ -18,7 +18,7 @@ router = APIRouter(prefix="/nodes", tags=["nodes"])
 @router.get("", summary="Nodes with their GPUs, allocations and latest telemetry")
 def list_nodes(request: Request) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
-    return service.list_nodes(runtime.store, runtime.telemetry, runtime.health.view)
+    return nodes.list_nodes(runtime.store, runtime.telemetry, runtime.health.view)
 
 
 @router.post("/{name}/cordon", summary="Take no new work on this node (running work continues) (admin)")
@@ -29,15 +29,13 @@ def cordon(
     caller: Caller = Depends(admin_only),
 ) -> dict[str, Any]:
     reason = text(fields(body, ("reason",)), "reason", example="bad fan") or f"cordoned by {caller.name}"
-    return service.set_node_state(
-        request.app.state.runtime.store, name, "cordoned", reason, actor=caller.name
-    )
+    return nodes.set_node_state(request.app.state.runtime.store, name, "cordoned", reason, actor=caller.name)
 
 
 @router.post("/{name}/uncordon", summary="Return a cordoned node to service (admin)")
 def uncordon(request: Request, name: str, caller: Caller = Depends(admin_only)) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    result = service.set_node_state(
+    result = nodes.set_node_state(
         runtime.store, name, "ready", f"uncordoned by {caller.name}", actor=caller.name
     )
     runtime.wake()

@@ -35,10 +35,12 @@ from websockets.exceptions import InvalidHandshake
 from gpupool.api.auth import caller_from, refuse_viewer_change
 from gpupool.api.errors import ApiError
 from gpupool.api.ratelimit import RateLimiter, retry_after
-from gpupool.control import service, service_names
+from gpupool.control import service_names
+from gpupool.control.access import PRIVATE, PUBLIC, Access, access_of
 from gpupool.control.autoscale import Load
 from gpupool.control.errors import NotFound, ServiceError
 from gpupool.control.readiness import word_on
+from gpupool.control.service_targets import NotServing, ServiceTarget, service_targets
 from gpupool.websocket_relay import relay
 
 router = APIRouter(tags=["services"])
@@ -134,10 +136,10 @@ class ProxyState:
 
     def __init__(self) -> None:
         self.client = httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, trust_env=False)
-        self.targets: dict[int, tuple[float, tuple[service.ServiceTarget, ...]]] = {}
+        self.targets: dict[int, tuple[float, tuple[ServiceTarget, ...]]] = {}
         self.turns: dict[int, int] = {}
         # who may reach each workload: its owner and spec never change, so an answer is kept (bounded)
-        self.access: dict[int, service.Access] = {}
+        self.access: dict[int, Access] = {}
         self.missing: dict[int, float] = {}  # ids that named no workload -> until when that is believed
         # the pending or running services each name stood for when read (see TARGET_TTL) -> until when
         self.names: dict[str, tuple[float, tuple[service_names.Named, ...]]] = {}
@@ -157,7 +159,7 @@ class ProxyState:
             return False
         return until is not None
 
-    def take_turn(self, workload_id: int, choices: list[service.ServiceTarget]) -> service.ServiceTarget:
+    def take_turn(self, workload_id: int, choices: list[ServiceTarget]) -> ServiceTarget:
         turn = self.turns.get(workload_id, 0)
         self.turns[workload_id] = turn + 1
         return choices[turn % len(choices)]
@@ -189,16 +191,16 @@ async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> b
     if access is None and not (anonymous and state.missing.get(workload_id, 0.0) > time.monotonic()):
         if anonymous:
             _count_anonymous(connection)
-        access = await run_in_threadpool(service.access_of, runtime.store, workload_id)
+        access = await run_in_threadpool(access_of, runtime.store, workload_id)
         if access is not None:
             _remember(state.access, workload_id, access)
         elif anonymous:
             _remember(state.missing, workload_id, time.monotonic() + MISSING_TTL)
-    if access is not None and access.access == service.PUBLIC:
+    if access is not None and access.access == PUBLIC:
         return True
     caller = await caller_from(connection)
     refuse_viewer_change(caller, method, connection.url.path)
-    private = access is not None and access.access == service.PRIVATE
+    private = access is not None and access.access == PRIVATE
     if private and access is not None and not caller.admin and caller.name != access.owner:
         raise ApiError(
             403,
@@ -252,7 +254,7 @@ async def _by_name(connection: HTTPConnection, name: str) -> tuple[int, bool]:
             if anonymous:
                 _remember(state.unnamed, name, now + MISSING_TTL)
     caller = None
-    public = all(n.access.access == service.PUBLIC for n in named)
+    public = all(n.access.access == PUBLIC for n in named)
     if len(named) != 1 and not (anonymous and named and public):
         caller = (await caller_from(connection)).name  # 401 without a token; with one, its own may win
     chosen = service_names.choose(named, name, caller)
@@ -288,13 +290,11 @@ def _remember(cache: dict[K, V], key: K, value: V) -> None:
     cache[key] = value
 
 
-async def _target(
-    request: HTTPConnection, workload_id: int, avoid: str = ""
-) -> tuple[service.ServiceTarget, bool]:
+async def _target(request: HTTPConnection, workload_id: int, avoid: str = "") -> tuple[ServiceTarget, bool]:
     """The next of the service's replicas to send to (round robin over those that take requests; the
     endpoint `avoid`, and those resting after a failed connection (REST), only when no other does), and
     whether it is remembered: from the last second's read while one of those is still ready, else read
-    from the store (which refuses, as `service.service_targets` says: 503 with the live reason, and
+    from the store (which refuses, as `service_targets` says: 503 with the live reason, and
     Retry-After when a crash-loop backoff says when)."""
     runtime = request.app.state.runtime
     state = _state(request)
@@ -311,15 +311,15 @@ async def _target(
         if ready:
             return state.take_turn(workload_id, ready), True
     try:
-        group: tuple[service.ServiceTarget, ...] = await run_in_threadpool(
-            service.service_targets,
+        group: tuple[ServiceTarget, ...] = await run_in_threadpool(
+            service_targets,
             runtime.store,
             workload_id,
             runtime.readiness.state,
             runtime.reconciler.explanations,
             runtime.settings.restart_backoff,
         )
-    except service.NotServing as exc:
+    except NotServing as exc:
         if exc.retry_at is None:
             raise
         wait = max(1.0, exc.retry_at - time.time())
@@ -334,7 +334,7 @@ async def _target(
 
 
 async def _send(
-    request: Request, workload_id: int, target: service.ServiceTarget, address: _Address
+    request: Request, workload_id: int, target: ServiceTarget, address: _Address
 ) -> httpx.Response:
     """The request passed on to `target`, its answer's head read (the body follows as it is streamed);
     the service's failures to answer as the API's errors, a connection refused or not accepted in time
@@ -375,7 +375,7 @@ async def _send(
         raise _unreachable(target, exc) from exc
 
 
-def _unreachable(target: service.ServiceTarget, exc: Exception) -> ApiError:
+def _unreachable(target: ServiceTarget, exc: Exception) -> ApiError:
     if isinstance(exc, httpx.ConnectTimeout):
         return ApiError(
             504,
@@ -594,7 +594,7 @@ async def proxy_websocket_by_name(websocket: WebSocket, name: str, path: str) ->
         await _relayed(websocket, *found, _Address(BY_NAME, name))
 
 
-async def _named_target(websocket: WebSocket, name: str) -> tuple[int, service.ServiceTarget] | None:
+async def _named_target(websocket: WebSocket, name: str) -> tuple[int, ServiceTarget] | None:
     """The service `name` stands for, admitted, and its replica to relay to; None once refused (and the
     socket closed). A remembered name whose service has ended is read again once, as `proxy_by_name` does."""
     for again in (False, True):
@@ -635,9 +635,7 @@ async def _refuse(websocket: WebSocket, exc: ServiceError | ApiError) -> None:
     await websocket.close(code=1013 if exc.status == 503 else 1008, reason=_short(exc.message))
 
 
-async def _relayed(
-    websocket: WebSocket, workload_id: int, target: service.ServiceTarget, address: _Address
-) -> None:
+async def _relayed(websocket: WebSocket, workload_id: int, target: ServiceTarget, address: _Address) -> None:
     flight = _InFlight(websocket.app.state.runtime.load, workload_id)  # the autoscaler's measure
     flight.to(target.workload_id)
     try:

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Request
 
 from gpupool.api.auth import admin_only
-from gpupool.control import service
+from gpupool.control import queues
 from gpupool.control.budgets import BudgetState
 from gpupool.control.tokens import Caller
 from gpupool.scheduler import QueueView
@@ -27,7 +27,7 @@ def create(
     body: Any = Body(..., description="A queue spec: see docs/specs.md"),
     caller: Caller = Depends(admin_only),
 ) -> dict[str, Any]:
-    return service.create_queue(request.app.state.runtime.store, parse_queue_spec(body), actor=caller.name)
+    return queues.create_queue(request.app.state.runtime.store, parse_queue_spec(body), actor=caller.name)
 
 
 @router.get("", summary="Queues with quotas, limits and what they use now")
@@ -35,7 +35,7 @@ def list_queues(request: Request) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
     reconciler = runtime.reconciler
     weights = _weights_now(reconciler.pass_queues)
-    rows = service.list_queues(runtime.store, reconciler.fair_shares, reconciler.explanations)
+    rows = queues.list_queues(runtime.store, reconciler.fair_shares, reconciler.explanations)
     return [_with_pass(row, weights, reconciler.budgets.state) for row in rows]
 
 
@@ -44,7 +44,7 @@ def get_queue(request: Request, name: str) -> dict[str, Any]:
     runtime = request.app.state.runtime
     reconciler = runtime.reconciler
     weights = _weights_now(reconciler.pass_queues)
-    row = service.get_queue(runtime.store, name, reconciler.fair_shares, reconciler.explanations)
+    row = queues.get_queue(runtime.store, name, reconciler.fair_shares, reconciler.explanations)
     return _with_pass(row, weights, reconciler.budgets.state)
 
 
@@ -79,7 +79,7 @@ def update(
         return parse_queue_spec(merge(current, body) if isinstance(body, dict) else body)
 
     runtime = request.app.state.runtime
-    result = service.update_queue(runtime.store, name, build, actor=caller.name)
+    result = queues.update_queue(runtime.store, name, build, actor=caller.name)
     runtime.wake()
     return result
 
@@ -90,7 +90,7 @@ def update(
 )
 def delete(request: Request, name: str, caller: Caller = Depends(admin_only)) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    deleted = service.delete_queue(runtime.store, name, actor=caller.name)
+    deleted = queues.delete_queue(runtime.store, name, actor=caller.name)
     runtime.wake()
     return deleted
 

@@ -14,9 +14,9 @@ from fastapi.concurrency import run_in_threadpool
 from gpupool.api.auth import may_change, require_token
 from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
-from gpupool.control import service
+from gpupool.control import access, attempt_logs, changes, service_replicas, submission, workloads
 from gpupool.control.notify import check_allowed
-from gpupool.control.service import SYSTEM_QUEUE
+from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.tokens import Caller
 from gpupool.spec import parse_duration, parse_workload_spec
 from gpupool.spec.workload import PRIORITY_CLASSES, RANGE
@@ -41,7 +41,7 @@ def submit(
     refuse = getattr(runtime.backend, "refuse", None)  # what this backend can never run: said at submit
     if refuse is not None:
         refuse(spec)
-    created = service.submit(runtime.store, spec, user=caller.name, held=hold, admin=caller.admin)
+    created = submission.submit(runtime.store, spec, user=caller.name, held=hold, admin=caller.admin)
     runtime.wake()
     return created
 
@@ -62,12 +62,12 @@ def list_workloads(
         None, description="only those submitted at or after this time (ISO 8601; without a zone, UTC)"
     ),
     id: list[int] | None = Query(
-        None, description=f"only these workloads (repeat: id=3&id=4; at most {service.MAX_LISTED_IDS})"
+        None, description=f"only these workloads (repeat: id=3&id=4; at most {workloads.MAX_LISTED_IDS})"
     ),
     limit: int = Query(1000, ge=1, le=100_000, description="at most this many, newest first"),
 ) -> list[dict[str, Any]]:
     runtime = request.app.state.runtime
-    return service.list_workloads(
+    return workloads.list_workloads(
         runtime.store, include_finished=all, state=state, queue=queue, user=user, name=name, since=since,
         ids=id, limit=limit,
         live=runtime.reconciler.explanations, readiness=runtime.readiness.state,
@@ -79,11 +79,11 @@ def get_workload(
     request: Request, workload_id: int, caller: Caller = Depends(require_token)
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
-    view = service.get_workload(
+    view = workloads.get_workload(
         runtime.store, workload_id, live=runtime.reconciler.explanations, readiness=runtime.readiness.state
     )
     # secrets: a notification's signing secret from everyone, env values and a webhook's path from others
-    view["spec"] = service.redacted_spec(view["spec"], whole=caller.admin or caller.name == view["user"])
+    view["spec"] = workloads.redacted_spec(view["spec"], whole=caller.admin or caller.name == view["user"])
     if view["spec"].get("scaling"):  # what the autoscaler last measured (control/autoscale.py)
         word = runtime.autoscaler.words.get(view["service_id"])
         view["autoscaling"] = word.as_dict() if word is not None else None
@@ -104,7 +104,7 @@ def cancel(
     task: bool = _task_query("cancel"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    return _act(request, caller, workload_id, service.cancel, task)
+    return _act(request, caller, workload_id, changes.cancel, task)
 
 
 @router.post(
@@ -117,7 +117,7 @@ def hold(
     task: bool = _task_query("hold"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    return _act(request, caller, workload_id, functools.partial(service.hold, admin=caller.admin), task)
+    return _act(request, caller, workload_id, functools.partial(changes.hold, admin=caller.admin), task)
 
 
 @router.post(
@@ -130,7 +130,7 @@ def requeue(
     task: bool = _task_query("requeue"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    return _act(request, caller, workload_id, service.requeue, task, adding="requeue")
+    return _act(request, caller, workload_id, changes.requeue, task, adding="requeue")
 
 
 @router.post("/{workload_id}/release", summary="Release held work: the scheduler may start it again")
@@ -140,7 +140,7 @@ def release(
     task: bool = _task_query("release"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
-    release = functools.partial(service.release, admin=caller.admin)
+    release = functools.partial(changes.release, admin=caller.admin)
     return _act(request, caller, workload_id, release, task, adding="release")
 
 
@@ -175,8 +175,8 @@ def update(
         seconds = parse_duration(wanted, "max_duration")
     runtime = request.app.state.runtime
     _owned(runtime, caller, workload_id)
-    limit = service.TimeLimit(seconds) if "max_duration" in given else None
-    result = service.update(
+    limit = changes.TimeLimit(seconds) if "max_duration" in given else None
+    result = changes.update(
         runtime.store, workload_id, priority=priority, limit=limit, queue=queue, task=task, actor=caller.name,
         admin=caller.admin, refuse=getattr(runtime.backend, "refuse", None),  # as at submit
     )  # fmt: skip
@@ -255,7 +255,7 @@ def scale(
     found = RANGE.fullmatch(replicas) if isinstance(replicas, str) else None
     if found is not None:  # an autoscaled service's new range
         low, high = int(found.group(1)), int(found.group(2))
-        result = service.scale_range(runtime.store, workload_id, low, high, actor=caller.name)
+        result = service_replicas.scale_range(runtime.store, workload_id, low, high, actor=caller.name)
         runtime.wake()
         return result
     if not isinstance(replicas, int) or isinstance(replicas, bool):
@@ -266,7 +266,7 @@ def scale(
             f'replicas: {said}; e.g. {{"replicas": 2}} or {{"replicas": "1..4"}}',
             field="replicas",
         )
-    result = service.scale(
+    result = service_replicas.scale(
         runtime.store, workload_id, replicas, actor=caller.name, readiness=runtime.readiness.state,
         live=runtime.reconciler.explanations,
     )  # fmt: skip
@@ -280,13 +280,13 @@ async def logs(
     workload_id: int,
     attempt: int | None = Query(None, ge=0, description="attempt number; default the latest"),
     offset: int = Query(0, ge=0, description="byte offset to read from"),
-    limit: int = Query(service.LOG_CHUNK_MAX, ge=1, le=service.LOG_CHUNK_MAX),
+    limit: int = Query(attempt_logs.LOG_CHUNK_MAX, ge=1, le=attempt_logs.LOG_CHUNK_MAX),
     rank: int = Query(0, ge=0, description="rank of a multi-node gang (NODE_RANK); default 0"),
     caller: Caller = Depends(require_token),
 ) -> dict[str, Any]:
     runtime = request.app.state.runtime
     if runtime.settings.private_logs and not caller.admin:
-        owner = await run_in_threadpool(service.owner_of, runtime.store, workload_id)
+        owner = await run_in_threadpool(access.owner_of, runtime.store, workload_id)
         if owner != caller.name:
             raise ApiError(
                 403,
@@ -295,7 +295,7 @@ async def logs(
                 f"(gpupool server --private-logs); your token: {caller.name}",
             )
     return await run_in_threadpool(
-        service.read_log,
+        attempt_logs.read_log,
         request.app.state.runtime.store,
         workload_id,
         attempt=attempt,
@@ -313,7 +313,7 @@ def _act(
     task: bool,
     adding: str | None = None,
 ) -> dict[str, Any]:
-    """`act` (service.cancel, hold, requeue, release) on what `workload_id` names, by its owner or an admin
+    """`act` (changes.cancel, hold, requeue, release) on what `workload_id` names, by its owner or an admin
     (`adding`: see `_owned`); the control loop is woken to carry it out."""
     runtime = request.app.state.runtime
     _owned(runtime, caller, workload_id, adding)
@@ -330,9 +330,9 @@ def _owned(runtime: Any, caller: Caller, workload_id: int, adding: str | None = 
     if caller.admin:
         return
     if adding is None:
-        may_change(caller, service.owner_of(runtime.store, workload_id), f"workload {workload_id}")
+        may_change(caller, access.owner_of(runtime.store, workload_id), f"workload {workload_id}")
         return
-    view = service.get_workload(runtime.store, workload_id)
+    view = workloads.get_workload(runtime.store, workload_id)
     may_change(caller, view["user"], f"workload {workload_id}")
     _may_submit_to(
         caller,
