@@ -10,6 +10,7 @@ import errno
 import inspect
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import sys
@@ -26,6 +27,8 @@ from gpupool.cli.render import err_console, print_error
 from gpupool.client import GpupoolError
 from gpupool.home import DEFAULT_PORT, default_db_url, home_dir, make_private
 from gpupool.spec import SpecError, parse_duration
+
+log = logging.getLogger(__name__)
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -146,6 +149,12 @@ def server(
         "whose X-Forwarded-For/-Proto it believes: the client's address then comes from them (rate limits, "
         "the service proxy's X-Forwarded-For); default none: the peer's own address",
     ),
+    standby: bool = typer.Option(
+        False,
+        "--standby",
+        help="when another head acts on the store, wait and take over once it stops (one head acts on a "
+        "store at a time; without --standby a second one is refused; docs/operations.md#several-heads)",
+    ),
     log_level: str = _LOG_LEVEL,
 ) -> None:
     """Run the gpupool head: API server, scheduler loop and the executor (local processes or Slurm jobs)."""
@@ -163,6 +172,7 @@ def server(
     from gpupool.gpu import GpuUnavailable, parse_selector
     from gpupool.health.thresholds import load_config
     from gpupool.store.db import Store, StoreError, normalise_url
+    from gpupool.store.head_lock import HeadLock
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied request and readiness probe
@@ -217,7 +227,15 @@ def server(
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     make_private(home)  # its files give the admin token, the secrets' key, users' logs: the server's user's
-    _claim_home(home)
+    if not standby:
+        _claim_home(home)
+    public = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    server_url = f"http://{public}:{port}"
+    # Before the store is opened (and maybe migrated under a head that runs an older version)
+    head_lock = HeadLock(url, f"gpupool head pid {os.getpid()} on {_hostname()}, {server_url}")
+    _take_head_lock(head_lock, standby)
+    if standby:  # may share the home of the head it took over from (docs/operations.md#several-heads)
+        _claim_home(home, wait=True)
     try:
         store = Store(url)
     except StoreError as exc:
@@ -241,11 +259,9 @@ def server(
         secrets_key_file=secrets_key_file,
     )
     try:
-        runtime = Runtime(settings, store=store)
+        runtime = Runtime(settings, store=store, head_lock=head_lock)
     except (GpuUnavailable, ValueError, SlurmError) as exc:
         raise CliError(str(exc)) from exc
-    public = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    server_url = f"http://{public}:{port}"
     token = tokens.reset_admin_token(store) if new_admin_token else tokens.ensure_admin_token(store)
     if token is not None:
         path = save_credentials(server_url, token)
@@ -267,22 +283,33 @@ def server(
         f"gpupool server on {server_url} (store {store.url.split('@')[-1]}, {where}, home {home})",
         highlight=False,
     )
-    uvicorn.run(
-        create_app(runtime),
-        host=host,
-        port=port,
-        log_level=log_level.lower(),
-        access_log=False,
-        # uvicorn would believe X-Forwarded-For from 127.0.0.1 (or $FORWARDED_ALLOW_IPS) by default: anyone
-        # on the head's machine could then pick the address rate limits count under
-        proxy_headers=bool(trusted),
-        forwarded_allow_ips=trusted or None,
+    web = uvicorn.Server(
+        uvicorn.Config(
+            create_app(runtime),
+            host=host,
+            port=port,
+            log_level=log_level.lower(),
+            access_log=False,
+            # uvicorn would believe X-Forwarded-For from 127.0.0.1 (or $FORWARDED_ALLOW_IPS) by default:
+            # anyone on the head's machine could then pick the address rate limits count under
+            proxy_headers=bool(trusted),
+            forwarded_allow_ips=trusted or None,
+        )
     )
+    runtime.on_fenced = lambda: setattr(web, "should_exit", True)  # the API stops with the loops
+    web.run()
+    if runtime.fenced:  # not a clean stop: a service manager's restart (with --standby) makes it a standby
+        raise CliError(f"this head stopped: {runtime.fenced}")
 
 
 @app.command()
 def agent(
-    server_url: str = typer.Option(..., "--server", help="the head's URL, e.g. http://head:8470"),
+    server_url: str = typer.Option(
+        ...,
+        "--server",
+        help="the head's URL, e.g. http://head:8470; with standby heads, each one's, comma-separated (tried "
+        "in turn while one does not answer; docs/operations.md#several-heads)",
+    ),
     join_token: str | None = typer.Option(
         None, "--join-token", help="from `gpupool node join-token create` (needed at the first join only)"
     ),
@@ -350,7 +377,7 @@ def agent(
         # pool with simulated ones that real work would be placed on.
         raise CliError(f"--gpus {gpus}: {exc}; on a machine without GPUs give --gpus none") from exc
     settings = AgentSettings(
-        server=server_url,
+        servers=_head_urls(server_url),
         state_dir=Path(state_dir).expanduser() if state_dir else home_dir() / "agent",
         name=node,
         join_token=join_token,
@@ -369,7 +396,8 @@ def agent(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
     err_console.print(
-        f"gpupool agent {node} -> {server_url} (gpus: {describe(provider)}, state {settings.state_dir})",
+        f"gpupool agent {node} -> {', '.join(settings.servers)} "
+        f"(gpus: {describe(provider)}, state {settings.state_dir})",
         highlight=False,
     )
     try:
@@ -383,22 +411,78 @@ def agent(
 _home_lock: Any = None  # the open lock file of this server's home, held for the life of the process
 
 
-def _claim_home(home: Path) -> None:
+def _head_urls(given: str) -> tuple[str, ...]:
+    """`gpupool agent --server`: one head's URL, or several (the active head and its standbys)."""
+    urls = tuple(part.strip() for part in given.split(",") if part.strip())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise CliError(
+                f"--server {given}: {url!r} is not a head's URL; give http://HOST:PORT, e.g. http://head:8470"
+            )
+    if not urls:
+        raise CliError("--server: give the head's URL, e.g. http://head:8470")
+    return urls
+
+
+def _take_head_lock(lock: Any, standby: bool) -> None:
+    """Hold the store's head lock (store/head_lock.py), or refuse, or with `standby` wait for it."""
+    from gpupool.store.db import StoreError
+    from gpupool.store.head_lock import HeadLockHeld
+
+    try:
+        lock.acquire()
+        return
+    except HeadLockHeld as exc:
+        holder = exc.holder or "another head"
+        state = f"held by {holder}"
+        if not standby:
+            raise CliError(
+                f"another head acts on this store: {holder}. One head acts on a store at a time (two would "
+                "schedule, start and settle the same work); stop that one first, or start this one with "
+                "--standby to take over when it stops (docs/operations.md#several-heads)"
+            ) from None
+    except StoreError as exc:
+        if not standby:
+            raise CliError(str(exc)) from exc
+        state = f"out of reach ({exc})"
+
+    def waiting(now: str) -> None:
+        err_console.print(f"standby: waits to take over the store, {now}", highlight=False)
+        log.info("event=head_standby store=%r", now)
+
+    waiting(state)
+    lock.wait(said=waiting, known=state)
+    err_console.print("standby: the store is this head's now; taking over", highlight=False)
+    log.info("event=head_took_over")
+
+
+def _claim_home(home: Path, wait: bool = False) -> None:
     """Hold `home/server.lock` (an exclusive flock, dropped by the kernel when the process ends, kill -9
     included), or refuse: a second server on one home rewrote the first one's credentials, read its run
-    dirs' exit codes as its own and placed work on GPUs the first one's jobs held."""
+    dirs' exit codes as its own and placed work on GPUs the first one's jobs held. A standby that took the
+    store over waits for it (`wait`): it shares the home of the head it follows, whose flock outlives it
+    a while on a network filesystem."""
     import fcntl
-    import os
+    import time
 
     global _home_lock
     path = home / "server.lock"
-    handle = path.open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        pid = handle.read().strip() or "unknown"
-        handle.close()
+    said = False
+    while True:
+        handle = path.open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            handle.seek(0)
+            pid = handle.read().strip() or "unknown"
+            handle.close()
+        if wait:
+            if not said:
+                err_console.print(f"standby: waits for the home {home}, held by pid {pid}", highlight=False)
+                said = True
+            time.sleep(1.0)
+            continue
         raise CliError(
             f"another gpupool server (pid {pid}) runs on the home {home}: its run dirs, logs and credentials "
             "are that server's; stop it first, or give this one a home of its own (GPUPOOL_HOME=/path "

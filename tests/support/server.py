@@ -74,6 +74,12 @@ class ServerProcess:
         return self._start(timeout)
 
     def _start(self, timeout: float) -> ServerProcess:
+        logged = self.launch()
+        return self.wait_healthy(timeout, logged)
+
+    def launch(self) -> int:
+        """Start the server process without waiting for it (a standby head waits before it listens); the
+        length of its log before, for `wait_healthy`."""
         self.home.mkdir(parents=True, exist_ok=True)
         logged = len(self.log())  # what earlier starts wrote to the log
         argv = [
@@ -93,6 +99,11 @@ class ServerProcess:
         argv += self.extra_args
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        return logged
+
+    def wait_healthy(self, timeout: float, logged: int = 0) -> ServerProcess:
+        """Wait until this server's own process answers on its port."""
+        assert self.proc is not None
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

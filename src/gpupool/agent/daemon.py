@@ -50,7 +50,7 @@ class NameHeld(AgentRefused):
 
 @dataclass
 class AgentSettings:
-    server: str
+    servers: tuple[str, ...]  # the heads' URLs: the active one and its standbys (tried in turn)
     state_dir: Path
     name: str
     join_token: str | None = None
@@ -114,9 +114,8 @@ class Agent:
         # The head's instructions (active health checks, fault injection); a reply is sent at once.
         self.tasks = NodeTasks(gpus, settings.name, on_done=self._exited.set)
         self._credential = self._load_credential()
-        head, tls = settings.server.rstrip("/"), tls_for(settings.server)
-        self._http = httpx.Client(base_url=head, timeout=30.0, verify=tls)
-        self._report_http = httpx.Client(base_url=head, timeout=10.0, verify=tls)
+        self._head = 0  # which of settings.servers is called now
+        self._http, self._report_http = self._clients()
         self._send_lock = threading.Lock()
         self.interval = 1.0
         self.last_contact = time.monotonic()
@@ -129,6 +128,31 @@ class Agent:
         # The head's version of the newest answer applied (-1: none since joining). The long-poll and the
         # exit report are two heartbeats that may be answered in one order and applied in the other.
         self._applied_version = -1
+
+    @property
+    def server(self) -> str:
+        """The head's URL this agent calls now."""
+        return self.settings.servers[self._head]
+
+    def _clients(self) -> tuple[httpx.Client, httpx.Client]:
+        """The long-poll's client and the exit reporter's, to the head called now."""
+        head, tls = self.server.rstrip("/"), tls_for(self.server)
+        return (
+            httpx.Client(base_url=head, timeout=30.0, verify=tls),
+            httpx.Client(base_url=head, timeout=10.0, verify=tls),
+        )
+
+    def _next_head(self) -> None:
+        """Call the next of several heads (a standby takes over the store when the active head dies, and
+        listens only then): after a call to this one could not connect."""
+        if len(self.settings.servers) < 2:
+            return
+        self._head = (self._head + 1) % len(self.settings.servers)
+        old = self._http
+        # The reporter thread may be in a call on its client: that one is left to the garbage collector.
+        self._http, self._report_http = self._clients()
+        old.close()
+        log.info("event=head_tried node=%s server=%s", self.settings.name, self.server)
 
     # -- credentials -----------------------------------------------------------------------------------
 
@@ -149,9 +173,7 @@ class Agent:
         path = self._credential_path
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
-            json.dump(
-                {"server": self.settings.server, "name": self.settings.name, "credential": credential}, fh
-            )
+            json.dump({"server": self.server, "name": self.settings.name, "credential": credential}, fh)
         self._credential = credential
 
     # -- talking to the head ---------------------------------------------------------------------------
@@ -196,7 +218,7 @@ class Agent:
         self._outage.answered()
         with self._send_lock:
             self._applied_version = -1  # a restarted head counts its versions from 0 again
-        log.info("event=agent_joined node=%s server=%s", self.settings.name, self.settings.server)
+        log.info("event=agent_joined node=%s server=%s", self.settings.name, self.server)
 
     def _check_lease(self, lease: object) -> None:
         """Say once (per lease the head answers) when the orphan grace is shorter than the head's node lease:
@@ -275,8 +297,9 @@ class Agent:
                 self.register()
                 break
             except httpx.TransportError as exc:
-                self._outage.failed("head_unreachable", self.settings.server, str(exc))
+                self._outage.failed("head_unreachable", self.server, str(exc))
                 self._check_orphans()
+                self._next_head()
                 self._stop.wait(RETRY_DELAY)
             except NameHeld as exc:  # this machine may replace a node the head has not yet seen lost
                 log.warning("event=node_name_held node=%s error=%r", self.settings.name, str(exc))
@@ -290,8 +313,10 @@ class Agent:
             except AgentRefused:
                 raise
             except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-                self._outage.failed("heartbeat_failed", self.settings.server, str(exc))
+                self._outage.failed("heartbeat_failed", self.server, str(exc))
                 self._check_orphans()
+                if isinstance(exc, httpx.TransportError):  # no answer; a head that answers an error is alive
+                    self._next_head()
                 self._stop.wait(RETRY_DELAY)
             except OSError as exc:  # its state dir's disk (full, gone): heartbeats go on, and say it
                 log.error("event=agent_state_dir_error node=%s error=%r", self.settings.name, str(exc))

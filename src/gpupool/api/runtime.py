@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from gpupool.control.telemetry_log import open_log, save_loop
 from gpupool.gpu import GpuProvider, open_provider
 from gpupool.health.thresholds import load_config
 from gpupool.store.db import Store
+from gpupool.store.head_lock import HeadLock
 
 log = logging.getLogger("gpupool.server")
 
@@ -58,8 +60,14 @@ class ServerSettings:
 
 
 class Runtime:
-    def __init__(self, settings: ServerSettings, store: Store | None = None) -> None:
+    def __init__(
+        self, settings: ServerSettings, store: Store | None = None, head_lock: HeadLock | None = None
+    ) -> None:
         self.settings = settings
+        # The store's head lock this head holds (store/head_lock.py); None: not taken (tests, tools).
+        self.head_lock = head_lock
+        self.fenced = ""  # why this head stopped acting: another head took the store over
+        self.on_fenced: Callable[[], None] = lambda: None  # what else stops then (the API's server)
         self.store = store or Store(settings.db_url)
         queues.ensure_default_queue(self.store)
         # SecretKeyError (a ValueError) names the key file and the fix; then what is still plain text in the
@@ -127,6 +135,7 @@ class Runtime:
         )
         self.reconciler.cycle_observer = self.metrics.cycle_seconds.observe
         self.reconciler.direct_binds = self.health.jobs.binds  # check jobs (control/health_jobs.py)
+        self.reconciler.head_lock_lost = self._head_lock_lost
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._health_thread: threading.Thread | None = None
@@ -158,6 +167,27 @@ class Runtime:
         from gpupool.backends.agent import AgentBackend
 
         return self.backend if isinstance(self.backend, AgentBackend) else None
+
+    def _head_lock_lost(self) -> str:
+        """Before each pass: "" while this head holds the store's head lock, else why the pass is not made.
+        Taken by another head (this one's connection to the store was lost meanwhile): this head stops."""
+        if self.head_lock is None:
+            return ""
+        standing = self.head_lock.check()
+        if standing == "retaken":
+            log.warning(
+                "event=head_lock_retaken: its connection to the store was lost; no other head took it"
+            )
+        if standing in ("held", "retaken"):
+            return ""
+        if standing == "unreachable":
+            return "the store is out of reach: this head cannot tell that it still holds its head lock"
+        if not self.fenced:
+            self.fenced = f"another head took the store over: {self.head_lock.holder() or 'unknown'}"
+            log.critical("event=head_fenced reason=%r: this head stops acting and exits", self.fenced)
+            self._stop.set()  # every loop of this head ends at its next wait
+            self.on_fenced()
+        return self.fenced
 
     def _wake(self) -> None:
         """What the backend and the health monitor call when they observe a change."""

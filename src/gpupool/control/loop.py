@@ -66,6 +66,10 @@ BACKEND_UNAVAILABLE = "backend-unavailable"  # the reason code of work bound whi
 TIME_LIMIT_INTERVAL = 1.0  # seconds between looks for changed max_durations (follow_time_limits)
 
 
+class HeadLockLost(RuntimeError):
+    """This head cannot tell that it still holds the store's head lock: the pass is not made."""
+
+
 class Reconciler(Observation, SnapshotBuilding):
     """The reconcile loop of one head: see the module's docstring for its phases."""
 
@@ -154,6 +158,9 @@ class Reconciler(Observation, SnapshotBuilding):
         # (observe.py `_drains`); the API's runtime gives the proxy's count, nothing drains without it.
         self.draining: Callable[[int], bool] = lambda _workload_id: False
         self._drains_since: dict[int, float] = {}
+        # Whether this head may act now (it holds the store's head lock, store/head_lock.py): "" when it may,
+        # else why not. The API's runtime gives it; without it (tests, tools) the loop always acts.
+        self.head_lock_lost: Callable[[], str] = lambda: ""
         self._time_limits_due = 0.0
 
     # -- lifecycle of the loop ------------------------------------------------------------------------
@@ -182,7 +189,13 @@ class Reconciler(Observation, SnapshotBuilding):
         while not stop.is_set():
             started, cpu = time.monotonic(), time.thread_time()
             try:
+                lost = self.head_lock_lost()  # first: two heads acting on one store start the same work
+                if lost:
+                    raise HeadLockLost(lost)
                 self.tick()
+            except HeadLockLost as exc:
+                log.warning("event=pass_skipped reason=%r", str(exc))
+                self.failures.append((time.monotonic(), str(exc)))
             except Exception as exc:  # one bad pass must not stop the pool; the next pass retries
                 log.exception("event=reconcile_failed")
                 self.failures.append((time.monotonic(), driver_error_line(exc)))

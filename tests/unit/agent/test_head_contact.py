@@ -64,7 +64,7 @@ class Head:
 
 def _agent(tmp_path: Path, head: Head, orphan_grace: float = 60.0) -> Agent:
     settings = AgentSettings(
-        server="http://head", state_dir=tmp_path / "state", name="gpu-07", orphan_grace=orphan_grace
+        servers=("http://head",), state_dir=tmp_path / "state", name="gpu-07", orphan_grace=orphan_grace
     )
     agent = Agent(settings, None)
     client = httpx.Client(base_url="http://head", transport=httpx.MockTransport(head))
@@ -141,7 +141,7 @@ def test_the_state_dir_and_the_fencing_tokens_in_it_are_the_agent_user_s_only(tm
     state = tmp_path / "state"
     state.mkdir(mode=0o755)
     state.chmod(0o755)  # as made by hand, or by an agent before 2026-12
-    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=state, name="gpu-07"), None)
+    agent = Agent(AgentSettings(servers=("http://127.0.0.1:9",), state_dir=state, name="gpu-07"), None)
     launch = {"workload_id": 1, "attempt_number": 0, "script": "true\n", "env": {}, "workdir": str(tmp_path)}
     try:
         assert state.stat().st_mode & 0o777 == 0o700

@@ -33,7 +33,9 @@ def _starts(marks: Path, at_least: int) -> list[str]:
 
 
 def test_an_answer_older_than_one_applied_neither_stops_nor_restarts_a_rank(tmp_path: Path) -> None:
-    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=tmp_path / "state", name="n0"), None)
+    agent = Agent(
+        AgentSettings(servers=("http://127.0.0.1:9",), state_dir=tmp_path / "state", name="n0"), None
+    )
     marks = tmp_path / "marks"
     launch = {
         "workload_id": 1,
@@ -66,7 +68,9 @@ def test_an_answer_older_than_one_applied_neither_stops_nor_restarts_a_rank(tmp_
 def test_the_agent_makes_the_checkpoint_dir_on_its_node_before_the_rank_starts(tmp_path: Path) -> None:
     """The head makes GPUPOOL_CHECKPOINT_DIR on its own filesystem; a node that does not share it (the
     default is under the head's home) ran the job without it, which failed writing its first checkpoint."""
-    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=tmp_path / "state", name="n0"), None)
+    agent = Agent(
+        AgentSettings(servers=("http://127.0.0.1:9",), state_dir=tmp_path / "state", name="n0"), None
+    )
     checkpoints = tmp_path / "node-only" / "checkpoints" / "1"
     marks = tmp_path / "marks"
     launch = {
@@ -92,7 +96,9 @@ def test_a_rank_gets_the_agents_environment_without_its_credentials(
     monkeypatch.setenv("PGPASSWORD", "the agent's")
     monkeypatch.setenv("GPUPOOL_JOIN_TOKEN", "the agent's")
     monkeypatch.setenv("AGENT_SITE", "kept")
-    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=tmp_path / "state", name="n0"), None)
+    agent = Agent(
+        AgentSettings(servers=("http://127.0.0.1:9",), state_dir=tmp_path / "state", name="n0"), None
+    )
     seen = tmp_path / "seen"
     launch = {
         "workload_id": 1,

@@ -38,7 +38,9 @@ def _until(check: Any, seconds: float = 20.0) -> bool:
 
 
 def test_sigkill_after_sigterm_reaches_a_rank_that_ignores_sigterm(tmp_path: Path) -> None:
-    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=tmp_path / "state", name="n0"), None)
+    agent = Agent(
+        AgentSettings(servers=("http://127.0.0.1:9",), state_dir=tmp_path / "state", name="n0"), None
+    )
     marks = tmp_path / "marks"
     launch = {
         "workload_id": 1,

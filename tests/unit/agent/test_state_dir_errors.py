@@ -19,7 +19,9 @@ def _answer(version: int, launch: dict[str, Any]) -> dict[str, Any]:
 def test_a_rank_its_node_cannot_start_for_its_disk_is_reported_as_the_node_s_failure(tmp_path: Path) -> None:
     """A full or broken disk under the agent's state dir: the rank cannot start, which is its node's fault
     (the head requeues it as after a node failure), and the agent goes on answering."""
-    agent = Agent(AgentSettings(server="http://127.0.0.1:9", state_dir=tmp_path / "state", name="n0"), None)
+    agent = Agent(
+        AgentSettings(servers=("http://127.0.0.1:9",), state_dir=tmp_path / "state", name="n0"), None
+    )
     (agent.attempts.root / "3.0").write_text("in the way")  # the rank's run dir cannot be made
     launch = {"workload_id": 1, "attempt_number": 0, "script": "true\n", "env": {}, "workdir": str(tmp_path)}
     try:
