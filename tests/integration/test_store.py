@@ -504,6 +504,8 @@ def test_a_store_out_of_reach_is_a_503_that_names_it_and_the_server_recovers(tmp
             again = server.submit({"commands": ["true"]})
             assert server.wait_for(again["id"])["state"] == "succeeded"
             assert server.workload(created["id"])["state"] == "succeeded"
+            # the restart cut the head lock's connection: no other head took it, so this head did again
+            assert "event=head_lock_retaken" in server.log(), server.log()
         finally:
             server.stop()
     finally:
