@@ -236,6 +236,7 @@ def server(
     _take_head_lock(head_lock, standby)
     if standby:  # may share the home of the head it took over from (docs/operations.md#several-heads)
         _claim_home(home, wait=True)
+        _check_listen(host, port)  # again: it may have waited for hours
     try:
         store = Store(url)
     except StoreError as exc:
