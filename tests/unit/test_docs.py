@@ -19,7 +19,7 @@ from gpupool.spec import (
     WorkloadSpec,
 )
 from gpupool.spec.queue import BudgetSpec, UserLimits
-from gpupool.spec.workload import IdleSpec, NotifySpec
+from gpupool.spec.sections import IdleSpec, NotifySpec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -121,7 +121,7 @@ def _option_value(words: list[str], option: str) -> str | None:
 def _after_hint(value: str | None) -> str:
     """`--after` for Slurm's `--dependency=VALUE`: afterany:12 -> "--after ended:12"; for a VALUE that
     `--after` cannot say (singleton, +time, ?), what each condition is."""
-    from gpupool.spec.workload import SLURM_DEPENDENCIES  # pydantic: loaded by the commands that submit
+    from gpupool.spec.sections import SLURM_DEPENDENCIES  # pydantic: loaded by the commands that submit
 
     wanted: list[str] = []
     for item in (value or "").split(","):
@@ -440,7 +440,7 @@ def _add_array_and_after(data: dict[str, Any], array: str | None, after: list[st
 def _dependencies(text: str) -> list[str]:
     """An `--after` value as the spec's entries: Slurm's TYPE:ID[:ID...] (afterok:12:13) by its condition
     (succeeded:12, succeeded:13); any other as `_dependency` gives it."""
-    from gpupool.spec.workload import SLURM_DEPENDENCIES  # pydantic: loaded by the commands that submit
+    from gpupool.spec.sections import SLURM_DEPENDENCIES  # pydantic: loaded by the commands that submit
 
     kind, sep, refs_given = text.partition(":")
     when = SLURM_DEPENDENCIES.get(kind.strip().lower()) if sep else None
@@ -453,7 +453,7 @@ def _dependency(text: str) -> str:
     """An `--after` value with the workload it names by name given by id: `ended:prep` -> `ended:12` (the
     one pending or running workload named prep, else the newest finished one, as `gpupool show prep` reads
     it). Ids, and whatever the spec will refuse, pass as they are."""
-    from gpupool.spec.workload import DEPENDENCY_CONDITIONS  # pydantic: loaded by the commands that submit
+    from gpupool.spec.sections import DEPENDENCY_CONDITIONS  # pydantic: loaded by the commands that submit
 
     when, _, ref = text.rpartition(":")
     ref = ref.strip()

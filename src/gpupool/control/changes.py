@@ -29,8 +29,8 @@ from gpupool.control.lifecycle import (
 from gpupool.control.queues import DEFAULT_QUEUE, check_priority_cap
 from gpupool.control.workloads import load_workload, pending_or_running, replicas_of, tasks_of, workload_view
 from gpupool.spec import SpecError, WorkloadSpec, parse_workload_spec
+from gpupool.spec.priority import MAX_PRIORITY, PRIORITY_CLASSES
 from gpupool.spec.quantities import format_duration
-from gpupool.spec.workload import MAX_PRIORITY, PRIORITY_CLASSES
 from gpupool.store.db import Store
 from gpupool.store.models import Queue, Workload
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.environment import PRIVATE_PREFIXES, shared_environment
-from gpupool.spec.workload import parse_array
+from gpupool.spec.arrays import parse_array
 
 # Server-side settings that must never leak into a job's environment: gpupool's own (the store's URL, the
 # CLI's token, the secrets key file), and whatever else in the head's environment names a credential

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from gpupool.control.errors import Invalid
 from gpupool.control.lifecycle import CANCELLED, FAILED, SERVICE, SUCCEEDED, TERMINAL
 from gpupool.scheduler import Explanation
-from gpupool.spec.workload import DependencySpec
+from gpupool.spec.sections import DependencySpec
 from gpupool.store.models import MAX_ID, Workload
 
 DEPENDENCY: Final = "dependency"  # the reason code of work waiting for other workloads

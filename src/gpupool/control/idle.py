@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from gpupool.control.lifecycle import running_unstopped
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.spec.quantities import format_duration
-from gpupool.spec.workload import IdleSpec
+from gpupool.spec.sections import IdleSpec
 from gpupool.store.models import Attempt, Workload
 
 CHECK_INTERVAL: Final = 5.0  # seconds between looks

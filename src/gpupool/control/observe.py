@@ -41,7 +41,7 @@ from gpupool.control.lifecycle import (
     transition,
 )
 from gpupool.control.settings import ControlSettings
-from gpupool.spec.workload import DEFAULT_MAX_NODE_FAILURES
+from gpupool.spec.sections import DEFAULT_MAX_NODE_FAILURES
 from gpupool.store import head_state
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Workload

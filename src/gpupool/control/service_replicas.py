@@ -25,7 +25,7 @@ from gpupool.control.workloads import (
     readiness_of,
     replicas_of,
 )
-from gpupool.spec.workload import MAX_REPLICAS
+from gpupool.spec.replicas import MAX_REPLICAS
 from gpupool.store.db import Store
 from gpupool.store.models import Workload
 

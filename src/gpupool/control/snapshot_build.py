@@ -29,8 +29,8 @@ from gpupool.control.settings import ControlSettings
 from gpupool.control.usage import AttainedService, attempt_gpus, queue_usage
 from gpupool.control.user_limits import held_back, limits_of
 from gpupool.spec import parse_gpu_request
+from gpupool.spec.arrays import array_limit
 from gpupool.spec.views import queue_view
-from gpupool.spec.workload import array_limit
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Queue, Workload
 from gpupool.timeutil import as_utc, utcnow

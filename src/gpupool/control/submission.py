@@ -20,7 +20,7 @@ from gpupool.control.workloads import workload_view
 from gpupool.gpu.catalog import families
 from gpupool.scheduler.placement import split_model
 from gpupool.spec import WorkloadSpec
-from gpupool.spec.workload import ArrayRange, parse_array
+from gpupool.spec.arrays import ArrayRange, parse_array
 from gpupool.store.db import Store
 from gpupool.store.models import Event, Gpu, Node, Queue, Workload
 

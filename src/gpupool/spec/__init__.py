@@ -26,28 +26,17 @@ from gpupool.spec.quantities import (
 )
 
 if TYPE_CHECKING:
+    from gpupool.spec.priority import PRIORITY_CLASSES
     from gpupool.spec.queue import QueueResources, QueueSpec, ResourceShare, parse_queue_spec
-    from gpupool.spec.workload import (
-        PRIORITY_CLASSES,
-        CheckpointSpec,
-        PlacementSpec,
-        Resources,
-        RetrySpec,
-        ScalingSpec,
-        WorkloadSpec,
-        parse_workload_spec,
-    )
+    from gpupool.spec.sections import CheckpointSpec, PlacementSpec, Resources, RetrySpec, ScalingSpec
+    from gpupool.spec.workload import WorkloadSpec, parse_workload_spec
 
 # name -> the submodule that defines it, imported when the name is first asked for
 _LAZY = {
+    "PRIORITY_CLASSES": "priority",
     **dict.fromkeys(("QueueResources", "QueueSpec", "ResourceShare", "parse_queue_spec"), "queue"),
-    **dict.fromkeys(
-        (
-            "PRIORITY_CLASSES", "CheckpointSpec", "PlacementSpec", "Resources", "RetrySpec", "ScalingSpec",
-            "WorkloadSpec", "parse_workload_spec",
-        ),
-        "workload",
-    ),
+    **dict.fromkeys(("CheckpointSpec", "PlacementSpec", "Resources", "RetrySpec", "ScalingSpec"), "sections"),
+    **dict.fromkeys(("WorkloadSpec", "parse_workload_spec"), "workload"),
 }  # fmt: skip
 
 

@@ -1,9 +1,7 @@
 """The workload spec: what a user submits to run a job or a service on the pool.
 
-Priority (Run:ai semantics): a named class or a number 0..1000, higher runs first and may preempt lower.
-The classes are inference (125) > build (100) > interactive (75) > train (50, the default). A workload is
-preemptible by default when its priority is at most train's (50): "train" and any number <= 50 are
-preemptible; "inference", "build", "interactive" and any number above 50 are not. `preemptible:` overrides.
+Its parts have modules of their own: the sections (resources, retry, scaling, ...) in sections.py, the
+priority classes in priority.py, job arrays in arrays.py, replica ranges in replicas.py.
 """
 
 from __future__ import annotations
@@ -12,11 +10,9 @@ import difflib
 import math
 import re
 from typing import Annotated, Any, Final, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -25,22 +21,29 @@ from pydantic import (
     model_validator,
 )
 
+from gpupool.spec.arrays import parse_array
 from gpupool.spec.document import validate_spec
 from gpupool.spec.errors import MISSING, SpecError
-from gpupool.spec.fields import GpuRequestField, Name, Seconds, SizeBytes, Whole, field_name, refuse_bool
-from gpupool.spec.quantities import GpuRequest, format_duration
-
-PRIORITY_CLASSES: Final[dict[str, int]] = {"inference": 125, "build": 100, "interactive": 75, "train": 50}
-"""Named priority classes and their numbers; higher runs first."""
-
-DEFAULT_PRIORITY_CLASS: Final = "train"
-MAX_PRIORITY: Final = 1000
-PREEMPTIBLE_AT_OR_BELOW: Final = PRIORITY_CLASSES["train"]
-"""A workload whose priority is at most this is preemptible unless its spec says otherwise."""
-NON_PREEMPTIBLE_BY_DEFAULT: Final = frozenset(
-    name for name, value in PRIORITY_CLASSES.items() if value > PREEMPTIBLE_AT_OR_BELOW
+from gpupool.spec.fields import Name, Seconds, Whole, field_name
+from gpupool.spec.priority import (
+    DEFAULT_PRIORITY_CLASS,
+    MAX_PRIORITY,
+    PRIORITY_CLASSES,
+    default_preemptible,
+    priority_class_of,
 )
-"""The classes that are not preemptible unless the spec says so: inference, build, interactive."""
+from gpupool.spec.quantities import format_duration
+from gpupool.spec.replicas import MAX_REPLICAS, replica_range
+from gpupool.spec.sections import (
+    CheckpointSpec,
+    DependencySpec,
+    IdleSpec,
+    NotifySpec,
+    PlacementSpec,
+    Resources,
+    RetrySpec,
+    ScalingSpec,
+)
 
 RESERVED_ENV_PREFIX: Final = "GPUPOOL_"
 RESERVED_ENV_NAMES: Final = frozenset(
@@ -49,29 +52,14 @@ RESERVED_ENV_NAMES: Final = frozenset(
 """Set by gpupool for every attempt (the job contract, DESIGN.md); a spec may not set them."""
 
 MAX_NODES: Final = 1024
-MAX_REPLICAS: Final = 64
 MAX_GRACE_PERIOD: Final = 3600.0
-MAX_SCALING_WINDOW: Final = 3600.0
-MAX_SCALING_DELAY: Final = 86400.0
-RANGE: Final = re.compile(r"\s*([0-9]+)\s*\.\.\s*([0-9]+)\s*")
 MAX_PROBE_PATH: Final = 2000
 MAX_DEPENDENCIES: Final = 100
-MAX_ARRAY_TASKS: Final = 1000  # Slurm's MaxArraySize is 1001 by default
-MAX_ARRAY_INDEX: Final = 1_000_000
-_ARRAY_PART_RE: Final = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
-DEPENDENCY_CONDITIONS: Final = ("succeeded", "failed", "ended", "started")
-# Slurm's dependency types (sbatch --dependency=TYPE:ID), as the conditions above: `afterok:12` is taken
-# as `succeeded:12`, in a spec's `after` as in `gpupool run --after`.
-SLURM_DEPENDENCIES: Final = {
-    "afterok": "succeeded",
-    "afterany": "ended",
-    "afternotok": "failed",
-    "after": "started",
-}
-_DEPENDENCY_RE: Final = re.compile(r"\s*(?:([A-Za-z-]+)\s*:)?\s*([0-9]+)\s*")
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_SECRETS: Final = 64
 MAX_ENV_NAME: Final = 128
+# Who may reach a service through the head's proxy: its owner and admins, any token of the head, or anyone.
+ServiceAccess = Literal["private", "pool", "public"]
 
 FIELD_EXAMPLES: Final[dict[str, str]] = {
     "": "{kind: job, commands: [python train.py]}",
@@ -127,427 +115,6 @@ FIELD_EXAMPLES: Final[dict[str, str]] = {
     "placement.topology_preferred": "zone",
 }
 """A valid example for each field path, shown in every error about that field."""
-
-RetryReason = Literal["failure", "preemption", "node-failure"]
-DependencyCondition = Literal["succeeded", "failed", "ended", "started"]
-DEFAULT_RETRY_ON: Final[tuple[RetryReason, ...]] = ("preemption", "node-failure")
-# How many times a lost node (or one that could not start it) sends a job back to pending without using a
-# restart from `max_restarts`: the work was not at fault, as with a preemption, but a job that takes its
-# nodes down with it must not go round the whole pool (Slurm requeues a batch job after a node failure
-# up to MaxBatchRequeue, 5 by default).
-DEFAULT_MAX_NODE_FAILURES: Final = 5
-
-
-class ArrayRange:
-    """A job array's task indices and how many of its tasks may run at once (Slurm's --array)."""
-
-    __slots__ = ("indices", "limit")
-
-    def __init__(self, indices: tuple[int, ...], limit: int | None) -> None:
-        self.indices = indices  # ascending, each once
-        self.limit = limit  # None: no limit
-
-    def text(self) -> str:
-        """The canonical form: runs of consecutive indices as A-B, joined by commas, then %LIMIT."""
-        parts: list[str] = []
-        start = prev = self.indices[0]
-        for index in (*self.indices[1:], None):
-            if index is not None and index == prev + 1:
-                prev = index
-                continue
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            if index is not None:
-                start = prev = index
-        return ",".join(parts) + (f"%{self.limit}" if self.limit is not None else "")
-
-
-def parse_array(value: object, field: str = "array") -> ArrayRange:
-    """Slurm's --array notation: "0-15", "1,3,5-9", "0-99:10" (every 10th), each with an optional "%4"
-    (at most 4 tasks running at once)."""
-    example = "0-15%4"
-    if not isinstance(value, str | int) or isinstance(value, bool):
-        raise SpecError(field, value, "is not an array of task indices", example)
-    text = str(value).replace(" ", "")
-    spec, sep, limit_text = text.partition("%")
-    limit: int | None = None
-    if sep:
-        if not limit_text.isdigit() or int(limit_text) < 1:
-            raise SpecError(field, value, "has a limit after % that is not a whole number >= 1", example)
-        limit = int(limit_text)
-    indices: set[int] = set()
-    parts = spec.split(",")
-    for part in parts:
-        # the part at fault, named where the value has several ("0-3,5-1"); a value of one is the part
-        named = f"has {part!r}, which is" if len(parts) > 1 else "is"
-        match = _ARRAY_PART_RE.fullmatch(part)
-        if match is None:
-            raise SpecError(field, value, f"{named} not N, N-M or N-M:STEP (task indices)", example)
-        first, last, step = match.groups()
-        low, high = int(first), int(last if last is not None else first)
-        stride = int(step) if step is not None else 1
-        if high < low or stride < 1:
-            raise SpecError(field, value, f"{named} not a range N-M with N <= M and a step >= 1", example)
-        if high > MAX_ARRAY_INDEX:
-            raise SpecError(field, value, f"has an index above {MAX_ARRAY_INDEX}", example)
-        if (high - low) // stride + 1 > MAX_ARRAY_TASKS:  # checked before the range is made
-            raise SpecError(field, value, f"has more than {MAX_ARRAY_TASKS} tasks", "0-999%50")
-        indices.update(range(low, high + 1, stride))
-        if len(indices) > MAX_ARRAY_TASKS:
-            raise SpecError(field, value, f"has more than {MAX_ARRAY_TASKS} tasks", "0-999%50")
-    return ArrayRange(tuple(sorted(indices)), limit)
-
-
-def array_limit(stored: str) -> int | None:
-    """The %N of an array as a spec stores it (`ArrayRange.text`), without making its indices."""
-    _, sep, limit = stored.rpartition("%")
-    return int(limit) if sep else None
-
-
-def priority_class_of(priority: str) -> str | None:
-    """The canonical class name for a name given in any case (" Train " -> "train"), or None."""
-    name = priority.strip().lower()
-    return name if name in PRIORITY_CLASSES else None
-
-
-def default_preemptible(priority: int) -> bool:
-    """Whether a workload of this priority is preemptible when its spec does not say."""
-    return priority <= PREEMPTIBLE_AT_OR_BELOW
-
-
-class Resources(BaseModel):
-    """What each node of the workload needs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    gpu: GpuRequestField = Field(
-        default=GpuRequest(0),
-        json_schema_extra={"default": "0"},
-        description='GPUs per node: 8, "H100:8", "A100|H100:2", "80GB:1", 0.5 (of one GPU); default 0.',
-    )
-    cpu: Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(refuse_bool)] | None = Field(
-        default=None,
-        description="CPU cores per node (fractions allowed); default null: no reservation.",
-    )
-    memory: SizeBytes | None = Field(
-        default=None,
-        description='Memory per node in bytes; input "256GB" or bytes; default null: no reservation.',
-    )
-
-    @field_validator("memory")
-    @classmethod
-    def _memory_above_zero(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and value <= 0:
-            raise SpecError(field_name(info, "memory"), value, "must be above 0 bytes", "")
-        return value
-
-
-class CheckpointSpec(BaseModel):
-    """Where the workload's program saves checkpoints, so a new attempt resumes from the newest."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    dir: str = Field(
-        min_length=1,
-        description="Checkpoint directory (required), given to the program as $GPUPOOL_CHECKPOINT_DIR; "
-        "a relative path is relative to workdir.",
-    )
-
-    @field_validator("dir")
-    @classmethod
-    def _not_blank(cls, value: str, info: ValidationInfo) -> str:
-        if not value.strip():
-            raise SpecError(field_name(info, "dir"), value, "must not be blank", "")
-        return value
-
-
-class RetrySpec(BaseModel):
-    """When a workload that stopped early gets a new attempt."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_restarts: Whole = Field(
-        default=0,
-        ge=0,
-        le=100,
-        description="New attempts allowed after the first one ends early, 0..100; default 0.",
-    )
-    on: list[RetryReason] = Field(
-        default_factory=lambda: list(DEFAULT_RETRY_ON),
-        description="What ends an attempt early enough to retry: failure (non-zero exit), preemption, "
-        "node-failure (its node was lost or could not start it); default [preemption, node-failure].",
-    )
-    max_node_failures: Whole = Field(
-        default=DEFAULT_MAX_NODE_FAILURES,
-        ge=0,
-        le=100,
-        description="Times a node failure sends it back to pending without using a restart, while `on` "
-        "holds node-failure, 0..100; after those, a node failure uses a restart; default 5.",
-    )
-
-    @field_validator("on")
-    @classmethod
-    def _once_each(cls, value: list[RetryReason]) -> list[RetryReason]:
-        return list(dict.fromkeys(value))
-
-
-ScalingMetric = Literal["rps", "concurrency"]
-
-
-class ScalingSpec(BaseModel):
-    """How a service's replica count follows its load through the head's proxy (target tracking): it
-    wants ceil(load / target) replicas, between min and max."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    metric: ScalingMetric = Field(
-        default="rps",
-        description="What is measured at the head's proxy, over `window`: rps (requests per second) or "
-        "concurrency (requests in flight, on average); default rps.",
-    )
-    target: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False), BeforeValidator(refuse_bool)] = Field(
-        description="The load one replica should carry (required): requests per second, or requests in "
-        "flight, per replica."
-    )
-    min: Whole = Field(
-        default=1,
-        ge=1,
-        le=MAX_REPLICAS,
-        description="Fewest replicas, 1..64 (or replicas: MIN..MAX); default 1.",
-    )
-    max: Whole = Field(
-        default=1,
-        ge=1,
-        le=MAX_REPLICAS,
-        description="Most replicas, 1..64 (or replicas: MIN..MAX); default 1.",
-    )
-    window: Seconds = Field(
-        default=60.0, description="How far back the load is averaged, 1s..1h; default 60s."
-    )
-    scale_up_delay: Seconds = Field(
-        default=30.0,
-        description="Time since the last change of the replica count before adding replicas, 0..24h; "
-        "default 30s.",
-    )
-    scale_down_delay: Seconds = Field(
-        default=300.0,
-        description="How long the load must have wanted fewer replicas before removing some (down to the "
-        "most wanted in that time), 0..24h; default 5m.",
-    )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> ScalingSpec:
-        if self.min > self.max:
-            raise SpecError("scaling.max", self.max, f"is below scaling.min ({self.min})", str(self.min))
-        if not 1.0 <= self.window <= MAX_SCALING_WINDOW:
-            raise SpecError("scaling.window", format_duration(self.window), "must be 1s..1h", "60s")
-        for name, value in (
-            ("scale_up_delay", self.scale_up_delay),
-            ("scale_down_delay", self.scale_down_delay),
-        ):
-            if value > MAX_SCALING_DELAY:
-                raise SpecError(f"scaling.{name}", format_duration(value), "must be at most 24h", "5m")
-        return self
-
-
-class DependencySpec(BaseModel):
-    """A workload this one starts after, and what that one must have done first (Slurm's --dependency).
-    Written in full or short: 12 (it succeeded), "ended:12", {workload: 12, when: ended}; Slurm's types
-    are taken for the conditions ("afterany:12")."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    workload: Whole = Field(ge=1, description="The workload's id, as `gpupool ps` shows it (required).")
-    when: DependencyCondition = Field(
-        default="succeeded",
-        description="succeeded: it ended with success (Slurm's afterok); failed: it failed (afternotok); "
-        "ended: it succeeded, failed or was cancelled (afterany); started: it began running (after); "
-        "default succeeded.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _short_form(cls, data: Any) -> Any:
-        if isinstance(data, bool):
-            raise SpecError("workload", data, "is true/false, not a workload id", "12")
-        if isinstance(data, int):
-            return {"workload": data}
-        if isinstance(data, str):
-            match = _DEPENDENCY_RE.fullmatch(data)
-            if match is None:
-                raise SpecError("workload", data, "is not a workload id, or WHEN:ID", "12, or ended:12")
-            when, number = match.groups()
-            when = SLURM_DEPENDENCIES.get(when.lower(), when.lower()) if when else None
-            return {"workload": int(number)} | ({"when": when} if when else {})
-        if isinstance(data, dict) and isinstance(data.get("when"), str):
-            return {**data, "when": SLURM_DEPENDENCIES.get(data["when"].lower(), data["when"])}
-        return data
-
-
-IdleAction = Literal["hold", "cancel"]
-# Who may reach a service through the head's proxy: its owner and admins, any token of the head, or anyone.
-ServiceAccess = Literal["private", "pool", "public"]
-MIN_IDLE_TIMEOUT: Final = 10.0
-MAX_IDLE_TIMEOUT: Final = 30 * 86400.0
-
-
-class IdleSpec(BaseModel):
-    """What happens to running work whose GPUs all sit idle this long (Run:ai's idle GPU timeout, dstack's
-    idle_duration): a notebook left holding GPUs over a weekend gives them back."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    timeout: Seconds = Field(
-        description="How long every GPU it holds must stay below `utilization` before the action, 10s..30d "
-        "(required), e.g. 2h."
-    )
-    action: IdleAction = Field(
-        default="hold",
-        description="hold: stop it (SIGTERM, then SIGKILL after its grace period) and keep it pending until "
-        "`gpupool release`, when it resumes from its checkpoint; cancel: stop it and end it; default hold.",
-    )
-    utilization: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False), BeforeValidator(refuse_bool)] = (
-        Field(
-            default=1.0,
-            description="A GPU below this utilization (percent, as NVML gives it) counts as idle; default 1.",
-        )
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _short_form(cls, data: Any) -> Any:
-        """`idle: 2h` is `idle: {timeout: 2h}`."""
-        return (
-            {"timeout": data} if isinstance(data, str | int | float) and not isinstance(data, bool) else data
-        )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> IdleSpec:
-        if not MIN_IDLE_TIMEOUT <= self.timeout <= MAX_IDLE_TIMEOUT:
-            raise SpecError(
-                "idle.timeout",
-                format_duration(self.timeout),
-                "must be 10s..30d",
-                "2h",
-            )
-        return self
-
-
-NotifyOn = Literal["started", "succeeded", "failed", "cancelled"]
-NOTIFY_ENDS: Final[tuple[NotifyOn, ...]] = ("succeeded", "failed", "cancelled")
-MAX_URL: Final = 2000
-MIN_SECRET, MAX_SECRET = 16, 256
-
-
-class NotifySpec(BaseModel):
-    """Where the head POSTs a JSON message when the workload starts or ends (Slurm's --mail-type), e.g. a
-    chat channel's incoming webhook (control/notify.py)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: str = Field(
-        max_length=MAX_URL,
-        description="An http(s) URL; the head's operator allows its host (`gpupool server --notify-hosts`) "
-        "(required).",
-    )
-    on: list[NotifyOn] = Field(
-        default_factory=lambda: list(NOTIFY_ENDS),
-        min_length=1,
-        description="When: started (each attempt that starts), succeeded, failed, cancelled; default "
-        "[succeeded, failed, cancelled].",
-    )
-
-    secret: str | None = Field(
-        default=None,
-        description="A shared secret, 16 to 256 characters without spaces: each message is then signed "
-        "(`X-Gpupool-Signature-256`, an HMAC-SHA256 of the timestamp and the body), so its receiver can "
-        "tell it came from this head; never shown back by the API.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _short_form(cls, data: Any) -> Any:
-        """`notify: URL` is `notify: {url: URL}`."""
-        return {"url": data} if isinstance(data, str) else data
-
-    @field_validator("secret")
-    @classmethod
-    def _usable_secret(cls, value: str | None) -> str | None:
-        if value is not None and not (
-            MIN_SECRET <= len(value) <= MAX_SECRET and all(c.isprintable() and not c.isspace() for c in value)
-        ):
-            raise SpecError(
-                "secret",
-                "(hidden)",
-                f"must be {MIN_SECRET} to {MAX_SECRET} printable characters without spaces",
-                "a random string, e.g. from `openssl rand -hex 32`",
-            )
-        return value
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if (
-            parts.scheme not in ("http", "https")
-            or not parts.hostname
-            or any(c.isspace() or not c.isprintable() for c in value)
-        ):
-            raise SpecError(
-                "url",
-                value,
-                "is not an http or https URL with a host",
-                "https://hooks.slack.com/services/T000/B000/XXXX",
-            )
-        return value
-
-    @field_validator("on")
-    @classmethod
-    def _once_each(cls, value: list[str]) -> list[str]:
-        for index, kind in enumerate(value):
-            if kind in value[:index]:
-                raise SpecError(
-                    f"on[{index}]", kind, "is listed twice: list each once", "[failed, succeeded]"
-                )
-        return value
-
-
-class PlacementSpec(BaseModel):
-    """Where the workload may run, and how its pods are grouped."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    nodes: list[str] = Field(
-        default_factory=list,
-        description="Only these nodes, by the names `gpupool nodes` shows (like Slurm's --nodelist); "
-        "default [] = any node.",
-    )
-    topology: str | None = Field(
-        default=None,
-        description="A node label every pod of the gang must share, e.g. rack; default null: none.",
-    )
-    topology_preferred: str | None = Field(
-        default=None,
-        description="A node label the pods should share when they can, e.g. zone; default null: none.",
-    )
-
-    @field_validator("nodes")
-    @classmethod
-    def _node_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        field = field_name(info, "nodes")
-        for index, name in enumerate(value):
-            if not name.strip() or any(c.isspace() for c in name):
-                raise SpecError(f"{field}[{index}]", name, "is not a node name (no blanks)", "node-3")
-        duplicates = sorted({n for n in value if value.count(n) > 1})
-        if duplicates:
-            raise SpecError(field, value, f"names {', '.join(duplicates)} more than once", "[node-3, node-4]")
-        return value
-
-    @field_validator("topology", "topology_preferred")
-    @classmethod
-    def _label(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
-            raise SpecError(field_name(info, str(info.field_name)), value, "is not a node label name", "rack")
-        return value
 
 
 class WorkloadSpec(BaseModel):
@@ -741,7 +308,7 @@ class WorkloadSpec(BaseModel):
                 raise _class_mismatch(given_class, priority)
         if data.get("preemptible") is None:
             data.pop("preemptible", None)
-        return _replica_range(data)
+        return replica_range(data)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> WorkloadSpec:
@@ -990,61 +557,6 @@ def _env_text(value: object, field: str) -> str:
     )
 
 
-def _replica_range(data: dict[str, Any]) -> dict[str, Any]:
-    """`replicas: MIN..MAX` (dstack's notation) as `replicas: MIN` with `scaling.min` and `scaling.max`; a
-    range needs `scaling` (what to follow), and `scaling` needs a range (or its own min and max)."""
-    replicas = data.get("replicas")
-    scaling = data.get("scaling")
-    found = RANGE.fullmatch(replicas) if isinstance(replicas, str) else None
-    if found is None:
-        if not isinstance(scaling, dict):
-            return data
-        if "min" not in scaling and "max" not in scaling:
-            raise SpecError(
-                "replicas",
-                replicas if replicas is not None else 1,
-                "is one number, but scaling needs a range to scale in: give replicas as MIN..MAX (or "
-                "scaling.min and scaling.max)",
-                "1..4",
-            )
-        for bound, other in (("min", "max"), ("max", "min")):
-            if bound not in scaling:
-                raise SpecError(
-                    f"scaling.{bound}",
-                    MISSING,
-                    f"is required with scaling.{other}",
-                    "4" if bound == "max" else "1",
-                )
-        return data if replicas is not None else {**data, "replicas": scaling["min"]}
-    low, high = int(found.group(1)), int(found.group(2))
-    given = f"{low}..{high}"
-    if low < 1 or high > MAX_REPLICAS or low > high:
-        raise SpecError(
-            "replicas",
-            replicas,
-            f"is not a range of replica counts MIN..MAX with 1 <= MIN <= MAX <= {MAX_REPLICAS}",
-            "1..4",
-        )
-    if scaling is None:
-        raise SpecError(
-            "scaling",
-            MISSING,
-            f"is required: replicas {given} is a range, so say what load to follow",
-            "{metric: rps, target: 10}",
-        )
-    if not isinstance(scaling, dict):
-        return data  # the model says what is wrong with it
-    for bound, value in (("min", low), ("max", high)):
-        if bound in scaling and scaling[bound] != value:
-            raise SpecError(
-                f"scaling.{bound}",
-                scaling[bound],
-                f"disagrees with replicas: {given}; give the range once",
-                str(value),
-            )
-    return {**data, "replicas": low, "scaling": {**scaling, "min": low, "max": high}}
-
-
 def _unknown_class(field: str, value: object) -> SpecError:
     close = difflib.get_close_matches(str(value).strip().lower(), list(PRIORITY_CLASSES), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -1068,16 +580,6 @@ def parse_workload_spec(data: object) -> WorkloadSpec:
 
 __all__ = [
     "FIELD_EXAMPLES",
-    "NON_PREEMPTIBLE_BY_DEFAULT",
-    "PREEMPTIBLE_AT_OR_BELOW",
-    "PRIORITY_CLASSES",
-    "CheckpointSpec",
-    "PlacementSpec",
-    "Resources",
-    "RetrySpec",
-    "ScalingSpec",
     "WorkloadSpec",
-    "default_preemptible",
     "parse_workload_spec",
-    "priority_class_of",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpupool.control import changes
 from gpupool.control.idle import STALE, Idle, IdleWatch, Watched
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.spec.workload import IdleSpec
+from gpupool.spec.sections import IdleSpec
 from gpupool.store.db import Store
 from tests.support.store import submit_running
 

@@ -22,15 +22,11 @@ from gpupool.spec import (
     WorkloadSpec,
     parse_workload_spec,
 )
+from gpupool.spec.arrays import array_limit, parse_array
 from gpupool.spec.document import example_for
-from gpupool.spec.workload import (
-    FIELD_EXAMPLES,
-    NON_PREEMPTIBLE_BY_DEFAULT,
-    RESERVED_ENV_NAMES,
-    IdleSpec,
-    array_limit,
-    parse_array,
-)
+from gpupool.spec.priority import NON_PREEMPTIBLE_BY_DEFAULT
+from gpupool.spec.sections import IdleSpec
+from gpupool.spec.workload import FIELD_EXAMPLES, RESERVED_ENV_NAMES
 
 # The example spec of DESIGN.md, verbatim.
 DESIGN_EXAMPLE = """\

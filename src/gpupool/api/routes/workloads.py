@@ -19,7 +19,8 @@ from gpupool.control.notify import check_allowed
 from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.tokens import Caller
 from gpupool.spec import parse_duration, parse_workload_spec
-from gpupool.spec.workload import PRIORITY_CLASSES, RANGE
+from gpupool.spec.priority import PRIORITY_CLASSES
+from gpupool.spec.replicas import RANGE
 
 router = APIRouter(prefix="/workloads", tags=["workloads"])
 
