@@ -414,15 +414,29 @@ _home_lock: Any = None  # the open lock file of this server's home, held for the
 
 def _head_urls(given: str) -> tuple[str, ...]:
     """`gpupool agent --server`: one head's URL, or several (the active head and its standbys)."""
-    urls = tuple(part.strip() for part in given.split(",") if part.strip())
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
+    import httpx
+
+    urls: list[str] = []
+    for part in filter(None, (p.strip() for p in given.split(","))):
+        try:
+            url = httpx.URL(part)
+        except (httpx.InvalidURL, ValueError) as exc:
             raise CliError(
-                f"--server {given}: {url!r} is not a head's URL; give http://HOST:PORT, e.g. http://head:8470"
+                f"--server {given}: {part!r} is not a URL ({exc}); e.g. http://head:8470"
+            ) from None
+        if url.port is not None and not 1 <= url.port <= 65535:
+            raise CliError(
+                f"--server {given}: port {url.port} of {part!r} must be 1 to 65535; e.g. http://head:8470"
             )
+        if url.scheme not in ("http", "https") or not url.host or " " in part:
+            raise CliError(
+                f"--server {given}: {part!r} is not a head's URL; give http://HOST:PORT, e.g. http://head:8470"
+            )
+        if part.rstrip("/") not in urls:
+            urls.append(part.rstrip("/"))
     if not urls:
         raise CliError("--server: give the head's URL, e.g. http://head:8470")
-    return urls
+    return tuple(urls)
 
 
 def _take_head_lock(lock: Any, standby: bool) -> None:
@@ -487,7 +501,8 @@ def _claim_home(home: Path, wait: bool = False) -> None:
         raise CliError(
             f"another gpupool server (pid {pid}) runs on the home {home}: its run dirs, logs and credentials "
             "are that server's; stop it first, or give this one a home of its own (GPUPOOL_HOME=/path "
-            "gpupool server ...)"
+            "gpupool server ...), or start this one with --standby to take over from it when it stops "
+            "(docs/operations.md#several-heads)"
         ) from None
     handle.seek(0)
     handle.truncate()

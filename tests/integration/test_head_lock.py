@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from gpupool.store.head_lock import HEAD_LOCK
+from gpupool.store.head_lock import HEAD_LOCK, HeadLock, HeadLockHeld
 from tests.support.agent import AgentProcess, Pool, join_token
 from tests.support.postgres import PostgresServer, database_url
 from tests.support.process import kill_attempts_under
@@ -97,7 +97,10 @@ def test_a_head_whose_lock_another_took_stops_acting_and_exits(
     heads.append(head)
     conninfo = url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(conninfo, autocommit=True, application_name="another head") as usurper:
-        holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted"
+        holder = (
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         deadline = time.time() + 30
         while True:  # cut the head's lock connection and take the lock before the head takes it again
             assert time.time() < deadline, head.log()
@@ -142,3 +145,27 @@ def test_agents_follow_the_standby_that_took_over_and_their_work_runs_on(
         assert standby.wait_for(again["id"])["state"] == "succeeded"
     finally:
         agent.stop()
+
+
+def test_a_lock_connection_the_server_kept_after_a_network_cut_is_ended_and_the_lock_taken_again(
+    postgres: PostgresServer,
+) -> None:
+    """After a network cut the head gave its lock's connection up, but PostgreSQL kept it (by default for
+    about 2 hours) with the lock: the head took itself for fenced by another and exited, and no other head
+    could take over. Now the head ends its own leftover connection and holds the lock again."""
+    url = postgres.new_database(f"leftover_{uuid.uuid4().hex[:12]}")
+    head = HeadLock(url, "gpupool head pid 1 on a")
+    head.acquire()
+    leftover = head._conn
+    head._conn = None  # given up here (its socket silent), still open on the server
+    assert head.check() == "retaken"
+    with pytest.raises(psycopg.OperationalError):
+        leftover.execute("SELECT 1")  # ended by the server, at the head's word
+    other = HeadLock(url, "gpupool head pid 2 on b")
+    with pytest.raises(HeadLockHeld, match=r"gpupool head pid 1 on a from 127\.0\.0\.1"):
+        other.acquire()  # a head that is not its holder's own process never ends the holder's connection
+    settings = head._conn.execute("SHOW tcp_keepalives_idle").fetchone()
+    assert settings == ("5",)  # the server finds a dead peer in seconds, not hours
+    head.release()
+    other.acquire()
+    other.release()

@@ -500,7 +500,7 @@ def test_a_store_out_of_reach_is_a_503_that_names_it_and_the_server_recovers(tmp
             assert said.returncode == 1 and "cannot reach its store" in said.stderr, said.stderr
             pg.resume()
             with server.http() as client:
-                _readyz_until(client, 200, 30, "the server never reached its store again")
+                _readyz_until(client, 200, 10, "the server never reached its store again")  # was 30 s
             again = server.submit({"commands": ["true"]})
             assert server.wait_for(again["id"])["state"] == "succeeded"
             assert server.workload(created["id"])["state"] == "succeeded"

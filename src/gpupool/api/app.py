@@ -40,7 +40,10 @@ from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
 
 PROBED = ["GET", "HEAD"]  # the methods of the pages a probe may ask for
-FAILING_NOT_READY = 30.0  # /readyz says not ready while two control passes failed within this many seconds
+FAILING_NOT_READY = 30.0  # /readyz says not ready while two control passes failed within this many seconds,
+# and until no pass has failed for this long: a store that fails writes fails a pass at least every 10 s
+# (each head writes down that it is alive that often), so a head is ready again soon after its store mends
+PASSING_AGAIN = 12.0
 MAX_BODY_BYTES = 1 << 20
 # The dashboard runs only its own inline script (by its hash) and talks only to this server; no other site
 # may frame it.
@@ -193,7 +196,12 @@ def create_app(runtime: Runtime) -> FastAPI:
         with runtime.store.read() as s:  # an OperationalError is the 503 of errors.py, naming the store
             s.execute(text("SELECT 1"))
         failures = list(runtime.reconciler.failures)
-        if len(failures) == 2 and time.monotonic() - failures[0][0] <= FAILING_NOT_READY:
+        now = time.monotonic()
+        if (
+            len(failures) == 2
+            and now - failures[0][0] <= FAILING_NOT_READY
+            and now - failures[-1][0] <= PASSING_AGAIN
+        ):
             message = (
                 f"the control loop's passes fail (two in the last {FAILING_NOT_READY:g}s; the last: "
                 f"{failures[-1][1]}): work may not be scheduled, started or settled; see the server's log "

@@ -178,6 +178,7 @@ class Runtime:
             log.warning(
                 "event=head_lock_retaken: its connection to the store was lost; no other head took it"
             )
+            self.reconciler.failures.clear()  # the store answers again: /readyz need not wait
         if standing in ("held", "retaken"):
             return ""
         if standing == "unreachable":

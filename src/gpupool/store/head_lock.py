@@ -35,6 +35,16 @@ HEAD_LOCK = (
 )
 
 Standing = Literal["held", "retaken", "taken", "unreachable"]
+# The server's side of the lock's connection (settings any user may give a session)
+SERVER_KEEPALIVES = " ".join(
+    f"-c {name}={value}"
+    for name, value in (
+        ("tcp_keepalives_idle", 5),
+        ("tcp_keepalives_interval", 3),
+        ("tcp_keepalives_count", 3),
+        ("tcp_user_timeout", 10_000),
+    )
+)
 
 
 class HeadLockHeld(StoreError):
@@ -52,6 +62,9 @@ class HeadLock:
         self.url = normalise_url(url)
         self.identity = identity  # who holds it, as another head's refusal names it
         self._conn: Any = None  # PostgreSQL: the connection that holds the advisory lock
+        # PostgreSQL: the server process of the connection that last held it. After a network cut the server
+        # may keep that one, and its lock, long after this head gave it up: found holding, it is ended.
+        self._backend_pid: int | None = None
         self._fd: int | None = None  # SQLite: the flocked file
         self.held = False
 
@@ -85,11 +98,12 @@ class HeadLock:
         other head took it meanwhile; `taken` by another head (this one must stop acting); `unreachable`."""
         if self.is_sqlite:
             return "held"  # an flock is never taken from a living process
-        try:
-            self._conn.execute("SELECT 1")
-            return "held"
-        except Exception as exc:  # any failure of the connection: it and its lock are gone
-            log.warning("event=head_lock_connection_lost error=%r", driver_error_line(exc))
+        if self._conn is not None:  # None: lost before, the store out of reach since
+            try:
+                self._conn.execute("SELECT 1")
+                return "held"
+            except Exception as exc:  # any failure of the connection: it and its lock are gone
+                log.warning("event=head_lock_connection_lost error=%r", driver_error_line(exc))
         self._close()
         try:
             return "retaken" if self._try() else "taken"
@@ -106,18 +120,12 @@ class HeadLock:
                 return ""
         conn = self._connect()
         try:
-            row = conn.execute(
-                "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks l "
-                "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                "AND l.classid = 0 AND l.objid = %s AND l.objsubid = 1 "
-                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                (HEAD_LOCK,),
-            ).fetchone()
+            row = _holding(conn)
         finally:
             conn.close()
         if row is None:
             return ""
-        name, client, since = row
+        _, name, client, since = row
         where = f" from {client}" if client else ""
         started = f", connected since {since:%Y-%m-%d %H:%M:%S %Z}".rstrip() if since else ""
         return f"{name or 'a process that is not a gpupool head'}{where}{started}"
@@ -132,9 +140,17 @@ class HeadLock:
             return self._try_flock()
         self._close()
         conn = self._connect()
-        got = bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (HEAD_LOCK,)).fetchone()[0])
+        got = _try_lock(conn)
+        held = _holding(conn) if not got else None
+        if held is not None and held[0] == self._backend_pid:  # this head's own connection, given up
+            conn.execute("SELECT pg_terminate_backend(%s)", (held[0],))
+            log.warning("event=head_lock_leftover_ended backend_pid=%d", held[0])
+            for _ in range(20):  # it ends at once, but asynchronously
+                if got := _try_lock(conn):
+                    break
+                time.sleep(0.1)
         if got:
-            self._conn, self.held = conn, True
+            self._conn, self.held, self._backend_pid = conn, True, conn.info.backend_pid
         else:
             conn.close()
         return got
@@ -174,11 +190,15 @@ class HeadLock:
                 autocommit=True,
                 connect_timeout=5,
                 application_name=self.identity[:63],  # PostgreSQL keeps 63 bytes
-                # a dead peer noticed within about 15 s: idle 5 s, then 3 probes 3 s apart
+                # A dead peer noticed within about 15 s on both ends: here, an idle connection probed after
+                # 5 s, 3 probes 3 s apart, and a call unanswered for 10 s given up; on the server (whose
+                # defaults keep a connection, and the lock, for about 2 hours after a network cut), the same.
                 keepalives=1,
                 keepalives_idle=5,
                 keepalives_interval=3,
                 keepalives_count=3,
+                tcp_user_timeout=10_000,
+                options=SERVER_KEEPALIVES,
             )
         except psycopg.Error as exc:
             raise StoreError(
@@ -194,3 +214,20 @@ class HeadLock:
             os.close(self._fd)  # the flock goes with it
             self._fd = None
         self.held = False
+
+
+def _try_lock(conn: Any) -> bool:
+    return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (HEAD_LOCK,)).fetchone()[0])
+
+
+def _holding(conn: Any) -> tuple[int, str, Any, Any] | None:
+    """The server process (pid), application_name, client address and start of the connection that holds
+    this database's head lock; None when none does."""
+    row = conn.execute(
+        "SELECT l.pid, a.application_name, a.client_addr, a.backend_start FROM pg_locks l "
+        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.classid = 0 AND l.objid = %s AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        (HEAD_LOCK,),
+    ).fetchone()
+    return None if row is None else (int(row[0]), row[1], row[2], row[3])
