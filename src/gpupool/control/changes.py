@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -26,13 +25,13 @@ from gpupool.control.lifecycle import (
     note,
     transition,
 )
-from gpupool.control.queues import DEFAULT_QUEUE, check_priority_cap
+from gpupool.control.queues import check_priority_cap, require_queue
 from gpupool.control.workloads import load_workload, pending_or_running, replicas_of, tasks_of, workload_view
 from gpupool.spec import SpecError, WorkloadSpec, parse_workload_spec
 from gpupool.spec.priority import MAX_PRIORITY, PRIORITY_CLASSES
 from gpupool.spec.quantities import format_duration
 from gpupool.store.db import Store
-from gpupool.store.models import Queue, Workload
+from gpupool.store.models import Workload
 
 
 def cancel(
@@ -306,14 +305,7 @@ def _check_not_raised(w: Workload, priority: int | None, limit: TimeLimit | None
 def _check_move(s: Session, named: Workload, active: list[Workload], queue: str) -> None:
     """Refuse to move work to `queue` (409, or 422 for a queue that does not exist) where nothing named
     is pending, or where a service would be split between queues."""
-    if s.scalar(select(Queue.id).where(Queue.name == queue)) is None:
-        names = ", ".join(s.scalars(select(Queue.name).order_by(Queue.name))) or "none"
-        raise Invalid(
-            f"queue {queue!r} does not exist (queues: {names}); create it with `gpupool queue create "
-            f"{queue}`",
-            field="queue",
-            example=DEFAULT_QUEUE,
-        )
+    require_queue(s, queue)
     running = [w for w in active if w.state != PENDING]
     if not running:
         return

@@ -332,6 +332,17 @@ def get_queue(
         return queue_view(queue, _queue_usage(s, live), fair_shares)
 
 
+def require_queue(s: Session, name: str) -> None:
+    """Refuse (422, naming the queues there are) work submitted or moved to a queue that does not exist."""
+    if s.scalar(select(Queue.id).where(Queue.name == name)) is None:
+        names = ", ".join(s.scalars(select(Queue.name).order_by(Queue.name))) or "none"
+        raise Invalid(
+            f"queue {name!r} does not exist (queues: {names}); create it with `gpupool queue create {name}`",
+            field="queue",
+            example=DEFAULT_QUEUE,
+        )
+
+
 def check_priority_cap(s: Session, queue: str, priority: int, done: str) -> None:
     """Refuse (403) a user's work above its queue's `max_priority`."""
     spec = s.scalar(select(Queue.spec).where(Queue.name == queue)) or {}

@@ -15,14 +15,14 @@ from gpupool.control import secrets
 from gpupool.control.dependencies import check_at_submit
 from gpupool.control.errors import Invalid
 from gpupool.control.lifecycle import ACTIVE, HELD, PENDING, SERVICE
-from gpupool.control.queues import DEFAULT_QUEUE, check_priority_cap
+from gpupool.control.queues import check_priority_cap, require_queue
 from gpupool.control.workloads import workload_view
 from gpupool.gpu.catalog import families
 from gpupool.scheduler.placement import split_model
 from gpupool.spec import WorkloadSpec
 from gpupool.spec.arrays import ArrayRange, parse_array
 from gpupool.store.db import Store
-from gpupool.store.models import Event, Gpu, Node, Queue, Workload
+from gpupool.store.models import Event, Gpu, Node, Workload
 
 
 def submit(
@@ -32,14 +32,7 @@ def submit(
     waits held until `release` (Slurm's sbatch --hold), a service's replicas and an array's tasks alike.
     A user's (not `admin`) work above its queue's `max_priority` is refused (403)."""
     with store.session() as s:
-        if s.scalar(select(Queue.name).where(Queue.name == spec.queue)) is None:
-            names = ", ".join(s.scalars(select(Queue.name).order_by(Queue.name))) or "none"
-            raise Invalid(
-                f"queue {spec.queue!r} does not exist (queues: {names}); "
-                f"create it with `gpupool queue create {spec.queue}`",
-                field="queue",
-                example=DEFAULT_QUEUE,
-            )
+        require_queue(s, spec.queue)
         if not admin:
             check_priority_cap(s, spec.queue, spec.priority, "submit")
         lacking = _check_gpu_models(s, spec)
