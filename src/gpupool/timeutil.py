@@ -16,6 +16,12 @@ def as_utc(value: datetime | None) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def iso(value: datetime | None) -> str | None:
+    """A stored time as ISO 8601 (a naive one read as UTC); None stays None."""
+    value = as_utc(value)
+    return value.isoformat() if value is not None else None
+
+
 def age_seconds(value: datetime | None, now: datetime | None = None) -> float:
     value = as_utc(value)
     if value is None:

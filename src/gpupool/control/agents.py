@@ -24,7 +24,7 @@ from gpupool.control.errors import Conflict, Invalid, NotFound, ServiceError
 from gpupool.control.tokens import hash_token
 from gpupool.store.db import Store
 from gpupool.store.models import Event, JoinToken, Node
-from gpupool.timeutil import as_utc, utcnow
+from gpupool.timeutil import as_utc, iso, utcnow
 
 JOIN_PREFIX = "gpj_"
 CREDENTIAL_PREFIX = "gpn_"
@@ -64,11 +64,6 @@ def check_node_name(name: str) -> None:
         )
 
 
-def _iso(value: Any) -> str | None:
-    value = as_utc(value)
-    return value.isoformat() if value is not None else None
-
-
 def join_token_view(row: JoinToken) -> dict[str, Any]:
     expires = as_utc(row.expires_at)
     state = "revoked" if row.revoked_at else ("expired" if expires and expires <= utcnow() else "valid")
@@ -77,11 +72,11 @@ def join_token_view(row: JoinToken) -> dict[str, Any]:
         "prefix": row.prefix,
         "description": row.description,
         "state": state,
-        "created_at": _iso(row.created_at),
-        "expires_at": _iso(row.expires_at),
-        "revoked_at": _iso(row.revoked_at),
+        "created_at": iso(row.created_at),
+        "expires_at": iso(row.expires_at),
+        "revoked_at": iso(row.revoked_at),
         "uses": row.uses,
-        "last_used_at": _iso(row.last_used_at),
+        "last_used_at": iso(row.last_used_at),
         "gpus": row.gpus,
     }
 

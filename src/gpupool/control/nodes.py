@@ -10,9 +10,9 @@ from sqlalchemy import select
 from gpupool.control.errors import Conflict, NotFound
 from gpupool.control.lifecycle import RUNNING
 from gpupool.control.telemetry import TelemetryCache
-from gpupool.control.workloads import iso
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node
+from gpupool.timeutil import iso
 
 
 def node_view(

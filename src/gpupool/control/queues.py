@@ -19,11 +19,12 @@ from gpupool.control.lifecycle import ACTIVE, HELD, PENDING, RUNNING
 from gpupool.control.restarts import RESTART_BACKOFF
 from gpupool.control.usage import attempt_gpus
 from gpupool.control.user_limits import USER_LIMIT
-from gpupool.control.workloads import Live, iso
+from gpupool.control.workloads import Live
 from gpupool.scheduler import explain
 from gpupool.spec import QueueSpec, parse_gpu_request, parse_queue_spec
 from gpupool.store.db import Store
 from gpupool.store.models import ApiToken, Attempt, Gpu, Queue, Workload
+from gpupool.timeutil import iso
 
 DEFAULT_QUEUE = "default"
 SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no quota, made when first needed

@@ -27,13 +27,7 @@ from gpupool.control.reclaim_blockers import NOTHING_TO_RECLAIM, reclaim_blocker
 from gpupool.scheduler import Explanation
 from gpupool.store.db import Store
 from gpupool.store.models import MAX_ID, Attempt, Event, Workload
-from gpupool.timeutil import age_seconds, as_utc, utcnow
-
-
-def iso(value: Any) -> str | None:
-    """A stored time as ISO 8601 (a naive one read as UTC); None stays None."""
-    value = as_utc(value)
-    return value.isoformat() if value is not None else None
+from gpupool.timeutil import age_seconds, as_utc, iso, utcnow
 
 
 def attempt_nodes(attempt: Attempt) -> list[str]:
