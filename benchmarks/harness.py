@@ -142,6 +142,17 @@ class BenchServer:
         argv += self.extra_args
         with open(self.home / "server.log", "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home)
+        return self.wait_healthy(timeout)
+
+    def launch(self) -> BenchServer:
+        """Start it without waiting until it answers (a `--standby` head listens only once it takes over)."""
+        return self.start(timeout=0.0)
+
+    def wait_healthy(self, timeout: float = 60.0) -> BenchServer:
+        """Wait until it answers /healthz, and read its admin token; timeout 0: do not wait."""
+        if timeout <= 0:
+            return self
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -77,7 +77,7 @@ class HeadLock:
         if not self._try():
             raise HeadLockHeld(self.holder())
 
-    def wait(self, said: Any = None, known: str = "", every: float = 2.0) -> None:
+    def wait(self, said: Any = None, known: str = "", every: float = 1.0) -> None:
         """Take the lock once its holder lets it go; `said(holder)` is called while waiting, each time the
         holder is another than the last said (`known`, at first)."""
         last = known
