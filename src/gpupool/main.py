@@ -221,7 +221,7 @@ def server(
     trusted = _forwarded_allow_ips(forwarded_allow_ips)
     if backend not in BACKENDS:
         raise CliError(f"--backend {backend}: unknown backend; one of {', '.join(BACKENDS)}")
-    _check_listen(host, port)
+    _check_listen(host, port, in_use_ok=standby)  # checked again once a standby takes over
     try:
         normalise_url(url)  # a kind of database gpupool does not use
     except StoreError as exc:
@@ -511,9 +511,10 @@ def _claim_home(home: Path, wait: bool = False) -> None:
     _home_lock = handle
 
 
-def _check_listen(host: str, port: int) -> None:
+def _check_listen(host: str, port: int, in_use_ok: bool = False) -> None:
     """Refuse, before anything is created, a port out of range and an address this server could not listen
-    on (taken by another process, or not this machine's): a probe binds it as uvicorn will, then lets go."""
+    on (taken by another process, or not this machine's): a probe binds it as uvicorn will, then lets go.
+    `in_use_ok`: a standby, which may wait on the port of the head it will take over from, on its machine."""
     if not 1 <= port <= 65535:
         raise CliError(f"--port {port}: must be 1 to 65535; e.g. {DEFAULT_PORT}")
     try:
@@ -529,6 +530,8 @@ def _check_listen(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
+                if in_use_ok:
+                    return
                 raise CliError(
                     f"--port {port}: {host}:{port}: address already in use (another gpupool server?); stop "
                     "it or choose another --port"

@@ -68,7 +68,8 @@ def test_a_standby_head_takes_over_the_work_when_the_active_one_is_killed(
     url = postgres.new_database(f"standby_{uuid.uuid4().hex[:12]}")
     first = ServerProcess(home=tmp_path / "one", db_url=url).start()
     heads.append(first)
-    standby = ServerProcess(home=tmp_path / "two", db_url=url, extra_args=["--standby"])
+    # on the same machine, on the same port: it listens only once it takes over, at the address users have
+    standby = ServerProcess(home=tmp_path / "two", db_url=url, port=first.port, extra_args=["--standby"])
     heads.append(standby)
     (standby.home).mkdir(parents=True)
     shutil.copy(first.home / "credentials", standby.home / "credentials")  # the admin token is the store's

@@ -577,7 +577,8 @@ def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
         f"{report['since'][:16].replace('T', ' ')} .. {report['until'][:16].replace('T', ' ')} UTC "
         f"({report['hours']:,.1f} h): {pool}the pool's {gpus(report['capacity_gpus'])} now x the window "
         f"({_hours(capacity)} GPU-h){more}. GPU-H: GPU-hours allocated; UTIL: their mean GPU utilization, "
-        "over the attempts with GPU telemetry; USED: those attempts' GPU-hours x UTIL"
+        "over the attempts with GPU telemetry ((N% measured): the share of GPU-H those attempts hold, where "
+        "not all); USED: those attempts' GPU-hours x UTIL"
         + (f"; {currency}: their cost" if currency else " (no prices.yaml: docs/operations.md)")
         + "; FAILED, EVICTED: GPU-hours of attempts that failed or were stopped (preempted, drained, held)"
         + (
