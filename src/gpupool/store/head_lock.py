@@ -121,6 +121,8 @@ class HeadLock:
         conn = self._connect()
         try:
             row = _holding(conn)
+        except Exception as exc:  # the connection lost in between (psycopg.Error)
+            raise StoreError(f"lost the store while reading its head lock: {driver_error_line(exc)}") from exc
         finally:
             conn.close()
         if row is None:
@@ -140,6 +142,18 @@ class HeadLock:
             return self._try_flock()
         self._close()
         conn = self._connect()
+        try:
+            got = self._take(conn)
+        except Exception as exc:  # the connection lost in between (psycopg.Error)
+            conn.close()
+            raise StoreError(f"lost the store while taking its head lock: {driver_error_line(exc)}") from exc
+        if got:
+            self._conn, self.held, self._backend_pid = conn, True, conn.info.backend_pid
+        else:
+            conn.close()
+        return got
+
+    def _take(self, conn: Any) -> bool:
         got = _try_lock(conn)
         held = _holding(conn) if not got else None
         if held is not None and held[0] == self._backend_pid:  # this head's own connection, given up
@@ -149,10 +163,6 @@ class HeadLock:
                 if got := _try_lock(conn):
                     break
                 time.sleep(0.1)
-        if got:
-            self._conn, self.held, self._backend_pid = conn, True, conn.info.backend_pid
-        else:
-            conn.close()
         return got
 
     def _try_flock(self) -> bool:
