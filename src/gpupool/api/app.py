@@ -38,12 +38,14 @@ from gpupool.api.routes import (
 )
 from gpupool.api.runtime import Runtime
 from gpupool.backends.agent import LISTEN_TICK, AgentBackend
+from gpupool.control.observe import ALIVE_INTERVAL
 
 PROBED = ["GET", "HEAD"]  # the methods of the pages a probe may ask for
 FAILING_NOT_READY = 30.0  # /readyz says not ready while two control passes failed within this many seconds,
-# and until no pass has failed for this long: a store that fails writes fails a pass at least every 10 s
-# (each head writes down that it is alive that often), so a head is ready again soon after its store mends
-PASSING_AGAIN = 12.0
+# and until no pass has failed for this long: a store that fails writes fails a pass at least every
+# ALIVE_INTERVAL (each head writes down that it is alive that often), so a head is ready again soon after
+# its store mends
+PASSING_AGAIN = ALIVE_INTERVAL + 2.0
 MAX_BODY_BYTES = 1 << 20
 # The dashboard runs only its own inline script (by its hash) and talks only to this server; no other site
 # may frame it.

@@ -28,7 +28,7 @@ from gpupool.control.telemetry import SAVED_FROM, StoreAllocations, TelemetryCac
 from gpupool.control.telemetry_log import open_log, save_loop
 from gpupool.gpu import GpuProvider, open_provider
 from gpupool.health.thresholds import load_config
-from gpupool.store.db import Store
+from gpupool.store.db import Store, StoreError
 from gpupool.store.head_lock import HeadLock
 
 log = logging.getLogger("gpupool.server")
@@ -184,7 +184,11 @@ class Runtime:
         if standing == "unreachable":
             return "the store is out of reach: this head cannot tell that it still holds its head lock"
         if not self.fenced:
-            self.fenced = f"another head took the store over: {self.head_lock.holder() or 'unknown'}"
+            try:
+                holder = self.head_lock.holder() or "unknown"
+            except StoreError:
+                holder = "unknown (the store went out of reach again)"
+            self.fenced = f"another head took the store over: {holder}"
             log.critical("event=head_fenced reason=%r: this head stops acting and exits", self.fenced)
             self._stop.set()  # every loop of this head ends at its next wait
             self.on_fenced()

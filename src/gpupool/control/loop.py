@@ -66,10 +66,6 @@ BACKEND_UNAVAILABLE = "backend-unavailable"  # the reason code of work bound whi
 TIME_LIMIT_INTERVAL = 1.0  # seconds between looks for changed max_durations (follow_time_limits)
 
 
-class HeadLockLost(RuntimeError):
-    """This head cannot tell that it still holds the store's head lock: the pass is not made."""
-
-
 class Reconciler(Observation, SnapshotBuilding):
     """The reconcile loop of one head: see the module's docstring for its phases."""
 
@@ -191,11 +187,10 @@ class Reconciler(Observation, SnapshotBuilding):
             try:
                 lost = self.head_lock_lost()  # first: two heads acting on one store start the same work
                 if lost:
-                    raise HeadLockLost(lost)
-                self.tick()
-            except HeadLockLost as exc:
-                log.warning("event=pass_skipped reason=%r", str(exc))
-                self.failures.append((time.monotonic(), str(exc)))
+                    log.warning("event=pass_skipped reason=%r", lost)
+                    self.failures.append((time.monotonic(), lost))
+                else:
+                    self.tick()
             except Exception as exc:  # one bad pass must not stop the pool; the next pass retries
                 log.exception("event=reconcile_failed")
                 self.failures.append((time.monotonic(), driver_error_line(exc)))

@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -77,7 +78,7 @@ class HeadLock:
         if not self._try():
             raise HeadLockHeld(self.holder())
 
-    def wait(self, said: Any = None, known: str = "", every: float = 1.0) -> None:
+    def wait(self, said: Callable[[str], None] | None = None, known: str = "", every: float = 1.0) -> None:
         """Take the lock once its holder lets it go; `said(holder)` is called while waiting, each time the
         holder is another than the last said (`known`, at first)."""
         last = known
