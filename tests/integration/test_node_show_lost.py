@@ -20,10 +20,16 @@ def test_a_lost_node_shows_no_live_readings_and_since_when_it_is_lost(tmp_path: 
     try:
         pool.agent("agent-1").kill9()
         pool.wait_for_nodes(["agent-1"], state="lost")
-        shown = server.cli("node", "show", "agent-1", check=True).stdout
-        assert re.search(r"GPU-\S+ +- +- +- +- +- +- ", _gpu_row(shown)), shown  # not `0C 0W 345`
         since = r"; last heartbeat \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+s ago\)"
-        assert re.search(r"  health: node lost: no telemetry for \d+s \(last judged .*\)" + since, shown)
+        judged = r"  health: node lost: no telemetry for \d+s \(last judged .*\)" + since
+        deadline = time.monotonic() + 15  # the health loop judges the node lost at its next pass (1 s)
+        while True:
+            shown = server.cli("node", "show", "agent-1", check=True).stdout
+            if re.search(judged, shown) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert re.search(r"GPU-\S+ +- +- +- +- +- +- ", _gpu_row(shown)), shown  # not `0C 0W 345`
+        assert re.search(judged, shown), shown
 
         server.stop()
         server.start()
