@@ -15,6 +15,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from gpupool.api.routes.proxy import REST
 from tests.support import plain_http
 from tests.support.agent import start_pool
 from tests.support.process import kill_attempts_under
@@ -337,6 +338,76 @@ def test_a_service_that_closes_the_connection_before_answering_is_told_apart_fro
         assert "must listen on $GPUPOOL_PORT" not in message
 
 
+HALF_HANGS_UP = """
+import http.server, json, os
+
+class HalfHangsUp(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def answer(self):  # replica 1 reads the request and closes the connection without a word
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if os.environ["GPUPOOL_REPLICA"] == "1":
+            self.close_connection = True
+            return
+        out = json.dumps({"replica": os.environ["GPUPOOL_REPLICA"], "method": self.command}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = do_DELETE = answer
+
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), HalfHangsUp).serve_forever()
+"""
+
+
+def test_a_request_a_replica_hung_up_on_is_sent_to_another_when_sending_it_again_cannot_change_its_outcome(
+    tmp_path: Path,
+) -> None:
+    server = ServerProcess(home=tmp_path / "home").start()
+    try:
+        (tmp_path / "half.py").write_text(HALF_HANGS_UP)
+        sid = server.submit(
+            {"kind": "service", "name": "half", "replicas": 2, "workdir": str(tmp_path),
+             "commands": [f"exec {sys.executable} half.py"]}
+        )["id"]  # fmt: skip
+        shown = wait_until(
+            server, sid, lambda w: [r["state"] for r in w["replica_list"]].count("running") == 2
+        )
+        for replica in shown["replica_list"]:
+            _listening(server.workload(replica["id"])["endpoint"])
+        with server.http() as client:
+            # a GET (and a DELETE with no body) that replica 1 hangs up on is answered by replica 0
+            gets = [client.get(proxy_path(sid, "x")) for _ in range(6)]
+            assert [g.status_code for g in gets] == [200] * 6, [g.text for g in gets]
+            assert {g.json()["replica"] for g in gets} == {"0"}
+            time.sleep(REST + 0.5)  # replica 1 rested after it hung up; it takes requests again
+            deleted = [client.delete(proxy_path(sid, "x")) for _ in range(2)]
+            assert [d.json().get("replica") for d in deleted] == ["0", "0"], [d.text for d in deleted]
+            time.sleep(REST + 0.5)
+            # a POST with a body is not sent twice: its first sending may have taken effect
+            posts = [client.post(proxy_path(sid, "x"), content=b"once") for _ in range(2)]
+        assert sorted(p.status_code for p in posts) == [200, 502], [p.text for p in posts]
+        refused = next(p for p in posts if p.status_code == 502).json()["error"]["message"]
+        assert "replica 1" in refused and "closed the connection before answering" in refused, refused
+    finally:
+        server.stop()
+        kill_attempts_under(tmp_path)
+
+
+def _listening(endpoint: str) -> None:
+    """Once `endpoint` accepts a connection (a loaded machine starts a replica late)."""
+    host, port = endpoint.split(":")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listened on {endpoint}"
+            time.sleep(0.1)
+
+
 def test_a_pending_service_is_refused_with_its_live_reason_and_when_its_backoff_ends(tmp_path: Path) -> None:
     server = ServerProcess(home=tmp_path / "home", extra_args=["--restart-backoff", "3"]).start()
     try:
@@ -374,14 +445,9 @@ def test_a_hung_replica_is_passed_over_and_rested_after_its_connection_times_out
         )
         hung = server.workload(shown["replica_list"][1]["id"])
         host, port = hung["endpoint"].split(":")
-        deadline = time.monotonic() + 30  # listening first (a loaded machine starts it late): else the
-        while True:  # connects below are refused, not left waiting, and say nothing of a full queue
-            try:
-                socket.create_connection((host, int(port)), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the replica never listened"
-                time.sleep(0.1)
+        # listening first: else the connects below are refused, not left waiting, and say nothing of a
+        # full queue
+        _listening(hung["endpoint"])
         # the replica's process stopped, and its accept queue filled: a new connection is never accepted
         os.killpg(hung["attempt_list"][-1]["pid"], signal.SIGSTOP)
         held = []

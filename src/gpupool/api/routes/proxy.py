@@ -46,6 +46,12 @@ from gpupool.websocket_relay import relay
 router = APIRouter(tags=["services"])
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+# Sent once more, to another replica when one takes requests, after the one it went to closed the
+# connection without a word of answer (it crashed or was stopped while it had the request, or closed a
+# kept-alive connection as it was reused): the idempotent methods (RFC 9110, 9.2.2) with no body, which a
+# second sending cannot change the outcome of, and which the head need not keep a copy of to send again.
+# Anything else gets the 502 that says what happened: its first sending may have taken effect.
+SENT_AGAIN = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # Not passed on: hop-by-hop headers (RFC 9110, 7.6.1), the head's own credentials, and the host (the
 # client library names the service's). Content-Length is kept: a body is streamed on with its length.
 DROPPED_REQUEST = frozenset(
@@ -96,6 +102,15 @@ _PROXIED = re.compile(r"/api/v1/(workloads|services)/[^/]+/proxy(/|$)")
 def is_proxied(path: str) -> bool:
     """Whether a request's path goes to a service through the proxy (its body is the service's)."""
     return _PROXIED.match(path) is not None
+
+
+class _Unanswered(Exception):
+    """The replica closed the connection before answering a request that may be sent again (SENT_AGAIN);
+    `error` is what the caller is told when it is not."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 def _passed_on(name: str, dropped: frozenset[str]) -> bool:
@@ -338,7 +353,8 @@ async def _send(
 ) -> httpx.Response:
     """The request passed on to `target`, its answer's head read (the body follows as it is streamed);
     the service's failures to answer as the API's errors, a connection refused or not accepted in time
-    (nothing was sent) as httpx raises it."""
+    (nothing was sent) as httpx raises it, and one closed without an answer to a request that may be
+    sent again as `_Unanswered`."""
     headers = [
         (name, value)
         for name, value in request.headers.raw
@@ -358,13 +374,17 @@ async def _send(
     except (httpx.ConnectError, httpx.ConnectTimeout):
         raise
     except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        _forget(request, workload_id)
-        raise ApiError(
+        error = ApiError(
             502,
             "bad_gateway",
             f"{target.described} closed the connection before answering ({exc or type(exc).__name__}): it "
             "crashed or was stopped while it had the request",
-        ) from exc
+        )
+        if not has_body and request.method in SENT_AGAIN:
+            raise _Unanswered(error) from exc
+        _forget(request, workload_id)
+        _state(request).rest(target.endpoint)
+        raise error from exc
     except httpx.TimeoutException as exc:
         _forget(request, workload_id)
         raise ApiError(
@@ -376,6 +396,8 @@ async def _send(
 
 
 def _unreachable(target: ServiceTarget, exc: Exception) -> ApiError:
+    if isinstance(exc, _Unanswered):
+        return exc.error
     if isinstance(exc, httpx.ConnectTimeout):
         return ApiError(
             504,
@@ -526,7 +548,7 @@ async def _proxied(request: Request, workload_id: int, address: _Address, flight
     state = _state(request)
     try:
         answer = await _send(request, workload_id, target, address)
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout, _Unanswered) as exc:
         hit = state.targets.get(workload_id)
         others = hit is not None and any(t.endpoint != target.endpoint for t in hit[1])
         _forget(request, workload_id)
@@ -534,10 +556,11 @@ async def _proxied(request: Request, workload_id: int, address: _Address, flight
         if not remembered and not others:
             flight.unreached()
             raise _unreachable(target, exc) from exc
-        # Nothing reached the service (refused, or not accepted in time: a hung process): where its
-        # replicas run is read afresh (this one may have ended, or started again on another port), and
-        # the request is sent once more, to another replica when one takes requests, or refused as the
-        # store's state says.
+        # Nothing reached the service (refused, or not accepted in time: a hung process), or it closed
+        # the connection without a word to a request that may be sent again: where its replicas run is
+        # read afresh (this one may have ended, or started again on another port), and the request is
+        # sent once more, to another replica when one takes requests, or refused as the store's state
+        # says.
         try:
             target, _ = await _target(request, workload_id, avoid=target.endpoint)
         except (ServiceError, ApiError):
@@ -546,7 +569,7 @@ async def _proxied(request: Request, workload_id: int, address: _Address, flight
         flight.to(target.workload_id)
         try:
             answer = await _send(request, workload_id, target, address)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as again:
+        except (httpx.ConnectError, httpx.ConnectTimeout, _Unanswered) as again:
             _forget(request, workload_id)
             state.rest(target.endpoint)
             flight.unreached()
