@@ -20,8 +20,9 @@ from typing import Any
 from harness import console, machine, write_results
 from sqlalchemy import insert
 
-from gpupool.control.health_jobs import SYSTEM_QUEUE, CheckJobs, ensure_system_queue
+from gpupool.control.health_jobs import CheckJobs, ensure_system_queue
 from gpupool.health.thresholds import CheckJobRetention
+from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Workload
 

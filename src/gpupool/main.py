@@ -221,7 +221,7 @@ def server(
     trusted = _forwarded_allow_ips(forwarded_allow_ips)
     if backend not in BACKENDS:
         raise CliError(f"--backend {backend}: unknown backend; one of {', '.join(BACKENDS)}")
-    _check_listen(host, port, in_use_ok=standby)  # checked again once a standby takes over
+    _check_listen(host, port, in_use_ok=standby, home=home)  # checked again once a standby takes over
     try:
         normalise_url(url)  # a kind of database gpupool does not use
     except StoreError as exc:
@@ -498,12 +498,7 @@ def _claim_home(home: Path, wait: bool = False) -> None:
                 said = True
             time.sleep(1.0)
             continue
-        raise CliError(
-            f"another gpupool server (pid {pid}) runs on the home {home}: its run dirs, logs and credentials "
-            "are that server's; stop it first, or give this one a home of its own (GPUPOOL_HOME=/path "
-            "gpupool server ...), or start this one with --standby to take over from it when it stops "
-            "(docs/operations.md#several-heads)"
-        ) from None
+        raise _home_taken(home, pid)
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -511,10 +506,38 @@ def _claim_home(home: Path, wait: bool = False) -> None:
     _home_lock = handle
 
 
-def _check_listen(host: str, port: int, in_use_ok: bool = False) -> None:
+def _home_taken(home: Path, pid: str) -> CliError:
+    return CliError(
+        f"another gpupool server (pid {pid}) runs on the home {home}: its run dirs, logs and credentials "
+        "are that server's; stop it first, or give this one a home of its own (GPUPOOL_HOME=/path "
+        "gpupool server ...), or start this one with --standby to take over from it when it stops "
+        "(docs/operations.md#several-heads)"
+    )
+
+
+def _home_holder(home: Path) -> str | None:
+    """The pid of the server that holds `home/server.lock` now, or None (no server, no home): a probe
+    that creates nothing."""
+    import fcntl
+
+    try:
+        handle = (home / "server.lock").open("r")
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
+def _check_listen(host: str, port: int, in_use_ok: bool = False, home: Path | None = None) -> None:
     """Refuse, before anything is created, a port out of range and an address this server could not listen
     on (taken by another process, or not this machine's): a probe binds it as uvicorn will, then lets go.
-    `in_use_ok`: a standby, which may wait on the port of the head it will take over from, on its machine."""
+    `in_use_ok`: a standby, which may wait on the port of the head it will take over from, on its machine.
+    `home`: this server's; when its port is taken by the server that holds that home, that is said."""
     if not 1 <= port <= 65535:
         raise CliError(f"--port {port}: must be 1 to 65535; e.g. {DEFAULT_PORT}")
     try:
@@ -532,6 +555,9 @@ def _check_listen(host: str, port: int, in_use_ok: bool = False) -> None:
             if exc.errno == errno.EADDRINUSE:
                 if in_use_ok:
                     return
+                holder = _home_holder(home) if home is not None else None
+                if home is not None and holder is not None:  # that of the server on this home: say so
+                    raise _home_taken(home, holder) from None
                 raise CliError(
                     f"--port {port}: {host}:{port}: address already in use (another gpupool server?); stop "
                     "it or choose another --port"

@@ -40,6 +40,20 @@ def test_a_nul_character_is_refused_naming_where_it_is_and_changes_nothing(serve
         assert "\x00" not in client.get("/api/v1/queues/default").json()["description"]
 
 
+def test_an_unknown_query_parameter_is_refused_naming_those_the_route_takes(server: ServerProcess) -> None:
+    # before, a misspelled filter was dropped and the answer was every workload
+    with server.http() as client:
+        said = refused(client.get("/api/v1/workloads", params={"stat": "running"}), 422, "stat")
+        assert said.startswith("stat: unknown query parameter; parameters: all, id, limit, name,"), said
+        assert "state" in said
+        refused(client.get("/api/v1/workloads", params={"all": "true", "qeue": "zzz"}), 422, "qeue")
+        refused(client.get("/api/v1/queues", params={"x": "1"}), 422, "x")
+        refused(client.post("/api/v1/workloads", params={"hodl": "true"}, json={"commands": ["true"]}), 422,
+                "hodl")  # fmt: skip
+        assert client.get("/api/v1/workloads", params={"all": "true"}).json() == []  # nothing was stored
+        assert client.get("/api/v1/workloads", params={"state": "running", "limit": 5}).status_code == 200
+
+
 @pytest.mark.parametrize("workload_id", [1 << 63, 10**30])
 def test_a_workload_id_past_64_bits_is_404_not_a_500(server: ServerProcess, workload_id: int) -> None:
     with server.http() as client:

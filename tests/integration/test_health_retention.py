@@ -19,10 +19,10 @@ from gpupool.control.health import HealthMonitor
 from gpupool.control.health_jobs import CheckJobs, ensure_system_queue
 from gpupool.control.health_state import NodeHealth
 from gpupool.control.metrics import PoolCollector
-from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.health.checks import verdict
 from gpupool.health.thresholds import CheckJobRetention, HealthConfig
+from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Event, RetiredUsage, Workload
 from tests.support.postgres import database_url

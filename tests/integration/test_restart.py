@@ -199,6 +199,12 @@ def test_a_second_server_on_one_home_is_refused_and_the_first_keeps_its_credenti
         assert second.stderr.startswith(
             f"error: another gpupool server (pid {first.proc.pid}) runs on the home {first.home}"
         ), second.stderr
+        # on the first one's port too: the home is named, not only the port
+        same = [*argv[:3], str(first.port), *argv[4:]]
+        second = subprocess.run(same, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and second.stderr.startswith(
+            f"error: another gpupool server (pid {first.proc.pid}) runs on the home {first.home}"
+        ), second.stderr
         assert (first.home / "credentials").read_text() == credentials
         assert first.cli("ps", check=True).returncode == 0
     finally:

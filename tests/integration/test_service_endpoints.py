@@ -15,7 +15,6 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from gpupool.api.routes.proxy import REST
 from tests.support import plain_http
 from tests.support.agent import start_pool
 from tests.support.process import kill_attempts_under
@@ -361,9 +360,8 @@ http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["GPUPOOL_PORT"])), Ha
 """
 
 
-def test_a_request_a_replica_hung_up_on_is_sent_to_another_when_sending_it_again_cannot_change_its_outcome(
-    tmp_path: Path,
-) -> None:
+def test_a_request_a_replica_hung_up_on_is_not_sent_to_another(tmp_path: Path) -> None:
+    """It may have acted on it, and a request that crashes the replica it reaches would crash them all."""
     server = ServerProcess(home=tmp_path / "home").start()
     try:
         (tmp_path / "half.py").write_text(HALF_HANGS_UP)
@@ -377,19 +375,14 @@ def test_a_request_a_replica_hung_up_on_is_sent_to_another_when_sending_it_again
         for replica in shown["replica_list"]:
             _listening(server.workload(replica["id"])["endpoint"])
         with server.http() as client:
-            # a GET (and a DELETE with no body) that replica 1 hangs up on is answered by replica 0
-            gets = [client.get(proxy_path(sid, "x")) for _ in range(6)]
-            assert [g.status_code for g in gets] == [200] * 6, [g.text for g in gets]
-            assert {g.json()["replica"] for g in gets} == {"0"}
-            time.sleep(REST + 0.5)  # replica 1 rested after it hung up; it takes requests again
-            deleted = [client.delete(proxy_path(sid, "x")) for _ in range(2)]
-            assert [d.json().get("replica") for d in deleted] == ["0", "0"], [d.text for d in deleted]
-            time.sleep(REST + 0.5)
-            # a POST with a body is not sent twice: its first sending may have taken effect
-            posts = [client.post(proxy_path(sid, "x"), content=b"once") for _ in range(2)]
-        assert sorted(p.status_code for p in posts) == [200, 502], [p.text for p in posts]
-        refused = next(p for p in posts if p.status_code == 502).json()["error"]["message"]
-        assert "replica 1" in refused and "closed the connection before answering" in refused, refused
+            answers = [client.get(proxy_path(sid, "x")) for _ in range(4)]
+        assert sorted(a.status_code for a in answers) == [200, 200, 502, 502], [a.text for a in answers]
+        for answer in answers:
+            if answer.status_code == 200:
+                assert answer.json()["replica"] == "0"
+            else:
+                refused = answer.json()["error"]["message"]
+                assert "replica 1" in refused and "closed the connection before answering" in refused
     finally:
         server.stop()
         kill_attempts_under(tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -78,6 +79,8 @@ def test_requests_go_round_the_replicas_and_follow_a_scale_up_a_scale_down_and_a
                 "error: replicas: 'three' is not a whole"
             )
             assert f"e.g. gpupool scale {sid} 2" in refused.stderr, refused.stderr
+            negative = server.cli("scale", str(sid), "-1")  # a count, not taken for an option
+            assert negative.stderr.startswith("error: replicas: '-1' is not a whole number"), negative.stderr
             scaled = server.cli("scale", str(sid), "3", check=True).stdout
             assert "3 replicas" in scaled
             shown = _running(server, sid, 3)
@@ -105,6 +108,16 @@ def test_requests_go_round_the_replicas_and_follow_a_scale_up_a_scale_down_and_a
             # nothing listens where it sent one), and the killed one starts again on its own
             killed = server.workload(again[1]["id"])
             os.killpg(killed["attempt_list"][-1]["pid"], signal.SIGKILL)
+            # until nothing listens there: SIGKILL lands a moment later, and a request the dying process
+            # accepted in between gets 502 (it had it, and a request is never sent twice)
+            host, port = killed["endpoint"].split(":")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()
+                except OSError:
+                    break
+                time.sleep(0.05)
             for _ in range(20):
                 response = client.get(proxy_path(sid, "during"))
                 assert response.status_code == 200, response.text

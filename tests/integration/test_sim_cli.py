@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.server import ServerProcess
+from tests.support.services import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 
@@ -213,10 +214,15 @@ def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(
         )
     for i in range(1, 5):
         server.wait_for(i)
+    # one that ran and waits pending again (held; as after an eviction or a lost node): it is replayed
+    again = server.submit({"name": "again", "resources": {"gpu": 2}, "commands": ["sleep 60"]})["id"]
+    server.wait_for(again, states=("running",))
+    server.cli("hold", str(again), check=True)
+    wait_until(server, again, lambda w: w["state"] == "pending" and w["run_seconds"] > 0)
     server.cli("queue", "create", "idle", "--gpu-quota", "0", check=True)  # it ran nothing
     out = server.cli("sim", "whatif", "--add", "1x8:H100", "--json", str(job_dir / "w.json"))
     assert out.returncode == 0, out.stderr
-    assert "replaying 4 jobs" in out.stdout and "GPUs 8 -> 16" in out.stdout
+    assert "replaying 5 jobs" in out.stdout and "GPUs 8 -> 16" in out.stdout
     assert "with the server's policy: the default policy's settings (as gpupool)" in out.stdout, out.stdout
     (idle,) = [line for line in out.stdout.splitlines() if " idle " in line]
     assert idle.split()[2:] == ["│", "0", *["│", "-"] * 6, "│"], idle  # no times for a queue that ran nothing
@@ -236,6 +242,7 @@ def test_sim_whatif_replays_the_live_history_on_a_bigger_cluster(
     assert cordoned.returncode == 0, cordoned.stderr
     assert "counted in service, as the history ran on them: node-1 (cordoned)" in cordoned.stdout
     assert json.loads((job_dir / "c.json").read_text())["before"] == data["before"]
+    server.cli("cancel", str(again), check=True)
     # A change of policy alone, on this cluster's own history, as operations.md says to try one
     tuned = job_dir / "tuned.yaml"
     tuned.write_text(server.cli("scheduling", check=True).stdout)

@@ -590,6 +590,39 @@ def test_asking_for_a_gpu_model_no_node_has_is_warned_of_at_submit(store: Store)
     )
 
 
+def test_work_no_node_of_the_pool_can_hold_is_warned_of_at_submit(store: Store) -> None:
+    """9 GPUs on 8-GPU nodes, a GPU memory no GPU has, more CPUs or memory than a node has: accepted (larger
+    nodes may join) but said at once, as a model the pool lacks is; it waited `too-large` with no word."""
+
+    def warned(resources: dict[str, object], nodes: int = 1) -> list[str]:
+        spec = parse_workload_spec({"commands": ["x"], "resources": resources, "nodes": nodes})
+        return list(submission.submit(store, spec)["warnings"])
+
+    assert warned({"gpu": 9}) == []  # no node yet (agents not joined): nothing to judge by
+    with store.session() as s:
+        for name in ("n1", "n2"):
+            node = Node(name=name, state="ready", labels={}, cpus=32.0, memory_bytes=256 * 2**30)
+            for i in range(8):
+                node.gpus.append(Gpu(index=i, model="H100", uuid=f"GPU-{name}-{i}", memory_bytes=80 * 2**30))
+            s.add(node)
+    (nine,) = warned({"gpu": 9})
+    assert nine.startswith("resources.gpu: no node has 9 GPUs (the most on one: 8); it waits pending "
+                           "(too-large) until larger nodes join: ask for fewer per node"), nine  # fmt: skip
+    (three,) = warned({"gpu": "H100:8"}, nodes=3)
+    assert three.startswith("resources.gpu: 3 nodes with 8 H100 GPUs each are asked for; this pool has 2"), (
+        three
+    )
+    (memory,) = warned({"gpu": "100GB:1"})
+    assert memory.startswith("resources.gpu: no GPU of this pool matches 100GB:1"), memory
+    (cpus,) = warned({"gpu": 1, "cpu": 64})
+    assert cpus.startswith("resources.cpu: no node has 64 CPUs (the most on one: 32)"), cpus
+    (ram,) = warned({"gpu": 0, "memory": "1TB"})
+    assert ram.startswith("resources.memory: no node has "), ram
+    for fits in ({"gpu": 8}, {"gpu": "80GB:2"}, {"gpu": 0.5, "cpu": 32}):
+        assert warned(fits) == [], fits
+    assert warned({"gpu": 8}, nodes=2) == []
+
+
 def test_a_full_disk_under_the_store_is_said_as_such_and_the_server_goes_on_once_there_is_room(
     tmp_path: Path,
 ) -> None:

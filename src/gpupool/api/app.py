@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpupool import __version__, web
 from gpupool.api import errors
 from gpupool.api.auth import TokenCache, admin_only, require_token
-from gpupool.api.body import refuse_nul
+from gpupool.api.body import refuse_nul, refuse_unknown_query
 from gpupool.api.ratelimit import FAILED_AUTH_BURST, FAILED_AUTH_RATE, RateLimiter
 from gpupool.api.routes import (
     agents,
@@ -29,6 +29,7 @@ from gpupool.api.routes import (
     metrics,
     nodes,
     proxy,
+    proxy_websocket,
     queues,
     scheduling,
     secrets,
@@ -213,7 +214,10 @@ def create_app(runtime: Runtime) -> FastAPI:
             return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
         return JSONResponse({"status": "ready", "version": __version__})
 
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token), Depends(refuse_nul)])
+    api = APIRouter(
+        prefix="/api/v1",
+        dependencies=[Depends(require_token), Depends(refuse_nul), Depends(refuse_unknown_query)],
+    )
     api.include_router(workloads.router)
     api.include_router(nodes.router)
     api.include_router(queues.router)
@@ -226,12 +230,11 @@ def create_app(runtime: Runtime) -> FastAPI:
     api.include_router(scheduling.router)
     api.include_router(events.router)
     api.include_router(secrets.router)
-    # The proxy checks its callers itself (`proxy._admit`): a public service takes requests with no token.
+    # The proxy checks its callers itself (`proxy.admit`): a public service takes requests with no token.
     # First of the routes: each request to a service is matched against the routes in order.
     app.include_router(proxy.router, prefix="/api/v1")
     app.include_router(api)
-    app.add_api_websocket_route("/api/v1/workloads/{workload_id}/proxy/{path:path}", proxy.proxy_websocket)
-    app.add_api_websocket_route("/api/v1/services/{name}/proxy/{path:path}", proxy.proxy_websocket_by_name)
+    app.include_router(proxy_websocket.router, prefix="/api/v1")
     app.include_router(agents.agent_router)
     app.include_router(metrics.router)
     return app

@@ -32,6 +32,44 @@ async def refuse_nul(request: Request) -> None:
         raise _nul(field)
 
 
+def refuse_unknown_query(request: Request) -> None:
+    """Refuse a query parameter the route does not take: a misspelled filter (`stat=running`,
+    `qeue=nlp`) was dropped without a word, and a script got every workload for it."""
+    if not request.query_params:
+        return
+    known = _query_names(request.scope.get("route"))
+    if known is None:
+        return
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        taken = ", ".join(sorted(known)) or "none"
+        raise ApiError(
+            422, "invalid", f"{unknown[0]}: unknown query parameter; parameters: {taken}", field=unknown[0]
+        )
+
+
+_QUERY_NAMES: dict[int, frozenset[str]] = {}
+
+
+def _query_names(route: Any) -> frozenset[str] | None:
+    """The query parameters `route` takes, its dependencies' included (read once a route); None for what
+    is not an API route."""
+    from fastapi.routing import APIRoute
+
+    if not isinstance(route, APIRoute):
+        return None
+    found = _QUERY_NAMES.get(id(route))
+    if found is None:
+        names: set[str] = set()
+        walk = [route.dependant]
+        while walk:
+            dependant = walk.pop()
+            names.update(param.alias for param in dependant.query_params)
+            walk.extend(dependant.dependencies)
+        found = _QUERY_NAMES[id(route)] = frozenset(names)
+    return found
+
+
 def _nul(field: str) -> ApiError:
     message = f"{field}: contains a NUL character (\\u0000), which no text here may hold; remove it"
     return ApiError(422, "invalid_request", message, field=field)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,11 @@ class Handle:
     # A service's address, "host:port" (rank 0's node and its GPUPOOL_PORT); "" for a job.
     endpoint: str = ""
     boot: str = ""
+
+
+# What a Handle's `pid` is on each backend, as the head's log lines name it: a process id, a Slurm job id,
+# or (an agent runs the attempt under its own process ids) the attempt's id in the store.
+HANDLE_ID: Final = {"local": "pid", "slurm": "slurm_job", "agent": "attempt_id"}
 
 
 class Phase(Enum):

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from gpupool.bench.errors import BenchError
-from gpupool.bench.gpt import count_text
-from gpupool.cli.render import JSON_HELP, console, err_console, print_error, print_json, print_warnings
+from gpupool.cli.render import console, err_console, print_error, print_json, print_warnings
 from gpupool.timeutil import utcnow
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ _TORCH_MISSING = (
 
 
 @contextlib.contextmanager
-def _bench_errors() -> Iterator[None]:
+def bench_errors() -> Iterator[None]:
     """A BenchError is one readable line on stderr and exit code 1, like every other CLI error."""
     try:
         yield
@@ -99,6 +98,7 @@ def _report(kind: str, payload: dict[str, Any], json_out: Path | None, *, record
     if not (record or node):
         return
     from gpupool.cli.app import client  # the global --server/--token options live there
+    from gpupool.cli.bench_results import describe
     from gpupool.client import GpupoolError
 
     name = node or socket.gethostname()
@@ -115,41 +115,6 @@ def _report(kind: str, payload: dict[str, Any], json_out: Path | None, *, record
         ) from exc
     for r in stored:
         err_console.print(f"recorded for node {r['node']}: {describe(r)}", highlight=False, soft_wrap=True)
-
-
-def describe(result: dict[str, Any]) -> str:
-    """One stored result as one line: the figures a person compares, then what they were measured with."""
-    f, p, key = result["figures"], result["parameters"], result["key"]
-    if result["kind"] == "collective":
-        busbw = "-" if f.get("busbw") is None else f"{f['busbw']:.4g}"
-        size = f.get("max_bytes") or 0
-        return (
-            f"collective {key}: busbw {busbw} GB/s at {_size_text(size)}, avg {f['avg_busbw']:.4g} GB/s, "
-            f"#wrong {f['wrong']} ({f['nranks']} ranks, {p.get('dtype')}, {p.get('backend')})"
-        )
-    if result["kind"] == "gemm":
-        fraction = f.get("worst_gpu_fraction_of_peak")
-        share = f" = {fraction:.0%} of peak" if fraction is not None else ""
-        device, on = f["worst_gpu"], f"({p.get('devices')} x {p.get('device_name')})"
-        if not str(device).startswith("cuda"):  # the CPU: one device, no GPU to call slowest
-            return f"gemm {key}: best {f['best_tflops']:.4g} TFLOPS on {device}{share} {on}"
-        return (
-            f"gemm {key}: best {f['best_tflops']:.4g} TFLOPS, slowest GPU {device} "
-            f"{f['worst_gpu_tflops']:.4g} TFLOPS{share} {on}"
-        )
-    mfu = "-" if f.get("mfu") is None else f"{f['mfu']:.1%}"
-    params = (p.get("model") or {}).get("parameters") or 0
-    return (
-        f"train {key}: {f['tokens_per_s']:.4g} tokens/s, {f['tflops_per_gpu']:.4g} TFLOP/s per GPU, "
-        f"MFU {mfu} ({count_text(params)} parameters, {f['world_size']} ranks, {p.get('parallel')})"
-    )
-
-
-def _size_text(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n} B"
 
 
 def _submit(
@@ -256,7 +221,7 @@ def collective(
     """Collective bandwidth with nccl-tests' table, formulas and #wrong check (torch.distributed)."""
     from gpupool.bench.collective import DTYPES, parse_dtype, parse_ops, parse_size, size_steps
 
-    with _bench_errors():
+    with bench_errors():
         ops = parse_ops(op)
         kind = parse_dtype(dtype)
         low, high = parse_size(minbytes, "-b/--minbytes"), parse_size(maxbytes, "-e/--maxbytes")
@@ -332,7 +297,7 @@ def gemm(
     """Matmul TFLOPS by dtype and size, as a fraction of the GPU model's dense peak (gpupool.gpu.catalog)."""
     from gpupool.bench.gemm import DEFAULT_CPU_SIZES, DEFAULT_GPU_SIZES, parse_gemm_dtype, parse_shapes
 
-    with _bench_errors():
+    with bench_errors():
         if dtype is not None:
             parse_gemm_dtype(dtype)
         if sizes is not None:
@@ -415,7 +380,7 @@ def train(
     from gpupool.bench.gpt import GptShape
     from gpupool.bench.tokens import read_index
 
-    with _bench_errors():
+    with bench_errors():
         if precision is not None and precision not in ("bf16", "fp16", "fp32"):
             raise BenchError(f"--precision {precision!r}: give bf16, fp16 or fp32")
         if parallel not in ("ddp", "fsdp"):
@@ -499,7 +464,7 @@ def prepare_data(
 
     from gpupool.bench.tokens import paths, write_token_file
 
-    with _bench_errors():
+    with bench_errors():
         try:
             total = source.stat().st_size
         except OSError as exc:
@@ -525,80 +490,5 @@ def prepare_data(
         )
 
 
-# -- results on the head ------------------------------------------------------------------------------------
-
-
-@bench_app.command("record")
-def record_file(
-    path: Path = typer.Argument(..., help="a JSON result a bench wrote with --json"),
-    node: str | None = typer.Option(None, "--node", help="the node it was measured on (default: this host)"),
-) -> None:
-    """Record a saved bench result on the head for a node (admin token)."""
-    from gpupool.bench.results import BenchResultError, kind_of, measured_at
-
-    with _bench_errors():
-        try:
-            payload = json.loads(path.read_text(), parse_constant=_no_constant)
-        except OSError as exc:
-            raise BenchError(f"cannot read {path}: {exc.strerror}") from exc
-        except ValueError as exc:
-            raise BenchError(f"{path}: not JSON ({exc}); give the file a bench wrote with --json") from exc
-        try:
-            kind = kind_of(payload)
-            dated = measured_at(payload) is not None
-        except BenchResultError as exc:
-            raise BenchError(f"{path}: {exc}") from exc
-        from gpupool.cli.app import client
-
-        stored = client().record_bench(node or socket.gethostname(), payload, kind=kind, source="file")
-        for r in stored:
-            when = r["measured_at"][:19].replace("T", " ")
-            console.print(
-                f"recorded for node {r['node']} (measured {when} UTC): {describe(r)}",
-                highlight=False,
-                soft_wrap=True,
-            )
-        if not dated:
-            err_console.print(
-                f"warning: {path} has no measured_at (a bench of an older gpupool wrote it): recorded as "
-                "measured now, so it is the node's newest result of its series",
-                highlight=False,
-                soft_wrap=True,
-            )
-
-
-def _no_constant(name: str) -> None:
-    """NaN and Infinity, which Python's json reads but JSON has not (nor any measured figure)."""
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-@bench_app.command("results")
-def results(
-    node: str | None = typer.Argument(None, help="one node's results (default: every node)"),
-    kind: str | None = typer.Option(None, "--kind", help="collective, gemm or train"),
-    history: bool = typer.Option(False, "--history", help="every stored result, not only the newest of each"),
-    limit: int = typer.Option(50, "--limit", help="at most this many results"),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
-    """Bench results stored on the head: the newest of each node, kind and series (op, dtype, precision)."""
-    from gpupool.cli.app import client
-
-    rows = client().bench_results(node=node, kind=kind, latest=not history, limit=limit)
-    if as_json:
-        print_json(rows)
-        return
-    if not rows:
-        where = f" for node {node}" if node else ""
-        console.print(f"no bench results{where}; record one with `gpupool bench ... --record --node NAME`")
-        return
-    for line in result_lines(rows, with_node=node is None):
-        console.print(line, highlight=False, soft_wrap=True)
-
-
-def result_lines(rows: list[dict[str, Any]], *, with_node: bool = False) -> list[str]:
-    """Stored results as lines (`bench results`, `node show`): when, where from, then the figures."""
-    lines = []
-    for r in rows:
-        where = f"{r['node']:<12s} " if with_node else ""
-        lines.append(f"  {where}{r['measured_at'][:19].replace('T', ' ')}  {r['source']:<8s} {describe(r)}")
-    return lines
+# `record` and `results` register on bench_app as they are imported, after the benches: `--help`'s order.
+from gpupool.cli import bench_results as _bench_results  # noqa: E402, F401  (registers `bench record|results`)

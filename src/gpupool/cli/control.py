@@ -256,7 +256,7 @@ def release(
     each(ids, release_one)
 
 
-@app.command()
+@app.command(context_settings={"ignore_unknown_options": True})  # `scale ID -1`: a count, said as one
 def scale(
     service: str = typer.Argument(..., help="the service's id (or any of its replicas') or name"),
     replicas: str = typer.Argument(

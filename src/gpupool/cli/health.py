@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpupool.cli.app import app, client, node_app
-from gpupool.cli.bench import result_lines as bench_result_lines
+from gpupool.cli.bench_results import result_lines as bench_result_lines
 from gpupool.cli.errors import CliError
 from gpupool.cli.render import JSON_HELP, console, err_console, human_age, human_bytes, print_json, styled
 from gpupool.spec import SpecError, parse_duration

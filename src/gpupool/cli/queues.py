@@ -13,7 +13,8 @@ import typer
 from gpupool import spec  # its pydantic models load on first use (see gpupool.spec): not for `ps`, `logs`
 from gpupool.cli.app import app, client, listing_aliases, queue_app
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import JSON_HELP, console, print_json, print_warnings, queue_lines, queues_table
+from gpupool.cli.render import JSON_HELP, console, print_json, print_warnings
+from gpupool.cli.render_queues import queue_lines, queues_table
 
 
 @app.command()

@@ -1,8 +1,8 @@
-"""How the CLI shows things: Rich tables for people, JSON for scripts."""
+"""How the CLI shows things: Rich tables for people, JSON for scripts. Queues' and usage's own tables are in
+render_queues.py and render_usage.py."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -15,8 +15,6 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
-
-from gpupool.spec.quantities import format_figure
 
 # A pipe or a file gets whole lines, as squeue's and kubectl's output does (`gpupool ps | grep running`
 # finds a workload's whole row), not the 80 columns Rich assumes when it cannot ask a terminal; a
@@ -277,138 +275,6 @@ def folding_table(columns: Sequence[str], whole: Mapping[str, Sequence[str]] | N
     return table
 
 
-QUEUE_COLUMNS = (
-    "NAME", "PARENT", "PRIO", "GPU QUOTA", "GPU LIMIT", "WEIGHT", "WEIGHT (NOW)", "FAIR SHARE", "GPUS ALLOC",
-    "GPUS PEND", "RUN", "PEND",
-)  # fmt: skip
-
-
-def queues_table(queues: list[dict[str, Any]]) -> Table:
-    """`gpupool queues`: a line per queue; a GPU-H BUDGET column when some queue has a budget. Short
-    headers of short words (as squeue's and kubectl's) keep a line per queue from 100 columns."""
-    budgets = any(q.get("budget") for q in queues)
-    columns = (*QUEUE_COLUMNS, "GPU-H BUDGET") if budgets else QUEUE_COLUMNS
-    names = {"NAME": [q["name"] for q in queues], "PARENT": [q["parent"] or "-" for q in queues]}
-    table = folding_table(columns, names)
-    for q in queues:
-        gpu = q["resources"].get("gpu", {})
-        limit = gpu.get("limit")
-        budget = (_budget_cell(q["budget"]),) if budgets else ()
-        table.add_row(
-            q["name"],
-            q["parent"] or "-",
-            str(q["priority"]),
-            f"{gpu.get('quota', 0):g}",
-            "-" if limit is None else f"{limit:g}",
-            f"{gpu.get('over_quota_weight', 1):g}",
-            "-" if q.get("gpu_weight_now") is None else format_figure(q["gpu_weight_now"]),
-            format_figure(q["fair_share"].get("gpu", 0)),
-            f"{q['gpus_allocated']:g}"
-            + (f" (+{below:g} below)" if (below := q.get("gpus_allocated_below")) else ""),
-            f"{q['gpus_pending']:g}",
-            str(q["running"]) + (f" (+{r} below)" if (r := q.get("running_below")) else ""),
-            str(q["pending"]),
-            *budget,
-        )
-    return table
-
-
-def held_back_note(q: Mapping[str, Any]) -> str:
-    """What of a queue's pending demand its fair share does not count: work the control loop holds back from
-    the scheduler (a hold, a dependency, a backoff, a limit or a budget), and work that can never fit the
-    pool; empty when none is."""
-    held = q.get("gpus_held_back") or 0.0
-    if not held:
-        return ""
-    share = "all" if held >= q["gpus_pending"] else f"{held:g}"
-    return f" ({share} of them held back or never fitting, which fair share does not count)"
-
-
-def queue_lines(q: Mapping[str, Any]) -> list[str]:
-    """`gpupool queue show`: a head line, then a line per thing the queue sets or has (escaped markup)."""
-    from gpupool.spec import format_duration  # quantities only: no pydantic for the CLI's start
-
-    gpu = q["resources"].get("gpu", {})
-    limit = gpu.get("limit")
-    weight = f"{gpu.get('over_quota_weight', 1):g}"
-    if q.get("gpu_weight_now") is not None and format_figure(q["gpu_weight_now"]) != weight:
-        weight += f" (now {format_figure(q['gpu_weight_now'])})"
-    head = (
-        f"{q['name']}  GPU quota {gpu.get('quota', 0):g}  limit {'-' if limit is None else f'{limit:g}'}  "
-        f"weight {weight}  priority {q['priority']}"
-    )
-    lines = [escape(head)]
-    if q.get("description"):
-        lines.append(f"  description: {escape(q['description'])}")
-    if q.get("parent"):
-        lines.append(f"  parent: {escape(q['parent'])}")
-    for resource, unit in (("cpu", " CPUs"), ("memory", " bytes")):
-        share = q["resources"].get(resource) or {}
-        if share.get("quota") or share.get("limit") is not None:
-            cap = "-" if share.get("limit") is None else f"{share['limit']:g}{unit}"
-            lines.append(f"  {resource}: quota {share.get('quota', 0):g}{unit}, limit {cap}")
-    fair = q["fair_share"].get("gpu", 0)
-    lines.append(
-        f"  now: {gpus(q['gpus_allocated'])} allocated, fair share {format_figure(fair)}; "
-        f"{q['running']} running, {q['pending']} pending asking for {gpus(q['gpus_pending'])}"
-        f"{held_back_note(q)}"
-    )
-    if q.get("gpus_allocated_below") or q.get("running_below"):
-        lines.append(
-            f"  the queues under it: {gpus(q['gpus_allocated_below'])} allocated, "
-            f"{q['running_below']} running"
-        )
-    ordering = escape(q["ordering"]) if q.get("ordering") else "the server policy's"
-    lines.append(f"  ordering: {ordering}")
-    floors = [
-        f"{format_duration(q[key])} before {kind}"
-        for kind, key in (("preemption", "min_runtime_preempt"), ("reclaim", "min_runtime_reclaim"))
-        if q.get(key)
-    ]
-    if floors:
-        lines.append(f"  minimum runtime: {', '.join(floors)}")
-    if q.get("budget"):
-        budget = q["budget"]
-        window = ""
-        if budget.get("from") and budget.get("until"):
-            window = f" ({budget['from'][:10]} to {budget['until'][:10]})"
-        used = budget.get("used_gpu_hours")
-        stops = budget.get("when_spent") == "stop"
-        rule = "; when spent, running work stops too (when_spent: stop)" if stops else ""
-        spent = ""
-        if budget.get("spent"):
-            spent = "; spent: its running work is stopped and waits" if stops else "; spent: new work waits"
-        of = f"{format_figure(used)} of " if used is not None else ""
-        lines.append(
-            f"  budget: {of}{budget['gpu_hours']:g} GPU-hours a {budget['period']}{window}{rule}{spent}"
-        )
-    caps = q.get("user_limits") or {}
-    if caps.get("gpus") is not None or caps.get("workloads") is not None:
-        said = [
-            gpus(caps["gpus"]) if caps.get("gpus") is not None else "",
-            counted(caps["workloads"], "workload") if caps.get("workloads") is not None else "",
-        ]
-        lines.append(f"  each user at most: {', '.join(x for x in said if x)}")
-    if q.get("max_priority") is not None:
-        lines.append(f"  users' work at priority {q['max_priority']} at most (max_priority)")
-    lines.append(f"  created {q['created_at']}, updated {q['updated_at']}")
-    return lines
-
-
-def _budget_cell(budget: Mapping[str, Any] | None) -> str:
-    """A queue's budget: GPU-hours used in this period (once the head counted them) of how many, per what."""
-    if not budget:
-        return "-"
-    limit = f"{budget['gpu_hours']:g} a {budget['period']}"
-    used = budget.get("used_gpu_hours")
-    if used is None:
-        return limit
-    spent = ""
-    if budget.get("spent"):
-        spent = ", spent (running work stopped)" if budget.get("when_spent") == "stop" else ", spent"
-    return f"{used:.3g} of {limit}{spent}" if used < 10 else f"{used:,.0f} of {limit}{spent}"
-
-
 def ps_table(workloads: list[dict[str, Any]], *, wide: bool = False) -> Table:
     """`gpupool ps`: a line per workload; a USER column after NAME when the work is more than one user's."""
     table = Table(box=None, header_style="bold")
@@ -509,119 +375,6 @@ def foreign_table(jobs: list[dict[str, Any]]) -> Table:
             ",".join(job["nodes"]),
         )
     return table
-
-
-# -- usage and cost (gpupool usage) -----------------------------------------------------------------------
-
-USAGE_OUTCOMES = ("succeeded", "failed", "cancelled", "evicted", "running")
-
-
-def _hours(value: float) -> str:
-    """GPU-hours as a person reads them: whole above 1,000, two decimals above 1, else three (a trace below
-    that shows as <0.001, never in scientific notation)."""
-    if value >= 1000:
-        return f"{value:,.0f}"
-    if value >= 1 or value == 0:
-        return f"{value:.2f}"
-    return f"{value:.3f}" if value >= 0.001 else "<0.001"
-
-
-def _money(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.2f}"
-
-
-def usage_table(report: Mapping[str, Any], top: int = 0) -> Table:
-    """`gpupool usage`: a line per key, the total, and a caption with the window and the pool's use."""
-    by, currency = report["by"], report["currency"]
-    rows = list(report["rows"])
-    shown = rows[:top] if top else rows
-    quota = by == "queue"
-    columns = [by.upper()]
-    if by == "workload":
-        columns.append("NAME")
-    columns += ["GPU-H", "USED", "UTIL", "SHARE"]
-    if currency:
-        columns.append(currency)
-    columns += ["WORKLOADS", "FAILED", "EVICTED"]
-    if quota:
-        columns += ["QUOTA", "OF QUOTA"]
-    table = folding_table(columns, {columns[0]: [str(r["key"]) for r in shown]})
-    for row in [*shown, report["total"]]:
-        total = row is report["total"]
-        cells = ["TOTAL" if total else str(row["key"])]
-        if by == "workload":
-            cells.append("" if total else str(row.get("name", "")))
-        below = f" (+{_hours(row['gpu_hours_below'])} below)" if row.get("gpu_hours_below") else ""
-        cells += [_hours(row["gpu_hours"]) + below, *_used(row), f"{row['share']:.1%}"]
-        if currency:
-            unpriced = row.get("unpriced_gpu_hours") or 0.0
-            cells.append(_money(row["cost"]) + (f" (+{_hours(unpriced)} GPU-h unpriced)" if unpriced else ""))
-        outcome = row["by_outcome"]
-        cells += [str(row["workloads"]), _hours(outcome.get("failed", 0.0))]
-        cells.append(_hours(outcome.get("evicted", 0.0)))
-        if quota:
-            used = row.get("quota_used")
-            cells += ["" if total else _hours(row.get("quota_gpu_hours", 0.0)),
-                      "" if total or used is None else f"{used:.0%}"]  # fmt: skip
-        last = bool(shown) and row is shown[-1]
-        table.add_row(*cells, style="bold" if total else None, end_section=last)
-    capacity = report["capacity_gpu_hours"]
-    used = report["total"]["gpu_hours"]
-    pool = f"{used / capacity:.1%} of " if capacity > 0 else ""
-    more = (
-        f"; {counted(len(rows) - len(shown), 'more line')} not shown (--top)"
-        if len(shown) < len(rows)
-        else ""
-    )
-    table.caption = (
-        f"{report['since'][:16].replace('T', ' ')} .. {report['until'][:16].replace('T', ' ')} UTC "
-        f"({report['hours']:,.1f} h): {pool}the pool's {gpus(report['capacity_gpus'])} now x the window "
-        f"({_hours(capacity)} GPU-h){more}. GPU-H: GPU-hours allocated; UTIL: their mean GPU utilization, "
-        "over the attempts with GPU telemetry ((N% measured): the share of GPU-H those attempts hold, where "
-        "not all); USED: those attempts' GPU-hours x UTIL"
-        + (f"; {currency}: their cost" if currency else " (no prices.yaml: docs/operations.md)")
-        + "; FAILED, EVICTED: GPU-hours of attempts that failed or were stopped (preempted, drained, held)"
-        + (
-            "; QUOTA: the GPU quota now x the window, in GPU-hours; a parent's row is its own work, "
-            "(+N below) its queues', and OF QUOTA counts both"
-            if quota
-            else ""
-        )
-    )
-    table.caption_justify = "left"
-    return table
-
-
-def _used(row: Mapping[str, Any]) -> tuple[str, str]:
-    """USED and UTIL of a usage row: "-" and "no telemetry" where no attempt had GPU telemetry (not 0%),
-    "-" and "-" where it held no GPUs; a share of the GPU-hours that had telemetry, where only some did."""
-    used, pct = row.get("used_gpu_hours"), row.get("gpu_utilization_pct")
-    if used is None or pct is None:
-        return "-", "no telemetry" if row["gpu_hours"] > 0 else "-"  # no GPU-hours: nothing to measure
-    measured, allocated = row.get("measured_gpu_hours") or 0.0, row["gpu_hours"]
-    part = f" ({measured / allocated:.0%} measured)" if allocated > 0 and measured < 0.995 * allocated else ""
-    return _hours(used), f"{pct:.0f}%{part}"
-
-
-def write_usage_csv(report: Mapping[str, Any], out: Any) -> None:
-    """`gpupool usage --csv`: a line per row, every figure the JSON has, in plain numbers."""
-    writer = csv.writer(out, lineterminator="\n")
-    header = ["since", "until", report["by"], "name", "gpu_hours", "share", "cost", "currency",
-              "unpriced_gpu_hours", "workloads", "attempts", *(f"{o}_gpu_hours" for o in USAGE_OUTCOMES),
-              "quota_gpu_hours", "quota_used", "used_gpu_hours", "measured_gpu_hours",
-              "gpu_utilization_pct"]  # fmt: skip
-    writer.writerow(header)
-    for row in report["rows"]:
-        outcome = row["by_outcome"]
-        writer.writerow([
-            report["since"], report["until"], row["key"], row.get("name", ""), row["gpu_hours"], row["share"],
-            "" if row["cost"] is None else row["cost"], report["currency"] or "",
-            "" if row["unpriced_gpu_hours"] is None else row["unpriced_gpu_hours"], row["workloads"],
-            row["attempts"], *(outcome.get(o, 0.0) for o in USAGE_OUTCOMES),
-            row.get("quota_gpu_hours", ""), "" if row.get("quota_used") is None else row["quota_used"],
-            *("" if row.get(k) is None else row[k]
-              for k in ("used_gpu_hours", "measured_gpu_hours", "gpu_utilization_pct")),
-        ])  # fmt: skip
 
 
 def ending_line(w: Mapping[str, Any]) -> str:

@@ -8,7 +8,8 @@ import typer
 
 from gpupool.cli.app import app, client
 from gpupool.cli.errors import CliError
-from gpupool.cli.render import JSON_HELP, console, print_json, usage_table, write_usage_csv
+from gpupool.cli.render import JSON_HELP, console, print_json
+from gpupool.cli.render_usage import usage_table, write_usage_csv
 
 USAGE_GROUPS = ("queue", "user", "workload", "node", "model", "day", "outcome")
 # Groupings in which one workload can fall in several lines (its attempts ended differently, ran on several

@@ -22,7 +22,6 @@ from gpupool.cli.render import (
     err_console,
     foreign_table,
     gpus,
-    held_back_note,
     human_age,
     member_name,
     print_json,
@@ -30,6 +29,7 @@ from gpupool.cli.render import (
     rank_hint,
     styled,
 )
+from gpupool.cli.render_queues import held_back_note
 from gpupool.client.client import ride_out
 from gpupool.spec import format_duration, format_figure, format_gpu_indices
 
@@ -80,10 +80,7 @@ def ps(
         print_json(rows + [{"foreign": True, **job} for job in foreign] if foreign else rows)
         return
     if not workloads:
-        if state is not None:
-            console.print(f"no workloads {state}", highlight=False)
-        else:
-            console.print("no workloads" + ("" if all else " pending or running (see --all)"))
+        console.print(_none_listed(state, queue, user, name, all), highlight=False)
     else:
         console.print(ps_table(workloads, wide=wide))
     if foreign:
@@ -291,10 +288,23 @@ def why(
             console.print(f"    {escape(said)}", highlight=False)
 
 
+def _none_listed(state: str | None, queue: str | None, user: str | None, name: str | None, all: bool) -> str:
+    """What `ps` says when nothing matched: "no pending or running workloads in queue research of alice"."""
+    if state is not None:
+        states = [part.strip() for part in state.split(",") if part.strip()]
+        said = f"no {' or '.join(states)} workloads"
+    else:
+        said = "no workloads" if all else "no pending or running workloads"
+    said += f" named {name}" if name else ""
+    said += f" in queue {queue}" if queue else ""
+    said += f" of user {user}" if user else ""
+    return said + (" (see --all)" if state is None and not all else "")
+
+
 def _beyond_reclaim(w: Mapping[str, Any], queue: Mapping[str, Any], fair: float) -> str:
     """Why reclaim does not act for work that waits for GPUs although its queue holds less than its quota
-    (an operator expects it to): started, the queue would pass both its quota and its fair share, and
-    reclaim gives a queue no more than the larger of them (docs/scheduler.md)."""
+    (an operator expects it to): started, the queue would pass its fair share, and reclaim never gives a
+    queue more than its fair share (docs/scheduler.md); where that share is below the quota, why."""
     if w["state"] != "pending" or w["reason_code"] not in ("no-capacity", "fragmented"):
         return ""
     from gpupool.spec.quantities import parse_gpu_request
@@ -302,13 +312,23 @@ def _beyond_reclaim(w: Mapping[str, Any], queue: Mapping[str, Any], fair: float)
     wants = parse_gpu_request(w["gpus"]).count * (w.get("nodes") or 1)
     quota = float(queue["resources"]["gpu"].get("quota") or 0.0)
     would = float(queue["gpus_allocated"]) + wants
-    if wants <= 0 or would <= max(quota, fair) + 1e-9:
+    if wants <= 0 or would <= fair + 1e-9:
         return ""
-    return (
-        f"reclaim takes no GPUs from other queues for it: with its {gpus(wants)} queue {queue['name']} "
-        f"would hold {would:g}, above both its quota ({quota:g}) and its fair share ({format_figure(fair)}), "
-        f"the most reclaim gives a queue; it starts when {gpus(wants)} "
-        f"{'comes' if wants == 1 else 'come'} free"
+    comes = f"it starts when {gpus(wants)} {'comes' if wants == 1 else 'come'} free"
+    said = (
+        f"reclaim takes no GPUs from other queues for it: with its {gpus(wants)} queue {queue['name']} would "
+        f"hold {would:g}, "
+    )
+    if would > quota + 1e-9:
+        return said + (
+            f"above both its quota ({quota:g}) and its fair share ({format_figure(fair)}), the most reclaim "
+            f"gives a queue; {comes}"
+        )
+    return said + (
+        f"above its fair share ({format_figure(fair)}), the most reclaim gives a queue, although within its "
+        f"quota ({quota:g}): the quotas it shares GPUs under promise more than there are (nodes out of "
+        f"service, or a parent queue's smaller share), so each queue's guarantee shrinks in proportion "
+        f"(`gpupool queues`: FAIR SHARE); {comes}"
     )
 
 

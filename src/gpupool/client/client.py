@@ -193,10 +193,7 @@ class Client:
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
-                raise ConnectionFailed(
-                    f"cannot reach the gpupool server at {self.server} ({exc.__class__.__name__}); "
-                    "start one with `gpupool server` or point --server / GPUPOOL_SERVER at it"
-                ) from exc
+                raise ConnectionFailed(self._unanswered(method, exc)) from exc
             # Over the token's rate limit: the server refused the call before doing anything, so it is
             # sent again, unchanged, once the server's Retry-After has passed (for up to `rate_wait_max`).
             pause = _retry_after(response) if response.status_code == 429 else None
@@ -212,6 +209,28 @@ class Client:
             message = error.get("message") or f"HTTP {response.status_code}: {response.text[:200]}"
             raise ApiError(response.status_code, error.get("code", "error"), message, error.get("field"))
         return response.json()
+
+    def _unanswered(self, method: str, exc: httpx.TransportError) -> str:
+        """Why a call got no answer, and what to do: nothing reached a server (no server there), or the
+        call was sent and the connection ended before an answer (a head killed or restarted meanwhile), when
+        a call that changes something may have been carried out: sent again blindly, a submit would be
+        stored twice."""
+        cause = exc.__class__.__name__
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return (
+                f"cannot reach the gpupool server at {self.server} ({cause}); start one with `gpupool "
+                "server` or point --server / GPUPOOL_SERVER at it"
+            )
+        if method in ("GET", "HEAD"):
+            return (
+                f"the gpupool server at {self.server} took the call but gave no answer ({cause}): it may be "
+                "restarting; try again in a moment"
+            )
+        return (
+            f"the gpupool server at {self.server} took the call but gave no answer ({cause}): it may have "
+            "carried it out before it stopped or restarted; check with `gpupool ps` (or `gpupool show`) "
+            "before you try again, or it may be done twice"
+        )
 
     # -- health ---------------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -12,14 +12,14 @@ silent for minutes, a head restarted, whose history starts empty) no one knows w
 so the first value after it must not stand for that time. A GPU shared by fractions counts its whole
 utilization for each holder, as `idle` judges it (NVML cannot tell whose kernels ran).
 
-What the looks found is written to the attempt's row every `FLUSH_INTERVAL` seconds (only the attempts
-whose figures changed, in one transaction) and at the look after the attempt ended (points up to its end),
-so telemetry never causes a write per sample. A restarted head resumes an attempt's mean from its row
-(weighted by `gpu_seconds_sampled`) and counts only the points after its own start (`began`: the stored
-figures cover none later, as the head before had stopped by then): it loses at most the figures of the last
-`FLUSH_INTERVAL` before it stopped, and the time it was down counts for nothing. An attempt no sample ever
-arrived for (a Slurm node, whose GPUs gpupool does not sample) is never written: its figures stay None,
-which people read as "no GPU telemetry", never as 0%.
+What the looks found is written to the attempt's row at the first look that found any, then every
+`FLUSH_INTERVAL` seconds (only the attempts whose figures changed, in one transaction) and at the look after
+the attempt ended (points up to its end), so telemetry never causes a write per sample. A restarted head
+resumes an attempt's mean from its row (weighted by `gpu_seconds_sampled`) and counts only the points after
+its own start (`began`: the stored figures cover none later, as the head before had stopped by then): it loses
+at most the figures of the last `FLUSH_INTERVAL` before it stopped, and the time it was down counts for
+nothing. An attempt no sample ever arrived for (a Slurm node, whose GPUs gpupool does not sample) is never
+written: its figures stay None, which people read as "no GPU telemetry", never as 0%.
 
 Utilization is NVML's utilization rate (`nvmlDeviceGetUtilizationRates().gpu`): the share of the last
 sample period during which one or more kernels ran on the GPU, not how many of its SMs they kept busy; a
@@ -200,7 +200,9 @@ class EfficiencyWatch:
                 )
                 tally.written = tracked.stored.columns() if tracked.stored.gpu_seconds else {}
             self._count(tally, float("inf"))
-            if flush and (columns := self._changed(tally)) is not None:
+            # an attempt's first figures at once (a job requeued a moment ago read "no GPU telemetry" for
+            # up to FLUSH_INTERVAL), then every FLUSH_INTERVAL
+            if (flush or not tally.written) and (columns := self._changed(tally)) is not None:
                 writes[tracked.attempt_id] = columns
         return writes
 

@@ -46,13 +46,13 @@ from gpupool.control import changes, submission
 from gpupool.control.bench import job_reports
 from gpupool.control.errors import Conflict, NotFound, ServiceError
 from gpupool.control.lifecycle import PENDING, RUNNING, TERMINAL
-from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.retention import delete_finished
 from gpupool.health.active import TORCH_TIMEOUT, ActiveCheckError
 from gpupool.health.check_job import REPORT_KIND
 from gpupool.health.checks import ActiveResult
 from gpupool.health.thresholds import CheckJobRetention
 from gpupool.spec import QueueSpec, WorkloadSpec
+from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Node, Queue, Workload
 from gpupool.timeutil import utcnow

@@ -24,12 +24,12 @@ from gpupool.control.bench import BenchBook
 from gpupool.control.errors import NotFound
 from gpupool.control.health_jobs import CheckJobs
 from gpupool.control.inventory import BACK_FROM_LOST
-from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.gpu import GpuProvider, SimulatedProvider
 from gpupool.health import simulated_state
 from gpupool.health.checks import Baseline, Verdict
 from gpupool.health.thresholds import HealthConfig
+from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Gpu, Node, Workload
 

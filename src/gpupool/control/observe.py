@@ -22,7 +22,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from gpupool.backends.base import Backend, BackendUnavailable, Handle, Phase, Status, recorded_exit_code
+from gpupool.backends.base import (
+    HANDLE_ID,
+    Backend,
+    BackendUnavailable,
+    Handle,
+    Phase,
+    Status,
+    recorded_exit_code,
+)
 from gpupool.control.budgets import STOP_BUDGET
 from gpupool.control.lifecycle import (
     CANCELLED,
@@ -123,9 +131,10 @@ class Observation:
                 state = self.backend.status(handle, Path(attempt.run_dir))
                 if state.phase is Phase.RUNNING:
                     log.info(
-                        "event=attempt_adopted workload=%d attempt=%d pid=%d",
+                        "event=attempt_adopted workload=%d attempt=%d %s=%d",
                         attempt.workload_id,
                         attempt.number,
+                        HANDLE_ID.get(self.backend.name, "pid"),
                         handle.pid,
                     )
                     if attempt.stop_requested_at is not None:

@@ -22,12 +22,12 @@ from gpupool.control.user_limits import USER_LIMIT
 from gpupool.control.workloads import Live
 from gpupool.scheduler import explain
 from gpupool.spec import QueueSpec, parse_gpu_request, parse_queue_spec
+from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.store.db import Store
 from gpupool.store.models import ApiToken, Attempt, Gpu, Queue, Workload
 from gpupool.timeutil import iso
 
 DEFAULT_QUEUE = "default"
-SYSTEM_QUEUE = "gpupool-system"  # gpupool's own work; a top-level queue with no quota, made when first needed
 # The reason codes of pending work that counts toward no fair share, so that reclaim takes nothing back
 # for it (and QueueStarvedBelowQuota does not page for it): what the control loop holds back from the
 # scheduler (a hold, a dependency, an array's limit, a crash-loop backoff, a user limit, a spent budget),

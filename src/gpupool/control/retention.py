@@ -106,7 +106,7 @@ def _retire(s: Session, workloads: dict[str, int], hours: dict[str, float]) -> N
 
 def _remove_dir(workload_id: int, recorded: str, kind: str) -> None:
     """Remove the head's `<home>/<kind>/<workload id>/` directory that holds a recorded path (the control
-    loop's layout, loop.Reconciler._start); any other path is left alone."""
+    loop's layout, carry_out.CarryingOut._start); any other path is left alone."""
     if not recorded:
         return
     directory = Path(recorded).parent

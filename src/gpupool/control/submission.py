@@ -18,9 +18,11 @@ from gpupool.control.lifecycle import ACTIVE, HELD, PENDING, SERVICE
 from gpupool.control.queues import check_priority_cap, require_queue
 from gpupool.control.workloads import workload_view
 from gpupool.gpu.catalog import families
-from gpupool.scheduler.placement import split_model
+from gpupool.scheduler import GpuDemand
+from gpupool.scheduler.placement import gpu_matches, split_model
 from gpupool.spec import WorkloadSpec
 from gpupool.spec.arrays import ArrayRange, parse_array
+from gpupool.spec.quantities import format_size
 from gpupool.store.db import Store
 from gpupool.store.models import Event, Gpu, Node, Workload
 
@@ -75,6 +77,7 @@ def submit(
         warnings = {
             "warnings": _placement_warnings(s, spec, first.id)
             + _model_warnings(lacking, spec, first.id)
+            + (_fit_warnings(s, spec, first.id) if lacking is None else [])
             + _checkpoint_warnings(s, spec, first.id)
         }
         if spec.array is not None:
@@ -101,6 +104,67 @@ def _model_warnings(in_pool: list[str] | None, spec: WorkloadSpec, workload_id: 
         f"{', '.join(in_pool) or 'none'}); it waits pending until such a node joins: ask for another model, "
         f"or `gpupool cancel {workload_id}`"
     ]
+
+
+def _fit_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]:
+    """What to tell a submitter whose work no node of this pool can hold as it is now: more GPUs of its kind
+    on one node than any node has, more such nodes than there are, more CPUs or memory than a node has.
+    Accepted, since larger nodes may join (Slurm refuses such a request at submit), but it waits pending
+    (`too-large`, `no-matching-gpu`) until one does; said at once, as a GPU model the pool lacks is. A pool
+    with no node yet (agents not joined) says nothing."""
+    nodes = s.scalars(select(Node)).all()
+    if not nodes:
+        return []
+    request, per_pod, pods = spec.resources.gpu, spec.resources.gpu.count, spec.nodes
+    demand = GpuDemand(per_pod, request.models, request.min_memory_bytes)
+    whole = 1 if request.count < 1 else int(request.count)
+    said: list[str] = []
+    if per_pod > 0:
+        fits = [sum(1 for g in n.gpus if gpu_matches(g.model, g.memory_bytes, demand)) for n in nodes]
+        matching = sorted(fits, reverse=True)
+        holding = sum(1 for count in matching if count >= whole)
+        kind = "GPUs"
+        if request.models:
+            kind = f"{' or '.join(request.models)} GPUs"
+        elif request.min_memory_bytes:
+            kind = f"GPUs of {format_size(request.min_memory_bytes)} or more"
+        if matching[0] == 0:
+            said.append(
+                f"resources.gpu: no GPU of this pool matches {request}; it waits pending until a node with "
+                f"one joins: ask for another, or `gpupool cancel {workload_id}`"
+            )
+        elif holding < pods:
+            where = (
+                f"no node has {whole} {kind} (the most on one: {matching[0]})"
+                if pods == 1
+                else f"{pods} nodes with {whole} {kind} each are asked for; this pool has {holding}"
+            )
+            said.append(
+                f"resources.gpu: {where}; it waits pending (too-large) until larger nodes join: ask for "
+                f"fewer per node (`nodes: N` spreads a job over N nodes), or `gpupool cancel {workload_id}`"
+            )
+    cpus, memory = spec.resources.cpu, spec.resources.memory
+    most_cpus = _most([n.cpus for n in nodes])
+    if cpus and most_cpus is not None and cpus > most_cpus:
+        said.append(_too_large("resources.cpu", f"{cpus:g} CPUs", f"{most_cpus:g}", workload_id))
+    most_memory = _most([float(n.memory_bytes) for n in nodes])
+    if memory and most_memory is not None and memory > most_memory:
+        said.append(
+            _too_large("resources.memory", format_size(memory), format_size(int(most_memory)), workload_id)
+        )
+    return said
+
+
+def _most(have: list[float]) -> float | None:
+    """The most any node has, or None where some node did not say (0): no evidence then."""
+    return max(have) if have and all(v > 0 for v in have) else None
+
+
+def _too_large(field: str, asked: str, most: str, workload_id: int) -> str:
+    return (
+        f"{field}: no node has {asked} (the most on one: {most}); it waits pending (too-large) until a "
+        f"larger node joins: ask for less, or `gpupool cancel {workload_id}`"
+    )
 
 
 def _checkpoint_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]:

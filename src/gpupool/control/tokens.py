@@ -21,9 +21,9 @@ from sqlalchemy import select
 
 from gpupool.control import audit
 from gpupool.control.errors import Conflict, Invalid, NotFound
-from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.spec.errors import SpecError
 from gpupool.spec.fields import check_name
+from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.store.db import Store
 from gpupool.store.models import ApiToken, Queue
 from gpupool.timeutil import as_utc

@@ -40,9 +40,10 @@ class Verdict:
 
     @property
     def evidence(self) -> str:
-        """The findings that set the verdict, as one line."""
-        worst = [f for f in self.findings if f.severity == self.health]
-        return "; ".join(f.message for f in worst) or "all checks passed"
+        """The findings that set the verdict, as one line; what two checks saw alike is said once (a GPU
+        off the bus fails the passive checks and the active ones with the same words)."""
+        worst = dict.fromkeys(f.message for f in self.findings if f.severity == self.health)
+        return "; ".join(worst) or "all checks passed"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -338,12 +338,20 @@ class Placer:
                     for i, f in enumerate(free):
                         if suits[0 if alike else i] and f + EPSILON >= fraction:
                             slots += int((f + EPSILON) // fraction)
-                else:
+                elif alike:
                     whole = 0
-                    for i, f in enumerate(free):
-                        if suits[0 if alike else i] and f >= 1.0 - EPSILON:
+                    for f in free:
+                        if suits[0] and f >= 1.0 - EPSILON:
                             whole += 1
                     slots = whole // per_pod
+                else:  # a pod's GPUs are of one model (`_one_model`): pods per model
+                    by_model: dict[tuple[str, int], int] = {}
+                    for i, f in enumerate(free):
+                        if suits[i] and f >= 1.0 - EPSILON:
+                            by_model[node.signature[i]] = by_model.get(node.signature[i], 0) + 1
+                    slots = 0
+                    for whole in by_model.values():
+                        slots += whole // per_pod
                 if slots and cpus > 0.0 and cpus_free + EPSILON < slots * cpus:  # CPUs run out first
                     slots = int((cpus_free + EPSILON) // cpus)
                 if slots and memory > 0.0 and memory_free < slots * memory:  # memory runs out first
@@ -384,6 +392,10 @@ class Placer:
         free = [i for i, a in enumerate(avail) if a >= 1.0 - EPSILON]
         if len(free) < whole:
             return None
+        if whole >= 2 and not self.alike(node):
+            free = self._one_model(node, free, whole)
+            if not free:
+                return None
         islands: dict[int, list[int]] = {}
         for i in free:
             islands.setdefault(gpus[i].nvlink_island, []).append(i)
@@ -401,6 +413,20 @@ class Placer:
             ordered = sorted(islands.values(), key=lambda m: (-len(m), gpus[m[0]].index))
             chosen = [i for members in ordered for i in members][:whole]
         return tuple(sorted(gpus[i].index for i in chosen)), 1.0
+
+    def _one_model(self, node: NodeState, free: list[int], whole: int) -> list[int]:
+        """Of the free GPUs (positions) of a node with GPUs of several models, those of the one model (and
+        memory size) that a pod of `whole` GPUs takes: a pod's GPUs are all of one model, as a job over
+        an H100 and an L4 runs at the L4's pace in the L4's memory, and is billed for neither. The model
+        with the fewest free that still hold it (binpack), or the most (spread); [] when none does."""
+        signature = node.signature
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i in free:
+            groups.setdefault(signature[i], []).append(i)
+        fitting = [members for members in groups.values() if len(members) >= whole]
+        if not fitting:
+            return []
+        return (max if self.spread else min)(fitting, key=lambda m: (len(m), -m[0] if self.spread else m[0]))
 
     # -- gangs ----------------------------------------------------------------------------------------
 

@@ -261,6 +261,10 @@ class Prepared:
         # with ids repeated in the snapshot, a place is the last the id holds, as the dict would give
         self._rank: dict[int, int] | None = None
         self._ids_unique = len(self.unplaced) == len(snapshot.pending)
+        # Pending work that can never fit the pool (too large, no GPU of its model), and per group, how many
+        # of it come before each place of the group's order: no one waits behind it (`_waiting_ahead`).
+        self._never_ids: set[int] = set()
+        self._never_before: dict[str, list[int]] = {}
         # shape -> why placing failed, in the state's generation, under the reservation then in force
         self.failed: dict[tuple[object, ...], tuple[int, Explanation, Reservation | None]] = {}
         answers = _NODE_ANSWERS
@@ -326,6 +330,7 @@ class Prepared:
             demand = row.demand
             for w in row.pending:
                 if self._never_fitting(w):
+                    self._never_ids.add(w.id)
                     demand.gpu -= w.gpus.count * w.nodes  # as Sums.add added it
                     demand.cpu -= w.cpus * w.nodes
                     demand.memory -= w.memory_bytes * w.nodes
@@ -476,6 +481,25 @@ class Prepared:
             self._rank = {v.id: i for vs in self.order.values() for i, v in enumerate(vs)}
         return self._rank.get(w.id, 0)
 
+    def _waiting_ahead(self, w: WorkloadView, place: int = -1) -> int:
+        """How many workloads come before `w` in its group's pending order that may start (`ahead_of`), less
+        those that can never fit the pool: they hold no one back, and "3 workloads ahead" of a queue whose
+        only other work is a 16-GPU job on 8 GPUs misled."""
+        ahead = self.ahead_of(w, place)
+        if ahead == 0 or not self._never_ids:
+            return ahead
+        group = w.queue if self.config.fair_share else GLOBAL
+        before = self._never_before.get(group)
+        if before is None:
+            before = []
+            count = 0
+            for v in self.order.get(group, ()):
+                before.append(count)
+                if v.id in self._never_ids:
+                    count += 1
+            self._never_before[group] = before
+        return ahead - before[ahead] if ahead < len(before) else ahead
+
     def _freeing_for(self, queue: str) -> float:
         """GPUs allocated to `queue` (and the queues below it) that stopping work is still releasing: those
         of its work left waiting for them (`Decisions.nominated`), counted in `state.allocated` though not
@@ -491,7 +515,7 @@ class Prepared:
         """Personalise a (possibly cached) capacity explanation for this workload and its queue (`place`:
         see `ahead_of`)."""
         if why.code == explain.NO_CAPACITY:
-            ahead = self.ahead_of(w, place)
+            ahead = self._waiting_ahead(w, place)
             queue = w.queue
             changes = len(self.state.accounted)
             # Asked for each workload left pending, one queue after another: the queue's standing is the

@@ -838,12 +838,25 @@ class ClusterState:
                 yield from names
 
     def largest_free_block(self) -> tuple[int, str | None]:
-        """The most whole free GPUs on one schedulable node, and that node."""
+        """The most whole free GPUs of one model on one schedulable node (a pod's GPUs are of one model:
+        placement.Placer._one_model), and that node."""
         best, where = 0, None
-        for by_count in self.buckets.values():
+        for model, by_count in self.buckets.items():
             for count, names in by_count.items():
-                if names and count > best:
+                if not names or count <= best:
+                    continue
+                if model != MIXED:
                     best, where = count, next(iter(names))
+                    continue
+                for name in names:
+                    node = self.nodes[name]
+                    per_model: dict[tuple[str, int], int] = {}
+                    for i, free in enumerate(node.free):
+                        if free >= 1.0 - EPSILON:
+                            per_model[node.signature[i]] = per_model.get(node.signature[i], 0) + 1
+                    most = max(per_model.values(), default=0)
+                    if most > best:
+                        best, where = most, name
         return best, where
 
     def free_gpus(self) -> float:

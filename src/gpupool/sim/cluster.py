@@ -1,6 +1,6 @@
 """Simulated clusters: `--cluster 64x8`, `32x8:H100,32x8:A100`, `tiresias:n32g4.csv` or
 `alibaba-openb:NODES.csv`, built once as immutable scheduler NodeViews. GPU models are spelled as the
-product spells them (`trace.gpu_models`: `32x8:h100` is H100), so that a trace's models match whatever
+product spells them (`input_files.gpu_models`: `32x8:h100` is H100), so that a trace's models match whatever
 their case."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpupool.scheduler import GpuView, NodeView
 from gpupool.sim.errors import SimError
-from gpupool.sim.trace import MIB, gpu_models, models_field, number_field, read_rows, whole_field
+from gpupool.sim.input_files import MIB, gpu_models, models_field, number_field, read_rows, whole_field
 
 GIB = 1024**3
 DEFAULT_MODEL = "GPU"  # a generic GPU: matches every request that names no model

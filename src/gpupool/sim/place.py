@@ -19,7 +19,8 @@ from typing import Any
 from gpupool.scheduler import GpuDemand, SchedulerConfig, Snapshot, WorkloadView, decide
 from gpupool.sim.cluster import Cluster
 from gpupool.sim.errors import SimError
-from gpupool.sim.trace import MIB, OPENB_POD_COLUMNS, models_field, number_field, openb_gpus, read_rows
+from gpupool.sim.input_files import MIB, models_field, number_field, read_rows
+from gpupool.sim.trace import OPENB_POD_COLUMNS, openb_gpus
 
 PLACEMENTS = ("binpack", "spread", "fragmentation")
 CURVE_STEP = 0.05  # the curve's points: every 5% of capacity of arrived demand

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpupool.scheduler import SchedulerConfig
 from gpupool.sim.errors import SimError
-from gpupool.sim.trace import read_text
+from gpupool.sim.input_files import read_text
 from gpupool.spec import SpecError, format_duration
 from gpupool.spec.scheduling import (
     DEFAULT_POLICY,

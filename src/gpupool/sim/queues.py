@@ -11,7 +11,8 @@ import yaml
 
 from gpupool.scheduler import QueueView, Share
 from gpupool.sim.errors import SimError
-from gpupool.sim.trace import TraceJob, read_text
+from gpupool.sim.input_files import read_text
+from gpupool.sim.trace import TraceJob
 from gpupool.spec import SpecError, parse_queue_spec
 from gpupool.spec.views import queue_view
 

@@ -4,7 +4,10 @@ The history comes as the API shows it (workloads, nodes and queues as JSON mappi
 no store and the CLI stays a client. Each finished workload becomes a job that asks for its GPUs for as long
 as its attempts ran, added up (a preempted job's wait between attempts is not work), less the attempts an
 eviction stopped where the workload declares no checkpoint (its next attempt did that work again; the
-replay evicts on its own); work still running counts with the time it has run so far.
+replay evicts on its own); work still running, or pending again after an eviction or a lost node,
+counts with the time it has run so far (the time its attempts ran, where it kept no work). gpupool's own
+health check jobs (queue gpupool-system) are left out: the head places them outside the scheduler, on a
+node it holds for them.
 """
 
 from __future__ import annotations
@@ -26,8 +29,12 @@ from gpupool.sim.results import SimOptions, SimResult
 from gpupool.sim.trace import TraceJob
 from gpupool.spec import SpecError
 from gpupool.spec.quantities import parse_gpu_request
+from gpupool.spec.queue import SYSTEM_QUEUE
 
 FINISHED = ("succeeded", "failed", "cancelled")
+# The states whose workloads may have run: ended, running, and pending again (evicted, requeued, held, its
+# node lost) after they ran.
+RAN = (*FINISHED, "running", "pending")
 
 
 def _stamp(value: Any) -> float | None:
@@ -59,9 +66,13 @@ def _history(
         submit, started = _stamp(w.get("created_at")), _stamp(w.get("started_at"))
         if submit is None or started is None or submit < since or w.get("kind", "job") != "job":
             continue
+        if w.get("queue") == SYSTEM_QUEUE:
+            continue
         ran = w.get("work_seconds")  # its attempts' run times, less the work lost to evictions
-        if not isinstance(ran, int | float):
-            ran = w.get("run_seconds")  # a head older than work_seconds: redone work counts again
+        if not isinstance(ran, int | float) or (ran <= 0 and w.get("state") not in FINISHED):
+            # a head older than work_seconds: redone work counts again; and work pending again that kept
+            # nothing of what it did (no checkpoint) needs at least about as long again
+            ran = w.get("run_seconds")
         if isinstance(ran, int | float):
             duration = float(ran)
         else:  # a head older than run_seconds: from its first start to its end

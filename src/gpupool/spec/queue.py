@@ -20,6 +20,9 @@ from gpupool.spec.fields import Name, Number, Seconds, Whole, check_name, field_
 from gpupool.spec.quantities import parse_size
 
 MAX_QUEUE_PRIORITY: Final = 1000
+# gpupool's own work (the nodes' health check jobs, placed by the head, not the scheduler); a top-level
+# queue with no quota, made when first needed
+SYSTEM_QUEUE: Final = "gpupool-system"
 
 QUEUE_FIELD_EXAMPLES: Final[dict[str, str]] = {
     "": "{name: nlp, resources: {gpu: {quota: 16, limit: 32}}}",

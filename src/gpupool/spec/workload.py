@@ -341,7 +341,7 @@ class WorkloadSpec(BaseModel):
         if self.kind == "service" and self.retry != RetrySpec():  # the default is what a dump gives back
             raise SpecError(
                 "retry",
-                self.retry.model_dump(),
+                self.retry.model_dump(exclude_unset=True),
                 "applies to jobs only (a service starts again whenever it stops, with no limit): remove "
                 "it, or use kind: job",
                 "{kind: service, commands: [python serve.py]}",

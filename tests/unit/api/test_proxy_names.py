@@ -1,5 +1,5 @@
 """A service by its name through the head's proxy: which service a name stands for (`choose`), and how the
-proxy remembers it (`_by_name`): read once a TARGET_TTL, read again when its service has ended, misses
+proxy remembers it (`by_name`): read once a TARGET_TTL, read again when its service has ended, misses
 read each time with a token and once a MISSING_TTL without one (each such read counted by address), the
 memory bounded. The store is stood in for by the two reads the proxy makes of it."""
 
@@ -142,7 +142,7 @@ def request(on: SimpleNamespace, name: str, token: str | None = None, path: str 
 
 
 def by_name(on: SimpleNamespace, name: str, token: str | None = None) -> tuple[int, bool]:
-    return run(proxy._by_name(request(on, name, token), name))
+    return run(proxy.by_name(request(on, name, token), name))
 
 
 def refused(on: SimpleNamespace, name: str, token: str | None = None) -> int:
@@ -166,7 +166,7 @@ def test_a_name_is_read_once_a_target_ttl_and_its_access_kept_for_admission(
     on = app(clock)
     assert [by_name(on, "llm", "alice-token") for _ in range(3)] == [(7, False), (7, True), (7, True)]
     assert store.reads == ["llm"]
-    assert on.state.proxy.access[7] == ALICE.access  # `_admit` reads no store for it
+    assert on.state.proxy.access[7] == ALICE.access  # `admit` reads no store for it
     clock.now += proxy.TARGET_TTL
     assert by_name(on, "llm", "alice-token") == (7, False)
     assert store.reads == ["llm", "llm"]
@@ -225,7 +225,7 @@ def test_without_a_token_a_name_stands_only_for_public_services(store: Store, cl
     store.services["both"] = (OPEN, Named(12, Access("erin", "public")))
     assert refused(on, "both") == 409  # public ones may be listed
     store.services["one"] = (ALICE,)
-    assert by_name(on, "one") == (7, False)  # admitted or not by `_admit`, as by id
+    assert by_name(on, "one") == (7, False)  # admitted or not by `admit`, as by id
 
 
 def test_with_a_token_the_callers_own_wins_and_a_bad_token_is_refused(store: Store, clock: Clock) -> None:
@@ -285,8 +285,8 @@ def _always(error: Exception) -> Callable[..., Coroutine[Any, Any, Response]]:
 
 def test_the_path_below_proxy_is_passed_on_even_for_a_service_named_proxy() -> None:
     on = SimpleNamespace(state=SimpleNamespace())
-    address = proxy._Address(proxy.BY_NAME, "proxy")
-    assert proxy._rest_of_path(request(on, "proxy", path="proxy/a%20b"), address) == "/proxy/a%20b"
+    address = proxy.Address(proxy.BY_NAME, "proxy")
+    assert proxy.rest_of_path(request(on, "proxy", path="proxy/a%20b"), address) == "/proxy/a%20b"
     assert address.prefix == "/api/v1/services/proxy/proxy"
     assert proxy.is_proxied("/api/v1/services/llm/proxy/v1")
     assert proxy.is_proxied("/api/v1/services/llm/proxy")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupool.cli.bench import count_text, describe
+from gpupool.cli.bench_results import count_text, describe
 
 
 def _gemm(devices: dict[str, float], name: str) -> dict[str, Any]:

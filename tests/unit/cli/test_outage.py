@@ -61,3 +61,36 @@ def test_a_wait_begun_with_no_head_waits_for_it_until_its_timeout() -> None:
     assert 2 <= time.monotonic() - began < 30
     assert out.stderr.count("cannot be reached (restarting?)") == 1
     assert "--timeout 2s passed before the head answered; the work goes on" in out.stderr
+
+
+def test_a_call_the_head_took_but_never_answered_says_a_change_may_have_been_made() -> None:
+    """A head killed while it handled a submit may have stored it: "cannot reach the server, start one"
+    invited the user to submit again (and store it twice)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def hang_up() -> None:  # reads each request, then closes the connection without a word
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    try:
+        client = Client(server=f"http://127.0.0.1:{port}", token="t")
+        with pytest.raises(ConnectionFailed) as submitted:
+            client.submit({"commands": ["true"]})
+        said = str(submitted.value)
+        assert "took the call but gave no answer (RemoteProtocolError)" in said, said
+        assert "may have carried it out" in said and "check with `gpupool ps`" in said
+        assert "start one with `gpupool server`" not in said
+        with pytest.raises(ConnectionFailed, match="may be restarting; try again in a moment"):
+            client.workloads()
+    finally:
+        listener.close()

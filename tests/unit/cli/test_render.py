@@ -9,15 +9,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gpupool.cli.render import (
-    QUEUE_COLUMNS,
-    _budget_cell,
-    efficiency_line,
-    ps_table,
-    queue_lines,
-    queues_table,
-    usage_table,
-)
+from gpupool.cli.render import efficiency_line, ps_table
+from gpupool.cli.render_queues import QUEUE_COLUMNS, _budget_cell, queue_lines, queues_table
+from gpupool.cli.render_usage import usage_table
 
 
 def _task(wid: int, index: int, state: str, reason: str = "") -> dict[str, Any]:
@@ -244,6 +238,17 @@ def test_why_says_when_reclaim_gives_a_queue_no_more_for_a_job_larger_than_its_q
     assert _beyond_reclaim({**six, "gpus": "H100:2", "nodes": 2}, queue, 5.14) == ""  # 4: within its quota
     assert _beyond_reclaim(six, queue, 6.0) == ""  # within its fair share: reclaim may act
     assert _beyond_reclaim({**six, "reason_code": "queue-limit"}, queue, 1.0) == ""
+    # within its quota, above its fair share: the quotas promise more than there is (a node out)
+    nlp = {"name": "nlp", "gpus_allocated": 12.0, "resources": {"gpu": {"quota": 20}}}
+    four = {**six, "gpus": "4"}
+    assert _beyond_reclaim(four, nlp, 15.0) == (
+        "reclaim takes no GPUs from other queues for it: with its 4 GPUs queue nlp would hold 16, above its "
+        "fair share (15), the most reclaim gives a queue, although within its quota (20): the quotas it "
+        "shares GPUs under promise more than there are (nodes out of service, or a parent queue's smaller "
+        "share), so each queue's guarantee shrinks in proportion (`gpupool queues`: FAIR SHARE); it starts "
+        "when 4 GPUs come free"
+    )
+    assert _beyond_reclaim(four, nlp, 16.0) == ""
 
 
 def test_a_budget_that_stops_running_work_says_so_in_queue_show_and_the_table() -> None:
@@ -330,3 +335,15 @@ def test_counts_of_one_are_said_in_the_singular() -> None:
         "2 nodes",
         "1 node",
     ]
+
+
+def test_ps_with_nothing_to_list_says_what_it_looked_for() -> None:
+    from gpupool.cli.workloads import _none_listed
+
+    assert _none_listed(None, None, None, None, False) == "no pending or running workloads (see --all)"
+    assert _none_listed(None, None, None, None, True) == "no workloads"
+    assert _none_listed("pending,running", "research", None, None, False) == (
+        "no pending or running workloads in queue research"
+    )
+    said = _none_listed("failed", None, "alice", "train", True)
+    assert said == "no failed workloads named train of user alice"

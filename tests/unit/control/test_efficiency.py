@@ -89,7 +89,12 @@ def test_figures_are_written_every_flush_interval_and_at_the_end_only() -> None:
     assert first[7]["gpu_utilization_pct"] == pytest.approx(50.0)
     _feed(cache, 0, START + 6, START + 12, 100.0)
     _feed(cache, 1, START + 6, START + 12, 100.0)
-    assert watch.look([tracked, quiet], {}, START + 12) == {}  # counted, not written: not yet due
+    # 7 counted, not written: not yet due; a new attempt (a requeued job's next) gets its first figures at
+    # once, not up to FLUSH_INTERVAL later ("no GPU telemetry" meanwhile)
+    new = Tracked(9, START + 6, (("n1", 2),), Efficiency())
+    _feed(cache, 2, START + 6, START + 12, 80.0)
+    assert set(watch.look([tracked, quiet, new], {}, START + 12)) == {9}
+    assert watch.look([tracked, quiet, new], {}, START + 13) == {}
     due = watch.look([tracked, quiet], {}, START + 6 + FLUSH_INTERVAL)
     assert due[7]["gpu_utilization_pct"] > 50.0
     _feed(cache, 0, START + 12, START + 20, 0.0)

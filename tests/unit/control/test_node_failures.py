@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from gpupool.backends.agent import AgentBackend
 from gpupool.backends.base import BackendUnavailable, Handle, Launch
-from gpupool.control import loop, submission
+from gpupool.control import carry_out, submission
 from gpupool.control.loop import Reconciler
 from gpupool.spec import parse_workload_spec
 from gpupool.store.db import Store
@@ -123,7 +123,7 @@ def test_a_backend_that_cannot_take_work_leaves_it_pending_at_no_cost(
 ) -> None:
     """Slurm's controller unreachable is no node failure: the work waits pending, uses no restart and no
     node failure, is charged nothing, says why, and starts once the backend answers."""
-    monkeypatch.setattr(loop, "BACKEND_RETRY", 0.3)
+    monkeypatch.setattr(carry_out, "BACKEND_RETRY", 0.3)
     clock = Clock()
     reconciler, backend = in_process_head(store, tmp_path, clock, LEASE, NODES)
     reconciler.tick()

@@ -16,11 +16,11 @@ from gpupool import scheduler
 from gpupool.control.errors import Conflict
 from gpupool.control.health import RECHECKING, HealthMonitor
 from gpupool.control.health_jobs import CheckInterrupted, CheckJobs, job_spec
-from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.telemetry import TelemetryCache
 from gpupool.health import checks
 from gpupool.health.thresholds import HealthConfig, Schedule
 from gpupool.spec import WorkloadSpec
+from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.spec.views import queue_view
 from gpupool.store.db import Store
 from gpupool.store.models import Attempt, Event, Gpu, Node, Queue, Workload

@@ -181,6 +181,9 @@ def test_a_lost_gpu_fails_the_active_checks() -> None:
     gpus.fall_off_bus(1)
     verdict = checks.active(SimulatedRunner(gpus).run("quick"), CONFIG)
     assert "GPU 1: does not answer (fallen off the bus)" in verdict.evidence
+    # the passive checks see it too, in the same words: the node's evidence says it once
+    both = checks.combine(judge(gpus), verdict)
+    assert both.evidence.count("GPU 1: does not answer (fallen off the bus)") == 1, both.evidence
 
 
 def test_a_mixed_node_reports_the_all_reduce_of_its_slowest_link() -> None:

@@ -42,6 +42,31 @@ def test_each_pending_workload_is_told_how_many_of_its_queue_come_before_it() ->
     assert decisions.explanations[13].message.endswith("; 2 workloads ahead")
 
 
+def test_work_that_can_never_fit_the_pool_is_not_counted_ahead_of_anyone() -> None:
+    # 10 (16 GPUs on 2) and 11 (a model the pool lacks) come first in queue a's order, but hold no one back
+    scenario = parse_scenario(
+        {
+            "description": "never ahead",
+            "nodes": [{"name": "n1", "gpus": 2}],
+            "queues": [{"name": "a", "gpu": 2}],
+            "running": [{"id": 1, "queue": "a", "on": {"n1": "0-1"}}],
+            "pending": [
+                {"id": 10, "queue": "a", "gpus": 16},
+                {"id": 11, "queue": "a", "gpus": "L4:1"},
+                {"id": 12, "queue": "a"},
+                {"id": 13, "queue": "a"},
+            ],
+            "expect": {"binds": {}},
+        },
+        "never_ahead",
+    )
+    decisions = decide(scenario.snapshot, scenario.now)
+    codes = {wid: e.code for wid, e in decisions.explanations.items()}
+    assert codes[10] == "too-large" and codes[11] == "no-matching-gpu"
+    ahead = {wid: _ahead(decisions.explanations[wid].message) for wid in (12, 13)}
+    assert ahead == {12: 0, 13: 1}, {w: decisions.explanations[w].message for w in (12, 13)}
+
+
 def test_work_held_back_by_strict_order_names_the_workload_it_waits_behind() -> None:
     # 10 blocks the queue until preempt makes room for it; then 11 is tried and does not fit (nothing it
     # may evict): 12, which would fit on the free GPU, waits behind 11, not behind 10.

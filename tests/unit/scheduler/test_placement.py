@@ -115,6 +115,39 @@ def test_gpu_model_and_memory_constraints_are_honoured() -> None:
     assert d.explanations[3].code == "no-matching-gpu"
 
 
+def mixed(name: str = "mix") -> NodeView:
+    """A node of 4 H100s (0-3) and 4 L4s (4-7)."""
+    gpus = [GpuView(i, "H100", 85 * GB, 0) for i in range(4)] + [
+        GpuView(i, "L4", 24 * GB, 0) for i in range(4, 8)
+    ]
+    return NodeView(name=name, schedulable=True, state="ready", gpus=tuple(gpus))
+
+
+def test_a_pods_gpus_are_all_of_one_model_on_a_node_of_several() -> None:
+    # 2 H100s and 2 L4s free: 4 GPUs, but no 4 of one model; 2 fit on the model with the fewest free
+    busy = (running(8, "mix", (0, 1)), running(9, "mix", (4, 5)))
+    d = decide(Snapshot((mixed(),), (job(1, 4),), running=busy), now=0)
+    assert not d.binds and d.explanations[1].message.endswith("the largest free block is 2 GPUs on mix")
+    d = decide(Snapshot((mixed(),), (job(1, 2), job(2, 2)), running=busy), now=0)
+    assert [b.gpu_indices for b in d.binds] == [(2, 3), (6, 7)]
+    d = decide(Snapshot((mixed(),), (job(1, 3),), running=(running(9, "mix", (4,)),)), now=0)
+    assert d.binds[0].gpu_indices == (5, 6, 7)  # binpack: the 3 L4s left, not 3 of the 4 H100s
+    # a fraction or a single GPU is of one model anyway; a demand naming both models still gets one
+    d = decide(Snapshot((mixed(),), (job(1, 6, models=("H100", "L4")),)), now=0)
+    assert not d.binds
+    d = decide(Snapshot((mixed(), mixed("mix2")), (job(1, 4, models=("H100", "L4")), job(2, 4))), now=0)
+    assert [b.gpu_indices for b in d.binds] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+def test_fragmentation_counts_a_mixed_nodes_room_per_model() -> None:
+    config = SchedulerConfig(placement="fragmentation")
+    busy = (running(8, "mix", (0, 1)), running(9, "mix", (4, 5)))
+    d = decide(Snapshot((mixed(),), (job(1, 4),), running=busy, config=config), now=0)
+    assert not d.binds
+    d = decide(Snapshot((mixed(),), (job(1, 2),), running=busy, config=config), now=0)
+    assert d.binds[0].gpu_indices in ((2, 3), (6, 7))
+
+
 def test_cordoned_nodes_take_no_work_and_say_so() -> None:
     d = decide(Snapshot((node(schedulable=False, state="cordoned"),), (job(1),)), now=0)
     assert not d.binds and d.explanations[1].code == "no-capacity"

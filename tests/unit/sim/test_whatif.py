@@ -71,6 +71,18 @@ def test_work_an_eviction_made_a_job_do_again_is_replayed_once() -> None:
     assert job.duration == 2400.0
 
 
+def test_work_pending_again_after_it_ran_is_replayed_and_gpupools_own_checks_are_not() -> None:
+    evicted = {**workload("pending", "2", "2026-11-30T10:00:00+00:00", None), "work_seconds": 600.0}
+    check = {**workload("succeeded", "8", "2026-11-30T10:00:00+00:00", "2026-11-30T10:00:01+00:00"),
+             "queue": "gpupool-system", "work_seconds": 1.0}  # fmt: skip
+    (job,) = history_jobs([evicted, check], since=0.0, now=1_796_036_400.0)
+    assert (job.gpus, job.duration, job.queue) == (2.0, 600.0, "nlp")
+    # evicted with no checkpoint, it kept no work: it needs about as long as its attempts ran, again
+    lost = {**evicted, "work_seconds": 0.0, "run_seconds": 300.0}
+    assert [j.duration for j in history_jobs([lost], since=0.0, now=1_796_036_400.0)] == [300.0]
+    assert measured_jcts([evicted, check], 0.0, 1_796_036_400.0) == {}  # neither ended as a job to compare
+
+
 def test_changes_add_and_remove_nodes_and_set_quotas() -> None:
     nodes = parse_groups("2x8", "--cluster")
     queues = [QueueView("nlp", gpu=Share(quota=4.0, limit=6.0))]

@@ -6,12 +6,13 @@ the service is cancelled and submitted again.
 The request goes, with its method, path below `proxy/`, query, headers and body, to the address the
 service's running attempt listens on (`GPUPOOL_PORT` on rank 0's node); the answer comes back streamed, so
 server-sent events and long downloads pass as they come. Who may reach a service is its spec's `access`
-(`_admit`): its owner and admins (private, the default), any token of this head (pool), or anyone
+(`admit`): its owner and admins (private, the default), any token of this head (pool), or anyone
 (public). The head's own bearer token is checked like any API call's and is not passed on; the body is the
 service's business (no NUL check, unlike the API's own routes, and no size limit: it is streamed on as it
 arrives, never held by the head). The client's own X-Forwarded-* and Forwarded headers are dropped: the
-head writes its own, so a service can believe them. By name, the name is read to an id (`_by_name`),
-and from there all is as by id. See docs/user-guide.md#reaching-a-service.
+head writes its own, so a service can believe them. By name, the name is read to an id (`by_name`),
+and from there all is as by id. WebSockets to a service: api/routes/proxy_websocket.py. See
+docs/user-guide.md#reaching-a-service.
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.requests import HTTPConnection
-from starlette.websockets import WebSocket
-from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidHandshake
 
 from gpupool.api.auth import caller_from, refuse_viewer_change
 from gpupool.api.errors import ApiError
@@ -41,17 +39,10 @@ from gpupool.control.autoscale import Load
 from gpupool.control.errors import NotFound, ServiceError
 from gpupool.control.readiness import word_on
 from gpupool.control.service_targets import NotServing, ServiceTarget, service_targets
-from gpupool.websocket_relay import relay
 
 router = APIRouter(tags=["services"])
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-# Sent once more, to another replica when one takes requests, after the one it went to closed the
-# connection without a word of answer (it crashed or was stopped while it had the request, or closed a
-# kept-alive connection as it was reused): the idempotent methods (RFC 9110, 9.2.2) with no body, which a
-# second sending cannot change the outcome of, and which the head need not keep a copy of to send again.
-# Anything else gets the 502 that says what happened: its first sending may have taken effect.
-SENT_AGAIN = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # Not passed on: hop-by-hop headers (RFC 9110, 7.6.1), the head's own credentials, and the host (the
 # client library names the service's). Content-Length is kept: a body is streamed on with its length.
 DROPPED_REQUEST = frozenset(
@@ -59,14 +50,11 @@ DROPPED_REQUEST = frozenset(
      "transfer-encoding", "upgrade", "host", "authorization"}
 )  # fmt: skip
 # The head's server writes its own Date and Server headers: the service's would come twice.
-# Not passed on to a WebSocket upgrade: what the client library writes itself for the new handshake.
-DROPPED_UPGRADE = DROPPED_REQUEST | {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
-                                     "sec-websocket-protocol"}  # fmt: skip
 DROPPED_RESPONSE = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
      "transfer-encoding", "upgrade", "date", "server"}
 )  # fmt: skip
-# What a client says about where a request came from is not passed on: the head writes its own (`_forwarded`).
+# What a client says about where a request came from is not passed on: the head writes its own (`forwarded`).
 FORWARDED_PREFIX = "x-forwarded-"
 FORWARDED = "forwarded"  # RFC 7239
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0)
@@ -86,9 +74,6 @@ REST = 5.0
 # is always looked up: access once seen is kept, and a miss must not let a new private service by.)
 MISSING_TTL = 2.0
 PUBLIC_SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-downloads"
-# What `_admit` is told a WebSocket does: not a read (a WebSocket carries data both ways), so no viewer
-# opens one, as no viewer may POST to a service.
-WEBSOCKET = "WEBSOCKET"
 BY_ID = "/api/v1/workloads/"
 BY_NAME = "/api/v1/services/"
 # What the proxy tries again once, reading the name afresh, when the service a remembered name stood for
@@ -104,22 +89,13 @@ def is_proxied(path: str) -> bool:
     return _PROXIED.match(path) is not None
 
 
-class _Unanswered(Exception):
-    """The replica closed the connection before answering a request that may be sent again (SENT_AGAIN);
-    `error` is what the caller is told when it is not."""
-
-    def __init__(self, error: ApiError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def _passed_on(name: str, dropped: frozenset[str]) -> bool:
+def passed_on(name: str, dropped: frozenset[str]) -> bool:
     """Whether a request header of this (lowercase) name goes on to the service."""
     return name not in dropped and name != FORWARDED and not name.startswith(FORWARDED_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
-class _Address:
+class Address:
     """Where a request reached the proxy: below `start` (BY_ID or BY_NAME), at the service's id or name."""
 
     start: str
@@ -131,7 +107,7 @@ class _Address:
         return f"{self.start}{self.key}/proxy"
 
 
-def _forwarded(connection: HTTPConnection, address: _Address) -> list[tuple[str, str]]:
+def forwarded(connection: HTTPConnection, address: Address) -> list[tuple[str, str]]:
     """The head's own X-Forwarded-* headers: the client's address (the peer's, or what a proxy trusted
     by `gpupool server --forwarded-allow-ips` said), the host and scheme it asked for, and the path prefix
     the service is reached under."""
@@ -180,12 +156,12 @@ class ProxyState:
         return choices[turn % len(choices)]
 
 
-def _state(request: HTTPConnection) -> ProxyState:
+def proxy_state(request: HTTPConnection) -> ProxyState:
     state: ProxyState = request.app.state.proxy
     return state
 
 
-def _rest_of_path(request: HTTPConnection, address: _Address) -> str:
+def rest_of_path(request: HTTPConnection, address: Address) -> str:
     """The path below `proxy/` as the client wrote it (still percent-encoded), with its query."""
     raw = request.scope.get("raw_path") or request.url.path.encode()
     path = raw.decode("latin-1")
@@ -195,12 +171,12 @@ def _rest_of_path(request: HTTPConnection, address: _Address) -> str:
     return f"{rest}?{query}" if query else rest
 
 
-async def _admit(connection: HTTPConnection, workload_id: int, method: str) -> bool:
+async def admit(connection: HTTPConnection, workload_id: int, method: str) -> bool:
     """Refuse (ApiError 401 or 403) a caller the service's `access` does not let through; whether the
     service is public. An id that names no workload needs a token too: without one nobody learns which
     ids exist."""
     runtime = connection.app.state.runtime
-    state = _state(connection)
+    state = proxy_state(connection)
     access = state.access.get(workload_id)
     anonymous = "authorization" not in connection.headers
     if access is None and not (anonymous and state.missing.get(workload_id, 0.0) > time.monotonic()):
@@ -242,13 +218,13 @@ def _count_anonymous(connection: HTTPConnection) -> None:
         )
 
 
-async def _by_name(connection: HTTPConnection, name: str) -> tuple[int, bool]:
+async def by_name(connection: HTTPConnection, name: str) -> tuple[int, bool]:
     """The id of the service `name` stands for (`service_names.choose`), and whether the name's services
     were remembered (read in the last TARGET_TTL seconds) rather than read now. Refused: 404 for a name
     no pending or running service has, 409 for one several have (neither the caller's alone); and 401
     without a token unless the name stands for public services alone, as for an id: nobody without a
     token learns which names exist."""
-    state = _state(connection)
+    state = proxy_state(connection)
     now = time.monotonic()
     anonymous = "authorization" not in connection.headers
     hit = state.names.get(name)
@@ -276,7 +252,7 @@ async def _by_name(connection: HTTPConnection, name: str) -> tuple[int, bool]:
     if chosen is None:
         assert caller is not None  # no service of the name: only a caller with a good token gets here
         raise NotFound(await _missing(connection, name, caller), field="name")
-    if chosen.service_id not in state.access:  # what `_admit` would read: its owner and spec never change
+    if chosen.service_id not in state.access:  # what `admit` would read: its owner and spec never change
         _remember(state.access, chosen.service_id, chosen.access)
     return chosen.service_id, remembered
 
@@ -285,7 +261,7 @@ async def _missing(connection: HTTPConnection, name: str, caller: str) -> str:
     """What a caller with a token is told of a name no pending or running service has. Whether one of it
     ended lately is a scan of the name's past work: made at most once a MISSING_TTL per name, and counted
     under the caller's token as an API call is; past the token's rate limit, it is not looked up."""
-    state = _state(connection)
+    state = proxy_state(connection)
     now = time.monotonic()
     said = state.missing_said.get(name)
     if said is not None and said[0] > now:
@@ -305,14 +281,16 @@ def _remember(cache: dict[K, V], key: K, value: V) -> None:
     cache[key] = value
 
 
-async def _target(request: HTTPConnection, workload_id: int, avoid: str = "") -> tuple[ServiceTarget, bool]:
+async def next_target(
+    request: HTTPConnection, workload_id: int, avoid: str = ""
+) -> tuple[ServiceTarget, bool]:
     """The next of the service's replicas to send to (round robin over those that take requests; the
     endpoint `avoid`, and those resting after a failed connection (REST), only when no other does), and
     whether it is remembered: from the last second's read while one of those is still ready, else read
     from the store (which refuses, as `service_targets` says: 503 with the live reason, and
     Retry-After when a crash-loop backoff says when)."""
     runtime = request.app.state.runtime
-    state = _state(request)
+    state = proxy_state(request)
     hit = state.targets.get(workload_id)
     now = time.monotonic()
     if hit is not None and hit[0] > now:
@@ -349,23 +327,22 @@ async def _target(request: HTTPConnection, workload_id: int, avoid: str = "") ->
 
 
 async def _send(
-    request: Request, workload_id: int, target: ServiceTarget, address: _Address
+    request: Request, workload_id: int, target: ServiceTarget, address: Address
 ) -> httpx.Response:
     """The request passed on to `target`, its answer's head read (the body follows as it is streamed);
     the service's failures to answer as the API's errors, a connection refused or not accepted in time
-    (nothing was sent) as httpx raises it, and one closed without an answer to a request that may be
-    sent again as `_Unanswered`."""
+    (nothing was sent) as httpx raises it."""
     headers = [
         (name, value)
         for name, value in request.headers.raw
-        if _passed_on(name.decode("latin-1").lower(), DROPPED_REQUEST)
+        if passed_on(name.decode("latin-1").lower(), DROPPED_REQUEST)
     ]
-    headers += [(name.encode(), value.encode("latin-1")) for name, value in _forwarded(request, address)]
+    headers += [(name.encode(), value.encode("latin-1")) for name, value in forwarded(request, address)]
     has_body = "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
-    client = _state(request).client
+    client = proxy_state(request).client
     outgoing = client.build_request(
         request.method,
-        f"http://{target.endpoint}{_rest_of_path(request, address)}",
+        f"http://{target.endpoint}{rest_of_path(request, address)}",
         headers=headers,
         content=request.stream() if has_body else None,
     )
@@ -374,30 +351,26 @@ async def _send(
     except (httpx.ConnectError, httpx.ConnectTimeout):
         raise
     except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        error = ApiError(
+        # It had the request, and may have acted on it: never sent again, to this replica or another (a
+        # request that crashes the replica it reaches would crash them all, one after another).
+        forget(request, workload_id)
+        raise ApiError(
             502,
             "bad_gateway",
             f"{target.described} closed the connection before answering ({exc or type(exc).__name__}): it "
             "crashed or was stopped while it had the request",
-        )
-        if not has_body and request.method in SENT_AGAIN:
-            raise _Unanswered(error) from exc
-        _forget(request, workload_id)
-        _state(request).rest(target.endpoint)
-        raise error from exc
+        ) from exc
     except httpx.TimeoutException as exc:
-        _forget(request, workload_id)
+        forget(request, workload_id)
         raise ApiError(
             504, "gateway_timeout", f"{target.described} did not answer in time ({type(exc).__name__})"
         ) from exc
     except httpx.HTTPError as exc:
-        _forget(request, workload_id)
+        forget(request, workload_id)
         raise _unreachable(target, exc) from exc
 
 
 def _unreachable(target: ServiceTarget, exc: Exception) -> ApiError:
-    if isinstance(exc, _Unanswered):
-        return exc.error
     if isinstance(exc, httpx.ConnectTimeout):
         return ApiError(
             504,
@@ -414,8 +387,8 @@ def _unreachable(target: ServiceTarget, exc: Exception) -> ApiError:
     )
 
 
-def _forget(request: HTTPConnection, workload_id: int) -> None:
-    _state(request).targets.pop(workload_id, None)
+def forget(request: HTTPConnection, workload_id: int) -> None:
+    proxy_state(request).targets.pop(workload_id, None)
 
 
 @router.api_route(
@@ -424,7 +397,7 @@ def _forget(request: HTTPConnection, workload_id: int) -> None:
     include_in_schema=False,
 )
 def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
-    return _to_root(request, _Address(BY_ID, str(workload_id)))
+    return _to_root(request, Address(BY_ID, str(workload_id)))
 
 
 @router.api_route(
@@ -433,10 +406,10 @@ def proxy_root(request: Request, workload_id: int) -> RedirectResponse:
     include_in_schema=False,
 )
 def proxy_by_name_root(request: Request, name: str) -> RedirectResponse:
-    return _to_root(request, _Address(BY_NAME, name))
+    return _to_root(request, Address(BY_NAME, name))
 
 
-def _to_root(request: Request, address: _Address) -> RedirectResponse:
+def _to_root(request: Request, address: Address) -> RedirectResponse:
     query = request.url.query
     return RedirectResponse(f"{address.prefix}/" + (f"?{query}" if query else ""), status_code=307)
 
@@ -448,7 +421,7 @@ def _to_root(request: Request, address: _Address) -> RedirectResponse:
     response_class=Response,
 )
 async def proxy(request: Request, workload_id: int, path: str) -> Response:
-    return await _reached(request, workload_id, _Address(BY_ID, str(workload_id)))
+    return await _reached(request, workload_id, Address(BY_ID, str(workload_id)))
 
 
 @router.api_route(
@@ -458,8 +431,8 @@ async def proxy(request: Request, workload_id: int, path: str) -> Response:
     response_class=Response,
 )
 async def proxy_by_name(request: Request, name: str, path: str) -> Response:
-    address = _Address(BY_NAME, name)
-    workload_id, remembered = await _by_name(request, name)
+    address = Address(BY_NAME, name)
+    workload_id, remembered = await by_name(request, name)
     try:
         return await _reached(request, workload_id, address)
     except (ServiceError, ApiError) as exc:
@@ -467,15 +440,15 @@ async def proxy_by_name(request: Request, name: str, path: str) -> Response:
             raise
     # The service the name stood for a moment ago has ended (nothing was sent to it): the name is read
     # again, for the service submitted again under it, or for the reason there is none.
-    _state(request).names.pop(name, None)
-    workload_id, _ = await _by_name(request, name)
+    proxy_state(request).names.pop(name, None)
+    workload_id, _ = await by_name(request, name)
     return await _reached(request, workload_id, address)
 
 
-async def _reached(request: Request, workload_id: int, address: _Address) -> Response:
+async def _reached(request: Request, workload_id: int, address: Address) -> Response:
     """The service `workload_id`'s answer to `request`, once its `access` admits the caller."""
-    public = await _admit(request, workload_id, request.method)
-    flight = _InFlight(request.app.state.runtime.load, workload_id)  # the autoscaler's measure
+    public = await admit(request, workload_id, request.method)
+    flight = InFlight(request.app.state.runtime.load, workload_id)  # the autoscaler's measure
     try:
         response = await _proxied(request, workload_id, address, flight)
         if public:
@@ -488,7 +461,7 @@ async def _reached(request: Request, workload_id: int, address: _Address) -> Res
         raise
 
 
-class _InFlight:
+class InFlight:
     """One request counted by the autoscaler's `Load`: begun once it is passed on to a replica (`to`; a
     request refused before, no replica taking requests, is no load), ended once (`done`), when its answer
     has been sent whole, or the client went away, or it failed. Also counted per replica, which is stopped,
@@ -529,7 +502,7 @@ class _InFlight:
             self.replica = None
 
 
-async def _streamed(answer: httpx.Response, flight: _InFlight) -> AsyncIterator[bytes]:
+async def _streamed(answer: httpx.Response, flight: InFlight) -> AsyncIterator[bytes]:
     try:
         async for chunk in answer.aiter_raw():
             yield chunk
@@ -537,40 +510,39 @@ async def _streamed(answer: httpx.Response, flight: _InFlight) -> AsyncIterator[
         flight.done()
 
 
-async def _close(answer: httpx.Response, flight: _InFlight) -> None:
+async def _close(answer: httpx.Response, flight: InFlight) -> None:
     flight.done()
     await answer.aclose()
 
 
-async def _proxied(request: Request, workload_id: int, address: _Address, flight: _InFlight) -> Response:
-    target, remembered = await _target(request, workload_id)
+async def _proxied(request: Request, workload_id: int, address: Address, flight: InFlight) -> Response:
+    target, remembered = await next_target(request, workload_id)
     flight.to(target.workload_id)
-    state = _state(request)
+    state = proxy_state(request)
     try:
         answer = await _send(request, workload_id, target, address)
-    except (httpx.ConnectError, httpx.ConnectTimeout, _Unanswered) as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         hit = state.targets.get(workload_id)
         others = hit is not None and any(t.endpoint != target.endpoint for t in hit[1])
-        _forget(request, workload_id)
+        forget(request, workload_id)
         state.rest(target.endpoint)
         if not remembered and not others:
             flight.unreached()
             raise _unreachable(target, exc) from exc
-        # Nothing reached the service (refused, or not accepted in time: a hung process), or it closed
-        # the connection without a word to a request that may be sent again: where its replicas run is
-        # read afresh (this one may have ended, or started again on another port), and the request is
-        # sent once more, to another replica when one takes requests, or refused as the store's state
-        # says.
+        # Nothing reached the service (refused, or not accepted in time: a hung process): where its
+        # replicas run is read afresh (this one may have ended, or started again on another port), and
+        # the request is sent once more, to another replica when one takes requests, or refused as the
+        # store's state says.
         try:
-            target, _ = await _target(request, workload_id, avoid=target.endpoint)
+            target, _ = await next_target(request, workload_id, avoid=target.endpoint)
         except (ServiceError, ApiError):
             flight.unreached()
             raise
         flight.to(target.workload_id)
         try:
             answer = await _send(request, workload_id, target, address)
-        except (httpx.ConnectError, httpx.ConnectTimeout, _Unanswered) as again:
-            _forget(request, workload_id)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as again:
+            forget(request, workload_id)
             state.rest(target.endpoint)
             flight.unreached()
             raise _unreachable(target, again) from again
@@ -589,104 +561,3 @@ async def _proxied(request: Request, workload_id: int, address: _Address, flight
         (b"x-gpupool-workload", str(target.workload_id).encode())
     ]
     return response
-
-
-async def proxy_websocket(websocket: WebSocket, workload_id: int, path: str) -> None:
-    """A WebSocket to a running service, passed through message by message both ways (text and binary),
-    until either side closes. Registered on the app itself (`app.py`): the API router's dependencies read
-    an HTTP request. A caller its `access` refuses (a missing or bad token, someone else's private service,
-    a viewer: a WebSocket sends as well as reads) is refused at the handshake (HTTP 403); a service that
-    cannot be reached closes it at once with the reason (1008: not a service or ended; 1013: not running
-    or not ready yet, try again; 1011: nothing answers on its port)."""
-    if not await _admitted(websocket, workload_id):
-        return
-    try:
-        target, _ = await _target(websocket, workload_id)
-    except (ServiceError, ApiError) as exc:
-        await _refuse(websocket, exc)
-        return
-    await _relayed(websocket, workload_id, target, _Address(BY_ID, str(workload_id)))
-
-
-async def proxy_websocket_by_name(websocket: WebSocket, name: str, path: str) -> None:
-    """As `proxy_websocket`, to the service `name` stands for (`_by_name`); a name that stands for none or
-    for several closes it at once with the reason (1008), as an ended service does. Registered on the app
-    itself, as that one."""
-    found = await _named_target(websocket, name)
-    if found is not None:
-        await _relayed(websocket, *found, _Address(BY_NAME, name))
-
-
-async def _named_target(websocket: WebSocket, name: str) -> tuple[int, ServiceTarget] | None:
-    """The service `name` stands for, admitted, and its replica to relay to; None once refused (and the
-    socket closed). A remembered name whose service has ended is read again once, as `proxy_by_name` does."""
-    for again in (False, True):
-        try:
-            workload_id, remembered = await _by_name(websocket, name)
-        except ServiceError as exc:
-            await _refuse(websocket, exc)
-            return None
-        except ApiError:
-            await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
-            return None
-        if not await _admitted(websocket, workload_id):
-            return None
-        try:
-            target, _ = await _target(websocket, workload_id)
-            return workload_id, target
-        except (ServiceError, ApiError) as exc:
-            if again or not remembered or exc.status not in GONE:
-                await _refuse(websocket, exc)
-                return None
-            _state(websocket).names.pop(name, None)
-    return None
-
-
-async def _admitted(websocket: WebSocket, workload_id: int) -> bool:
-    """Whether the service's `access` admits the caller; else the handshake is refused (HTTP 403)."""
-    try:
-        await _admit(websocket, workload_id, WEBSOCKET)
-    except ApiError:
-        await websocket.close(code=1008)  # before the handshake: the client sees HTTP 403
-        return False
-    return True
-
-
-async def _refuse(websocket: WebSocket, exc: ServiceError | ApiError) -> None:
-    """Accepted and closed at once with why the service takes no WebSocket now."""
-    await websocket.accept()
-    await websocket.close(code=1013 if exc.status == 503 else 1008, reason=_short(exc.message))
-
-
-async def _relayed(websocket: WebSocket, workload_id: int, target: ServiceTarget, address: _Address) -> None:
-    flight = _InFlight(websocket.app.state.runtime.load, workload_id)  # the autoscaler's measure
-    flight.to(target.workload_id)
-    try:
-        headers = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in websocket.headers.raw
-            if _passed_on(name.decode("latin-1").lower(), DROPPED_UPGRADE)
-        ]
-        headers += _forwarded(websocket, address)
-        url = f"ws://{target.endpoint}{_rest_of_path(websocket, address)}"
-        subprotocols = websocket.scope.get("subprotocols") or None
-        try:
-            upstream = await connect(
-                url, additional_headers=headers, subprotocols=subprotocols, max_size=None, open_timeout=10
-            )
-        except (OSError, InvalidHandshake, TimeoutError) as exc:
-            _forget(websocket, workload_id)
-            await websocket.accept()
-            reason = f"{target.described} refused the WebSocket: {exc}"
-            await websocket.close(code=1011, reason=_short(reason))
-            return
-        await websocket.accept(subprotocol=upstream.subprotocol)
-        await relay(websocket.receive, websocket.send, upstream)
-    finally:
-        flight.done()
-
-
-def _short(reason: str) -> str:
-    """A close reason fits in 123 bytes (RFC 6455, 5.5)."""
-    data = reason.encode()
-    return reason if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."

@@ -16,10 +16,10 @@ from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
 from gpupool.control import access, attempt_logs, changes, service_replicas, submission, workloads
 from gpupool.control.notify import check_allowed
-from gpupool.control.queues import SYSTEM_QUEUE
 from gpupool.control.tokens import Caller
 from gpupool.spec import parse_duration, parse_workload_spec
 from gpupool.spec.priority import PRIORITY_CLASSES
+from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.spec.replicas import RANGE
 
 router = APIRouter(prefix="/workloads", tags=["workloads"])
