@@ -52,6 +52,10 @@ def test_an_unknown_query_parameter_is_refused_naming_those_the_route_takes(serv
                 "hodl")  # fmt: skip
         assert client.get("/api/v1/workloads", params={"all": "true"}).json() == []  # nothing was stored
         assert client.get("/api/v1/workloads", params={"state": "running", "limit": 5}).status_code == 200
+        # a user no token names and who never submitted: a typo, not "no work" (as `usage -u` says)
+        said = refused(client.get("/api/v1/workloads", params={"user": "alcie"}), 422, "user")
+        assert "no work was ever submitted by 'alcie' and no token has that name" in said
+        assert client.get("/api/v1/workloads", params={"user": "admin"}).json() == []  # a token's name
 
 
 @pytest.mark.parametrize("workload_id", [1 << 63, 10**30])

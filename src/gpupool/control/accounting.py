@@ -35,11 +35,12 @@ from sqlalchemy.orm import Session
 from gpupool.control.config_files import parse_file
 from gpupool.control.errors import Invalid
 from gpupool.control.lifecycle import CANCELLED, EVICTED, FAILED, SUCCEEDED
+from gpupool.control.tokens import known_user
 from gpupool.gpu.catalog import families, known_models
 from gpupool.spec import SpecError, parse_duration
 from gpupool.spec.prices import DEFAULT_MODEL, PricesSpec, parse_prices_spec
 from gpupool.store.db import Store
-from gpupool.store.models import ApiToken, Attempt, Gpu, Node, Queue, Workload
+from gpupool.store.models import Attempt, Gpu, Node, Queue, Workload
 from gpupool.timeutil import as_utc
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ def usage(
                 field="queue",
             )
         for name in users or ():
-            if not _known_user(s, name):
+            if not known_user(s, name):
                 raise Invalid(
                     f"user: no work was ever submitted by {name!r} and no token has that name; check the "
                     "spelling (`gpupool ps --all` shows who submitted what)",
@@ -305,13 +306,6 @@ def _known_queue(s: Session, queue: str) -> bool:
     if s.scalar(select(Queue.id).where(Queue.name == queue)) is not None:
         return True
     return s.scalar(select(Workload.id).where(Workload.queue == queue).limit(1)) is not None
-
-
-def _known_user(s: Session, name: str) -> bool:
-    """Someone who holds a token (work is submitted as the token's name), or who once submitted work."""
-    if s.scalar(select(ApiToken.id).where(ApiToken.name == name)) is not None:
-        return True
-    return s.scalar(select(Workload.id).where(Workload.user == name).limit(1)) is not None
 
 
 def _models(s: Session) -> dict[str, dict[int, str]]:

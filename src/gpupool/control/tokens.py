@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpupool.control import audit
 from gpupool.control.errors import Conflict, Invalid, NotFound
@@ -25,7 +26,7 @@ from gpupool.spec.errors import SpecError
 from gpupool.spec.fields import check_name
 from gpupool.spec.queue import SYSTEM_QUEUE
 from gpupool.store.db import Store
-from gpupool.store.models import ApiToken, Queue
+from gpupool.store.models import ApiToken, Queue, Workload
 from gpupool.timeutil import as_utc
 
 ADMIN, USER, VIEWER = "admin", "user", "viewer"
@@ -194,3 +195,10 @@ def token_view(row: ApiToken) -> dict[str, Any]:
         "queues": list(row.queues or []),
         "created_at": created.isoformat() if created is not None else None,
     }
+
+
+def known_user(s: Session, name: str) -> bool:
+    """Someone who holds a token (work is submitted as the token's name), or who once submitted work."""
+    if s.scalar(select(ApiToken.id).where(ApiToken.name == name)) is not None:
+        return True
+    return s.scalar(select(Workload.id).where(Workload.user == name).limit(1)) is not None

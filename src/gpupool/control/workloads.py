@@ -24,6 +24,7 @@ from gpupool.control.lifecycle import (
 from gpupool.control.notify import redacted_url
 from gpupool.control.readiness import Readiness, word_on
 from gpupool.control.reclaim_blockers import NOTHING_TO_RECLAIM, reclaim_blockers
+from gpupool.control.tokens import known_user
 from gpupool.scheduler import Explanation
 from gpupool.store.db import Store
 from gpupool.store.models import MAX_ID, Attempt, Event, Workload
@@ -351,7 +352,14 @@ def list_workloads(
             query = query.where(Workload.name == name)
         if ids is not None:
             query = query.where(Workload.id.in_([i for i in ids if 0 < i <= MAX_ID]))
-        return [workload_view(w, live=live, readiness=readiness) for w in reversed(s.scalars(query).all())]
+        found = s.scalars(query).all()
+        if not found and user is not None and not known_user(s, user):  # a typo is not "no work"
+            raise Invalid(
+                f"user: no work was ever submitted by {user!r} and no token has that name; check the "
+                "spelling (`gpupool ps --all` shows who submitted what)",
+                field="user",
+            )
+        return [workload_view(w, live=live, readiness=readiness) for w in reversed(found)]
 
 
 def _states(asked: str | None) -> list[str]:
