@@ -48,9 +48,10 @@ def test_an_unknown_query_parameter_is_refused_naming_those_the_route_takes(serv
         assert "state" in said
         refused(client.get("/api/v1/workloads", params={"all": "true", "qeue": "zzz"}), 422, "qeue")
         refused(client.get("/api/v1/queues", params={"x": "1"}), 422, "x")
+        before = client.get("/api/v1/workloads", params={"all": "true"}).json()
         refused(client.post("/api/v1/workloads", params={"hodl": "true"}, json={"commands": ["true"]}), 422,
                 "hodl")  # fmt: skip
-        assert client.get("/api/v1/workloads", params={"all": "true"}).json() == []  # nothing was stored
+        assert client.get("/api/v1/workloads", params={"all": "true"}).json() == before  # nothing stored
         assert client.get("/api/v1/workloads", params={"state": "running", "limit": 5}).status_code == 200
         # a user no token names and who never submitted: a typo, not "no work" (as `usage -u` says)
         said = refused(client.get("/api/v1/workloads", params={"user": "alcie"}), 422, "user")
@@ -209,3 +210,22 @@ def test_gpupool_s_own_queue_takes_no_one_s_work(server: ServerProcess) -> None:
         moved = client.patch(f"/api/v1/workloads/{wid}", json={"queue": "gpupool-system"})
         assert moved.status_code == 403 and "gpupool-system is gpupool's own" in moved.text
         assert client.get("/api/v1/workloads?all=true").json()[0]["queue"] == "default"
+
+
+def test_a_workdir_missing_on_the_heads_machine_is_warned_of_at_submit(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The local backend runs all work here: a typo's starts failed as node failures, retried with backoff
+    for minutes before the work failed; now the submit says so at once (the work is kept: earlier work may
+    make the folder)."""
+    with server.http() as client:
+        missing = client.post("/api/v1/workloads", json={"commands": ["true"], "workdir": "/no/such/dir"})
+        assert missing.status_code == 201, missing.text
+        created = missing.json()
+        assert created["warnings"] == [
+            "workdir: /no/such/dir is not a folder on this machine, where the head runs its work; each start "
+            f"fails until it is there: fix the path, or `gpupool cancel {created['id']}`"
+        ]
+        there = client.post("/api/v1/workloads", json={"commands": ["true"], "workdir": str(tmp_path)})
+        assert there.json()["warnings"] == []
+        client.post(f"/api/v1/workloads/{created['id']}/cancel").raise_for_status()

@@ -9,6 +9,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -23,6 +24,9 @@ from gpupool.backends.base import (
     recorded_end,
     recorded_exit_code,
 )
+
+if TYPE_CHECKING:
+    from gpupool.spec import WorkloadSpec
 
 # bash runs the commands in order and stops at the first failure; on SIGTERM it lets the running command
 # finish its own shutdown (checkpointing) before exiting, instead of dying under it, and then exits with
@@ -49,6 +53,17 @@ class LocalBackend:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
         self._on_exit = on_exit
+
+    def submit_warnings(self, spec: WorkloadSpec, workload_id: int) -> list[str]:
+        """What to tell a submitter at once: a `workdir` that is not a folder on this machine, where this
+        backend runs all work. Accepted (earlier work may make it), but each start fails until it is there,
+        as a node failure retried with backoff: a typo took minutes to end in a clear failure."""
+        if spec.workdir is None or Path(spec.workdir).is_dir():
+            return []
+        return [
+            f"workdir: {spec.workdir} is not a folder on this machine, where the head runs its work; each "
+            f"start fails until it is there: fix the path, or `gpupool cancel {workload_id}`"
+        ]
 
     def start(self, launch: Launch) -> Handle:
         if not launch.workdir.is_dir():

@@ -43,6 +43,9 @@ def submit(
     if refuse is not None:
         refuse(spec)
     created = submission.submit(runtime.store, spec, user=caller.name, held=hold, admin=caller.admin)
+    warn = getattr(runtime.backend, "submit_warnings", None)  # what this backend sees wrong, said at once
+    if warn is not None:
+        created["warnings"] = [*created.get("warnings", []), *warn(spec, created["id"])]
     runtime.wake()
     return created
 
