@@ -188,6 +188,15 @@ def _stop(pool: ProcessPoolExecutor, workers: list[multiprocessing.process.BaseP
     for process in workers:
         if process.is_alive():
             process.terminate()
+    for process in workers:
+        process.join(timeout=5)
+    # A worker ended while it wrote its result leaves part of a message in the executor's result pipe, and
+    # the executor's thread waits for the rest for ever: this process holds the pipe's write end too, so no
+    # end of file comes (a clean-clone CI run hung on it, 2026-12-08). Closing that end, with every
+    # worker gone, ends the wait; the thread then ends as it does for a broken pool.
+    writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+    if writer is not None:
+        writer.close()
     # The executor's own thread reaps the workers it watches (a join of ours can return while it does):
     # waiting for it, with nothing left to start, is waiting for every worker to be gone.
     pool.shutdown(wait=True, cancel_futures=True)

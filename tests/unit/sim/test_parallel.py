@@ -186,3 +186,31 @@ def test_an_interrupt_while_waiting_stops_every_worker(trace: str) -> None:
     with pytest.raises(KeyboardInterrupt):
         replayed(trace, 2, interrupt)
     assert multiprocessing.active_children() == []
+
+
+def _pause(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def test_stopping_the_workers_ends_while_the_executor_waits_for_the_rest_of_a_result() -> None:
+    """A worker ended while it wrote its result left half a message in the result pipe, and the executor's
+    thread waited for the rest for ever (a clean-clone CI run hung on it): here a message's header alone is
+    written to that pipe, as such a worker leaves it, and stopping must still end, with no worker left."""
+    import struct
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    from gpupool.sim.parallel import _stop, _workers
+
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    pool.submit(_pause, 30.0)
+    workers = _workers(pool)
+    os.write(pool._result_queue._writer.fileno(), struct.pack("!i", 1000))  # type: ignore[attr-defined]
+    stopper = threading.Thread(target=_stop, args=(pool, workers), daemon=True)
+    stopper.start()
+    stopper.join(timeout=20)
+    assert not stopper.is_alive(), "stopping hung on the half-written result"
+    assert not any(p.is_alive() for p in workers)
