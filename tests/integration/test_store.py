@@ -609,9 +609,12 @@ def test_work_no_node_of_the_pool_can_hold_is_warned_of_at_submit(store: Store) 
     assert nine.startswith("resources.gpu: no node has 9 GPUs (the most on one: 8); it waits pending "
                            "(too-large) until larger nodes join: ask for fewer per node"), nine  # fmt: skip
     (three,) = warned({"gpu": "H100:8"}, nodes=3)
-    assert three.startswith("resources.gpu: 3 nodes with 8 H100 GPUs each are asked for; this pool has 2"), (
-        three
-    )
+    assert three.startswith(
+        "nodes: 3 nodes with 8 H100 GPUs each are asked for, and this pool has 2 such nodes; it waits "
+        "pending (too-large) until more join: ask for fewer nodes"
+    ), three
+    (wide,) = warned({"gpu": 9}, nodes=2)
+    assert wide.startswith("resources.gpu: no node has 9 GPUs (the most on one: 8)"), wide
     (memory,) = warned({"gpu": "100GB:1"})
     assert memory.startswith("resources.gpu: no GPU of this pool matches 100GB:1"), memory
     (cpus,) = warned({"gpu": 1, "cpu": 64})

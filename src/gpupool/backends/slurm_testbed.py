@@ -266,9 +266,17 @@ def stop_child(pid: int, wait: float = 10.0) -> None:
 
 def main() -> None:
     """Start a testbed in DIR (default /tmp/gpupool-slurm) and keep it up until Ctrl-C."""
-    import sys
+    import argparse
 
-    base = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/gpupool-slurm")
+    parser = argparse.ArgumentParser(
+        prog="python -m gpupool.backends.slurm_testbed",
+        description="A real one-node Slurm (munged, slurmctld, slurmd) on loopback, with simulated GPUs, "
+        "kept up until Ctrl-C: to try `gpupool server --backend slurm` (docs/slurm.md).",
+    )
+    parser.add_argument(
+        "dir", nargs="?", default="/tmp/gpupool-slurm", help="where its config, state and logs go"
+    )
+    base = Path(parser.parse_args().dir)
     cluster = SlurmCluster(base).start()
     print(
         f"Slurm up: node {cluster.node}, partition {cluster.partition}, {cluster.gpus} GPUs.\n"

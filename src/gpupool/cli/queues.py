@@ -126,8 +126,9 @@ _MIN_RECLAIM = typer.Option(None, "--min-runtime-reclaim", help="e.g. 30m: no re
 _BUDGET = typer.Option(
     None,
     "--budget",
-    help="GPU-hours per calendar month (UTC) for this queue and those below it, e.g. 5000, 200/week, "
-    "24/day; none removes it",
+    help="GPU-hours per calendar day, week or month (UTC) for this queue and those below it, e.g. "
+    "5000/month, 200/week, 24/day; a bare number keeps the budget's period (a month for a new budget); none "
+    "removes it",
 )
 _BUDGET_WHEN_SPENT = typer.Option(
     None,

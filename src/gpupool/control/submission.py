@@ -133,15 +133,18 @@ def _fit_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]
                 f"resources.gpu: no GPU of this pool matches {request}; it waits pending until a node with "
                 f"one joins: ask for another, or `gpupool cancel {workload_id}`"
             )
-        elif holding < pods:
-            where = (
-                f"no node has {whole} {kind} (the most on one: {matching[0]})"
-                if pods == 1
-                else f"{pods} nodes with {whole} {kind} each are asked for; this pool has {holding}"
-            )
+        elif holding == 0:
             said.append(
-                f"resources.gpu: {where}; it waits pending (too-large) until larger nodes join: ask for "
-                f"fewer per node (`nodes: N` spreads a job over N nodes), or `gpupool cancel {workload_id}`"
+                f"resources.gpu: no node has {whole} {kind} (the most on one: {matching[0]}); it waits "
+                "pending (too-large) until larger nodes join: ask for fewer per node (`nodes: N` spreads a "
+                f"job over N nodes), or `gpupool cancel {workload_id}`"
+            )
+        elif holding < pods:
+            nodes_word = "node" if holding == 1 else "nodes"
+            said.append(
+                f"nodes: {pods} nodes with {whole} {kind} each are asked for, and this pool has {holding} "
+                f"such {nodes_word}; it waits pending (too-large) until more join: ask for fewer nodes, or "
+                f"`gpupool cancel {workload_id}`"
             )
     cpus, memory = spec.resources.cpu, spec.resources.memory
     most_cpus = _most([n.cpus for n in nodes])
