@@ -94,11 +94,16 @@ def test_a_failing_rank_stops_the_whole_gang_and_it_is_retried_as_one(tmp_path: 
                 "commands": [
                     f"echo $GPUPOOL_ATTEMPT >> {marks}/rank-$NODE_RANK",
                     'if [ "$NODE_RANK" = 1 ]; then sleep 0.5; exit 3; fi',
-                    f"trap 'sleep 1; echo saved $GPUPOOL_ATTEMPT >> {marks}/term; exit 143' TERM",
+                    f"trap 'sleep 3; echo saved $GPUPOOL_ATTEMPT >> {marks}/term; exit 143' TERM",
                     "sleep 60 & wait $!",
                 ],
             }
         )
+        # while rank 0 saves, the gang reads as stopping, with the cause (it read "running, started on ...")
+        ending = server.wait_until(gang["id"], lambda w: w["reason_code"] == "stopping", timeout=30.0)
+        assert ending["state"] == "running", ending
+        assert ending["reason"].startswith("stopping: rank 1 on "), ending["reason"]
+        assert "exited with code 3; stopping rank(s) 0 (SIGTERM, SIGKILL after 20s)" in ending["reason"]
         done = server.wait_for(gang["id"], timeout=60)
         assert done["state"] == "failed" and done["exit_code"] == 3, done
         assert done["attempts"] == 2, "the gang is retried as one, per its retry policy"
@@ -106,7 +111,7 @@ def test_a_failing_rank_stops_the_whole_gang_and_it_is_retried_as_one(tmp_path: 
         assert all("exit code 3 (rank 1 on " in said for said in failed_rank), failed_rank
         assert (marks / "rank-0").read_text().split() == ["0", "1"]
         assert (marks / "rank-1").read_text().split() == ["0", "1"]
-        assert (marks / "term").read_text().splitlines() == ["saved 0", "saved 1"]  # 1 s to save, each time
+        assert (marks / "term").read_text().splitlines() == ["saved 0", "saved 1"]  # 3 s to save, each time
         shown = server.cli("logs", str(gang["id"]), check=True)  # rank 0's: it says where rank 1's is
         assert f"rank 1 ended the attempt: its output is `gpupool logs {gang['id']} --rank 1`" in shown.stderr
         # Rank 0 (sleep 60) was stopped with the gang: nothing is left running on any agent.

@@ -261,11 +261,11 @@ class AgentBackend(AgentHeartbeats):
         if not attempt.stopping_since and attempt.signal == signals.SIGTERM:
             attempt.stopping_since = now  # a stop this did not start (control's, one before a restart)
         which = ", ".join(str(r) for r in running)
-        return Status(
-            Phase.RUNNING,
-            detail=f"{attempt.gang_end['detail']}; stopping rank(s) {which} (SIGTERM, SIGKILL after "
-            f"{attempt.grace_period:g}s)",
+        said = (
+            f"{attempt.gang_end['detail']}; stopping rank(s) {which} (SIGTERM, SIGKILL after "
+            f"{attempt.grace_period:g}s)"
         )
+        return Status(Phase.RUNNING, detail=said, ending=said)
 
     def _ended(self, attempt: AgentAttempt) -> Status:
         """The attempt's state from its ranks alone: its first failure or vanishing, a lost node, success

@@ -78,6 +78,9 @@ class Status:
     # Why an attempt that did not exit by itself ended, as the retry policy names it (`retry.on`):
     # failure | node-failure | preemption.
     cause: str = "failure"
+    # Running, but ending of itself: why, and what is being stopped (a gang whose rank failed, its other
+    # ranks given their grace period); "" otherwise. Said in the workload's reason while it lasts.
+    ending: str = ""
     # When it ended (seconds since the epoch), where the backend knows it: an attempt settled late (the head
     # was down when it ended) is charged to its real end, not to the moment the head learned of it.
     ended_at: float | None = None

@@ -32,6 +32,9 @@ HOLD_STOPPING = ": stopping it, to wait pending until released"
 # how its reason goes on after who asked ("requeued by alice").
 STOP_REQUEUE = "requeue"
 REQUEUE_STOPPING = ": stopping it, to wait pending for the scheduler"
+# How a running attempt's reason begins while it ends of itself (a gang whose rank failed, its other ranks
+# being stopped: backends' Status.ending); the workload reads "stopping" with it meanwhile.
+ENDING = "ending: "
 SERVICE = "service"  # the workload kind that runs until cancelled
 # The reason code of work that failed because its max_duration ended it (Slurm's TIMEOUT state): a script
 # tells it from work that failed by itself, whatever exit code SIGTERM made.

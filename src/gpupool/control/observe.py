@@ -34,6 +34,7 @@ from gpupool.backends.base import (
 from gpupool.control.budgets import STOP_BUDGET
 from gpupool.control.lifecycle import (
     CANCELLED,
+    ENDING,
     EVICTED,
     FAILED,
     HELD,
@@ -46,6 +47,7 @@ from gpupool.control.lifecycle import (
     STOP_REQUEUE,
     SUCCEEDED,
     TIMEOUT,
+    note,
     transition,
 )
 from gpupool.control.settings import ControlSettings
@@ -189,7 +191,8 @@ class Observation:
         if attempt.pid is None:
             return True
         handle = stored_handle(attempt)
-        if self.backend.status(handle, Path(attempt.run_dir)).phase is not Phase.RUNNING:
+        state = self.backend.status(handle, Path(attempt.run_dir))
+        if state.phase is not Phase.RUNNING or (state.ending and attempt.reason != ENDING + state.ending):
             return True
         if attempt.stop_requested_at is None:
             max_duration = spec.get("max_duration")
@@ -236,6 +239,10 @@ class Observation:
             self._finish(s, attempt, state, now)
             return []
         workload = attempt.workload
+        if state.ending and attempt.reason != ENDING + state.ending:
+            # ending of itself (a gang's rank failed, the others are being stopped): said while it lasts
+            attempt.reason = ENDING + state.ending
+            note(s, workload, attempt.reason, actor="control")
         spec = workload.spec
         if attempt.stop_requested_at is None:
             max_duration = spec.get("max_duration")

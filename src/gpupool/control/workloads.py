@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from gpupool.control.errors import Conflict, Invalid, NotFound
 from gpupool.control.lifecycle import (
     ACTIVE,
+    ENDING,
     EVICTED,
     HOLD_STOPPING,
     PENDING,
@@ -126,6 +127,8 @@ def workload_view(
     running = last is not None and last.state == RUNNING
     if running and last is not None and (last.stop_reason or workload.cancel_requested):
         reason, reason_code = stopping_reason(workload, last), STOPPING
+    elif running and last is not None and last.reason.startswith(ENDING):
+        reason, reason_code = f"stopping: {last.reason.removeprefix(ENDING)}", STOPPING
     probed = readiness_of(workload, last, readiness)  # None: no probe, or not running
     view: dict[str, Any] = {
         "id": workload.id,
