@@ -125,6 +125,21 @@ class BudgetSpec(BaseModel):
         "default wait.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _hours_given(cls, data: Any) -> Any:
+        """A period or when_spent alone (`--budget-when-spent stop` on a queue with no budget) is no budget:
+        said as such, not as a missing field."""
+        if isinstance(data, dict) and "gpu_hours" not in data and data:
+            raise SpecError(
+                "budget",
+                data,
+                "has no gpu_hours: a budget is GPU-hours per period, and a queue with none yet needs them "
+                "given too (`--budget 5000`, or 200/week, beside --budget-when-spent)",
+                "{gpu_hours: 5000, when_spent: stop}",
+            )
+        return data
+
 
 class UserLimits(BaseModel):
     """What one user's running work in a queue may hold at once (Slurm's MaxTRESPerUser and

@@ -41,6 +41,11 @@ def test_a_bad_when_spent_names_the_field_and_the_choices(when_spent: object, sa
 
 
 def test_when_spent_alone_is_no_budget() -> None:
+    # `queue update default --budget-when-spent stop` on a queue with no budget said only
+    # "budget.gpu_hours: is required": it says what is missing, and how to give it
     with pytest.raises(SpecError) as caught:
         parse_queue_spec({"name": "nlp", "budget": {"when_spent": "stop"}})
-    assert caught.value.field == "budget.gpu_hours"
+    assert caught.value.field == "budget"
+    said = str(caught.value)
+    assert said.startswith("budget: {'when_spent': 'stop'} has no gpu_hours"), said
+    assert "`--budget 5000`" in said
