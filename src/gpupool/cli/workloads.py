@@ -309,12 +309,17 @@ def _beyond_reclaim(w: Mapping[str, Any], queue: Mapping[str, Any], fair: float)
         return ""
     from gpupool.spec.quantities import parse_gpu_request
 
-    wants = parse_gpu_request(w["gpus"]).count * (w.get("nodes") or 1)
+    per_node, nodes = parse_gpu_request(w["gpus"]).count, int(w.get("nodes") or 1)
+    wants = per_node * nodes
     quota = float(queue["resources"]["gpu"].get("quota") or 0.0)
     would = float(queue["gpus_allocated"]) + wants
     if wants <= 0 or would <= fair + 1e-9:
         return ""
-    comes = f"it starts when {gpus(wants)} {'comes' if wants == 1 else 'come'} free"
+    comes = (
+        f"it starts when {nodes} schedulable nodes have {gpus(per_node)} free each"
+        if nodes > 1
+        else f"it starts when {gpus(wants)} {'comes' if wants == 1 else 'come'} free"
+    )
     said = (
         f"reclaim takes no GPUs from other queues for it: with its {gpus(wants)} queue {queue['name']} would "
         f"hold {would:g}, "

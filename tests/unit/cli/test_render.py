@@ -249,6 +249,9 @@ def test_why_says_when_reclaim_gives_a_queue_no_more_for_a_job_larger_than_its_q
         "when 4 GPUs come free"
     )
     assert _beyond_reclaim(four, nlp, 16.0) == ""
+    # a gang waits for nodes, not for a count of GPUs anywhere (a cordoned node kept one from starting)
+    gang = _beyond_reclaim({**six, "gpus": "2", "nodes": 3}, queue, 5.14)
+    assert gang.endswith("it starts when 3 schedulable nodes have 2 GPUs free each"), gang
 
 
 def test_a_budget_that_stops_running_work_says_so_in_queue_show_and_the_table() -> None:
