@@ -21,6 +21,10 @@ def test_work_waits_once_its_queues_budget_is_used_and_starts_when_raised(server
 
     waiting = server.submit({"queue": "nlp", "commands": ["true"], "resources": {"gpu": 1}})
     other = server.submit({"queue": "cv", "commands": ["true"], "resources": {"gpu": 1}})
+    # said at submit (under its parent's budget), as a GPU model the pool lacks is
+    (warned,) = waiting["warnings"]
+    assert warned.startswith("budget: queue lab used 0.00") and f"`gpupool cancel {waiting['id']}`" in warned
+    assert other["warnings"] == []
     assert server.wait_for(other["id"])["state"] == "succeeded"  # another queue's work runs on
     why = server.wait_for_reason(waiting["id"])
     assert why["state"] == "pending" and why["reason_code"] == "budget", why

@@ -261,3 +261,17 @@ def blocked(
                 found[queue] = spent[level]
                 break
     return found
+
+
+def spent_warning(store: Store, state: Mapping[str, BudgetState], queue: str, workload_id: int) -> list[str]:
+    """What to tell a submitter to a queue whose budget (or an ancestor's) the last count found used: the
+    work is kept, and waits pending until the next period or a raised budget (said at once, as the
+    scheduler's reason would say it a moment later)."""
+    if not any(b.spent for b in state.values()):
+        return []
+    with store.read() as s:
+        parents = {name: parent for name, parent in s.execute(select(Queue.name, Queue.parent))}
+    budget = blocked(state, parents, [queue]).get(queue)
+    if budget is None:
+        return []
+    return [f"budget: {budget.explanation().message}; or `gpupool cancel {workload_id}`"]

@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from gpupool.api.auth import may_change, require_token
 from gpupool.api.body import fields
 from gpupool.api.errors import ApiError
-from gpupool.control import access, attempt_logs, changes, service_replicas, submission, workloads
+from gpupool.control import access, attempt_logs, budgets, changes, service_replicas, submission, workloads
 from gpupool.control.notify import check_allowed
 from gpupool.control.tokens import Caller
 from gpupool.spec import parse_duration, parse_workload_spec
@@ -43,9 +43,13 @@ def submit(
     if refuse is not None:
         refuse(spec)
     created = submission.submit(runtime.store, spec, user=caller.name, held=hold, admin=caller.admin)
+    warnings = budgets.spent_warning(
+        runtime.store, runtime.reconciler.budgets.state, spec.queue, created["id"]
+    )
     warn = getattr(runtime.backend, "submit_warnings", None)  # what this backend sees wrong, said at once
     if warn is not None:
-        created["warnings"] = [*created.get("warnings", []), *warn(spec, created["id"])]
+        warnings += warn(spec, created["id"])
+    created["warnings"] = [*created.get("warnings", []), *warnings]
     runtime.wake()
     return created
 
