@@ -41,6 +41,12 @@ def test_work_waits_once_its_queues_budget_is_used_and_starts_when_raised(server
     assert lab["gpu_hours"] == 0.0 and lab["gpu_hours_below"] == report["total"]["gpu_hours"], report
     assert 0.0013 < budget["used_gpu_hours"] < 0.01  # a GPU for 5 s and a little more
     assert queues["nlp"]["budget"] is None and queues["cv"]["budget"] is None
+    # a child queue says its parent's spent budget holds its work back (it showed "-" and nothing else)
+    assert queues["nlp"]["budget_spent_above"]["queue"] == "lab"
+    assert queues["cv"]["budget_spent_above"] is None
+    shown = server.cli("queue", "show", "nlp", check=True).stdout
+    assert "under queue lab's budget, which is spent (" in shown and "new work waits until 20" in shown, shown
+    assert "- (lab's spent)" in server.cli("queues", check=True).stdout
     table = server.cli("queues", check=True).stdout
     assert "0.001 a day, spent" in table, table
     with server.http() as client:

@@ -28,7 +28,7 @@ def queues_table(queues: list[dict[str, Any]]) -> Table:
     for q in queues:
         gpu = q["resources"].get("gpu", {})
         limit = gpu.get("limit")
-        budget = (_budget_cell(q["budget"]),) if budgets else ()
+        budget = (_budget_cell(q["budget"], q.get("budget_spent_above")),) if budgets else ()
         table.add_row(
             q["name"],
             q["parent"] or "-",
@@ -117,6 +117,16 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"  budget: {of}{budget['gpu_hours']:g} GPU-hours a {budget['period']}{window}{rule}{spent}"
         )
+    above = q.get("budget_spent_above")
+    if above:
+        waits = (
+            "its running work is stopped and waits" if above.get("when_spent") == "stop" else "new work waits"
+        )
+        used = format_figure(above["used_gpu_hours"])
+        lines.append(
+            f"  under queue {above['queue']}'s budget, which is spent ({used} of {above['gpu_hours']:g} "
+            f"GPU-hours a {above['period']}): {waits} until {above['until'][:16].replace('T', ' ')} UTC"
+        )
     caps = q.get("user_limits") or {}
     if caps.get("gpus") is not None or caps.get("workloads") is not None:
         said = [
@@ -130,10 +140,11 @@ def queue_lines(q: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _budget_cell(budget: Mapping[str, Any] | None) -> str:
-    """A queue's budget: GPU-hours used in this period (once the head counted them) of how many, per what."""
+def _budget_cell(budget: Mapping[str, Any] | None, above: Mapping[str, Any] | None = None) -> str:
+    """A queue's budget: GPU-hours used in this period (once the head counted them) of how many, per what;
+    "-" with none, "- (nlp's spent)" under an ancestor's used budget."""
     if not budget:
-        return "-"
+        return f"- ({above['queue']}'s spent)" if above else "-"
     limit = f"{budget['gpu_hours']:g} a {budget['period']}"
     used = budget.get("used_gpu_hours")
     if used is None:

@@ -269,9 +269,24 @@ def spent_warning(store: Store, state: Mapping[str, BudgetState], queue: str, wo
     scheduler's reason would say it a moment later)."""
     if not any(b.spent for b in state.values()):
         return []
-    with store.read() as s:
-        parents = {name: parent for name, parent in s.execute(select(Queue.name, Queue.parent))}
-    budget = blocked(state, parents, [queue]).get(queue)
+    budget = blocked(state, queue_parents(store), [queue]).get(queue)
     if budget is None:
         return []
     return [f"budget: {budget.explanation().message}; or `gpupool cancel {workload_id}`"]
+
+
+def queue_parents(store: Store) -> dict[str, str | None]:
+    """Each queue's parent (None: a top-level queue)."""
+    with store.read() as s:
+        return {name: parent for name, parent in s.execute(select(Queue.name, Queue.parent))}
+
+
+def spent_above(
+    state: Mapping[str, BudgetState], parents: Mapping[str, str | None], queue: str
+) -> dict[str, Any] | None:
+    """The used budget of an ancestor of `queue` that holds back its new work (its own aside: the queue
+    shows that one), as the API shows a budget, with whose it is; None when there is none."""
+    budget = blocked(state, parents, [queue]).get(queue)
+    if budget is None or budget.queue == queue:
+        return None
+    return {"queue": budget.queue, **budget.view()}

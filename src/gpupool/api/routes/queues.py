@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Request
 
 from gpupool.api.auth import admin_only
-from gpupool.control import queues
+from gpupool.control import budgets, queues
 from gpupool.control.budgets import BudgetState
 from gpupool.control.tokens import Caller
 from gpupool.scheduler import QueueView
@@ -36,7 +36,8 @@ def list_queues(request: Request) -> list[dict[str, Any]]:
     reconciler = runtime.reconciler
     weights = _weights_now(reconciler.pass_queues)
     rows = queues.list_queues(runtime.store, reconciler.fair_shares, reconciler.explanations)
-    return [_with_pass(row, weights, reconciler.budgets.state) for row in rows]
+    parents = {row["name"]: row["parent"] for row in rows}
+    return [_with_pass(row, weights, reconciler.budgets.state, parents) for row in rows]
 
 
 @router.get("/{name}", summary="One queue")
@@ -45,7 +46,9 @@ def get_queue(request: Request, name: str) -> dict[str, Any]:
     reconciler = runtime.reconciler
     weights = _weights_now(reconciler.pass_queues)
     row = queues.get_queue(runtime.store, name, reconciler.fair_shares, reconciler.explanations)
-    return _with_pass(row, weights, reconciler.budgets.state)
+    state = reconciler.budgets.state
+    parents = budgets.queue_parents(runtime.store) if any(b.spent for b in state.values()) else {}
+    return _with_pass(row, weights, state, parents)
 
 
 def _weights_now(queues: Sequence[QueueView]) -> dict[str, float]:
@@ -55,15 +58,20 @@ def _weights_now(queues: Sequence[QueueView]) -> dict[str, float]:
 
 
 def _with_pass(
-    row: dict[str, Any], weights: dict[str, float], budgets: Mapping[str, BudgetState]
+    row: dict[str, Any],
+    weights: dict[str, float],
+    state: Mapping[str, BudgetState],
+    parents: Mapping[str, str | None],
 ) -> dict[str, Any]:
-    """The queue with what the last pass knew: its weight then, and its budget's GPU-hours used so far in
-    the current period (control/budgets.py; counted again every few seconds)."""
+    """The queue with what the last pass knew: its weight then, its budget's GPU-hours used so far in the
+    current period (control/budgets.py; counted again every few seconds), and an ancestor's used budget
+    that holds back its new work (`budget_spent_above`; null when none)."""
     weight = weights.get(row["name"])
     row["gpu_weight_now"] = None if weight is None else round(weight, 6)
-    budget = budgets.get(row["name"])
+    budget = state.get(row["name"])
     if row.get("budget") and budget is not None:
         row["budget"] = {**row["budget"], **budget.view()}
+    row["budget_spent_above"] = budgets.spent_above(state, parents, row["name"]) if parents else None
     return row
 
 
