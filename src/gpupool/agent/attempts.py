@@ -231,10 +231,14 @@ class NodeAttempts:
         except LaunchError as exc:
             message = f"cannot start rank {key[1]}: {exc}\n"
             proc.exit_code, proc.detail = 127, message.strip()
+            if isinstance(exc, PortTaken):  # retried by the default policy, as a node failure
+                proc.cause = "node-failure"
             with contextlib.suppress(OSError):  # said in the report whether or not the disk takes it
                 with open(run_dir / "output.log", "a") as fh:
                     fh.write(message)
                 _write(run_dir / "detail", message)
+                if proc.cause != "failure":
+                    _write(run_dir / "cause", proc.cause)
                 _write(run_dir / "exit_code", "127")
             log.warning("event=rank_start_failed attempt=%d rank=%d error=%r", key[0], key[1], str(exc))
             return proc
@@ -324,16 +328,20 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class PortTaken(LaunchError):
+    """A rendezvous port of this node's range held by another program: the node's fault, not the work's."""
+
+
 def _check_rendezvous_port(port: int, variable: str) -> None:
     """Rank 0 of a gang listens on MASTER_PORT, a service on GPUPOOL_PORT, both from the rendezvous range:
-    fail its start with the fix when another program holds the port (the workload is tried again, and the
-    head hands the next port of the range)."""
+    fail its start with the fix when another program holds the port, as a node failure (the default retry
+    policy tries the workload again, and the head hands the next port of the range)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", port))
         except OSError as exc:
-            raise LaunchError(
+            raise PortTaken(
                 f"rendezvous port {port} ({variable}) is in use on this node ({exc.strerror}); keep the "
                 "agent's --rendezvous-ports range free for gpupool's multi-node jobs and services"
             ) from exc

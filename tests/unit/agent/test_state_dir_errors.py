@@ -33,3 +33,36 @@ def test_a_rank_its_node_cannot_start_for_its_disk_is_reported_as_the_node_s_fai
     finally:
         agent.attempts.stop_all("the test is over")
         agent.close()
+
+
+def test_a_rendezvous_port_another_program_holds_is_the_node_s_failure(tmp_path: Path) -> None:
+    """Rank 0 of a gang cannot listen on MASTER_PORT: the node's fault, not the work's, so the default retry
+    policy (node failures) tries it again with the next port; it failed the job outright (exit 127)."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        agent = Agent(
+            AgentSettings(servers=("http://127.0.0.1:9",), state_dir=tmp_path / "state", name="n0"), None
+        )
+        env = {"GPUPOOL_NUM_NODES": "2", "MASTER_PORT": str(port)}
+        launch = {
+            "workload_id": 1,
+            "attempt_number": 0,
+            "script": "true\n",
+            "env": env,
+            "workdir": str(tmp_path),
+        }
+        try:
+            assert agent.take_answer(_answer(1, launch))
+            (reported,), _ = agent.attempts.report()
+            assert reported["exit_code"] == 127 and reported["cause"] == "node-failure", reported
+            assert f"rendezvous port {port} (MASTER_PORT) is in use on this node" in reported["detail"]
+            assert (
+                agent.attempts.root / "3.0" / "cause"
+            ).read_text() == "node-failure"  # kept across a restart
+        finally:
+            agent.attempts.stop_all("the test is over")
+            agent.close()
