@@ -112,7 +112,7 @@ def _fit_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]
     Accepted, since larger nodes may join (Slurm refuses such a request at submit), but it waits pending
     (`too-large`, `no-matching-gpu`) until one does; said at once, as a GPU model the pool lacks is. A pool
     with no node yet (agents not joined) says nothing."""
-    nodes = s.scalars(select(Node)).all()
+    nodes = s.execute(select(Node.id, Node.cpus, Node.memory_bytes)).all()  # columns: no object per node
     if not nodes:
         return []
     request, per_pod, pods = spec.resources.gpu, spec.resources.gpu.count, spec.nodes
@@ -120,8 +120,11 @@ def _fit_warnings(s: Session, spec: WorkloadSpec, workload_id: int) -> list[str]
     whole = 1 if request.count < 1 else int(request.count)
     said: list[str] = []
     if per_pod > 0:
-        fits = [sum(1 for g in n.gpus if gpu_matches(g.model, g.memory_bytes, demand)) for n in nodes]
-        matching = sorted(fits, reverse=True)
+        fits = dict.fromkeys((n.id for n in nodes), 0)  # per node, its GPUs that suit the request
+        for node_id, model, gpu_memory in s.execute(select(Gpu.node_id, Gpu.model, Gpu.memory_bytes)):
+            if gpu_matches(model, gpu_memory, demand):
+                fits[node_id] += 1
+        matching = sorted(fits.values(), reverse=True)
         holding = sum(1 for count in matching if count >= whole)
         kind = "GPUs"
         if request.models:
